@@ -1,0 +1,210 @@
+"""Matrix products under a chosen accumulation model, batched over leading dimensions.
+
+An accumulation model says how the products ``a[..., i, k] * b[..., k, j]`` are summed and rounded.
+Models are values: look one up with :func:`get_accumulation` and call ``model.matmul(a, b)``.
+
+=============  ==============================================================================
+``fp64``       float64 GEMM; the reference ("exact" for every purpose here).
+``fp32``       float32 GEMM as torch runs it (summation order is the BLAS library's; on CPU the
+               result does not depend on how many matrices are batched together — tested).
+``fp16-seq``   the seed document's CPU fallback: for k = 0, 1, …: product in fp32 (exact for fp16
+               operands), added to the fp32 value of the fp16 accumulator in fp32, rounded to fp16.
+``fp16-once``  the exact sum of all products, rounded once to fp16 (operands must be fp16).
+=============  ==============================================================================
+
+Hardware models (the H200's Tensor Cores) register themselves here with :func:`register` from
+:mod:`kdalab.arith.tensorcore`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from kdalab.arith.formats import FP16, round_to
+
+__all__ = [
+    "AccumulationModel",
+    "Fp64Accumulation",
+    "Fp32Accumulation",
+    "Fp16SequentialAccumulation",
+    "Fp16OnceAccumulation",
+    "register",
+    "get_accumulation",
+    "available_accumulations",
+    "matmul",
+]
+
+
+@runtime_checkable
+class AccumulationModel(Protocol):
+    """How a batched matrix product is accumulated and rounded.
+
+    ``matmul(a, b)`` takes ``a`` of shape ``[..., M, K]`` and ``b`` of shape ``[..., K, N]``
+    (broadcast leading dimensions) and returns ``[..., M, N]`` in ``out_dtype``.
+    """
+
+    name: str
+    out_dtype: torch.dtype
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+
+
+def _check_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"{name}: operands must have at least 2 dimensions, got {a.dim()} and "
+                         f"{b.dim()}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"{name}: inner dimensions differ: a is {tuple(a.shape)}, "
+                         f"b is {tuple(b.shape)}")
+
+
+@dataclass(frozen=True)
+class Fp64Accumulation:
+    name: str = "fp64"
+    out_dtype: torch.dtype = torch.float64
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check_operands(a, b, self.name)
+        return torch.matmul(a.double(), b.double())
+
+
+@dataclass(frozen=True)
+class Fp32Accumulation:
+    name: str = "fp32"
+    out_dtype: torch.dtype = torch.float32
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check_operands(a, b, self.name)
+        return torch.matmul(a.float(), b.float())
+
+
+def _fp16_seq_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The sequential fp16 accumulation as plain tensor ops (any device)."""
+    a32, b32 = a.float(), b.float()
+    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    out = torch.zeros(shape, dtype=torch.float16, device=a.device)
+    for k in range(a.shape[-1]):
+        product = a32[..., :, k : k + 1] * b32[..., k : k + 1, :]
+        out = (out.float() + product).half()
+    return out
+
+
+@dataclass(frozen=True)
+class Fp16SequentialAccumulation:
+    """fp16 accumulator rounded after every product, in k order (the seed's CPU fallback).
+
+    The k-loop is K batched tensor operations, so one call serves a whole batch of runs; a numba
+    kernel of the same loop was measured slower than this at batch sizes of a sweep (6 ns per
+    multiply-add against 3 ns), so plain tensor operations it is.
+    """
+
+    name: str = "fp16-seq"
+    out_dtype: torch.dtype = torch.float16
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check_operands(a, b, self.name)
+        return _fp16_seq_torch(a, b)
+
+
+_SPLIT = 2.0**20  # limb size for the exact fp16-product sums below
+
+
+@dataclass(frozen=True)
+class Fp16OnceAccumulation:
+    """The exact sum of the products, rounded once to fp16 (round to nearest even).
+
+    Exact for fp16 operands and K ≤ 4096: every fp16 value is an integer multiple of 2⁻²⁴ below
+    2⁴⁰ in those units; each operand is cut into two 20-bit limbs, so each of the four limb GEMMs
+    sums integers below 2⁴⁰·K < 2⁵² — exact in float64 whatever the summation order. The three
+    partial sums are combined with an error-free transformation and rounded once
+    (:func:`~kdalab.arith.formats.round_to` with a residual).
+    """
+
+    name: str = "fp16-once"
+    out_dtype: torch.dtype = torch.float16
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check_operands(a, b, self.name)
+        if a.dtype != torch.float16 or b.dtype != torch.float16:
+            raise ValueError(f"fp16-once: operands must be float16, got {a.dtype} and {b.dtype}")
+        if a.shape[-1] > 4096:
+            raise ValueError(f"fp16-once: K must be <= 4096 for an exact sum, got {a.shape[-1]}")
+        ai = torch.ldexp(a.double(), torch.tensor(24.0, dtype=torch.float64))  # integers
+        bi = torch.ldexp(b.double(), torch.tensor(24.0, dtype=torch.float64))
+        finite = torch.isfinite(ai).all(-1, keepdim=True) & torch.isfinite(bi).all(-2, keepdim=True)
+        ai = torch.where(torch.isfinite(ai), ai, torch.zeros_like(ai))
+        bi = torch.where(torch.isfinite(bi), bi, torch.zeros_like(bi))
+        a1 = torch.trunc(ai / _SPLIT)
+        a0 = ai - a1 * _SPLIT
+        b1 = torch.trunc(bi / _SPLIT)
+        b0 = bi - b1 * _SPLIT
+        high = torch.matmul(a1, b1)  # units of 2^40 · 2^-48
+        mid = torch.matmul(a1, b0) + torch.matmul(a0, b1)  # units of 2^20 · 2^-48
+        low = torch.matmul(a0, b0)  # units of 2^-48
+        # Each of high, mid, low is an exact integer below 2^53. Scale (exact) and add with TwoSum.
+        h = torch.ldexp(high, torch.tensor(-8.0, dtype=torch.float64))
+        m = torch.ldexp(mid, torch.tensor(-28.0, dtype=torch.float64))
+        lo = torch.ldexp(low, torch.tensor(-48.0, dtype=torch.float64))
+        s1, e1 = _two_sum(h, m)
+        s2, e2 = _two_sum(s1, lo)
+        # e1 and e2 are small multiples of 2^-48, so e1 + e2 is exact; after this TwoSum, s is the
+        # float64 nearest the exact sum and r the exact remainder, which breaks fp16 ties.
+        s, r = _two_sum(s2, e1 + e2)
+        exact = round_to(s, FP16, residual=r).half()
+        naive = torch.matmul(a.double(), b.double()).half()  # propagates inf/nan like IEEE
+        return torch.where(finite, exact, naive)
+
+
+def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Knuth's TwoSum: s + e == x + y exactly, s = fl(x + y)."""
+    s = x + y
+    yy = s - x
+    e = (x - (s - yy)) + (y - yy)
+    return s, e
+
+
+_REGISTRY: dict[str, AccumulationModel] = {}
+
+
+def register(model: AccumulationModel) -> AccumulationModel:
+    """Make ``model`` available by name to :func:`get_accumulation` (and the CLI)."""
+    _REGISTRY[model.name] = model
+    return model
+
+
+for _m in (Fp64Accumulation(), Fp32Accumulation(), Fp16SequentialAccumulation(),
+           Fp16OnceAccumulation()):
+    register(_m)
+
+
+def _load_plugins() -> None:
+    # Hardware models live in their own module; importing it registers them.
+    try:
+        import kdalab.arith.tensorcore  # noqa: F401
+    except ImportError:
+        pass
+
+
+def available_accumulations() -> list[str]:
+    _load_plugins()
+    return list(_REGISTRY)
+
+
+def get_accumulation(name: str | AccumulationModel) -> AccumulationModel:
+    """Look an accumulation model up by name."""
+    if not isinstance(name, str):
+        return name
+    _load_plugins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(_REGISTRY)
+        raise ValueError(f"unknown accumulation model {name!r}; expected one of {known}") from None
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, accumulation: str | AccumulationModel) -> torch.Tensor:
+    """``a @ b`` under ``accumulation`` (a model or its name)."""
+    return get_accumulation(accumulation).matmul(a, b)

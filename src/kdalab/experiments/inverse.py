@@ -1,0 +1,149 @@
+"""The seed document's experiment on (I + L)⁻¹, batched: whole groups of runs per tensor op.
+
+One *run* is (family, lower bound, chunk C, seed, dim); runs of equal (C, dim) are stacked and go
+through every stage together. Each run yields one record per accumulation model, with the seed's
+metric keys and definitions:
+
+=============================  ===============================================================
+decay_zeros                    scale factors exp(G_i) that flushed to 0 (count)
+inv_decay_nonfinite            reciprocal scales exp(−G_j) that overflowed (count)
+l_finite, inv_finite           1 if the kernel's L / Neumann inverse is all finite
+l_rel_rmse                     kernel L vs stable fp64 L
+inv_total_rel_rmse             Neumann inverse of the kernel L vs exact inverse of the stable L
+inv_neumann_only_rel_rmse      Neumann inverse of the kernel L vs exact inverse of the kernel L
+inv_stable_l_rel_rmse          Neumann inverse of fp16(stable L) vs exact inverse of stable L
+                               (the seed's printed "INV power" column)
+inverse_residual               ‖(I + L_stable)·INV_kernel − I‖ relative
+highest_power, kernel_power_max, stable_l_highest_power, stable_l_power_max
+=============================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kdalab.arith import FP16, get_accumulation, rel_rmse, torch_cast
+from kdalab.experiments.families import USES_LOWER_BOUND, check_family, make_inputs
+from kdalab.kda.intra import kernel_l, stable_l
+from kdalab.kda.inverse import neumann_inverse
+from kdalab.kda.recipe import Recipe, get_recipe
+
+__all__ = ["RunSpec", "METRIC_KEYS", "KEY_FIELDS", "run_group"]
+
+KEY_FIELDS = ("family", "lower_bound", "chunk", "seed", "dim", "accumulation")
+METRIC_KEYS = (
+    "decay_zeros", "inv_decay_nonfinite", "l_finite", "inv_finite", "l_rel_rmse",
+    "inv_total_rel_rmse", "inv_neumann_only_rel_rmse", "inv_stable_l_rel_rmse",
+    "inverse_residual", "highest_power", "kernel_power_max", "stable_l_highest_power",
+    "stable_l_power_max",
+)
+
+
+@dataclass(frozen=True, order=True)
+class RunSpec:
+    family: str
+    lower_bound: float | None  # None for families that ignore it
+    chunk: int
+    seed: int
+    dim: int
+
+    def __post_init__(self) -> None:
+        check_family(self.family)
+        if self.chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
+        if self.dim < 1:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+        if self.lower_bound is not None and not self.lower_bound < 0:
+            raise ValueError(f"lower_bound must be < 0, got {self.lower_bound}")
+
+    @staticmethod
+    def make(family: str, chunk: int, seed: int, dim: int, lower_bound: float) -> RunSpec:
+        family = check_family(family)
+        lb = float(lower_bound) if USES_LOWER_BOUND[family] else None
+        return RunSpec(family, lb, int(chunk), int(seed), int(dim))
+
+
+def run_group(
+    specs: Sequence[RunSpec],
+    accumulations: Sequence[str],
+    *,
+    recipe: Recipe | str = "seed",
+    device: str | torch.device = "cpu",
+) -> list[dict]:
+    """Run runs that share (chunk, dim) as one batch; one record per run and accumulation model."""
+    if not specs:
+        return []
+    chunk, dim = specs[0].chunk, specs[0].dim
+    if any(s.chunk != chunk or s.dim != dim for s in specs):
+        raise ValueError("run_group needs runs of one chunk size and one dim")
+    models = [get_accumulation(a) for a in accumulations]
+    recipe = get_recipe(recipe)
+    device = torch.device(device)
+
+    inputs = [make_inputs(s.family, s.chunk, s.dim, s.seed,
+                          s.lower_bound if s.lower_bound is not None else -5.0, device)
+              for s in specs]
+    keys = torch.stack([i.keys for i in inputs])
+    log_decay = torch.stack([i.log_decay for i in inputs])
+    beta = torch.stack([i.beta for i in inputs])
+
+    eye = torch.eye(chunk, dtype=torch.float64, device=device)
+    l_ref = stable_l(keys, log_decay, beta)
+    inv_ref = torch.linalg.inv(eye + l_ref)
+    kl = kernel_l(keys, log_decay, beta, recipe)
+    l_kernel = kl.l
+    l_finite = torch.isfinite(l_kernel).flatten(-2).all(-1)
+    # exact inverse of the kernel's own L, where it is finite
+    safe_l = torch.where(l_finite[:, None, None], l_kernel.double(), torch.zeros_like(l_ref))
+    inv_of_kernel_l = torch.linalg.inv(eye + safe_l)
+    l_stable_stored = torch_cast(l_ref, FP16).half()  # the seed's l_ref.half()
+
+    shared = {
+        "decay_zeros": (kl.decay == 0).flatten(-2).sum(-1),
+        "inv_decay_nonfinite": (~torch.isfinite(kl.inv_decay)).flatten(-2).sum(-1),
+        "l_finite": l_finite.to(torch.int64),
+        "l_rel_rmse": rel_rmse(l_kernel, l_ref),
+    }
+    records: list[dict] = []
+    per_model = []
+    for model in models:
+        kn = neumann_inverse(l_kernel, model, recipe.inverse_format)
+        sn = neumann_inverse(l_stable_stored, model, recipe.inverse_format)
+        kernel_inv = kn.inverse
+        neumann_only = rel_rmse(kernel_inv, inv_of_kernel_l)
+        metrics = {
+            "inv_finite": torch.isfinite(kernel_inv).flatten(-2).all(-1).to(torch.int64),
+            "inv_total_rel_rmse": rel_rmse(kernel_inv, inv_ref),
+            "inv_neumann_only_rel_rmse": torch.where(
+                l_finite, neumann_only, torch.full_like(neumann_only, math.inf)),
+            "inv_stable_l_rel_rmse": rel_rmse(sn.inverse, inv_ref),
+            "inverse_residual": rel_rmse((eye + l_ref) @ kernel_inv.double(),
+                                         eye.expand_as(l_ref)),
+            "kernel_power_max": kn.power_max,
+            "stable_l_power_max": sn.power_max,
+        }
+        per_model.append((model.name, metrics, kn.highest_power, sn.highest_power))
+
+    shared_py = {k: v.cpu().tolist() for k, v in shared.items()}
+    for name, metrics, kpow, spow in per_model:
+        metrics_py = {k: v.cpu().tolist() for k, v in metrics.items()}
+        for r, spec in enumerate(specs):
+            rec = {
+                "family": spec.family, "lower_bound": spec.lower_bound, "chunk": chunk,
+                "seed": spec.seed, "dim": dim, "accumulation": name,
+            }
+            for key in METRIC_KEYS:
+                if key == "highest_power":
+                    rec[key] = kpow
+                elif key == "stable_l_highest_power":
+                    rec[key] = spow
+                elif key in shared_py:
+                    rec[key] = shared_py[key][r]
+                else:
+                    rec[key] = metrics_py[key][r]
+            records.append(rec)
+    return records
