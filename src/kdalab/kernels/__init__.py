@@ -1,0 +1,5 @@
+"""Triton kernels: the chunked KDA forward on the lower-bound scheme (chunk 16)."""
+
+from .chunk_kda import DEFAULT_CONFIG, RecurrentConfig, chunk_kda_fwd
+
+__all__ = ["chunk_kda_fwd", "RecurrentConfig", "DEFAULT_CONFIG"]

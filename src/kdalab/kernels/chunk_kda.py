@@ -1,0 +1,194 @@
+"""Public entry point of the Triton KDA forward: validation, chunk tables, two launches.
+
+Stage 1 (``chunk_prepare``) is parallel over (chunk, head); stage 2 (``chunk_recurrent``)
+is serial over chunks and parallel over (sequence, head, value block). See docs/kernels.md.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from .chunk_prepare import CHUNK, chunk_kda_prepare
+from .chunk_recurrent import chunk_kda_recurrent
+
+_SUPPORTED_DIMS = (16, 32, 64, 128, 256)
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_STATE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class RecurrentConfig:
+    """Kernel choices: the inverse's precision ("fp32" or FlashKDA's "fp16") and the launch
+    shape of the recurrent stage (value columns per program, warps, pipeline stages)."""
+
+    inverse: str = "fp32"
+    block_v: int = 32
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT_CONFIG = RecurrentConfig()
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _check_tensor(name, x, ndim, dtypes=_INPUT_DTYPES):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} has dtype {x.dtype}; expected one of {dtypes}")
+
+
+def _chunk_tables(cu_seqlens: torch.Tensor):
+    """(chunk_table [NC, 2] int32 of (sequence, chunk), chunk_offsets [N] int32, NC)."""
+    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
+    n_chunks = (lens + CHUNK - 1) // CHUNK
+    offsets = torch.cumsum(n_chunks, 0) - n_chunks
+    total = int(n_chunks.sum().item())
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=lens.device), n_chunks)
+    local = torch.arange(total, device=lens.device) - offsets[seq]
+    table = torch.stack([seq, local], dim=1).to(torch.int32).contiguous()
+    return table, offsets.to(torch.int32).contiguous(), total
+
+
+def chunk_kda_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    lower_bound: float = -5.0,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm: bool = True,
+    beta_is_logits: bool = True,
+    state_layout: str = "KV",
+    config: RecurrentConfig = DEFAULT_CONFIG,
+):
+    """Chunked KDA forward (chunk 16, lower-bounded gate) on Triton.
+
+    Args follow fla's ``chunk_kda``: q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, beta
+    ``[B, T, H]`` (logits when ``beta_is_logits``), ``g`` the raw gate input, turned into
+    the log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` in the kernel
+    (A_log ``[H]`` and dt_bias ``[H*K]`` or ``[H, K]`` optional). ``lower_bound`` must lie
+    in [-5, 0): 16 steps of -5 keep exp(±G) inside fp32. ``initial_state`` is fp32 or bf16,
+    ``[N, H, K, V]`` (state_layout "KV") or ``[N, H, V, K]`` ("VK"), N = B, or the number
+    of sequences with ``cu_seqlens`` (then B must be 1).
+
+    Returns ``(o, final_state)``: o like v; final_state (dtype of initial_state, fp32 when
+    there is none) or None.
+    """
+    _check_tensor("q", q, 4)
+    _check_tensor("k", k, 4)
+    _check_tensor("v", v, 4)
+    _check_tensor("g", g, 4)
+    _check_tensor("beta", beta, 3)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if g.shape != q.shape:
+        raise ValueError(f"g must have q's shape {tuple(q.shape)}, got {tuple(g.shape)}")
+    if v.shape[:3] != (B, T, H):
+        raise ValueError(f"v must have shape [{B}, {T}, {H}, V], got {tuple(v.shape)}")
+    if beta.shape != (B, T, H):
+        raise ValueError(f"beta must have shape {(B, T, H)}, got {tuple(beta.shape)}")
+    if K not in _SUPPORTED_DIMS:
+        raise ValueError(f"q/k head dim must be one of {_SUPPORTED_DIMS}, got {K}")
+    if V not in _SUPPORTED_DIMS:
+        raise ValueError(f"v head dim must be one of {_SUPPORTED_DIMS}, got {V}")
+    if not isinstance(lower_bound, (int, float)) or not (-5.0 <= float(lower_bound) < 0.0):
+        raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
+    if state_layout not in ("KV", "VK"):
+        raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
+    if config.inverse not in ("fp32", "fp16"):
+        raise ValueError(f"config.inverse must be 'fp32' or 'fp16', got {config.inverse!r}")
+    if scale is None:
+        scale = K ** -0.5
+    if A_log is not None:
+        _check_tensor("A_log", A_log, A_log.ndim if isinstance(A_log, torch.Tensor) else 1)
+        if A_log.shape != (H,):
+            raise ValueError(f"A_log must have shape ({H},), got {tuple(A_log.shape)}")
+    if dt_bias is not None:
+        _check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
+        if dt_bias.shape not in ((H * K,), (H, K)):
+            raise ValueError(f"dt_bias must have shape ({H * K},) or ({H}, {K}), got {tuple(dt_bias.shape)}")
+
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens must be a 1-D tensor with at least two entries")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1 (flattened sequences), got B={B}")
+        cs = cu_seqlens.detach().cpu()
+        if int(cs[0]) != 0 or int(cs[-1]) != T or bool((cs[1:] < cs[:-1]).any()):
+            raise ValueError(f"cu_seqlens must start at 0, end at T={T} and be non-decreasing")
+        num_seqs = cu_seqlens.numel() - 1
+    else:
+        num_seqs = B
+
+    state_vk = state_layout == "VK"
+    if initial_state is not None:
+        _check_tensor("initial_state", initial_state, 4, _STATE_DTYPES)
+        want = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
+        if tuple(initial_state.shape) != want:
+            raise ValueError(f"initial_state must have shape {want} ({state_layout}), "
+                             f"got {tuple(initial_state.shape)}")
+
+    tensors = [q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens]
+    devices = {x.device for x in tensors if x is not None}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    device = q.device
+    if device.type != "cuda" and not _interpreting():
+        raise RuntimeError(
+            "kdalab.kernels.chunk_kda_fwd runs Triton kernels: it needs CUDA tensors, "
+            f"or TRITON_INTERPRET=1 for the (slow) CPU interpreter; got tensors on {device}")
+
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if A_log is not None:
+        A_log = A_log.contiguous()
+    if dt_bias is not None:
+        dt_bias = dt_bias.reshape(H * K).contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+
+    if cu_seqlens is not None:
+        cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
+        chunk_table, chunk_offsets, num_chunks = _chunk_tables(cu_seqlens)
+    else:
+        chunk_table, chunk_offsets, num_chunks = None, None, B * ((T + CHUNK - 1) // CHUNK)
+
+    # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
+    # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
+    operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
+    w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare(
+        q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
+        use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
+        cu_seqlens=cu_seqlens, chunk_table=chunk_table, num_chunks=num_chunks,
+        operand_dtype=operand_dtype, fp16_inverse=config.inverse == "fp16")
+
+    final_state = None
+    if output_final_state:
+        state_dtype = initial_state.dtype if initial_state is not None else torch.float32
+        shape = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
+        final_state = torch.empty(shape, device=device, dtype=state_dtype)
+    o = chunk_kda_recurrent(
+        v, w, qg, kend, ainv, mqk, gamma, initial_state=initial_state,
+        final_state=final_state, state_vk=state_vk, cu_seqlens=cu_seqlens,
+        chunk_offsets=chunk_offsets, num_seqs=num_seqs, block_v=config.block_v,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    return o, final_state

@@ -1,0 +1,167 @@
+"""Stage 1 of the Triton KDA forward: everything that is parallel over tokens.
+
+One program handles one 16-token chunk of one head. It fuses the gate
+(``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``), the within-chunk cumulative
+sum, the L2 normalization of q and k, the β sigmoid, the scaled-operand GEMMs for
+``L`` and the causal q·k scores, and the fp16 Neumann inverse
+``(I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8)``. It writes the per-chunk operands
+that the recurrent stage (``chunk_recurrent.py``) needs and nothing it can rebuild:
+
+    W    = (I + L)^-1 diag(β) (Γ ⊙ K)       [16, K]  token rows   (state correction)
+    QG   = scale · Γ ⊙ Q                     [16, K]  token rows   (inter-chunk output)
+    KEND = exp(G_last - G) ⊙ K               [16, K]  token rows   (state update)
+    AINV = (I + L)^-1 diag(β)                [16, 16] per chunk
+    MQK  = tril(scale · (Γ⊙Q)(K/Γ)^T)        [16, 16] per chunk
+    GAMMA = exp(G_last)                      [K]      per chunk    (state decay)
+
+where G is the in-chunk cumulative log-decay and Γ = exp(G). Because the gate is
+bounded below by ``lower_bound >= -5``, |G| <= 80 inside a chunk, so exp(±G) stays
+finite in fp32 (limit e^88.7) and the diagonal tile is one dense GEMM.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 16
+LOG2E = math.log2(math.e)
+
+
+@triton.jit
+def chunk_kda_prepare_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+    w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    chunk_table_ptr, cu_seqlens_ptr,
+    T, scale, lower_bound,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    FP16_INVERSE: tl.constexpr,
+):
+    i_c = tl.program_id(0)  # global chunk index
+    i_h = tl.program_id(1)
+    if IS_VARLEN:
+        i_n = tl.load(chunk_table_ptr + 2 * i_c).to(tl.int64)
+        i_t = tl.load(chunk_table_ptr + 2 * i_c + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
+    else:
+        nt = tl.cdiv(T, BT)
+        i_n = (i_c // nt).to(tl.int64)
+        i_t = (i_c % nt).to(tl.int64)
+        bos = i_n * T
+        eos = bos + T
+
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    rows = bos + i_t * BT + o_r
+    r_ok = rows < eos
+    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    m2 = r_ok[:, None]
+
+    # gate, in natural log; padded rows get zero decay so G_last is the last real row's
+    x = tl.load(g_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    if HAS_DT_BIAS:
+        x += tl.load(dt_bias_ptr + i_h * K + o_k).to(tl.float32)[None, :]
+    if HAS_A_LOG:
+        x *= tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
+    gate = lower_bound * tl.sigmoid(x)
+    gate = tl.where(m2, gate, 0.0)
+    g2 = tl.cumsum(gate * 1.4426950408889634, axis=0)  # base-2 cumulative log-decay
+    g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
+
+    qv = tl.load(q_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    kv = tl.load(k_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+    if USE_L2NORM:
+        qv = qv * tl.rsqrt(tl.sum(qv * qv, axis=1) + 1e-6)[:, None]
+        kv = kv * tl.rsqrt(tl.sum(kv * kv, axis=1) + 1e-6)[:, None]
+    b = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
+    if BETA_LOGITS:
+        b = tl.sigmoid(b)
+    b = tl.where(r_ok, b, 0.0)
+
+    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
+    decay = tl.exp2(g2)
+    kd = kv * decay
+    qd = qv * decay * scale
+    ki = kv * tl.exp2(-g2)
+    kit = tl.trans(ki)
+    lower = o_r[:, None] > o_r[None, :]
+    causal = o_r[:, None] >= o_r[None, :]
+    L = tl.dot(kd, kit, input_precision="tf32")
+    L = tl.where(lower, L * b[:, None], 0.0)
+    mqk = tl.dot(qd, kit, input_precision="tf32")
+    mqk = tl.where(causal, mqk, 0.0)
+
+    # Neumann inverse (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of
+    # order 16, so four factors are exact. FP16_INVERSE: fp16 operands, fp32 accumulation,
+    # each product rounded back to fp16 (FlashKDA's path); else fp32 ("ieee") products.
+    eye = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0)
+    if FP16_INVERSE:
+        p = L.to(tl.float16)
+        inv = (eye - L).to(tl.float16)
+        for _ in tl.static_range(3):
+            p = tl.dot(p, p).to(tl.float16)  # L^2, L^4, L^8
+            inv = (inv.to(tl.float32) + tl.dot(inv, p)).to(tl.float16)
+        inv = inv.to(tl.float32)
+    else:
+        p = L
+        inv = eye - L
+        for _ in tl.static_range(3):
+            p = tl.dot(p, p, input_precision="ieee")
+            inv = inv + tl.dot(inv, p, input_precision="ieee")
+
+    ainv = inv * b[None, :]
+    w = tl.dot(ainv, kd, input_precision="tf32")
+    kend = kv * tl.exp2(g2_last[None, :] - g2)
+
+    tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
+    tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
+    tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
+    base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
+    o_cc = o_r[:, None] * BT + o_r[None, :]
+    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
+    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
+    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
+
+
+def chunk_kda_prepare(
+    q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
+    cu_seqlens, chunk_table, num_chunks, operand_dtype, fp16_inverse=False,
+):
+    """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma).
+
+    ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
+    variable-length input (None for fixed length). ``operand_dtype`` is the storage type of
+    the token-row operands and the 16×16 matrices (fp16 when q and k are normalized).
+    """
+    B, T, H, K = q.shape
+    dev = q.device
+    w = torch.empty(B, T, H, K, device=dev, dtype=operand_dtype)
+    qg = torch.empty_like(w)
+    kend = torch.empty_like(w)
+    ainv = torch.empty(num_chunks, H, CHUNK, CHUNK, device=dev, dtype=operand_dtype)
+    mqk = torch.empty_like(ainv)
+    gamma = torch.empty(num_chunks, H, K, device=dev, dtype=torch.float32)
+    if num_chunks == 0:
+        return w, qg, kend, ainv, mqk, gamma
+    dummy = gamma  # stands in for absent optional pointers; never read
+    chunk_kda_prepare_kernel[(num_chunks, H)](
+        q, k, g, beta,
+        A_log if A_log is not None else dummy,
+        dt_bias if dt_bias is not None else dummy,
+        w, qg, kend, ainv, mqk, gamma,
+        chunk_table if chunk_table is not None else dummy,
+        cu_seqlens if cu_seqlens is not None else dummy,
+        T, float(scale), float(lower_bound),
+        H=H, K=K, BT=CHUNK,
+        HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+        USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
+        IS_VARLEN=cu_seqlens is not None, FP16_INVERSE=fp16_inverse,
+        num_warps=4 if K <= 64 else 8,
+    )
+    return w, qg, kend, ainv, mqk, gamma
