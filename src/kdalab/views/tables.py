@@ -80,13 +80,15 @@ def seed_tables(records: list[dict] | pd.DataFrame, dim: int | None = None) -> l
         summary = summary[summary["dim"] == dim]
     for family, (stem, title, cols) in _LAYOUTS.items():
         fam = summary[summary["family"] == family]
-        for (acc, lb, d), g in fam.groupby(["accumulation", "lower_bound", "dim"], dropna=False,
-                                           sort=True):
+        groups = list(fam.groupby(["accumulation", "lower_bound", "dim"], dropna=False,
+                                  sort=True))
+        for (acc, lb, d), g in groups:
             g = g.sort_values("chunk")
             frame = pd.DataFrame({label: g[col].to_list() for label, col, _ in cols})
             suffix = f", lower bound {lb:g}" if not math.isnan(lb) and lb != -5.0 else ""
-            name = stem if (acc, d) == ("fp16-seq", 128) and not suffix else \
-                f"{stem}_{acc}_d{d}" + (f"_lb{lb:g}" if suffix else "")
+            # one table per family keeps the plain name; several get their parameters in it
+            name = stem if len(groups) == 1 else \
+                f"{stem}_{acc}_d{d}" + ("" if math.isnan(lb) else f"_lb{lb:g}")
             tables.append(SeedTable(
                 name=name, title=f"{title}{suffix} — accumulation {acc}, dim {d}",
                 family=family, accumulation=acc, frame=frame,

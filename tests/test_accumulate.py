@@ -1,0 +1,132 @@
+"""Accumulation models: bit-exact against their definitions."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kdalab.arith import available_accumulations, get_accumulation, matmul
+
+
+def seed_fp16_accum_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The seed document's CPU fallback, verbatim in behaviour: the oracle for ``fp16-seq``."""
+    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float16)
+    for k in range(a.shape[1]):
+        product = a[:, k : k + 1].float() * b[k : k + 1].float()
+        out = (out.float() + product).half()
+    return out
+
+
+def _random_fp16(shape, gen, spread=8):
+    x = torch.randn(shape, generator=gen) * torch.exp2(
+        torch.randint(-spread, spread, shape, generator=gen).float())
+    return x.half()
+
+
+def test_fp16_seq_equals_seed_fallback_batched():
+    gen = torch.Generator().manual_seed(0)
+    a = _random_fp16((6, 17, 23), gen)
+    b = _random_fp16((6, 23, 9), gen)
+    out = matmul(a, b, "fp16-seq")
+    assert out.dtype == torch.float16
+    for i in range(6):
+        ref = seed_fp16_accum_mm(a[i], b[i])
+        assert torch.equal(out[i].view(torch.int16), ref.view(torch.int16))
+
+
+def test_fp16_seq_broadcasts_leading_dims():
+    gen = torch.Generator().manual_seed(1)
+    a = _random_fp16((3, 1, 4, 5), gen)
+    b = _random_fp16((2, 5, 4), gen)
+    out = matmul(a, b, "fp16-seq")
+    assert out.shape == (3, 2, 4, 4)
+    assert torch.equal(out[1, 0], seed_fp16_accum_mm(a[1, 0], b[0]))
+
+
+def _exact_fp16(products: list[Fraction]) -> float:
+    s = sum(products, Fraction(0))
+    near = np.float16(float(s))  # within one fp16 step of the answer
+    cands = [np.nextafter(near, np.float16(-np.inf)), near, np.nextafter(near, np.float16(np.inf))]
+    cands = [c for c in cands if np.isfinite(c)]
+
+    def key(c):
+        return (abs(Fraction(float(c)) - s), int(np.array(c, dtype=np.float16).view(np.uint16)) & 1)
+
+    best = min(cands, key=key)
+    if abs(s) >= Fraction(65520):
+        return math.copysign(math.inf, s)
+    return float(best)
+
+
+def _check_once(a: torch.Tensor, b: torch.Tensor) -> None:
+    out = matmul(a, b, "fp16-once")
+    for i in range(a.shape[0]):
+        for j in range(b.shape[1]):
+            prods = [Fraction(float(a[i, k])) * Fraction(float(b[k, j])) for k in range(a.shape[1])]
+            assert float(out[i, j]) == _exact_fp16(prods), (i, j)
+
+
+def test_fp16_once_is_the_exact_sum_rounded_once():
+    gen = torch.Generator().manual_seed(2)
+    _check_once(_random_fp16((12, 40), gen, spread=12), _random_fp16((40, 12), gen, spread=12))
+
+
+def test_fp16_once_adversarial_ties_and_cancellation():
+    # 1 + 2^-11 is a tie between 1 and 1 + 2^-10; a tiny extra product decides it.
+    one, half_ulp, tiny = 1.0, 2.0**-11, 2.0**-24
+    a = torch.tensor([[one, half_ulp, tiny], [one, half_ulp, -tiny], [one, half_ulp, 0.0],
+                      [60000.0, -60000.0, 1.0], [2.0**-24, 2.0**-24, 0.0]], dtype=torch.float16)
+    b = torch.tensor([[1.0], [1.0], [2.0**-10]], dtype=torch.float16)
+    out = matmul(a, b, "fp16-once")[:, 0].tolist()
+    assert out[0] == 1 + 2.0**-10  # above the tie
+    assert out[1] == 1.0  # below the tie
+    assert out[2] == 1.0  # exact tie: to even
+    assert out[3] == 2.0**-10  # 60000 − 60000 cancels exactly, the small product survives
+    assert out[4] == 2.0**-23  # two smallest subnormals add exactly
+    _check_once(a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 24), st.integers(0, 2**31 - 1))
+def test_fp16_once_property(k, seed):
+    gen = torch.Generator().manual_seed(seed)
+    _check_once(_random_fp16((3, k), gen, spread=14), _random_fp16((k, 3), gen, spread=14))
+
+
+def test_fp16_once_rejects_non_fp16_operands():
+    with pytest.raises(ValueError, match="float16"):
+        matmul(torch.ones(2, 2), torch.ones(2, 2), "fp16-once")
+
+
+def test_fp16_once_propagates_inf_and_nan():
+    a = torch.tensor([[math.inf, 1.0], [1.0, 1.0]], dtype=torch.float16)
+    b = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=torch.float16)
+    out = matmul(a, b, "fp16-once")
+    ref = (a.double() @ b.double()).half()
+    assert torch.equal(out.isnan(), ref.isnan()) and out[0, 0].item() == math.inf
+
+
+def test_fp32_model_is_batch_invariant():
+    # Records must not depend on how many runs share a batch.
+    gen = torch.Generator().manual_seed(3)
+    for c in (4, 16, 17, 48, 64):
+        a = torch.randn(40, c, 128, generator=gen).bfloat16()
+        b = torch.randn(40, 128, c, generator=gen).bfloat16()
+        whole = matmul(a, b, "fp32")
+        for i in (0, 7, 39):
+            assert torch.equal(whole[i], matmul(a[i], b[i], "fp32"))
+            assert torch.equal(whole[i : i + 1], matmul(a[i : i + 1], b[i : i + 1], "fp32"))
+
+
+def test_registry_and_errors():
+    assert {"fp64", "fp32", "fp16-seq", "fp16-once"} <= set(available_accumulations())
+    with pytest.raises(ValueError, match="unknown accumulation"):
+        get_accumulation("fp12")
+    with pytest.raises(ValueError, match="inner dimensions"):
+        matmul(torch.ones(2, 3), torch.ones(2, 3), "fp64")

@@ -1,0 +1,116 @@
+"""Declarative sweeps, record files, determinism and interruption."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from kdalab.experiments.aggregate import summarize
+from kdalab.experiments.store import RecordWriter, read_records
+from kdalab.experiments.sweep import (
+    SweepConfig, parse_float_list, parse_int_list, run_sweep, seed_reproduction_runs,
+)
+from kdalab.views.tables import seed_tables, to_markdown
+
+
+def test_parse_lists():
+    assert parse_int_list("3-8", "seeds") == (3, 4, 5, 6, 7, 8)
+    assert parse_int_list("4,12,16", "chunks") == (4, 12, 16)
+    assert parse_int_list("0-2,5", "seeds") == (0, 1, 2, 5)
+    assert parse_int_list([1, "3-4"], "seeds") == (1, 3, 4)
+    assert parse_float_list("-5,-2.5", "lb") == (-5.0, -2.5)
+    for bad in ("3-x", "", "8-3", "1,,2"):
+        with pytest.raises(ValueError, match="seeds"):
+            parse_int_list(bad, "seeds")
+
+
+def test_config_validation_names_the_argument():
+    with pytest.raises(ValueError, match="chunk"):
+        SweepConfig(chunks=(0,))
+    with pytest.raises(ValueError, match="lower_bound"):
+        SweepConfig(lower_bounds=(0.0,))
+    with pytest.raises(ValueError, match="family"):
+        SweepConfig(families=("nope",))
+    with pytest.raises(ValueError, match="accumulation"):
+        SweepConfig(accumulations=("fp9",))
+    with pytest.raises(ValueError, match="unknown sweep keys"):
+        SweepConfig.from_mapping({"chunkz": [4]})
+
+
+def test_toml_config(tmp_path):
+    p = tmp_path / "s.toml"
+    p.write_text('families = ["floor", "model_like"]\nchunks = [4, 12]\nseeds = "3-5"\n'
+                 'dims = [64]\naccumulations = ["fp16-seq", "fp16-once"]\nlower_bounds = [-5, -2]\n')
+    cfg = SweepConfig.from_toml(p)
+    assert cfg.families == ("floor", "model_like") and cfg.seeds == (3, 4, 5)
+    assert len(cfg.runs()) == 2 * 2 * 3 * 2  # families × lower bounds × seeds × chunks
+    bad = tmp_path / "bad.toml"
+    bad.write_text("chunks = [4,\n")
+    with pytest.raises(ValueError, match="malformed TOML"):
+        SweepConfig.from_toml(bad)
+
+
+def test_families_without_a_lower_bound_run_once():
+    cfg = SweepConfig(families=("weak_decay_correlated",), chunks=(4,), seeds=(0,),
+                      lower_bounds=(-5.0, -2.0))
+    runs = cfg.runs()
+    assert len(runs) == 1 and runs[0].lower_bound is None
+
+
+def test_records_are_deterministic_and_batch_independent():
+    cfg = SweepConfig(families=("floor", "model_like"), chunks=(4, 12), seeds=(0, 1, 2, 3),
+                      dims=(32,), accumulations=("fp16-seq", "fp16-once", "fp32"),
+                      lower_bounds=(-5.0, -1.0))
+    a = run_sweep(cfg.runs(), cfg.accumulations)
+    b = run_sweep(cfg.runs(), cfg.accumulations, max_batch=3)
+    key = lambda r: (r["family"], r["lower_bound"], r["chunk"], r["seed"], r["accumulation"])  # noqa
+    sa = sorted(a, key=key)
+    sb = sorted(b, key=key)
+    assert json.dumps(sa, sort_keys=True) == json.dumps(sb, sort_keys=True)
+    again = run_sweep(cfg.runs(), cfg.accumulations)
+    assert json.dumps(a) == json.dumps(again)
+
+
+def test_store_roundtrip_nonfinite(tmp_path):
+    recs = [{"a": 1, "x": math.inf, "y": -math.inf, "z": math.nan, "lb": None}]
+    with RecordWriter(tmp_path) as w:
+        w.write(recs)
+    text = (tmp_path / "records.json").read_text()
+    assert '"inf"' in text and '"-inf"' in text and '"nan"' in text
+    back = read_records(tmp_path)[0]
+    assert back["x"] == math.inf and back["y"] == -math.inf and math.isnan(back["z"])
+    df = pd.read_parquet(tmp_path / "records.parquet")
+    assert df["x"].iloc[0] == math.inf
+
+
+def test_interrupted_sweep_keeps_written_records(tmp_path):
+    runs = SweepConfig(families=("floor",), chunks=(4, 8, 12), seeds=(0, 1)).runs()
+    calls = []
+
+    def sink(records):
+        writer.write(records)
+        calls.append(len(records))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    writer = RecordWriter(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        with writer:
+            run_sweep(runs, ["fp16-seq"], sink=sink)
+    kept = read_records(tmp_path)
+    assert len(kept) == 4 and not (tmp_path / "records.json").exists()
+    assert {r["chunk"] for r in kept} == {4, 8}
+
+
+def test_seed_tables_from_records():
+    recs = run_sweep(seed_reproduction_runs(seeds=(0,), chunks=(8, 16)), ["fp16-seq"])
+    tables = seed_tables(recs)
+    assert [t.name for t in tables] == ["exponent_boundary", "high_power_stress",
+                                        "ordinary_random"]
+    md = to_markdown(tables[1])
+    assert "| 16 | L^8 |" in md
+    s = summarize(recs)
+    assert set(s["chunk"]) == {8, 16} and (s["runs"] == 1).all()
