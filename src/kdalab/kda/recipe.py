@@ -13,15 +13,32 @@ Fields used by the intra-chunk stages (``kdalab.kda.intra``, ``kdalab.kda.invers
 ``beta_format``         format β is applied in (fp16)
 ``inverse_accumulation`` accumulation model of the Neumann products (fp16 accumulate)
 ``inverse_format``      storage format of the inverse and its powers (fp16)
+
+Fields used by the whole chunked forward (``kdalab.kda.chunk``; defaults are FlashKDA v1's):
+
+``input_format``        q, k, v are rounded to it on entry (bf16); None keeps the caller's values
+``gate_format``         arithmetic of gate, β, q/k normalization and the cumulative log-decay (fp32)
+``l2norm_lanes``        FlashKDA's reduction order for Σx² (16 lanes, butterfly); None: torch's sum
+``mqk_format``          storage of the causal q·k score matrix Mqk (bf16)
+``inv_format``          storage of (I + L)⁻¹ as the WY products use it (bf16)
+``matmul_accumulation`` accumulation model of every other product (K̃S, INV·V, q̃S, Mqk·U, K̂ᵀU)
+``work_format``         storage of the chunk's intermediates (K̃S, V − K̃S, β·V, U, outputs) (bf16)
+``state_format``        storage of the recurrent state between chunks (bf16)
+``state_operand_format`` format the state is rounded to when it enters a product (bf16)
+``state_update``        ``"fma"``: S ← fl(ΔS + S·exp(g_C)) in fp32, one rounding (FlashKDA);
+                        ``"mul_add"``: S·exp(g_C) rounded, then + ΔS rounded (fla)
+``output_format``       format of o (bf16); None: the input's dtype
+``default_chunk``       the chunk size the recipe's kernel uses (informational: 16 / 64)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from kdalab.arith.formats import BF16, FP16, FP32, FP64, Format, get_format
+from kdalab.arith.formats import BF16, FP16, FP32, FP64, TF32, Format, get_format
 
-__all__ = ["Recipe", "SEED", "FP32_RECIPE", "FP64_RECIPE", "RECIPES", "get_recipe"]
+__all__ = ["Recipe", "SEED", "FLASHKDA", "FLA", "FP32_RECIPE", "FP64_RECIPE", "RECIPES",
+           "get_recipe"]
 
 
 @dataclass(frozen=True)
@@ -35,28 +52,61 @@ class Recipe:
     beta_format: Format = FP16
     inverse_accumulation: str = "fp16-seq"
     inverse_format: Format = FP16
+    input_format: Format | None = BF16
+    gate_format: Format = FP32
+    l2norm_lanes: int | None = 16
+    mqk_format: Format = BF16
+    inv_format: Format = BF16
+    matmul_accumulation: str = "fp32"
+    work_format: Format = BF16
+    state_format: Format = BF16
+    state_operand_format: Format = BF16
+    state_update: str = "fma"
+    output_format: Format | None = BF16
+    default_chunk: int = 16
     extras: dict = field(default_factory=dict, compare=False, hash=False)
 
     def with_(self, **changes) -> Recipe:
         """A copy with some fields changed (formats may be given by name)."""
         for key, value in list(changes.items()):
-            if key.endswith("_format") and isinstance(value, str):
+            if key.endswith("_format") and isinstance(value, str) and value != "none":
                 changes[key] = get_format(value)
         return replace(self, **changes)
 
 
 #: The seed document's emulation of FlashKDA's K1 path for L and its inverse.
 SEED = Recipe("seed")
+#: FlashKDA v1 as its ``tests/torch_ref.py`` (the Neumann version) computes, operation by
+#: operation: base-2 gate in fp32 with FTZ exp2, bf16 q/k/v and scaled operands, L accumulated in
+#: fp32 and stored fp16, β in fp16 for L, Neumann in fp16 with fp16 accumulation, INV and Mqk in
+#: bf16, bf16 intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output.
+FLASHKDA = Recipe("flashkda")
+#: fla's ``chunk_kda`` (chunk 64): fp32 gate and decay scales (exp2, no FTZ), tf32 operands for the
+#: intra-chunk scores (tl.dot of fp32 tiles), L in fp32 solved in fp32, the inverse and Aqk stored
+#: in bf16, bf16 intermediates, state kept in fp32 (rounded to bf16 inside products), bf16 output.
+FLA = Recipe(
+    "fla", scale_format=FP32, exp2_ftz=False, operand_format=TF32, l_accumulation="fp32",
+    l_format=FP32, beta_format=FP32, inverse_accumulation="fp32", inverse_format=FP32,
+    input_format=None, l2norm_lanes=None, state_format=FP32, state_update="mul_add",
+    output_format=None, default_chunk=64,
+)
 FP32_RECIPE = Recipe(
     "fp32", scale_format=FP32, exp2_ftz=False, operand_format=FP32, l_accumulation="fp32",
     l_format=FP32, beta_format=FP32, inverse_accumulation="fp32", inverse_format=FP32,
+    input_format=None, gate_format=FP32, l2norm_lanes=None, mqk_format=FP32, inv_format=FP32,
+    matmul_accumulation="fp32", work_format=FP32, state_format=FP32, state_operand_format=FP32,
+    state_update="mul_add", output_format=FP32,
 )
 FP64_RECIPE = Recipe(
     "fp64", scale_format=FP64, exp2_ftz=False, operand_format=FP64, l_accumulation="fp64",
     l_format=FP64, beta_format=FP64, inverse_accumulation="fp64", inverse_format=FP64,
+    input_format=None, gate_format=FP64, l2norm_lanes=None, mqk_format=FP64, inv_format=FP64,
+    matmul_accumulation="fp64", work_format=FP64, state_format=FP64, state_operand_format=FP64,
+    state_update="mul_add", output_format=FP64,
 )
 
-RECIPES: dict[str, Recipe] = {r.name: r for r in (SEED, FP32_RECIPE, FP64_RECIPE)}
+RECIPES: dict[str, Recipe] = {
+    r.name: r for r in (SEED, FLASHKDA, FLA, FP32_RECIPE, FP64_RECIPE)}
 
 
 def get_recipe(spec: str | Recipe) -> Recipe:
