@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from kdalab.arith import (
     BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FP64, get_format, quantize, round_to, torch_cast,
 )
+from kdalab.arith.formats import round_to_generic
 
 
 def _all_values(dtype: torch.dtype) -> torch.Tensor:
@@ -47,15 +48,19 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("src", [torch.float32, torch.float64])
 def test_exhaustive_16bit_matches_torch_cast(fmt, dtype, src):
     x = _probe_points(dtype).to(src)
-    mine = round_to(x, fmt).to(dtype)
+    mine = round_to_generic(x, fmt).to(dtype)
     assert _same_bits(mine, x.to(dtype))
+    assert _same_bits(round_to(x, fmt).to(dtype), x.to(dtype))
     assert _same_bits(quantize(x, fmt), x.to(dtype))
 
 
 @pytest.mark.parametrize("fmt,dtype", [(FP16, torch.float16), (BF16, torch.bfloat16)])
 def test_generic_bit_widths_equal_named_formats(fmt, dtype):
     x = _probe_points(dtype)
-    twin = get_format((fmt.exp_bits, fmt.man_bits))
+    twin = get_format((fmt.exp_bits, fmt.man_bits))  # no torch dtype: always the generic path
+    assert twin.torch_dtype is None
+    x32 = x.float()
+    assert _same_bits(round_to(x32, twin).to(dtype), x32.to(dtype))
     assert torch.equal(round_to(x, twin).nan_to_num(7.0), round_to(x, fmt).nan_to_num(7.0))
 
 
@@ -85,14 +90,14 @@ def test_fp8_random_sample_matches_torch(fmt):
     extra = torch.tensor([math.inf, -math.inf, math.nan, 448.0, 464.0, 465.0, 480.0, 57344.0,
                           61440.0, 61439.0, -0.0, 2.0**-9, 2.0**-10, 2.0**-17, 2.0**-18])
     x = torch.cat([x, extra])
-    assert _same_bits(round_to(x, fmt).to(fmt.torch_dtype), x.to(fmt.torch_dtype))
+    assert _same_bits(round_to_generic(x, fmt).to(fmt.torch_dtype), x.to(fmt.torch_dtype))
 
 
 def test_fp32_from_float64_matches_torch():
     g = torch.Generator().manual_seed(3)
     x = torch.randn(500_000, dtype=torch.float64, generator=g)
     x = x * torch.exp2(torch.randint(-160, 130, x.shape, generator=g).double())
-    a, b = round_to(x, FP32).float(), x.float()
+    a, b = round_to_generic(x, FP32).float(), x.float()
     assert torch.equal(a.view(torch.int32), b.view(torch.int32))
 
 
@@ -147,6 +152,8 @@ def test_round_to_is_correct_rounding(x, name):
         fmt = get_format((fmt.exp_bits, fmt.man_bits))  # IEEE-style twin for the reference
     got = round_to(torch.tensor([x], dtype=torch.float64), fmt).item()
     assert got == _exact_nearest(x, fmt)
+    if fmt.torch_dtype is not None:
+        assert round_to_generic(torch.tensor([x], dtype=torch.float64), fmt).item() == got
 
 
 @settings(max_examples=200, deadline=None)

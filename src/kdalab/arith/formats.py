@@ -32,6 +32,7 @@ __all__ = [
     "FORMATS",
     "get_format",
     "round_to",
+    "round_to_generic",
     "torch_cast",
     "quantize",
 ]
@@ -181,7 +182,30 @@ def _binade(x: torch.Tensor) -> torch.Tensor:
     return e.to(torch.int32) - 1
 
 
+def _torch_cast_is_exact(x: torch.Tensor, fmt: Format) -> bool:
+    """Where torch's own cast is the correct rounding (proven bit for bit by the tests against
+    :func:`round_to_generic`): float32 → any narrower torch format, float64 → float32."""
+    if fmt.torch_dtype is None:
+        return False
+    return x.dtype == torch.float32 or fmt.torch_dtype == torch.float32
+
+
 def round_to(
+    x: torch.Tensor, fmt: Format | str, *, residual: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Round ``x`` to the nearest value of ``fmt`` (ties to even); same dtype as ``x``.
+
+    Uses torch's cast where that is proven identical (it is faster), else
+    :func:`round_to_generic`, which works for any format.
+    """
+    fmt = get_format(fmt)
+    if residual is None and x.dtype in (torch.float32, torch.float64) and \
+            _torch_cast_is_exact(x, fmt):
+        return x.to(fmt.torch_dtype).to(x.dtype)
+    return round_to_generic(x, fmt, residual=residual)
+
+
+def round_to_generic(
     x: torch.Tensor, fmt: Format | str, *, residual: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Round ``x`` to the nearest value of ``fmt`` (ties to even); same dtype as ``x``.
@@ -233,7 +257,7 @@ def torch_cast(x: torch.Tensor, fmt: Format | str) -> torch.Tensor:
     """
     fmt = get_format(fmt)
     if x.dtype == torch.float64 and fmt.exp_bits <= 8 and fmt.man_bits < 23:
-        return round_to(round_to(x, FP32), fmt)
+        return round_to(x.float(), fmt).double()  # torch's float64 → float32 is exact rounding
     return round_to(x, fmt)
 
 
