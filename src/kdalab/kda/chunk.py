@@ -107,7 +107,7 @@ def chunk_core(
     l = decayed_scores(kc, kc, g, tiles, recipe, strict=True)
     l = quantize(l, recipe.l_format)
     beta_l = quantize(bc, recipe.beta_format)
-    l = quantize(l.double() * beta_l.double().unsqueeze(-1), recipe.l_format)
+    l = operand(l, beta_l.unsqueeze(-1), recipe.l_format)
     mqk = quantize(decayed_scores(qc, kc, g, tiles, recipe, strict=False, post_scale=scale_t),
                    recipe.mqk_format)
     inv = _invert(l, inverse, recipe)

@@ -33,11 +33,11 @@ def recurrent_core(q, k, v, log_decay, beta, scale: float, state=None):
     q = q * scale
     o = torch.empty_like(v)
     for i in range(t):
-        k_i = k[:, :, i]
+        k_i = k[:, :, i].unsqueeze(-2)  # [N, HV, 1, K]
         s = s * torch.exp(g[:, :, i]).unsqueeze(-1)
-        pred = torch.einsum("nhk,nhkv->nhv", k_i, s)
-        s = s + torch.einsum("nhk,nhv->nhkv", k_i, b[:, :, i, None] * (v[:, :, i] - pred))
-        o[:, :, i] = torch.einsum("nhk,nhkv->nhv", q[:, :, i], s)
+        pred = k_i @ s  # [N, HV, 1, V]
+        s = s + k_i.transpose(-1, -2) * (b[:, :, i, None, None] * (v[:, :, i].unsqueeze(-2) - pred))
+        o[:, :, i] = (q[:, :, i].unsqueeze(-2) @ s).squeeze(-2)
     return o, s
 
 

@@ -85,6 +85,8 @@ def get_tiles(spec: str | TileScaling) -> TileScaling:
 
 # --- factors and operands -------------------------------------------------------------------
 
+_HALF = (torch.bfloat16, torch.float16)
+
 def decay_factor(rel: torch.Tensor, recipe: Recipe, fmt: Format | str | None = None) -> torch.Tensor:
     """exp(rel) as the recipe computes it: exp2 with FTZ of a base-2 exponent in float32, or the
     correctly rounded exp; rounded to ``fmt`` (default ``scale_format``)."""
@@ -98,6 +100,8 @@ def decay_factor(rel: torch.Tensor, recipe: Recipe, fmt: Format | str | None = N
 
 def operand(x: torch.Tensor, factor: torch.Tensor, fmt: Format) -> torch.Tensor:
     """The exact product x·factor rounded once to ``fmt`` (a bf16×bf16 product in torch)."""
+    if x.dtype in _HALF and factor.dtype in _HALF:  # ≤ 22 significant bits: exact in float32
+        return quantize(x.float() * factor.float(), fmt)  # (torch's own 16-bit product)
     return quantize(x.double() * factor.double(), fmt)
 
 
