@@ -1,0 +1,289 @@
+"""Bit-exact CPU models of the H200's matrix arithmetic (Tensor Cores and cuBLAS), as accumulation models.
+
+How the H200 computes (established on the device with ``scripts/device/tensorcore_characterize.py``,
+the method of Khattak & Mikaitis, *Accurate Models of NVIDIA Tensor Cores*, arXiv 2512.07004;
+details and numbers in ``docs/tensor-cores.md``):
+
+**One Tensor-Core block** (``mma.sync.m16n8k16``; :func:`tc_block`) computes ``c + Σ a_k·b_k`` over
+up to 16 products at once:
+
+1. every product is exact; its exponent is taken *before normalization*, ``e(a) + e(b)`` with
+   ``e(x)`` the operand's encoded exponent (subnormals: the format's minimum exponent), so the
+   product's significand lies in [0, 4);
+2. the largest exponent ``E`` over the non-zero products and the accumulator ``c`` is found;
+3. every term (products and ``c``) is *truncated* toward zero to a multiple of ``2^(E − 25)``:
+   25 fraction bits below the alignment point survive (the two bits above it hold the product's
+   integer part);
+4. the truncated terms are added exactly (no rounding inside the block) and normalized once at the
+   end: fp16 output is rounded to nearest-even, fp32 output is truncated (round toward zero).
+   A result that is zero (or rounds to zero) is +0.
+
+**A chain of blocks**: the result of one block is the ``c`` of the next (the accumulator is held
+in the output format between instructions).
+
+Models (register themselves with :func:`kdalab.arith.accumulate.register`):
+
+=====================  =========================================================================
+``h200``               cuBLAS ``cublasGemmEx`` with ``CUBLAS_COMPUTE_16F``, one matrix per call,
+                       as the seed calls it: K ≤ 16 is one block; K > 16 is split into slices of
+                       8 products, each one block with c = 0 rounded to fp16, and the slices are
+                       added left to right in fp16 (round to nearest-even).
+``h200-mma``           chained ``mma.sync.m16n8k16.f16.f16.f16.f16`` over K-blocks of 16, the
+                       accumulator in fp16 (FlashKDA's Neumann inverse). cuBLAS
+                       ``cublasGemmStridedBatchedEx`` with COMPUTE_16F and Triton's
+                       ``tl.dot(out_dtype=float16)`` compute exactly this.
+``h200-bf16-fp32``     chained ``mma.sync…f32.bf16.bf16.f32`` (how the kernel builds L).
+``h200-fp16-fp32``     chained ``mma.sync…f32.f16.f16.f32``.
+``h200-sgemm``         cuBLAS fp32 GEMM (``a.float() @ b.float()`` in torch, tf32 off) for the
+                       seed's L shapes (K = 128): K in slices of 32, each an fp32 FMA chain in k
+                       order, the slice sums added left to right in fp32.
+=====================  =========================================================================
+
+All are batched over leading dimensions and vectorized: a Python loop runs over K-blocks only.
+Operands may be any float dtype whose values the operand format represents (checked).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kdalab.arith.accumulate import register
+from kdalab.arith.formats import BF16, FP16, FP32, Format, round_to
+
+__all__ = [
+    "FRACTION_BITS",
+    "BLOCK_K",
+    "tc_block",
+    "tc_chain",
+    "gemmex_16f",
+    "sgemm_h200",
+    "TensorCoreAccumulation",
+    "CublasGemmExAccumulation",
+    "CublasSgemmAccumulation",
+]
+
+#: bits kept below the alignment point (the largest product exponent e(a)+e(b), or c's exponent)
+FRACTION_BITS = 25
+#: products summed at once by one mma.sync.m16n8k16
+BLOCK_K = 16
+#: cuBLAS COMPUTE_16F (cublasGemmEx, one matrix per call) for K > 16: slices of this many products
+GEMMEX_SLICE = 8
+#: cuBLAS fp32 GEMM: K-slices summed as sequential FMA chains
+SGEMM_SLICE = 32
+
+_NO_EXP = -100000  # exponent of a zero term: never the maximum
+
+
+def _exponent(x: torch.Tensor, emin: int) -> torch.Tensor:
+    """Encoded exponent of each value (float64 tensor): floor(log2|x|), at least ``emin``."""
+    _, e = torch.frexp(x)
+    e = torch.clamp(e.to(torch.int32) - 1, min=emin)
+    return torch.where(x == 0, torch.full_like(e, _NO_EXP), e)
+
+
+def _as_values(x: torch.Tensor, fmt: Format, what: str) -> torch.Tensor:
+    """``x`` as float64, after checking that every value is one of ``fmt``'s."""
+    if fmt.torch_dtype is not None and x.dtype == fmt.torch_dtype:
+        return x.double()
+    x64 = x.double()
+    back = x64.to(fmt.torch_dtype).double()
+    same = (back == x64) | (torch.isnan(back) & torch.isnan(x64))
+    if not bool(same.all()):
+        raise ValueError(f"{what}: operands must hold {fmt.name} values (got {x.dtype} values "
+                         f"that {fmt.name} does not represent)")
+    return x64
+
+
+def _rz_fp32(v: torch.Tensor) -> torch.Tensor:
+    """Round float64 ``v`` toward zero to float32."""
+    r = v.float()
+    over = r.double().abs() > v.abs()
+    return torch.where(over, torch.nextafter(r, torch.zeros_like(r)), r)
+
+
+def tc_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, in_fmt: Format,
+             out_fmt: Format) -> torch.Tensor:
+    """One Tensor-Core block ``c + a @ b`` (K ≤ 16): float64 operand values in, ``out_fmt`` out.
+
+    ``a`` is ``[..., M, K]``, ``b`` ``[..., K, N]``, ``c`` ``[..., M, N]`` (``out_fmt`` values) or
+    None. fp16 output: round to nearest-even; fp32 output: round toward zero (see module doc).
+    """
+    p = a.unsqueeze(-1) * b.unsqueeze(-3)  # [..., M, K, N], exact in float64
+    pe = _exponent(a, in_fmt.emin).unsqueeze(-1) + _exponent(b, in_fmt.emin).unsqueeze(-3)
+    pe = torch.where(p == 0, torch.full_like(pe, _NO_EXP), pe)
+    big = pe.amax(dim=-2)
+    if c is not None:
+        big = torch.maximum(big, _exponent(c, out_fmt.emin))
+    big = torch.where(big < _NO_EXP // 2, torch.zeros_like(big), big)  # all-zero block
+    shift = (FRACTION_BITS - big).to(torch.float64)
+    # Integers below 2^27 each; the sum of 17 of them is exact in float64.
+    total = torch.trunc(torch.ldexp(p, shift.unsqueeze(-2))).sum(dim=-2)
+    if c is not None:
+        total = total + torch.trunc(torch.ldexp(c, shift))
+    value = torch.ldexp(total, -shift) + 0.0  # + 0.0: a zero result is +0
+    if out_fmt == FP16:
+        out = round_to(value, FP16).half()
+        return torch.where(out == 0, torch.zeros_like(out), out)
+    if out_fmt == FP32:
+        out = _rz_fp32(value)
+        return torch.where(out == 0, torch.zeros_like(out), out)
+    raise ValueError(f"tc_block: output format must be fp16 or fp32, got {out_fmt.name}")
+
+
+def _nonfinite_fallback(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Where a row of ``a`` or a column of ``b`` holds inf/nan, IEEE propagation (unverified)."""
+    bad_a = ~torch.isfinite(a).all(-1, keepdim=True)
+    bad_b = ~torch.isfinite(b).all(-2, keepdim=True)
+    if not bool(bad_a.any() or bad_b.any()):
+        return out
+    naive = torch.matmul(a, b).to(out.dtype)
+    return torch.where(bad_a | bad_b, naive, out)
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def tc_chain(a: torch.Tensor, b: torch.Tensor, in_fmt: Format, out_fmt: Format,
+             block: int = BLOCK_K) -> torch.Tensor:
+    """Chained blocks over K (zero-padded), the accumulator in ``out_fmt`` between blocks."""
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = a.expand(lead + a.shape[-2:])
+    b = b.expand(lead + b.shape[-2:])
+    af, bf = _finite(a), _finite(b)
+    k = a.shape[-1]
+    if k == 0:
+        return torch.zeros(lead + (a.shape[-2], b.shape[-1]), dtype=out_fmt.torch_dtype,
+                           device=a.device)
+    acc = None
+    for k0 in range(0, k, block):
+        acc_in = None if acc is None else acc.double()
+        acc = tc_block(af[..., k0:k0 + block], bf[..., k0:k0 + block, :], acc_in, in_fmt,
+                       out_fmt)
+    return _nonfinite_fallback(a, b, acc)
+
+
+def gemmex_16f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cublasGemmEx COMPUTE_16F, one matrix per call (the seed's GEMM); float64 fp16 values in."""
+    k = a.shape[-1]
+    if k <= BLOCK_K:
+        return tc_chain(a, b, FP16, FP16)
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = a.expand(lead + a.shape[-2:])
+    b = b.expand(lead + b.shape[-2:])
+    af, bf = _finite(a), _finite(b)
+    acc = None
+    for k0 in range(0, k, GEMMEX_SLICE):
+        part = tc_block(af[..., k0:k0 + GEMMEX_SLICE], bf[..., k0:k0 + GEMMEX_SLICE, :], None,
+                        FP16, FP16)
+        if acc is None:
+            acc = part
+        else:  # an IEEE fp16 add: the exact sum (float64 holds it) rounded once
+            acc = round_to(acc.double() + part.double(), FP16).half()
+    return _nonfinite_fallback(a, b, acc)
+
+
+def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    s = x + y
+    yy = s - x
+    return s, (x - (s - yy)) + (y - yy)
+
+
+def _fma_fp32(x: torch.Tensor, y: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
+    """fp32 fma(x, y, acc), correctly rounded; float64 holders of fp32 values."""
+    p = x * y  # exact: 24 + 24 bits
+    s, e = _two_sum(acc, p)
+    both = torch.isfinite(s)
+    r = round_to(torch.where(both, s, torch.zeros_like(s)), FP32,
+                 residual=torch.where(both, e, torch.zeros_like(e)))
+    return torch.where(both, r, s.float().double())
+
+
+def sgemm_h200(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cuBLAS fp32 GEMM's summation order on the H200 for the seed's L shapes (K = 128)."""
+    a = a.float().double()
+    b = b.float().double()
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = a.expand(lead + a.shape[-2:])
+    b = b.expand(lead + b.shape[-2:])
+    k = a.shape[-1]
+    total = None
+    for s0 in range(0, k, SGEMM_SLICE):
+        acc = torch.zeros(lead + (a.shape[-2], b.shape[-1]), dtype=torch.float64,
+                          device=a.device)
+        for kk in range(s0, min(s0 + SGEMM_SLICE, k)):
+            acc = _fma_fp32(a[..., :, kk:kk + 1], b[..., kk:kk + 1, :], acc)
+        total = acc if total is None else (total.float() + acc.float()).double()
+    if total is None:
+        return torch.zeros(lead + (a.shape[-2], b.shape[-1]), dtype=torch.float32)
+    return total.float()
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+    if a.dim() < 2 or b.dim() < 2:
+        raise ValueError(f"{name}: operands must have at least 2 dimensions")
+    if a.shape[-1] != b.shape[-2]:
+        raise ValueError(f"{name}: inner dimensions differ: a is {tuple(a.shape)}, "
+                         f"b is {tuple(b.shape)}")
+
+
+@dataclass(frozen=True)
+class TensorCoreAccumulation:
+    """Chained ``mma.sync.m16n8k16`` blocks: operands in ``in_fmt``, accumulator in ``out_fmt``."""
+
+    name: str
+    in_fmt: Format
+    out_fmt: Format
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        return self.out_fmt.torch_dtype
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check(a, b, self.name)
+        a64 = _as_values(a, self.in_fmt, self.name)
+        b64 = _as_values(b, self.in_fmt, self.name)
+        return tc_chain(a64, b64, self.in_fmt, self.out_fmt)
+
+
+@dataclass(frozen=True)
+class CublasGemmExAccumulation:
+    """``cublasGemmEx`` with CUBLAS_COMPUTE_16F, one matrix per call (see :func:`gemmex_16f`)."""
+
+    name: str = "h200"
+    out_dtype: torch.dtype = torch.float16
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check(a, b, self.name)
+        return gemmex_16f(_as_values(a, FP16, self.name), _as_values(b, FP16, self.name))
+
+
+@dataclass(frozen=True)
+class CublasSgemmAccumulation:
+    """cuBLAS fp32 GEMM on the H200 (see :func:`sgemm_h200`); operands rounded to fp32 first."""
+
+    name: str = "h200-sgemm"
+    out_dtype: torch.dtype = torch.float32
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        _check(a, b, self.name)
+        return sgemm_h200(a, b)
+
+
+MODELS = (
+    CublasGemmExAccumulation(),
+    TensorCoreAccumulation("h200-mma", FP16, FP16),
+    TensorCoreAccumulation("h200-bf16-fp32", BF16, FP32),
+    TensorCoreAccumulation("h200-fp16-fp32", FP16, FP32),
+    CublasSgemmAccumulation(),
+)
+for _m in MODELS:
+    register(_m)
+
+# The hardware itself, for CUDA tensors (importing it needs torch only).
+from kdalab.arith import gpu as _gpu  # noqa: E402
+
+for _m in _gpu.MODELS:
+    register(_m)
