@@ -39,6 +39,10 @@ def main() -> None:
     print(f"{'model':<10} {'batched s':>10} {'per-run s':>10} {'batched runs/s':>15} "
           f"{'per-run runs/s':>15} {'ratio':>7}")
     for model in models:
+        # warm-up: one run of every shape through both paths (first calls pay one-time setup)
+        warm = {(r.chunk, r.dim): r for r in runs}
+        for spec in warm.values():
+            run_sweep([spec], [model])
         t0 = time.perf_counter()
         batched = run_sweep(runs, [model])
         tb = time.perf_counter() - t0
