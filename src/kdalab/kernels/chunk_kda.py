@@ -13,6 +13,7 @@ import torch
 
 from .chunk_prepare import CHUNK, chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
+from .chunk_recurrent_t import chunk_kda_recurrent_t
 
 _SUPPORTED_DIMS = (16, 32, 64, 128, 256)
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -25,7 +26,10 @@ class RecurrentConfig:
     shape of the recurrent stage (value columns per program, warps, pipeline stages)."""
 
     inverse: str = "fp32"
-    block_v: int = 32
+    variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products) or "kv" (S, M = 16)
+    dot: str = "tf32"         # recurrent products: "tf32" or "bf16"
+    operands: str = "fp16"    # storage of stage-1 operands with dot="tf32": "fp16" or "fp32"
+    block_v: int = 64
     num_warps: int = 4
     num_stages: int = 2
 
@@ -115,6 +119,9 @@ def chunk_kda_fwd(
         raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
     if config.inverse not in ("fp32", "fp16"):
         raise ValueError(f"config.inverse must be 'fp32' or 'fp16', got {config.inverse!r}")
+    if config.variant not in ("t", "kv") or config.dot not in ("tf32", "bf16") \
+            or config.operands not in ("fp16", "fp32") or (config.variant == "kv" and config.dot != "tf32"):
+        raise ValueError(f"config: unsupported combination {config}")
     if scale is None:
         scale = K ** -0.5
     if A_log is not None:
@@ -174,7 +181,12 @@ def chunk_kda_fwd(
 
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
-    operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
+    if config.dot == "bf16":
+        operand_dtype = torch.bfloat16
+    elif use_qk_l2norm and config.operands == "fp16":
+        operand_dtype = torch.float16
+    else:
+        operand_dtype = torch.float32
     w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare(
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
@@ -186,9 +198,13 @@ def chunk_kda_fwd(
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
         shape = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
         final_state = torch.empty(shape, device=device, dtype=state_dtype)
-    o = chunk_kda_recurrent(
-        v, w, qg, kend, ainv, mqk, gamma, initial_state=initial_state,
-        final_state=final_state, state_vk=state_vk, cu_seqlens=cu_seqlens,
-        chunk_offsets=chunk_offsets, num_seqs=num_seqs, block_v=config.block_v,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+    launch = dict(initial_state=initial_state, final_state=final_state, state_vk=state_vk,
+                  cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_seqs=num_seqs,
+                  block_v=config.block_v, num_warps=config.num_warps,
+                  num_stages=config.num_stages)
+    if config.variant == "t":
+        o = chunk_kda_recurrent_t(v, w, qg, kend, ainv, mqk, gamma, **launch,
+                                  dot_bf16=config.dot == "bf16")
+    else:
+        o = chunk_kda_recurrent(v, w, qg, kend, ainv, mqk, gamma, **launch)
     return o, final_state

@@ -25,6 +25,29 @@ CHUNK = 16
 
 
 @triton.jit
+def _load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                bos, eos, c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc,
+                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
+    """Operands of chunk i_t (zeros past the sequence's end), as fp32 tiles."""
+    rows = bos + i_t * BT + o_r
+    r_ok = rows < eos
+    # tensor masks built from tensors: the interpreter rejects scalar ones
+    m_cc = (bos + i_t * BT + o_cc * 0) < eos
+    m_g = (bos + i_t * BT + o_k * 0) < eos
+    offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    offs_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
+    cc = (c0 + i_t) * H + i_h
+    w = tl.load(w_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
+    qg = tl.load(qg_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
+    kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
+    vv = tl.load(v_ptr + offs_v, mask=r_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
+    ainv = tl.load(ainv_ptr + cc * BT * BT + o_cc, mask=m_cc, other=0.0).to(tl.float32)
+    mqk = tl.load(mqk_ptr + cc * BT * BT + o_cc, mask=m_cc, other=0.0).to(tl.float32)
+    gamma = tl.load(gamma_ptr + cc * K + o_k, mask=m_g, other=0.0)
+    return w, qg, kend, vv, ainv, mqk, gamma
+
+
+@triton.jit
 def chunk_kda_recurrent_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr,
@@ -63,25 +86,24 @@ def chunk_kda_recurrent_kernel(
         S = tl.zeros([K, BV], dtype=tl.float32)
 
     o_cc = o_r[:, None] * BT + o_r[None, :]
+    # Hand-pipelined: the operands of chunk i+1 are loaded before chunk i is computed, so
+    # their global-memory latency hides behind the serial chain W@S -> U -> KEND^T@U -> S.
+    w, qg, kend, vv, ainv, mqk, gamma = _load_chunk(
+        v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+        bos, eos, c0, 0, i_h, o_r, o_k, o_v, v_ok, o_cc, H, K, V, BT)
     for i_t in range(0, n_chunks):
+        nw, nqg, nkend, nvv, nainv, nmqk, ngamma = _load_chunk(
+            v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+            bos, eos, c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc, H, K, V, BT)
         rows = bos + i_t * BT + o_r
-        r_ok = rows < eos
-        offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
         offs_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
-        m_v = r_ok[:, None] & v_ok[None, :]
-        cc = (c0 + i_t) * H + i_h
-        w = tl.load(w_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
-        qg = tl.load(qg_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
-        kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
-        vv = tl.load(v_ptr + offs_v, mask=m_v, other=0.0).to(tl.float32)
-        ainv = tl.load(ainv_ptr + cc * BT * BT + o_cc).to(tl.float32)
-        mqk = tl.load(mqk_ptr + cc * BT * BT + o_cc).to(tl.float32)
-        gamma = tl.load(gamma_ptr + cc * K + o_k)
+        m_v = (rows < eos)[:, None] & v_ok[None, :]
 
         u = tl.dot(ainv, vv, input_precision="tf32") - tl.dot(w, S, input_precision="tf32")
         o = tl.dot(qg, S, input_precision="tf32") + tl.dot(mqk, u, input_precision="tf32")
         tl.store(o_ptr + offs_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
         S = S * gamma[:, None] + tl.dot(tl.trans(kend), u, input_precision="tf32")
+        w, qg, kend, vv, ainv, mqk, gamma = nw, nqg, nkend, nvv, nainv, nmqk, ngamma
 
     if STORE_HT:
         tl.store(ht_ptr + s_base + s_offs, S.to(ht_ptr.dtype.element_ty), mask=v_ok[None, :])

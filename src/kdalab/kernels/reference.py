@@ -100,25 +100,24 @@ def make_inputs(family, B, T, H, K, V=None, *, device="cpu", seed=0, dtype=torch
     lower_bound -5), β = 0.5: the stress case of the Neumann inverse (seed document).
     """
     V = K if V is None else V
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
 
     def randn(*shape):
-        return torch.randn(*shape, generator=gen)
+        return torch.randn(*shape, generator=gen, device=device)
 
     q, k, v = randn(B, T, H, K), randn(B, T, H, K), randn(B, T, H, V)
     if family == "model_like":
         g, beta = randn(B, T, H, K), randn(B, T, H)
         A_log, dt_bias = 0.5 * randn(H), 0.5 * randn(H * K)
     elif family == "saturated":
-        g, beta = torch.full((B, T, H, K), 20.0), randn(B, T, H)
-        A_log, dt_bias = torch.zeros(H), torch.zeros(H * K)
+        g, beta = torch.full((B, T, H, K), 20.0, device=device), randn(B, T, H)
+        A_log, dt_bias = torch.zeros(H, device=device), torch.zeros(H * K, device=device)
     elif family == "weak_decay_correlated":
         k = randn(1, 1, H, K).expand(B, T, H, K).clone()
         # -5 * sigmoid(x) = -0.01  <=>  x = log(0.002 / 0.998)
-        g = torch.full((B, T, H, K), -6.212606095751519)
-        beta = torch.zeros(B, T, H)
-        A_log, dt_bias = torch.zeros(H), torch.zeros(H * K)
+        g = torch.full((B, T, H, K), -6.212606095751519, device=device)
+        beta = torch.zeros(B, T, H, device=device)
+        A_log, dt_bias = torch.zeros(H, device=device), torch.zeros(H * K, device=device)
     else:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
-    out = [x.to(dtype) for x in (q, k, v, g, beta)] + [A_log, dt_bias]
-    return tuple(x.to(device) for x in out)
+    return tuple(x.to(dtype) for x in (q, k, v, g, beta)) + (A_log, dt_bias)

@@ -1,0 +1,211 @@
+"""Speed and accuracy of kdalab.kernels.chunk_kda_fwd against fla's chunk_kda, same process.
+
+Speed: median ms (triton.testing.do_bench) at B=1, T=8192, D=128, H in (64, 96), fixed length
+and varlen [1300, 547, 2048, 963, 271, 3063]; fla runs with safe_gate=True, lower_bound=-5,
+the gate (A_log, dt_bias), L2 norm and β sigmoid in its kernel. Achieved bandwidth counts the
+fewest bytes a forward must move (q, k, v, g, β read once, o written once) and is printed
+against the device-to-device copy bandwidth measured in the same run (bytes read + written).
+
+Accuracy: relative Frobenius error of o and of the final state against the fp64 token
+recurrence (kdalab.kernels.reference), for kdalab and fla on the same inputs, per family.
+
+    python benchmarks/bench_kernel.py [--sweep] [--accuracy] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import time
+
+import torch
+import triton
+
+from kdalab.kernels import RecurrentConfig, chunk_kda_fwd
+from kdalab.kernels.reference import FAMILIES, kda_reference_fp64, make_inputs, rel_err
+
+VARLEN = [1300, 547, 2048, 963, 271, 3063]
+T_TOTAL = 8192
+D = 128
+
+
+SWEEP = {
+    "t_fp32ops": RecurrentConfig(operands="fp32"),
+    "t_bf16": RecurrentConfig(dot="bf16"),
+    "t_bv128_w8": RecurrentConfig(block_v=128, num_warps=8),
+    "kv_bv64_w8": RecurrentConfig(variant="kv", block_v=64, num_warps=8),
+}
+ACCURACY_CONFIGS = {
+    "default": RecurrentConfig(),
+    "inv_fp16": RecurrentConfig(inverse="fp16"),
+    "t_bf16": RecurrentConfig(dot="bf16"),
+}
+
+
+def _fla():
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception as exc:  # noqa: BLE001 - report and go on without the baseline
+        print(f"fla unavailable: {exc!r}")
+        return None
+    return chunk_kda
+
+
+def copy_bandwidth(nbytes=4 << 30):
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").uniform_()
+    y = torch.empty_like(x)
+    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
+    return 2 * nbytes / (ms * 1e-3), ms
+
+
+def min_bytes(T, H, K, V):
+    return T * H * (3 * K + V) * 2 + T * H * 2 + T * H * V * 2  # q k g, v; beta; o
+
+
+def inputs(family, H, varlen, seed=0):
+    q, k, v, g, beta, A_log, dt_bias = make_inputs(family, 1, T_TOTAL, H, D, device="cuda",
+                                                   seed=seed)
+    cu = None
+    if varlen:
+        cu = torch.tensor([0, *itertools.accumulate(VARLEN)], device="cuda")
+    return (q, k, v, g, beta), dict(A_log=A_log.float(), dt_bias=dt_bias.float()), cu
+
+
+def run_kdalab(x, kw, cu, h0=None, final=False, config=RecurrentConfig()):
+    return chunk_kda_fwd(*x, **kw, cu_seqlens=cu, initial_state=h0, output_final_state=final,
+                         lower_bound=-5.0, config=config)
+
+
+def run_fla(chunk_kda, x, kw, cu, h0=None, final=False):
+    with torch.no_grad():
+        return chunk_kda(*x, **kw, cu_seqlens=cu, initial_state=h0, output_final_state=final,
+                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0)
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=50, rep=250, return_mode="median")
+
+
+def speed(chunk_kda, copy_bw, configs):
+    rows = []
+    for H in (64, 96):
+        for varlen in (False, True):
+            x, kw, cu = inputs("model_like", H, varlen)
+            row = dict(H=H, varlen=varlen)
+            t = {}
+            for name, cfg in configs.items():
+                t[name] = bench(lambda cfg=cfg: run_kdalab(x, kw, cu, config=cfg))
+            best = min(t, key=t.get)
+            row.update(kdalab_ms=t[best], kdalab_config=best, all_configs=t)
+            if chunk_kda is not None:
+                row["fla_ms"] = bench(lambda: run_fla(chunk_kda, x, kw, cu))
+                row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
+            nbytes = min_bytes(T_TOTAL, H, D, D)
+            row["kdalab_GBps"] = nbytes / (row["kdalab_ms"] * 1e-3) / 1e9
+            row["frac_of_copy_bw"] = row["kdalab_GBps"] * 1e9 / copy_bw
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
+def stage_times(config):
+    """Stage 1 and stage 2 alone (H=64, fixed length), to see where the time goes."""
+    from kdalab.kernels.chunk_prepare import chunk_kda_prepare
+    from kdalab.kernels.chunk_recurrent_t import chunk_kda_recurrent_t
+    out = {}
+    for H in (64, 96):
+        x, kw, _ = inputs("model_like", H, False)
+        q, k, v, g, beta = x
+        nc = T_TOTAL // 16
+
+        def s1():
+            return chunk_kda_prepare(q, k, g, beta, kw["A_log"], kw["dt_bias"], scale=D ** -0.5,
+                                     lower_bound=-5.0, use_qk_l2norm=True, beta_is_logits=True,
+                                     cu_seqlens=None, chunk_table=None, num_chunks=nc,
+                                     operand_dtype=torch.float16,
+                                     fp16_inverse=config.inverse == "fp16")
+        ops = s1()
+
+        def s2():
+            return chunk_kda_recurrent_t(v, *ops, initial_state=None, final_state=None,
+                                         state_vk=False, cu_seqlens=None, chunk_offsets=None,
+                                         num_seqs=1, block_v=config.block_v,
+                                         num_warps=config.num_warps,
+                                         num_stages=config.num_stages)
+        out[H] = dict(stage1_ms=bench(s1), stage2_ms=bench(s2))
+        print(json.dumps(dict(H=H, **out[H])), flush=True)
+    return out
+
+
+def accuracy(chunk_kda, H=64):
+    rows = []
+    cases = [(f, False) for f in FAMILIES] + [("model_like", True), ("weak_decay_correlated", True)]
+    for family, varlen in cases:
+        x, kw, cu = inputs(family, H, varlen, seed=1)
+        n = 1 if cu is None else len(VARLEN)
+        h0 = torch.randn(n, H, D, D, device="cuda")
+        ref_o, ref_s = kda_reference_fp64(*x, **kw, cu_seqlens=cu, initial_state=h0,
+                                          output_final_state=True, lower_bound=-5.0)
+        row = dict(family=family, varlen=varlen, H=H, T=T_TOTAL)
+        for name, cfg in ACCURACY_CONFIGS.items():
+            o, s = run_kdalab(x, kw, cu, h0=h0, final=True, config=cfg)
+            row[f"{name}_o"], row[f"{name}_S"] = rel_err(o, ref_o), rel_err(s, ref_s)
+        if chunk_kda is not None:
+            o, s = run_fla(chunk_kda, x, kw, cu, h0=h0, final=True)
+            row["fla_o"], row["fla_S"] = rel_err(o, ref_o), rel_err(s, ref_s)
+        row["ref_bf16_rounding"] = rel_err(ref_o.bfloat16(), ref_o)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sweep", action="store_true", help="time several recurrent-stage configs")
+    ap.add_argument("--accuracy", action="store_true")
+    ap.add_argument("--stages", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
+                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    chunk_kda = _fla()
+    if chunk_kda is not None:
+        import fla
+        info["fla"] = getattr(fla, "__version__", "?")
+    print(json.dumps(info), flush=True)
+    bw, copy_ms = copy_bandwidth()
+    print(json.dumps(dict(copy_bandwidth_GBps=bw / 1e9, copy_ms=copy_ms)), flush=True)
+    configs = {"default": RecurrentConfig()}
+    if args.sweep:
+        configs.update(SWEEP)
+    result = dict(info=info, copy_bandwidth_GBps=bw / 1e9)
+    if args.accuracy:
+        result["accuracy"] = accuracy(chunk_kda)
+    result["speed"] = speed(chunk_kda, bw, configs)
+    if args.stages:
+        result["stages"] = stage_times(RecurrentConfig())
+    print("\n H  varlen  kdalab_ms (config)       fla_ms  speedup  GB/s  of_copy_bw")
+    for r in result["speed"]:
+        print(f"{r['H']:3d}  {str(r['varlen']):6s}  {r['kdalab_ms']:.3f} ({r['kdalab_config']:11s})"
+              f"  {r.get('fla_ms', float('nan')):7.3f}  {r.get('speedup', float('nan')):5.2f}x"
+              f"  {r['kdalab_GBps']:5.0f}  {r['frac_of_copy_bw']:.2f}")
+    print("\n all configs (ms): " + ", ".join(f"H={r['H']} varlen={r['varlen']}: " + " ".join(
+        f"{k}={v:.3f}" for k, v in r["all_configs"].items()) for r in result["speed"]))
+    if args.accuracy:
+        names = list(ACCURACY_CONFIGS) + ["fla"]
+        print("\n family                 varlen  " + "  ".join(f"{n + ' o / S':>20s}" for n in names))
+        for r in result["accuracy"]:
+            cells = [f"{r.get(n + '_o', float('nan')):.2e} / {r.get(n + '_S', float('nan')):.2e}"
+                     for n in names]
+            print(f" {r['family']:22s} {str(r['varlen']):6s}  " + "  ".join(f"{c:>20s}" for c in cells))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""Stage 2, transposed: the recurrence over chunks on S^T [BV, K] (value rows first).
+
+Same algebra as ``chunk_recurrent.py``, transposed so that every product has the value
+block BV as its M dimension (Hopper's warpgroup MMA needs M = 64 per warpgroup; the
+untransposed products have M = 16, the chunk):
+
+    U^T = V^T AINV^T - S^T W^T             [BV, 16]
+    O^T = S^T QG^T + U^T MQK^T             [BV, 16]
+    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]
+
+``DT`` = bf16 selects bf16 products (S and U rounded to bf16, stage-1 operands stored in bf16)
+instead of tf32 ones (stage-1 operands in fp16, exact in tf32; S and U rounded to tf32).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+CHUNK = 16
+
+
+@triton.jit
+def chunk_kda_recurrent_t_kernel(
+    v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    h0_ptr, ht_ptr, o_ptr,
+    cu_seqlens_ptr, chunk_offsets_ptr,
+    T,
+    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_VK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = (i_nh // H).to(tl.int64)
+    i_h = i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets_ptr + i_n).to(tl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        c0 = i_n * tl.cdiv(T, BT)
+    n_chunks = tl.cdiv(eos - bos, BT)
+
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    v_ok = o_v < V
+    if STATE_VK:
+        s_offs = o_v[:, None] * K + o_k[None, :]
+    else:
+        s_offs = o_k[None, :] * V + o_v[:, None]
+    s_base = (i_n * H + i_h) * K * V
+    if HAS_H0:
+        St = tl.load(h0_ptr + s_base + s_offs, mask=v_ok[:, None], other=0.0).to(tl.float32)
+    else:
+        St = tl.zeros([BV, K], dtype=tl.float32)
+
+    # transposed views: element (c, r) of X^T is X[r, c]
+    o_cc_t = o_r[None, :] * BT + o_r[:, None]
+    for i_t in range(0, n_chunks):
+        rows = bos + i_t * BT + o_r
+        r_ok = rows < eos
+        offs_kt = (rows[None, :] * H + i_h) * K + o_k[:, None]      # [K, 16]
+        offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]       # [16, K]
+        offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]      # [BV, 16]
+        m_vt = v_ok[:, None] & r_ok[None, :]
+        cc = (c0 + i_t) * H + i_h
+        wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
+        qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
+        kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
+        vt = tl.load(v_ptr + offs_vt, mask=m_vt, other=0.0).to(DT)
+        ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t).to(DT)
+        mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t).to(DT)
+        gamma = tl.load(gamma_ptr + cc * K + o_k)
+
+        Sd = St.to(DT)
+        ut = tl.dot(vt, ainvt, input_precision="tf32") - tl.dot(Sd, wt, input_precision="tf32")
+        ud = ut.to(DT)
+        ot = tl.dot(Sd, qgt, input_precision="tf32") + tl.dot(ud, mqkt, input_precision="tf32")
+        tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty), mask=m_vt)
+        St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
+
+    if STORE_HT:
+        tl.store(ht_ptr + s_base + s_offs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
+
+
+def chunk_kda_recurrent_t(
+    v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk,
+    cu_seqlens, chunk_offsets, num_seqs, block_v=64, num_warps=4, num_stages=2, dot_bf16=False,
+):
+    """Launch the transposed stage 2; same contract as ``chunk_kda_recurrent``."""
+    import torch
+
+    B, T, H, V = v.shape
+    K = w.shape[-1]
+    o = torch.empty_like(v)
+    bv = min(block_v, triton.next_power_of_2(V))
+    dummy = gamma
+    chunk_kda_recurrent_t_kernel[(triton.cdiv(V, bv), num_seqs * H)](
+        v, w, qg, kend, ainv, mqk, gamma,
+        initial_state if initial_state is not None else dummy,
+        final_state if final_state is not None else dummy,
+        o,
+        cu_seqlens if cu_seqlens is not None else dummy,
+        chunk_offsets if chunk_offsets is not None else dummy,
+        T,
+        H=H, K=K, V=V, BT=CHUNK, BV=bv,
+        HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
+        STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, DT=tl.bfloat16 if dot_bf16 else tl.float32,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return o
