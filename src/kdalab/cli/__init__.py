@@ -8,6 +8,7 @@ from kdalab.cli.app import app, run_app  # noqa: F401
 
 # Command modules register themselves on import.
 from kdalab.cli import reproduce  # noqa: E402,F401
+from kdalab.cli import dynamic_range  # noqa
 
 
 def main() -> None:

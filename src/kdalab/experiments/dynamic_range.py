@@ -1,0 +1,301 @@
+"""The measured phase diagram of the decay scales: lower bound × chunk × boundary × format.
+
+For every chunk size C (one batch), inputs for every lower bound and family are stacked, and for
+every (scale format, exp2 path, boundary) the kernel's L is built by
+:func:`kdalab.kda.intra.kernel_l` (start/midpoint/end) or :func:`kdalab.kda.dynamic_range.
+per_pair_l` (per_pair). One record per (family, seed, lower bound, C, format, exp2 path, boundary):
+
+==================  ==============================================================================
+scales              number of scale factors formed (2C for a fixed boundary: exp(G_i − G_b) and
+                    exp(G_b − G_i) for every row; C(C+1)/2 for per_pair, i ≥ j)
+overflow            factors that are ±inf — or, for a saturating format (fp8 e4m3), that the cast
+                    clamped (counted with a twin of the format that returns NaN where it would clamp)
+zero                factors that are 0
+subnormal           factors that are non-zero and below the format's smallest normal
+scales_ok           1 if overflow == zero == 0;  scales_normal: 1 if also subnormal == 0
+l_finite, l_rel_rmse   the kernel's L against the stable fp64 L
+inv_finite, inv_rel_rmse  fp16 Neumann inverse of the kernel's L against the exact inverse of the
+                    stable L (the seed's "INV total")
+==================  ==============================================================================
+
+Families: ``floor`` (worst case: every step at the bound, seed 0) and ``model_like``
+(g = lb·sigmoid(N(0,1))), drawn by :func:`kdalab.experiments.families.make_inputs`. Only the scale
+format and the exp2 path vary; the rest of the recipe is the seed's (bf16 operands, fp32-accumulated
+GEMM, fp16 L, fp16 Neumann inverse under ``inverse_accumulation``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kdalab.arith import Format, exp2_ftz, get_format, quantize, rel_rmse
+from kdalab.experiments.families import make_inputs
+from kdalab.kda.dynamic_range import BOUNDARIES, check_boundary, per_pair_l
+from kdalab.kda.intra import LOG2E, boundary_log_decay, kernel_l, stable_l
+from kdalab.kda.inverse import neumann_inverse
+from kdalab.kda.recipe import SEED, Recipe
+
+__all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "SweepGrid", "run_chunk", "run_sweep",
+           "detection_twin", "count_scales", "kernel_scales", "worst_case_scale_table"]
+
+DEFAULT_LOWER_BOUNDS = (-0.5, -1.0, -1.5, -2.0, -2.5, -3.0, -3.5, -4.0, -4.5, -5.0, -5.5, -6.0,
+                        -6.5, -7.0, -8.0, -9.0, -10.0, -12.0, -14.0, -16.0, -18.0, -20.0)
+DEFAULT_FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2")
+
+
+def _parse_list(text, name: str, conv) -> tuple:
+    if isinstance(text, str):
+        items = [t.strip() for t in text.split(",")]
+        if text.strip() == "":
+            return ()
+        if any(not t for t in items):
+            raise ValueError(f"{name}: empty item in {text!r}")
+    else:
+        items = list(text)
+    out = []
+    for t in items:
+        try:
+            out.append(conv(t))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{name}: cannot read {t!r} ({exc})") from None
+    return tuple(out)
+
+
+def _parse_ints(text, name: str) -> tuple[int, ...]:
+    if not isinstance(text, str):
+        return tuple(int(x) for x in text)
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        try:
+            out.extend(range(int(lo), int(hi) + 1) if sep else [int(part)])
+        except ValueError:
+            raise ValueError(f"{name}: cannot read {part!r} (use '2-128' or '8,16')") from None
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    lower_bounds: tuple[float, ...] = DEFAULT_LOWER_BOUNDS
+    chunks: tuple[int, ...] = tuple(range(2, 129))
+    formats: tuple[str, ...] = DEFAULT_FORMATS
+    boundaries: tuple[str, ...] = BOUNDARIES
+    exp2_ftz: tuple[bool, ...] = (True,)
+    model_seeds: tuple[int, ...] = (0, 1)
+    dim: int = 32
+    inverse_accumulation: str = "fp32"
+
+    def __post_init__(self) -> None:
+        for lb in self.lower_bounds:
+            if not (math.isfinite(lb) and lb < 0):
+                raise ValueError(f"lower_bounds must be finite and < 0, got {lb}")
+        for c in self.chunks:
+            if c < 2:
+                raise ValueError(f"chunks must be >= 2, got {c}")
+        for f in self.formats:
+            get_format(f)
+        for b in self.boundaries:
+            check_boundary(b)
+        if self.dim < 1:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+        if not (self.lower_bounds and self.chunks and self.formats and self.boundaries):
+            raise ValueError("lower_bounds, chunks, formats and boundaries must be non-empty")
+
+    @classmethod
+    def parse(cls, *, lower_bounds=None, chunks="2-128", formats=",".join(DEFAULT_FORMATS),
+              boundaries=",".join(BOUNDARIES), ftz="on", model_seeds="0,1", dim=32,
+              inverse_accumulation="fp32") -> SweepGrid:
+        lbs = DEFAULT_LOWER_BOUNDS if lower_bounds is None else _parse_list(
+            lower_bounds, "lower_bounds", float)
+        modes = {"on": (True,), "off": (False,), "both": (True, False)}
+        if ftz not in modes:
+            raise ValueError(f"ftz must be on, off or both, got {ftz!r}")
+        from kdalab.arith import get_accumulation
+
+        get_accumulation(inverse_accumulation)
+        return cls(tuple(lbs), _parse_ints(chunks, "chunks"),
+                   _parse_list(formats, "formats", lambda s: get_format(s).name),
+                   _parse_list(boundaries, "boundaries", check_boundary), modes[ftz],
+                   _parse_ints(model_seeds, "model_seeds") if model_seeds else (), int(dim),
+                   inverse_accumulation)
+
+    @property
+    def group_count(self) -> int:
+        return len(self.chunks)
+
+
+def detection_twin(fmt: Format) -> Format:
+    """``fmt`` with clamping replaced by NaN, so that saturated factors can be counted."""
+    if fmt.overflow != "saturate":
+        return fmt
+    return Format(fmt.name + "-satnan", fmt.exp_bits, fmt.man_bits, fmt.subnormals, "nan",
+                  fmt.finite_only)
+
+
+def count_scales(scales: torch.Tensor, fmt: Format, mask: torch.Tensor | None = None) -> dict:
+    """Overflow / zero / subnormal counts per run of ``scales`` ``[runs, ...]`` (factors ≥ 0);
+    ``mask`` (broadcast to ``scales``) selects the factors that count."""
+    s = scales.double()
+    mask = torch.ones_like(s, dtype=torch.bool) if mask is None else mask.expand_as(s)
+    over = (~torch.isfinite(s)) & mask
+    zero = (s == 0) & mask
+    sub = (s > 0) & (s < fmt.tiny) & mask
+    return {k: v.flatten(1).sum(-1) for k, v in
+            (("scales", mask), ("overflow", over), ("zero", zero), ("subnormal", sub))}
+
+
+def _scale_counts(keys, log_decay, beta, recipe: Recipe, boundary: str) -> dict:
+    """Counts from the scale factors the kernel path forms (with the detection twin's format)."""
+    fmt = recipe.scale_format
+    twin = recipe.with_(scale_format=detection_twin(fmt))
+    if boundary == "per_pair":
+        pp = per_pair_l(keys, log_decay, beta, twin)
+        c = log_decay.shape[-1]
+        mask = torch.ones(c, c, dtype=torch.bool).tril()[..., None]  # i >= j
+        return count_scales(pp.scales, fmt, mask)
+    kl = kernel_l(keys, log_decay, beta, twin, boundary)
+    both = torch.cat([kl.decay, kl.inv_decay], dim=-1)  # [..., C, 2X]
+    return count_scales(both, fmt)
+
+
+def _l_of(keys, log_decay, beta, recipe: Recipe, boundary: str) -> torch.Tensor:
+    if boundary == "per_pair":
+        return per_pair_l(keys, log_decay, beta, recipe).l
+    return kernel_l(keys, log_decay, beta, recipe, boundary).l
+
+
+def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
+    """All records of one chunk size: one batch per (format, exp2 path, boundary)."""
+    runs = [("floor", 0, lb) for lb in grid.lower_bounds]
+    runs += [("model_like", s, lb) for s in grid.model_seeds for lb in grid.lower_bounds]
+    inputs = [make_inputs(f, chunk, grid.dim, s, lb) for f, s, lb in runs]
+    keys = torch.stack([i.keys for i in inputs])
+    log_decay = torch.stack([i.log_decay for i in inputs])
+    beta = torch.stack([i.beta for i in inputs])
+
+    eye = torch.eye(chunk, dtype=torch.float64)
+    l_ref = stable_l(keys, log_decay, beta)
+    inv_ref = torch.linalg.inv(eye + l_ref)
+
+    configs, ls, counts = [], [], []
+    for fmt_name in grid.formats:
+        fmt = get_format(fmt_name)
+        for ftz in grid.exp2_ftz:
+            recipe = SEED.with_(scale_format=fmt, exp2_ftz=ftz)
+            for boundary in grid.boundaries:
+                configs.append((fmt.name, ftz, boundary))
+                counts.append(_scale_counts(keys, log_decay, beta, recipe, boundary))
+                ls.append(_l_of(keys, log_decay, beta, recipe, boundary))
+    l_all = torch.stack(ls)  # [configs, runs, C, C] fp16
+    l_err = rel_rmse(l_all, l_ref)
+    l_fin = torch.isfinite(l_all).flatten(-2).all(-1)
+    inv = neumann_inverse(l_all, grid.inverse_accumulation, SEED.inverse_format).inverse
+    inv_err = rel_rmse(inv, inv_ref)
+    inv_fin = torch.isfinite(inv).flatten(-2).all(-1)
+
+    records: list[dict] = []
+    l_err, l_fin, inv_err, inv_fin = (t.tolist() for t in (l_err, l_fin, inv_err, inv_fin))
+    for ci, (fmt_name, ftz, boundary) in enumerate(configs):
+        cnt = {k: v.tolist() for k, v in counts[ci].items()}
+        for ri, (family, seed, lb) in enumerate(runs):
+            over, zero, sub = cnt["overflow"][ri], cnt["zero"][ri], cnt["subnormal"][ri]
+            records.append({
+                "family": family, "seed": seed, "lower_bound": lb, "chunk": chunk,
+                "boundary": boundary, "format": fmt_name, "exp2_ftz": ftz, "dim": grid.dim,
+                "scales": cnt["scales"][ri], "overflow": over, "zero": zero, "subnormal": sub,
+                "scales_ok": int(over == 0 and zero == 0),
+                "scales_normal": int(over == 0 and zero == 0 and sub == 0),
+                "l_finite": int(l_fin[ci][ri]), "l_rel_rmse": l_err[ci][ri],
+                "inv_finite": int(inv_fin[ci][ri]), "inv_rel_rmse": inv_err[ci][ri],
+                "inverse_accumulation": grid.inverse_accumulation,
+            })
+    return records
+
+
+def run_sweep(grid: SweepGrid, *, sink: Callable[[list[dict]], None] | None = None,
+              progress: Callable[[int, int], None] | None = None) -> list[dict]:
+    """Every chunk size of the grid; each chunk's records go to ``sink`` as soon as they exist."""
+    out: list[dict] = []
+    for i, chunk in enumerate(grid.chunks):
+        recs = run_chunk(grid, chunk)
+        if sink is not None:
+            sink(recs)
+        out.extend(recs)
+        if progress is not None:
+            progress(i + 1, len(grid.chunks))
+    return out
+
+
+def kernel_scales(rel: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(rel) and exp(−rel) along the recipe's scale path, as :func:`kernel_l` forms them
+    (tested equal to ``kernel_l``'s ``decay``/``inv_decay``)."""
+    if recipe.exp2_ftz:
+        rel2 = rel * LOG2E
+        decay, inv_decay = exp2_ftz(rel2), exp2_ftz(-rel2)
+    else:
+        decay, inv_decay = torch.exp(rel), torch.exp(-rel)
+    return quantize(decay, recipe.scale_format), quantize(inv_decay, recipe.scale_format)
+
+
+def worst_case_scale_table(lower_bounds: Sequence[float], chunks: Sequence[int],
+                           formats: Sequence[str], boundaries: Sequence[str] = BOUNDARIES,
+                           exp2_ftz: Sequence[bool] = (True,)) -> list[dict]:
+    """Scale-factor counts on the worst case (every step at the bound), the whole grid at once.
+
+    G is the float64 cumulative sum of the steps, as the kernels compute it; the chunk of C tokens
+    is its first C entries. For a fixed boundary every chunk's exponents G_i − G_b (G_b from
+    :func:`boundary_log_decay`) are stacked, padded, into one tensor and pushed through the scale
+    path once per (format, exp2 path). For per_pair the 128×128 pair matrix G_i − G_j is formed
+    once per lower bound and chunk C counts its leading C×C block (prefix sums).
+    """
+    chunks = [int(c) for c in chunks]
+    lbs = torch.tensor([float(x) for x in lower_bounds], dtype=torch.float64)
+    cmax = max(chunks)
+    g_full = lbs[:, None].expand(-1, cmax).cumsum(-1)  # [L, Cmax]
+    fixed = [b for b in boundaries if b != "per_pair"]
+    rel = torch.zeros(len(fixed), len(chunks), len(lbs), cmax, dtype=torch.float64)
+    mask = torch.zeros(len(chunks), 1, cmax, dtype=torch.bool)
+    for ci, c in enumerate(chunks):
+        g = g_full[:, :c, None]  # [L, C, 1]
+        mask[ci, :, :c] = True
+        for bi, b in enumerate(fixed):
+            rel[bi, ci, :, :c] = (g - boundary_log_decay(g, b))[..., 0]
+    if "per_pair" in boundaries:
+        diff = (g_full[:, :, None] - g_full[:, None, :]).clamp(max=0.0)  # [L, i, j]
+        lower = torch.ones(cmax, cmax, dtype=torch.bool).tril()
+    out = []
+    for fmt_name in formats:
+        fmt = get_format(fmt_name)
+        for ftz in exp2_ftz:
+            recipe = SEED.with_(scale_format=detection_twin(fmt), exp2_ftz=ftz)
+            counts = {}
+            if fixed:
+                d, inv = kernel_scales(rel, recipe)
+                both = torch.stack([d, inv]).double()  # [2, B, C, L, Cmax]
+                m = mask.expand_as(both)
+                for key, bad in (("overflow", ~torch.isfinite(both)), ("zero", both == 0),
+                                 ("subnormal", (both > 0) & (both < fmt.tiny))):
+                    counts[key] = (bad & m).sum(dim=(0, -1))  # [B, C, L]
+            if "per_pair" in boundaries:
+                s = kernel_scales(diff, recipe)[0].double()
+                pp = {}
+                for key, bad in (("overflow", ~torch.isfinite(s)), ("zero", s == 0),
+                                 ("subnormal", (s > 0) & (s < fmt.tiny))):
+                    cum = (bad & lower).to(torch.int64).cumsum(-1).cumsum(-2)  # [L, i, j]
+                    pp[key] = torch.stack([cum[:, c - 1, c - 1] for c in chunks])  # [C, L]
+            for bi, boundary in enumerate(boundaries):
+                for ci, c in enumerate(chunks):
+                    for li, lb in enumerate(lower_bounds):
+                        if boundary == "per_pair":
+                            vals = {k: int(pp[k][ci, li]) for k in pp}
+                        else:
+                            j = fixed.index(boundary)
+                            vals = {k: int(counts[k][j, ci, li]) for k in counts}
+                        out.append({"lower_bound": float(lb), "chunk": c, "format": fmt.name,
+                                    "exp2_ftz": ftz, "boundary": boundary, **vals})
+    return out
