@@ -22,7 +22,7 @@ import time
 import torch
 import triton
 
-from kdalab.kernels import RecurrentConfig, chunk_kda_fwd
+from kdalab.kernels import KernelConfig, chunk_kda_fwd
 from kdalab.kernels.reference import FAMILIES, kda_reference_fp64, make_inputs, rel_err
 
 VARLEN = [1300, 547, 2048, 963, 271, 3063]
@@ -31,15 +31,17 @@ D = 128
 
 
 SWEEP = {
-    "t_fp32ops": RecurrentConfig(operands="fp32"),
-    "t_bf16": RecurrentConfig(dot="bf16"),
-    "t_bv128_w8": RecurrentConfig(block_v=128, num_warps=8),
-    "kv_bv64_w8": RecurrentConfig(variant="kv", block_v=64, num_warps=8),
+    "t_fp32ops": KernelConfig(operands="fp32"),
+    "t_bf16": KernelConfig(dot="bf16"),
+    "t_bv128_w8": KernelConfig(block_v=128, num_warps=8),
+    "t_bv32": KernelConfig(block_v=32),
+    "t_bf16_bv32": KernelConfig(dot="bf16", block_v=32),
+    "kv_bv64_w8": KernelConfig(variant="kv", block_v=64, num_warps=8),
 }
 ACCURACY_CONFIGS = {
-    "default": RecurrentConfig(),
-    "inv_fp16": RecurrentConfig(inverse="fp16"),
-    "t_bf16": RecurrentConfig(dot="bf16"),
+    "default": KernelConfig(),
+    "inv_fp16": KernelConfig(inverse="fp16"),
+    "t_bf16": KernelConfig(dot="bf16"),
 }
 
 
@@ -72,7 +74,7 @@ def inputs(family, H, varlen, seed=0):
     return (q, k, v, g, beta), dict(A_log=A_log.float(), dt_bias=dt_bias.float()), cu
 
 
-def run_kdalab(x, kw, cu, h0=None, final=False, config=RecurrentConfig()):
+def run_kdalab(x, kw, cu, h0=None, final=False, config=KernelConfig()):
     return chunk_kda_fwd(*x, **kw, cu_seqlens=cu, initial_state=h0, output_final_state=final,
                          lower_bound=-5.0, config=config)
 
@@ -179,15 +181,15 @@ def main():
     print(json.dumps(info), flush=True)
     bw, copy_ms = copy_bandwidth()
     print(json.dumps(dict(copy_bandwidth_GBps=bw / 1e9, copy_ms=copy_ms)), flush=True)
-    configs = {"default": RecurrentConfig()}
+    configs = {"default": KernelConfig()}
     if args.sweep:
         configs.update(SWEEP)
     result = dict(info=info, copy_bandwidth_GBps=bw / 1e9)
+    result["speed"] = speed(chunk_kda, bw, configs)
     if args.accuracy:
         result["accuracy"] = accuracy(chunk_kda)
-    result["speed"] = speed(chunk_kda, bw, configs)
     if args.stages:
-        result["stages"] = stage_times(RecurrentConfig())
+        result["stages"] = stage_times(KernelConfig())
     print("\n H  varlen  kdalab_ms (config)       fla_ms  speedup  GB/s  of_copy_bw")
     for r in result["speed"]:
         print(f"{r['H']:3d}  {str(r['varlen']):6s}  {r['kdalab_ms']:.3f} ({r['kdalab_config']:11s})"

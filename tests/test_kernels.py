@@ -19,7 +19,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from kdalab.kernels import DEFAULT_CONFIG, RecurrentConfig, chunk_kda_fwd  # noqa: E402
+from kdalab.kernels import DEFAULT_CONFIG, KernelConfig, chunk_kda_fwd  # noqa: E402
 from kdalab.kernels.reference import (  # noqa: E402
     FAMILIES, kda_reference_fp64, make_inputs, rel_err)
 
@@ -144,17 +144,17 @@ def test_interp_fp16_inverse():
     # FlashKDA's fp16 Neumann inverse: as accurate as fp32 on random inputs; on the stress
     # family its state error grows to ~1.7e-2 (measured), which is why fp32 is the default.
     eo, es = _run("model_like", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
-                  config=RecurrentConfig(inverse="fp16"))
+                  config=KernelConfig(inverse="fp16"))
     assert eo < TOL_FP32 and es < TOL_FP32, (eo, es)
     eo, es = _run("weak_decay_correlated", 2, 64, 1, 64, v_dtype=torch.float32, seed=64,
-                  config=RecurrentConfig(inverse="fp16"))
+                  config=KernelConfig(inverse="fp16"))
     assert 3e-3 < es < 5e-2, (eo, es)
 
 
 @interp
 @pytest.mark.parametrize("config", [
-    RecurrentConfig(variant="kv", block_v=32), RecurrentConfig(operands="fp32"),
-    RecurrentConfig(block_v=16), RecurrentConfig(block_v=128, num_warps=8)],
+    KernelConfig(variant="kv", block_v=32), KernelConfig(operands="fp32"),
+    KernelConfig(block_v=16), KernelConfig(block_v=128, num_warps=8)],
     ids=["kv", "fp32_operands", "bv16", "bv128"])
 def test_interp_recurrent_variants(config):
     # (the bf16-product variant is checked on the GPU only: triton 3.9's interpreter returns
@@ -276,7 +276,7 @@ def test_gpu_bf16_products():
     # bf16 products in the recurrent stage (S and U rounded to bf16, like fla's chunk path):
     # bound = fla's measured error on random inputs (4.1e-3 o, 2.9e-3 S) doubled.
     eo, es = _run("model_like", 1, 2000, 4, 128, device="cuda", h0=True,
-                  config=RecurrentConfig(dot="bf16"))
+                  config=KernelConfig(dot="bf16"))
     assert eo < 8e-3 and es < 6e-3, (eo, es)
 
 

@@ -21,9 +21,15 @@ _STATE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
-class RecurrentConfig:
-    """Kernel choices: the inverse's precision ("fp32" or FlashKDA's "fp16") and the launch
-    shape of the recurrent stage (value columns per program, warps, pipeline stages)."""
+class KernelConfig:
+    """Kernel choices: the inverse's precision, the recurrent stage's form and precision, and
+    its launch shape (value columns per program, warps, pipeline stages).
+
+    Defaults are the accurate path (H200, 2026-11-29, docs/BENCHMARKS.md): the fp32 inverse
+    (FlashKDA's fp16 one gives 1.2e-2 state error on weak_decay_correlated, fla 1.6e-2, fp32
+    2.0e-3) and tf32 products. ``dot="bf16"`` was the fastest form measured (2.28 ms against
+    2.76 ms at H=64, T=8192) at fla-like precision.
+    """
 
     inverse: str = "fp32"
     variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products) or "kv" (S, M = 16)
@@ -34,7 +40,7 @@ class RecurrentConfig:
     num_stages: int = 2
 
 
-DEFAULT_CONFIG = RecurrentConfig()
+DEFAULT_CONFIG = KernelConfig()
 
 
 def _interpreting() -> bool:
@@ -79,7 +85,7 @@ def chunk_kda_fwd(
     use_qk_l2norm: bool = True,
     beta_is_logits: bool = True,
     state_layout: str = "KV",
-    config: RecurrentConfig = DEFAULT_CONFIG,
+    config: KernelConfig = DEFAULT_CONFIG,
 ):
     """Chunked KDA forward (chunk 16, lower-bounded gate) on Triton.
 
