@@ -9,6 +9,7 @@ from kdalab.cli.app import app, run_app  # noqa: F401
 # Command modules register themselves on import.
 from kdalab.cli import reproduce  # noqa: E402,F401
 from kdalab.cli import dynamic_range  # noqa
+from kdalab.cli import end_to_end  # noqa
 
 
 def main() -> None:

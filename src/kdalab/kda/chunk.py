@@ -60,6 +60,20 @@ def _invert(l: torch.Tensor, inverse: str, recipe: Recipe) -> torch.Tensor:
     return quantize(inv, recipe.inv_format)
 
 
+_INTRA_ELEMENTS = 1 << 23  # elements of a [.., C, C, K] per-pair block processed at once
+
+
+def _intra(qc, kc, g, bc, scale_t, tiles, inverse, recipe):
+    """Mqk and (I + L)⁻¹ of a batch of chunks."""
+    l = decayed_scores(kc, kc, g, tiles, recipe, strict=True)
+    l = quantize(l, recipe.l_format)
+    beta_l = quantize(bc, recipe.beta_format)
+    l = operand(l, beta_l.unsqueeze(-1), recipe.l_format)
+    mqk = quantize(decayed_scores(qc, kc, g, tiles, recipe, strict=False, post_scale=scale_t),
+                   recipe.mqk_format)
+    return mqk, _invert(l, inverse, recipe)
+
+
 def chunk_core(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -101,16 +115,18 @@ def chunk_core(
     bc = chunks(beta.to(gdt), width=False)
     acc = get_accumulation(recipe.matmul_accumulation)
     op_fmt, work = recipe.operand_format, recipe.work_format
-    scale_t = torch.tensor(scale, dtype=torch.float64)
+    scale_t = torch.tensor(scale, dtype=torch.float64, device=q.device)
 
-    # Intra-chunk, every chunk at once.
-    l = decayed_scores(kc, kc, g, tiles, recipe, strict=True)
-    l = quantize(l, recipe.l_format)
-    beta_l = quantize(bc, recipe.beta_format)
-    l = operand(l, beta_l.unsqueeze(-1), recipe.l_format)
-    mqk = quantize(decayed_scores(qc, kc, g, tiles, recipe, strict=False, post_scale=scale_t),
-                   recipe.mqk_format)
-    inv = _invert(l, inverse, recipe)
+    # Intra-chunk, every chunk at once (in slices of chunks where per-pair factors [C, C, K]
+    # would not fit in memory otherwise: the results do not depend on the slicing).
+    pairs = tiles.boundary == "pair" or (tiles.boundary == "tiles" and tiles.diagonal == "pair")
+    per_chunk = n * hv * c * (c if pairs else 1) * kd
+    step = max(1, _INTRA_ELEMENTS // max(per_chunk, 1))
+    parts = [_intra(qc[:, :, j:j + step], kc[:, :, j:j + step], g[:, :, j:j + step],
+                    bc[:, :, j:j + step], scale_t, tiles, inverse, recipe)
+             for j in range(0, nc, step)]
+    mqk = torch.cat([p[0] for p in parts], dim=2)
+    inv = torch.cat([p[1] for p in parts], dim=2)
 
     gamma = decay_factor(g, recipe)  # exp(G_i), ≤ 1
     q_dec = operand(operand(qc, gamma, op_fmt), quantize(scale_t, op_fmt), op_fmt)
@@ -127,7 +143,8 @@ def chunk_core(
 
     # The recurrence over chunks.
     sfmt = recipe.state_format
-    s = (torch.zeros(n, hv, kd, vd, dtype=torch.float64) if state is None else state.double())
+    s = (torch.zeros(n, hv, kd, vd, dtype=torch.float64, device=q.device) if state is None
+         else state.double())
     s = quantize(s, sfmt)
     outs = []
     cw = _cdt(work)

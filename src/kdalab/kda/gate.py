@@ -126,7 +126,7 @@ def log_decay(
         if a is not None:
             x = a * x
         lb = float(lower_bound) * LOG2E if base2 else float(lower_bound)
-        return torch.tensor(lb, dtype=dt) * torch.sigmoid(x)  # lb rounded to dt first
+        return torch.tensor(lb, dtype=dt, device=x.device) * torch.sigmoid(x)  # lb rounded to dt first
     out = -F.softplus(x)
     if a is not None:
         out = a * out
@@ -175,7 +175,7 @@ def l2_normalize(x: torch.Tensor, *, eps: float = 1e-6, fmt: Format | str = FP64
             ss = part[..., :1]
         else:
             ss = xf.square().sum(-1, keepdim=True)
-        y = xf * torch.rsqrt(ss + torch.tensor(eps, dtype=torch.float32))
+        y = xf * torch.rsqrt(ss + torch.tensor(eps, dtype=torch.float32, device=x.device))
     if out is not None:
         y = quantize(y, out).to(y.dtype)
     return y

@@ -1,0 +1,274 @@
+"""The end-to-end study: what the lower bound, the chunk size, the tile scaling and the precision
+recipe do to the layer's output and final state, measured against the float64 recurrent reference.
+
+A study is declarative (:class:`StudyConfig`): input families × gates (lower bounds and the
+unbounded gate) × seeds × chunk sizes × variants (recipe, tile scaling, inverse). It is batched:
+every gate and seed of a family is one batch of sequences, so one chunked forward call covers a
+whole (family, variant, chunk size) cell, and one recurrent call gives the reference for a family.
+
+Families (bf16 inputs, as a model hands them to the kernel; L2-normalized q and k; β logits):
+
+=========================  =======================================================================
+``model_like``             q, k, v, gate input g ~ N(0, 1); A_log ~ U(0, 1) per head, dt_bias ~
+                           U(0, 1) per channel (FlashKDA's test distribution); β logits ~ N(0, 1).
+``saturated``              as model_like but g = +20: the gate sits at its lower bound at every
+                           step and channel (the seed's ``floor``); unbounded: ~ −20·exp(A_log).
+``weak_decay_correlated``  one random key repeated at every step, β = 0.5, decay ≈ −0.01 per step
+                           whatever the gate (g solved for it; A_log = dt_bias = 0): the high
+                           powers of L without any exponent-range pressure.
+``long``                   model_like with T ≥ 4096.
+=========================  =======================================================================
+
+One record per (family, gate, seed, chunk, variant) with ``o_rel_rmse`` and ``state_rel_rmse``
+(relative RMS error over the whole output / final state; ``inf`` when any value is non-finite),
+``o_nonfinite`` / ``state_nonfinite`` (counts) and ``finite`` (1 if both are all finite), and the
+gate's statistics (mean and minimum log-decay per step) for context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+
+import torch
+
+from kdalab.arith import rel_rmse
+from kdalab.kda.chunk import forward_prepared, prepare_for_recipe
+from kdalab.kda.gate import Prepared
+from kdalab.kda.inverse import INVERSES
+from kdalab.kda.naive import recurrent_core
+from kdalab.kda.recipe import get_recipe
+from kdalab.kda.tiles import get_tiles
+
+__all__ = ["E2E_FAMILIES", "Variant", "DEFAULT_VARIANTS", "StudyConfig", "QUICK", "FULL",
+           "study_inputs", "run_study", "gate_label", "parse_lower_bounds"]
+
+E2E_FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "long")
+SATURATED_G = 20.0
+WEAK_LOG_DECAY = -0.01
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way to compute the layer: a precision recipe, a tile scaling and an inverse."""
+
+    recipe: str
+    tiles: str
+    inverse: str
+
+    def __post_init__(self) -> None:
+        get_recipe(self.recipe)
+        get_tiles(self.tiles)
+        if self.inverse not in INVERSES:
+            raise ValueError(f"inverse must be one of {', '.join(INVERSES)}, got {self.inverse!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.recipe}/{self.tiles}/{self.inverse}"
+
+    @staticmethod
+    def parse(text: str) -> Variant:
+        parts = text.strip().split("/")
+        if len(parts) != 3:
+            raise ValueError(f"variant must be recipe/tiles/inverse, got {text!r}")
+        return Variant(*parts)
+
+
+#: The kernels as they are, and each one's tile scaling / inverse changed one at a time.
+DEFAULT_VARIANTS = (
+    Variant("flashkda", "chunk_start", "neumann"),       # FlashKDA v1
+    Variant("flashkda", "midpoint", "neumann"),
+    Variant("flashkda", "secondary", "neumann"),
+    Variant("flashkda", "per_pair", "neumann"),
+    Variant("flashkda", "chunk_start", "forward_substitution"),
+    Variant("fla", "secondary-midpoint", "forward_substitution"),  # fla safe_gate
+    Variant("fla", "secondary", "forward_substitution"),           # fla, per-pair diagonal
+    Variant("fp32", "chunk_start", "neumann"),
+    Variant("fp32", "per_pair", "forward_substitution"),
+    Variant("fp64", "chunk_start", "exact"),
+)
+
+
+def gate_label(lower_bound: float | None) -> str:
+    return "unbounded" if lower_bound is None else f"lb={lower_bound:g}"
+
+
+def parse_lower_bounds(text: str) -> tuple[float | None, ...]:
+    """'-1,-5,unbounded' → (-1.0, -5.0, None); every bound must be < 0."""
+    out: list[float | None] = []
+    for tok in (t.strip() for t in str(text).split(",")):
+        if not tok:
+            continue
+        if tok.lower() in ("unbounded", "none", "inf"):
+            out.append(None)
+            continue
+        try:
+            lb = float(tok)
+        except ValueError:
+            raise ValueError(f"lower bound must be a number < 0 or 'unbounded', got {tok!r}") from None
+        if not (lb < 0) or math.isinf(lb):
+            raise ValueError(f"lower bound must be a finite number < 0, got {tok}")
+        out.append(lb)
+    if not out:
+        raise ValueError("no lower bounds given")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    families: tuple[str, ...] = E2E_FAMILIES
+    lower_bounds: tuple[float | None, ...] = (-1.0, -2.0, -5.0, -8.0, -10.0, None)
+    chunks: tuple[int, ...] = (8, 16, 32, 64)
+    variants: tuple[Variant, ...] = DEFAULT_VARIANTS
+    seeds: tuple[int, ...] = (0, 1)
+    length: int = 1024
+    long_length: int = 4096
+    heads: int = 2
+    dim: int = 128
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        for f in self.families:
+            if f not in E2E_FAMILIES:
+                raise ValueError(f"family must be one of {', '.join(E2E_FAMILIES)}, got {f!r}")
+        for c in self.chunks:
+            if int(c) < 1:
+                raise ValueError(f"chunk sizes must be >= 1, got {c}")
+        for lb in self.lower_bounds:
+            if lb is not None and not lb < 0:
+                raise ValueError(f"lower bounds must be < 0, got {lb}")
+        if self.length < 1 or self.long_length < 1 or self.heads < 1 or self.dim < 1:
+            raise ValueError("length, long_length, heads and dim must be >= 1")
+        if not self.seeds or not self.chunks or not self.variants or not self.lower_bounds:
+            raise ValueError("seeds, chunks, variants and lower_bounds must not be empty")
+
+    def seq_len(self, family: str) -> int:
+        return self.long_length if family == "long" else self.length
+
+    def cells(self) -> int:
+        return len(self.families) * len(self.variants) * len(self.chunks)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra")
+        d["variants"] = [v.name for v in self.variants]
+        return d
+
+
+FULL = StudyConfig()
+#: Small enough for CI (seconds), same shape of output.
+QUICK = replace(FULL, lower_bounds=(-2.0, -5.0, -10.0, None), chunks=(8, 16, 64), seeds=(0,),
+                length=64, long_length=256, heads=1, dim=32,
+                variants=(DEFAULT_VARIANTS[0], DEFAULT_VARIANTS[3], DEFAULT_VARIANTS[5],
+                          DEFAULT_VARIANTS[7]))
+
+
+def study_inputs(family: str, lower_bound: float | None, seed: int, length: int, heads: int,
+                 dim: int) -> dict:
+    """Keyword arguments of :func:`kdalab.kda.forward` for one sequence batch (B = 1)."""
+    gen = torch.Generator().manual_seed(int(seed))
+    t, h, d = length, heads, dim
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen).bfloat16()
+
+    gate = "unbounded" if lower_bound is None else "lower_bound"
+    q, k, v = normal(1, t, h, d), normal(1, t, h, d), normal(1, t, h, d)
+    if family == "weak_decay_correlated":
+        key = normal(1, 1, h, d)
+        k = key.expand(1, t, h, d).contiguous()
+        a_log, dt_bias = torch.zeros(h), torch.zeros(h, d)
+        target = -WEAK_LOG_DECAY
+        if lower_bound is None:  # softplus(x) = 0.01
+            x = math.log(math.expm1(target))
+        else:  # |lb|·sigmoid(x) = 0.01
+            p = target / abs(lower_bound)
+            x = math.log(p / (1 - p))
+        g = torch.full((1, t, h, d), x).bfloat16()
+        beta = torch.zeros(1, t, h).bfloat16()  # sigmoid(0) = 0.5
+    else:
+        g = normal(1, t, h, d)
+        a_log = torch.rand(h, generator=gen)
+        dt_bias = torch.rand(h, d, generator=gen)
+        beta = normal(1, t, h)
+        if family == "saturated":
+            g = torch.full_like(g, SATURATED_G)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, A_log=a_log, dt_bias=dt_bias,
+                lower_bound=lower_bound, gate=gate, beta_is_logits=True, use_qk_l2norm=True)
+
+
+def _cat(preps: Sequence[Prepared]) -> Prepared:
+    p0 = preps[0]
+
+    def cat(name):
+        return torch.cat([getattr(p, name) for p in preps], dim=0)
+
+    return replace(p0, q=cat("q"), k=cat("k"), v=cat("v"), log_decay=cat("log_decay"),
+                   beta=cat("beta"), state=None, lengths=sum((p.lengths for p in preps), ()))
+
+
+def _prepare(inputs: list[dict], recipe: str) -> Prepared:
+    return _cat([prepare_for_recipe(**kw, recipe=recipe) for kw in inputs])
+
+
+def _rows(o: torch.Tensor, s: torch.Tensor, o_ref: torch.Tensor, s_ref: torch.Tensor):
+    """Per batch row: errors and non-finite counts."""
+    n = o.shape[0]
+    o2, s2 = o.reshape(n, -1), s.reshape(n, -1)
+    return (rel_rmse(o2, o_ref.reshape(n, -1), 1).tolist(),
+            rel_rmse(s2, s_ref.reshape(n, -1), 1).tolist(),
+            (~torch.isfinite(o2)).sum(-1).tolist(), (~torch.isfinite(s2)).sum(-1).tolist())
+
+
+def run_study(
+    cfg: StudyConfig,
+    *,
+    sink: Callable[[list[dict]], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    device: str | torch.device = "cpu",
+) -> list[dict]:
+    """Run the study; ``sink`` receives each cell's records as soon as they exist.
+
+    Inputs are drawn on the CPU (so every device sees the same values) and moved to ``device``.
+    """
+    records: list[dict] = []
+    total, done = cfg.cells(), 0
+    for family in cfg.families:
+        t = cfg.seq_len(family)
+        keys = [(lb, seed) for lb in cfg.lower_bounds for seed in cfg.seeds]
+        inputs = [{k: (x.to(device) if isinstance(x, torch.Tensor) else x)
+                   for k, x in study_inputs(family, lb, seed, t, cfg.heads, cfg.dim).items()}
+                  for lb, seed in keys]
+        ref = _prepare(inputs, "fp64")
+        o_ref, s_ref = recurrent_core(ref.q, ref.k, ref.v, ref.log_decay, ref.beta, ref.scale)
+        g = ref.log_decay
+        g_mean = g.reshape(len(keys), -1).mean(-1).tolist()
+        g_min = g.reshape(len(keys), -1).amin(-1).tolist()
+        for variant in cfg.variants:
+            prep = _prepare(inputs, variant.recipe)
+            for chunk in cfg.chunks:
+                o, s = forward_prepared(prep, chunk_size=int(chunk), tiles=variant.tiles,
+                                        inverse=variant.inverse, recipe=variant.recipe)
+                eo, es, no, ns = _rows(o, s, o_ref, s_ref)
+                cell = []
+                for i, (lb, seed) in enumerate(keys):
+                    cell.append({
+                        "family": family, "gate": gate_label(lb),
+                        "lower_bound": math.nan if lb is None else float(lb),
+                        "seed": int(seed), "T": t, "heads": cfg.heads, "dim": cfg.dim,
+                        "chunk": int(chunk), "variant": variant.name, "recipe": variant.recipe,
+                        "tiles": variant.tiles, "inverse": variant.inverse,
+                        "o_rel_rmse": float(eo[i]), "state_rel_rmse": float(es[i]),
+                        "o_nonfinite": int(no[i]), "state_nonfinite": int(ns[i]),
+                        "finite": int(no[i] == 0 and ns[i] == 0),
+                        "log_decay_mean": float(g_mean[i]), "log_decay_min": float(g_min[i]),
+                        "device": torch.device(device).type,
+                    })
+                records.extend(cell)
+                if sink is not None:
+                    sink(cell)
+                done += 1
+                if progress is not None:
+                    progress(done, total)
+    return records

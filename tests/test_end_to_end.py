@@ -1,0 +1,83 @@
+"""The end-to-end study: records, determinism, non-finite cells recorded, views, CLI."""
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+from typer.testing import CliRunner
+
+from kdalab.cli import app
+from kdalab.experiments.end_to_end import QUICK, StudyConfig, Variant, parse_lower_bounds, run_study
+from kdalab.experiments.store import read_records
+
+TINY = replace(QUICK, families=("model_like", "saturated"), lower_bounds=(-2.0, -10.0, None),
+               chunks=(8, 16), length=32, dim=16,
+               variants=(Variant("flashkda", "chunk_start", "neumann"),
+                         Variant("fp64", "per_pair", "exact")))
+
+
+def test_records_are_deterministic_and_complete():
+    a = run_study(TINY)
+    b = run_study(TINY)
+    assert len(a) == 2 * 3 * 2 * 2 * len(TINY.seeds)
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)  # NaN/inf included
+    keys = {"family", "gate", "lower_bound", "seed", "chunk", "variant", "o_rel_rmse",
+            "state_rel_rmse", "o_nonfinite", "state_nonfinite", "finite"}
+    assert keys <= set(a[0])
+    fp64 = [r for r in a if r["recipe"] == "fp64"]
+    # per-pair factors never overflow: fp64 matches the fp64 recurrence (<= 1e-12, see
+    # test_kda_chunk) in every family, gate and chunk size
+    assert all(r["finite"] == 1 and r["o_rel_rmse"] < 1e-12 for r in fp64)
+
+
+def test_nonfinite_combination_is_recorded():
+    cfg = replace(TINY, families=("saturated",), lower_bounds=(-10.0,), chunks=(16,),
+                  variants=(Variant("flashkda", "chunk_start", "neumann"),))
+    (rec,) = run_study(cfg)
+    # 16 steps at −10: exp(160) > bf16's 3.4e38 — the split exponent overflows
+    assert rec["finite"] == 0 and math.isinf(rec["o_rel_rmse"]) and rec["o_nonfinite"] > 0
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="family"):
+        StudyConfig(families=("nope",))
+    with pytest.raises(ValueError, match="chunk"):
+        StudyConfig(chunks=(0,))
+    with pytest.raises(ValueError, match="lower bound"):
+        parse_lower_bounds("-1,2")
+    assert parse_lower_bounds("-1, unbounded") == (-1.0, None)
+    with pytest.raises(ValueError, match="recipe"):
+        Variant.parse("fp7/chunk_start/exact")
+    with pytest.raises(ValueError, match="variant"):
+        Variant.parse("fp32/chunk_start")
+
+
+def test_cli_quick_writes_records_tables_and_plots(tmp_path):
+    out = tmp_path / "e2e"
+    res = CliRunner().invoke(app, [
+        "run", "end-to-end", "--quick", "--families", "model_like,long", "--chunks", "8,64",
+        "--lower-bounds", "-5,unbounded", "--long-length", "64", "--quiet", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    recs = read_records(out)
+    assert len(recs) == 2 * 2 * 2 * len(QUICK.variants)
+    for name in ("e2e_output_table.md", "e2e_output_table.csv", "e2e_state_table.md",
+                 "e2e_summary.csv", "e2e_gate_chunk.png", "e2e_gate_chunk.svg",
+                 "e2e_output_vs_chunk_lbm5.png", "records.parquet", "config.json"):
+        assert (out / name).exists(), name
+    assert "∞" in (out / "e2e_output_table.md").read_text()  # chunk_start at C = 64 overflows
+
+
+@pytest.mark.parametrize("args, word", [
+    (["--lower-bounds", "0.5"], "lower bound"),
+    (["--chunks", "0"], "chunk"),
+    (["--variants", "flashkda/diagonal/neumann"], "tiles"),
+    (["--families", "gaussian"], "family"),
+    (["--dim", "0"], "dim"),
+    (["--device", "tpu"], "device"),
+])
+def test_cli_bad_input_exits_2(tmp_path, args, word):
+    res = CliRunner().invoke(app, ["run", "end-to-end", "--quick", "--quiet", "--out",
+                                   str(tmp_path / "x"), *args])
+    assert res.exit_code == 2
+    assert word in res.output
