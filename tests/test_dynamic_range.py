@@ -227,9 +227,10 @@ def test_sweep_records_and_worst_case_agreement():
     recs = run_sweep(grid)
     assert len(recs) == 3 * 3 * 2 * 4 * 2
     for r in recs:
-        if r["family"] != "floor":
-            continue
         sc = safe_chunk(r["format"], r["lower_bound"], r["boundary"])
+        if r["family"] != "floor":  # the worst case bounds every g ∈ [lb, 0): a guarantee
+            assert r["scales_ok"] or r["chunk"] > sc.max_chunk, r
+            continue
         assert r["scales_ok"] == int(r["chunk"] <= sc.max_chunk), r
         if r["scales_ok"] and r["format"] == "bf16":
             assert r["l_finite"] == 1 and r["l_rel_rmse"] < 1e-2
@@ -294,3 +295,31 @@ def test_cli_run_dynamic_range_small(tmp_path):
     res = runner.invoke(app, ["run", "dynamic-range", "--out", str(tmp_path),
                               "--boundaries", "diag"])
     assert res.exit_code == 2
+
+
+# --- the diagonal-tile study ------------------------------------------------------------------------
+
+def test_diagonal_tile_counts_and_errors():
+    from kdalab.experiments.diagonal_tile import count_work, run_study
+
+    d = 8
+    # one dense 16×16 tile: 2·C·D factors, C²·D GEMM multiply-adds, no scalar work
+    w = count_work(16, d, "chunk_start")
+    assert (w.exps, w.gemm_macs, w.dot_macs) == (2 * 16 * d, 16 * 16 * d, 0)
+    # per pair: a factor and a scalar multiply-add for every (i, j, channel) of the square
+    w = count_work(32, d, "per_pair")
+    assert (w.exps, w.gemm_macs, w.dot_macs) == (32 * 32 * d, 0, 32 * 32 * d)
+    # 16-token secondary tiles at C = 32: 3 tiles in the causal part; the off-diagonal tile is a
+    # GEMM (16·D row factors + 16·D column factors), the two diagonal tiles per pair
+    w = count_work(32, d, "secondary")
+    assert (w.exps, w.gemm_macs, w.dot_macs) == (2 * 16 * d + 2 * 16 * 16 * d, 16 * 16 * d,
+                                                 2 * 16 * 16 * d)
+    recs = run_study(chunks=(16, 32), lower_bounds=(-1.0, -8.0), seeds=(0,), dim=d)
+    by = {(r["family"], r["chunk"], r["strategy"], r["lower_bound"]): r for r in recs}
+    # at lb = −8 the chunk-start tile of 16 fails (16·8 = 128 > 88.7) and per pair does not
+    assert not by[("floor", 16, "chunk_start", -8.0)]["finite"]
+    assert by[("floor", 16, "per_pair", -8.0)]["rel_rmse"] < 1e-2
+    assert by[("floor", 32, "secondary-midpoint", -8.0)]["finite"]  # span 8·8 = 64
+    # C = 16 is one tile: secondary (pair diagonal) is per_pair exactly
+    assert by[("model_like", 16, "secondary", -1.0)]["rel_rmse"] == \
+        by[("model_like", 16, "per_pair", -1.0)]["rel_rmse"]

@@ -111,7 +111,8 @@ def run_dynamic_range(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/dynamic-range"),
     lower_bounds: Annotated[Optional[str], typer.Option(
         help="lower bounds, comma-separated (default: -0.5 … -20, 22 values)")] = None,
-    chunks: Annotated[str, typer.Option(help="chunk sizes, e.g. '2-128' or '8,16,32'")] = "2-128",
+    chunks: Annotated[str, typer.Option(
+        help="chunk sizes: '2-128', '36-64:4' (step 4), '8,16,32'")] = "2-32,36-64:4,72-128:8",
     formats: Annotated[str, typer.Option(
         help="scale formats, comma-separated")] = "bf16,fp16,fp32,fp8_e4m3,fp8_e5m2",
     boundaries: Annotated[str, typer.Option(
@@ -153,4 +154,42 @@ def run_dynamic_range(
     paths = write_views(records, out)
     if not quiet:
         console.print(f"{len(records)} records in {elapsed:.1f} s (sweep); views: "
+                      f"{len(paths)} files in {out}", highlight=False)
+
+
+@run_app.command("diagonal-tile")
+def run_diagonal_tile(
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("results/diagonal-tile"),
+    chunks: Annotated[str, typer.Option(help="chunk sizes")] = "16,32,64",
+    lower_bounds: Annotated[str, typer.Option(help="lower bounds")] = "-0.5,-1,-2,-5,-8",
+    seeds: Annotated[str, typer.Option(help="seeds of the model_like family")] = "0,1,2",
+    dim: Annotated[int, typer.Option(help="head dimension")] = 64,
+    quiet: Annotated[bool, typer.Option(help="no tables on the terminal")] = False,
+) -> None:
+    """Diagonal tile: dense through a fixed boundary vs per pair (and 16-token secondary tiles):
+    error of the decayed Gram matrix and the work, counted (exps, GEMM vs scalar multiply-adds)."""
+    from kdalab.experiments.diagonal_tile import run_study
+    from kdalab.experiments.store import RecordWriter
+    from kdalab.views.dynamic_range import write_diagonal_tile_views
+
+    try:
+        ch = [int(x) for x in chunks.split(",")]
+        lbs = [float(x) for x in lower_bounds.split(",")]
+        sd = [int(x) for x in seeds.split(",")]
+    except ValueError as exc:
+        fail(f"cannot read a list: {exc}")
+    if any(c < 1 for c in ch) or any(not (math.isfinite(lb) and lb < 0) for lb in lbs) or dim < 1:
+        fail("chunks and --dim must be >= 1, lower bounds finite and < 0")
+    t0 = time.perf_counter()
+    try:
+        records = run_study(ch, lower_bounds=lbs, seeds=sd, dim=dim)
+    except ValueError as exc:
+        fail(str(exc))
+    with RecordWriter(out) as writer:
+        writer.write(records)
+    paths = write_diagonal_tile_views(records, out)
+    if not quiet:
+        console.print((out / "diagonal-tables.md").read_text(encoding="utf-8"), markup=False,
+                      highlight=False)
+        console.print(f"{len(records)} records in {time.perf_counter() - t0:.1f} s; "
                       f"{len(paths)} files in {out}", highlight=False)

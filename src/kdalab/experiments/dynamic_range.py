@@ -39,12 +39,14 @@ from kdalab.kda.intra import LOG2E, boundary_log_decay, kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
 
-__all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "SweepGrid", "run_chunk", "run_sweep",
+__all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "DEFAULT_CHUNKS", "SweepGrid", "run_chunk", "run_sweep",
            "detection_twin", "count_scales", "kernel_scales", "worst_case_scale_table"]
 
 DEFAULT_LOWER_BOUNDS = (-0.5, -1.0, -1.5, -2.0, -2.5, -3.0, -3.5, -4.0, -4.5, -5.0, -5.5, -6.0,
                         -6.5, -7.0, -8.0, -9.0, -10.0, -12.0, -14.0, -16.0, -18.0, -20.0)
 DEFAULT_FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2")
+#: every C up to 32 (where bf16's boundaries fall for lb ≤ −3), then every 4th to 64, 8th to 128
+DEFAULT_CHUNKS = "2-32,36-64:4,72-128:8"
 
 
 def _parse_list(text, name: str, conv) -> tuple:
@@ -66,23 +68,29 @@ def _parse_list(text, name: str, conv) -> tuple:
 
 
 def _parse_ints(text, name: str) -> tuple[int, ...]:
+    """``"2-32,36-64:4"`` → 2, 3, …, 32, 36, 40, …, 64 (``a-b:step`` ranges, inclusive)."""
     if not isinstance(text, str):
         return tuple(int(x) for x in text)
     out: list[int] = []
     for part in text.split(","):
         part = part.strip()
-        lo, sep, hi = part.partition("-")
+        rng, _, step = part.partition(":")
+        lo, sep, hi = rng.partition("-")
         try:
-            out.extend(range(int(lo), int(hi) + 1) if sep else [int(part)])
+            st = int(step) if step else 1
+            if st < 1:
+                raise ValueError
+            out.extend(range(int(lo), int(hi) + 1, st) if sep else [int(rng)])
         except ValueError:
-            raise ValueError(f"{name}: cannot read {part!r} (use '2-128' or '8,16')") from None
-    return tuple(out)
+            raise ValueError(f"{name}: cannot read {part!r} (use '2-128', '36-64:4' or "
+                             "'8,16')") from None
+    return tuple(sorted(set(out)))
 
 
 @dataclass(frozen=True)
 class SweepGrid:
     lower_bounds: tuple[float, ...] = DEFAULT_LOWER_BOUNDS
-    chunks: tuple[int, ...] = tuple(range(2, 129))
+    chunks: tuple[int, ...] = ()
     formats: tuple[str, ...] = DEFAULT_FORMATS
     boundaries: tuple[str, ...] = BOUNDARIES
     exp2_ftz: tuple[bool, ...] = (True,)
@@ -91,6 +99,8 @@ class SweepGrid:
     inverse_accumulation: str = "fp32"
 
     def __post_init__(self) -> None:
+        if not self.chunks:
+            object.__setattr__(self, "chunks", _parse_ints(DEFAULT_CHUNKS, "chunks"))
         for lb in self.lower_bounds:
             if not (math.isfinite(lb) and lb < 0):
                 raise ValueError(f"lower_bounds must be finite and < 0, got {lb}")
@@ -107,7 +117,7 @@ class SweepGrid:
             raise ValueError("lower_bounds, chunks, formats and boundaries must be non-empty")
 
     @classmethod
-    def parse(cls, *, lower_bounds=None, chunks="2-128", formats=",".join(DEFAULT_FORMATS),
+    def parse(cls, *, lower_bounds=None, chunks=DEFAULT_CHUNKS, formats=",".join(DEFAULT_FORMATS),
               boundaries=",".join(BOUNDARIES), ftz="on", model_seeds="0,1", dim=32,
               inverse_accumulation="fp32") -> SweepGrid:
         lbs = DEFAULT_LOWER_BOUNDS if lower_bounds is None else _parse_list(
@@ -150,7 +160,8 @@ def count_scales(scales: torch.Tensor, fmt: Format, mask: torch.Tensor | None = 
 
 
 def _scale_counts(keys, log_decay, beta, recipe: Recipe, boundary: str) -> dict:
-    """Counts from the scale factors the kernel path forms (with the detection twin's format)."""
+    """Counts from the scale factors the kernel path forms (with the detection twin's format),
+    by running the kernel itself (:func:`kernel_l` or :func:`per_pair_l`)."""
     fmt = recipe.scale_format
     twin = recipe.with_(scale_format=detection_twin(fmt))
     if boundary == "per_pair":
@@ -163,10 +174,24 @@ def _scale_counts(keys, log_decay, beta, recipe: Recipe, boundary: str) -> dict:
     return count_scales(both, fmt)
 
 
-def _l_of(keys, log_decay, beta, recipe: Recipe, boundary: str) -> torch.Tensor:
-    if boundary == "per_pair":
-        return per_pair_l(keys, log_decay, beta, recipe).l
-    return kernel_l(keys, log_decay, beta, recipe, boundary).l
+def _l_and_counts(keys, log_decay, beta, recipe: Recipe, boundary: str):
+    """The kernel's L, and the counts of its scale factors. The counts come from the factors the
+    kernel returned, except for a saturating format, where the same scale path
+    (:func:`kernel_scales`, tested equal to the kernel's) is rerun with the detection twin."""
+    fmt = recipe.scale_format
+    if boundary == "per_pair":  # factors ≤ 1: the twin changes nothing
+        pp = per_pair_l(keys, log_decay, beta, recipe)
+        c = log_decay.shape[-1]
+        mask = torch.ones(c, c, dtype=torch.bool).tril()[..., None]
+        return pp.l, count_scales(pp.scales, fmt, mask)
+    kl = kernel_l(keys, log_decay, beta, recipe, boundary)
+    if fmt.overflow == "saturate":
+        g = log_decay.double().cumsum(-1)[..., None]
+        d, inv = kernel_scales(g - boundary_log_decay(g, boundary),
+                               recipe.with_(scale_format=detection_twin(fmt)))
+    else:
+        d, inv = kl.decay, kl.inv_decay
+    return kl.l, count_scales(torch.cat([d, inv], dim=-1), fmt)
 
 
 def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
@@ -189,8 +214,9 @@ def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
             recipe = SEED.with_(scale_format=fmt, exp2_ftz=ftz)
             for boundary in grid.boundaries:
                 configs.append((fmt.name, ftz, boundary))
-                counts.append(_scale_counts(keys, log_decay, beta, recipe, boundary))
-                ls.append(_l_of(keys, log_decay, beta, recipe, boundary))
+                l, cnt = _l_and_counts(keys, log_decay, beta, recipe, boundary)
+                ls.append(l)
+                counts.append(cnt)
     l_all = torch.stack(ls)  # [configs, runs, C, C] fp16
     l_err = rel_rmse(l_all, l_ref)
     l_fin = torch.isfinite(l_all).flatten(-2).all(-1)

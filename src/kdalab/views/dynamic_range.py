@@ -18,7 +18,8 @@ from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 from kdalab.kda.dynamic_range import safe_chunk  # noqa: E402
 
 __all__ = ["status_codes", "measured_limits", "agreement_table", "calculator_table",
-           "plot_phase_diagram", "plot_error_heatmap", "write_views"]
+           "plot_phase_diagram", "plot_error_heatmap", "write_views", "diagonal_tile_tables",
+           "write_diagonal_tile_views"]
 
 STATUS = ["all normal", "subnormal factors", "zero factors", "non-finite / saturated",
           "zero and non-finite"]
@@ -89,7 +90,7 @@ def plot_phase_diagram(records: list[dict] | pd.DataFrame, *, family: str = "flo
             m = _matrix(df[(df["format"] == fmt) & (df["boundary"] == b)], "status", lbs,
                         chunks)
             ax.pcolormesh(xe, np.arange(len(lbs) + 1) - 0.5, np.ma.masked_invalid(m),
-                          cmap=cmap, norm=norm)
+                          cmap=cmap, norm=norm, rasterized=True)
             _overlay(ax, lbs, fmt, b, exp2_ftz, chunks.max())
             ax.set_xscale("log", base=2)
             ax.set_xlim(xe[0], xe[-1])
@@ -143,7 +144,7 @@ def plot_error_heatmap(records: list[dict] | pd.DataFrame, column: str, *,
                 z = np.log10(v)
             z[bad > 0] = np.nan
             mesh = ax.pcolormesh(xe, np.arange(len(lbs) + 1) - 0.5, np.ma.masked_invalid(z),
-                                 cmap=cmap, vmin=lo, vmax=hi)
+                                 cmap=cmap, vmin=lo, vmax=hi, rasterized=True)
             _overlay(ax, lbs, fmt, b, exp2_ftz, chunks.max())
             ax.set_xscale("log", base=2)
             ax.set_xlim(xe[0], xe[-1])
@@ -195,14 +196,28 @@ def measured_limits(records: list[dict] | pd.DataFrame, family: str = "floor") -
                      "measured_max_chunk": m, "calculator_max_chunk": sc.max_chunk,
                      "measured_max_chunk_normal": mn,
                      "calculator_max_chunk_normal": sc.max_chunk_normal,
-                     "agree": clip(sc.max_chunk) == m and clip(sc.max_chunk_normal) == mn})
+                     "calculator_in_grid": clip(sc.max_chunk),
+                     "agree": clip(sc.max_chunk) == m and clip(sc.max_chunk_normal) == mn,
+                     "guarantee_holds": m >= clip(sc.max_chunk)})
     return pd.DataFrame(rows)
 
 
 def agreement_table(records) -> pd.DataFrame:
+    """Worst case: measured limit == calculator (``agree``); model-like: every chunk up to the
+    calculator's limit was measured safe (``model_like_holds``), and the median ratio of the
+    measured model-like limit to the calculator's."""
     lim = measured_limits(records)
-    return lim.groupby(["format", "exp2_ftz", "boundary"], as_index=False).agg(
+    out = lim.groupby(["format", "exp2_ftz", "boundary"], as_index=False, sort=False).agg(
         cases=("agree", "size"), agree=("agree", "sum"))
+    if "model_like" in set(pd.DataFrame(records)["family"]):
+        ml = measured_limits(records, family="model_like")
+        ml = ml[ml["calculator_in_grid"] > 0]
+        ml["ratio"] = ml["measured_max_chunk"] / ml["calculator_in_grid"]
+        agg = ml.groupby(["format", "exp2_ftz", "boundary"], as_index=False, sort=False).agg(
+            model_like_holds=("guarantee_holds", "sum"), model_like_cases=("guarantee_holds", "size"),
+            model_like_ratio_median=("ratio", "median"))
+        out = out.merge(agg, on=["format", "exp2_ftz", "boundary"], how="left")
+    return out
 
 
 def calculator_table(lower_bounds=(-1, -2, -3, -5, -8, -10, -20),
@@ -287,4 +302,68 @@ def write_views(records: list[dict], out: str | Path) -> list[Path]:
         md += ["## Errors at lower bound −5 (median over seeds)", "", _markdown(errs)]
     (folder / "tables.md").write_text("\n".join(md), encoding="utf-8")
     paths.append(folder / "tables.md")
+    return paths
+
+
+# --- the diagonal-tile study -----------------------------------------------------------------
+
+def diagonal_tile_tables(records: list[dict]) -> dict[str, pd.DataFrame]:
+    """Work per chunk (counted) and error (median over seeds) per strategy and lower bound."""
+    df = pd.DataFrame(records)
+    work = (df.groupby(["chunk", "strategy"], sort=False, as_index=False)
+            [["exps", "scalings", "gemm_macs", "dot_macs"]].first())
+    work["gemm_share"] = work["gemm_macs"] / (work["gemm_macs"] + work["dot_macs"])
+    err = df.groupby(["family", "chunk", "strategy", "lower_bound"], sort=False,
+                     as_index=False).agg(rel_rmse=("rel_rmse", "median"),
+                                         nonfinite=("nonfinite_entries", "max"),
+                                         lost=("lost_entries", "max"))
+    wide = err.pivot_table(index=["family", "chunk", "strategy"], columns="lower_bound",
+                           values="rel_rmse", aggfunc="first", sort=False)
+    wide = wide[sorted(wide.columns, reverse=True)]
+    wide.columns = [f"lb {c:g}" for c in wide.columns]
+    return {"work": work, "errors": err, "errors_wide": wide.reset_index()}
+
+
+def write_diagonal_tile_views(records: list[dict], out: str | Path) -> list[Path]:
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    tabs = diagonal_tile_tables(records)
+    paths = []
+    for name, frame in tabs.items():
+        frame.to_csv(folder / f"diagonal-{name}.csv", index=False)
+        paths.append(folder / f"diagonal-{name}.csv")
+    md = ["# Diagonal tile study", "", "## Work per chunk (counted)", "",
+          _markdown(tabs["work"]), "## rel RMSE of P vs float64 per-pair (median over seeds; "
+          "inf: non-finite entries)", "", _markdown(tabs["errors_wide"])]
+    (folder / "diagonal-tables.md").write_text("\n".join(md), encoding="utf-8")
+    paths.append(folder / "diagonal-tables.md")
+    # error vs lower bound, one panel per chunk
+    df = tabs["errors"]
+    fams = list(dict.fromkeys(df["family"]))
+    chunks = sorted(df["chunk"].unique())
+    fig, axes = plt.subplots(len(fams), len(chunks), squeeze=False, sharey=True,
+                             figsize=(3.6 * len(chunks), 3.0 * len(fams)))
+    for r, fam in enumerate(fams):
+        for c, ch in enumerate(chunks):
+            ax = axes[r, c]
+            sub = df[(df["family"] == fam) & (df["chunk"] == ch)]
+            for strat, s in sub.groupby("strategy", sort=False):
+                s = s.sort_values("lower_bound")
+                x = -s["lower_bound"].to_numpy()
+                y = s["rel_rmse"].to_numpy(dtype=float)
+                fin = np.isfinite(y)
+                line, = ax.plot(x[fin], y[fin], marker="o", label=strat)
+                if (~fin).any():
+                    ax.scatter(x[~fin], np.ones((~fin).sum()), marker="x", s=50,
+                               color=line.get_color(), transform=ax.get_xaxis_transform(),
+                               clip_on=False)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_title(f"{fam}, C = {ch}")
+            ax.set_xlabel("|lower bound|")
+            if c == 0:
+                ax.set_ylabel("rel RMSE of P (x on top: non-finite)")
+    axes[0, -1].legend(fontsize=7)
+    fig.tight_layout()
+    paths += _save(fig, folder, "diagonal-error")
     return paths
