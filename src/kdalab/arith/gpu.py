@@ -32,8 +32,10 @@ __all__ = [
     "require_cuda",
     "cublas_gemm",
     "mma_gemm",
-    "CublasAccumulation",
-    "MmaAccumulation",
+    "gemmex_16f_gpu",
+    "sgemm_gpu",
+    "GpuAccumulation",
+    "gpu_twin",
 ]
 
 
@@ -293,6 +295,99 @@ __device__ void mma_f32_acc_impl(
         if (ar[i] < M && ac[i] < N) d[(long long)ar[i] * N + ac[i]] = acc[i];
 }
 
+// cublasGemmEx COMPUTE_16F as measured (one matrix per call): K <= 16 is one k16 instruction;
+// K > 16 is slices of 8 products, each one instruction with C = 0, added left to right in fp16.
+// K8 selects m16n8k8 for the slices, else m16n8k16 with the upper 8 products zero.
+template <bool K8>
+__device__ void gemmex_f16_impl(
+    const unsigned short* __restrict__ A, const unsigned short* __restrict__ B,
+    unsigned short* __restrict__ D, int M, int N, int K, long long batch)
+{
+    long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    int tm = (M + 15) / 16, tn = (N + 7) / 8;
+    if (warp >= batch * tm * tn) return;
+    long long bi = warp / (tm * tn);
+    int rem = (int)(warp % (tm * tn));
+    int r0 = (rem / tn) * 16, c0 = (rem % tn) * 8;
+    const unsigned short* a = A + bi * (long long)M * K;
+    const unsigned short* b = B + bi * (long long)K * N;
+    int g = lane >> 2, t = lane & 3;
+    unsigned acc0 = 0u, acc1 = 0u;
+    const unsigned zero = 0u;
+    int step = (K <= 16) ? 16 : 8;
+    for (int k0 = 0; k0 < K; k0 += step) {
+        unsigned a0 = pack(ld16(a, r0 + g, k0 + 2 * t, M, K), ld16(a, r0 + g, k0 + 2 * t + 1, M, K));
+        unsigned a1 = pack(ld16(a, r0 + g + 8, k0 + 2 * t, M, K), ld16(a, r0 + g + 8, k0 + 2 * t + 1, M, K));
+        unsigned b0 = pack(ld16(b, k0 + 2 * t, c0 + g, K, N), ld16(b, k0 + 2 * t + 1, c0 + g, K, N));
+        unsigned d0, d1;
+        if (step == 16) {
+            unsigned a2 = pack(ld16(a, r0 + g, k0 + 2 * t + 8, M, K), ld16(a, r0 + g, k0 + 2 * t + 9, M, K));
+            unsigned a3 = pack(ld16(a, r0 + g + 8, k0 + 2 * t + 8, M, K), ld16(a, r0 + g + 8, k0 + 2 * t + 9, M, K));
+            unsigned b1 = pack(ld16(b, k0 + 2 * t + 8, c0 + g, K, N), ld16(b, k0 + 2 * t + 9, c0 + g, K, N));
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%8,%9};\n"
+                : "=r"(d0), "=r"(d1)
+                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(zero), "r"(zero));
+        } else if (K8) {
+            asm volatile(
+                "mma.sync.aligned.m16n8k8.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3}, {%4}, {%5,%6};\n"
+                : "=r"(d0), "=r"(d1)
+                : "r"(a0), "r"(a1), "r"(b0), "r"(zero), "r"(zero));
+        } else {
+            asm volatile(
+                "mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16 {%0,%1}, {%2,%3,%4,%5}, {%6,%7}, {%8,%9};\n"
+                : "=r"(d0), "=r"(d1)
+                : "r"(a0), "r"(a1), "r"(zero), "r"(zero), "r"(b0), "r"(zero), "r"(zero), "r"(zero));
+        }
+        if (k0 == 0) {
+            acc0 = d0; acc1 = d1;
+        } else {
+            asm volatile("add.rn.f16x2 %0, %1, %2;\n" : "=r"(acc0) : "r"(acc0), "r"(d0));
+            asm volatile("add.rn.f16x2 %0, %1, %2;\n" : "=r"(acc1) : "r"(acc1), "r"(d1));
+        }
+    }
+    unsigned short* d = D + bi * (long long)M * N;
+    int rr[2] = {r0 + g, r0 + g + 8};
+    unsigned accs[2] = {acc0, acc1};
+    for (int i = 0; i < 2; ++i) {
+        int c = c0 + 2 * t;
+        if (rr[i] < M && c < N) d[(long long)rr[i] * N + c] = (unsigned short)(accs[i] & 0xFFFF);
+        if (rr[i] < M && c + 1 < N) d[(long long)rr[i] * N + c + 1] = (unsigned short)(accs[i] >> 16);
+    }
+}
+
+extern "C" __global__ void gemmex_f16_k8(const unsigned short* A, const unsigned short* B,
+    unsigned short* D, int M, int N, int K, long long batch) {
+    gemmex_f16_impl<true>(A, B, D, M, N, K, batch);
+}
+extern "C" __global__ void gemmex_f16_k16(const unsigned short* A, const unsigned short* B,
+    unsigned short* D, int M, int N, int K, long long batch) {
+    gemmex_f16_impl<false>(A, B, D, M, N, K, batch);
+}
+
+// cuBLAS fp32 GEMM's order for the seed's L (K = 128) as measured: K in slices of SLICE, each
+// an fp32 FMA chain in k order from 0, the slice sums added left to right. One thread an output.
+extern "C" __global__ void sgemm_slices(const float* __restrict__ A, const float* __restrict__ B,
+    float* __restrict__ D, int M, int N, int K, long long batch, int slice)
+{
+    long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= batch * M * N) return;
+    long long bi = idx / ((long long)M * N);
+    int rem = (int)(idx % ((long long)M * N));
+    int r = rem / N, c = rem % N;
+    const float* a = A + bi * (long long)M * K + (long long)r * K;
+    const float* b = B + bi * (long long)K * N + c;
+    float total = 0.f;
+    for (int s0 = 0; s0 < K; s0 += slice) {
+        float acc = 0.f;
+        int e = min(s0 + slice, K);
+        for (int k = s0; k < e; ++k) acc = __fmaf_rn(a[k], b[(long long)k * N], acc);
+        total = (s0 == 0) ? acc : __fadd_rn(total, acc);
+    }
+    D[idx] = total;
+}
+
 extern "C" __global__ void mma_bf16_f32_acc(const unsigned short* A, const unsigned short* B,
     const float* C0, float* D, int M, int N, int K, long long batch) {
     mma_f32_acc_impl<true>(A, B, C0, D, M, N, K, batch);
@@ -359,34 +454,135 @@ def mma_gemm(a: torch.Tensor, b: torch.Tensor, variant: str = "f16",
     return out.reshape(lead + (m, n))
 
 
+def _launch(kname: str, grid_threads: int, args: tuple, device: torch.device) -> None:
+    import cupy
+
+    kern = _mma_module().get_function(kname)
+    threads = 128
+    blocks = (grid_threads + threads - 1) // threads
+    stream = torch.cuda.current_stream(device).cuda_stream
+    with cupy.cuda.ExternalStream(stream):
+        kern((blocks,), (threads,), args)
+
+
+def gemmex_16f_gpu(a: torch.Tensor, b: torch.Tensor, slice_instruction: str = "k8") -> torch.Tensor:
+    """cublasGemmEx COMPUTE_16F's per-call algorithm, batched in one launch (see tensorcore.gemmex_16f)."""
+    import cupy
+
+    if a.dtype != torch.float16 or b.dtype != torch.float16:
+        raise ValueError(f"gemmex 16f: operands must be float16, got {a.dtype}, {b.dtype}")
+    lead, a3, b3 = _broadcast(a, b)
+    batch, m, k = a3.shape
+    n = b3.shape[-1]
+    out = torch.empty((batch, m, n), dtype=torch.float16, device=a.device)
+    if batch == 0 or m == 0 or n == 0:
+        return out.reshape(lead + (m, n))
+    if k == 0:
+        return out.zero_().reshape(lead + (m, n))
+    warps = batch * ((m + 15) // 16) * ((n + 7) // 8)
+    u = cupy.uint64
+    _launch("gemmex_f16_k8" if slice_instruction == "k8" else "gemmex_f16_k16", warps * 32,
+            (u(a3.data_ptr()), u(b3.data_ptr()), u(out.data_ptr()), cupy.int32(m),
+             cupy.int32(n), cupy.int32(k), cupy.int64(batch)), a.device)
+    return out.reshape(lead + (m, n))
+
+
+def gemmex_16f_dispatch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """cublasGemmEx COMPUTE_16F's per-call algorithm for this shape (tensorcore.gemmex_algorithm),
+    batched: one or two launches for all leading dimensions."""
+    from kdalab.arith.tensorcore import gemmex_algorithm
+
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    kind, size = gemmex_algorithm(m, k, n)
+    if kind in ("block", "split"):
+        return gemmex_16f_gpu(a, b)
+    if kind == "chain":
+        return mma_gemm(a, b, "f16")
+    acc = None
+    for k0 in range(0, k, size):  # split-chain: halves chained on the Tensor Cores, fp16 adds
+        part = mma_gemm(a[..., k0:k0 + size], b[..., k0:k0 + size, :], "f16")
+        acc = part if acc is None else acc + part  # fp16 + fp16 in torch: correctly rounded
+    return acc
+
+
+def sgemm_gpu(a: torch.Tensor, b: torch.Tensor, slice_: int = 32) -> torch.Tensor:
+    """cuBLAS fp32 GEMM's measured summation order (see tensorcore.sgemm_h200), one launch."""
+    import cupy
+
+    lead, a3, b3 = _broadcast(a.float(), b.float())
+    batch, m, k = a3.shape
+    n = b3.shape[-1]
+    out = torch.empty((batch, m, n), dtype=torch.float32, device=a.device)
+    if batch * m * n == 0:
+        return out.reshape(lead + (m, n))
+    u = cupy.uint64
+    _launch("sgemm_slices", batch * m * n,
+            (u(a3.data_ptr()), u(b3.data_ptr()), u(out.data_ptr()), cupy.int32(m),
+             cupy.int32(n), cupy.int32(k), cupy.int64(batch), cupy.int32(slice_)), a.device)
+    return out.reshape(lead + (m, n))
+
+
+def cublas_loop_16f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """One cublasGemmEx per matrix, in a Python loop (the seed's way; slow, for comparison)."""
+    lead, a3, b3 = _broadcast(a, b)
+    out = torch.stack([cublas_gemm_single(a3[i], b3[i]) for i in range(a3.shape[0])])
+    return out.reshape(lead + out.shape[-2:])
+
+
+def _to(x: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """``x`` in ``dtype``; float64/float32 holders must hold exactly representable values."""
+    if x.dtype == dtype:
+        return x
+    y = x.to(dtype)
+    back = y.to(x.dtype)
+    if not bool(((back == x) | (torch.isnan(back) & torch.isnan(x))).all()):
+        raise ValueError(f"{name}: operands must hold {dtype} values")
+    return y
+
+
 # --- the models --------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class CublasAccumulation:
-    name: str = "cublas-16f"
-    out_dtype: torch.dtype = torch.float16
-    compute: str = "16f"
+class GpuAccumulation:
+    """A hardware GEMM on CUDA tensors. ``twin`` names the CPU model it equals bit for bit."""
+
+    name: str
+    out_dtype: torch.dtype
+    in_dtype: torch.dtype
+    fn: object = None
+    twin: str = ""
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         _check_cuda_operands(a, b, self.name)
-        return cublas_gemm(a, b, self.compute)
-
-
-@dataclass(frozen=True)
-class MmaAccumulation:
-    name: str = "mma-16f"
-    out_dtype: torch.dtype = torch.float16
-    variant: str = "f16"
-
-    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_cuda_operands(a, b, self.name)
-        return mma_gemm(a, b, self.variant)
+        a = _to(a, self.in_dtype, self.name)
+        b = _to(b, self.in_dtype, self.name)
+        return self.fn(a, b)
 
 
 MODELS = (
-    CublasAccumulation(),
-    CublasAccumulation("cublas-32f", torch.float32, "32f"),
-    MmaAccumulation(),
-    MmaAccumulation("mma-bf16-f32", torch.float32, "bf16-f32"),
+    # batched kernels of kdalab's own: hardware instructions, cuBLAS's measured algorithms
+    GpuAccumulation("gpu-h200", torch.float16, torch.float16, gemmex_16f_dispatch, "h200"),
+    GpuAccumulation("gpu-h200-mma", torch.float16, torch.float16,
+                    lambda a, b: mma_gemm(a, b, "f16"), "h200-mma"),
+    GpuAccumulation("gpu-h200-bf16-fp32", torch.float32, torch.bfloat16,
+                    lambda a, b: mma_gemm(a, b, "bf16-f32"), "h200-bf16-fp32"),
+    GpuAccumulation("gpu-h200-fp16-fp32", torch.float32, torch.float16,
+                    lambda a, b: mma_gemm(a, b, "f16-f32"), "h200-fp16-fp32"),
+    GpuAccumulation("gpu-h200-sgemm", torch.float32, torch.float32, sgemm_gpu, "h200-sgemm"),
+    # cuBLAS itself
+    GpuAccumulation("cublas-16f", torch.float16, torch.float16,
+                    lambda a, b: cublas_gemm(a, b, "16f"), "h200-mma"),
+    GpuAccumulation("cublas-16f-loop", torch.float16, torch.float16, cublas_loop_16f, "h200"),
+    GpuAccumulation("cublas-32f", torch.float32, torch.float32,
+                    lambda a, b: cublas_gemm(a, b, "32f"), ""),
 )
+
+#: CPU model name -> the GPU model that computes the same bits on CUDA tensors
+GPU_TWINS = {m.twin: m.name for m in MODELS[:5]}
+
+
+def gpu_twin(name: str) -> str:
+    """The GPU model equal to CPU model ``name`` (``"h200"`` -> ``"gpu-h200"``); names of GPU
+    models and of models without a twin come back unchanged."""
+    return GPU_TWINS.get(name, name)

@@ -25,9 +25,10 @@ Models (register themselves with :func:`kdalab.arith.accumulate.register`):
 
 =====================  =========================================================================
 ``h200``               cuBLAS ``cublasGemmEx`` with ``CUBLAS_COMPUTE_16F``, one matrix per call,
-                       as the seed calls it: K ≤ 16 is one block; K > 16 is split into slices of
-                       8 products, each one block with c = 0 rounded to fp16, and the slices are
-                       added left to right in fp16 (round to nearest-even).
+                       as the seed calls it. cuBLAS picks its algorithm by shape
+                       (:func:`gemmex_algorithm`); for the seed's C×C×C products, K ≤ 16 is one
+                       block, and K > 16 is split into slices of 8 products, each one block with
+                       c = 0 rounded to fp16, the slices added left to right in fp16.
 ``h200-mma``           chained ``mma.sync.m16n8k16.f16.f16.f16.f16`` over K-blocks of 16, the
                        accumulator in fp16 (FlashKDA's Neumann inverse). cuBLAS
                        ``cublasGemmStridedBatchedEx`` with COMPUTE_16F and Triton's
@@ -58,6 +59,7 @@ __all__ = [
     "tc_block",
     "tc_chain",
     "gemmex_16f",
+    "gemmex_algorithm",
     "sgemm_h200",
     "TensorCoreAccumulation",
     "CublasGemmExAccumulation",
@@ -165,23 +167,52 @@ def tc_chain(a: torch.Tensor, b: torch.Tensor, in_fmt: Format, out_fmt: Format,
     return _nonfinite_fallback(a, b, acc)
 
 
+def gemmex_algorithm(m: int, k: int, n: int) -> tuple[str, int]:
+    """Which algorithm cuBLAS's ``cublasGemmEx`` (COMPUTE_16F, one matrix) runs for ``m×k @ k×n``.
+
+    cuBLAS picks a kernel per shape; these rules reproduce every shape measured on the H200
+    (docs/tensor-cores.md lists them):
+
+    * ``("block", 16)``: k ≤ 16, one Tensor-Core block;
+    * ``("chain", 16)``: m, n ≤ 16: k16 blocks chained through the fp16 accumulator
+      (measured 16×32×16, 8×64×8);
+    * ``("split-chain", 64)``: k ≥ 128: K in halves of 64, each a k16 chain, the halves added in
+      fp16 (measured 32×128×32);
+    * ``("split", 8)`` otherwise: slices of 8 products, each one block with c = 0 rounded to fp16,
+      added left to right in fp16 (measured m = n = k = 17, 18, 19, 24, 32, 48; 24×40×24;
+      64×24×40).
+    """
+    if k <= BLOCK_K:
+        return ("block", BLOCK_K)
+    if m <= 16 and n <= 16:
+        return ("chain", BLOCK_K)
+    if k >= 128:
+        return ("split-chain", 64)
+    return ("split", GEMMEX_SLICE)
+
+
+def _fp16_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """IEEE fp16 x + y: the exact sum (float64 holds it) rounded once."""
+    return round_to(x.double() + y.double(), FP16).half()
+
+
 def gemmex_16f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """cublasGemmEx COMPUTE_16F, one matrix per call (the seed's GEMM); float64 fp16 values in."""
-    k = a.shape[-1]
-    if k <= BLOCK_K:
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    kind, size = gemmex_algorithm(m, k, n)
+    if kind in ("block", "chain"):
         return tc_chain(a, b, FP16, FP16)
     lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     a = a.expand(lead + a.shape[-2:])
     b = b.expand(lead + b.shape[-2:])
     af, bf = _finite(a), _finite(b)
     acc = None
-    for k0 in range(0, k, GEMMEX_SLICE):
-        part = tc_block(af[..., k0:k0 + GEMMEX_SLICE], bf[..., k0:k0 + GEMMEX_SLICE, :], None,
-                        FP16, FP16)
-        if acc is None:
-            acc = part
-        else:  # an IEEE fp16 add: the exact sum (float64 holds it) rounded once
-            acc = round_to(acc.double() + part.double(), FP16).half()
+    for k0 in range(0, k, size):
+        if kind == "split":
+            part = tc_block(af[..., k0:k0 + size], bf[..., k0:k0 + size, :], None, FP16, FP16)
+        else:
+            part = tc_chain(af[..., k0:k0 + size], bf[..., k0:k0 + size, :], FP16, FP16)
+        acc = part if acc is None else _fp16_add(acc, part)
     return _nonfinite_fallback(a, b, acc)
 
 
@@ -202,23 +233,33 @@ def _fma_fp32(x: torch.Tensor, y: torch.Tensor, acc: torch.Tensor) -> torch.Tens
 
 
 def sgemm_h200(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """cuBLAS fp32 GEMM's summation order on the H200 for the seed's L shapes (K = 128)."""
-    a = a.float().double()
-    b = b.float().double()
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
-    a = a.expand(lead + a.shape[-2:])
-    b = b.expand(lead + b.shape[-2:])
-    k = a.shape[-1]
+    """cuBLAS fp32 GEMM's summation order on the H200 for the seed's L shapes (K = 128).
+
+    K is cut into slices of 32; each slice is an fp32 FMA chain in k order starting from 0, and
+    the slice sums are added left to right. Where a step's products are exact in fp32 (always for
+    bf16-valued operands, as in the seed) the FMA is a float32 add, so that step runs in float32.
+    """
+    a32 = a.float()
+    b32 = b.float()
+    lead = torch.broadcast_shapes(a32.shape[:-2], b32.shape[:-2])
+    a32 = a32.expand(lead + a32.shape[-2:])
+    b32 = b32.expand(lead + b32.shape[-2:])
+    m, k, n = a32.shape[-2], a32.shape[-1], b32.shape[-1]
     total = None
     for s0 in range(0, k, SGEMM_SLICE):
-        acc = torch.zeros(lead + (a.shape[-2], b.shape[-1]), dtype=torch.float64,
-                          device=a.device)
+        acc = torch.zeros(lead + (m, n), dtype=torch.float32, device=a32.device)
         for kk in range(s0, min(s0 + SGEMM_SLICE, k)):
-            acc = _fma_fp32(a[..., :, kk:kk + 1], b[..., kk:kk + 1, :], acc)
-        total = acc if total is None else (total.float() + acc.float()).double()
+            x, y = a32[..., :, kk:kk + 1], b32[..., kk:kk + 1, :]
+            p32 = x * y
+            p64 = x.double() * y.double()
+            if bool(((p32.double() == p64) | ~torch.isfinite(p64)).all()):
+                acc = acc + p32
+            else:
+                acc = _fma_fp32(x.double(), y.double(), acc.double()).float()
+        total = acc if total is None else total + acc
     if total is None:
-        return torch.zeros(lead + (a.shape[-2], b.shape[-1]), dtype=torch.float32)
-    return total.float()
+        return torch.zeros(lead + (m, n), dtype=torch.float32, device=a32.device)
+    return total
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
