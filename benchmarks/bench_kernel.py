@@ -9,7 +9,8 @@ against the device-to-device copy bandwidth measured in the same run (bytes read
 Accuracy: relative Frobenius error of o and of the final state against the fp64 token
 recurrence (kdalab.kernels.reference), for kdalab and fla on the same inputs, per family.
 
-    python benchmarks/bench_kernel.py [--sweep] [--accuracy] [--json out.json]
+    python benchmarks/bench_kernel.py [--sweep | --configs a,b] [--accuracy] [--stages]
+                                      [--json out.json]
 """
 
 from __future__ import annotations
@@ -37,11 +38,15 @@ SWEEP = {
     "t_bv32": KernelConfig(block_v=32),
     "t_bf16_bv32": KernelConfig(dot="bf16", block_v=32),
     "kv_bv64_w8": KernelConfig(variant="kv", block_v=64, num_warps=8),
+    "s64_kv_bv64": KernelConfig(step=64, variant="kv", block_v=64),
+    "s64_kv_bv32": KernelConfig(step=64, variant="kv", block_v=32),
+    "s64_t_bv64": KernelConfig(step=64),
 }
 ACCURACY_CONFIGS = {
     "default": KernelConfig(),
     "inv_fp16": KernelConfig(inverse="fp16"),
     "t_bf16": KernelConfig(dot="bf16"),
+    "s64_kv": KernelConfig(step=64, variant="kv", block_v=64),
 }
 
 
@@ -168,6 +173,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time several recurrent-stage configs")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--stages", action="store_true")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated config names to time (default: 'default', or all with --sweep)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -182,8 +189,10 @@ def main():
     bw, copy_ms = copy_bandwidth()
     print(json.dumps(dict(copy_bandwidth_GBps=bw / 1e9, copy_ms=copy_ms)), flush=True)
     configs = {"default": KernelConfig()}
-    if args.sweep:
+    if args.sweep or args.configs:
         configs.update(SWEEP)
+    if args.configs:
+        configs = {name: configs[name] for name in args.configs.split(",")}
     result = dict(info=info, copy_bandwidth_GBps=bw / 1e9)
     result["speed"] = speed(chunk_kda, bw, configs)
     if args.accuracy:

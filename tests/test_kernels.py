@@ -165,6 +165,20 @@ def test_interp_recurrent_variants(config):
 
 
 @interp
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("variant", ["t", "kv"])
+def test_interp_step64(family, variant):
+    # 64-token recurrent steps from four 16-token blocks (experimental); T = 150 gives two
+    # full steps and a ragged one, the varlen case steps of 5, 16, 0, 49 and 80 tokens.
+    config = KernelConfig(step=64, variant=variant, block_v=64 if variant == "t" else 32)
+    eo, es = _run(family, 1, 150, 1, 32, v_dtype=torch.float32, h0=True, config=config)
+    assert eo < TOL_FP32 and es < TOL_FP32, (eo, es)
+    eo, es = _run(family, 1, 150, 1, 32, v_dtype=torch.float32, h0=True, config=config,
+                  cu_seqlens=[0, 5, 21, 21, 70, 150])
+    assert eo < TOL_FP32 and es < TOL_FP32, (eo, es)
+
+
+@interp
 def test_interp_no_final_state():
     q, k, v, g, beta, A_log, dt_bias = make_inputs("model_like", 1, 20, 1, 32)
     o, ht = chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias)
@@ -278,6 +292,15 @@ def test_gpu_bf16_products():
     eo, es = _run("model_like", 1, 2000, 4, 128, device="cuda", h0=True,
                   config=KernelConfig(dot="bf16"))
     assert eo < 8e-3 and es < 6e-3, (eo, es)
+
+
+@gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_step64(family):
+    cu = [0, 1300, 1847, 3895, 4858, 5129, 8192]
+    config = KernelConfig(step=64, variant="kv", block_v=64)
+    eo, es = _run(family, 1, 8192, 2, 128, device="cuda", h0=True, cu_seqlens=cu, config=config)
+    assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
 
 
 @gpu

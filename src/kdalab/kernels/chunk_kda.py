@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .chunk_prepare import CHUNK, chunk_kda_prepare
+from .chunk_prepare import chunk_kda_prepare
+from .chunk_prepare64 import chunk_kda_prepare64
 from .chunk_recurrent import chunk_kda_recurrent
 from .chunk_recurrent_t import chunk_kda_recurrent_t
 
@@ -35,6 +36,7 @@ class KernelConfig:
     variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products) or "kv" (S, M = 16)
     dot: str = "tf32"         # recurrent products: "tf32" or "bf16"
     operands: str = "fp16"    # storage of stage-1 operands with dot="tf32": "fp16" or "fp32"
+    step: int = 16            # tokens per recurrent step: 16, or 64 (experimental, untimed)
     block_v: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -56,10 +58,10 @@ def _check_tensor(name, x, ndim, dtypes=_INPUT_DTYPES):
         raise ValueError(f"{name} has dtype {x.dtype}; expected one of {dtypes}")
 
 
-def _chunk_tables(cu_seqlens: torch.Tensor):
+def _chunk_tables(cu_seqlens: torch.Tensor, chunk: int):
     """(chunk_table [NC, 2] int32 of (sequence, chunk), chunk_offsets [N] int32, NC)."""
     lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    n_chunks = (lens + CHUNK - 1) // CHUNK
+    n_chunks = (lens + chunk - 1) // chunk
     offsets = torch.cumsum(n_chunks, 0) - n_chunks
     total = int(n_chunks.sum().item())
     seq = torch.repeat_interleave(torch.arange(len(lens), device=lens.device), n_chunks)
@@ -128,6 +130,8 @@ def chunk_kda_fwd(
     if config.variant not in ("t", "kv") or config.dot not in ("tf32", "bf16") \
             or config.operands not in ("fp16", "fp32") or (config.variant == "kv" and config.dot != "tf32"):
         raise ValueError(f"config: unsupported combination {config}")
+    if config.step not in (16, 64) or (config.step == 64 and config.inverse != "fp32"):
+        raise ValueError(f"config.step must be 16, or 64 with the fp32 inverse; got {config}")
     if scale is None:
         scale = K ** -0.5
     if A_log is not None:
@@ -179,11 +183,12 @@ def chunk_kda_fwd(
     if initial_state is not None:
         initial_state = initial_state.contiguous()
 
+    step = config.step
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(torch.int32).contiguous()
-        chunk_table, chunk_offsets, num_chunks = _chunk_tables(cu_seqlens)
+        chunk_table, chunk_offsets, num_chunks = _chunk_tables(cu_seqlens, step)
     else:
-        chunk_table, chunk_offsets, num_chunks = None, None, B * ((T + CHUNK - 1) // CHUNK)
+        chunk_table, chunk_offsets, num_chunks = None, None, B * ((T + step - 1) // step)
 
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
@@ -193,11 +198,17 @@ def chunk_kda_fwd(
         operand_dtype = torch.float16
     else:
         operand_dtype = torch.float32
-    w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare(
-        q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
-        use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
-        cu_seqlens=cu_seqlens, chunk_table=chunk_table, num_chunks=num_chunks,
-        operand_dtype=operand_dtype, fp16_inverse=config.inverse == "fp16")
+    prepare_args = dict(
+        scale=scale, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+        beta_is_logits=beta_is_logits, cu_seqlens=cu_seqlens, chunk_table=chunk_table,
+        num_chunks=num_chunks, operand_dtype=operand_dtype)
+    if step == 64:
+        w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare64(q, k, g, beta, A_log, dt_bias,
+                                                            **prepare_args)
+    else:
+        w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare(
+            q, k, g, beta, A_log, dt_bias, **prepare_args,
+            fp16_inverse=config.inverse == "fp16")
 
     final_state = None
     if output_final_state:
@@ -207,7 +218,7 @@ def chunk_kda_fwd(
     launch = dict(initial_state=initial_state, final_state=final_state, state_vk=state_vk,
                   cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_seqs=num_seqs,
                   block_v=config.block_v, num_warps=config.num_warps,
-                  num_stages=config.num_stages)
+                  num_stages=config.num_stages, chunk=step)
     if config.variant == "t":
         o = chunk_kda_recurrent_t(v, w, qg, kend, ainv, mqk, gamma, **launch,
                                   dot_bf16=config.dot == "bf16")

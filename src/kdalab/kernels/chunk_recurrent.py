@@ -111,7 +111,7 @@ def chunk_kda_recurrent_kernel(
 
 def chunk_kda_recurrent(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk,
-    cu_seqlens, chunk_offsets, num_seqs, block_v=32, num_warps=4, num_stages=2,
+    cu_seqlens, chunk_offsets, num_seqs, block_v=32, num_warps=4, num_stages=2, chunk=CHUNK,
 ):
     """Launch stage 2; writes ``o`` (dtype of v) and, if given, ``final_state`` in place."""
     B, T, H, V = v.shape
@@ -127,7 +127,7 @@ def chunk_kda_recurrent(
         cu_seqlens if cu_seqlens is not None else dummy,
         chunk_offsets if chunk_offsets is not None else dummy,
         T,
-        H=H, K=K, V=V, BT=CHUNK, BV=bv,
+        H=H, K=K, V=V, BT=chunk, BV=bv,
         HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
         num_warps=num_warps, num_stages=num_stages,

@@ -90,6 +90,7 @@ def chunk_kda_recurrent_t_kernel(
 def chunk_kda_recurrent_t(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk,
     cu_seqlens, chunk_offsets, num_seqs, block_v=64, num_warps=4, num_stages=2, dot_bf16=False,
+    chunk=CHUNK,
 ):
     """Launch the transposed stage 2; same contract as ``chunk_kda_recurrent``."""
     import torch
@@ -107,7 +108,7 @@ def chunk_kda_recurrent_t(
         cu_seqlens if cu_seqlens is not None else dummy,
         chunk_offsets if chunk_offsets is not None else dummy,
         T,
-        H=H, K=K, V=V, BT=CHUNK, BV=bv,
+        H=H, K=K, V=V, BT=chunk, BV=bv,
         HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, DT=tl.bfloat16 if dot_bf16 else tl.float32,
         num_warps=num_warps, num_stages=num_stages,
