@@ -37,6 +37,9 @@ def end_to_end(
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/end-to-end"),
     quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
+    redraw: Annotated[bool, typer.Option(
+        help="run nothing: redraw the tables and plots from the records already in --out")]
+    = False,
 ) -> None:
     """Output and final-state relative error of the chunked forward against the fp64 recurrent
     reference. Writes records (records.jsonl/json/parquet), tables (CSV, Markdown) and plots
@@ -47,6 +50,17 @@ def end_to_end(
     from kdalab.experiments.sweep import parse_int_list, parse_name_list
     from kdalab.views.end_to_end import write_e2e_views
 
+    if redraw:
+        from kdalab.experiments.store import read_records
+
+        try:
+            records = read_records(out)
+        except FileNotFoundError as exc:
+            fail(f"--redraw: {exc}")
+        paths, _ = write_e2e_views(records, out)
+        if not quiet:
+            console.print(f"{len(records)} records → wrote {len(paths)} files to {out}/")
+        return
     device = check_device(device)
     base = QUICK if quick else FULL
     changes: dict = {}

@@ -95,7 +95,12 @@ def plot_error_vs_chunk_e2e(summary: pd.DataFrame, folder, *, gate: str = "lb=-5
         ax.set_ylabel("relative RMSE vs fp64 recurrent (median)")
         ax.set_title(f"{fam}, {gate}")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6)
+    handles: dict = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=4, fontsize=7,
+               bbox_to_anchor=(0.5, -0.02 - 0.035 * math.ceil(len(handles) / 4)))
     what = "output" if value == "shown_o" else "final state"
     fig.suptitle(f"Layer {what} error against chunk size (x on the top edge: non-finite)")
     return save_figure(fig, folder, stem or f"e2e_{'output' if value == 'shown_o' else 'state'}"
