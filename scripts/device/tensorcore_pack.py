@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Pack a compact subset of the device's characterization outputs into tests/data/tensorcore/.
 
-    python scripts/device/tensorcore_pack.py RUN1_DIR [RUN2_DIR]
+    python scripts/device/tensorcore_pack.py RUN1_DIR [RUN2_DIR [RUN3_DIR]]
 
-RUN1_DIR holds tensorcore_characterize.py's files, RUN2_DIR tensorcore_verify.py's. Every array
+RUN1_DIR holds tensorcore_characterize.py's files, RUN2_DIR tensorcore_verify.py's, RUN3_DIR
+benchmarks/bench_gpu_sweep.py's. Every array
 is raw bits (uint16 for fp16/bf16, uint32 for fp32), exactly as the H200 produced them.
 """
 
@@ -64,19 +65,29 @@ def pack_run1(src: str) -> None:
 
 
 def pack_run2(src: str) -> None:
-    for name in ("adversarial.npz", "shapes.npz", "sgemm.npz", "sweep.npz"):
+    for name in ("adversarial.npz", "shapes.npz", "sgemm.npz"):
         path = os.path.join(src, name)
         if not os.path.exists(path):
             continue
         d = np.load(path)
         keep = dict(d)
-        if name == "shapes.npz":  # 16 of the 128 matrices per shape
-            keep = {k: (v[np.r_[0:8, 64:72]] if v.ndim == 3 else v) for k, v in keep.items()}
+        if name == "adversarial.npz":  # 16 of the 64 tiles per set
+            keep = {k: (v[:16] if v.ndim == 3 else v) for k, v in keep.items()}
+        if name == "shapes.npz":  # 8 of the 128 matrices per shape (4 normal, 4 wide)
+            keep = {k: (v[np.r_[0:4, 64:68]] if v.ndim == 3 else v) for k, v in keep.items()}
         if name == "sgemm.npz":
-            keep = {k: v[:8] for k, v in keep.items()}
-        if name == "sweep.npz":  # seeds 0..4 of each configuration
-            keep = {k: v[:5] for k, v in keep.items()}
+            keep = {k: v[:4] for k, v in keep.items()}
         np.savez_compressed(os.path.join(DEST, "v2_" + name), **keep)
+
+
+def pack_run3(src: str) -> None:
+    """The batched GPU sweep's L and INV bits: 4 seeds of each seed-table configuration."""
+    d = np.load(os.path.join(src, "gpu_sweep_bits.npz"))
+    keep = {}
+    for k in d.files:
+        if k.endswith("|seeds") or k.endswith("|l") or k.endswith("|inv"):
+            keep[k] = d[k][:4]
+    np.savez_compressed(os.path.join(DEST, "v3_gpu_sweep_bits.npz"), **keep)
 
 
 if __name__ == "__main__":
@@ -84,5 +95,7 @@ if __name__ == "__main__":
     pack_run1(sys.argv[1])
     if len(sys.argv) > 2:
         pack_run2(sys.argv[2])
+    if len(sys.argv) > 3:
+        pack_run3(sys.argv[3])
     total = sum(os.path.getsize(os.path.join(DEST, f)) for f in os.listdir(DEST))
     print(f"{DEST}: {total / 1e6:.2f} MB")

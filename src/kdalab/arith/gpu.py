@@ -1,18 +1,24 @@
 """The H200's own matrix arithmetic as accumulation models (CUDA tensors only).
 
 These models run the hardware instead of emulating it; :mod:`kdalab.arith.tensorcore` emulates
-the same arithmetic bit for bit on the CPU. Every model is batched over leading dimensions: one
-launch computes the products of a whole group of runs.
+the same arithmetic bit for bit on the CPU (``gpu_twin("h200") == "gpu-h200"``). Every model is
+batched over leading dimensions: one launch (or two) computes the products of a group of runs.
 
-==================  =============================================================================
-``cublas-16f``      ``cublasGemmStridedBatchedEx`` with fp16 operands and ``CUBLAS_COMPUTE_16F``
-                    (fp16 accumulation; what the seed's ``cublasGemmEx`` call does, batched).
-``cublas-32f``      the same call with fp32 operands and ``CUBLAS_COMPUTE_32F`` (the seed's
-                    ``a.float() @ b.float()`` for L, batched; tf32 off).
-``mma-16f``         ``mma.sync.aligned.m16n8k16.row.col.f16.f16.f16.f16`` chained over K-blocks
-                    of 16 (FlashKDA's Neumann inverse), inline PTX compiled with NVRTC via CuPy.
-``mma-bf16-f32``    ``mma.sync…m16n8k16.row.col.f32.bf16.bf16.f32`` (how the kernel builds L).
-==================  =============================================================================
+=====================  ==========================================================================
+``gpu-h200``           cublasGemmEx COMPUTE_16F's per-call algorithm (as the seed calls cuBLAS),
+                       batched: kdalab's mma.sync kernels (== CPU ``h200``)
+``gpu-h200-mma``       chained ``mma.sync.m16n8k16.f16.f16.f16.f16`` (FlashKDA's inverse; == CPU
+                       ``h200-mma``)
+``gpu-h200-bf16-fp32`` chained ``mma.sync…f32.bf16.bf16.f32`` (the kernel's L; == ``h200-bf16-fp32``)
+``gpu-h200-fp16-fp32`` chained ``mma.sync…f32.f16.f16.f32`` (== ``h200-fp16-fp32``)
+``gpu-h200-sgemm``     cuBLAS fp32 GEMM's measured summation order for the seed's L (== ``h200-sgemm``)
+``cublas-16f``         ``cublasGemmStridedBatchedEx`` COMPUTE_16F itself (its bits: ``h200-mma``)
+``cublas-16f-loop``    one ``cublasGemmEx`` per matrix, the seed's way (its bits: ``h200``)
+``cublas-32f``         ``cublasGemmStridedBatchedEx`` fp32 (a different order from per-call SGEMM)
+=====================  ==========================================================================
+
+The mma kernels are inline PTX compiled with NVRTC through CuPy. CuPy always adds ``-ftz=true``;
+the fp32 arithmetic outside the mma instructions is therefore written as PTX without ``.ftz``.
 
 On CPU tensors, or without CUDA, a model raises :class:`GpuUnavailable` with a message that says
 so. Nothing here is imported by the CPU code paths: importing this module needs only torch.
@@ -382,8 +388,12 @@ extern "C" __global__ void sgemm_slices(const float* __restrict__ A, const float
     for (int s0 = 0; s0 < K; s0 += slice) {
         float acc = 0.f;
         int e = min(s0 + slice, K);
-        for (int k = s0; k < e; ++k) acc = __fmaf_rn(a[k], b[(long long)k * N], acc);
-        total = (s0 == 0) ? acc : __fadd_rn(total, acc);
+        // Inline PTX without .ftz: CuPy compiles with -ftz=true, which would flush subnormal
+        // operands and results of __fmaf_rn / __fadd_rn (cuBLAS keeps them).
+        for (int k = s0; k < e; ++k)
+            asm("fma.rn.f32 %0, %1, %2, %0;" : "+f"(acc) : "f"(a[k]), "f"(b[(long long)k * N]));
+        if (s0 == 0) total = acc;
+        else asm("add.rn.f32 %0, %0, %1;" : "+f"(total) : "f"(acc));
     }
     D[idx] = total;
 }
