@@ -39,7 +39,7 @@ from kdalab.kda.recipe import SEED
 runner = CliRunner()
 
 
-# --- the calculator ------------------------------------------------------------------------------
+# --- the calculator -------------------------------------------------------------------------------
 
 def test_seed_claim_bf16_start_is_17():
     r = safe_chunk("bf16", -5, "start")
@@ -84,7 +84,8 @@ def test_exposed_span_matches_boundary_log_decay():
 def test_per_pair_never_overflows_and_fp16_normal_is_stricter():
     assert safe_chunk("fp16", -5, "per_pair").max_chunk_finite is None
     r = safe_chunk("fp16", -5, "start")
-    assert (r.max_chunk_finite, r.max_chunk_nonzero, r.max_chunk, r.max_chunk_normal) == (2, 3, 2, 1)
+    assert (r.max_chunk_finite, r.max_chunk_nonzero, r.max_chunk, r.max_chunk_normal) == \
+        (2, 3, 2, 1)
     assert safe_chunk("e3m4", -5, "start").max_chunk == 0  # not even one step fits
 
 
@@ -120,7 +121,7 @@ def test_calculator_rejects_nonsense(kwargs, word):
         safe_chunk(kwargs["fmt"], kwargs["lower_bound"], kwargs["boundary"])
 
 
-# --- calculator == measurement on the worst case ---------------------------------------------------
+# --- calculator == measurement on the worst case --------------------------------------------------
 
 def test_calculator_agrees_with_measured_worst_case_on_the_full_grid():
     """Every lower bound of the sweep, every C = 2…128, every boundary and format, both exp2
@@ -219,7 +220,7 @@ def test_per_pair_l_matches_stable_l_when_safe():
         assert ((pp - ref).abs() <= torch.tril(bound, -1)).all()
 
 
-# --- the sweep -----------------------------------------------------------------------------------
+# --- the sweep ------------------------------------------------------------------------------------
 
 def test_sweep_records_and_worst_case_agreement():
     grid = SweepGrid(lower_bounds=(-1.0, -5.0, -12.0), chunks=(16, 18, 40),
@@ -250,7 +251,7 @@ def test_sweep_grid_rejects_nonsense():
         SweepGrid.parse(ftz="maybe")
 
 
-# --- CLI -------------------------------------------------------------------------------------------
+# --- CLI ------------------------------------------------------------------------------------------
 
 def test_cli_safe_chunk_text_and_json():
     res = runner.invoke(app, ["safe-chunk", "--lower-bound", "-5", "--format", "bf16",
@@ -266,6 +267,8 @@ def test_cli_safe_chunk_text_and_json():
     res = runner.invoke(app, ["safe-chunk", "--chunk", "16", "--format", "bf16", "--json"])
     obj = json.loads(res.output)
     assert obj["weakest_lower_bound"] == pytest.approx(-87.33654481015776 / 16)
+    res = runner.invoke(app, ["safe-chunk", "--lower-bound", "-5", "--format", "5,10", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["max_chunk"] == 2  # = fp16
     res = runner.invoke(app, ["safe-chunk", "--lower-bound", "-2", "--format", "e5m6",
                               "--boundary", "per_pair", "--json"])
     assert res.exit_code == 0 and json.loads(res.output)["max_chunk_finite"] is None
@@ -277,6 +280,7 @@ def test_cli_safe_chunk_text_and_json():
     (["--lower-bound", "-5", "--format", "bf17"], "format"),
     (["--lower-bound", "-5", "--boundary", "mid"], "--boundary"),
     (["--lower-bound", "-5", "--chunk", "0"], "--chunk"),
+    (["--lower-bound", "-5", "--format", "12,3"], "exp_bits"),
     ([], "--lower-bound"),
 ])
 def test_cli_safe_chunk_rejects_nonsense(args, msg):
@@ -297,7 +301,7 @@ def test_cli_run_dynamic_range_small(tmp_path):
     assert res.exit_code == 2
 
 
-# --- the diagonal-tile study ------------------------------------------------------------------------
+# --- the diagonal-tile study ----------------------------------------------------------------------
 
 def test_diagonal_tile_counts_and_errors():
     from kdalab.experiments.diagonal_tile import count_work, run_study

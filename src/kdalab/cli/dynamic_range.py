@@ -16,8 +16,12 @@ from kdalab.cli.app import app, console, fail, run_app
 def _parse_format(name: str):
     from kdalab.arith import get_format
 
+    spec = name
+    bits = name.replace(" ", "").split(",")
+    if len(bits) == 2 and all(x.isdigit() for x in bits):  # "5,10": exponent, fraction bits
+        spec = (int(bits[0]), int(bits[1]))
     try:
-        fmt = get_format(name)
+        fmt = get_format(spec)
     except ValueError as exc:
         fail(f"--format: {exc}")
     return fmt
@@ -36,8 +40,8 @@ def safe_chunk_command(
     lower_bound: Annotated[Optional[float], typer.Option(
         "--lower-bound", help="lower bound lb < 0 of the per-step log-decay, g ∈ (lb, 0)")] = None,
     format: Annotated[str, typer.Option(
-        "--format", help="scale format: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, any eXmY "
-                         "(exponent/fraction bits); suffix -ftz flushes its subnormals")] = "bf16",
+        "--format", help="scale format: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, any eXmY or "
+                         "'X,Y' (exponent, fraction bits); suffix -ftz flushes subnormals")] = "bf16",
     boundary: Annotated[str, typer.Option(
         help="where the exponent is split: start, midpoint, end, per_pair")] = "start",
     ftz: Annotated[bool, typer.Option(

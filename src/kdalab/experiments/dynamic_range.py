@@ -9,7 +9,8 @@ per_pair_l` (per_pair). One record per (family, seed, lower bound, C, format, ex
 scales              number of scale factors formed (2C for a fixed boundary: exp(G_i − G_b) and
                     exp(G_b − G_i) for every row; C(C+1)/2 for per_pair, i ≥ j)
 overflow            factors that are ±inf — or, for a saturating format (fp8 e4m3), that the cast
-                    clamped (counted with a twin of the format that returns NaN where it would clamp)
+                    clamped (counted with a twin of the format that returns NaN where it would
+                    clamp)
 zero                factors that are 0
 subnormal           factors that are non-zero and below the format's smallest normal
 scales_ok           1 if overflow == zero == 0;  scales_normal: 1 if also subnormal == 0
@@ -39,7 +40,8 @@ from kdalab.kda.intra import LOG2E, boundary_log_decay, kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
 
-__all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "DEFAULT_CHUNKS", "SweepGrid", "run_chunk", "run_sweep",
+__all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "DEFAULT_CHUNKS", "SweepGrid", "run_chunk",
+           "run_sweep",
            "detection_twin", "count_scales", "kernel_scales", "worst_case_scale_table"]
 
 DEFAULT_LOWER_BOUNDS = (-0.5, -1.0, -1.5, -2.0, -2.5, -3.0, -3.5, -4.0, -4.5, -5.0, -5.5, -6.0,

@@ -94,8 +94,8 @@ def check_lower_bound(lower_bound: float) -> float:
     except (TypeError, ValueError):
         raise ValueError(f"lower_bound must be a negative number, got {lower_bound!r}") from None
     if not math.isfinite(lb) or not lb < 0:
-        raise ValueError(f"lower_bound must be a finite number < 0 (log-decay g ∈ (lower_bound, 0)), "
-                         f"got {lower_bound!r}")
+        raise ValueError("lower_bound must be a finite number < 0 (log-decay g ∈ "
+                         f"(lower_bound, 0)), got {lower_bound!r}")
     return lb
 
 
@@ -328,7 +328,7 @@ def safe_chunk(fmt: Format | str | tuple[int, int], lower_bound: float, boundary
         f"G_i = i·({lb:g}).",
         f"Boundary '{boundary}': {_SPAN_TEXT[boundary]}; span k(C) = {_SPAN_FORMULA[boundary]} "
         f"steps of {a:g}.",
-        f"Factor path: " + ("exp2(x·log2 e) in fp32 with flush-to-zero, then cast to "
+        "Factor path: " + ("exp2(x·log2 e) in fp32 with flush-to-zero, then cast to "
                             f"{fmt.name}" if exp2_ftz else f"exp(x) rounded once to {fmt.name}")
         + f" ({fmt.name}: max {fmt.max:.6g}, smallest normal {fmt.tiny:.6g}, "
         + (f"smallest subnormal {fmt.smallest_subnormal:.6g}" if fmt.subnormals

@@ -214,7 +214,8 @@ def agreement_table(records) -> pd.DataFrame:
         ml = ml[ml["calculator_in_grid"] > 0]
         ml["ratio"] = ml["measured_max_chunk"] / ml["calculator_in_grid"]
         agg = ml.groupby(["format", "exp2_ftz", "boundary"], as_index=False, sort=False).agg(
-            model_like_holds=("guarantee_holds", "sum"), model_like_cases=("guarantee_holds", "size"),
+            model_like_holds=("guarantee_holds", "sum"),
+            model_like_cases=("guarantee_holds", "size"),
             model_like_ratio_median=("ratio", "median"))
         out = out.merge(agg, on=["format", "exp2_ftz", "boundary"], how="left")
     return out
