@@ -361,9 +361,9 @@ def safe_chunk(fmt: Format | str | tuple[int, int], lower_bound: float, boundary
             lines.append(f"All factors normal only for C ≤ {c_norm}.")
     if per_pair:
         lines.append("Per pair, a zero factor is exp(G_i − G_j) itself below the zero threshold: "
-                     "flushing it changes L_ij by less than that times β_i·|k_i·k_j| (harmless), so "
-                     "per_pair has no practical chunk limit; max_chunk says where the first zero "
-                     "appears.")
+                     "flushing it changes L_ij by less than that times β_i·|k_i·k_j| "
+                     "(harmless), so per_pair has no practical chunk limit; max_chunk says "
+                     "where the first zero appears.")
     if margin < 1e-6:
         lines.append(f"Warning: the answer lies within {margin:.1e} (relative) of a threshold; "
                      "float32 rounding of x·log2 e may move it by one.")
