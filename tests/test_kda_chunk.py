@@ -187,3 +187,22 @@ def test_deterministic():
     a = forward(q, k, v, g, beta, recipe="flashkda", gate="precomputed", lower_bound=None)
     b = forward(q, k, v, g, beta, recipe="flashkda", gate="precomputed", lower_bound=None)
     assert torch.equal(a[0], b[0])
+
+
+def test_tensor_core_models_drop_into_the_recipe():
+    """flashkda-h200 is flashkda with other accumulation names; on the stress input (large L,
+    long Neumann chains) the Tensor-Core arithmetic changes the result, on model_like inputs it
+    stays in the same range."""
+    from kdalab.experiments.end_to_end import study_inputs
+    from kdalab.kda import get_recipe
+
+    r = get_recipe("flashkda-h200")
+    assert r == get_recipe("flashkda").with_(
+        name="flashkda-h200", l_accumulation="h200-bf16-fp32", inverse_accumulation="h200-mma",
+        matmul_accumulation="h200-bf16-fp32")
+    kw = study_inputs("weak_decay_correlated", -5.0, 0, 48, 1, 32)
+    o1, _ = forward(**kw, recipe="flashkda")
+    o2, _ = forward(**kw, recipe="flashkda-h200")
+    assert o2.dtype == torch.bfloat16 and not torch.equal(o1, o2)
+    o_ref, _ = reference_forward(**kw)
+    assert err(o2, o_ref) < 5e-2

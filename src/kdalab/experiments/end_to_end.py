@@ -82,6 +82,7 @@ DEFAULT_VARIANTS = (
     Variant("flashkda", "secondary", "neumann"),
     Variant("flashkda", "per_pair", "neumann"),
     Variant("flashkda", "chunk_start", "forward_substitution"),
+    Variant("flashkda-h200", "chunk_start", "neumann"),  # FlashKDA v1, Tensor-Core arithmetic
     Variant("fla", "secondary-midpoint", "forward_substitution"),  # fla safe_gate
     Variant("fla", "secondary", "forward_substitution"),           # fla, per-pair diagonal
     Variant("fp32", "chunk_start", "neumann"),
@@ -160,8 +161,9 @@ FULL = StudyConfig()
 #: Small enough for CI (seconds), same shape of output.
 QUICK = replace(FULL, lower_bounds=(-2.0, -5.0, -10.0, None), chunks=(8, 16, 64), seeds=(0,),
                 length=64, long_length=256, heads=1, dim=32,
-                variants=(DEFAULT_VARIANTS[0], DEFAULT_VARIANTS[3], DEFAULT_VARIANTS[5],
-                          DEFAULT_VARIANTS[7]))
+                variants=tuple(Variant.parse(v) for v in (
+                    "flashkda/chunk_start/neumann", "flashkda/per_pair/neumann",
+                    "fla/secondary-midpoint/forward_substitution", "fp32/chunk_start/neumann")))
 
 
 def study_inputs(family: str, lower_bound: float | None, seed: int, length: int, heads: int,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from kdalab.arith.formats import BF16, FP16, FP32, FP64, TF32, Format, get_format
 
-__all__ = ["Recipe", "SEED", "FLASHKDA", "FLA", "FP32_RECIPE", "FP64_RECIPE", "RECIPES",
+__all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLA", "FP32_RECIPE", "FP64_RECIPE", "RECIPES",
            "get_recipe"]
 
 
@@ -69,7 +69,7 @@ class Recipe:
     def with_(self, **changes) -> Recipe:
         """A copy with some fields changed (formats may be given by name)."""
         for key, value in list(changes.items()):
-            if key.endswith("_format") and isinstance(value, str) and value != "none":
+            if key.endswith("_format") and isinstance(value, str):
                 changes[key] = get_format(value)
         return replace(self, **changes)
 
@@ -81,6 +81,13 @@ SEED = Recipe("seed")
 #: fp32 and stored fp16, β in fp16 for L, Neumann in fp16 with fp16 accumulation, INV and Mqk in
 #: bf16, bf16 intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output.
 FLASHKDA = Recipe("flashkda")
+#: flashkda with the H200's Tensor-Core arithmetic in place of torch's: every bf16 product as a
+#: chain of ``mma.sync`` bf16→fp32 blocks and the Neumann products as ``mma.sync`` fp16→fp16
+#: chains (bit-exact models from ``kdalab.arith.tensorcore``) — the CUDA kernel's GEMMs rather
+#: than its torch reference's. The same value with other accumulation names, nothing else.
+FLASHKDA_H200 = FLASHKDA.with_(name="flashkda-h200", l_accumulation="h200-bf16-fp32",
+                               inverse_accumulation="h200-mma",
+                               matmul_accumulation="h200-bf16-fp32")
 #: fla's ``chunk_kda`` (chunk 64): fp32 gate and decay scales (exp2, no FTZ), tf32 operands for the
 #: intra-chunk scores (tl.dot of fp32 tiles), L in fp32 solved in fp32, the inverse and Aqk stored
 #: in bf16, bf16 intermediates, state kept in fp32 (rounded to bf16 inside products), bf16 output.
@@ -106,7 +113,7 @@ FP64_RECIPE = Recipe(
 )
 
 RECIPES: dict[str, Recipe] = {
-    r.name: r for r in (SEED, FLASHKDA, FLA, FP32_RECIPE, FP64_RECIPE)}
+    r.name: r for r in (SEED, FLASHKDA, FLASHKDA_H200, FLA, FP32_RECIPE, FP64_RECIPE)}
 
 
 def get_recipe(spec: str | Recipe) -> Recipe:
