@@ -41,7 +41,8 @@ def safe_chunk_command(
         "--lower-bound", help="lower bound lb < 0 of the per-step log-decay, g ∈ (lb, 0)")] = None,
     format: Annotated[str, typer.Option(
         "--format", help="scale format: bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, any eXmY or "
-                         "'X,Y' (exponent, fraction bits); suffix -ftz flushes subnormals")] = "bf16",
+                         "'X,Y' (exponent, fraction bits); suffix -ftz flushes subnormals",
+    )] = "bf16",
     boundary: Annotated[str, typer.Option(
         help="where the exponent is split: start, midpoint, end, per_pair")] = "start",
     ftz: Annotated[bool, typer.Option(
