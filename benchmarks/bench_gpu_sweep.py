@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """kdalab's batched GPU sweep vs the seed's per-run loop, same runs, same process (run on a GPU).
 
-    PYTHONPATH=$PWD/src python3 benchmarks/bench_gpu_sweep.py [--seeds 64] [--loop-runs 96] [--out DIR]
+    PYTHONPATH=$PWD/src python3 benchmarks/bench_gpu_sweep.py [--seeds 256] [--loop-runs 96] [--out DIR]
+    python benchmarks/bench_gpu_sweep.py --cpu [--seeds 16]     # CPU models' sweep speed, no GPU
 
 Runs: the seed document's table configurations (3 families, their chunk sizes), seeds 0..S−1,
 dim 128. *Batched*: ``run_sweep`` on CUDA, every stage one launch per chunk group, the L GEMM on
@@ -258,12 +259,39 @@ def _time(fn, reps=3):
     return sorted(times)[len(times) // 2], times
 
 
+def cpu_models(seeds: int) -> None:
+    """run_sweep on the CPU: the H200 models against fp16-seq and fp16-once, 1 thread, best of 4."""
+    from kdalab.experiments.sweep import seed_reproduction_runs
+
+    torch.set_num_threads(1)
+    runs = seed_reproduction_runs(seeds=range(seeds))
+    h200_l = SEED.with_(name="seed-h200", l_accumulation="h200-sgemm")
+    cfg = [("fp16-seq", "seed"), ("fp16-once", "seed"), ("h200", "seed"), ("h200-mma", "seed"),
+           ("h200", h200_l)]
+    for m, r in cfg:
+        run_sweep(runs[:16], [m], recipe=r)
+    best: dict = {}
+    for _ in range(4):
+        for m, r in cfg:
+            t0 = time.perf_counter()
+            run_sweep(runs, [m], recipe=r)
+            key = m + ("" if r == "seed" else " + L by h200-sgemm")
+            best[key] = min(best.get(key, math.inf), time.perf_counter() - t0)
+    print(f"{len(runs)} runs (seed tables, {seeds} seeds), CPU, 1 thread, best of 4")
+    for k, t in best.items():
+        print(f"{k:<28} {t:7.2f} s {len(runs) / t:8.1f} runs/s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=256)
     p.add_argument("--loop-runs", type=int, default=96)
     p.add_argument("--out", default=os.environ.get("OUT", "."))
+    p.add_argument("--cpu", action="store_true", help="time the CPU models' sweeps instead")
     args = p.parse_args()
+    if args.cpu:
+        cpu_models(args.seeds if args.seeds != 256 else 16)
+        return
     gpu.require_cuda("benchmarks/bench_gpu_sweep.py")
     dev = "cuda"
     runs = []

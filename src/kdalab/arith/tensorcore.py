@@ -112,19 +112,21 @@ def tc_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, in_fmt: F
     ``a`` is ``[..., M, K]``, ``b`` ``[..., K, N]``, ``c`` ``[..., M, N]`` (``out_fmt`` values) or
     None. fp16 output: round to nearest-even; fp32 output: round toward zero (see module doc).
     """
-    p = a.unsqueeze(-1) * b.unsqueeze(-3)  # [..., M, K, N], exact in float64
-    pe = _exponent(a, in_fmt.emin).unsqueeze(-1) + _exponent(b, in_fmt.emin).unsqueeze(-3)
-    pe = torch.where(p == 0, torch.full_like(pe, _NO_EXP), pe)
-    big = pe.amax(dim=-2)
+    ea = _exponent(a, in_fmt.emin)  # zeros get _NO_EXP: their products never set the maximum
+    eb = _exponent(b, in_fmt.emin)
+    big = (ea.unsqueeze(-1) + eb.unsqueeze(-3)).amax(dim=-2)  # [..., M, N]
     if c is not None:
         big = torch.maximum(big, _exponent(c, out_fmt.emin))
     big = torch.where(big < _NO_EXP // 2, torch.zeros_like(big), big)  # all-zero block
-    shift = (FRACTION_BITS - big).to(torch.float64)
-    # Integers below 2^27 each; the sum of 17 of them is exact in float64.
-    total = torch.trunc(torch.ldexp(p, shift.unsqueeze(-2))).sum(dim=-2)
+    # 2^(25 − E), exact; multiplying by it is an exact scaling (no overflow or underflow here)
+    scale = torch.ldexp(torch.ones(big.shape, dtype=torch.float64, device=a.device),
+                        (FRACTION_BITS - big).double())
+    # Integers below 2^27 each after trunc; the sum of 17 of them is exact in float64.
+    p = (a.unsqueeze(-1) * b.unsqueeze(-3)) * scale.unsqueeze(-2)  # [..., M, K, N], exact
+    total = torch.trunc(p).sum(dim=-2)
     if c is not None:
-        total = total + torch.trunc(torch.ldexp(c, shift))
-    value = torch.ldexp(total, -shift) + 0.0  # + 0.0: a zero result is +0
+        total = total + torch.trunc(c * scale)
+    value = total / scale + 0.0  # exact; + 0.0: a zero result is +0
     if out_fmt == FP16:
         out = round_to(value, FP16).half()
         return torch.where(out == 0, torch.zeros_like(out), out)
@@ -192,8 +194,9 @@ def gemmex_algorithm(m: int, k: int, n: int) -> tuple[str, int]:
 
 
 def _fp16_add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """IEEE fp16 x + y: the exact sum (float64 holds it) rounded once."""
-    return round_to(x.double() + y.double(), FP16).half()
+    """IEEE fp16 x + y, correctly rounded: torch adds two fp16 values in float32 and rounds once
+    more to fp16, which is exact rounding (float32 has more than 2·11 + 2 bits)."""
+    return (x.float() + y.float()).half()
 
 
 def gemmex_16f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
