@@ -229,7 +229,7 @@ def fast_sweep(runs, device, **models):
 
 
 def batched_inverses(specs, device):
-    """kernel L and its Neumann inverse for specs of one chunk size, through kdalab on ``device``."""
+    """Kernel L and its Neumann inverse for runs of one chunk size, via kdalab on ``device``."""
     inputs = [make_inputs(s.family, s.chunk, s.dim, s.seed, -5.0, device) for s in specs]
     keys = torch.stack([i.keys for i in inputs])
     log_decay = torch.stack([i.log_decay for i in inputs])

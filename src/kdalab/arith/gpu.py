@@ -9,9 +9,9 @@ batched over leading dimensions: one launch (or two) computes the products of a 
                        batched: kdalab's mma.sync kernels (== CPU ``h200``)
 ``gpu-h200-mma``       chained ``mma.sync.m16n8k16.f16.f16.f16.f16`` (FlashKDA's inverse; == CPU
                        ``h200-mma``)
-``gpu-h200-bf16-fp32`` chained ``mma.sync…f32.bf16.bf16.f32`` (the kernel's L; == ``h200-bf16-fp32``)
+``gpu-h200-bf16-fp32`` chained ``mma.sync…f32.bf16.bf16.f32`` (kernel's L; == ``h200-bf16-fp32``)
 ``gpu-h200-fp16-fp32`` chained ``mma.sync…f32.f16.f16.f32`` (== ``h200-fp16-fp32``)
-``gpu-h200-sgemm``     cuBLAS fp32 GEMM's measured summation order for the seed's L (== ``h200-sgemm``)
+``gpu-h200-sgemm``     cuBLAS fp32 GEMM's measured order for the seed's L (== ``h200-sgemm``)
 ``cublas-16f``         ``cublasGemmStridedBatchedEx`` COMPUTE_16F itself (its bits: ``h200-mma``)
 ``cublas-16f-loop``    one ``cublasGemmEx`` per matrix, the seed's way (its bits: ``h200``)
 ``cublas-32f``         ``cublasGemmStridedBatchedEx`` fp32 (a different order from per-call SGEMM)
@@ -476,7 +476,8 @@ def _launch(kname: str, grid_threads: int, args: tuple, device: torch.device) ->
 
 
 def gemmex_16f_gpu(a: torch.Tensor, b: torch.Tensor, slice_instruction: str = "k8") -> torch.Tensor:
-    """cublasGemmEx COMPUTE_16F's per-call algorithm, batched in one launch (see tensorcore.gemmex_16f)."""
+    """cublasGemmEx COMPUTE_16F's K ≤ 16 and 8-slice algorithms, batched in one launch
+    (see tensorcore.gemmex_16f)."""
     import cupy
 
     if a.dtype != torch.float16 or b.dtype != torch.float16:

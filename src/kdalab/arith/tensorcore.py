@@ -1,4 +1,4 @@
-"""Bit-exact CPU models of the H200's matrix arithmetic (Tensor Cores and cuBLAS), as accumulation models.
+"""Bit-exact CPU models of the H200's matrix arithmetic (Tensor Cores, cuBLAS) as accumulation models.
 
 How the H200 computes (established on the device with ``scripts/device/tensorcore_characterize.py``,
 the method of Khattak & Mikaitis, *Accurate Models of NVIDIA Tensor Cores*, arXiv 2512.07004;
