@@ -107,7 +107,8 @@ def parse_lower_bounds(text: str) -> tuple[float | None, ...]:
         try:
             lb = float(tok)
         except ValueError:
-            raise ValueError(f"lower bound must be a number < 0 or 'unbounded', got {tok!r}") from None
+            raise ValueError(
+                f"lower bound must be a number < 0 or 'unbounded', got {tok!r}") from None
         if not (lb < 0) or math.isinf(lb):
             raise ValueError(f"lower bound must be a finite number < 0, got {tok}")
         out.append(lb)

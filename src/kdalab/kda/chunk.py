@@ -171,7 +171,8 @@ def chunk_core(
     return o, s
 
 
-def prepare_for_recipe(q, k, v, g, beta, *, recipe: Recipe | str = "flashkda", **kwargs) -> Prepared:
+def prepare_for_recipe(q, k, v, g, beta, *, recipe: Recipe | str = "flashkda",
+                       **kwargs) -> Prepared:
     """:func:`kdalab.kda.gate.prepare_inputs` in the recipe's arithmetic (gate format, base-2
     gate with FTZ, input rounding, FlashKDA's normalization order)."""
     recipe = get_recipe(recipe)

@@ -15,9 +15,11 @@ does it: ``x · rsqrt(Σx² + 1e-6)``.
 
 Arithmetic: in float64 (the reference) every step is float64. In float32 (the kernels' gate) each
 operation is a float32 operation; with ``base2=True`` the result is the *base-2* log-decay, as
-FlashKDA computes it: ``fl(lower_bound·log2 e) · sigmoid(exp2_ftz(fl(A_log·log2 e)) · (g + dt_bias))``.
+FlashKDA computes it:
+``fl(lower_bound·log2 e) · sigmoid(exp2_ftz(fl(A_log·log2 e)) · (g + dt_bias))``.
 FlashKDA's sigmoid is ``tanh.approx.f32``-based (relative error up to ~2⁻¹¹); here it is float32
-``torch.sigmoid`` — the one operation of its path kdalab does not reproduce (see docs/end-to-end.md).
+``torch.sigmoid`` — the one operation of its path kdalab does not reproduce (see
+docs/end-to-end.md).
 """
 
 from __future__ import annotations
@@ -126,7 +128,8 @@ def log_decay(
         if a is not None:
             x = a * x
         lb = float(lower_bound) * LOG2E if base2 else float(lower_bound)
-        return torch.tensor(lb, dtype=dt, device=x.device) * torch.sigmoid(x)  # lb rounded to dt first
+        lb_t = torch.tensor(lb, dtype=dt, device=x.device)  # the constant rounded to dt first
+        return lb_t * torch.sigmoid(x)
     out = -F.softplus(x)
     if a is not None:
         out = a * out

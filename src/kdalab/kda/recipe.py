@@ -37,8 +37,8 @@ from dataclasses import dataclass, field, replace
 
 from kdalab.arith.formats import BF16, FP16, FP32, FP64, TF32, Format, get_format
 
-__all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLA", "FP32_RECIPE", "FP64_RECIPE", "RECIPES",
-           "get_recipe"]
+__all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLA", "FP32_RECIPE", "FP64_RECIPE",
+           "RECIPES", "get_recipe"]
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,8 @@ def get_tiles(spec: str | TileScaling) -> TileScaling:
 
 _HALF = (torch.bfloat16, torch.float16)
 
-def decay_factor(rel: torch.Tensor, recipe: Recipe, fmt: Format | str | None = None) -> torch.Tensor:
+def decay_factor(rel: torch.Tensor, recipe: Recipe,
+                 fmt: Format | str | None = None) -> torch.Tensor:
     """exp(rel) as the recipe computes it: exp2 with FTZ of a base-2 exponent in float32, or the
     correctly rounded exp; rounded to ``fmt`` (default ``scale_format``)."""
     fmt = get_format(fmt) if fmt is not None else recipe.scale_format
