@@ -206,3 +206,38 @@ def test_tensor_core_models_drop_into_the_recipe():
     assert o2.dtype == torch.bfloat16 and not torch.equal(o1, o2)
     o_ref, _ = reference_forward(**kw)
     assert err(o2, o_ref) < 5e-2
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=12, deadline=None)
+@given(t=st.integers(1, 30), chunk=st.integers(1, 20), group=st.sampled_from([1, 2]),
+       tiles=st.sampled_from(sorted(TILES)),
+       inverse=st.sampled_from(["neumann", "forward_substitution", "exact"]),
+       lb=st.sampled_from([-0.5, -3.0, -6.0]), seed=st.integers(0, 2**16))
+def test_fp64_equals_recurrent_property(t, chunk, group, tiles, inverse, lb, seed):
+    q, k, v, g, beta, h0 = make(b=1, t=t, h=1, hv=group, kd=8, vd=4, seed=seed, lb=lb)
+    o_ref, s_ref = recurrent_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True)
+    o, s = forward(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                   chunk_size=chunk, tiles=tiles, inverse=inverse, **PLAIN)
+    assert err(o, o_ref) <= TOL and err(s, s_ref) <= TOL
+
+
+@pytest.mark.parametrize("recipe", ["flashkda", "fla"])
+def test_low_precision_varlen_equals_separate_sequences(recipe):
+    """Packing sequences (padding with inert tokens, a batch of sequences) changes no bit."""
+    gen = torch.Generator().manual_seed(0)
+    t, h, d = 45, 1, 32
+    q, k, v, g = (torch.randn(1, t, h, d, generator=gen).bfloat16() for _ in range(4))
+    beta = torch.randn(1, t, h, generator=gen).bfloat16()
+    kw = dict(A_log=torch.rand(h, generator=gen), dt_bias=torch.rand(h, d, generator=gen),
+              lower_bound=-5.0, output_final_state=True, recipe=recipe)
+    cu = torch.tensor([0, 5, 22, 45])
+    h0 = torch.randn(3, h, d, d, generator=gen).bfloat16()
+    o, s = forward(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, **kw)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        oi, si = forward(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b],
+                         initial_state=h0[i:i + 1], **kw)
+        assert torch.equal(o[:, a:b], oi) and torch.equal(s[i:i + 1], si)
