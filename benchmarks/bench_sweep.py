@@ -27,7 +27,11 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=32)
     p.add_argument("--max-chunk", type=int, default=64)
     p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: on a shared 2-core machine OpenMP "
+                        "threads oversubscribe and elementwise ops slow down 15-30x)")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     models = [m for m in args.models.split(",") if m]
     unknown = set(models) - set(available_accumulations())
     if unknown:

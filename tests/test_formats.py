@@ -195,3 +195,22 @@ def _exact_nearest_with_residual(x: float, res: float, fmt) -> float:
 def test_fp64_format_is_identity():
     x = torch.randn(100, dtype=torch.float64)
     assert torch.equal(round_to(x, FP64), x)
+
+
+@pytest.mark.parametrize("fmt", [FP16, BF16, FP8_E4M3, FP8_E5M2])
+def test_float64_fast_path_equals_generic(fmt):
+    """round_to's round-to-odd path (float64 → narrow torch formats) equals the generic rounding,
+    on random values over the whole range, on every midpoint, and on values a hair off them."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(300_000, dtype=torch.float64, generator=g)
+    x = x * torch.exp2(torch.randint(-160, 140, x.shape, generator=g).double())
+    if fmt.torch_dtype in (torch.float16, torch.bfloat16):
+        pts = _probe_points(fmt.torch_dtype)
+        pts = pts[torch.isfinite(pts)]
+        hair = pts.abs() * 2.0**-40 + 2.0**-1070
+        x = torch.cat([x, pts, pts + hair, pts - hair])
+    x = torch.cat([x, torch.tensor([math.inf, -math.inf, math.nan, 0.0, -0.0, 1e300, -1e-300])])
+    a = round_to(x, fmt)
+    b = round_to_generic(x, fmt)
+    assert torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+    assert torch.equal(torch.signbit(a[a == 0]), torch.signbit(b[b == 0]))

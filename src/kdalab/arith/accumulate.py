@@ -35,6 +35,8 @@ __all__ = [
     "get_accumulation",
     "available_accumulations",
     "matmul",
+    "fp32_companion",
+    "for_device",
 ]
 
 
@@ -132,8 +134,10 @@ class Fp16OnceAccumulation:
             raise ValueError(f"fp16-once: operands must be float16, got {a.dtype} and {b.dtype}")
         if a.shape[-1] > 4096:
             raise ValueError(f"fp16-once: K must be <= 4096 for an exact sum, got {a.shape[-1]}")
-        ai = torch.ldexp(a.double(), torch.tensor(24.0, dtype=torch.float64))  # integers
-        bi = torch.ldexp(b.double(), torch.tensor(24.0, dtype=torch.float64))
+        # scaling by Python-float powers of two is exact on every device (torch.ldexp is not on
+        # CUDA, where it goes through pow)
+        ai = a.double() * 2.0**24  # integers
+        bi = b.double() * 2.0**24
         finite = torch.isfinite(ai).all(-1, keepdim=True) & torch.isfinite(bi).all(-2, keepdim=True)
         ai = torch.where(torch.isfinite(ai), ai, torch.zeros_like(ai))
         bi = torch.where(torch.isfinite(bi), bi, torch.zeros_like(bi))
@@ -145,9 +149,9 @@ class Fp16OnceAccumulation:
         mid = torch.matmul(a1, b0) + torch.matmul(a0, b1)  # units of 2^20 · 2^-48
         low = torch.matmul(a0, b0)  # units of 2^-48
         # Each of high, mid, low is an exact integer below 2^53. Scale (exact) and add with TwoSum.
-        h = torch.ldexp(high, torch.tensor(-8.0, dtype=torch.float64))
-        m = torch.ldexp(mid, torch.tensor(-28.0, dtype=torch.float64))
-        lo = torch.ldexp(low, torch.tensor(-48.0, dtype=torch.float64))
+        h = high * 2.0**-8
+        m = mid * 2.0**-28
+        lo = low * 2.0**-48
         s1, e1 = _two_sum(h, m)
         s2, e2 = _two_sum(s1, lo)
         # e1 and e2 are small multiples of 2^-48, so e1 + e2 is exact; after this TwoSum, s is the
@@ -186,6 +190,33 @@ def _load_plugins() -> None:
         import kdalab.arith.tensorcore  # noqa: F401
     except ImportError:
         pass
+
+
+#: The fp32 GEMM of the same hardware as a fp16-accumulate model: the seed's H200 run built L with
+#: cuBLAS fp32 (``h200-sgemm`` reproduces its summation order) and inverted with COMPUTE_16F.
+FP32_COMPANIONS = {
+    "h200": "h200-sgemm", "h200-mma": "h200-sgemm",
+    "gpu-h200": "gpu-h200-sgemm", "gpu-h200-mma": "gpu-h200-sgemm",
+    "cublas-16f": "cublas-32f", "cublas-16f-loop": "cublas-32f",
+}
+
+
+def fp32_companion(name: str, default: str) -> str:
+    """The fp32-accumulate model that belongs with hardware model ``name`` (else ``default``)."""
+    return FP32_COMPANIONS.get(name, default)
+
+
+def for_device(name: str, device: str | torch.device) -> str:
+    """The model to run on ``device``: on CUDA a CPU emulation of the H200 becomes the GPU's own
+    arithmetic (``h200`` → ``gpu-h200``), other names are unchanged."""
+    if torch.device(device).type != "cuda":
+        return name
+    _load_plugins()
+    try:
+        from kdalab.arith.gpu import gpu_twin
+    except ImportError:  # pragma: no cover
+        return name
+    return gpu_twin(name)
 
 
 def available_accumulations() -> list[str]:

@@ -176,6 +176,15 @@ def get_format(spec: str | Format | tuple[int, int]) -> Format:
     return fmt.with_subnormals(False) if ftz else fmt
 
 
+def pow2(n: torch.Tensor) -> torch.Tensor:
+    """2**n as float64 for integer n in [-1022, 1023], built from its bit pattern: exact on every
+    device (torch.ldexp on CUDA goes through pow and is not)."""
+    n = n.to(torch.int64)
+    if bool(((n < -1022) | (n > 1023)).any()):
+        raise ValueError("pow2: exponent outside the normal float64 range")
+    return ((n + 1023) << 52).view(torch.float64)
+
+
 def _binade(x: torch.Tensor) -> torch.Tensor:
     """floor(log2|x|) for finite non-zero x (exact, via frexp); 0 where x == 0."""
     _, e = torch.frexp(x)
@@ -199,10 +208,30 @@ def round_to(
     :func:`round_to_generic`, which works for any format.
     """
     fmt = get_format(fmt)
-    if residual is None and x.dtype in (torch.float32, torch.float64) and \
-            _torch_cast_is_exact(x, fmt):
-        return x.to(fmt.torch_dtype).to(x.dtype)
+    if residual is None and x.dtype in (torch.float32, torch.float64):
+        if _torch_cast_is_exact(x, fmt):
+            return x.to(fmt.torch_dtype).to(x.dtype)
+        if x.dtype == torch.float64 and fmt.torch_dtype is not None and \
+                fmt.torch_dtype not in (torch.float32, torch.float64):
+            # float64 → a 16- or 8-bit torch format: round to float32 *to odd*, then let torch
+            # round to nearest. Round-to-odd keeps a sticky bit, so with float32's 24 bits ≥ the
+            # target's precision + 2 the second rounding is the correct one (Boldo & Melquiond,
+            # "Emulation of FMA and correctly rounded sums: proved algorithms using rounding to
+            # odd", IEEE TC 2008). Float32's exponent range covers every such format.
+            return _to_float32_round_to_odd(x).to(fmt.torch_dtype).double()
     return round_to_generic(x, fmt, residual=residual)
+
+
+def _to_float32_round_to_odd(x: torch.Tensor) -> torch.Tensor:
+    """float64 → float32 rounded to odd: truncate toward zero, set the last bit if inexact."""
+    t = x.float()
+    back = t.double()
+    over = back.abs() > x.abs()  # RNE went away from zero (or overflowed to inf): step back
+    t = torch.where(over, torch.nextafter(t, torch.zeros_like(t)), t)
+    inexact = t.double() != x
+    bits = t.view(torch.int32) | inexact.to(torch.int32)
+    t = bits.view(torch.float32)
+    return torch.where(torch.isnan(x), x.float(), t)
 
 
 def round_to_generic(
@@ -230,8 +259,8 @@ def round_to_generic(
     finite = torch.isfinite(xd)
     xs = torch.where(finite, xd, torch.zeros_like(xd))
     e = torch.clamp(_binade(xs), min=fmt.emin)
-    quantum_exp = (e - fmt.man_bits).to(torch.float64)
-    y = torch.ldexp(xs, -quantum_exp)  # exact: scaling by a power of two
+    quantum_exp = (e - fmt.man_bits).clamp(min=-1022)  # fp64 targets never get here
+    y = xs * pow2(-quantum_exp)  # exact: scaling by a power of two
     r = torch.round(y)  # half to even
     if residual is not None:
         fl = torch.floor(y)
@@ -239,7 +268,7 @@ def round_to_generic(
         res = residual.double().expand_as(y)
         r = torch.where(tie & (res > 0), fl + 1, r)
         r = torch.where(tie & (res < 0), fl, r)
-    out = torch.ldexp(r, quantum_exp)
+    out = r * pow2(quantum_exp)
     if not fmt.subnormals:
         out = torch.where(out.abs() < fmt.tiny, torch.copysign(torch.zeros_like(out), xs), out)
     out = torch.where(finite, out, xd)  # inf and nan pass through, then overflow rules apply

@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from kdalab.arith.accumulate import register
-from kdalab.arith.formats import BF16, FP16, FP32, Format, round_to
+from kdalab.arith.formats import pow2, BF16, FP16, FP32, Format, round_to
 
 __all__ = [
     "FRACTION_BITS",
@@ -119,8 +119,7 @@ def tc_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, in_fmt: F
         big = torch.maximum(big, _exponent(c, out_fmt.emin))
     big = torch.where(big < _NO_EXP // 2, torch.zeros_like(big), big)  # all-zero block
     # 2^(25 − E), exact; multiplying by it is an exact scaling (no overflow or underflow here)
-    scale = torch.ldexp(torch.ones(big.shape, dtype=torch.float64, device=a.device),
-                        (FRACTION_BITS - big).double())
+    scale = pow2(FRACTION_BITS - big)
     # Integers below 2^27 each after trunc; the sum of 17 of them is exact in float64.
     p = (a.unsqueeze(-1) * b.unsqueeze(-3)) * scale.unsqueeze(-2)  # [..., M, K, N], exact
     total = torch.trunc(p).sum(dim=-2)

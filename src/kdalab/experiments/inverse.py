@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from kdalab.arith import FP16, get_accumulation, rel_rmse, torch_cast
+from kdalab.arith.accumulate import for_device, fp32_companion
 from kdalab.experiments.families import USES_LOWER_BOUND, check_family, make_inputs
 from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
@@ -34,7 +35,7 @@ from kdalab.kda.recipe import Recipe, get_recipe
 
 __all__ = ["RunSpec", "METRIC_KEYS", "KEY_FIELDS", "run_group"]
 
-KEY_FIELDS = ("family", "lower_bound", "chunk", "seed", "dim", "accumulation")
+KEY_FIELDS = ("family", "lower_bound", "chunk", "seed", "dim", "accumulation", "l_accumulation")
 METRIC_KEYS = (
     "decay_zeros", "inv_decay_nonfinite", "l_finite", "inv_finite", "l_rel_rmse",
     "inv_total_rel_rmse", "inv_neumann_only_rel_rmse", "inv_stable_l_rel_rmse",
@@ -80,9 +81,16 @@ def run_group(
     chunk, dim = specs[0].chunk, specs[0].dim
     if any(s.chunk != chunk or s.dim != dim for s in specs):
         raise ValueError("run_group needs runs of one chunk size and one dim")
-    models = [get_accumulation(a) for a in accumulations]
     recipe = get_recipe(recipe)
     device = torch.device(device)
+    # Each accumulation model runs on its own hardware's L: an H200 model builds L with the
+    # H200's fp32 GEMM (as the seed's GPU run did), the others with the recipe's. On CUDA, CPU
+    # emulations of the H200 become the GPU's own arithmetic.
+    plans = []
+    for name in accumulations:
+        neumann = for_device(name, device)
+        l_acc = for_device(fp32_companion(name, recipe.l_accumulation), device)
+        plans.append((name, get_accumulation(neumann), l_acc))
 
     inputs = [make_inputs(s.family, s.chunk, s.dim, s.seed,
                           s.lower_bound if s.lower_bound is not None else -5.0, device)
@@ -94,29 +102,39 @@ def run_group(
     eye = torch.eye(chunk, dtype=torch.float64, device=device)
     l_ref = stable_l(keys, log_decay, beta)
     inv_ref = torch.linalg.inv(eye + l_ref)
-    kl = kernel_l(keys, log_decay, beta, recipe)
-    l_kernel = kl.l
-    l_finite = torch.isfinite(l_kernel).flatten(-2).all(-1)
-    # exact inverse of the kernel's own L, where it is finite
-    safe_l = torch.where(l_finite[:, None, None], l_kernel.double(), torch.zeros_like(l_ref))
-    inv_of_kernel_l = torch.linalg.inv(eye + safe_l)
     l_stable_stored = torch_cast(l_ref, FP16).half()  # the seed's l_ref.half()
 
-    shared = {
-        "decay_zeros": (kl.decay == 0).flatten(-2).sum(-1),
-        "inv_decay_nonfinite": (~torch.isfinite(kl.inv_decay)).flatten(-2).sum(-1),
-        "l_finite": l_finite.to(torch.int64),
-        "l_rel_rmse": rel_rmse(l_kernel, l_ref),
-    }
+    kernel_ls: dict[str, dict] = {}  # per L accumulation model
+    for _, _, l_acc in plans:
+        if l_acc in kernel_ls:
+            continue
+        kl = kernel_l(keys, log_decay, beta, recipe.with_(l_accumulation=l_acc))
+        l_finite = torch.isfinite(kl.l).flatten(-2).all(-1)
+        # exact inverse of the kernel's own L, where it is finite
+        safe_l = torch.where(l_finite[:, None, None], kl.l.double(), torch.zeros_like(l_ref))
+        kernel_ls[l_acc] = {
+            "l": kl.l,
+            "inv_of_kernel_l": torch.linalg.inv(eye + safe_l),
+            "decay_zeros": (kl.decay == 0).flatten(-2).sum(-1),
+            "inv_decay_nonfinite": (~torch.isfinite(kl.inv_decay)).flatten(-2).sum(-1),
+            "l_finite": l_finite,
+            "l_rel_rmse": rel_rmse(kl.l, l_ref),
+        }
+
     records: list[dict] = []
-    per_model = []
-    for model in models:
+    for name, model, l_acc in plans:
+        k = kernel_ls[l_acc]
+        l_kernel, l_finite = k["l"], k["l_finite"]
         kn = neumann_inverse(l_kernel, model, recipe.inverse_format)
         sn = neumann_inverse(l_stable_stored, model, recipe.inverse_format)
         kernel_inv = kn.inverse
-        neumann_only = rel_rmse(kernel_inv, inv_of_kernel_l)
+        neumann_only = rel_rmse(kernel_inv, k["inv_of_kernel_l"])
         metrics = {
+            "decay_zeros": k["decay_zeros"],
+            "inv_decay_nonfinite": k["inv_decay_nonfinite"],
+            "l_finite": l_finite.to(torch.int64),
             "inv_finite": torch.isfinite(kernel_inv).flatten(-2).all(-1).to(torch.int64),
+            "l_rel_rmse": k["l_rel_rmse"],
             "inv_total_rel_rmse": rel_rmse(kernel_inv, inv_ref),
             "inv_neumann_only_rel_rmse": torch.where(
                 l_finite, neumann_only, torch.full_like(neumann_only, math.inf)),
@@ -126,23 +144,17 @@ def run_group(
             "kernel_power_max": kn.power_max,
             "stable_l_power_max": sn.power_max,
         }
-        per_model.append((model.name, metrics, kn.highest_power, sn.highest_power))
-
-    shared_py = {k: v.cpu().tolist() for k, v in shared.items()}
-    for name, metrics, kpow, spow in per_model:
-        metrics_py = {k: v.cpu().tolist() for k, v in metrics.items()}
+        metrics_py = {key: v.cpu().tolist() for key, v in metrics.items()}
         for r, spec in enumerate(specs):
             rec = {
                 "family": spec.family, "lower_bound": spec.lower_bound, "chunk": chunk,
-                "seed": spec.seed, "dim": dim, "accumulation": name,
+                "seed": spec.seed, "dim": dim, "accumulation": name, "l_accumulation": l_acc,
             }
             for key in METRIC_KEYS:
                 if key == "highest_power":
-                    rec[key] = kpow
+                    rec[key] = kn.highest_power
                 elif key == "stable_l_highest_power":
-                    rec[key] = spow
-                elif key in shared_py:
-                    rec[key] = shared_py[key][r]
+                    rec[key] = sn.highest_power
                 else:
                     rec[key] = metrics_py[key][r]
             records.append(rec)
