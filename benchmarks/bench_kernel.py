@@ -103,7 +103,14 @@ def speed(chunk_kda, copy_bw, configs):
             row = dict(H=H, varlen=varlen)
             t = {}
             for name, cfg in configs.items():
-                t[name] = bench(lambda cfg=cfg: run_kdalab(x, kw, cu, config=cfg))
+                try:
+                    t[name] = bench(lambda cfg=cfg: run_kdalab(x, kw, cu, config=cfg))
+                except Exception as exc:  # e.g. a launch shape that needs too much shared memory
+                    print(json.dumps(dict(H=H, varlen=varlen, config=name,
+                                          failed=f"{type(exc).__name__}: {exc}"[:300])),
+                          flush=True)
+            if not t:
+                continue
             best = min(t, key=t.get)
             row.update(kdalab_ms=t[best], kdalab_config=best, all_configs=t)
             if chunk_kda is not None:
