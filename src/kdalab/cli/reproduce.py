@@ -26,9 +26,10 @@ def _check_accumulation(name: str) -> str:
 @app.command()
 def reproduce(
     device: Annotated[str, typer.Option(help="cpu, or cuda (the GPU's own arithmetic)")] = "cpu",
-    accumulation: Annotated[str, typer.Option(
-        help="accumulation model of the Neumann products: fp16-seq (the seed's CPU fallback), "
-             "fp16-once, h200 (the H200's Tensor Cores, emulated), fp32, fp64")] = "fp16-seq",
+    accumulation: Annotated[Optional[str], typer.Option(
+        help="accumulation model of the Neumann products: fp16-seq (the seed's CPU fallback; "
+             "default on cpu), fp16-once, h200 (the H200's Tensor Cores: emulated on cpu, the "
+             "GPU's own on cuda; default on cuda), h200-mma, fp32, fp64")] = None,
     chunks: Annotated[Optional[str], typer.Option(
         help="chunk sizes for every family, e.g. '8,16,32' (default: the seed's tables)")] = None,
     seeds: Annotated[str, typer.Option(help="seeds, e.g. '0-2' or '0,1,2'")] = "0-2",
@@ -40,11 +41,14 @@ def reproduce(
     and model_like inputs across chunk sizes, seeds 0-2, dim 128.
 
     Writes records (records.jsonl, records.json, records.parquet), the three tables (Markdown and
-    CSV) and plots (PNG and SVG) to --out.
+    CSV) and plots (PNG and SVG) to --out. On cuda, H200 models run as the GPU's own Tensor-Core
+    arithmetic (bit-identical to the CPU emulation in L and the inverses).
     """
     from kdalab.experiments.sweep import parse_int_list, seed_reproduction_runs
 
     device = check_device(device)
+    if accumulation is None:
+        accumulation = "h200" if device.startswith("cuda") else "fp16-seq"
     _check_accumulation(accumulation)
     seed_list = parse_or_fail(parse_int_list, seeds, "--seeds")
     chunk_list = parse_or_fail(parse_int_list, chunks, "--chunks") if chunks else None
