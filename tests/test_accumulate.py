@@ -99,6 +99,19 @@ def test_fp16_once_property(k, seed):
     _check_once(_random_fp16((3, k), gen, spread=14), _random_fp16((k, 3), gen, spread=14))
 
 
+def test_fp16_once_fast_and_limb_paths_agree():
+    # small entries take the single-GEMM path, large ones the limb path; both are exact
+    gen = torch.Generator().manual_seed(11)
+    small = _random_fp16((4, 24, 24), gen, spread=3) * 0.01
+    big = small.clone()
+    big[0, 0, 0] = 3000.0  # pushes Σ|a·b| past 32 for the whole batch: limb path
+    out_small = matmul(small, small, "fp16-once")
+    out_big = matmul(big, small, "fp16-once")
+    assert torch.equal(out_small[1:], out_big[1:])  # runs 1..3 are the same products
+    _check_once(small[2], small[2])
+    _check_once(big[0], small[0])
+
+
 def test_fp16_once_rejects_non_fp16_operands():
     with pytest.raises(ValueError, match="float16"):
         matmul(torch.ones(2, 2), torch.ones(2, 2), "fp16-once")

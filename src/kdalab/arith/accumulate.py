@@ -136,6 +136,14 @@ class Fp16OnceAccumulation:
             raise ValueError(f"fp16-once: K must be <= 4096 for an exact sum, got {a.shape[-1]}")
         # scaling by Python-float powers of two is exact on every device (torch.ldexp is not on
         # CUDA, where it goes through pow)
+        ad, bd = a.double(), b.double()
+        # Fast path: every product is a multiple of 2^-48, so when Σ|a_ik·b_kj| < 2^5 every
+        # partial sum, in any order (and with FMA), is a multiple of 2^-48 below 2^5: exact in
+        # float64. One float64 GEMM and one correct rounding then give the exact answer.
+        if bool(torch.isfinite(ad).all()) and bool(torch.isfinite(bd).all()):
+            bound = torch.matmul(ad.abs(), bd.abs())
+            if bool((bound < 32.0).all()):
+                return round_to(torch.matmul(ad, bd), FP16).half()
         ai = a.double() * 2.0**24  # integers
         bi = b.double() * 2.0**24
         finite = torch.isfinite(ai).all(-1, keepdim=True) & torch.isfinite(bi).all(-2, keepdim=True)
