@@ -6,8 +6,10 @@ the gate (A_log, dt_bias), L2 norm and β sigmoid in its kernel. Achieved bandwi
 fewest bytes a forward must move (q, k, v, g, β read once, o written once) and is printed
 against the device-to-device copy bandwidth measured in the same run (bytes read + written).
 
-Accuracy: relative Frobenius error of o and of the final state against the fp64 token
-recurrence (kdalab.kernels.reference), for kdalab and fla on the same inputs, per family.
+Inputs: the end-to-end study's families (kdalab.experiments.end_to_end.study_inputs) at lower
+bound -5. Accuracy: relative RMS error over the whole tensor (kdalab.arith.rel_rmse, i.e. the
+relative Frobenius error) of o and of the final state against the fp64 token recurrence
+(kdalab.kda.reference_forward), for kdalab and fla on the same inputs, per family.
 
     python benchmarks/bench_kernel.py [--sweep | --configs a,b] [--accuracy] [--stages]
                                       [--json out.json]
@@ -23,9 +25,13 @@ import time
 import torch
 import triton
 
+from kdalab.arith import rel_rmse
+from kdalab.experiments.end_to_end import E2E_FAMILIES, study_inputs
+from kdalab.kda import reference_forward
 from kdalab.kernels import KernelConfig, chunk_kda_fwd
-from kdalab.kernels.reference import FAMILIES, kda_reference_fp64, make_inputs, rel_err
 
+FAMILIES = tuple(f for f in E2E_FAMILIES if f != "long")  # "long" is a length; T is fixed here
+LOWER_BOUND = -5.0
 VARLEN = [1300, 547, 2048, 963, 271, 3063]
 T_TOTAL = 8192
 D = 128
@@ -70,25 +76,30 @@ def min_bytes(T, H, K, V):
     return T * H * (3 * K + V) * 2 + T * H * 2 + T * H * V * 2  # q k g, v; beta; o
 
 
+def rel_err(x, ref):
+    return float(rel_rmse(x, ref, x.dim()))
+
+
 def inputs(family, H, varlen, seed=0):
-    q, k, v, g, beta, A_log, dt_bias = make_inputs(family, 1, T_TOTAL, H, D, device="cuda",
-                                                   seed=seed)
+    kw = study_inputs(family, LOWER_BOUND, seed, T_TOTAL, H, D)  # drawn on the CPU
+    x = tuple(kw[n].to("cuda") for n in ("q", "k", "v", "g", "beta"))
     cu = None
     if varlen:
         cu = torch.tensor([0, *itertools.accumulate(VARLEN)], device="cuda")
-    return (q, k, v, g, beta), dict(A_log=A_log.float(), dt_bias=dt_bias.float()), cu
+    gate = dict(A_log=kw["A_log"].float().cuda(), dt_bias=kw["dt_bias"].float().flatten().cuda())
+    return x, gate, cu
 
 
 def run_kdalab(x, kw, cu, h0=None, final=False, config=KernelConfig()):
     return chunk_kda_fwd(*x, **kw, cu_seqlens=cu, initial_state=h0, output_final_state=final,
-                         lower_bound=-5.0, config=config)
+                         lower_bound=LOWER_BOUND, config=config)
 
 
 def run_fla(chunk_kda, x, kw, cu, h0=None, final=False):
     with torch.no_grad():
         return chunk_kda(*x, **kw, cu_seqlens=cu, initial_state=h0, output_final_state=final,
                          use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=-5.0)
+                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LOWER_BOUND)
 
 
 def bench(fn):
@@ -136,8 +147,9 @@ def stage_times(config):
 
         def s1():
             return chunk_kda_prepare(q, k, g, beta, kw["A_log"], kw["dt_bias"], scale=D ** -0.5,
-                                     lower_bound=-5.0, use_qk_l2norm=True, beta_is_logits=True,
-                                     cu_seqlens=None, chunk_table=None, num_chunks=nc,
+                                     lower_bound=LOWER_BOUND, use_qk_l2norm=True,
+                                     beta_is_logits=True, cu_seqlens=None, chunk_table=None,
+                                     num_chunks=nc,
                                      operand_dtype=torch.float16,
                                      fp16_inverse=config.inverse == "fp16")
         ops = s1()
@@ -160,8 +172,8 @@ def accuracy(chunk_kda, H=64):
         x, kw, cu = inputs(family, H, varlen, seed=1)
         n = 1 if cu is None else len(VARLEN)
         h0 = torch.randn(n, H, D, D, device="cuda")
-        ref_o, ref_s = kda_reference_fp64(*x, **kw, cu_seqlens=cu, initial_state=h0,
-                                          output_final_state=True, lower_bound=-5.0)
+        ref_o, ref_s = reference_forward(*x, **kw, cu_seqlens=cu, initial_state=h0,
+                                         output_final_state=True, lower_bound=LOWER_BOUND)
         row = dict(family=family, varlen=varlen, H=H, T=T_TOTAL)
         for name, cfg in ACCURACY_CONFIGS.items():
             o, s = run_kdalab(x, kw, cu, h0=h0, final=True, config=cfg)
