@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """kdalab's batched GPU sweep vs the seed's per-run loop, same runs, same process (run on a GPU).
 
-    PYTHONPATH=$PWD/src python3 benchmarks/bench_gpu_sweep.py [--seeds 256] [--loop-runs 96] [--out DIR]
+    PYTHONPATH=$PWD/src python3 benchmarks/bench_gpu_sweep.py \
+        [--seeds 256] [--loop-runs 96] [--out DIR]
     python benchmarks/bench_gpu_sweep.py --cpu [--seeds 16]     # CPU models' sweep speed, no GPU
 
 Runs: the seed document's table configurations (3 families, their chunk sizes), seeds 0..S−1,

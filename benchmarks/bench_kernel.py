@@ -193,7 +193,8 @@ def main():
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--stages", action="store_true")
     ap.add_argument("--configs", default=None,
-                    help="comma-separated config names to time (default: 'default', or all with --sweep)")
+                    help="comma-separated config names to time "
+                         "(default: 'default', or all with --sweep)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -227,11 +228,13 @@ def main():
         f"{k}={v:.3f}" for k, v in r["all_configs"].items()) for r in result["speed"]))
     if args.accuracy:
         names = list(ACCURACY_CONFIGS) + ["fla"]
-        print("\n family                 varlen  " + "  ".join(f"{n + ' o / S':>20s}" for n in names))
+        heads = "  ".join(f"{n + ' o / S':>20s}" for n in names)
+        print("\n family                 varlen  " + heads)
         for r in result["accuracy"]:
             cells = [f"{r.get(n + '_o', float('nan')):.2e} / {r.get(n + '_S', float('nan')):.2e}"
                      for n in names]
-            print(f" {r['family']:22s} {str(r['varlen']):6s}  " + "  ".join(f"{c:>20s}" for c in cells))
+            row = "  ".join(f"{c:>20s}" for c in cells)
+            print(f" {r['family']:22s} {str(r['varlen']):6s}  " + row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -17,8 +17,8 @@ import time
 import torch
 
 from kdalab.arith import available_accumulations
-from kdalab.experiments.sweep import plan_runs, run_sweep
 from kdalab.experiments.families import FAMILIES
+from kdalab.experiments.sweep import plan_runs, run_sweep
 
 
 def main() -> None:

@@ -11,7 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdalab.arith import (
-    BF16, FP8_E4M3, FP8_E5M2, FP16, FP32, FP64, get_format, quantize, round_to, torch_cast,
+    BF16,
+    FP8_E4M3,
+    FP8_E5M2,
+    FP16,
+    FP32,
+    FP64,
+    get_format,
+    quantize,
+    round_to,
+    torch_cast,
 )
 from kdalab.arith.formats import round_to_generic
 

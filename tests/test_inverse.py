@@ -9,7 +9,10 @@ import torch
 
 from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import (
-    exact_inverse, forward_substitution, neumann_factor_count, neumann_inverse,
+    exact_inverse,
+    forward_substitution,
+    neumann_factor_count,
+    neumann_inverse,
 )
 
 

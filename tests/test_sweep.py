@@ -11,7 +11,11 @@ import pytest
 from kdalab.experiments.aggregate import summarize
 from kdalab.experiments.store import RecordWriter, read_records
 from kdalab.experiments.sweep import (
-    SweepConfig, parse_float_list, parse_int_list, run_sweep, seed_reproduction_runs,
+    SweepConfig,
+    parse_float_list,
+    parse_int_list,
+    run_sweep,
+    seed_reproduction_runs,
 )
 from kdalab.views.tables import seed_tables, to_markdown
 
@@ -43,7 +47,8 @@ def test_config_validation_names_the_argument():
 def test_toml_config(tmp_path):
     p = tmp_path / "s.toml"
     p.write_text('families = ["floor", "model_like"]\nchunks = [4, 12]\nseeds = "3-5"\n'
-                 'dims = [64]\naccumulations = ["fp16-seq", "fp16-once"]\nlower_bounds = [-5, -2]\n')
+                 'dims = [64]\naccumulations = ["fp16-seq", "fp16-once"]\n'
+                 'lower_bounds = [-5, -2]\n')
     cfg = SweepConfig.from_toml(p)
     assert cfg.families == ("floor", "model_like") and cfg.seeds == (3, 4, 5)
     assert len(cfg.runs()) == 2 * 2 * 3 * 2  # families × lower bounds × seeds × chunks

@@ -290,6 +290,7 @@ def test_gpu_sweep_bits_equal_cpu_emulation():
     """
     sys_path_bench()
     from bench_gpu_sweep import draw_inputs, seed_sweep_batched
+
     from kdalab.experiments.sweep import plan_runs
 
     d = _load("v3_gpu_sweep_bits.npz")

@@ -134,40 +134,53 @@ class Fp16OnceAccumulation:
             raise ValueError(f"fp16-once: operands must be float16, got {a.dtype} and {b.dtype}")
         if a.shape[-1] > 4096:
             raise ValueError(f"fp16-once: K must be <= 4096 for an exact sum, got {a.shape[-1]}")
-        # scaling by Python-float powers of two is exact on every device (torch.ldexp is not on
-        # CUDA, where it goes through pow)
         ad, bd = a.double(), b.double()
         # Fast path: every product is a multiple of 2^-48, so when Σ|a_ik·b_kj| < 2^5 every
         # partial sum, in any order (and with FMA), is a multiple of 2^-48 below 2^5: exact in
-        # float64. One float64 GEMM and one correct rounding then give the exact answer.
-        if bool(torch.isfinite(ad).all()) and bool(torch.isfinite(bd).all()):
-            bound = torch.matmul(ad.abs(), bd.abs())
-            if bool((bound < 32.0).all()):
-                return round_to(torch.matmul(ad, bd), FP16).half()
-        ai = a.double() * 2.0**24  # integers
-        bi = b.double() * 2.0**24
-        finite = torch.isfinite(ai).all(-1, keepdim=True) & torch.isfinite(bi).all(-2, keepdim=True)
-        ai = torch.where(torch.isfinite(ai), ai, torch.zeros_like(ai))
-        bi = torch.where(torch.isfinite(bi), bi, torch.zeros_like(bi))
-        a1 = torch.trunc(ai / _SPLIT)
-        a0 = ai - a1 * _SPLIT
-        b1 = torch.trunc(bi / _SPLIT)
-        b0 = bi - b1 * _SPLIT
-        high = torch.matmul(a1, b1)  # units of 2^40 · 2^-48
-        mid = torch.matmul(a1, b0) + torch.matmul(a0, b1)  # units of 2^20 · 2^-48
-        low = torch.matmul(a0, b0)  # units of 2^-48
-        # Each of high, mid, low is an exact integer below 2^53. Scale (exact) and add with TwoSum.
-        h = high * 2.0**-8
-        m = mid * 2.0**-28
-        lo = low * 2.0**-48
-        s1, e1 = _two_sum(h, m)
-        s2, e2 = _two_sum(s1, lo)
-        # e1 and e2 are small multiples of 2^-48, so e1 + e2 is exact; after this TwoSum, s is the
-        # float64 nearest the exact sum and r the exact remainder, which breaks fp16 ties.
-        s, r = _two_sum(s2, e1 + e2)
-        exact = round_to(s, FP16, residual=r).half()
-        naive = torch.matmul(a.double(), b.double()).half()  # propagates inf/nan like IEEE
-        return torch.where(finite, exact, naive)
+        # float64. One float64 GEMM and one correct rounding then give the exact answer. Matrices
+        # of the batch that miss the bound (or hold inf/nan) take the limb path.
+        out = round_to(torch.matmul(ad, bd), FP16).half()
+        bound = torch.matmul(ad.abs(), bd.abs())  # nan/inf where an operand is
+        ok = (bound < 32.0).flatten(-2).all(-1)
+        if bool(ok.all()):
+            return out
+        batch = out.shape[:-2]
+        a3 = a.expand(batch + a.shape[-2:]).reshape((-1,) + a.shape[-2:])
+        b3 = b.expand(batch + b.shape[-2:]).reshape((-1,) + b.shape[-2:])
+        out3 = out.reshape((-1,) + out.shape[-2:]).clone()
+        idx = (~ok).reshape(-1).nonzero().squeeze(-1)
+        out3[idx] = _fp16_once_limbs(a3[idx], b3[idx])
+        return out3.reshape(out.shape)
+
+
+def _fp16_once_limbs(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The exact fp16-once product by 20-bit limbs (any magnitudes, inf/nan propagated)."""
+    # scaling by Python-float powers of two is exact on every device (torch.ldexp is not on
+    # CUDA, where it goes through pow)
+    ai = a.double() * 2.0**24  # integers
+    bi = b.double() * 2.0**24
+    finite = torch.isfinite(ai).all(-1, keepdim=True) & torch.isfinite(bi).all(-2, keepdim=True)
+    ai = torch.where(torch.isfinite(ai), ai, torch.zeros_like(ai))
+    bi = torch.where(torch.isfinite(bi), bi, torch.zeros_like(bi))
+    a1 = torch.trunc(ai / _SPLIT)
+    a0 = ai - a1 * _SPLIT
+    b1 = torch.trunc(bi / _SPLIT)
+    b0 = bi - b1 * _SPLIT
+    high = torch.matmul(a1, b1)  # units of 2^40 · 2^-48
+    mid = torch.matmul(a1, b0) + torch.matmul(a0, b1)  # units of 2^20 · 2^-48
+    low = torch.matmul(a0, b0)  # units of 2^-48
+    # Each of high, mid, low is an exact integer below 2^53. Scale (exact) and add with TwoSum.
+    h = high * 2.0**-8
+    m = mid * 2.0**-28
+    lo = low * 2.0**-48
+    s1, e1 = _two_sum(h, m)
+    s2, e2 = _two_sum(s1, lo)
+    # e1 and e2 are small multiples of 2^-48, so e1 + e2 is exact; after this TwoSum, s is the
+    # float64 nearest the exact sum and r the exact remainder, which breaks fp16 ties.
+    s, r = _two_sum(s2, e1 + e2)
+    exact = round_to(s, FP16, residual=r).half()
+    naive = torch.matmul(a.double(), b.double()).half()  # propagates inf/nan like IEEE
+    return torch.where(finite, exact, naive)
 
 
 def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

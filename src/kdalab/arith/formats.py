@@ -3,7 +3,8 @@
 A :class:`Format` is data — exponent bits, significand bits, whether subnormals are kept, what
 happens on overflow — in the manner of Higham's *chop*. :func:`round_to` rounds a float32/float64
 tensor to the nearest value of the format (round-to-nearest, ties to even) and returns it in the
-input's dtype, so formats torch lacks (say e3m4, or fp16 without subnormals) work like the ones it has.
+input's dtype, so formats torch lacks (say e3m4, or fp16 without subnormals) work like the ones
+it has.
 
 Notes on torch's own casts, which the tests pin down bit for bit:
 

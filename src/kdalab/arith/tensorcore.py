@@ -1,4 +1,5 @@
-"""Bit-exact CPU models of the H200's matrix arithmetic (Tensor Cores, cuBLAS) as accumulation models.
+"""Bit-exact CPU models of the H200's matrix arithmetic (Tensor Cores, cuBLAS) as accumulation
+models.
 
 How the H200 computes (established on the device with ``scripts/device/tensorcore_characterize.py``,
 the method of Khattak & Mikaitis, *Accurate Models of NVIDIA Tensor Cores*, arXiv 2512.07004;
@@ -51,7 +52,7 @@ from dataclasses import dataclass
 import torch
 
 from kdalab.arith.accumulate import register
-from kdalab.arith.formats import pow2, BF16, FP16, FP32, Format, round_to
+from kdalab.arith.formats import BF16, FP16, FP32, Format, pow2, round_to
 
 __all__ = [
     "FRACTION_BITS",

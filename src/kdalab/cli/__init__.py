@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from kdalab.cli.app import app, run_app  # noqa: F401
-
 # Command modules register themselves on import.
-from kdalab.cli import reproduce  # noqa: E402,F401
-from kdalab.cli import dynamic_range  # noqa
-from kdalab.cli import end_to_end  # noqa
+from kdalab.cli import (
+    dynamic_range,  # noqa
+    end_to_end,  # noqa
+    reproduce,  # noqa: E402,F401
+)
+from kdalab.cli.app import app, run_app  # noqa: F401
 
 
 def main() -> None:

@@ -145,8 +145,7 @@ def run_dynamic_range(
     except ValueError as exc:
         fail(str(exc))
     t0 = time.perf_counter()
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, \
-        TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with RecordWriter(out) as writer, Progress(
         TextColumn("[bold]groups"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

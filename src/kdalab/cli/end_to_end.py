@@ -44,8 +44,7 @@ def end_to_end(
     """Output and final-state relative error of the chunked forward against the fp64 recurrent
     reference. Writes records (records.jsonl/json/parquet), tables (CSV, Markdown) and plots
     (PNG, SVG) to --out; records are appended as each cell finishes."""
-    from kdalab.experiments.end_to_end import (
-        FULL, QUICK, Variant, parse_lower_bounds, run_study)
+    from kdalab.experiments.end_to_end import FULL, QUICK, Variant, parse_lower_bounds, run_study
     from kdalab.experiments.store import RecordWriter
     from kdalab.experiments.sweep import parse_int_list, parse_name_list
     from kdalab.views.end_to_end import write_e2e_views

@@ -7,7 +7,8 @@ seed's order, so kdalab's inputs are bit-identical to the seed code's:
                            keys ~ N(0, I) normalized, β = sigmoid(N(0, 1)).
 ``weak_decay_correlated``  one normalized random key repeated, g = −0.01, β = 0.5 (stresses the
                            high powers of L without touching the exponent range).
-``model_like``             keys as ``floor``, g = lower_bound · sigmoid(N(0, 1)), then β as ``floor``.
+``model_like``             keys as ``floor``, g = lower_bound · sigmoid(N(0, 1)), then β as
+                           ``floor``.
 """
 
 from __future__ import annotations

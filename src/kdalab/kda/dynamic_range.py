@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kdalab.arith import FP32, Format, exp2_ftz as _exp2_ftz, get_accumulation, get_format, \
-    quantize, torch_cast
+from kdalab.arith import FP32, Format, get_accumulation, get_format, quantize, torch_cast
+from kdalab.arith import exp2_ftz as _exp2_ftz
 from kdalab.kda.recipe import Recipe, get_recipe
 
 __all__ = [

@@ -128,7 +128,8 @@ def chunk_kda_fwd(
     if config.inverse not in ("fp32", "fp16"):
         raise ValueError(f"config.inverse must be 'fp32' or 'fp16', got {config.inverse!r}")
     if config.variant not in ("t", "kv") or config.dot not in ("tf32", "bf16") \
-            or config.operands not in ("fp16", "fp32") or (config.variant == "kv" and config.dot != "tf32"):
+            or config.operands not in ("fp16", "fp32") \
+            or (config.variant == "kv" and config.dot != "tf32"):
         raise ValueError(f"config: unsupported combination {config}")
     if config.step not in (16, 64) or (config.step == 64 and config.inverse != "fp32"):
         raise ValueError(f"config.step must be 16, or 64 with the fp32 inverse; got {config}")
@@ -141,10 +142,12 @@ def chunk_kda_fwd(
     if dt_bias is not None:
         _check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
         if dt_bias.shape not in ((H * K,), (H, K)):
-            raise ValueError(f"dt_bias must have shape ({H * K},) or ({H}, {K}), got {tuple(dt_bias.shape)}")
+            raise ValueError(f"dt_bias must have shape ({H * K},) or ({H}, {K}), "
+                             f"got {tuple(dt_bias.shape)}")
 
     if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 or cu_seqlens.numel() < 2:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 \
+                or cu_seqlens.numel() < 2:
             raise ValueError("cu_seqlens must be a 1-D tensor with at least two entries")
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")

@@ -157,7 +157,6 @@ def chunk_kda_prepare64_kernel(
     off3 = off2 + t2
     glast = off3 + t3
 
-    kd0 = k0 * tl.exp2(g0)
     kd1 = k1 * tl.exp2(g1)
     kd2 = k2 * tl.exp2(g2)
     kd3 = k3 * tl.exp2(g3)

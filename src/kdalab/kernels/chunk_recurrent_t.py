@@ -110,7 +110,8 @@ def chunk_kda_recurrent_t(
         T,
         H=H, K=K, V=V, BT=chunk, BV=bv,
         HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-        STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, DT=tl.bfloat16 if dot_bf16 else tl.float32,
+        STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
+        DT=tl.bfloat16 if dot_bf16 else tl.float32,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o
