@@ -67,9 +67,14 @@ def write_inverse_views(records: list[dict], out: Path, *, show: bool = True) ->
     from kdalab.views.plots import plot_error_vs_chunk
     from kdalab.views.tables import seed_tables, write_seed_tables
 
+    from kdalab.experiments.aggregate import summarize
+
     tables = seed_tables(records)
     if show:
         print_seed_tables(tables)
     paths = write_seed_tables(tables, out)
+    summary = out / "summary.csv"  # every aggregate of every group, one row per configuration
+    summarize(records).to_csv(summary, index=False)
+    paths.append(summary)
     paths += plot_error_vs_chunk(records, out)
     return paths

@@ -52,15 +52,18 @@ def plot_error_vs_chunk(records: list[dict] | pd.DataFrame, folder: str | Path,
     families = [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
     fig, axes = plt.subplots(1, max(len(families), 1), figsize=(5.2 * max(len(families), 1), 4.2),
                              squeeze=False)
+    configs = list(summary.groupby(["accumulation", "lower_bound", "dim"], dropna=False).groups)
+    colors = plt.get_cmap("tab20" if len(configs) > 10 else "tab10")
     for ax, fam in zip(axes[0], families):
         g = summary[summary["family"] == fam]
         for (acc, lb, d), s in g.groupby(["accumulation", "lower_bound", "dim"], dropna=False):
             s = s.sort_values("chunk")
             tag = f"{acc}, d={d}" + ("" if math.isnan(lb) or lb == -5.0 else f", lb={lb:g}")
+            color = colors(configs.index((acc, lb, d)) % colors.N)  # one colour per configuration
             plot_series_with_nonfinite(ax, s["chunk"], s["inv_total_rel_rmse_median"],
-                                       label=f"INV total ({tag})")
+                                       label=f"INV total ({tag})", color=color)
             plot_series_with_nonfinite(ax, s["chunk"], s["inv_stable_l_rel_rmse_median"],
-                                       label=f"INV power ({tag})", linestyle="--")
+                                       label=f"INV power ({tag})", linestyle="--", color=color)
         ax.set_yscale("log")
         lo, hi = float(g["chunk"].min()), float(g["chunk"].max())
         pad = max(1.0, 0.04 * (hi - lo))
@@ -70,6 +73,8 @@ def plot_error_vs_chunk(records: list[dict] | pd.DataFrame, folder: str | Path,
         ax.set_title(fam)
         ax.axvline(16, color="grey", linewidth=0.8, linestyle=":")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7)
+        # legends go under the panels, where they hide no data
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1,
+                  frameon=False)
     fig.suptitle("(I + L)^-1 error against chunk size (x on the top edge: non-finite)")
     return save_figure(fig, folder, stem)
