@@ -64,10 +64,9 @@ def print_seed_tables(tables) -> None:
 
 
 def write_inverse_views(records: list[dict], out: Path, *, show: bool = True) -> list[Path]:
+    from kdalab.experiments.aggregate import summarize
     from kdalab.views.plots import plot_error_vs_chunk
     from kdalab.views.tables import seed_tables, write_seed_tables
-
-    from kdalab.experiments.aggregate import summarize
 
     tables = seed_tables(records)
     if show:

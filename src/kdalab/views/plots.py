@@ -52,14 +52,18 @@ def plot_error_vs_chunk(records: list[dict] | pd.DataFrame, folder: str | Path,
     families = [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
     fig, axes = plt.subplots(1, max(len(families), 1), figsize=(5.2 * max(len(families), 1), 4.2),
                              squeeze=False)
-    configs = list(summary.groupby(["accumulation", "lower_bound", "dim"], dropna=False).groups)
+    def key(acc, lb, d):  # NaN (no lower bound) never equals itself: use a label instead
+        return (acc, "none" if math.isnan(lb) else lb, d)
+
+    configs = [key(*k) for k in
+               summary.groupby(["accumulation", "lower_bound", "dim"], dropna=False).groups]
     colors = plt.get_cmap("tab20" if len(configs) > 10 else "tab10")
     for ax, fam in zip(axes[0], families):
         g = summary[summary["family"] == fam]
         for (acc, lb, d), s in g.groupby(["accumulation", "lower_bound", "dim"], dropna=False):
             s = s.sort_values("chunk")
             tag = f"{acc}, d={d}" + ("" if math.isnan(lb) or lb == -5.0 else f", lb={lb:g}")
-            color = colors(configs.index((acc, lb, d)) % colors.N)  # one colour per configuration
+            color = colors(configs.index(key(acc, lb, d)) % colors.N)  # one per configuration
             plot_series_with_nonfinite(ax, s["chunk"], s["inv_total_rel_rmse_median"],
                                        label=f"INV total ({tag})", color=color)
             plot_series_with_nonfinite(ax, s["chunk"], s["inv_stable_l_rel_rmse_median"],
