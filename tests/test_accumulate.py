@@ -143,3 +143,13 @@ def test_registry_and_errors():
         get_accumulation("fp12")
     with pytest.raises(ValueError, match="inner dimensions"):
         matmul(torch.ones(2, 3), torch.ones(2, 3), "fp64")
+
+
+def test_hardware_companions_and_device_mapping():
+    from kdalab.arith.accumulate import for_device, fp32_companion
+
+    assert fp32_companion("h200", "fp32") == "h200-sgemm"
+    assert fp32_companion("fp16-seq", "fp32") == "fp32"  # no hardware: the recipe's choice
+    assert for_device("h200", "cpu") == "h200"
+    assert for_device("h200", "cuda") == "gpu-h200"  # a name mapping; needs no GPU
+    assert for_device("fp16-seq", "cuda") == "fp16-seq"

@@ -193,17 +193,12 @@ GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_runs.json").read_tex
 
 @pytest.fixture(scope="module")
 def h200_records():
-    from kdalab.experiments.inverse import run_group
-    from kdalab.experiments.sweep import seed_reproduction_runs
-    from kdalab.kda.recipe import SEED
+    """The runs exactly as `kdalab reproduce --accumulation h200` makes them: the pipeline builds
+    L with the H200's SGEMM order (`fp32_companion`) because the inverse runs on an H200 model."""
+    from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
 
-    recipe = SEED.with_(name="seed-h200", l_accumulation="h200-sgemm")
-    groups: dict = {}
-    for s in seed_reproduction_runs():
-        groups.setdefault(s.chunk, []).append(s)
-    recs = []
-    for chunk, specs in sorted(groups.items()):
-        recs += run_group(specs, ["h200"], recipe=recipe)
+    recs = run_sweep(seed_reproduction_runs(), ["h200"])
+    assert {r["l_accumulation"] for r in recs} == {"h200-sgemm"}
     return recs
 
 
