@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import exp2_ftz, get_accumulation, quantize, torch_cast
+from kdalab.arith import get_accumulation, quantize, torch_cast
 from kdalab.kda.recipe import Recipe, get_recipe
+from kdalab.kda.tiles import decay_factor, operand
 
 __all__ = ["LOG2E", "BOUNDARIES", "stable_l", "kernel_l", "KernelL", "boundary_log_decay"]
 
@@ -107,18 +108,12 @@ def kernel_l(
     g = _cumulative(log_decay, keys)
     rel = g - boundary_log_decay(g, boundary)  # G_i − G_b, float64
     if recipe.exp2_ftz:
-        rel2 = rel * LOG2E
-        decay = exp2_ftz(rel2)
-        inv_decay = exp2_ftz(-rel2)
-    else:
-        decay, inv_decay = torch.exp(rel), torch.exp(-rel)
-    decay = quantize(decay, recipe.scale_format)
-    inv_decay = quantize(inv_decay, recipe.scale_format)
-
+        rel = rel * LOG2E  # the kernels' base-2 exponent
+    decay = decay_factor(rel, recipe)
+    inv_decay = decay_factor(-rel, recipe)
     # The scaled operands: one rounding of the exact product to the operand format.
-    k = keys.double()
-    k_decayed = quantize(k * decay.double(), recipe.operand_format)
-    k_inverse = quantize(k * inv_decay.double(), recipe.operand_format)
+    k_decayed = operand(keys, decay, recipe.operand_format)
+    k_inverse = operand(keys, inv_decay, recipe.operand_format)
     acc = get_accumulation(recipe.l_accumulation)
     l = quantize(acc.matmul(k_decayed, k_inverse.transpose(-1, -2)), recipe.l_format)
     l = torch.tril(l, diagonal=-1)
