@@ -135,21 +135,20 @@ def test_unknown_format_is_a_clear_error(bad):
         get_format(bad)
 
 
-def _exact_nearest(x: float, fmt) -> float:
+def _exact_nearest(exact: Fraction, fmt) -> float:
     """Reference rounding with fractions: nearest representable, ties to even significand."""
-    if x == 0:
-        return x
-    fx = Fraction(x)
-    e = max(math.floor(math.log2(abs(x))), fmt.emin)
-    if Fraction(2) ** e > abs(fx):  # log2 rounding at binade edges
+    if exact == 0:
+        return 0.0
+    e = max(math.floor(math.log2(abs(float(exact)))), fmt.emin)
+    if Fraction(2) ** e > abs(exact):  # log2 rounding at binade edges
         e = max(e - 1, fmt.emin)
     q = Fraction(2) ** (e - fmt.man_bits)
-    n = fx / q
+    n = exact / q
     lo = math.floor(n)
     r = n - lo
     k = lo + 1 if (r > Fraction(1, 2) or (r == Fraction(1, 2) and lo % 2 == 1)) else lo
     val = k * q
-    return math.copysign(math.inf, x) if abs(val) > fmt.max else float(val)
+    return math.copysign(math.inf, exact) if abs(val) > fmt.max else float(val)
 
 
 @settings(max_examples=300, deadline=None)
@@ -160,7 +159,7 @@ def test_round_to_is_correct_rounding(x, name):
     if fmt.overflow != "inf":
         fmt = get_format((fmt.exp_bits, fmt.man_bits))  # IEEE-style twin for the reference
     got = round_to(torch.tensor([x], dtype=torch.float64), fmt).item()
-    assert got == _exact_nearest(x, fmt)
+    assert got == _exact_nearest(Fraction(x), fmt)
     if fmt.torch_dtype is not None:
         assert round_to_generic(torch.tensor([x], dtype=torch.float64), fmt).item() == got
 
@@ -183,22 +182,7 @@ def test_residual_breaks_ties_only(x, sign):
     fmt = FP16
     r = round_to(torch.tensor([x], dtype=torch.float64), fmt,
                  residual=torch.tensor([sign * 2.0**-60], dtype=torch.float64)).item()
-    assert r == _exact_nearest_with_residual(x, sign * 2.0**-60, fmt)
-
-
-def _exact_nearest_with_residual(x: float, res: float, fmt) -> float:
-    fx = Fraction(x) + Fraction(res)
-    if fx == 0:
-        return 0.0
-    e = max(math.floor(math.log2(abs(fx))), fmt.emin)
-    if Fraction(2) ** e > abs(fx):
-        e = max(e - 1, fmt.emin)
-    q = Fraction(2) ** (e - fmt.man_bits)
-    n = fx / q
-    lo = math.floor(n)
-    r = n - lo
-    k = lo + 1 if (r > Fraction(1, 2) or (r == Fraction(1, 2) and lo % 2 == 1)) else lo
-    return float(k * q)
+    assert r == _exact_nearest(Fraction(x) + Fraction(sign * 2.0**-60), fmt)
 
 
 def test_fp64_format_is_identity():

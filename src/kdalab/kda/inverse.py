@@ -67,11 +67,8 @@ def neumann_inverse(
     (as the seed's ``(inv + mm(inv, power)).half()``: for fp16 storage, torch adds in float32 and
     rounds to fp16).
     """
-    _check_square(l)
-    model = get_accumulation(accumulation)
-    fmt = get_format(fmt) if fmt is not None else _format_of(l)
+    l, model, fmt = _setup(l, accumulation, fmt)
     n = l.shape[-1]
-    l = quantize(l, fmt)
     eye = torch.eye(n, dtype=l.dtype, device=l.device)
     inv = quantize(eye - l, fmt)  # exact: 1 − 0 on the diagonal, 0 − L_ij below it
     power = l
@@ -84,6 +81,13 @@ def neumann_inverse(
         power_max = torch.where(pm > power_max, pm, power_max)  # Python's max(): NaN-sticky
         inv = _add(inv, quantize(model.matmul(inv, power), fmt), fmt)
     return NeumannResult(inverse=inv, highest_power=exponent, power_max=power_max)
+
+
+def _setup(l: torch.Tensor, accumulation, fmt) -> tuple[torch.Tensor, AccumulationModel, Format]:
+    """Check L, resolve the model and the storage format (default: L's own), store L in it."""
+    _check_square(l)
+    fmt = get_format(fmt) if fmt is not None else _format_of(l)
+    return quantize(l, fmt), get_accumulation(accumulation), fmt
 
 
 def _format_of(t: torch.Tensor) -> Format:
@@ -111,11 +115,8 @@ def forward_substitution(
 
     Each row's dot products run under ``accumulation``; rows are stored in ``fmt``.
     """
-    _check_square(l)
-    model = get_accumulation(accumulation)
-    fmt = get_format(fmt) if fmt is not None else _format_of(l)
+    l, model, fmt = _setup(l, accumulation, fmt)
     n = l.shape[-1]
-    l = quantize(l, fmt)
     eye = torch.eye(n, dtype=torch.float64, device=l.device)
     rows = [quantize(eye[0].expand(l.shape[:-2] + (n,)).clone(), fmt)]
     for i in range(1, n):

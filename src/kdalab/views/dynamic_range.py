@@ -70,6 +70,24 @@ def _matrix(sub: pd.DataFrame, column: str, lbs, chunks, agg="max") -> np.ndarra
     return piv.to_numpy(dtype=float)
 
 
+def _dress_panel(ax, lbs, fmt, boundary, exp2_ftz, chunks, xe, *, first_row, first_col,
+                 last_row) -> None:
+    """The calculator's line, axes scales and limits, and the labels of a grid's edge panels."""
+    _overlay(ax, lbs, fmt, boundary, exp2_ftz, chunks.max())
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(xe[0], xe[-1])
+    ax.set_ylim(len(lbs) - 0.5, -0.5)
+    if first_row:
+        ax.set_title(boundary)
+    if first_col:
+        ax.set_ylabel(f"{fmt}\nlower bound")
+        step = max(1, len(lbs) // 8)
+        ax.set_yticks(range(0, len(lbs), step))
+        ax.set_yticklabels([f"{lbs[i]:g}" for i in range(0, len(lbs), step)])
+    if last_row:
+        ax.set_xlabel("chunk C")
+
+
 def plot_phase_diagram(records: list[dict] | pd.DataFrame, *, family: str = "floor",
                        exp2_ftz: bool = True):
     """Rows: formats; columns: boundaries; cells: the worst status over the family's runs."""
@@ -91,19 +109,8 @@ def plot_phase_diagram(records: list[dict] | pd.DataFrame, *, family: str = "flo
                         chunks)
             ax.pcolormesh(xe, np.arange(len(lbs) + 1) - 0.5, np.ma.masked_invalid(m),
                           cmap=cmap, norm=norm, rasterized=True)
-            _overlay(ax, lbs, fmt, b, exp2_ftz, chunks.max())
-            ax.set_xscale("log", base=2)
-            ax.set_xlim(xe[0], xe[-1])
-            ax.set_ylim(len(lbs) - 0.5, -0.5)
-            if r == 0:
-                ax.set_title(b)
-            if c == 0:
-                ax.set_ylabel(f"{fmt}\nlower bound")
-                step = max(1, len(lbs) // 8)
-                ax.set_yticks(range(0, len(lbs), step))
-                ax.set_yticklabels([f"{lbs[i]:g}" for i in range(0, len(lbs), step)])
-            if r == len(formats) - 1:
-                ax.set_xlabel("chunk C")
+            _dress_panel(ax, lbs, fmt, b, exp2_ftz, chunks, xe, first_row=r == 0,
+                         first_col=c == 0, last_row=r == len(formats) - 1)
     handles = [plt.Rectangle((0, 0), 1, 1, color=col) for col in _COLORS]
     line = plt.Line2D([], [], color="black", lw=1.6)
     dline = plt.Line2D([], [], color="gray", lw=1.2, ls="--")
@@ -145,19 +152,8 @@ def plot_error_heatmap(records: list[dict] | pd.DataFrame, column: str, *,
             z[bad > 0] = np.nan
             mesh = ax.pcolormesh(xe, np.arange(len(lbs) + 1) - 0.5, np.ma.masked_invalid(z),
                                  cmap=cmap, vmin=lo, vmax=hi, rasterized=True)
-            _overlay(ax, lbs, fmt, b, exp2_ftz, chunks.max())
-            ax.set_xscale("log", base=2)
-            ax.set_xlim(xe[0], xe[-1])
-            ax.set_ylim(len(lbs) - 0.5, -0.5)
-            if r == 0:
-                ax.set_title(b)
-            if c == 0:
-                ax.set_ylabel(f"{fmt}\nlower bound")
-                step = max(1, len(lbs) // 8)
-                ax.set_yticks(range(0, len(lbs), step))
-                ax.set_yticklabels([f"{lbs[i]:g}" for i in range(0, len(lbs), step)])
-            if r == len(formats) - 1:
-                ax.set_xlabel("chunk C")
+            _dress_panel(ax, lbs, fmt, b, exp2_ftz, chunks, xe, first_row=r == 0,
+                         first_col=c == 0, last_row=r == len(formats) - 1)
     fig.suptitle(f"log10 {column}, {family} inputs (black: non-finite; line: calculator "
                  "max_chunk)", fontsize=11)
     fig.tight_layout(rect=(0, 0, 0.92, 0.97))
