@@ -38,22 +38,25 @@ D = 128
 
 
 SWEEP = {
-    "t_fp32ops": KernelConfig(operands="fp32"),
-    "t_bf16": KernelConfig(dot="bf16"),
+    # the stage-2 loads: hand-pipelined (prefetch, default) or issued in the step
+    "t_nopf": KernelConfig(prefetch=False),
+    "t_w8": KernelConfig(num_warps=8),
     "t_bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "t_bv32": KernelConfig(block_v=32),
-    "t_bf16_bv32": KernelConfig(dot="bf16", block_v=32),
+    "t_bf16": KernelConfig(dot="bf16"),
+    "t_bf16_nopf": KernelConfig(dot="bf16", prefetch=False),
+    "t_bf16_w8": KernelConfig(dot="bf16", num_warps=8),
+    "t_bf16_bv128_w8": KernelConfig(dot="bf16", block_v=128, num_warps=8),
     "kv_bv64_w8": KernelConfig(variant="kv", block_v=64, num_warps=8),
+    # 64-token steps (experimental; spill registers on sm_90, scripts/sm90_report.py)
     "s64_kv_bv64": KernelConfig(step=64, variant="kv", block_v=64),
-    "s64_kv_bv32": KernelConfig(step=64, variant="kv", block_v=32),
-    "s64_t_bv64": KernelConfig(step=64),
 }
 ACCURACY_CONFIGS = {
     "default": KernelConfig(),
     "inv_fp16": KernelConfig(inverse="fp16"),
     "t_bf16": KernelConfig(dot="bf16"),
-    "s64_kv": KernelConfig(step=64, variant="kv", block_v=64),
 }
+STAGE_CONFIGS = ("default", "t_nopf", "t_bf16", "t_bf16_nopf")
 
 
 def _fla():
@@ -135,8 +138,8 @@ def speed(chunk_kda, copy_bw, configs):
     return rows
 
 
-def stage_times(config):
-    """Stage 1 and stage 2 alone (H=64, fixed length), to see where the time goes."""
+def stage_times(configs):
+    """Stage 1 and stage 2 alone (fixed length), to see where the time goes."""
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare
     from kdalab.kernels.chunk_recurrent_t import chunk_kda_recurrent_t
     out = {}
@@ -144,24 +147,30 @@ def stage_times(config):
         x, kw, _ = inputs("model_like", H, False)
         q, k, v, g, beta = x
         nc = T_TOTAL // 16
+        for name, config in configs.items():
+            if config.variant != "t" or config.step != 16:
+                continue
+            bf16 = config.dot == "bf16"
 
-        def s1():
-            return chunk_kda_prepare(q, k, g, beta, kw["A_log"], kw["dt_bias"], scale=D ** -0.5,
-                                     lower_bound=LOWER_BOUND, use_qk_l2norm=True,
-                                     beta_is_logits=True, cu_seqlens=None, chunk_table=None,
-                                     num_chunks=nc,
-                                     operand_dtype=torch.float16,
-                                     fp16_inverse=config.inverse == "fp16")
-        ops = s1()
+            def s1(config=config, bf16=bf16):
+                return chunk_kda_prepare(
+                    q, k, g, beta, kw["A_log"], kw["dt_bias"], scale=D ** -0.5,
+                    lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
+                    cu_seqlens=None, chunk_table=None, num_chunks=nc,
+                    operand_dtype=torch.bfloat16 if bf16 else torch.float16,
+                    fp16_inverse=config.inverse == "fp16")
+            ops = s1()
 
-        def s2():
-            return chunk_kda_recurrent_t(v, *ops, initial_state=None, final_state=None,
-                                         state_vk=False, cu_seqlens=None, chunk_offsets=None,
-                                         num_seqs=1, block_v=config.block_v,
-                                         num_warps=config.num_warps,
-                                         num_stages=config.num_stages)
-        out[H] = dict(stage1_ms=bench(s1), stage2_ms=bench(s2))
-        print(json.dumps(dict(H=H, **out[H])), flush=True)
+            def s2(config=config, bf16=bf16, ops=ops):
+                return chunk_kda_recurrent_t(
+                    v, *ops, initial_state=None, final_state=None, state_vk=False,
+                    cu_seqlens=None, chunk_offsets=None, num_seqs=1, block_v=config.block_v,
+                    num_warps=config.num_warps, num_stages=config.num_stages, dot_bf16=bf16,
+                    prefetch=config.prefetch)
+            row = dict(H=H, config=name, stage1_ms=bench(s1), stage2_ms=bench(s2))
+            row["stage2_us_per_step"] = 1e3 * row["stage2_ms"] / nc
+            out[f"{H}/{name}"] = row
+            print(json.dumps(row), flush=True)
     return out
 
 
@@ -218,7 +227,8 @@ def main():
     if args.accuracy:
         result["accuracy"] = accuracy(chunk_kda)
     if args.stages:
-        result["stages"] = stage_times(KernelConfig())
+        known = {"default": KernelConfig(), **SWEEP}
+        result["stages"] = stage_times({n: known[n] for n in STAGE_CONFIGS})
     print("\n H  varlen  kdalab_ms (config)       fla_ms  speedup  GB/s  of_copy_bw")
     for r in result["speed"]:
         print(f"{r['H']:3d}  {str(r['varlen']):6s}  {r['kdalab_ms']:.3f} ({r['kdalab_config']:11s})"

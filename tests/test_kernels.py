@@ -196,8 +196,9 @@ def test_interp_fp16_inverse():
 @interp
 @pytest.mark.parametrize("config", [
     KernelConfig(variant="kv", block_v=32), KernelConfig(operands="fp32"),
-    KernelConfig(block_v=16), KernelConfig(block_v=128, num_warps=8)],
-    ids=["kv", "fp32_operands", "bv16", "bv128"])
+    KernelConfig(block_v=16), KernelConfig(block_v=128, num_warps=8),
+    KernelConfig(prefetch=False)],
+    ids=["kv", "fp32_operands", "bv16", "bv128", "no_prefetch"])
 def test_interp_recurrent_variants(config):
     # (the bf16-product variant is checked on the GPU only: triton 3.9's interpreter returns
     # garbage for bf16 tl.dot, ~1e10 off on a 16x16 product, 2026-11-29)
@@ -218,6 +219,17 @@ def test_interp_step64(family, variant):
     eo, es = _run(family, 1, 150, 1, 32, v_dtype=torch.float32, h0=True, config=config,
                   cu_seqlens=[0, 5, 21, 21, 70, 150])
     assert eo < TOL_FP32 and es < TOL_FP32, (eo, es)
+
+
+@interp
+def test_interp_prefetch_is_bit_identical():
+    # the hand-pipelined loads only move loads earlier: same products in the same order
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 83, 2, 32)
+    h0 = torch.randn(1, 2, 32, 32, generator=torch.Generator().manual_seed(1))
+    out = [chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias,
+                         initial_state=h0, output_final_state=True,
+                         config=KernelConfig(prefetch=p)) for p in (True, False)]
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
 @interp
@@ -365,6 +377,18 @@ def test_gpu_step64(family):
     config = KernelConfig(step=64, variant="kv", block_v=64)
     eo, es = _run(family, 1, 8192, 2, 128, device="cuda", h0=True, cu_seqlens=cu, config=config)
     assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
+
+
+@gpu
+@pytest.mark.parametrize("dot", ["tf32", "bf16"])
+def test_gpu_prefetch_is_bit_identical(dot):
+    # hand-pipelined loads (default) against loads in the step: the same products, same bits
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 3000, 4, 128, device="cuda")
+    cu = torch.tensor([0, 1000, 1017, 3000], device="cuda")
+    out = [chunk_kda_fwd(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu,
+                         output_final_state=True, config=KernelConfig(dot=dot, prefetch=p))
+           for p in (True, False)]
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
 @gpu

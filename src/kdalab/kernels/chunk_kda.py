@@ -37,6 +37,7 @@ class KernelConfig:
     dot: str = "tf32"         # recurrent products: "tf32" or "bf16"
     operands: str = "fp16"    # storage of stage-1 operands with dot="tf32": "fp16" or "fp32"
     step: int = 16            # tokens per recurrent step: 16, or 64 (experimental, untimed)
+    prefetch: bool = True     # "t" form: load chunk i+1's operands while chunk i computes
     block_v: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -224,7 +225,7 @@ def chunk_kda_fwd(
                   num_stages=config.num_stages, chunk=step)
     if config.variant == "t":
         o = chunk_kda_recurrent_t(v, w, qg, kend, ainv, mqk, gamma, **launch,
-                                  dot_bf16=config.dot == "bf16")
+                                  dot_bf16=config.dot == "bf16", prefetch=config.prefetch)
     else:
         o = chunk_kda_recurrent(v, w, qg, kend, ainv, mqk, gamma, **launch)
     return o, final_state

@@ -21,6 +21,32 @@ CHUNK = 16
 
 
 @triton.jit
+def _load_chunk_t(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                  bos, eos, c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t,
+                  H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+                  DT: tl.constexpr):
+    """Operands of chunk i_t in the transposed form (zeros past the sequence's end)."""
+    rows = bos + i_t * BT + o_r
+    r_ok = rows < eos
+    # tensor masks built from tensors: the interpreter rejects scalar ones
+    c_ok = (bos + i_t * BT + o_r * 0) < eos
+    m_cc = c_ok[:, None] & c_ok[None, :]
+    m_g = (bos + i_t * BT + o_k * 0) < eos
+    offs_kt = (rows[None, :] * H + i_h) * K + o_k[:, None]      # [K, 16]
+    offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]       # [16, K]
+    offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]      # [BV, 16]
+    cc = (c0 + i_t) * H + i_h
+    wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
+    qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
+    kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
+    vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0).to(DT)
+    ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
+    mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
+    gamma = tl.load(gamma_ptr + cc * K + o_k, mask=m_g, other=0.0)
+    return wt, qgt, kend, vt, ainvt, mqkt, gamma
+
+
+@triton.jit
 def chunk_kda_recurrent_t_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr,
@@ -28,7 +54,7 @@ def chunk_kda_recurrent_t_kernel(
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_VK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DT: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
@@ -60,21 +86,25 @@ def chunk_kda_recurrent_t_kernel(
 
     # transposed views: element (c, r) of X^T is X[r, c]
     o_cc_t = o_r[None, :] * BT + o_r[:, None]
+    if PREFETCH:
+        # Hand-pipelined: chunk i+1's operands are loaded before chunk i is computed, so their
+        # global-memory latency hides behind the serial chain S^T W^T -> U^T -> U^T KEND -> S^T
+        # (triton does not turn these loads into asynchronous copies: no cp.async in the TTGIR).
+        wt, qgt, kend, vt, ainvt, mqkt, gamma = _load_chunk_t(
+            v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0, i_h,
+            o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
     for i_t in range(0, n_chunks):
+        if PREFETCH:
+            nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma = _load_chunk_t(
+                v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0,
+                i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
+        else:
+            wt, qgt, kend, vt, ainvt, mqkt, gamma = _load_chunk_t(
+                v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0,
+                i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
         rows = bos + i_t * BT + o_r
-        r_ok = rows < eos
-        offs_kt = (rows[None, :] * H + i_h) * K + o_k[:, None]      # [K, 16]
-        offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]       # [16, K]
         offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]      # [BV, 16]
-        m_vt = v_ok[:, None] & r_ok[None, :]
-        cc = (c0 + i_t) * H + i_h
-        wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
-        qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
-        kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
-        vt = tl.load(v_ptr + offs_vt, mask=m_vt, other=0.0).to(DT)
-        ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t).to(DT)
-        mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t).to(DT)
-        gamma = tl.load(gamma_ptr + cc * K + o_k)
+        m_vt = v_ok[:, None] & (rows < eos)[None, :]
 
         Sd = St.to(DT)
         ut = tl.dot(vt, ainvt, input_precision="tf32") - tl.dot(Sd, wt, input_precision="tf32")
@@ -82,6 +112,8 @@ def chunk_kda_recurrent_t_kernel(
         ot = tl.dot(Sd, qgt, input_precision="tf32") + tl.dot(ud, mqkt, input_precision="tf32")
         tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty), mask=m_vt)
         St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
+        if PREFETCH:
+            wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
 
     if STORE_HT:
         tl.store(ht_ptr + s_base + s_offs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
@@ -90,7 +122,7 @@ def chunk_kda_recurrent_t_kernel(
 def chunk_kda_recurrent_t(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk,
     cu_seqlens, chunk_offsets, num_seqs, block_v=64, num_warps=4, num_stages=2, dot_bf16=False,
-    chunk=CHUNK,
+    chunk=CHUNK, prefetch=True,
 ):
     """Launch the transposed stage 2; same contract as ``chunk_kda_recurrent``."""
     import torch
@@ -111,7 +143,7 @@ def chunk_kda_recurrent_t(
         H=H, K=K, V=V, BT=chunk, BV=bv,
         HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
-        DT=tl.bfloat16 if dot_bf16 else tl.float32,
+        DT=tl.bfloat16 if dot_bf16 else tl.float32, PREFETCH=prefetch,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o
