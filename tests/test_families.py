@@ -1,0 +1,63 @@
+"""The batched input draws equal the seed document's per-run ``make_inputs``, bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdalab.experiments.families import FAMILIES, make_inputs, make_inputs_batch
+from kdalab.experiments.inverse import RunSpec
+
+
+def seed_make_inputs(family, chunk, dim, seed, lower_bound):
+    """The seed document's make_inputs (its code, as kdalab first reproduced it)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    if family == "weak_decay_correlated":
+        key = torch.randn(1, dim, dtype=torch.float64, generator=gen)
+        key = key / key.norm(dim=-1, keepdim=True)
+        keys = key.expand(chunk, -1)
+        log_decay = torch.full((chunk,), -0.01, dtype=torch.float64)
+        beta = torch.full((chunk,), 0.5, dtype=torch.float64)
+    else:
+        keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
+        keys = keys / keys.norm(dim=-1, keepdim=True)
+        if family == "floor":
+            log_decay = torch.full((chunk,), lower_bound, dtype=torch.float64)
+        else:
+            gate = torch.randn(chunk, dtype=torch.float64, generator=gen)
+            log_decay = lower_bound * torch.sigmoid(gate)
+        beta = torch.sigmoid(torch.randn(chunk, dtype=torch.float64, generator=gen))
+    return keys.to(torch.bfloat16), log_decay, beta
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 16, 17, 48])
+@pytest.mark.parametrize("workers", [1, 3])
+def test_batch_equals_the_seed_per_run_draws(chunk, workers):
+    dim = 128 if chunk != 5 else 7
+    runs = [RunSpec.make(f, chunk, s, dim, lb)
+            for f in FAMILIES for s in range(6) for lb in (-5.0, -0.7)]
+    runs = list(dict.fromkeys(runs))  # families without a lower bound run once
+    batch = make_inputs_batch(runs, workers=workers)
+    assert batch.keys.shape == (len(runs), chunk, dim)
+    for i, r in enumerate(runs):
+        lb = -5.0 if r.lower_bound is None else r.lower_bound
+        want = seed_make_inputs(r.family, chunk, dim, r.seed, lb)
+        one = make_inputs(r.family, chunk, dim, r.seed, lb)
+        got = (batch.keys[i], batch.log_decay[i], batch.beta[i])
+        for w, g, o in zip(want, got, (one.keys, one.log_decay, one.beta)):
+            assert _same(g, w), (r, i)
+            assert _same(o, w), r
+
+
+def test_batch_checks_its_runs():
+    with pytest.raises(ValueError, match="one chunk size"):
+        make_inputs_batch([RunSpec.make("floor", 4, 0, 8, -5.0),
+                           RunSpec.make("floor", 5, 0, 8, -5.0)])
+    with pytest.raises(ValueError, match="at least one"):
+        make_inputs_batch([])
+    with pytest.raises(ValueError, match="lower_bound"):
+        make_inputs("floor", 4, 8, 0, 1.0)
