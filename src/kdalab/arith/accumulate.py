@@ -142,6 +142,8 @@ class Fp16OnceAccumulation:
         out = round_to(torch.matmul(ad, bd), FP16).half()
         bound = torch.matmul(ad.abs(), bd.abs())  # nan/inf where an operand is
         ok = (bound < 32.0).flatten(-2).all(-1)
+        if out.is_cuda:  # no branch on the data (reading ok back would wait for the GPU)
+            return torch.where(ok[..., None, None], out, _fp16_once_limbs(a, b))
         if bool(ok.all()):
             return out
         batch = out.shape[:-2]

@@ -177,11 +177,12 @@ def get_format(spec: str | Format | tuple[int, int]) -> Format:
     return fmt.with_subnormals(False) if ftz else fmt
 
 
-def pow2(n: torch.Tensor) -> torch.Tensor:
+def pow2(n: torch.Tensor, *, check: bool = True) -> torch.Tensor:
     """2**n as float64 for integer n in [-1022, 1023], built from its bit pattern: exact on every
-    device (torch.ldexp on CUDA goes through pow and is not)."""
+    device (torch.ldexp on CUDA goes through pow and is not). ``check=False`` skips the range
+    check (it reads the data: on CUDA, a wait for the GPU) where the range is certain."""
     n = n.to(torch.int64)
-    if bool(((n < -1022) | (n > 1023)).any()):
+    if check and bool(((n < -1022) | (n > 1023)).any()):
         raise ValueError("pow2: exponent outside the normal float64 range")
     return ((n + 1023) << 52).view(torch.float64)
 
@@ -261,7 +262,9 @@ def round_to_generic(
     xs = torch.where(finite, xd, torch.zeros_like(xd))
     e = torch.clamp(_binade(xs), min=fmt.emin)
     quantum_exp = (e - fmt.man_bits).clamp(min=-1022)  # fp64 targets never get here
-    y = xs * pow2(-quantum_exp)  # exact: scaling by a power of two
+    # e <= 1023 (xs finite): ±quantum_exp lie in pow2's range unless man_bits == 0
+    check = fmt.man_bits == 0
+    y = xs * pow2(-quantum_exp, check=check)  # exact: scaling by a power of two
     r = torch.round(y)  # half to even
     if residual is not None:
         fl = torch.floor(y)
@@ -269,7 +272,7 @@ def round_to_generic(
         res = residual.double().expand_as(y)
         r = torch.where(tie & (res > 0), fl + 1, r)
         r = torch.where(tie & (res < 0), fl, r)
-    out = r * pow2(quantum_exp)
+    out = r * pow2(quantum_exp, check=check)
     if not fmt.subnormals:
         out = torch.where(out.abs() < fmt.tiny, torch.copysign(torch.zeros_like(out), xs), out)
     out = torch.where(finite, out, xd)  # inf and nan pass through, then overflow rules apply
