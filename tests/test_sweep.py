@@ -110,6 +110,44 @@ def test_interrupted_sweep_keeps_written_records(tmp_path):
     assert {r["chunk"] for r in kept} == {4, 8}
 
 
+def test_pipelined_sweep_keeps_order_and_records(monkeypatch):
+    # The CUDA pipeline (next batch drawn and queued before this one is collected), run on CPU.
+    import kdalab.experiments.sweep as sweep
+
+    runs = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
+                       chunks=(3, 8), seeds=(0, 1, 2, 3, 4), dims=(16,)).runs()
+    plain = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4)
+    monkeypatch.setattr(sweep, "_pipelined", lambda device: True)
+    sunk, seen = [], []
+    piped = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4, workers=2,
+                      sink=lambda recs: sunk.extend(recs),
+                      progress=lambda done, total: seen.append((done, total)))
+    assert json.dumps(piped) == json.dumps(plain) == json.dumps(sunk)
+    assert [d for d, _ in seen] == sorted({d for d, _ in seen}) and seen[-1] == (30, 30)
+    assert len(seen) == 8  # 15 runs of each chunk in batches of 4
+
+
+def test_interrupted_pipelined_sweep_keeps_written_records(tmp_path, monkeypatch):
+    import kdalab.experiments.sweep as sweep
+
+    monkeypatch.setattr(sweep, "_pipelined", lambda device: True)
+    runs = SweepConfig(families=("floor",), chunks=(4, 8, 12), seeds=(0, 1)).runs()
+    calls = []
+
+    def sink(records):
+        writer.write(records)
+        calls.append(len(records))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+
+    writer = RecordWriter(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        with writer:
+            run_sweep(runs, ["fp16-seq"], sink=sink)
+    kept = read_records(tmp_path)
+    assert len(kept) == 4 and {r["chunk"] for r in kept} == {4, 8}
+
+
 def test_seed_tables_from_records():
     recs = run_sweep(seed_reproduction_runs(seeds=(0,), chunks=(8, 16)), ["fp16-seq"])
     tables = seed_tables(recs)

@@ -28,12 +28,17 @@ import torch
 
 from kdalab.arith import FP16, get_accumulation, rel_rmse, torch_cast
 from kdalab.arith.accumulate import for_device, fp32_companion
-from kdalab.experiments.families import USES_LOWER_BOUND, check_family, make_inputs
+from kdalab.experiments.families import (
+    USES_LOWER_BOUND,
+    ChunkInputs,
+    check_family,
+    make_inputs_batch,
+)
 from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import Recipe, get_recipe
 
-__all__ = ["RunSpec", "METRIC_KEYS", "KEY_FIELDS", "run_group"]
+__all__ = ["RunSpec", "METRIC_KEYS", "KEY_FIELDS", "run_group", "launch_group", "PendingGroup"]
 
 KEY_FIELDS = ("family", "lower_bound", "chunk", "seed", "dim", "accumulation", "l_accumulation")
 METRIC_KEYS = (
@@ -68,16 +73,74 @@ class RunSpec:
         return RunSpec(family, lb, int(chunk), int(seed), int(dim))
 
 
+#: Metrics that are counts or flags (ints in the records; carried as float64 until then).
+INT_METRICS = frozenset({"decay_zeros", "inv_decay_nonfinite", "l_finite", "inv_finite"})
+_TENSOR_METRICS = tuple(k for k in METRIC_KEYS
+                        if k not in ("highest_power", "stable_l_highest_power"))
+
+
 def run_group(
     specs: Sequence[RunSpec],
     accumulations: Sequence[str],
     *,
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
+    workers: int | None = None,
 ) -> list[dict]:
     """Run runs that share (chunk, dim) as one batch; one record per run and accumulation model."""
     if not specs:
         return []
+    return launch_group(specs, accumulations, recipe=recipe, device=device,
+                        workers=workers).collect()
+
+
+@dataclass
+class PendingGroup:
+    """A group whose device work is queued: :meth:`collect` waits for it and builds the records.
+
+    ``metrics`` is [models, metrics, runs] float64 on the device (``_TENSOR_METRICS`` order), so
+    collecting is one device→host copy.
+    """
+
+    specs: Sequence[RunSpec]
+    plans: list[tuple[str, str, int, int]]  # name, L model, highest_power, stable highest_power
+    metrics: torch.Tensor
+
+    def collect(self) -> list[dict]:
+        values = self.metrics.cpu().tolist()
+        records: list[dict] = []
+        n = len(self.specs)
+        for (name, l_acc, power, stable_power), rows in zip(self.plans, values):
+            columns = dict(zip(_TENSOR_METRICS, rows))
+            for key in INT_METRICS:
+                columns[key] = [int(v) for v in columns[key]]
+            columns["highest_power"] = [power] * n
+            columns["stable_l_highest_power"] = [stable_power] * n
+            ordered = [columns[key] for key in METRIC_KEYS]
+            for spec, metric_values in zip(self.specs, zip(*ordered)):
+                rec = {"family": spec.family, "lower_bound": spec.lower_bound,
+                       "chunk": spec.chunk, "seed": spec.seed, "dim": spec.dim,
+                       "accumulation": name, "l_accumulation": l_acc}
+                rec.update(zip(METRIC_KEYS, metric_values))
+                records.append(rec)
+        return records
+
+
+def launch_group(
+    specs: Sequence[RunSpec],
+    accumulations: Sequence[str],
+    *,
+    recipe: Recipe | str = "seed",
+    device: str | torch.device = "cpu",
+    workers: int | None = None,
+    inputs: ChunkInputs | None = None,
+) -> PendingGroup:
+    """Queue a group's work on ``device`` and return without waiting for it (on CUDA no step
+    here waits for the GPU). ``inputs``: the group's inputs if already drawn
+    (:func:`~kdalab.experiments.families.make_inputs_batch`), else drawn here on ``workers``
+    threads."""
+    if not specs:
+        raise ValueError("launch_group needs at least one run")
     chunk, dim = specs[0].chunk, specs[0].dim
     if any(s.chunk != chunk or s.dim != dim for s in specs):
         raise ValueError("run_group needs runs of one chunk size and one dim")
@@ -92,16 +155,14 @@ def run_group(
         l_acc = for_device(fp32_companion(name, recipe.l_accumulation), device)
         plans.append((name, get_accumulation(neumann), l_acc))
 
-    inputs = [make_inputs(s.family, s.chunk, s.dim, s.seed,
-                          s.lower_bound if s.lower_bound is not None else -5.0, device)
-              for s in specs]
-    keys = torch.stack([i.keys for i in inputs])
-    log_decay = torch.stack([i.log_decay for i in inputs])
-    beta = torch.stack([i.beta for i in inputs])
+    if inputs is None:
+        inputs = make_inputs_batch(specs, device, workers)
+    keys, log_decay, beta = inputs.keys, inputs.log_decay, inputs.beta
 
     eye = torch.eye(chunk, dtype=torch.float64, device=device)
     l_ref = stable_l(keys, log_decay, beta)
-    inv_ref = torch.linalg.inv(eye + l_ref)
+    # inv_ex: no error check, so no wait for the GPU (I + L is unit lower triangular: invertible)
+    inv_ref = torch.linalg.inv_ex(eye + l_ref).inverse
     l_stable_stored = torch_cast(l_ref, FP16).half()  # the seed's l_ref.half()
 
     kernel_ls: dict[str, dict] = {}  # per L accumulation model
@@ -114,14 +175,14 @@ def run_group(
         safe_l = torch.where(l_finite[:, None, None], kl.l.double(), torch.zeros_like(l_ref))
         kernel_ls[l_acc] = {
             "l": kl.l,
-            "inv_of_kernel_l": torch.linalg.inv(eye + safe_l),
+            "inv_of_kernel_l": torch.linalg.inv_ex(eye + safe_l).inverse,
             "decay_zeros": (kl.decay == 0).flatten(-2).sum(-1),
             "inv_decay_nonfinite": (~torch.isfinite(kl.inv_decay)).flatten(-2).sum(-1),
             "l_finite": l_finite,
             "l_rel_rmse": rel_rmse(kl.l, l_ref),
         }
 
-    records: list[dict] = []
+    stacked, plan_info = [], []
     for name, model, l_acc in plans:
         k = kernel_ls[l_acc]
         l_kernel, l_finite = k["l"], k["l_finite"]
@@ -132,8 +193,8 @@ def run_group(
         metrics = {
             "decay_zeros": k["decay_zeros"],
             "inv_decay_nonfinite": k["inv_decay_nonfinite"],
-            "l_finite": l_finite.to(torch.int64),
-            "inv_finite": torch.isfinite(kernel_inv).flatten(-2).all(-1).to(torch.int64),
+            "l_finite": l_finite,
+            "inv_finite": torch.isfinite(kernel_inv).flatten(-2).all(-1),
             "l_rel_rmse": k["l_rel_rmse"],
             "inv_total_rel_rmse": rel_rmse(kernel_inv, inv_ref),
             "inv_neumann_only_rel_rmse": torch.where(
@@ -144,18 +205,7 @@ def run_group(
             "kernel_power_max": kn.power_max,
             "stable_l_power_max": sn.power_max,
         }
-        metrics_py = {key: v.cpu().tolist() for key, v in metrics.items()}
-        for r, spec in enumerate(specs):
-            rec = {
-                "family": spec.family, "lower_bound": spec.lower_bound, "chunk": chunk,
-                "seed": spec.seed, "dim": dim, "accumulation": name, "l_accumulation": l_acc,
-            }
-            for key in METRIC_KEYS:
-                if key == "highest_power":
-                    rec[key] = kn.highest_power
-                elif key == "stable_l_highest_power":
-                    rec[key] = sn.highest_power
-                else:
-                    rec[key] = metrics_py[key][r]
-            records.append(rec)
-    return records
+        # counts and flags are exact in float64: one tensor, one copy back
+        stacked.append(torch.stack([metrics[key].to(torch.float64) for key in _TENSOR_METRICS]))
+        plan_info.append((name, l_acc, kn.highest_power, sn.highest_power))
+    return PendingGroup(specs, plan_info, torch.stack(stacked))

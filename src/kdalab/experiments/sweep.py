@@ -2,8 +2,8 @@
 
 A :class:`SweepConfig` names families × chunk sizes × seeds × dims × accumulation models (× lower
 bounds for the families that use one). :func:`run_sweep` groups the runs by (chunk, dim), runs each
-group as one batch (:func:`kdalab.experiments.inverse.run_group`) and hands every group's records
-to a sink as soon as they exist. Configurations load from TOML::
+group as one batch (:func:`kdalab.experiments.inverse.launch_group`) and hands every group's
+records to a sink as soon as they exist. Configurations load from TOML::
 
     families = ["floor", "model_like"]
     chunks = [4, 12, 16]
@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import tomllib
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from kdalab.arith import get_accumulation
-from kdalab.experiments.families import FAMILIES, check_family
-from kdalab.experiments.inverse import RunSpec, run_group
+from kdalab.experiments.families import FAMILIES, ChunkInputs, check_family, make_inputs_batch
+from kdalab.experiments.inverse import PendingGroup, RunSpec, launch_group
 
 __all__ = ["SweepConfig", "parse_int_list", "parse_float_list", "parse_name_list", "plan_runs",
            "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs"]
@@ -211,6 +212,10 @@ def seed_reproduction_runs(seeds: Sequence[int] = (0, 1, 2), dim: int = 128,
     return runs
 
 
+def _pipelined(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
 def run_sweep(
     runs: Sequence[RunSpec],
     accumulations: Sequence[str],
@@ -220,26 +225,63 @@ def run_sweep(
     sink: Callable[[list[dict]], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_batch: int = 512,
+    workers: int | None = None,
 ) -> list[dict]:
     """Run ``runs`` batched by (chunk, dim); return all records (in a fixed order).
 
     ``sink`` receives each batch's records as soon as they exist; ``progress(done, total)`` is
     called after each batch. Records do not depend on batching (tested), only on the run.
+    ``workers``: threads for the input draws (default one per core; see
+    :func:`~kdalab.experiments.families.make_inputs_batch`).
+
+    On CUDA the batches are pipelined: while the GPU computes batch n, the CPU draws the inputs
+    of batch n+1 (on a helper thread) and queues its work, then builds batch n's records; the
+    only wait for the GPU is each batch's one copy of its metrics back.
     """
     groups: dict[tuple[int, int], list[RunSpec]] = {}
     for spec in runs:
         groups.setdefault((spec.chunk, spec.dim), []).append(spec)
+    batches = [specs[start : start + max_batch]
+               for _, specs in sorted(groups.items())
+               for start in range(0, len(specs), max_batch)]
     total, done = len(runs), 0
     out: list[dict] = []
-    for key in sorted(groups):
-        specs = groups[key]
-        for start in range(0, len(specs), max_batch):
-            batch = specs[start : start + max_batch]
-            records = run_group(batch, accumulations, recipe=recipe, device=device)
-            if sink is not None:
-                sink(records)
-            out.extend(records)
-            done += len(batch)
-            if progress is not None:
-                progress(done, total)
+
+    def emit(pending: PendingGroup) -> None:
+        nonlocal done
+        records = pending.collect()
+        if sink is not None:
+            sink(records)
+        out.extend(records)
+        done += len(pending.specs)
+        if progress is not None:
+            progress(done, total)
+
+    def launch(batch: list[RunSpec], inputs: ChunkInputs | None = None) -> PendingGroup:
+        return launch_group(batch, accumulations, recipe=recipe, device=device, workers=workers,
+                            inputs=inputs)
+
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
+        device = torch.device("cuda", torch.cuda.current_device())
+    if not _pipelined(device) or len(batches) < 2:
+        for batch in batches:
+            emit(launch(batch))
+        return out
+    with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
+        draw = lambda batch: ahead.submit(make_inputs_batch, batch, device, workers)  # noqa: E731
+        next_inputs = draw(batches[0])
+        pending = None
+        try:
+            for i, batch in enumerate(batches):
+                inputs = next_inputs.result()
+                if i + 1 < len(batches):
+                    next_inputs = draw(batches[i + 1])
+                launched = launch(batch, inputs)
+                if pending is not None:
+                    emit(pending)
+                pending = launched
+            emit(pending)
+        finally:
+            next_inputs.cancel()
     return out
