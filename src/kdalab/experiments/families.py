@@ -14,6 +14,7 @@ seed's order, so kdalab's inputs are bit-identical to the seed code's:
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -99,7 +100,8 @@ def _draw_run(gen: torch.Generator, family: str, seed: int, keys: torch.Tensor,
     torch.sigmoid(torch.randn(chunk, dtype=torch.float64, generator=gen), out=beta)
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # reused: starting threads per batch costs
+_POOLS_LOCK = threading.Lock()
 
 
 def _cores() -> int:
@@ -111,9 +113,10 @@ def _cores() -> int:
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    if workers not in _POOLS:
-        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="kdalab-draw")
-    return _POOLS[workers]
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="kdalab-draw")
+        return _POOLS[workers]
 
 
 def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",

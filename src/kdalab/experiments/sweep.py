@@ -28,7 +28,7 @@ from kdalab.experiments.families import FAMILIES, ChunkInputs, check_family, mak
 from kdalab.experiments.inverse import PendingGroup, RunSpec, launch_group
 
 __all__ = ["SweepConfig", "parse_int_list", "parse_float_list", "parse_name_list", "plan_runs",
-           "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs"]
+           "plan_batches", "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs"]
 
 #: The chunk sizes of the seed document's three tables.
 SEED_TABLE_CHUNKS = {
@@ -212,6 +212,19 @@ def seed_reproduction_runs(seeds: Sequence[int] = (0, 1, 2), dim: int = 128,
     return runs
 
 
+def plan_batches(runs: Sequence[RunSpec], max_batch: int = 512) -> list[list[RunSpec]]:
+    """The batches :func:`run_sweep` runs, in its order: runs grouped by (chunk, dim), sorted,
+    each group cut into batches of at most ``max_batch``."""
+    if max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+    groups: dict[tuple[int, int], list[RunSpec]] = {}
+    for spec in runs:
+        groups.setdefault((spec.chunk, spec.dim), []).append(spec)
+    return [specs[start : start + max_batch]
+            for _, specs in sorted(groups.items())
+            for start in range(0, len(specs), max_batch)]
+
+
 def _pipelined(device: torch.device) -> bool:
     return device.type == "cuda"
 
@@ -238,12 +251,7 @@ def run_sweep(
     of batch n+1 (on a helper thread) and queues its work, then builds batch n's records; the
     only wait for the GPU is each batch's one copy of its metrics back.
     """
-    groups: dict[tuple[int, int], list[RunSpec]] = {}
-    for spec in runs:
-        groups.setdefault((spec.chunk, spec.dim), []).append(spec)
-    batches = [specs[start : start + max_batch]
-               for _, specs in sorted(groups.items())
-               for start in range(0, len(specs), max_batch)]
+    batches = plan_batches(runs, max_batch)
     total, done = len(runs), 0
     out: list[dict] = []
 
