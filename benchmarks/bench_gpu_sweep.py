@@ -1,42 +1,85 @@
 #!/usr/bin/env python3
 """kdalab's batched GPU sweep vs the seed's per-run loop, same runs, same process (run on a GPU).
 
-    PYTHONPATH=$PWD/src python3 benchmarks/bench_gpu_sweep.py \
-        [--seeds 256] [--loop-runs 96] [--out DIR]
+    PYTHONPATH=$PWD/src python3 benchmarks/bench_gpu_sweep.py \\
+        [--seeds 256] [--loop-runs 96] [--workers N] [--max-batch 512] [--profile] [--out DIR]
     python benchmarks/bench_gpu_sweep.py --cpu [--seeds 16]     # CPU models' sweep speed, no GPU
 
 Runs: the seed document's table configurations (3 families, their chunk sizes), seeds 0..S−1,
-dim 128. *Batched*: ``run_sweep`` on CUDA, every stage one launch per chunk group, the L GEMM on
-``gpu-h200-sgemm`` and the Neumann products on ``gpu-h200`` (equal bit for bit to the CPU models
-``h200-sgemm`` / ``h200``). *Per-run loop*: the seed's own ``run_one`` (its code, copied below),
-one ``cublasGemmEx`` call per product with a device synchronization before and after, as the seed
-does. Also checks that both give the same kernel inverse, bit for bit, on the looped runs.
+dim 128. *Batched*: kdalab's own ``run_sweep(device="cuda")`` — inputs drawn on CPU threads,
+every stage one launch per batch, batches pipelined, records built — timed whole, median of 3
+after a warm-up, for the Neumann models ``gpu-h200`` (== CPU ``h200``), ``gpu-h200-mma`` and
+``cublas-16f``, each with its own hardware's L (``gpu-h200-sgemm``; ``cublas-32f`` for
+``cublas-16f``). *Per-run loop*: the seed's own ``run_one`` (its code, copied below), one
+``cublasGemmEx`` call per product with a device synchronization before and after, as the seed
+does, on a spread subset of the runs. Speed-ups are against that loop, measured in the same run.
+Also checks that kdalab's batched ``kernel_l`` + ``neumann_inverse`` give the loop's kernel
+inverse bit for bit, and writes every run's L and inverse bits with the records' metrics
+(``gpu_sweep_bits.npz``; tests/test_tensorcore.py reads a subset).
+
+``--profile`` splits ``run_sweep``'s time on the device: input draws alone (1 thread and
+``--workers``), the queued GPU work alone with the inputs drawn beforehand (CPU queueing time,
+and the GPU's own time measured behind a sleep kernel), record building, and lists the host
+synchronizations of one short sweep (``torch.cuda.set_sync_debug_mode("warn")``).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import os
 import sys
 import time
+import warnings
 
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
 from kdalab.arith import gpu  # noqa: E402
-from kdalab.experiments.families import make_inputs  # noqa: E402
-from kdalab.experiments.sweep import SEED_TABLE_CHUNKS, plan_runs, run_sweep  # noqa: E402
+from kdalab.experiments.families import make_inputs_batch  # noqa: E402
+from kdalab.experiments.inverse import launch_group  # noqa: E402
+from kdalab.experiments.sweep import (  # noqa: E402
+    SEED_TABLE_CHUNKS,
+    plan_batches,
+    plan_runs,
+    run_sweep,
+)
 from kdalab.kda.intra import kernel_l  # noqa: E402
 from kdalab.kda.inverse import neumann_inverse  # noqa: E402
 from kdalab.kda.recipe import SEED  # noqa: E402
 
+DEVICE = "cuda"
 GPU_RECIPE = SEED.with_(name="seed-h200-gpu", l_accumulation="gpu-h200-sgemm")
+#: (label, accumulation name) of the batched paths; the first is the headline.
+MODELS = (("gpu-h200 (= h200)", "gpu-h200"),
+          ("gpu-h200-mma (FlashKDA mma.sync)", "gpu-h200-mma"),
+          ("cublas-16f (strided batched; L by cublas-32f)", "cublas-16f"))
 
-# --- the seed's run_one, verbatim in its arithmetic (CUDA path) -------------------------------
+# --- the seed's make_inputs and run_one, verbatim in their arithmetic (CUDA path) ------------
 LOG2E = math.log2(math.e)
+
+
+def seed_make_inputs(family, chunk, dim, seed, lower_bound=-5.0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    if family == "weak_decay_correlated":
+        key = torch.randn(1, dim, dtype=torch.float64, generator=gen)
+        key = key / key.norm(dim=-1, keepdim=True)
+        keys = key.expand(chunk, -1)
+        log_decay = torch.full((chunk,), -0.01, dtype=torch.float64)
+        beta = torch.full((chunk,), 0.5, dtype=torch.float64)
+    else:
+        keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
+        keys = keys / keys.norm(dim=-1, keepdim=True)
+        if family == "floor":
+            log_decay = torch.full((chunk,), lower_bound, dtype=torch.float64)
+        else:
+            gate = torch.randn(chunk, dtype=torch.float64, generator=gen)
+            log_decay = lower_bound * torch.sigmoid(gate)
+        beta = torch.sigmoid(torch.randn(chunk, dtype=torch.float64, generator=gen))
+    return keys.to(torch.bfloat16), log_decay, beta
 
 
 def _seed_mm(a, b):
@@ -104,140 +147,13 @@ def seed_run_one(keys, log_decay, beta):
     }
 
 
-# --- the seed's experiment, batched: per-run RNG draws only, every other op one tensor op -----
-
-def draw_inputs(specs):
-    """The seed's ``make_inputs`` for runs of one chunk size: keys bf16 [B, C, D], log_decay and
-    beta float64 [B, C], on the CPU. Only the random draws are per run (each run has its own
-    generator); normalization and casts are batched (bit-identical to the per-run code: tested)."""
-    chunk, dim = specs[0].chunk, specs[0].dim
-    raw_keys, raw_gate, raw_beta = [], [], []
-    for s in specs:
-        gen = torch.Generator(device="cpu").manual_seed(int(s.seed))
-        if s.family == "weak_decay_correlated":
-            raw_keys.append(torch.randn(1, dim, dtype=torch.float64, generator=gen)
-                            .expand(chunk, dim))
-            raw_gate.append(torch.zeros(chunk, dtype=torch.float64))
-            raw_beta.append(torch.zeros(chunk, dtype=torch.float64))
-        else:
-            raw_keys.append(torch.randn(chunk, dim, dtype=torch.float64, generator=gen))
-            # sigmoid per run: torch's CPU sigmoid rounds differently on short and long tensors
-            if s.family == "model_like":
-                raw_gate.append(torch.sigmoid(torch.randn(chunk, dtype=torch.float64,
-                                                          generator=gen)))
-            else:
-                raw_gate.append(torch.zeros(chunk, dtype=torch.float64))
-            raw_beta.append(torch.sigmoid(torch.randn(chunk, dtype=torch.float64,
-                                                      generator=gen)))
-    keys = torch.stack(raw_keys)
-    keys = keys / keys.norm(dim=-1, keepdim=True)
-    keys = keys.to(torch.float32).to(torch.bfloat16)  # torch's float64 -> bf16 goes via float32
-    fam = [s.family for s in specs]
-    weak = torch.tensor([f == "weak_decay_correlated" for f in fam])[:, None]
-    model = torch.tensor([f == "model_like" for f in fam])[:, None]
-    lb = torch.tensor([s.lower_bound if s.lower_bound is not None else -5.0 for s in specs],
-                      dtype=torch.float64)[:, None]
-    gate = torch.stack(raw_gate)
-    log_decay = torch.where(weak, torch.full_like(gate, -0.01),
-                            torch.where(model, lb * gate, lb.expand_as(gate)))
-    beta = torch.where(weak, torch.full_like(gate, 0.5), torch.stack(raw_beta))
-    return keys, log_decay, beta
-
-
-def _rel_rmse_b(actual, expected):
-    finite = torch.isfinite(actual).flatten(1).all(-1)
-    a = torch.where(torch.isfinite(actual), actual.double(), torch.zeros_like(expected))
-    error = (a - expected.double()).square().mean(dim=(-2, -1)).sqrt()
-    scale = expected.double().square().mean(dim=(-2, -1)).sqrt()
-    return torch.where(finite, error / (scale + 1e-30), torch.full_like(error, math.inf))
-
-
-def seed_sweep_batched(keys, log_decay, beta, inverse_model="gpu-h200",
-                       l_model="gpu-h200-sgemm"):
-    """The seed's run_one for a batch of runs of one chunk size, every stage one batched op.
-
-    Arithmetic operation for operation the seed's (float32 exp2 of the float64 exponent, rounded
-    once; bf16 scales and operands; L by ``l_model``; fp16 L times fp16 beta; Neumann by
-    ``inverse_model``), with only correctly rounded casts, so it equals the CPU emulation.
-    """
-    from kdalab.arith import get_accumulation
-
-    lm, im = get_accumulation(l_model), get_accumulation(inverse_model)
-    b, chunk, _ = keys.shape
-    dev = keys.device
-    eye = torch.eye(chunk, dtype=torch.float64, device=dev)
-    keys64 = keys.double()
-    cumsum = log_decay.cumsum(-1)
-    decay_ratio = torch.exp((cumsum[:, :, None] - cumsum[:, None, :]).clamp(max=0.0))
-    l_ref = torch.tril(keys64 @ keys64.transpose(-1, -2) * decay_ratio * beta[:, :, None], -1)
-    inv_ref = torch.linalg.inv(eye + l_ref)
-    c2 = (cumsum * LOG2E).float().double()
-    decay = torch.exp2(c2).float()  # float64 exp2, one rounding to float32
-    inv_decay = torch.exp2(-c2).float()
-    tiny = torch.finfo(torch.float32).tiny
-    decay = torch.where(decay < tiny, 0.0, decay).bfloat16()
-    inv_decay = torch.where(inv_decay < tiny, 0.0, inv_decay).bfloat16()
-    kd = keys * decay[:, :, None]
-    ki = keys * inv_decay[:, :, None]
-    l32 = lm.matmul(kd.float(), ki.float().transpose(-1, -2))
-    l_kernel = torch.tril(l32.half(), -1)
-    l_kernel = (l_kernel * beta.half()[:, :, None]).half()
-
-    def neumann(l):
-        inv = (torch.eye(chunk, dtype=torch.float16, device=dev) - l).half()
-        power, exponent = l, 1
-        pmax = l.abs().amax(dim=(-2, -1)).float()
-        while exponent * 2 < chunk:
-            power = im.matmul(power, power)
-            exponent *= 2
-            pmax = torch.maximum(pmax, power.abs().amax(dim=(-2, -1)).float())
-            inv = (inv + im.matmul(inv, power)).half()
-        return inv, exponent, pmax
-
-    stable_inv, _, stable_max = neumann(l_ref.half())
-    kernel_inv, power, kernel_max = neumann(l_kernel)
-    l_finite = torch.isfinite(l_kernel).flatten(1).all(-1)
-    safe = torch.where(l_finite[:, None, None], l_kernel.double(), torch.zeros_like(l_ref))
-    metrics = {
-        "decay_zeros": (decay == 0).sum(-1),
-        "inv_decay_nonfinite": (~torch.isfinite(inv_decay)).sum(-1),
-        "l_finite": l_finite.long(),
-        "inv_finite": torch.isfinite(kernel_inv).flatten(1).all(-1).long(),
-        "l_rel_rmse": _rel_rmse_b(l_kernel, l_ref),
-        "inv_total_rel_rmse": _rel_rmse_b(kernel_inv, inv_ref),
-        "inv_neumann_only_rel_rmse": torch.where(
-            l_finite, _rel_rmse_b(kernel_inv, torch.linalg.inv(eye + safe)),
-            torch.full_like(l_finite, math.inf, dtype=torch.float64)),
-        "inv_stable_l_rel_rmse": _rel_rmse_b(stable_inv, inv_ref),
-        "inverse_residual": _rel_rmse_b((eye + l_ref) @ kernel_inv.double(), eye.expand_as(l_ref)),
-        "kernel_power_max": kernel_max,
-        "stable_l_power_max": stable_max,
-    }
-    return l_kernel, kernel_inv, power, metrics
-
-
-def fast_sweep(runs, device, **models):
-    """All runs through :func:`seed_sweep_batched`, grouped by chunk size; inverse bits back."""
-    groups = {}
-    for s in runs:
-        groups.setdefault(s.chunk, []).append(s)
-    out = {}
-    for chunk, specs in sorted(groups.items()):
-        keys, log_decay, beta = draw_inputs(specs)
-        keys, log_decay, beta = (t.to(device, non_blocking=True) for t in (keys, log_decay, beta))
-        out[chunk] = (specs, seed_sweep_batched(keys, log_decay, beta, **models))
-    return out
-
-
-def batched_inverses(specs, device):
-    """Kernel L and its Neumann inverse for runs of one chunk size, via kdalab on ``device``."""
-    inputs = [make_inputs(s.family, s.chunk, s.dim, s.seed, -5.0, device) for s in specs]
-    keys = torch.stack([i.keys for i in inputs])
-    log_decay = torch.stack([i.log_decay for i in inputs])
-    beta = torch.stack([i.beta for i in inputs])
-    cpu = device == "cpu"
+def batched_inverses(specs, device, workers=None):
+    """Kernel L and its Neumann inverse for runs of one chunk size, via kdalab on ``device``
+    (L by h200-sgemm, Neumann by h200, or their GPU twins)."""
+    inp = make_inputs_batch(specs, device, workers)
+    cpu = torch.device(device).type == "cpu"
     recipe = SEED.with_(name="seed-h200", l_accumulation="h200-sgemm") if cpu else GPU_RECIPE
-    kl = kernel_l(keys, log_decay, beta, recipe)
+    kl = kernel_l(inp.keys, inp.log_decay, inp.beta, recipe)
     inv = neumann_inverse(kl.l, "h200" if cpu else "gpu-h200", recipe.inverse_format).inverse
     return kl.l, inv
 
@@ -260,8 +176,9 @@ def _time(fn, reps=3):
     return sorted(times)[len(times) // 2], times
 
 
-def cpu_models(seeds: int) -> None:
-    """run_sweep on the CPU: the H200 models against fp16-seq and fp16-once, 1 thread, best of 4."""
+def cpu_models(seeds: int, workers: int | None = None) -> None:
+    """run_sweep on the CPU: the H200 models against fp16-seq and fp16-once, 1 thread, best of 4
+    (input draws on ``workers`` threads)."""
     from kdalab.experiments.sweep import seed_reproduction_runs
 
     torch.set_num_threads(1)
@@ -270,12 +187,12 @@ def cpu_models(seeds: int) -> None:
     cfg = [("fp16-seq", "seed"), ("fp16-once", "seed"), ("h200", "seed"), ("h200-mma", "seed"),
            ("h200", h200_l)]
     for m, r in cfg:
-        run_sweep(runs[:16], [m], recipe=r)
+        run_sweep(runs[:16], [m], recipe=r, workers=workers)
     best: dict = {}
     for _ in range(4):
         for m, r in cfg:
             t0 = time.perf_counter()
-            run_sweep(runs, [m], recipe=r)
+            run_sweep(runs, [m], recipe=r, workers=workers)
             key = m + ("" if r == "seed" else " + L by h200-sgemm")
             best[key] = min(best.get(key, math.inf), time.perf_counter() - t0)
     print(f"{len(runs)} runs (seed tables, {seeds} seeds), CPU, 1 thread, best of 4")
@@ -283,51 +200,134 @@ def cpu_models(seeds: int) -> None:
         print(f"{k:<28} {t:7.2f} s {len(runs) / t:8.1f} runs/s")
 
 
+def sweep(runs, model, args):
+    return run_sweep(runs, [model], recipe=GPU_RECIPE, device=DEVICE, workers=args.workers,
+                     max_batch=args.max_batch)
+
+
+def profile(runs, model, args, result):
+    """Where ``run_sweep``'s time goes on this device, and which steps wait for the GPU."""
+    dev = DEVICE
+    n = len(runs)
+    batches = plan_batches(runs, args.max_batch)
+    prof = {"batches": len(batches), "max_batch": args.max_batch}
+    print(f"\nprofile of run_sweep, {model}: {n} runs in {len(batches)} batches "
+          f"(max_batch {args.max_batch}), {os.cpu_count()} CPUs")
+
+    def line(label, seconds, note=""):
+        prof[label] = seconds
+        print(f"  {label:<52} {seconds:8.3f} s {1e3 * seconds / n:8.4f} ms/run {note}")
+
+    def draws(workers):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = [make_inputs_batch(b, dev, workers) for b in batches]
+        torch.cuda.synchronize()
+        return out, time.perf_counter() - t0
+
+    workers_label = f"input draws alone, workers={args.workers or 'default'}"
+    for label, w in (("input draws alone, 1 thread", 1), (workers_label, args.workers)):
+        draws(w)
+        inputs, t = draws(w)
+        line(label, t)
+
+    def launch_all():
+        return [launch_group(b, [model], recipe=GPU_RECIPE, device=dev, inputs=i)
+                for b, i in zip(batches, inputs)]
+
+    launch_all()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    pending = launch_all()
+    line("GPU work, inputs drawn before: queueing (CPU)", time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    t_done = time.perf_counter() - t0
+    line("GPU work, inputs drawn before: queued and done", t_done)
+    try:  # the GPU's own time: each batch queued behind a sleep kernel, timed with events
+        sleep = int(3 * t_done / len(batches) * 2.0e9) + 10**7  # 3x a batch's queueing, 2 GHz
+        t_gpu = 0.0
+        for b, i in zip(batches, inputs):
+            start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+            torch.cuda._sleep(sleep)
+            start.record()
+            launch_group(b, [model], recipe=GPU_RECIPE, device=dev, inputs=i)
+            end.record()
+            end.synchronize()
+            t_gpu += start.elapsed_time(end) / 1e3
+        line("GPU's own time (each batch queued behind a sleep)", t_gpu)
+    except Exception as e:  # noqa: BLE001
+        print("  GPU's own time: not measured:", repr(e))
+    t0 = time.perf_counter()
+    records = [p.collect() for p in pending]
+    line("record building (with the copies back)", time.perf_counter() - t0,
+         f"({sum(map(len, records))} records)")
+    line("sum: draws (workers) + GPU work + records",
+         prof[workers_label] + t_done + prof["record building (with the copies back)"])
+
+    # host synchronizations of a short sweep (a few batches, pipelined)
+    short = [r for r in runs if r.chunk == runs[0].chunk][: 3 * 64]
+    sweep(short, model, args)  # warm
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            run_sweep(short, [model], recipe=GPU_RECIPE, device=dev, workers=args.workers,
+                      max_batch=64)  # returns after its last copy back: nothing left running
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = collections.Counter(
+        f"{os.path.relpath(w.filename)}:{w.lineno}: {str(w.message).splitlines()[0][:100]}"
+        for w in caught)
+    prof["host syncs (3 batches)"] = dict(syncs)
+    print(f"  host syncs of run_sweep over {len(short)} runs in 3 batches "
+          f"(set_sync_debug_mode('warn')): {sum(syncs.values())}")
+    for where, count in syncs.most_common():
+        print(f"    {count:4d} x {where}")
+    result["profile"] = prof
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=256)
     p.add_argument("--loop-runs", type=int, default=96)
+    p.add_argument("--workers", type=int, default=None,
+                   help="threads for the input draws (default: one per core)")
+    p.add_argument("--max-batch", type=int, default=512, help="run_sweep's max_batch")
+    p.add_argument("--profile", action="store_true", help="also split run_sweep's time")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--cpu", action="store_true", help="time the CPU models' sweeps instead")
     args = p.parse_args()
     if args.cpu:
-        cpu_models(args.seeds if args.seeds != 256 else 16)
+        cpu_models(args.seeds if args.seeds != 256 else 16, args.workers)
         return
     gpu.require_cuda("benchmarks/bench_gpu_sweep.py")
-    dev = "cuda"
+    dev = DEVICE
     runs = []
     for fam, chunks in SEED_TABLE_CHUNKS.items():
         runs += plan_runs([fam], chunks, range(args.seeds), [128], [-5.0])
     print(f"{len(runs)} runs ({len(SEED_TABLE_CHUNKS)} families, seed-table chunks, "
-          f"{args.seeds} seeds); {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+          f"{args.seeds} seeds); {torch.cuda.get_device_name(0)}, torch {torch.__version__}, "
+          f"{os.cpu_count()} CPUs")
     result = {"runs": len(runs), "device": torch.cuda.get_device_name(0),
-              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+              "workers": args.workers, "max_batch": args.max_batch}
 
+    # warm-up: every chunk size through every path (first calls compile and allocate)
     warm = list({r.chunk: r for r in runs}.values())
-    fast_sweep(warm, dev)
-    for spec in warm:
-        inp = make_inputs(spec.family, spec.chunk, spec.dim, spec.seed, -5.0, "cpu")
-        seed_run_one(inp.keys.to(dev), inp.log_decay.to(dev), inp.beta.to(dev))
+    for s in warm:
+        seed_run_one(*(t.to(dev) for t in seed_make_inputs(s.family, s.chunk, s.dim, s.seed)))
 
     rows = []
-    for label, models in (("gpu-h200 (= h200)", {}),
-                          ("gpu-h200-mma (FlashKDA mma.sync)", {"inverse_model": "gpu-h200-mma"}),
-                          ("cublas-16f (strided batched)", {"inverse_model": "cublas-16f"})):
-        fast_sweep(warm, dev, **models)
-        tb, times = _time(lambda: fast_sweep(runs, dev, **models))
-        rows.append((f"batched sweep, {label}", len(runs), tb))
-        result[f"batched {label}"] = times
-    res_fast = fast_sweep(runs, dev)
-    torch.cuda.synchronize()
-
-    try:  # the lead's pipeline on CUDA (run_sweep), for comparison
-        run_sweep(warm, ["gpu-h200"], recipe=GPU_RECIPE, device=dev)
-        tr, times = _time(lambda: run_sweep(runs, ["gpu-h200"], recipe=GPU_RECIPE, device=dev,
-                                            max_batch=1 << 16), reps=1)
-        rows.append(("kdalab run_sweep on cuda, gpu-h200", len(runs), tr))
-        result["run_sweep cuda"] = times
-    except Exception as e:  # noqa: BLE001
-        print("run_sweep on cuda failed:", repr(e))
+    records = None
+    for label, model in MODELS:
+        sweep(runs, model, args)  # warm at full size
+        out = []
+        tb, times = _time(lambda: out.append(sweep(runs, model, args)))
+        rows.append((f"kdalab run_sweep, {label}", len(runs), tb))
+        result[f"run_sweep {model}"] = times
+        if records is None:
+            records = out[-1]
 
     # the seed's loop, inputs drawn per run as its run_one does, on a spread subset of the runs
     step = max(1, len(runs) // args.loop_runs)
@@ -336,46 +336,57 @@ def main() -> None:
     t0 = time.perf_counter()
     loop_invs = []
     for s in loop_runs:
-        inp = make_inputs(s.family, s.chunk, s.dim, s.seed, -5.0, "cpu")
-        loop_invs.append(seed_run_one(inp.keys.to(dev), inp.log_decay.to(dev),
-                                      inp.beta.to(dev))[0])
+        keys, log_decay, beta = seed_make_inputs(s.family, s.chunk, s.dim, s.seed)
+        loop_invs.append(seed_run_one(keys.to(dev), log_decay.to(dev), beta.to(dev))[0])
     torch.cuda.synchronize()
     tl = time.perf_counter() - t0
     rows.append(("seed per-run loop (cublasGemmEx + sync)", len(loop_runs), tl))
     result["loop_runs"], result["loop_s"] = len(loop_runs), tl
 
-    index = {}
-    for chunk, (specs, (l, inv, _, _)) in res_fast.items():
-        for i, s in enumerate(specs):
-            index[s] = inv[i]
-    same = sum(_bits_equal(index[s], inv) for s, inv in zip(loop_runs, loop_invs))
-    result["loop_vs_batched_inverse_bit_identical"] = f"{same}/{len(loop_runs)}"
-
-    print(f"{'path':<48} {'runs':>6} {'seconds':>9} {'runs/s':>10} {'ms/run':>8}")
+    print(f"\n{'path':<64} {'runs':>6} {'seconds':>9} {'runs/s':>10} {'ms/run':>8}")
     for name, n, t in rows:
-        print(f"{name:<48} {n:>6} {t:>9.3f} {n / t:>10.1f} {1e3 * t / n:>8.4f}")
+        print(f"{name:<64} {n:>6} {t:>9.3f} {n / t:>10.1f} {1e3 * t / n:>8.4f}")
     loop_rate = len(loop_runs) / tl
     for name, n, t in rows[:-1]:
         result[f"speedup {name}"] = (n / t) / loop_rate
-        print(f"speed-up vs seed loop: {(n / t) / loop_rate:7.1f}x  {name}")
+        print(f"speed-up vs seed loop (same process): {(n / t) / loop_rate:7.1f}x  {name}")
+
+    # L and inverse bits of every run (kdalab's kernel_l + neumann_inverse, batched on CUDA)
+    by_chunk: dict = {}
+    for s in runs:
+        by_chunk.setdefault(s.chunk, []).append(s)
+    bits = {c: (specs, batched_inverses(specs, dev, args.workers))
+            for c, specs in sorted(by_chunk.items())}
+    index = {s: inv[i] for specs, (_, inv) in bits.values() for i, s in enumerate(specs)}
+    same = sum(_bits_equal(index[s], inv) for s, inv in zip(loop_runs, loop_invs))
+    result["loop_vs_batched_inverse_bit_identical"] = f"{same}/{len(loop_runs)}"
     print(f"kernel inverse, batched gpu-h200 vs seed loop: bit-identical on "
           f"{result['loop_vs_batched_inverse_bit_identical']} runs")
+
+    if args.profile:
+        profile(runs, MODELS[0][1], args, result)
 
     # bits of every run for the CPU comparison (tests/test_tensorcore.py reads a subset)
     import numpy as np
 
+    from kdalab.experiments.inverse import METRIC_KEYS
+
+    metrics = {(r["family"], r["chunk"], r["seed"]): r for r in records}
+    skip = ("highest_power", "stable_l_highest_power")
     save = {}
-    for chunk, (specs, (l, inv, power, metrics)) in res_fast.items():
+    for chunk, (specs, (l, inv)) in bits.items():
         for fam in SEED_TABLE_CHUNKS:
             idx = [i for i, s in enumerate(specs) if s.family == fam]
             if not idx:
                 continue
-            seeds = np.array([specs[i].seed for i in idx])
-            save[f"{fam}|{chunk}|seeds"] = seeds
+            save[f"{fam}|{chunk}|seeds"] = np.array([specs[i].seed for i in idx])
             save[f"{fam}|{chunk}|l"] = l[idx].view(torch.int16).cpu().numpy()
             save[f"{fam}|{chunk}|inv"] = inv[idx].view(torch.int16).cpu().numpy()
-            for k, v in metrics.items():
-                save[f"{fam}|{chunk}|m|{k}"] = v[idx].cpu().numpy()
+            for k in METRIC_KEYS:
+                if k not in skip:
+                    save[f"{fam}|{chunk}|m|{k}"] = np.array(
+                        [metrics[(fam, chunk, specs[i].seed)][k] for i in idx])
+    os.makedirs(args.out, exist_ok=True)
     np.savez_compressed(os.path.join(args.out, "gpu_sweep_bits.npz"), **save)
     with open(os.path.join(args.out, "bench_gpu_sweep.json"), "w") as f:
         json.dump(result, f, indent=1)

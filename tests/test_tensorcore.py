@@ -252,8 +252,7 @@ def test_golden_h200_kernel_inverse_bits():
 
 def _has_subnormal_operands(keys, log_decay):
     """Runs whose scaled bf16 L operands k·exp(±G) include fp32 subnormals."""
-    sys_path_bench()
-    from bench_gpu_sweep import LOG2E
+    from kdalab.kda.intra import LOG2E
 
     tiny = torch.finfo(torch.float32).tiny
     c2 = (log_decay.cumsum(-1) * LOG2E).float().double()
@@ -266,14 +265,6 @@ def _has_subnormal_operands(keys, log_decay):
     return out
 
 
-def sys_path_bench():
-    import sys
-
-    bench = str(Path(__file__).parents[1] / "benchmarks")
-    if bench not in sys.path:
-        sys.path.insert(0, bench)
-
-
 def test_gpu_sweep_bits_equal_cpu_emulation():
     """kdalab's batched GPU sweep (benchmarks/bench_gpu_sweep.py on the H200) vs the CPU models.
 
@@ -281,27 +272,30 @@ def test_gpu_sweep_bits_equal_cpu_emulation():
     kernel flushed subnormal operands, so runs whose L operands include fp32 subnormals (floor
     C ≥ 17, some floor 16 and model_like 32/48) differed there. Those runs are excluded here; the
     kernel now uses inline PTX ``fma.rn.f32`` (no .ftz), which is not yet re-measured on the device.
-    Every other run is bit-identical.
+    Every other run is bit-identical. The CPU side is the library's path, as the benchmark's
+    ``batched_inverses`` runs it: batched draws, ``kernel_l`` with L by ``h200-sgemm``, Neumann
+    by ``h200``.
     """
-    sys_path_bench()
-    from bench_gpu_sweep import draw_inputs, seed_sweep_batched
-
+    from kdalab.experiments.families import make_inputs_batch
     from kdalab.experiments.sweep import plan_runs
+    from kdalab.kda.intra import kernel_l
+    from kdalab.kda.inverse import neumann_inverse
+    from kdalab.kda.recipe import SEED
 
+    recipe = SEED.with_(name="seed-h200", l_accumulation="h200-sgemm")
     d = _load("v3_gpu_sweep_bits.npz")
     tags = sorted({k.rsplit("|", 1)[0] for k in d.files if k.endswith("|l")})
     compared = 0
     for tag in tags:
         fam, chunk = tag.split("|")
         seeds = [int(x) for x in d[f"{tag}|seeds"]]
-        specs = plan_runs([fam], [int(chunk)], seeds, [128], [-5.0])
-        keys, log_decay, beta = draw_inputs(specs)
-        keep = ~_has_subnormal_operands(keys, log_decay)
+        inp = make_inputs_batch(plan_runs([fam], [int(chunk)], seeds, [128], [-5.0]))
+        keep = ~_has_subnormal_operands(inp.keys, inp.log_decay)
         if not bool(keep.any()):
             continue
-        l, inv, _, _ = seed_sweep_batched(keys[keep], log_decay[keep], beta[keep], "h200",
-                                          "h200-sgemm")
-        assert_bits(l, f16(d[f"{tag}|l"])[keep], f"L {tag}")
+        kl = kernel_l(inp.keys[keep], inp.log_decay[keep], inp.beta[keep], recipe)
+        inv = neumann_inverse(kl.l, "h200", recipe.inverse_format).inverse
+        assert_bits(kl.l, f16(d[f"{tag}|l"])[keep], f"L {tag}")
         assert_bits(inv, f16(d[f"{tag}|inv"])[keep], f"INV {tag}")
         compared += int(keep.sum())
     assert compared >= 40
