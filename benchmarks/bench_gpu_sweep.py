@@ -264,6 +264,31 @@ def profile(runs, model, args, result):
     line("sum: draws (workers) + GPU work + records",
          prof[workers_label] + t_done + prof["record building (with the copies back)"])
 
+    # run_sweep whole, by batch size (fewer batches: less queueing; more: more overlap)
+    for mb in (256, 512, 1024, 4096):
+        timed = argparse.Namespace(**{**vars(args), "max_batch": mb})
+        sweep(runs, model, timed)
+        t, _ = _time(lambda: sweep(runs, model, timed))
+        line(f"run_sweep whole, max_batch={mb}", t)
+
+    try:  # the kernels and CPU-side operations that take the time (torch.profiler)
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+            launch_all()
+            torch.cuda.synchronize()
+        table = tp.key_averages()
+        for key in ("self_device_time_total", "self_cuda_time_total"):
+            try:
+                print(table.table(sort_by=key, row_limit=15, max_name_column_width=60))
+                break
+            except Exception:  # noqa: BLE001 (the key's name differs between torch versions)
+                continue
+        print(table.table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
+    except Exception as e:  # noqa: BLE001
+        print("  torch.profiler tables: not available:", repr(e))
+
     # host synchronizations of a short sweep (a few batches, pipelined)
     short = [r for r in runs if r.chunk == runs[0].chunk][: 3 * 64]
     sweep(short, model, args)  # warm
