@@ -32,6 +32,7 @@ import math
 import os
 import sys
 import time
+import traceback
 import warnings
 
 import torch
@@ -293,19 +294,30 @@ def profile(runs, model, args, result):
     short = [r for r in runs if r.chunk == runs[0].chunk][: 3 * 64]
     sweep(short, model, args)  # warm
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    syncs: collections.Counter = collections.Counter()
+
+    def note(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" not in str(message):
+            return
+        ours = (f"{os.sep}kdalab{os.sep}", "bench_gpu_sweep")
+        frames = [f for f in traceback.extract_stack()[:-1]
+                  if any(o in f.filename for o in ours)][-3:]
+        where = " <- ".join(f"{os.path.basename(f.filename)}:{f.lineno} {f.name}"
+                            for f in reversed(frames)) or f"{filename}:{lineno}"
+        syncs[f"{str(message).splitlines()[0][:80]} at {where}"] += 1
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = note
         torch.cuda.set_sync_debug_mode("warn")
         try:
             run_sweep(short, [model], recipe=GPU_RECIPE, device=dev, workers=args.workers,
                       max_batch=64)  # returns after its last copy back: nothing left running
         finally:
             torch.cuda.set_sync_debug_mode(0)
-    syncs = collections.Counter(
-        f"{os.path.relpath(w.filename)}:{w.lineno}: {str(w.message).splitlines()[0][:100]}"
-        for w in caught)
-    prof["host syncs (3 batches)"] = dict(syncs)
-    print(f"  host syncs of run_sweep over {len(short)} runs in 3 batches "
+    n_short = len(plan_batches(short, 64))
+    prof[f"host syncs ({n_short} batches)"] = dict(syncs)
+    print(f"  host syncs of run_sweep over {len(short)} runs in {n_short} batches "
           f"(set_sync_debug_mode('warn')): {sum(syncs.values())}")
     for where, count in syncs.most_common():
         print(f"    {count:4d} x {where}")
