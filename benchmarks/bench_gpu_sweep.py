@@ -227,10 +227,12 @@ def profile(runs, model, args, result):
         return out, time.perf_counter() - t0
 
     workers_label = f"input draws alone, workers={args.workers or 'default'}"
-    for label, w in (("input draws alone, 1 thread", 1), (workers_label, args.workers)):
+    for w in sorted({1, 2, 4, 8, os.cpu_count() or 1}):
         draws(w)
-        inputs, t = draws(w)
-        line(label, t)
+        line(f"input draws alone, {w} thread(s)", draws(w)[1])
+    draws(args.workers)
+    inputs, t = draws(args.workers)
+    line(workers_label, t)
 
     def launch_all():
         return [launch_group(b, [model], recipe=GPU_RECIPE, device=dev, inputs=i)
@@ -271,6 +273,11 @@ def profile(runs, model, args, result):
         sweep(runs, model, timed)
         t, _ = _time(lambda: sweep(runs, model, timed))
         line(f"run_sweep whole, max_batch={mb}", t)
+    for w in (1, 2, 8):  # and by draw threads
+        timed = argparse.Namespace(**{**vars(args), "workers": w})
+        sweep(runs, model, timed)
+        t, _ = _time(lambda: sweep(runs, model, timed))
+        line(f"run_sweep whole, max_batch={args.max_batch}, workers={w}", t)
 
     try:  # the kernels and CPU-side operations that take the time (torch.profiler)
         from torch.profiler import ProfilerActivity

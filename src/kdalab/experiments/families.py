@@ -77,27 +77,75 @@ def make_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float
 
 def _draw_run(gen: torch.Generator, family: str, seed: int, keys: torch.Tensor,
               gate: torch.Tensor, beta: torch.Tensor) -> None:
-    """The random part of one run, as the seed's ``make_inputs`` draws it, into the run's rows:
-    ``keys`` [C, D] bfloat16 (normalized), ``gate`` and ``beta`` [C] float64 (sigmoid of the
-    normal draws; ``gate`` for ``model_like`` only, neither for ``weak_decay_correlated``).
+    """The random draws of one run, in the seed's order, into the run's rows (float64):
+    ``keys`` [C, D] (the correlated family draws only its first row), ``gate`` [C]
+    (``model_like`` only) and ``beta`` [C] (not for ``weak_decay_correlated``); unnormalized
+    normal samples — the rest is elementwise and done for the whole batch.
 
     ``gen`` is reseeded: ``manual_seed`` resets the whole CPU generator (Mersenne Twister state
-    and cached Box-Muller sample), so a reused generator draws what a fresh one would. The norm
-    and the sigmoid act on this run's own tensors, as in the seed: torch's CPU sigmoid rounds
-    differently on short and long tensors.
+    and cached Box-Muller sample), so a reused generator draws what a fresh one would. Each
+    draw has the seed's own size (torch's CPU normal sampler takes different paths below and
+    above 16 values).
     """
-    chunk, dim = keys.shape
+    chunk = keys.shape[0]
     gen.manual_seed(seed)
-    k = torch.randn(1 if family == "weak_decay_correlated" else chunk, dim, dtype=torch.float64,
-                    generator=gen)
-    # copy_ rounds float64 as the seed's keys.to(bfloat16) does (through float32); the
-    # correlated family's one key fills every step
-    keys.copy_(k / torch.linalg.vector_norm(k, 2, -1, keepdim=True))  # = k.norm(dim=-1, …)
     if family == "weak_decay_correlated":
+        torch.randn(1, keys.shape[1], dtype=torch.float64, generator=gen, out=keys[:1])
         return
+    torch.randn(keys.shape, dtype=torch.float64, generator=gen, out=keys)
     if family == "model_like":
-        torch.sigmoid(torch.randn(chunk, dtype=torch.float64, generator=gen), out=gate)
-    torch.sigmoid(torch.randn(chunk, dtype=torch.float64, generator=gen), out=beta)
+        torch.randn(chunk, dtype=torch.float64, generator=gen, out=gate)
+    torch.randn(chunk, dtype=torch.float64, generator=gen, out=beta)
+
+
+_SIGMOID_UNIT: list = []  # [block] once calibrated; [None] if the split does not reproduce
+
+
+def _sigmoid_split(x: torch.Tensor, unit: int) -> torch.Tensor:
+    """sigmoid of each row of ``x`` [n, C] as torch computes it on that row alone: its CPU
+    kernel takes the first ``unit``·⌊C/unit⌋ values through the vectorized loop and the rest
+    through the scalar one, whose results differ in the last bit. Here the vectorized part is
+    computed for all rows at once (one flat tensor whose length is a multiple of ``unit``) and
+    the tail through a strided view (TensorIterator's scalar loop)."""
+    n, chunk = x.shape
+    full = (chunk // unit) * unit
+    out = torch.empty_like(x)
+    if full:
+        flat = x[:, :full].reshape(-1)
+        pad = (-flat.numel()) % unit
+        vec = torch.sigmoid(torch.cat([flat, flat.new_zeros(pad)]) if pad else flat)
+        out[:, :full] = vec[: flat.numel()].view(n, full)
+    if full < chunk:
+        strided = torch.empty(n, chunk - full, 2, dtype=x.dtype)
+        strided[..., 0] = x[:, full:]
+        out[:, full:] = torch.sigmoid(strided[..., 0])
+    return out
+
+
+def _sigmoid_unit() -> int | None:
+    """The block of torch's vectorized CPU sigmoid on float64 (16 with AVX-512, measured),
+    found by comparing row-by-row sigmoid with :func:`_sigmoid_split` on random rows of every
+    length 1…40; None (= compute row by row) if no block reproduces all of them."""
+    if not _SIGMOID_UNIT:
+        gen = torch.Generator().manual_seed(12345)
+        rows = [torch.randn(5, c, dtype=torch.float64, generator=gen) * 4 for c in range(1, 41)]
+        found = None
+        for unit in (1, 2, 4, 8, 16, 32, 64):
+            if all(torch.equal(_sigmoid_split(x, unit), torch.stack([torch.sigmoid(r.clone())
+                                                                     for r in x]))
+                   for x in rows):
+                found = unit
+                break
+        _SIGMOID_UNIT.append(found)
+    return _SIGMOID_UNIT[0]
+
+
+def _sigmoid_rows(x: torch.Tensor) -> torch.Tensor:
+    """Row-by-row torch.sigmoid of ``x`` [n, C], bit for bit, batched where calibrated."""
+    unit = _sigmoid_unit()
+    if unit is None:
+        return torch.stack([torch.sigmoid(r.clone()) for r in x]) if len(x) else x.clone()
+    return _sigmoid_split(x, unit)
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}  # reused: starting threads per batch costs
@@ -110,6 +158,16 @@ def _cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
+
+
+#: Draw threads by default: each run's draws are a few small torch calls that hold the GIL
+#: between them; on the H200 host (16 cores) 16 threads drew 2.4x slower than one
+#: (docs/BENCHMARKS.md), so a few threads, not one per core.
+MAX_DEFAULT_WORKERS = 4
+
+
+def _default_workers(n: int) -> int:
+    return max(1, min(n, _cores(), MAX_DEFAULT_WORKERS))
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
@@ -126,11 +184,13 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
 
     ``runs`` hold ``family``, ``chunk``, ``dim``, ``seed`` and ``lower_bound`` (a
     :class:`~kdalab.experiments.inverse.RunSpec`; ``None`` = −5 for families without one).
-    Each run's draws use its own seeded generator; they are compute-bound in torch, which
-    releases the GIL there, so they run on ``workers`` threads (default: one per core, at most
-    one per run; 1 = no threads). The rest (g = lower_bound · sigmoid, the constants) is
-    elementwise and runs once for the batch. Each tensor then goes to ``device`` in one copy
-    (from pinned memory, without waiting, on CUDA).
+    Only the random draws are per run (each with its own seeded generator, on ``workers``
+    threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no threads). The rest is done
+    once for the batch and equals the seed's per-run arithmetic bit for bit: the key norm
+    (a per-row reduction), the casts, the sigmoids (:func:`_sigmoid_rows` reproduces torch's
+    per-tensor split between its vectorized and scalar loops), g = lower_bound · sigmoid and
+    the constants. Each tensor then goes to ``device`` in one copy (from pinned memory,
+    without waiting, on CUDA).
     """
     if not runs:
         raise ValueError("make_inputs_batch needs at least one run")
@@ -146,28 +206,36 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     n = len(runs)
     device = torch.device(device)
     pin = device.type == "cuda"
-    keys = torch.empty(n, chunk, dim, dtype=torch.bfloat16, pin_memory=pin)
-    gate = torch.ones(n, chunk, dtype=torch.float64)  # floor: g = lower_bound · 1
-    beta = torch.empty(n, chunk, dtype=torch.float64, pin_memory=pin)
+    raw = torch.empty(n, chunk, dim, dtype=torch.float64)
+    raw_gate = torch.zeros(n, chunk, dtype=torch.float64)
+    raw_beta = torch.zeros(n, chunk, dtype=torch.float64)
 
     def draw(lo: int, hi: int) -> None:
         gen = torch.Generator(device="cpu")
-        rows = zip(keys[lo:hi].unbind(), gate[lo:hi].unbind(), beta[lo:hi].unbind())
-        for family, seed, (k, g, b) in zip(families[lo:hi], seeds[lo:hi], rows):
-            _draw_run(gen, family, seed, k, g, b)
+        for i in range(lo, hi):
+            _draw_run(gen, families[i], seeds[i], raw[i], raw_gate[i], raw_beta[i])
 
-    workers = min(n, _cores()) if workers is None else max(1, min(int(workers), n))
+    workers = _default_workers(n) if workers is None else max(1, min(int(workers), n))
     if workers == 1:
         draw(0, n)
     else:
         edges = [n * w // workers for w in range(workers + 1)]
         for f in [_pool(workers).submit(draw, lo, hi) for lo, hi in zip(edges, edges[1:])]:
             f.result()
-    weak = torch.tensor([f == "weak_decay_correlated" for f in families])[:, None]
+    weak = torch.tensor([f == "weak_decay_correlated" for f in families])
+    model = torch.tensor([f == "model_like" for f in families])
+    if bool(weak.any()):  # the correlated family's one key fills every step
+        raw[weak] = raw[weak][:, :1].expand(-1, chunk, -1)
+    # the norm reduces each row on its own (equal to the seed's per-run key.norm: tested);
+    # copy_ rounds float64 as the seed's keys.to(bfloat16) does (through float32)
+    keys = torch.empty(n, chunk, dim, dtype=torch.bfloat16, pin_memory=pin)
+    keys.copy_(raw.div_(torch.linalg.vector_norm(raw, 2, -1, keepdim=True)))
+    gate = torch.where(model[:, None], _sigmoid_rows(raw_gate), 1.0)  # floor: g = lb · 1
     log_decay = torch.empty(n, chunk, dtype=torch.float64, pin_memory=pin)
     torch.mul(torch.tensor(lower_bounds, dtype=torch.float64)[:, None], gate, out=log_decay)
-    log_decay.masked_fill_(weak, WEAK_LOG_DECAY)
-    beta.masked_fill_(weak, WEAK_BETA)
+    log_decay.masked_fill_(weak[:, None], WEAK_LOG_DECAY)
+    beta = torch.empty(n, chunk, dtype=torch.float64, pin_memory=pin)
+    beta.copy_(_sigmoid_rows(raw_beta).masked_fill_(weak[:, None], WEAK_BETA))
     if device.type == "cpu":
         return ChunkInputs(keys, log_decay, beta)
     return ChunkInputs(*(t.to(device, non_blocking=pin) for t in (keys, log_decay, beta)))

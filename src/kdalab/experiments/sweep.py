@@ -244,7 +244,7 @@ def run_sweep(
 
     ``sink`` receives each batch's records as soon as they exist; ``progress(done, total)`` is
     called after each batch. Records do not depend on batching (tested), only on the run.
-    ``workers``: threads for the input draws (default one per core; see
+    ``workers``: threads for the input draws (default a few; see
     :func:`~kdalab.experiments.families.make_inputs_batch`).
 
     On CUDA the batches are pipelined: while the GPU computes batch n, the CPU draws the inputs
