@@ -80,14 +80,15 @@ def pack_run2(src: str) -> None:
         np.savez_compressed(os.path.join(DEST, "v2_" + name), **keep)
 
 
-def pack_run3(src: str) -> None:
-    """The batched GPU sweep's L and INV bits: 4 seeds of each seed-table configuration."""
+def pack_sweep_bits(src: str) -> None:
+    """The batched GPU sweep's L and INV bits: 8 seeds of each seed-table configuration
+    (v4: recorded 2026-11-29, session 2, with the non-flushing fp32 L kernel)."""
     d = np.load(os.path.join(src, "gpu_sweep_bits.npz"))
     keep = {}
     for k in d.files:
         if k.endswith("|seeds") or k.endswith("|l") or k.endswith("|inv"):
-            keep[k] = d[k][:4]
-    np.savez_compressed(os.path.join(DEST, "v3_gpu_sweep_bits.npz"), **keep)
+            keep[k] = d[k][:8]
+    np.savez_compressed(os.path.join(DEST, "v4_gpu_sweep_bits.npz"), **keep)
 
 
 if __name__ == "__main__":
@@ -96,6 +97,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 2:
         pack_run2(sys.argv[2])
     if len(sys.argv) > 3:
-        pack_run3(sys.argv[3])
+        pack_sweep_bits(sys.argv[3])
     total = sum(os.path.getsize(os.path.join(DEST, f)) for f in os.listdir(DEST))
     print(f"{DEST}: {total / 1e6:.2f} MB")
