@@ -201,6 +201,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time several recurrent-stage configs")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--stages", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true",
+                    help="no speed table (with --accuracy / --stages)")
     ap.add_argument("--configs", default=None,
                     help="comma-separated config names to time "
                          "(default: 'default', or all with --sweep)")
@@ -223,7 +225,7 @@ def main():
     if args.configs:
         configs = {name: configs[name] for name in args.configs.split(",")}
     result = dict(info=info, copy_bandwidth_GBps=bw / 1e9)
-    result["speed"] = speed(chunk_kda, bw, configs)
+    result["speed"] = [] if args.skip_speed else speed(chunk_kda, bw, configs)
     if args.accuracy:
         result["accuracy"] = accuracy(chunk_kda)
     if args.stages:
