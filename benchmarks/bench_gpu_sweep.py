@@ -43,6 +43,7 @@ from kdalab.arith import gpu  # noqa: E402
 from kdalab.experiments.families import make_inputs_batch  # noqa: E402
 from kdalab.experiments.inverse import launch_group  # noqa: E402
 from kdalab.experiments.sweep import (  # noqa: E402
+    DEFAULT_MAX_BATCH,
     SEED_TABLE_CHUNKS,
     plan_batches,
     plan_runs,
@@ -337,7 +338,8 @@ def main() -> None:
     p.add_argument("--loop-runs", type=int, default=96)
     p.add_argument("--workers", type=int, default=None,
                    help="threads for the input draws (default: one per core)")
-    p.add_argument("--max-batch", type=int, default=512, help="run_sweep's max_batch")
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH[True],
+                   help="run_sweep's max_batch (default: its CUDA default)")
     p.add_argument("--profile", action="store_true", help="also split run_sweep's time")
     p.add_argument("--out", default=os.environ.get("OUT", "."))
     p.add_argument("--cpu", action="store_true", help="time the CPU models' sweeps instead")

@@ -27,8 +27,9 @@ from kdalab.arith import get_accumulation
 from kdalab.experiments.families import FAMILIES, ChunkInputs, check_family, make_inputs_batch
 from kdalab.experiments.inverse import PendingGroup, RunSpec, launch_group
 
-__all__ = ["SweepConfig", "parse_int_list", "parse_float_list", "parse_name_list", "plan_runs",
-           "plan_batches", "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs"]
+__all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "parse_int_list", "parse_float_list",
+           "parse_name_list", "plan_runs", "plan_batches", "run_sweep", "SEED_TABLE_CHUNKS",
+           "seed_reproduction_runs"]
 
 #: The chunk sizes of the seed document's three tables.
 SEED_TABLE_CHUNKS = {
@@ -229,6 +230,11 @@ def _pipelined(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
+#: run_sweep's batch size by device (False: CPU, True: CUDA); 4096 measured fastest of
+#: 256/512/1024/4096 on the H200 (docs/BENCHMARKS.md).
+DEFAULT_MAX_BATCH = {False: 512, True: 4096}
+
+
 def run_sweep(
     runs: Sequence[RunSpec],
     accumulations: Sequence[str],
@@ -237,7 +243,7 @@ def run_sweep(
     device: str | torch.device = "cpu",
     sink: Callable[[list[dict]], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
-    max_batch: int = 512,
+    max_batch: int | None = None,
     workers: int | None = None,
 ) -> list[dict]:
     """Run ``runs`` batched by (chunk, dim); return all records (in a fixed order).
@@ -245,12 +251,16 @@ def run_sweep(
     ``sink`` receives each batch's records as soon as they exist; ``progress(done, total)`` is
     called after each batch. Records do not depend on batching (tested), only on the run.
     ``workers``: threads for the input draws (default a few; see
-    :func:`~kdalab.experiments.families.make_inputs_batch`).
+    :func:`~kdalab.experiments.families.make_inputs_batch`). ``max_batch``: runs per batch
+    (default :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches
+    stay in cache; 4096 on CUDA, where each batch costs a few hundred kernel launches).
 
     On CUDA the batches are pipelined: while the GPU computes batch n, the CPU draws the inputs
     of batch n+1 (on a helper thread) and queues its work, then builds batch n's records; the
     only wait for the GPU is each batch's one copy of its metrics back.
     """
+    if max_batch is None:
+        max_batch = DEFAULT_MAX_BATCH[torch.device(device).type == "cuda"]
     batches = plan_batches(runs, max_batch)
     total, done = len(runs), 0
     out: list[dict] = []
