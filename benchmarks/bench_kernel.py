@@ -48,15 +48,26 @@ SWEEP = {
     "t_bf16_w8": KernelConfig(dot="bf16", num_warps=8),
     "t_bf16_bv128_w8": KernelConfig(dot="bf16", block_v=128, num_warps=8),
     "kv_bv64_w8": KernelConfig(variant="kv", block_v=64, num_warps=8),
+    # fp16 products in stage 2; stage 1's warps; the fp32 inverse on tensor cores (3xTF32)
+    "t_fp16": KernelConfig(dot="fp16"),
+    "prep_w4": KernelConfig(prepare_warps=4),
+    "prep_w16": KernelConfig(prepare_warps=16),
+    "t_bf16_prep_w16": KernelConfig(dot="bf16", prepare_warps=16),
+    "inv_tf32x3": KernelConfig(inverse="tf32x3"),
+    "t_bf16_prep_w4": KernelConfig(dot="bf16", prepare_warps=4),
+    "t_bf16_tf32x3": KernelConfig(dot="bf16", inverse="tf32x3"),
+    "t_fp16_tf32x3": KernelConfig(dot="fp16", inverse="tf32x3"),
     # 64-token steps (experimental; spill registers on sm_90, scripts/sm90_report.py)
     "s64_kv_bv64": KernelConfig(step=64, variant="kv", block_v=64),
 }
 ACCURACY_CONFIGS = {
     "default": KernelConfig(),
-    "inv_fp16": KernelConfig(inverse="fp16"),
+    "inv_tf32x3": KernelConfig(inverse="tf32x3"),
     "t_bf16": KernelConfig(dot="bf16"),
+    "t_fp16": KernelConfig(dot="fp16"),
 }
-STAGE_CONFIGS = ("default", "t_nopf", "t_bf16", "t_bf16_nopf")
+STAGE_CONFIGS = ("default", "t_nopf", "t_bf16", "t_bf16_nopf", "t_fp16", "prep_w4",
+                 "inv_tf32x3")
 
 
 def _fla():
@@ -109,32 +120,31 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=50, rep=250, return_mode="median")
 
 
-def speed(chunk_kda, copy_bw, configs):
+def speed(chunk_kda, copy_bw, configs, shapes):
     rows = []
-    for H in (64, 96):
-        for varlen in (False, True):
-            x, kw, cu = inputs("model_like", H, varlen)
-            row = dict(H=H, varlen=varlen)
-            t = {}
-            for name, cfg in configs.items():
-                try:
-                    t[name] = bench(lambda cfg=cfg: run_kdalab(x, kw, cu, config=cfg))
-                except Exception as exc:  # e.g. a launch shape that needs too much shared memory
-                    print(json.dumps(dict(H=H, varlen=varlen, config=name,
-                                          failed=f"{type(exc).__name__}: {exc}"[:300])),
-                          flush=True)
-            if not t:
-                continue
-            best = min(t, key=t.get)
-            row.update(kdalab_ms=t[best], kdalab_config=best, all_configs=t)
-            if chunk_kda is not None:
-                row["fla_ms"] = bench(lambda: run_fla(chunk_kda, x, kw, cu))
-                row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
-            nbytes = min_bytes(T_TOTAL, H, D, D)
-            row["kdalab_GBps"] = nbytes / (row["kdalab_ms"] * 1e-3) / 1e9
-            row["frac_of_copy_bw"] = row["kdalab_GBps"] * 1e9 / copy_bw
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+    for H, varlen in shapes:
+        x, kw, cu = inputs("model_like", H, varlen)
+        row = dict(H=H, varlen=varlen)
+        t = {}
+        for name, cfg in configs.items():
+            try:
+                t[name] = bench(lambda cfg=cfg: run_kdalab(x, kw, cu, config=cfg))
+            except Exception as exc:  # e.g. a launch shape that needs too much shared memory
+                print(json.dumps(dict(H=H, varlen=varlen, config=name,
+                                      failed=f"{type(exc).__name__}: {exc}"[:300])),
+                      flush=True)
+        if not t:
+            continue
+        best = min(t, key=t.get)
+        row.update(kdalab_ms=t[best], kdalab_config=best, all_configs=t)
+        if chunk_kda is not None:
+            row["fla_ms"] = bench(lambda: run_fla(chunk_kda, x, kw, cu))
+            row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
+        nbytes = min_bytes(T_TOTAL, H, D, D)
+        row["kdalab_GBps"] = nbytes / (row["kdalab_ms"] * 1e-3) / 1e9
+        row["frac_of_copy_bw"] = row["kdalab_GBps"] * 1e9 / copy_bw
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -152,20 +162,22 @@ def stage_times(configs):
                 continue
             bf16 = config.dot == "bf16"
 
-            def s1(config=config, bf16=bf16):
+            def s1(config=config, bf16=bf16):  # noqa: B023
                 return chunk_kda_prepare(
                     q, k, g, beta, kw["A_log"], kw["dt_bias"], scale=D ** -0.5,
                     lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
                     cu_seqlens=None, chunk_table=None, num_chunks=nc,
                     operand_dtype=torch.bfloat16 if bf16 else torch.float16,
-                    fp16_inverse=config.inverse == "fp16")
+                    fp16_inverse=config.inverse == "fp16",
+                    inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee",
+                    num_warps=config.prepare_warps)
             ops = s1()
 
             def s2(config=config, bf16=bf16, ops=ops):
                 return chunk_kda_recurrent_t(
                     v, *ops, initial_state=None, final_state=None, state_vk=False,
                     cu_seqlens=None, chunk_offsets=None, num_seqs=1, block_v=config.block_v,
-                    num_warps=config.num_warps, num_stages=config.num_stages, dot_bf16=bf16,
+                    num_warps=config.num_warps, num_stages=config.num_stages, dot=config.dot,
                     prefetch=config.prefetch)
             row = dict(H=H, config=name, stage1_ms=bench(s1), stage2_ms=bench(s2))
             row["stage2_us_per_step"] = 1e3 * row["stage2_ms"] / nc
@@ -174,7 +186,7 @@ def stage_times(configs):
     return out
 
 
-def accuracy(chunk_kda, H=64):
+def accuracy(chunk_kda, names, H=64):
     rows = []
     cases = [(f, False) for f in FAMILIES] + [("model_like", True), ("weak_decay_correlated", True)]
     for family, varlen in cases:
@@ -184,7 +196,8 @@ def accuracy(chunk_kda, H=64):
         ref_o, ref_s = reference_forward(*x, **kw, cu_seqlens=cu, initial_state=h0,
                                          output_final_state=True, lower_bound=LOWER_BOUND)
         row = dict(family=family, varlen=varlen, H=H, T=T_TOTAL)
-        for name, cfg in ACCURACY_CONFIGS.items():
+        for name in names:
+            cfg = ACCURACY_CONFIGS[name]
             o, s = run_kdalab(x, kw, cu, h0=h0, final=True, config=cfg)
             row[f"{name}_o"], row[f"{name}_S"] = rel_err(o, ref_o), rel_err(s, ref_s)
         if chunk_kda is not None:
@@ -203,6 +216,10 @@ def main():
     ap.add_argument("--stages", action="store_true")
     ap.add_argument("--skip-speed", action="store_true",
                     help="no speed table (with --accuracy / --stages)")
+    ap.add_argument("--shapes", default="64f,64v,96f,96v",
+                    help="speed shapes: H and f(ixed)/v(arlen), e.g. 64f,96f")
+    ap.add_argument("--stage-configs", default=",".join(STAGE_CONFIGS))
+    ap.add_argument("--accuracy-configs", default=",".join(ACCURACY_CONFIGS))
     ap.add_argument("--configs", default=None,
                     help="comma-separated config names to time "
                          "(default: 'default', or all with --sweep)")
@@ -225,12 +242,13 @@ def main():
     if args.configs:
         configs = {name: configs[name] for name in args.configs.split(",")}
     result = dict(info=info, copy_bandwidth_GBps=bw / 1e9)
-    result["speed"] = [] if args.skip_speed else speed(chunk_kda, bw, configs)
+    shapes = [(int(x[:-1]), x[-1] == "v") for x in args.shapes.split(",")]
+    result["speed"] = [] if args.skip_speed else speed(chunk_kda, bw, configs, shapes)
     if args.accuracy:
-        result["accuracy"] = accuracy(chunk_kda)
+        result["accuracy"] = accuracy(chunk_kda, args.accuracy_configs.split(","))
     if args.stages:
         known = {"default": KernelConfig(), **SWEEP}
-        result["stages"] = stage_times({n: known[n] for n in STAGE_CONFIGS})
+        result["stages"] = stage_times({n: known[n] for n in args.stage_configs.split(",")})
     print("\n H  varlen  kdalab_ms (config)       fla_ms  speedup  GB/s  of_copy_bw")
     for r in result["speed"]:
         print(f"{r['H']:3d}  {str(r['varlen']):6s}  {r['kdalab_ms']:.3f} ({r['kdalab_config']:11s})"
@@ -239,7 +257,7 @@ def main():
     print("\n all configs (ms): " + ", ".join(f"H={r['H']} varlen={r['varlen']}: " + " ".join(
         f"{k}={v:.3f}" for k, v in r["all_configs"].items()) for r in result["speed"]))
     if args.accuracy:
-        names = list(ACCURACY_CONFIGS) + ["fla"]
+        names = args.accuracy_configs.split(",") + ["fla"]
         heads = "  ".join(f"{n + ' o / S':>20s}" for n in names)
         print("\n family                 varlen  " + heads)
         for r in result["accuracy"]:

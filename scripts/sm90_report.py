@@ -37,7 +37,12 @@ def _ptxas() -> str:
 def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 2,
            label: str = "") -> dict:
     """Compile ``fn`` (a triton.jit function) for sm_90a; return regs, spills, smem, mma counts."""
+    import inspect
+
     jit = getattr(fn, "fn", fn)
+    defaults = {n: p.default for n, p in inspect.signature(jit).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    constexprs = {**{n: v for n, v in defaults.items() if n not in signature}, **constexprs}
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -91,8 +96,11 @@ def kdalab_rows():
                 lower_bound="fp32")
     ce = dict(H=64, K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
               BETA_LOGITS=True, IS_VARLEN=False, FP16_INVERSE=False)
-    yield report(chunk_kda_prepare_kernel, prep, ce, num_warps=8, label="stage 1 (w8)")
-    for dot, opd in (("tf32", "fp16"), ("bf16", "bf16")):
+    for nw in (4, 8):
+        for prec in ("ieee", "tf32x3"):
+            yield report(chunk_kda_prepare_kernel, prep, dict(ce, INV_PRECISION=prec),
+                         num_warps=nw, label=f"stage 1 inverse {prec} w{nw}")
+    for dot, opd in (("tf32", "fp16"), ("bf16", "bf16"), ("fp16", "fp16")):
         sig = dict(v_ptr="*bf16", w_ptr=f"*{opd}", qg_ptr=f"*{opd}", kend_ptr=f"*{opd}",
                    ainv_ptr=f"*{opd}", mqk_ptr=f"*{opd}", gamma_ptr="*fp32", h0_ptr="*fp32",
                    ht_ptr="*fp32", o_ptr="*bf16", cu_seqlens_ptr="*i32",
@@ -101,7 +109,7 @@ def kdalab_rows():
             for pf in (True, False):
                 ce = dict(H=64, K=128, V=128, BT=16, BV=bv, HAS_H0=False, STORE_HT=False,
                           STATE_VK=False, IS_VARLEN=False, PREFETCH=pf,
-                          DT=tl.float32 if dot == "tf32" else tl.bfloat16)
+                          DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dot])
                 yield report(chunk_kda_recurrent_t_kernel, sig, ce, num_warps=nw,
                              label=f"stage 2 t {dot} BV{bv} w{nw}" + (" prefetch" if pf else ""))
 

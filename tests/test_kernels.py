@@ -222,6 +222,17 @@ def test_interp_step64(family, variant):
 
 
 @interp
+@pytest.mark.parametrize("config", [KernelConfig(dot="fp16"), KernelConfig(inverse="tf32x3"),
+                                    KernelConfig(prepare_warps=2)],
+                         ids=["fp16_products", "inverse_tf32x3", "prepare_w2"])
+def test_interp_precision_variants(config):
+    # (fp16 products round S and U to 11 bits; the fp32 bound holds for them too)
+    eo, es = _run("weak_decay_correlated", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
+                  cu_seqlens=[0, 30, 83], config=config)
+    assert eo < TOL_FP32 and es < TOL_FP32, (eo, es)
+
+
+@interp
 def test_interp_prefetch_is_bit_identical():
     # the hand-pipelined loads only move loads earlier: same products in the same order
     q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 83, 2, 32)
@@ -312,6 +323,12 @@ def test_bad_arguments_raise_value_error(mutate, match):
         chunk_kda_fwd(*args, **kw)
 
 
+def test_fp16_products_need_l2norm():
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 20, 1, 32)
+    with pytest.raises(ValueError, match="use_qk_l2norm"):
+        chunk_kda_fwd(q, k, v, g, beta, use_qk_l2norm=False, config=KernelConfig(dot="fp16"))
+
+
 def test_cu_seqlens_needs_batch_one():
     args, kw = _args(B=2)
     with pytest.raises(ValueError, match="cu_seqlens"):
@@ -380,7 +397,21 @@ def test_gpu_step64(family):
 
 
 @gpu
-@pytest.mark.parametrize("dot", ["tf32", "bf16"])
+@pytest.mark.parametrize("config", [KernelConfig(dot="fp16"), KernelConfig(inverse="tf32x3")],
+                         ids=["fp16_products", "inverse_tf32x3"])
+def test_gpu_precision_variants(config):
+    # tf32x3 inverse: the default's bounds; fp16 products: half the bf16 form's bounds (3 more
+    # mantissa bits than bf16)
+    for family in FAMILIES:
+        eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config)
+        if config.dot == "fp16":
+            assert eo < 4e-3 and es < 3e-3, (family, eo, es)
+        else:
+            assert eo < TOL_BF16_GPU and es < TOL_FP32, (family, eo, es)
+
+
+@gpu
+@pytest.mark.parametrize("dot", ["tf32", "bf16", "fp16"])
 def test_gpu_prefetch_is_bit_identical(dot):
     # hand-pipelined loads (default) against loads in the step: the same products, same bits
     q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 3000, 4, 128, device="cuda")

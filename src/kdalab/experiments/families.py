@@ -75,24 +75,28 @@ def make_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float
     return ChunkInputs(batch.keys[0], batch.log_decay[0], batch.beta[0])
 
 
-def _draw_run(gen: torch.Generator, family: str, seed: int, keys: torch.Tensor,
-              gate: torch.Tensor, beta: torch.Tensor) -> None:
-    """The random draws of one run, in the seed's order, into the run's rows (float64):
-    ``keys`` [C, D] (the correlated family draws only its first row), ``gate`` [C]
-    (``model_like`` only) and ``beta`` [C] (not for ``weak_decay_correlated``); unnormalized
-    normal samples — the rest is elementwise and done for the whole batch.
+def _draw_run(gen: torch.Generator, family: str, seed: int, scratch: torch.Tensor,
+              keys: torch.Tensor, gate: torch.Tensor, beta: torch.Tensor) -> None:
+    """The random draws of one run, in the seed's order, into the run's rows: ``keys`` [C, D]
+    bfloat16 (normalized as the seed does, per run), ``gate`` [C] (``model_like`` only) and
+    ``beta`` [C] (not for ``weak_decay_correlated``) as unsigmoided normal samples (float64;
+    the sigmoids are done for the whole batch). ``scratch`` is a [C, D] float64 workspace.
 
     ``gen`` is reseeded: ``manual_seed`` resets the whole CPU generator (Mersenne Twister state
     and cached Box-Muller sample), so a reused generator draws what a fresh one would. Each
     draw has the seed's own size (torch's CPU normal sampler takes different paths below and
-    above 16 values).
+    above 16 values). The keys are normalized here, per run, into a small reused workspace: a
+    batch-sized float64 buffer costs page faults that made the draws slower on the H200 host.
     """
     chunk = keys.shape[0]
     gen.manual_seed(seed)
+    k = scratch[:1] if family == "weak_decay_correlated" else scratch
+    torch.randn(k.shape, dtype=torch.float64, generator=gen, out=k)
+    # copy_ rounds float64 as the seed's keys.to(bfloat16) does (through float32); the
+    # correlated family's one key fills every step
+    keys.copy_(k.div_(torch.linalg.vector_norm(k, 2, -1, keepdim=True)))  # = k.norm(dim=-1, …)
     if family == "weak_decay_correlated":
-        torch.randn(1, keys.shape[1], dtype=torch.float64, generator=gen, out=keys[:1])
         return
-    torch.randn(keys.shape, dtype=torch.float64, generator=gen, out=keys)
     if family == "model_like":
         torch.randn(chunk, dtype=torch.float64, generator=gen, out=gate)
     torch.randn(chunk, dtype=torch.float64, generator=gen, out=beta)
@@ -160,10 +164,10 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-#: Draw threads by default: each run's draws are a few small torch calls that hold the GIL
-#: between them; on the H200 host (16 cores) 16 threads drew 2.4x slower than one
-#: (docs/BENCHMARKS.md), so a few threads, not one per core.
-MAX_DEFAULT_WORKERS = 4
+#: Draw threads by default. torch releases the GIL while it samples (measured), yet on the
+#: H200 host (16 vCPUs) the draws scaled only to 2 threads and got slower beyond
+#: (docs/BENCHMARKS.md), so two.
+MAX_DEFAULT_WORKERS = 2
 
 
 def _default_workers(n: int) -> int:
@@ -184,13 +188,13 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
 
     ``runs`` hold ``family``, ``chunk``, ``dim``, ``seed`` and ``lower_bound`` (a
     :class:`~kdalab.experiments.inverse.RunSpec`; ``None`` = −5 for families without one).
-    Only the random draws are per run (each with its own seeded generator, on ``workers``
-    threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no threads). The rest is done
-    once for the batch and equals the seed's per-run arithmetic bit for bit: the key norm
-    (a per-row reduction), the casts, the sigmoids (:func:`_sigmoid_rows` reproduces torch's
-    per-tensor split between its vectorized and scalar loops), g = lower_bound · sigmoid and
-    the constants. Each tensor then goes to ``device`` in one copy (from pinned memory,
-    without waiting, on CUDA).
+    The random draws and the key normalization are per run (each with its own seeded
+    generator, on ``workers`` threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no
+    threads). The rest is done once for the batch and equals the seed's per-run arithmetic
+    bit for bit: the sigmoids (:func:`_sigmoid_rows` reproduces torch's per-tensor split
+    between its vectorized and scalar loops), g = lower_bound · sigmoid and the constants.
+    Each tensor then goes to ``device`` in one copy (from pinned memory, without waiting, on
+    CUDA).
     """
     if not runs:
         raise ValueError("make_inputs_batch needs at least one run")
@@ -206,14 +210,15 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     n = len(runs)
     device = torch.device(device)
     pin = device.type == "cuda"
-    raw = torch.empty(n, chunk, dim, dtype=torch.float64)
+    keys = torch.empty(n, chunk, dim, dtype=torch.bfloat16, pin_memory=pin)
     raw_gate = torch.zeros(n, chunk, dtype=torch.float64)
     raw_beta = torch.zeros(n, chunk, dtype=torch.float64)
 
     def draw(lo: int, hi: int) -> None:
         gen = torch.Generator(device="cpu")
+        scratch = torch.empty(chunk, dim, dtype=torch.float64)
         for i in range(lo, hi):
-            _draw_run(gen, families[i], seeds[i], raw[i], raw_gate[i], raw_beta[i])
+            _draw_run(gen, families[i], seeds[i], scratch, keys[i], raw_gate[i], raw_beta[i])
 
     workers = _default_workers(n) if workers is None else max(1, min(int(workers), n))
     if workers == 1:
@@ -224,12 +229,6 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
             f.result()
     weak = torch.tensor([f == "weak_decay_correlated" for f in families])
     model = torch.tensor([f == "model_like" for f in families])
-    if bool(weak.any()):  # the correlated family's one key fills every step
-        raw[weak] = raw[weak][:, :1].expand(-1, chunk, -1)
-    # the norm reduces each row on its own (equal to the seed's per-run key.norm: tested);
-    # copy_ rounds float64 as the seed's keys.to(bfloat16) does (through float32)
-    keys = torch.empty(n, chunk, dim, dtype=torch.bfloat16, pin_memory=pin)
-    keys.copy_(raw.div_(torch.linalg.vector_norm(raw, 2, -1, keepdim=True)))
     gate = torch.where(model[:, None], _sigmoid_rows(raw_gate), 1.0)  # floor: g = lb · 1
     log_decay = torch.empty(n, chunk, dtype=torch.float64, pin_memory=pin)
     torch.mul(torch.tensor(lower_bounds, dtype=torch.float64)[:, None], gate, out=log_decay)

@@ -32,12 +32,13 @@ class KernelConfig:
     2.76 ms at H=64, T=8192) at fla-like precision.
     """
 
-    inverse: str = "fp32"
+    inverse: str = "fp32"     # "fp32" (FMA products), "tf32x3" (tensor cores), "fp16"
     variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products) or "kv" (S, M = 16)
-    dot: str = "tf32"         # recurrent products: "tf32" or "bf16"
+    dot: str = "tf32"         # recurrent products: "tf32", "bf16" or "fp16" (t form)
     operands: str = "fp16"    # storage of stage-1 operands with dot="tf32": "fp16" or "fp32"
     step: int = 16            # tokens per recurrent step: 16, or 64 (experimental, untimed)
     prefetch: bool = True     # "t" form: load chunk i+1's operands while chunk i computes
+    prepare_warps: int | None = None  # stage 1's warps (None: 4 for K <= 64, else 8)
     block_v: int = 64
     num_warps: int = 4
     num_stages: int = 2
@@ -126,14 +127,18 @@ def chunk_kda_fwd(
         raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
     if state_layout not in ("KV", "VK"):
         raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
-    if config.inverse not in ("fp32", "fp16"):
-        raise ValueError(f"config.inverse must be 'fp32' or 'fp16', got {config.inverse!r}")
-    if config.variant not in ("t", "kv") or config.dot not in ("tf32", "bf16") \
+    if config.inverse not in ("fp32", "tf32x3", "fp16"):
+        raise ValueError(f"config.inverse must be 'fp32', 'tf32x3' or 'fp16', "
+                         f"got {config.inverse!r}")
+    if config.variant not in ("t", "kv") or config.dot not in ("tf32", "bf16", "fp16") \
             or config.operands not in ("fp16", "fp32") \
             or (config.variant == "kv" and config.dot != "tf32"):
         raise ValueError(f"config: unsupported combination {config}")
     if config.step not in (16, 64) or (config.step == 64 and config.inverse != "fp32"):
         raise ValueError(f"config.step must be 16, or 64 with the fp32 inverse; got {config}")
+    if config.dot == "fp16" and not use_qk_l2norm:
+        raise ValueError("config.dot='fp16' needs use_qk_l2norm=True (fp16 operands are only "
+                         "safe for unit-norm q and k)")
     if scale is None:
         scale = K ** -0.5
     if A_log is not None:
@@ -198,6 +203,8 @@ def chunk_kda_fwd(
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     if config.dot == "bf16":
         operand_dtype = torch.bfloat16
+    elif config.dot == "fp16":
+        operand_dtype = torch.float16
     elif use_qk_l2norm and config.operands == "fp16":
         operand_dtype = torch.float16
     else:
@@ -212,7 +219,9 @@ def chunk_kda_fwd(
     else:
         w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare(
             q, k, g, beta, A_log, dt_bias, **prepare_args,
-            fp16_inverse=config.inverse == "fp16")
+            fp16_inverse=config.inverse == "fp16",
+            inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee",
+            num_warps=config.prepare_warps)
 
     final_state = None
     if output_final_state:
@@ -225,7 +234,7 @@ def chunk_kda_fwd(
                   num_stages=config.num_stages, chunk=step)
     if config.variant == "t":
         o = chunk_kda_recurrent_t(v, w, qg, kend, ainv, mqk, gamma, **launch,
-                                  dot_bf16=config.dot == "bf16", prefetch=config.prefetch)
+                                  dot=config.dot, prefetch=config.prefetch)
     else:
         o = chunk_kda_recurrent(v, w, qg, kend, ainv, mqk, gamma, **launch)
     return o, final_state

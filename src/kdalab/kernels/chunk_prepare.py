@@ -40,7 +40,7 @@ def chunk_kda_prepare_kernel(
     H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    FP16_INVERSE: tl.constexpr,
+    FP16_INVERSE: tl.constexpr, INV_PRECISION: tl.constexpr = "ieee",
 ):
     i_c = tl.program_id(0)  # global chunk index
     i_h = tl.program_id(1)
@@ -99,7 +99,8 @@ def chunk_kda_prepare_kernel(
 
     # Neumann inverse (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of
     # order 16, so four factors are exact. FP16_INVERSE: fp16 operands, fp32 accumulation,
-    # each product rounded back to fp16 (FlashKDA's path); else fp32 ("ieee") products.
+    # each product rounded back to fp16 (FlashKDA's path); else fp32 products, "ieee" (FMA)
+    # or "tf32x3" (three tf32 tensor-core products, near-fp32).
     eye = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0)
     if FP16_INVERSE:
         p = L.to(tl.float16)
@@ -112,8 +113,8 @@ def chunk_kda_prepare_kernel(
         p = L
         inv = eye - L
         for _ in tl.static_range(3):
-            p = tl.dot(p, p, input_precision="ieee")
-            inv = inv + tl.dot(inv, p, input_precision="ieee")
+            p = tl.dot(p, p, input_precision=INV_PRECISION)
+            inv = inv + tl.dot(inv, p, input_precision=INV_PRECISION)
 
     ainv = inv * b[None, :]
     w = tl.dot(ainv, kd, input_precision="tf32")
@@ -132,6 +133,7 @@ def chunk_kda_prepare_kernel(
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     cu_seqlens, chunk_table, num_chunks, operand_dtype, fp16_inverse=False,
+    inv_precision="ieee", num_warps=None,
 ):
     """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma).
 
@@ -162,6 +164,7 @@ def chunk_kda_prepare(
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
         IS_VARLEN=cu_seqlens is not None, FP16_INVERSE=fp16_inverse,
-        num_warps=4 if K <= 64 else 8,
+        INV_PRECISION=inv_precision,
+        num_warps=num_warps or (4 if K <= 64 else 8),
     )
     return w, qg, kend, ainv, mqk, gamma

@@ -8,8 +8,9 @@ untransposed products have M = 16, the chunk):
     O^T = S^T QG^T + U^T MQK^T             [BV, 16]
     S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]
 
-``DT`` = bf16 selects bf16 products (S and U rounded to bf16, stage-1 operands stored in bf16)
-instead of tf32 ones (stage-1 operands in fp16, exact in tf32; S and U rounded to tf32).
+``DT`` = bf16 selects bf16 products (S and U rounded to bf16, stage-1 operands stored in bf16),
+fp16 fp16 products (S and U rounded to fp16: 3 more bits than bf16, but finite only below
+65504), instead of tf32 ones (stage-1 operands in fp16, exact in tf32; S and U rounded to tf32).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def chunk_kda_recurrent_t_kernel(
 
 def chunk_kda_recurrent_t(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk,
-    cu_seqlens, chunk_offsets, num_seqs, block_v=64, num_warps=4, num_stages=2, dot_bf16=False,
+    cu_seqlens, chunk_offsets, num_seqs, block_v=64, num_warps=4, num_stages=2, dot="tf32",
     chunk=CHUNK, prefetch=True,
 ):
     """Launch the transposed stage 2; same contract as ``chunk_kda_recurrent``."""
@@ -143,7 +144,7 @@ def chunk_kda_recurrent_t(
         H=H, K=K, V=V, BT=chunk, BV=bv,
         HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
-        DT=tl.bfloat16 if dot_bf16 else tl.float32, PREFETCH=prefetch,
+        DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dot], PREFETCH=prefetch,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o
