@@ -28,7 +28,7 @@ import triton
 from kdalab.arith import rel_rmse
 from kdalab.experiments.end_to_end import E2E_FAMILIES, study_inputs
 from kdalab.kda import reference_forward
-from kdalab.kernels import KernelConfig, chunk_kda_fwd
+from kdalab.kernels import FAST_CONFIG, KernelConfig, chunk_kda_fwd
 
 FAMILIES = tuple(f for f in E2E_FAMILIES if f != "long")  # "long" is a length; T is fixed here
 LOWER_BOUND = -5.0
@@ -48,14 +48,13 @@ SWEEP = {
     "t_bf16_w8": KernelConfig(dot="bf16", num_warps=8),
     "t_bf16_bv128_w8": KernelConfig(dot="bf16", block_v=128, num_warps=8),
     "kv_bv64_w8": KernelConfig(variant="kv", block_v=64, num_warps=8),
-    # fp16 products in stage 2; stage 1's warps; the fp32 inverse on tensor cores (3xTF32)
+    # fp16 products in stage 2; stage 1's warps (default 8 at K = 128); FAST_CONFIG (both);
+    # the fp32 inverse on tensor cores (3xTF32)
     "t_fp16": KernelConfig(dot="fp16"),
     "prep_w4": KernelConfig(prepare_warps=4),
+    "fast": FAST_CONFIG,
     "prep_w16": KernelConfig(prepare_warps=16),
-    "t_bf16_prep_w16": KernelConfig(dot="bf16", prepare_warps=16),
     "inv_tf32x3": KernelConfig(inverse="tf32x3"),
-    "t_bf16_prep_w4": KernelConfig(dot="bf16", prepare_warps=4),
-    "t_bf16_tf32x3": KernelConfig(dot="bf16", inverse="tf32x3"),
     "t_fp16_tf32x3": KernelConfig(dot="fp16", inverse="tf32x3"),
     # 64-token steps (experimental; spill registers on sm_90, scripts/sm90_report.py)
     "s64_kv_bv64": KernelConfig(step=64, variant="kv", block_v=64),
@@ -65,9 +64,9 @@ ACCURACY_CONFIGS = {
     "inv_tf32x3": KernelConfig(inverse="tf32x3"),
     "t_bf16": KernelConfig(dot="bf16"),
     "t_fp16": KernelConfig(dot="fp16"),
+    "fast": FAST_CONFIG,
 }
-STAGE_CONFIGS = ("default", "t_nopf", "t_bf16", "t_bf16_nopf", "t_fp16", "prep_w4",
-                 "inv_tf32x3")
+STAGE_CONFIGS = ("default", "t_bf16", "t_fp16", "prep_w4", "fast", "inv_tf32x3")
 
 
 def _fla():

@@ -24,7 +24,7 @@ pytest.importorskip("triton")
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.experiments.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 from kdalab.kda import reference_forward  # noqa: E402
-from kdalab.kernels import DEFAULT_CONFIG, KernelConfig, chunk_kda_fwd  # noqa: E402
+from kdalab.kernels import DEFAULT_CONFIG, FAST_CONFIG, KernelConfig, chunk_kda_fwd  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 HAS_CUDA = torch.cuda.is_available()
@@ -223,8 +223,8 @@ def test_interp_step64(family, variant):
 
 @interp
 @pytest.mark.parametrize("config", [KernelConfig(dot="fp16"), KernelConfig(inverse="tf32x3"),
-                                    KernelConfig(prepare_warps=2)],
-                         ids=["fp16_products", "inverse_tf32x3", "prepare_w2"])
+                                    KernelConfig(prepare_warps=2), FAST_CONFIG],
+                         ids=["fp16_products", "inverse_tf32x3", "prepare_w2", "fast_config"])
 def test_interp_precision_variants(config):
     # (fp16 products round S and U to 11 bits; the fp32 bound holds for them too)
     eo, es = _run("weak_decay_correlated", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
@@ -360,6 +360,16 @@ def test_gpu_families_fixed(family, K):
 
 @gpu
 @pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_fast_config_varlen(family):
+    # FAST_CONFIG (fp16 products, 4-warp stage 1) at the benchmark's varlen shape, with state
+    cu = [0, 1300, 1847, 3895, 4858, 5129, 8192]
+    eo, es = _run(family, 1, 8192, 2, 128, device="cuda", h0=True, cu_seqlens=cu,
+                  config=FAST_CONFIG)
+    assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
+
+
+@gpu
+@pytest.mark.parametrize("family", FAMILIES)
 def test_gpu_families_varlen(family):
     cu = [0, 1300, 1847, 3895, 4858, 5129, 8192]
     eo, es = _run(family, 1, 8192, 2, 128, device="cuda", h0=True, cu_seqlens=cu)
@@ -397,8 +407,9 @@ def test_gpu_step64(family):
 
 
 @gpu
-@pytest.mark.parametrize("config", [KernelConfig(dot="fp16"), KernelConfig(inverse="tf32x3")],
-                         ids=["fp16_products", "inverse_tf32x3"])
+@pytest.mark.parametrize("config", [KernelConfig(dot="fp16"), KernelConfig(inverse="tf32x3"),
+                                    FAST_CONFIG],
+                         ids=["fp16_products", "inverse_tf32x3", "fast_config"])
 def test_gpu_precision_variants(config):
     # tf32x3 inverse: the default's bounds; fp16 products: half the bf16 form's bounds (3 more
     # mantissa bits than bf16)

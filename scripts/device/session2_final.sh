@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Last device call of session 2 (2026-11-29): issue 3's GPU sweep benchmark (new draw path),
+# Last device call of session 2 (2026-11-29), run at commit 6b8f1a3 (config names as then:
+# prep_w4 = 4-warp stage 1, t_fp16 = fp16 products): issue 3's GPU sweep benchmark (new draws),
 # the new kernel GPU tests, and the kernel benchmark over stage-1 / stage-2 variants (speed at
 # H = 64 and 96 fixed length, accuracy, stage split). Carry .whl (fla-core). Logs to $OUT.
 set -o pipefail

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The next device call for issue 6 (written 2026-11-29, session 2, not yet run): the GPU tests
+# (FAST_CONFIG among them), then FAST_CONFIG and the default timed end to end at the issue's
+# four shapes, accuracy, stage split. Carry .whl (fla-core). Logs to $OUT.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/src
+timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels.py -k gpu 2>&1 \
+    | tee $OUT/pytest_kernels.log | tail -4
+timeout 330 python3 benchmarks/bench_kernel.py --configs default,fast,t_fp16,prep_w4 \
+    --accuracy --accuracy-configs default,fast --stages --stage-configs default,fast \
+    --json $OUT/bench_kernel.json 2>&1 | tee $OUT/bench_kernel.log
