@@ -10,7 +10,7 @@ dim 128. *Batched*: kdalab's own ``run_sweep(device="cuda")`` — inputs drawn o
 every stage one launch per batch, batches pipelined, records built — timed whole, median of 3
 after a warm-up, for the Neumann models ``gpu-h200`` (== CPU ``h200``), ``gpu-h200-mma`` and
 ``cublas-16f``, each with its own hardware's L (``gpu-h200-sgemm``; ``cublas-32f`` for
-``cublas-16f``). *Per-run loop*: the seed's own ``run_one`` (its code, copied below), one
+``cublas-16f``). *Per-run loop*: the seed's own ``run_one`` (its code: seed_baseline.py), one
 ``cublasGemmEx`` call per product with a device synchronization before and after, as the seed
 does, on a spread subset of the runs. Speed-ups are against that loop, measured in the same run.
 Also checks that kdalab's batched ``kernel_l`` + ``neumann_inverse`` give the loop's kernel
@@ -39,6 +39,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+from seed_baseline import seed_make_inputs, seed_run_one  # noqa: E402  (benchmarks/)
+
 from kdalab.arith import gpu  # noqa: E402
 from kdalab.experiments.families import make_inputs_batch  # noqa: E402
 from kdalab.experiments.inverse import launch_group  # noqa: E402
@@ -59,95 +61,6 @@ GPU_RECIPE = SEED.with_(name="seed-h200-gpu", l_accumulation="gpu-h200-sgemm")
 MODELS = (("gpu-h200 (= h200)", "gpu-h200"),
           ("gpu-h200-mma (FlashKDA mma.sync)", "gpu-h200-mma"),
           ("cublas-16f (strided batched; L by cublas-32f)", "cublas-16f"))
-
-# --- the seed's make_inputs and run_one, verbatim in their arithmetic (CUDA path) ------------
-LOG2E = math.log2(math.e)
-
-
-def seed_make_inputs(family, chunk, dim, seed, lower_bound=-5.0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    if family == "weak_decay_correlated":
-        key = torch.randn(1, dim, dtype=torch.float64, generator=gen)
-        key = key / key.norm(dim=-1, keepdim=True)
-        keys = key.expand(chunk, -1)
-        log_decay = torch.full((chunk,), -0.01, dtype=torch.float64)
-        beta = torch.full((chunk,), 0.5, dtype=torch.float64)
-    else:
-        keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
-        keys = keys / keys.norm(dim=-1, keepdim=True)
-        if family == "floor":
-            log_decay = torch.full((chunk,), lower_bound, dtype=torch.float64)
-        else:
-            gate = torch.randn(chunk, dtype=torch.float64, generator=gen)
-            log_decay = lower_bound * torch.sigmoid(gate)
-        beta = torch.sigmoid(torch.randn(chunk, dtype=torch.float64, generator=gen))
-    return keys.to(torch.bfloat16), log_decay, beta
-
-
-def _seed_mm(a, b):
-    torch.cuda.synchronize(a.device)
-    out = gpu.cublas_gemm_single(a, b)
-    torch.cuda.synchronize(a.device)
-    return out
-
-
-def _seed_neumann(l):
-    n = l.shape[0]
-    inv = (torch.eye(n, dtype=torch.float16, device=l.device) - l).half()
-    power, exponent, max_power = l, 1, float(l.abs().max())
-    while exponent * 2 < n:
-        power = _seed_mm(power, power)
-        exponent *= 2
-        max_power = max(max_power, float(power.abs().max()))
-        inv = (inv + _seed_mm(inv, power)).half()
-    return inv, exponent, max_power
-
-
-def _exp2_ftz_f32(x):
-    y = torch.exp2(x.float())
-    return torch.where(y < torch.finfo(torch.float32).tiny, 0.0, y)
-
-
-def _rel_rmse(actual, expected):
-    if not torch.isfinite(actual).all():
-        return math.inf
-    error = (actual.double() - expected.double()).square().mean().sqrt()
-    scale = expected.double().square().mean().sqrt()
-    return float(error / (scale + 1e-30))
-
-
-def seed_run_one(keys, log_decay, beta):
-    chunk = keys.shape[0]
-    device = keys.device
-    keys64 = keys.double()
-    cumsum = log_decay.cumsum(0)
-    dots = keys64 @ keys64.t()
-    decay_ratio = torch.exp((cumsum[:, None] - cumsum[None, :]).clamp(max=0.0))
-    l_ref = torch.tril(dots * decay_ratio * beta[:, None], diagonal=-1)
-    identity = torch.eye(chunk, dtype=torch.float64, device=device)
-    inv_ref = torch.linalg.inv(identity + l_ref)
-    cumsum_log2 = log_decay.cumsum(0) * LOG2E
-    decay = _exp2_ftz_f32(cumsum_log2).bfloat16()
-    inv_decay = _exp2_ftz_f32(-cumsum_log2).bfloat16()
-    l_kernel = (keys * decay[:, None]).float() @ (keys * inv_decay[:, None]).float().t()
-    l_kernel = torch.tril(l_kernel.half(), diagonal=-1)
-    l_kernel = (l_kernel * beta.half()[:, None]).half()
-    stable_inv, _, stable_max = _seed_neumann(l_ref.half())
-    kernel_inv, kernel_power, kernel_max = _seed_neumann(l_kernel)
-    residual = _rel_rmse((identity + l_ref) @ kernel_inv.double(), identity)
-    if torch.isfinite(l_kernel).all():
-        neumann_only = _rel_rmse(kernel_inv, torch.linalg.inv(identity + l_kernel.double()))
-    else:
-        neumann_only = math.inf
-    return kernel_inv, {
-        "l_rel_rmse": _rel_rmse(l_kernel, l_ref),
-        "inv_total_rel_rmse": _rel_rmse(kernel_inv, inv_ref),
-        "inv_neumann_only_rel_rmse": neumann_only,
-        "inv_stable_l_rel_rmse": _rel_rmse(stable_inv, inv_ref),
-        "inverse_residual": residual,
-        "highest_power": kernel_power, "kernel_power_max": kernel_max,
-    }
-
 
 def batched_inverses(specs, device, workers=None):
     """Kernel L and its Neumann inverse for runs of one chunk size, via kdalab on ``device``

@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from kdalab.experiments.families import FAMILIES, make_inputs, make_inputs_batch
 from kdalab.experiments.inverse import RunSpec
 
-
-def seed_make_inputs(family, chunk, dim, seed, lower_bound):
-    """The seed document's make_inputs (its code, as kdalab first reproduced it)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    if family == "weak_decay_correlated":
-        key = torch.randn(1, dim, dtype=torch.float64, generator=gen)
-        key = key / key.norm(dim=-1, keepdim=True)
-        keys = key.expand(chunk, -1)
-        log_decay = torch.full((chunk,), -0.01, dtype=torch.float64)
-        beta = torch.full((chunk,), 0.5, dtype=torch.float64)
-    else:
-        keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
-        keys = keys / keys.norm(dim=-1, keepdim=True)
-        if family == "floor":
-            log_decay = torch.full((chunk,), lower_bound, dtype=torch.float64)
-        else:
-            gate = torch.randn(chunk, dtype=torch.float64, generator=gen)
-            log_decay = lower_bound * torch.sigmoid(gate)
-        beta = torch.sigmoid(torch.randn(chunk, dtype=torch.float64, generator=gen))
-    return keys.to(torch.bfloat16), log_decay, beta
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from seed_baseline import seed_make_inputs  # noqa: E402  (the seed document's code)
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -91,7 +91,12 @@ def test_store_roundtrip_nonfinite(tmp_path):
     assert df["x"].iloc[0] == math.inf
 
 
-def test_interrupted_sweep_keeps_written_records(tmp_path):
+@pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
+def test_interrupted_sweep_keeps_written_records(tmp_path, monkeypatch, pipelined):
+    # (pipelined: the CUDA pipeline, forced on the CPU)
+    import kdalab.experiments.sweep as sweep
+
+    monkeypatch.setattr(sweep, "_pipelined", lambda device: pipelined)
     runs = SweepConfig(families=("floor",), chunks=(4, 8, 12), seeds=(0, 1)).runs()
     calls = []
 
@@ -125,27 +130,6 @@ def test_pipelined_sweep_keeps_order_and_records(monkeypatch):
     assert json.dumps(piped) == json.dumps(plain) == json.dumps(sunk)
     assert [d for d, _ in seen] == sorted({d for d, _ in seen}) and seen[-1] == (30, 30)
     assert len(seen) == 8  # 15 runs of each chunk in batches of 4
-
-
-def test_interrupted_pipelined_sweep_keeps_written_records(tmp_path, monkeypatch):
-    import kdalab.experiments.sweep as sweep
-
-    monkeypatch.setattr(sweep, "_pipelined", lambda device: True)
-    runs = SweepConfig(families=("floor",), chunks=(4, 8, 12), seeds=(0, 1)).runs()
-    calls = []
-
-    def sink(records):
-        writer.write(records)
-        calls.append(len(records))
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-
-    writer = RecordWriter(tmp_path)
-    with pytest.raises(KeyboardInterrupt):
-        with writer:
-            run_sweep(runs, ["fp16-seq"], sink=sink)
-    kept = read_records(tmp_path)
-    assert len(kept) == 4 and {r["chunk"] for r in kept} == {4, 8}
 
 
 def test_seed_tables_from_records():
