@@ -46,3 +46,22 @@ def test_batch_checks_its_runs():
         make_inputs_batch([])
     with pytest.raises(ValueError, match="lower_bound"):
         make_inputs("floor", 4, 8, 0, 1.0)
+
+
+def test_batched_sigmoid_equals_per_run_on_large_batches():
+    # Above torch's parallel grain (32768 values) its CPU sigmoid splits a call across threads
+    # at arbitrary points, and each split's tail takes the scalar loop: the batched sigmoid must
+    # still equal torch.sigmoid on each run's own tensor (found with n = 2101 at 2 threads).
+    from kdalab.experiments.families import _sigmoid_rows
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        for n, chunk in ((2101, 17), (3001, 17), (2050, 48)):
+            x = torch.randn(n, chunk, dtype=torch.float64, generator=gen)
+            assert torch.equal(_sigmoid_rows(x), torch.stack([torch.sigmoid(r.clone())
+                                                              for r in x]))
+    finally:
+        torch.set_num_threads(threads)
+

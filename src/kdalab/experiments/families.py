@@ -103,6 +103,7 @@ def _draw_run(gen: torch.Generator, family: str, seed: int, scratch: torch.Tenso
 
 
 _SIGMOID_UNIT: list = []  # [block] once calibrated; [None] if the split does not reproduce
+_SIGMOID_SLICE = 16384  # a multiple of every block tried, half torch's grain size
 
 
 def _sigmoid_split(x: torch.Tensor, unit: int) -> torch.Tensor:
@@ -117,8 +118,13 @@ def _sigmoid_split(x: torch.Tensor, unit: int) -> torch.Tensor:
     if full:
         flat = x[:, :full].reshape(-1)
         pad = (-flat.numel()) % unit
-        vec = torch.sigmoid(torch.cat([flat, flat.new_zeros(pad)]) if pad else flat)
-        out[:, :full] = vec[: flat.numel()].view(n, full)
+        flat = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
+        # slices a multiple of ``unit`` long and below torch's parallel grain (32768): a
+        # longer call is split across intra-op threads at arbitrary points, and each split's
+        # tail goes through the scalar loop
+        vec = torch.cat([torch.sigmoid(flat[i : i + _SIGMOID_SLICE])
+                         for i in range(0, flat.numel(), _SIGMOID_SLICE)])
+        out[:, :full] = vec[: n * full].view(n, full)
     if full < chunk:
         strided = torch.empty(n, chunk - full, 2, dtype=x.dtype)
         strided[..., 0] = x[:, full:]
