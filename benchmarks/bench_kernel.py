@@ -56,6 +56,7 @@ SWEEP = {
     "prep_w16": KernelConfig(prepare_warps=16),
     "inv_tf32x3": KernelConfig(inverse="tf32x3"),
     "t_fp16_tf32x3": KernelConfig(dot="fp16", inverse="tf32x3"),
+    "fast_tf32x3": KernelConfig(dot="fp16", prepare_warps=4, inverse="tf32x3"),
     # 64-token steps (experimental; spill registers on sm_90, scripts/sm90_report.py)
     "s64_kv_bv64": KernelConfig(step=64, variant="kv", block_v=64),
 }
