@@ -52,6 +52,7 @@ SWEEP = {
     # the fp32 inverse on tensor cores (3xTF32)
     "t_fp16": KernelConfig(dot="fp16"),
     "prep_w4": KernelConfig(prepare_warps=4),
+    "prep_w2": KernelConfig(prepare_warps=2),
     "fast": FAST_CONFIG,
     "prep_w16": KernelConfig(prepare_warps=16),
     "inv_tf32x3": KernelConfig(inverse="tf32x3"),
