@@ -85,8 +85,8 @@ def _draw_run(gen: torch.Generator, family: str, seed: int, scratch: torch.Tenso
     ``gen`` is reseeded: ``manual_seed`` resets the whole CPU generator (Mersenne Twister state
     and cached Box-Muller sample), so a reused generator draws what a fresh one would. Each
     draw has the seed's own size (torch's CPU normal sampler takes different paths below and
-    above 16 values). The keys are normalized here, per run, into a small reused workspace: a
-    batch-sized float64 buffer costs page faults that made the draws slower on the H200 host.
+    above 16 values). The keys are normalized here, per run (small tensors: torch runs them
+    without intra-op threads, which matters on draw threads), in a small reused workspace.
     """
     chunk = keys.shape[0]
     gen.manual_seed(seed)
