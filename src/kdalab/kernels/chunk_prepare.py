@@ -27,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .indexing import chunk_of_program
+
 CHUNK = 16
 LOG2E = math.log2(math.e)
 
@@ -44,17 +46,7 @@ def chunk_kda_prepare_kernel(
 ):
     i_c = tl.program_id(0)  # global chunk index
     i_h = tl.program_id(1)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_table_ptr + 2 * i_c).to(tl.int64)
-        i_t = tl.load(chunk_table_ptr + 2 * i_c + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
-    else:
-        nt = tl.cdiv(T, BT)
-        i_n = (i_c // nt).to(tl.int64)
-        i_t = (i_c % nt).to(tl.int64)
-        bos = i_n * T
-        eos = bos + T
+    i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT, IS_VARLEN)
 
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)

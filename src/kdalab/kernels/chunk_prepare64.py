@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .indexing import chunk_of_program
+
 BLOCK = 16
 STEP = 64
 
@@ -127,17 +129,7 @@ def chunk_kda_prepare64_kernel(
 ):
     i_c = tl.program_id(0)  # global step index
     i_h = tl.program_id(1)
-    if IS_VARLEN:
-        i_n = tl.load(chunk_table_ptr + 2 * i_c).to(tl.int64)
-        i_t = tl.load(chunk_table_ptr + 2 * i_c + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
-    else:
-        nt = tl.cdiv(T, ST)
-        i_n = (i_c // nt).to(tl.int64)
-        i_t = (i_c % nt).to(tl.int64)
-        bos = i_n * T
-        eos = bos + T
+    i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, ST, IS_VARLEN)
     row0 = bos + i_t * ST
     g0, t0, q0, k0, b0 = _load_block(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                                      row0, eos, i_h, lower_bound, H, K, BT,

@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .indexing import sequence_of_program
+
 CHUNK = 16
 
 
@@ -59,16 +61,8 @@ def chunk_kda_recurrent_t_kernel(
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
-    i_n = (i_nh // H).to(tl.int64)
-    i_h = i_nh % H
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
-        c0 = tl.load(chunk_offsets_ptr + i_n).to(tl.int64)
-    else:
-        bos = i_n * T
-        eos = bos + T
-        c0 = i_n * tl.cdiv(T, BT)
+    i_n, i_h, bos, eos, c0 = sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H,
+                                                 BT, IS_VARLEN)
     n_chunks = tl.cdiv(eos - bos, BT)
 
     o_r = tl.arange(0, BT)

@@ -1,0 +1,47 @@
+"""Where a program's tokens are: the index arithmetic every kernel of the forward shares.
+
+Fixed-length input is ``[B, T, ...]`` flattened to rows; variable-length input is one row
+range per sequence (``cu_seqlens``). Row ranges are ``[bos, eos)`` in the flattened rows.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT: tl.constexpr,
+                     IS_VARLEN: tl.constexpr):
+    """A token-parallel program's chunk: global chunk ``i_c`` → (sequence, chunk in the
+    sequence, bos, eos). Varlen reads the (sequence, chunk) table built on the host."""
+    if IS_VARLEN:
+        i_n = tl.load(chunk_table_ptr + 2 * i_c).to(tl.int64)
+        i_t = tl.load(chunk_table_ptr + 2 * i_c + 1).to(tl.int64)
+        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
+    else:
+        nt = tl.cdiv(T, BT)
+        i_n = (i_c // nt).to(tl.int64)
+        i_t = (i_c % nt).to(tl.int64)
+        bos = i_n * T
+        eos = bos + T
+    return i_n, i_t, bos, eos
+
+
+@triton.jit
+def sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H: tl.constexpr,
+                        BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """A recurrent program's sequence and head: ``i_nh`` = sequence · H + head → (sequence,
+    head, bos, eos, global index of the sequence's first chunk)."""
+    i_n = (i_nh // H).to(tl.int64)
+    i_h = i_nh % H
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
+        c0 = tl.load(chunk_offsets_ptr + i_n).to(tl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        c0 = i_n * tl.cdiv(T, BT)
+    return i_n, i_h, bos, eos, c0
