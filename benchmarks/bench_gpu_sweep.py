@@ -117,7 +117,7 @@ def cpu_models(seeds: int, workers: int | None = None) -> None:
 
 def sweep(runs, model, args):
     return run_sweep(runs, [model], recipe=GPU_RECIPE, device=DEVICE, workers=args.workers,
-                     max_batch=args.max_batch)
+                     processes=args.processes, max_batch=args.max_batch)
 
 
 def profile(runs, model, args, result):
@@ -133,19 +133,25 @@ def profile(runs, model, args, result):
         prof[label] = seconds
         print(f"  {label:<52} {seconds:8.3f} s {1e3 * seconds / n:8.4f} ms/run {note}")
 
-    def draws(workers):
+    def draws(workers, processes=0):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = [make_inputs_batch(b, dev, workers) for b in batches]
+        out = [make_inputs_batch(b, dev, workers, processes) for b in batches]
         torch.cuda.synchronize()
         return out, time.perf_counter() - t0
 
-    workers_label = f"input draws alone, workers={args.workers or 'default'}"
+    for p in (1, 2, 4, 8, 12):  # draw processes: no GIL between them
+        if p <= (os.cpu_count() or 1):
+            draws(1, p)  # spawns the processes
+            line(f"input draws alone, {p} process(es)", draws(1, p)[1])
+
+    workers_label = (f"input draws alone, workers={args.workers or 'default'}, "
+                     f"processes={'default' if args.processes is None else args.processes}")
     for w in sorted({1, 2, 4, 8, os.cpu_count() or 1}):
         draws(w)
         line(f"input draws alone, {w} thread(s)", draws(w)[1])
-    draws(args.workers)
-    inputs, t = draws(args.workers)
+    draws(args.workers, args.processes)
+    inputs, t = draws(args.workers, args.processes)
     line(workers_label, t)
 
     def launch_all():
@@ -188,10 +194,16 @@ def profile(runs, model, args, result):
         t, _ = _time(lambda: sweep(runs, model, timed))
         line(f"run_sweep whole, max_batch={mb}", t)
     for w in (1, 2, 8):  # and by draw threads
-        timed = argparse.Namespace(**{**vars(args), "workers": w})
+        timed = argparse.Namespace(**{**vars(args), "workers": w, "processes": 0})
         sweep(runs, model, timed)
         t, _ = _time(lambda: sweep(runs, model, timed))
         line(f"run_sweep whole, max_batch={args.max_batch}, workers={w}", t)
+    for p in (2, 4, 8, 12):  # and by draw processes
+        if p <= (os.cpu_count() or 1):
+            timed = argparse.Namespace(**{**vars(args), "processes": p})
+            sweep(runs, model, timed)
+            t, _ = _time(lambda: sweep(runs, model, timed))
+            line(f"run_sweep whole, max_batch={args.max_batch}, processes={p}", t)
 
     try:  # the kernels and CPU-side operations that take the time (torch.profiler)
         from torch.profiler import ProfilerActivity
@@ -250,7 +262,9 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=256)
     p.add_argument("--loop-runs", type=int, default=96)
     p.add_argument("--workers", type=int, default=None,
-                   help="threads for the input draws (default: one per core)")
+                   help="threads for the input draws (default: run_sweep's)")
+    p.add_argument("--processes", type=int, default=None,
+                   help="draw processes (default: run_sweep's on CUDA; 0 = threads)")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH[True],
                    help="run_sweep's max_batch (default: its CUDA default)")
     p.add_argument("--profile", action="store_true", help="also split run_sweep's time")

@@ -58,6 +58,9 @@ SWEEP = {
     "inv_tf32x3": KernelConfig(inverse="tf32x3"),
     "t_fp16_tf32x3": KernelConfig(dot="fp16", inverse="tf32x3"),
     "fast_tf32x3": KernelConfig(dot="fp16", prepare_warps=4, inverse="tf32x3"),
+    # stage 1 on 2 warps (255 registers, no spills: scripts/sm90_report.py)
+    "fast_w2": KernelConfig(dot="fp16", prepare_warps=2),
+    "fast_w2_tf32x3": KernelConfig(dot="fp16", prepare_warps=2, inverse="tf32x3"),
     # 64-token steps (experimental; spill registers on sm_90, scripts/sm90_report.py)
     "s64_kv_bv64": KernelConfig(step=64, variant="kv", block_v=64),
 }
@@ -67,6 +70,7 @@ ACCURACY_CONFIGS = {
     "t_bf16": KernelConfig(dot="bf16"),
     "t_fp16": KernelConfig(dot="fp16"),
     "fast": FAST_CONFIG,
+    "fast_w2": KernelConfig(dot="fp16", prepare_warps=2),
 }
 STAGE_CONFIGS = ("default", "t_bf16", "t_fp16", "prep_w4", "fast", "inv_tf32x3")
 

@@ -323,6 +323,27 @@ def test_bad_arguments_raise_value_error(mutate, match):
         chunk_kda_fwd(*args, **kw)
 
 
+def test_varlen_tables_cached_per_tensor():
+    # validated and tabled once per cu_seqlens object (a host read each time would cost a
+    # device sync per call); an in-place change, another T or step is validated afresh
+    from kdalab.kernels.chunk_kda import _varlen_tables
+
+    cu = torch.tensor([0, 5, 20, 37])
+    first = _varlen_tables(cu, 37, 16)
+    assert _varlen_tables(cu, 37, 16) is first
+    assert torch.equal(first[0], cu.int()) and first[3] == 1 + 1 + 2
+    assert torch.equal(first[1], torch.tensor([[0, 0], [1, 0], [2, 0], [2, 1]], dtype=torch.int32))
+    assert torch.equal(first[2], torch.tensor([0, 1, 2], dtype=torch.int32))
+    other = _varlen_tables(cu.clone(), 37, 16)  # an equal tensor: its own entry, same tables
+    assert other is not first and all(torch.equal(a, b) for a, b in zip(other[:3], first[:3]))
+    assert _varlen_tables(cu, 37, 64)[3] == 3
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        _varlen_tables(cu, 40, 16)
+    cu[2] = 40  # in place: the version counter moves, the tensor is checked again
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        _varlen_tables(cu, 37, 16)
+
+
 def test_fp16_products_need_l2norm():
     q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 20, 1, 32)
     with pytest.raises(ValueError, match="use_qk_l2norm"):
@@ -360,11 +381,13 @@ def test_gpu_families_fixed(family, K):
 
 @gpu
 @pytest.mark.parametrize("family", FAMILIES)
-def test_gpu_fast_config_varlen(family):
-    # FAST_CONFIG (fp16 products, 4-warp stage 1) at the benchmark's varlen shape, with state
+@pytest.mark.parametrize("config", [FAST_CONFIG, KernelConfig(dot="fp16", prepare_warps=2)],
+                         ids=["fast_config", "fp16_prepare_w2"])
+def test_gpu_fast_config_varlen(family, config):
+    # fp16 products with a 4- or 2-warp stage 1, at the benchmark's varlen shape, with state
     cu = [0, 1300, 1847, 3895, 4858, 5129, 8192]
     eo, es = _run(family, 1, 8192, 2, 128, device="cuda", h0=True, cu_seqlens=cu,
-                  config=FAST_CONFIG)
+                  config=config)
     assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
 
 
@@ -408,8 +431,9 @@ def test_gpu_step64(family):
 
 @gpu
 @pytest.mark.parametrize("config", [KernelConfig(dot="fp16"), KernelConfig(inverse="tf32x3"),
-                                    FAST_CONFIG],
-                         ids=["fp16_products", "inverse_tf32x3", "fast_config"])
+                                    FAST_CONFIG, KernelConfig(dot="fp16", prepare_warps=2)],
+                         ids=["fp16_products", "inverse_tf32x3", "fast_config",
+                              "fp16_prepare_w2"])
 def test_gpu_precision_variants(config):
     # tf32x3 inverse: the default's bounds; fp16 products: half the bf16 form's bounds (3 more
     # mantissa bits than bf16)

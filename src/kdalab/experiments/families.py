@@ -13,10 +13,11 @@ seed's order, so kdalab's inputs are bit-identical to the seed code's:
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -180,6 +181,16 @@ def _default_workers(n: int) -> int:
     return max(1, min(n, _cores(), MAX_DEFAULT_WORKERS))
 
 
+#: Draw processes by default on CUDA (0 = draw on threads).
+DEFAULT_CUDA_PROCESSES = 0
+
+
+def _default_processes(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    return max(0, min(DEFAULT_CUDA_PROCESSES, _cores() - 2))
+
+
 def _pool(workers: int) -> ThreadPoolExecutor:
     with _POOLS_LOCK:
         if workers not in _POOLS:
@@ -187,8 +198,115 @@ def _pool(workers: int) -> ThreadPoolExecutor:
         return _POOLS[workers]
 
 
+_PROCESS_POOLS: dict[int, ProcessPoolExecutor] = {}
+_BLOCK_LOCK = threading.Lock()  # one batch at a time through the shared block
+_BLOCK: list = []  # [SharedMemory, uint8 view] of the parent, grown on demand
+_ATTACHED: dict = {}  # a draw process's attached block: name -> (SharedMemory, uint8 view)
+
+
+def _init_draw_process() -> None:
+    torch.set_num_threads(1)  # a draw process runs small tensors; no intra-op threads
+
+
+def _block_views(buf: torch.Tensor, n: int, chunk: int, dim: int):
+    """keys [n, C, D] bf16, raw gate and raw beta [n, C] float64 laid out in ``buf``."""
+    kb = n * chunk * dim * 2
+    kb += (-kb) % 8
+    fb = n * chunk * 8
+    keys = buf[:kb].view(torch.bfloat16)[: n * chunk * dim].view(n, chunk, dim)
+    gate = buf[kb : kb + fb].view(torch.float64).view(n, chunk)
+    beta = buf[kb + fb : kb + 2 * fb].view(torch.float64).view(n, chunk)
+    return keys, gate, beta
+
+
+def _block_bytes(n: int, chunk: int, dim: int) -> int:
+    kb = n * chunk * dim * 2
+    return kb + (-kb) % 8 + 2 * n * chunk * 8
+
+
+def _attach(name: str) -> torch.Tensor:
+    """The parent's shared block in a draw process (attached once per block)."""
+    if name not in _ATTACHED:
+        from multiprocessing import shared_memory
+
+        for old in list(_ATTACHED):
+            shm, view = _ATTACHED.pop(old)
+            del view
+            shm.close()
+        shm = shared_memory.SharedMemory(name=name)
+        _ATTACHED[name] = (shm, torch.frombuffer(shm.buf, dtype=torch.uint8))
+    return _ATTACHED[name][1]
+
+
+def _draw_slice(name: str, n: int, chunk: int, dim: int, lo: int, families: list,
+                seeds: list) -> None:
+    """A draw process's task: :func:`_draw_run` for runs ``lo``… of a batch of ``n``, written
+    into the parent's shared block ``name``."""
+    keys, raw_gate, raw_beta = _block_views(_attach(name), n, chunk, dim)
+    gen = torch.Generator(device="cpu")
+    scratch = torch.empty(chunk, dim, dtype=torch.float64)
+    for j, (family, seed) in enumerate(zip(families, seeds)):
+        i = lo + j
+        _draw_run(gen, family, seed, scratch, keys[i], raw_gate[i], raw_beta[i])
+
+
+def _parent_block(nbytes: int):
+    """The parent's shared block, at least ``nbytes`` (replaced by a larger one if needed)."""
+    from multiprocessing import shared_memory
+
+    if _BLOCK and _BLOCK[0].size >= nbytes:
+        return _BLOCK
+    _free_block()
+    shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1 << 20))
+    _BLOCK[:] = [shm, torch.frombuffer(shm.buf, dtype=torch.uint8)]
+    return _BLOCK
+
+
+def _free_block() -> None:
+    if _BLOCK:
+        shm, view = _BLOCK
+        _BLOCK.clear()
+        del view
+        shm.close()
+        shm.unlink()
+
+
+atexit.register(_free_block)
+
+
+def _process_pool(processes: int) -> ProcessPoolExecutor:
+    """``processes`` draw processes, started once (spawned: safe after CUDA is initialized)
+    and reused."""
+    with _POOLS_LOCK:
+        if processes not in _PROCESS_POOLS:
+            import multiprocessing
+
+            _PROCESS_POOLS[processes] = ProcessPoolExecutor(
+                processes, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_draw_process)
+        return _PROCESS_POOLS[processes]
+
+
+def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, seeds: list,
+                       keys: torch.Tensor, raw_gate: torch.Tensor,
+                       raw_beta: torch.Tensor) -> None:
+    n = len(seeds)
+    edges = [n * w // processes for w in range(processes + 1)]
+    pool = _process_pool(processes)
+    with _BLOCK_LOCK:
+        shm, buf = _parent_block(_block_bytes(n, chunk, dim))
+        tasks = [pool.submit(_draw_slice, shm.name, n, chunk, dim, lo, families[lo:hi],
+                             seeds[lo:hi]) for lo, hi in zip(edges, edges[1:])]
+        for task in tasks:
+            task.result()
+        k, g, b = _block_views(buf, n, chunk, dim)
+        keys.copy_(k)
+        raw_gate.copy_(g)
+        raw_beta.copy_(b)
+
+
 def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
-                      workers: int | None = None) -> ChunkInputs:
+                      workers: int | None = None, processes: int | None = None) -> ChunkInputs:
     """The inputs of runs of one chunk size and dim, stacked: keys [B, C, D], log_decay and
     beta [B, C]; run ``i`` equal bit for bit to the seed's ``make_inputs`` of ``runs[i]``.
 
@@ -196,7 +314,11 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     :class:`~kdalab.experiments.inverse.RunSpec`; ``None`` = −5 for families without one).
     The random draws and the key normalization are per run (each with its own seeded
     generator, on ``workers`` threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no
-    threads). The rest is done once for the batch and equals the seed's per-run arithmetic
+    threads; or, with ``processes`` ≥ 1, in that many draw processes, spawned once and reused,
+    which write into a shared-memory block: no GIL between them. Default processes: 0 on the
+    CPU, :data:`DEFAULT_CUDA_PROCESSES` on CUDA. Spawned processes import the caller's
+    ``__main__``: a script that draws through them needs the ``if __name__ == "__main__":``
+    guard). The rest is done once for the batch and equals the seed's per-run arithmetic
     bit for bit: the sigmoids (:func:`_sigmoid_rows` reproduces torch's per-tensor split
     between its vectorized and scalar loops), g = lower_bound · sigmoid and the constants.
     Each tensor then goes to ``device`` in one copy (from pinned memory, without waiting, on
@@ -227,7 +349,12 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
             _draw_run(gen, families[i], seeds[i], scratch, keys[i], raw_gate[i], raw_beta[i])
 
     workers = _default_workers(n) if workers is None else max(1, min(int(workers), n))
-    if workers == 1:
+    processes = min(_default_processes(device) if processes is None else int(processes), n)
+    if processes < 0:
+        raise ValueError(f"processes must be >= 0, got {processes}")
+    if processes >= 1:
+        _draw_in_processes(processes, chunk, dim, families, seeds, keys, raw_gate, raw_beta)
+    elif workers == 1:
         draw(0, n)
     else:
         edges = [n * w // workers for w in range(workers + 1)]

@@ -133,12 +133,13 @@ def launch_group(
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
     workers: int | None = None,
+    processes: int | None = None,
     inputs: ChunkInputs | None = None,
 ) -> PendingGroup:
     """Queue a group's work on ``device`` and return without waiting for it (on CUDA no step
     here waits for the GPU). ``inputs``: the group's inputs if already drawn
     (:func:`~kdalab.experiments.families.make_inputs_batch`), else drawn here on ``workers``
-    threads."""
+    threads or ``processes`` draw processes."""
     if not specs:
         raise ValueError("launch_group needs at least one run")
     chunk, dim = specs[0].chunk, specs[0].dim
@@ -156,7 +157,7 @@ def launch_group(
         plans.append((name, get_accumulation(neumann), l_acc))
 
     if inputs is None:
-        inputs = make_inputs_batch(specs, device, workers)
+        inputs = make_inputs_batch(specs, device, workers, processes)
     keys, log_decay, beta = inputs.keys, inputs.log_decay, inputs.beta
 
     eye = torch.eye(chunk, dtype=torch.float64, device=device)

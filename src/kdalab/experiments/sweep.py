@@ -245,12 +245,13 @@ def run_sweep(
     progress: Callable[[int, int], None] | None = None,
     max_batch: int | None = None,
     workers: int | None = None,
+    processes: int | None = None,
 ) -> list[dict]:
     """Run ``runs`` batched by (chunk, dim); return all records (in a fixed order).
 
     ``sink`` receives each batch's records as soon as they exist; ``progress(done, total)`` is
     called after each batch. Records do not depend on batching (tested), only on the run.
-    ``workers``: threads for the input draws (default a few; see
+    ``workers`` / ``processes``: threads or processes for the input draws (defaults: see
     :func:`~kdalab.experiments.families.make_inputs_batch`). ``max_batch``: runs per batch
     (default :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches
     stay in cache; 4096 on CUDA, where each batch costs a few hundred kernel launches).
@@ -277,7 +278,7 @@ def run_sweep(
 
     def launch(batch: list[RunSpec], inputs: ChunkInputs | None = None) -> PendingGroup:
         return launch_group(batch, accumulations, recipe=recipe, device=device, workers=workers,
-                            inputs=inputs)
+                            processes=processes, inputs=inputs)
 
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
@@ -287,7 +288,8 @@ def run_sweep(
             emit(launch(batch))
         return out
     with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
-        draw = lambda batch: ahead.submit(make_inputs_batch, batch, device, workers)  # noqa: E731
+        draw = lambda batch: ahead.submit(  # noqa: E731
+            make_inputs_batch, batch, device, workers, processes)
         next_inputs = draw(batches[0])
         pending = None
         try:
