@@ -18,6 +18,7 @@ relative Frobenius error) of o and of the final state against the fp64 token rec
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import time
@@ -28,7 +29,8 @@ import triton
 from kdalab.arith import rel_rmse
 from kdalab.experiments.end_to_end import E2E_FAMILIES, study_inputs
 from kdalab.kda import reference_forward
-from kdalab.kernels import FAST_CONFIG, KernelConfig, chunk_kda_fwd
+from kdalab.kernels import TF32_CONFIG, KernelConfig, chunk_kda_fwd
+from kdalab.kernels.chunk_kda import _resolve_dot
 
 FAMILIES = tuple(f for f in E2E_FAMILIES if f != "long")  # "long" is a length; T is fixed here
 LOWER_BOUND = -5.0
@@ -37,42 +39,51 @@ T_TOTAL = 8192
 D = 128
 
 
+def _tf32(**changes):
+    """A variant of the tf32 configuration (the default before 2026-11-29; stage 1 on 8 warps)."""
+    return dataclasses.replace(TF32_CONFIG, **changes)
+
+
 SWEEP = {
+    # the earlier default: tf32 recurrent products, stage 1 on 8 warps
+    "tf32": TF32_CONFIG,
     # the stage-2 loads: hand-pipelined (prefetch, default) or issued in the step
-    "t_nopf": KernelConfig(prefetch=False),
-    "t_w8": KernelConfig(num_warps=8),
-    "t_bv128_w8": KernelConfig(block_v=128, num_warps=8),
-    "t_bv32": KernelConfig(block_v=32),
-    "t_bf16": KernelConfig(dot="bf16"),
-    "t_bf16_nopf": KernelConfig(dot="bf16", prefetch=False),
-    "t_bf16_w8": KernelConfig(dot="bf16", num_warps=8),
-    "t_bf16_bv128_w8": KernelConfig(dot="bf16", block_v=128, num_warps=8),
-    "kv_bv64_w8": KernelConfig(variant="kv", block_v=64, num_warps=8),
-    # fp16 products in stage 2; stage 1's warps (default 8 at K = 128); FAST_CONFIG (both);
-    # the fp32 inverse on tensor cores (3xTF32)
-    "t_fp16": KernelConfig(dot="fp16"),
-    "prep_w4": KernelConfig(prepare_warps=4),
-    "prep_w2": KernelConfig(prepare_warps=2),
-    "fast": FAST_CONFIG,
-    "prep_w16": KernelConfig(prepare_warps=16),
-    "inv_tf32x3": KernelConfig(inverse="tf32x3"),
-    "t_fp16_tf32x3": KernelConfig(dot="fp16", inverse="tf32x3"),
-    "fast_tf32x3": KernelConfig(dot="fp16", prepare_warps=4, inverse="tf32x3"),
-    # stage 1 on 2 warps (255 registers, no spills: scripts/sm90_report.py)
-    "fast_w2": KernelConfig(dot="fp16", prepare_warps=2),
-    "fast_w2_tf32x3": KernelConfig(dot="fp16", prepare_warps=2, inverse="tf32x3"),
+    "t_nopf": _tf32(prefetch=False),
+    "t_w8": _tf32(num_warps=8),
+    "t_bv128_w8": _tf32(block_v=128, num_warps=8),
+    "t_bv32": _tf32(block_v=32),
+    "t_bf16": _tf32(dot="bf16"),
+    "t_bf16_nopf": _tf32(dot="bf16", prefetch=False),
+    "t_bf16_w8": _tf32(dot="bf16", num_warps=8),
+    "t_bf16_bv128_w8": _tf32(dot="bf16", block_v=128, num_warps=8),
+    "kv_bv64_w8": _tf32(variant="kv", block_v=64, num_warps=8),
+    # fp16 products in stage 2; stage 1's warps; the fp32 inverse on tensor cores (3xTF32)
+    "t_fp16": _tf32(dot="fp16"),
+    "prep_w4": _tf32(prepare_warps=4),
+    "prep_w2": _tf32(prepare_warps=2),
+    "fast": _tf32(dot="fp16", prepare_warps=4),  # FAST_CONFIG as measured in session 2
+    "prep_w16": _tf32(prepare_warps=16),
+    "inv_tf32x3": _tf32(inverse="tf32x3"),
+    "t_fp16_tf32x3": _tf32(dot="fp16", inverse="tf32x3"),
+    "fast_tf32x3": _tf32(dot="fp16", prepare_warps=4, inverse="tf32x3"),
+    # stage 1 on 2 warps (255 registers, no spills: scripts/sm90_report.py): the default since
+    # 2026-11-29 with the fp16 range guard; without the guard
+    "fast_w2": _tf32(dot="fp16", prepare_warps=2, fp16_fallback=False),
+    "fast_w2_tf32x3": _tf32(dot="fp16", prepare_warps=2, inverse="tf32x3"),
+    "no_guard": KernelConfig(fp16_fallback=False),
     # 64-token steps (experimental; spill registers on sm_90, scripts/sm90_report.py)
-    "s64_kv_bv64": KernelConfig(step=64, variant="kv", block_v=64),
+    "s64_kv_bv64": _tf32(step=64, variant="kv", block_v=64, prepare_warps=None),
 }
 ACCURACY_CONFIGS = {
     "default": KernelConfig(),
-    "inv_tf32x3": KernelConfig(inverse="tf32x3"),
-    "t_bf16": KernelConfig(dot="bf16"),
-    "t_fp16": KernelConfig(dot="fp16"),
-    "fast": FAST_CONFIG,
-    "fast_w2": KernelConfig(dot="fp16", prepare_warps=2),
+    "tf32": TF32_CONFIG,
+    "inv_tf32x3": _tf32(inverse="tf32x3"),
+    "t_bf16": _tf32(dot="bf16"),
+    "t_fp16": _tf32(dot="fp16"),
+    "fast": SWEEP["fast"],
+    "fast_w2": SWEEP["fast_w2"],
 }
-STAGE_CONFIGS = ("default", "t_bf16", "t_fp16", "prep_w4", "fast", "inv_tf32x3")
+STAGE_CONFIGS = ("default", "tf32", "no_guard", "t_bf16", "inv_tf32x3")
 
 
 def _fla():
@@ -163,6 +174,7 @@ def stage_times(configs):
         q, k, v, g, beta = x
         nc = T_TOTAL // 16
         for name, config in configs.items():
+            config = _resolve_dot(config, True)
             if config.variant != "t" or config.step != 16:
                 continue
             bf16 = config.dot == "bf16"
@@ -183,7 +195,7 @@ def stage_times(configs):
                     v, *ops, initial_state=None, final_state=None, state_vk=False,
                     cu_seqlens=None, chunk_offsets=None, num_seqs=1, block_v=config.block_v,
                     num_warps=config.num_warps, num_stages=config.num_stages, dot=config.dot,
-                    prefetch=config.prefetch)
+                    prefetch=config.prefetch, fp16_fallback=config.fp16_fallback)
             row = dict(H=H, config=name, stage1_ms=bench(s1), stage2_ms=bench(s2))
             row["stage2_us_per_step"] = 1e3 * row["stage2_ms"] / nc
             out[f"{H}/{name}"] = row

@@ -96,7 +96,7 @@ def kdalab_rows():
                 lower_bound="fp32")
     ce = dict(H=64, K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
               BETA_LOGITS=True, IS_VARLEN=False, FP16_INVERSE=False)
-    for nw in (4, 8):
+    for nw in (2, 4, 8):
         for prec in ("ieee", "tf32x3"):
             yield report(chunk_kda_prepare_kernel, prep, dict(ce, INV_PRECISION=prec),
                          num_warps=nw, label=f"stage 1 inverse {prec} w{nw}")
@@ -104,14 +104,18 @@ def kdalab_rows():
         sig = dict(v_ptr="*bf16", w_ptr=f"*{opd}", qg_ptr=f"*{opd}", kend_ptr=f"*{opd}",
                    ainv_ptr=f"*{opd}", mqk_ptr=f"*{opd}", gamma_ptr="*fp32", h0_ptr="*fp32",
                    ht_ptr="*fp32", o_ptr="*bf16", cu_seqlens_ptr="*i32",
-                   chunk_offsets_ptr="*i32", T="i32")
-        for bv, nw in ((64, 4), (64, 8), (128, 8)):
-            for pf in (True, False):
-                ce = dict(H=64, K=128, V=128, BT=16, BV=bv, HAS_H0=False, STORE_HT=False,
-                          STATE_VK=False, IS_VARLEN=False, PREFETCH=pf,
-                          DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dot])
-                yield report(chunk_kda_recurrent_t_kernel, sig, ce, num_warps=nw,
-                             label=f"stage 2 t {dot} BV{bv} w{nw}" + (" prefetch" if pf else ""))
+                   chunk_offsets_ptr="*i32", flag_ptr="*i32", T="i32")
+        # FLAG: 1 = the guarded fp16 pass records out-of-range programs, 2 = the tf32 pass
+        # that recomputes only those
+        flags = {"fp16": (0, 1), "tf32": (0, 2)}.get(dot, (0,))
+        for bv, nw, pf, flag in [(64, 4, True, f) for f in flags] + [
+                (64, 4, False, 0), (64, 8, True, 0), (128, 8, True, 0)]:
+            ce = dict(H=64, K=128, V=128, BT=16, BV=bv, HAS_H0=False, STORE_HT=False,
+                      STATE_VK=False, IS_VARLEN=False, PREFETCH=pf, FLAG=flag,
+                      DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dot])
+            yield report(chunk_kda_recurrent_t_kernel, sig, ce, num_warps=nw,
+                         label=f"stage 2 t {dot} BV{bv} w{nw}" + (" prefetch" if pf else "")
+                         + (f" flag{flag}" if flag else ""))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,13 @@ pytest.importorskip("triton")
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.experiments.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 from kdalab.kda import reference_forward  # noqa: E402
-from kdalab.kernels import DEFAULT_CONFIG, FAST_CONFIG, KernelConfig, chunk_kda_fwd  # noqa: E402
+from kdalab.kernels import (  # noqa: E402
+    DEFAULT_CONFIG,
+    FAST_CONFIG,
+    TF32_CONFIG,
+    KernelConfig,
+    chunk_kda_fwd,
+)
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 HAS_CUDA = torch.cuda.is_available()
@@ -195,10 +201,10 @@ def test_interp_fp16_inverse():
 
 @interp
 @pytest.mark.parametrize("config", [
-    KernelConfig(variant="kv", block_v=32), KernelConfig(operands="fp32"),
+    KernelConfig(variant="kv", block_v=32), KernelConfig(dot="tf32", operands="fp32"),
     KernelConfig(block_v=16), KernelConfig(block_v=128, num_warps=8),
-    KernelConfig(prefetch=False)],
-    ids=["kv", "fp32_operands", "bv16", "bv128", "no_prefetch"])
+    KernelConfig(prefetch=False), KernelConfig(dot="tf32", prefetch=False)],
+    ids=["kv", "fp32_operands", "bv16", "bv128", "no_prefetch", "tf32_no_prefetch"])
 def test_interp_recurrent_variants(config):
     # (the bf16-product variant is checked on the GPU only: triton 3.9's interpreter returns
     # garbage for bf16 tl.dot, ~1e10 off on a 16x16 product, 2026-11-29)
@@ -223,8 +229,9 @@ def test_interp_step64(family, variant):
 
 @interp
 @pytest.mark.parametrize("config", [KernelConfig(dot="fp16"), KernelConfig(inverse="tf32x3"),
-                                    KernelConfig(prepare_warps=2), FAST_CONFIG],
-                         ids=["fp16_products", "inverse_tf32x3", "prepare_w2", "fast_config"])
+                                    KernelConfig(dot="tf32", prepare_warps=2), TF32_CONFIG],
+                         ids=["fp16_products", "inverse_tf32x3", "tf32_prepare_w2",
+                              "tf32_config"])
 def test_interp_precision_variants(config):
     # (fp16 products round S and U to 11 bits; the fp32 bound holds for them too)
     eo, es = _run("weak_decay_correlated", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
@@ -241,6 +248,32 @@ def test_interp_prefetch_is_bit_identical():
                          initial_state=h0, output_final_state=True,
                          config=KernelConfig(prefetch=p)) for p in (True, False)]
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+
+
+@interp
+def test_interp_fp16_fallback():
+    # head 1's values past fp16's range: the fp16 pass overflows there (without the guard its
+    # output is not finite), the guard recomputes exactly that head's programs with tf32
+    # products: head 1 equals the tf32 configuration bit for bit, head 0 the unguarded fp16
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 83, 2, 32, seed=3)
+    v = v.float()
+    v[:, :, 1] *= 3e5
+    h0 = torch.randn(2, 2, 32, 32, generator=torch.Generator().manual_seed(2))
+
+    def run(config):
+        return chunk_kda_fwd(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=h0,
+                             output_final_state=True, cu_seqlens=torch.tensor([0, 40, 83]),
+                             config=config)
+
+    guarded = run(KernelConfig())
+    raw = run(KernelConfig(fp16_fallback=False))
+    tf32 = run(KernelConfig(dot="tf32"))
+    assert not raw[0][:, :, 1].isfinite().all() and not raw[1][:, 1].isfinite().all()
+    assert raw[0][:, :, 0].isfinite().all() and raw[1][:, 0].isfinite().all()
+    assert torch.equal(guarded[0][:, :, 0], raw[0][:, :, 0])
+    assert torch.equal(guarded[1][:, 0], raw[1][:, 0])
+    assert torch.equal(guarded[0][:, :, 1], tf32[0][:, :, 1])
+    assert torch.equal(guarded[1][:, 1], tf32[1][:, 1])
 
 
 @interp
@@ -409,6 +442,31 @@ def test_gpu_layouts_without_and_with_state(layout, state_dtype):
     assert eo < TOL_BF16_GPU and es < tol_s, (eo, es)
     eo, es = _run("model_like", 3, 333, 4, 64, device="cuda", h0=False)
     assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
+
+
+@gpu
+def test_gpu_fp16_fallback():
+    # the default's range guard at full shape: one head's v scaled past fp16's range; that
+    # head comes out finite and as accurate as the rest (recomputed with tf32 products, as
+    # the tf32 configuration with the same stage 1 computes it), the other heads untouched
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 2000, 4, 128, device="cuda")
+    v = v.clone()
+    v[:, :, 2] *= 3e5
+    h0 = torch.randn(1, 4, 128, 128, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, initial_state=h0, output_final_state=True)
+    o, s = chunk_kda_fwd(q, k, v, g, beta, **args)
+    raw_o, raw_s = chunk_kda_fwd(q, k, v, g, beta, **args,
+                                 config=KernelConfig(fp16_fallback=False))
+    tf_o, tf_s = chunk_kda_fwd(q, k, v, g, beta, **args,
+                               config=KernelConfig(dot="tf32", prepare_warps=2))
+    assert not raw_s[:, 2].isfinite().all()
+    ro, rs = reference_forward(q, k, v, g, beta, **args)
+    for h in range(4):
+        assert _err(o[:, :, h], ro[:, :, h]) < TOL_BF16_GPU, h
+        assert _err(s[:, h], rs[:, h]) < TOL_FP32, h
+    keep = [0, 1, 3]
+    assert torch.equal(o[:, :, keep], raw_o[:, :, keep]) and torch.equal(s[:, keep], raw_s[:, keep])
+    assert torch.equal(o[:, :, 2], tf_o[:, :, 2]) and torch.equal(s[:, 2], tf_s[:, 2])
 
 
 @gpu

@@ -181,14 +181,18 @@ def _default_workers(n: int) -> int:
     return max(1, min(n, _cores(), MAX_DEFAULT_WORKERS))
 
 
-#: Draw processes by default on CUDA (0 = draw on threads).
-DEFAULT_CUDA_PROCESSES = 0
+#: Draw processes on CUDA by default: the cores less 4 (the main thread, the draw-ahead
+#: thread, CUDA's own threads), at most this many, none if fewer than 2 would be left. On the
+#: H200 host (16 vCPUs) run_sweep took 0.095 / 0.083 ms per run on 1 / 2 draw threads and
+#: 0.059 / 0.043 / 0.033 / 0.029 on 2 / 4 / 8 / 12 processes (docs/BENCHMARKS.md).
+MAX_CUDA_PROCESSES = 12
 
 
 def _default_processes(device: torch.device) -> int:
     if device.type != "cuda":
         return 0
-    return max(0, min(DEFAULT_CUDA_PROCESSES, _cores() - 2))
+    processes = min(MAX_CUDA_PROCESSES, _cores() - 4)
+    return processes if processes >= 2 else 0
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
@@ -314,15 +318,15 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     :class:`~kdalab.experiments.inverse.RunSpec`; ``None`` = −5 for families without one).
     The random draws and the key normalization are per run (each with its own seeded
     generator, on ``workers`` threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no
-    threads; or, with ``processes`` ≥ 1, in that many draw processes, spawned once and reused,
-    which write into a shared-memory block: no GIL between them. Default processes: 0 on the
-    CPU, :data:`DEFAULT_CUDA_PROCESSES` on CUDA. Spawned processes import the caller's
-    ``__main__``: a script that draws through them needs the ``if __name__ == "__main__":``
-    guard). The rest is done once for the batch and equals the seed's per-run arithmetic
-    bit for bit: the sigmoids (:func:`_sigmoid_rows` reproduces torch's per-tensor split
-    between its vectorized and scalar loops), g = lower_bound · sigmoid and the constants.
-    Each tensor then goes to ``device`` in one copy (from pinned memory, without waiting, on
-    CUDA).
+    threads; or, with ``processes`` ≥ 1, in that many draw processes, spawned once and
+    reused, which write into a shared-memory block: no GIL between them. Default processes:
+    0 on the CPU; on CUDA the cores less 4, at most :data:`MAX_CUDA_PROCESSES`. Spawned
+    processes import the caller's ``__main__``: a script that draws through them needs the
+    ``if __name__ == "__main__":`` guard). The rest is done once for the batch and equals
+    the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`
+    reproduces torch's per-tensor split between its vectorized and scalar loops),
+    g = lower_bound · sigmoid and the constants. Each tensor then goes to ``device`` in one
+    copy (from pinned memory, without waiting, on CUDA).
     """
     if not runs:
         raise ValueError("make_inputs_batch needs at least one run")

@@ -6,6 +6,7 @@ is serial over chunks and parallel over (sequence, head, value block). See docs/
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import weakref
 from dataclasses import dataclass
@@ -27,35 +28,43 @@ class KernelConfig:
     """Kernel choices: the inverse's precision, the recurrent stage's form and precision, and
     the launch shapes (value columns per program, warps, pipeline stages).
 
-    Defaults are the accurate, range-safe path verified on the H200 (2026-11-29,
-    docs/BENCHMARKS.md): the fp32 inverse (FlashKDA's fp16 one gives 1.2e-2 state error on
-    weak_decay_correlated, fla 1.6e-2, fp32 2.0e-3), tf32 products in the recurrent stage,
-    stage 1 on 8 warps for K > 64 (4 otherwise).
-
-    :data:`FAST_CONFIG` = fp16 recurrent products + stage 1 on 4 warps. Measured by stage at
-    H=64, T=8192: stage 1 0.68 ms on 4 warps against 1.43 on 8; the fp16 recurrent stage
-    0.51 ms against 1.30 for tf32; fp16 products were as accurate as tf32 on every family
-    (1.9e-3 / 3.7e-4 output / state on model_like). Its two parts were measured apart, not
-    yet together, and the 4-warp stage 1 not yet by the GPU tests. fp16 products need |v|
-    and the state's entries below 65504.
+    The default (measured on the H200, 2026-11-29, docs/BENCHMARKS.md): the fp32 inverse
+    (FlashKDA's fp16 one gives 1.2e-2 state error on weak_decay_correlated, fla 1.6e-2, fp32
+    2.0e-3); fp16 products in the recurrent stage (``dot="auto"``: where q and k are
+    L2-normalized, else tf32) (S and U rounded to fp16: 11 bits, more
+    accurate than tf32's operands here, since they come from fp16-stored operands, and than
+    bf16's), guarded: a program whose state leaves fp16's range is recomputed with tf32
+    products (``fp16_fallback``); stage 1 on 2 warps at K = 128. :data:`TF32_CONFIG` is the
+    earlier default (tf32 products, stage 1 on 8 warps), 2–3× slower.
     """
 
     inverse: str = "fp32"     # "fp32" (FMA products), "tf32x3" (tensor cores), "fp16"
     variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products) or "kv" (S, M = 16)
-    dot: str = "tf32"         # recurrent products: "tf32", "bf16" or "fp16" (t form)
+    dot: str = "auto"         # recurrent products: "fp16", "tf32", "bf16" (t form) or "auto":
+    #                           fp16 where safe (L2-normalized q, k; t form; 16-token step),
+    #                           else tf32
     operands: str = "fp16"    # storage of stage-1 operands with dot="tf32": "fp16" or "fp32"
     step: int = 16            # tokens per recurrent step: 16, or 64 (experimental, untimed)
     prefetch: bool = True     # "t" form: load chunk i+1's operands while chunk i computes
-    prepare_warps: int | None = None  # stage 1's warps (None: 8 for K > 64, else 4)
+    prepare_warps: int | None = None  # stage 1's warps (None: 2 at K = 128, 4 below, 8 above)
+    fp16_fallback: bool = True  # dot="fp16": recompute out-of-range programs with tf32
     block_v: int = 64
     num_warps: int = 4
     num_stages: int = 2
 
 
 DEFAULT_CONFIG = KernelConfig()
-#: fp16 recurrent products and a 4-warp stage 1: the fastest accurate parts measured (see
-#: KernelConfig for what is and is not yet verified).
-FAST_CONFIG = KernelConfig(dot="fp16", prepare_warps=4)
+#: The default's name from before it was the default (fp16 products, a small stage 1).
+FAST_CONFIG = DEFAULT_CONFIG
+#: tf32 recurrent products, stage 1 on 8 warps at K = 128: the default until 2026-11-29.
+TF32_CONFIG = KernelConfig(dot="tf32", prepare_warps=8)
+
+
+def _resolve_dot(config: KernelConfig, use_qk_l2norm: bool) -> KernelConfig:
+    if config.dot != "auto":
+        return config
+    fp16 = use_qk_l2norm and config.variant == "t" and config.step == 16
+    return dataclasses.replace(config, dot="fp16" if fp16 else "tf32")
 
 
 def _interpreting() -> bool:
@@ -169,6 +178,9 @@ def chunk_kda_fwd(
         raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
     if state_layout not in ("KV", "VK"):
         raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
+    config = _resolve_dot(config, use_qk_l2norm)
     if config.inverse not in ("fp32", "tf32x3", "fp16"):
         raise ValueError(f"config.inverse must be 'fp32', 'tf32x3' or 'fp16', "
                          f"got {config.inverse!r}")
@@ -278,7 +290,8 @@ def chunk_kda_fwd(
                   num_stages=config.num_stages, chunk=step)
     if config.variant == "t":
         o = chunk_kda_recurrent_t(v, w, qg, kend, ainv, mqk, gamma, **launch,
-                                  dot=config.dot, prefetch=config.prefetch)
+                                  dot=config.dot, prefetch=config.prefetch,
+                                  fp16_fallback=config.fp16_fallback)
     else:
         o = chunk_kda_recurrent(v, w, qg, kend, ainv, mqk, gamma, **launch)
     return o, final_state

@@ -53,14 +53,18 @@ def _load_chunk_t(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
 def chunk_kda_recurrent_t_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr,
-    cu_seqlens_ptr, chunk_offsets_ptr,
+    cu_seqlens_ptr, chunk_offsets_ptr, flag_ptr,
     T,
     H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_VK: tl.constexpr,
-    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREFETCH: tl.constexpr,
+    IS_VARLEN: tl.constexpr, DT: tl.constexpr, PREFETCH: tl.constexpr, FLAG: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_nh = tl.program_id(1)
+    i_prog = i_nh * tl.num_programs(0) + i_v
+    if FLAG == 2:  # the fallback pass: only the programs the fp16 pass flagged
+        if tl.load(flag_ptr + i_prog) == 0:
+            return
     i_n, i_h, bos, eos, c0 = sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H,
                                                  BT, IS_VARLEN)
     n_chunks = tl.cdiv(eos - bos, BT)
@@ -112,14 +116,26 @@ def chunk_kda_recurrent_t_kernel(
 
     if STORE_HT:
         tl.store(ht_ptr + s_base + s_offs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
+    if FLAG == 1:
+        # a value past fp16's range (v, S or U rounded to inf) leaves S^T non-finite for good:
+        # inf propagates through every later product and decay (inf·0 = NaN), so the final
+        # S^T is finite exactly when no rounding overflowed (or the input was not finite)
+        bad = ((St != St) | (tl.abs(St) == float("inf"))).to(tl.int32)
+        tl.store(flag_ptr + i_prog, tl.max(tl.max(bad, 1), 0))
 
 
 def chunk_kda_recurrent_t(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk,
     cu_seqlens, chunk_offsets, num_seqs, block_v=64, num_warps=4, num_stages=2, dot="tf32",
-    chunk=CHUNK, prefetch=True,
+    chunk=CHUNK, prefetch=True, fp16_fallback=True,
 ):
-    """Launch the transposed stage 2; same contract as ``chunk_kda_recurrent``."""
+    """Launch the transposed stage 2; same contract as ``chunk_kda_recurrent``.
+
+    With ``dot="fp16"`` and ``fp16_fallback``, every program also records whether its state
+    left fp16's range (see the kernel), and a second launch of the tf32 form (the same
+    stage-1 operands: fp16 storage) recomputes o and the final state of exactly those
+    programs; the others return at once. No host synchronization.
+    """
     import torch
 
     B, T, H, V = v.shape
@@ -127,18 +143,30 @@ def chunk_kda_recurrent_t(
     o = torch.empty_like(v)
     bv = min(block_v, triton.next_power_of_2(V))
     dummy = gamma
-    chunk_kda_recurrent_t_kernel[(triton.cdiv(V, bv), num_seqs * H)](
-        v, w, qg, kend, ainv, mqk, gamma,
-        initial_state if initial_state is not None else dummy,
-        final_state if final_state is not None else dummy,
-        o,
-        cu_seqlens if cu_seqlens is not None else dummy,
-        chunk_offsets if chunk_offsets is not None else dummy,
-        T,
-        H=H, K=K, V=V, BT=chunk, BV=bv,
-        HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-        STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
-        DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dot], PREFETCH=prefetch,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    grid = (triton.cdiv(V, bv), num_seqs * H)
+    guarded = dot == "fp16" and fp16_fallback
+    flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=v.device) if guarded \
+        else None
+
+    def launch(dt, flag_mode):
+        chunk_kda_recurrent_t_kernel[grid](
+            v, w, qg, kend, ainv, mqk, gamma,
+            initial_state if initial_state is not None else dummy,
+            final_state if final_state is not None else dummy,
+            o,
+            cu_seqlens if cu_seqlens is not None else dummy,
+            chunk_offsets if chunk_offsets is not None else dummy,
+            flags if flags is not None else dummy,
+            T,
+            H=H, K=K, V=V, BT=chunk, BV=bv,
+            HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
+            STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
+            DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dt],
+            PREFETCH=prefetch, FLAG=flag_mode,
+            num_warps=num_warps, num_stages=num_stages,
+        )
+
+    launch(dot, 1 if guarded else 0)
+    if guarded:
+        launch("tf32", 2)
     return o
