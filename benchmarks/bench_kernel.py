@@ -156,6 +156,8 @@ def speed(chunk_kda, copy_bw, configs, shapes):
         if chunk_kda is not None:
             row["fla_ms"] = bench(lambda: run_fla(chunk_kda, x, kw, cu))
             row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
+            if "default" in t:  # what a caller gets without choosing a configuration
+                row["default_speedup"] = row["fla_ms"] / t["default"]
         nbytes = min_bytes(T_TOTAL, H, D, D)
         row["kdalab_GBps"] = nbytes / (row["kdalab_ms"] * 1e-3) / 1e9
         row["frac_of_copy_bw"] = row["kdalab_GBps"] * 1e9 / copy_bw
@@ -271,6 +273,10 @@ def main():
         print(f"{r['H']:3d}  {str(r['varlen']):6s}  {r['kdalab_ms']:.3f} ({r['kdalab_config']:11s})"
               f"  {r.get('fla_ms', float('nan')):7.3f}  {r.get('speedup', float('nan')):5.2f}x"
               f"  {r['kdalab_GBps']:5.0f}  {r['frac_of_copy_bw']:.2f}")
+    for r in result["speed"]:
+        if "default_speedup" in r:
+            print(f"H={r['H']} varlen={r['varlen']}: default configuration "
+                  f"{r['all_configs']['default']:.3f} ms, {r['default_speedup']:.2f}x fla")
     print("\n all configs (ms): " + ", ".join(f"H={r['H']} varlen={r['varlen']}: " + " ".join(
         f"{k}={v:.3f}" for k, v in r["all_configs"].items()) for r in result["speed"]))
     if args.accuracy:

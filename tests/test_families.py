@@ -20,13 +20,15 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("chunk", [1, 5, 16, 17, 48])
-@pytest.mark.parametrize("workers", [1, 3])
-def test_batch_equals_the_seed_per_run_draws(chunk, workers):
+@pytest.mark.parametrize("draw", [dict(workers=1), dict(workers=3), dict(processes=2)],
+                         ids=["1_thread", "3_threads", "2_processes"])
+def test_batch_equals_the_seed_per_run_draws(chunk, draw):
+    # (the chunk sizes in this order also grow the draw processes' shared block)
     dim = 128 if chunk != 5 else 7
     runs = [RunSpec.make(f, chunk, s, dim, lb)
             for f in FAMILIES for s in range(6) for lb in (-5.0, -0.7)]
     runs = list(dict.fromkeys(runs))  # families without a lower bound run once
-    batch = make_inputs_batch(runs, workers=workers)
+    batch = make_inputs_batch(runs, **draw)
     assert batch.keys.shape == (len(runs), chunk, dim)
     for i, r in enumerate(runs):
         lb = -5.0 if r.lower_bound is None else r.lower_bound
@@ -46,6 +48,15 @@ def test_batch_checks_its_runs():
         make_inputs_batch([])
     with pytest.raises(ValueError, match="lower_bound"):
         make_inputs("floor", 4, 8, 0, 1.0)
+    with pytest.raises(ValueError, match="processes"):
+        make_inputs_batch([RunSpec.make("floor", 4, 0, 8, -5.0)], processes=-1)
+
+
+def test_sweep_records_do_not_depend_on_draw_processes():
+    from kdalab.experiments.sweep import plan_runs, run_sweep
+
+    runs = plan_runs(list(FAMILIES), [8, 16], range(5), [32], [-5.0])
+    assert run_sweep(runs, ["h200"], processes=2, max_batch=8) == run_sweep(runs, ["h200"])
 
 
 def test_batched_sigmoid_equals_per_run_on_large_batches():

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The next device call for issue 6 (written 2026-11-29, session 2, not yet run): the GPU tests
+# Device call 1 of session 3 (2026-11-29 23:36 UTC; written in session 2): the GPU tests
 # (FAST_CONFIG among them), then FAST_CONFIG and the default timed end to end at the issue's
 # four shapes, accuracy, stage split. Carry .whl (fla-core). Logs to $OUT.
 set -o pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Device call 3 of session 3 (2026-11-29): the new kernel default (fp16 products with the
+# Device call 3 of session 3 (2026-11-29 23:59 UTC): the new kernel default (fp16 products with the
 # range guard, 2-warp stage 1) — GPU kernel tests, speed at the issue's four shapes against
 # the earlier tf32 default, the unguarded fp16 path and fla, accuracy side by side with fla;
 # issue 3 — the GPU sweep benchmark with draw processes by default. Carry .whl.

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Device call 2 of session 3 (2026-11-29): issue 6 — the kernel benchmark at the issue's four
-# shapes for the default, FAST_CONFIG (4-warp stage 1) and fp16 + 2-warp stage 1, after the
-# varlen chunk tables became cached per cu_seqlens (no host syncs per call), accuracy, then the
-# GPU kernel tests; issue 3 — the GPU sweep benchmark with draws in processes. Carry .whl.
+# Device call 2 of session 3 (2026-11-29 23:47 UTC), run at commit 7f2a1ef, where the
+# bench's "default" was the tf32 configuration (now TF32_CONFIG), "fast" fp16 products with a
+# 4-warp stage 1, "fast_w2" with a 2-warp one (now the default, less its range guard). Issue 6:
+# the four shapes after the varlen chunk tables became cached per cu_seqlens, then the GPU kernel
+# tests; issue 3: the GPU sweep benchmark with draws in processes. Carry .whl.
 set -o pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

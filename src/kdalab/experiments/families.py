@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import atexit
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -188,8 +190,16 @@ def _default_workers(n: int) -> int:
 MAX_CUDA_PROCESSES = 12
 
 
+def _spawnable() -> bool:
+    """Whether spawned processes can start: they re-import ``__main__`` from its file, which
+    fails for code read from stdin (``python - <script``)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.exists(path)
+
+
 def _default_processes(device: torch.device) -> int:
-    if device.type != "cuda":
+    if device.type != "cuda" or not _spawnable():
         return 0
     processes = min(MAX_CUDA_PROCESSES, _cores() - 4)
     return processes if processes >= 2 else 0
@@ -299,10 +309,16 @@ def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, see
     pool = _process_pool(processes)
     with _BLOCK_LOCK:
         shm, buf = _parent_block(_block_bytes(n, chunk, dim))
-        tasks = [pool.submit(_draw_slice, shm.name, n, chunk, dim, lo, families[lo:hi],
-                             seeds[lo:hi]) for lo, hi in zip(edges, edges[1:])]
-        for task in tasks:
-            task.result()
+        try:
+            tasks = [pool.submit(_draw_slice, shm.name, n, chunk, dim, lo, families[lo:hi],
+                                 seeds[lo:hi]) for lo, hi in zip(edges, edges[1:])]
+            for task in tasks:
+                task.result()
+        except BrokenProcessPool as exc:  # a draw process died: start afresh next time
+            with _POOLS_LOCK:
+                _PROCESS_POOLS.pop(processes, None)
+            raise RuntimeError(f"a draw process died ({exc}); the next call starts new ones "
+                               "(processes=0 draws on threads instead)") from exc
         k, g, b = _block_views(buf, n, chunk, dim)
         keys.copy_(k)
         raw_gate.copy_(g)
