@@ -166,6 +166,32 @@ def speed(chunk_kda, copy_bw, configs, shapes):
     return rows
 
 
+SPLIT_SHAPES = ((64, 128), (16, 512), (4, 2048), (1, 8192))  # (B, T): B·T = 8192 tokens
+
+
+def split_study(H=64):
+    """The two-stage forward against the one-pass ("fused") one, fixed length, B·T = 8192
+    tokens from short to long sequences (random bf16 inputs; speed does not depend on them)."""
+    rows = []
+    configs = {"two_stage": KernelConfig(), "fused": KernelConfig(variant="fused")}
+    for B, T in SPLIT_SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(B)
+        q, k, v, g = (torch.randn(B, T, H, D, device="cuda", generator=gen).bfloat16()
+                      for _ in range(4))
+        beta = torch.randn(B, T, H, device="cuda", generator=gen).bfloat16()
+        a_log = torch.randn(H, device="cuda", generator=gen) * 0.5
+        dt_bias = torch.randn(H * D, device="cuda", generator=gen) * 0.5
+        row = dict(B=B, T=T, H=H)
+        for name, cfg in configs.items():
+            row[f"{name}_ms"] = bench(lambda cfg=cfg: chunk_kda_fwd(
+                q, k, v, g, beta, A_log=a_log, dt_bias=dt_bias, lower_bound=LOWER_BOUND,
+                config=cfg))
+        row["fused_over_two_stage"] = row["fused_ms"] / row["two_stage_ms"]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def stage_times(configs):
     """Stage 1 and stage 2 alone (fixed length), to see where the time goes."""
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare
@@ -233,6 +259,8 @@ def main():
     ap.add_argument("--sweep", action="store_true", help="time several recurrent-stage configs")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--stages", action="store_true")
+    ap.add_argument("--split", action="store_true",
+                    help="two-stage vs one-pass forward from short to long sequences")
     ap.add_argument("--skip-speed", action="store_true",
                     help="no speed table (with --accuracy / --stages)")
     ap.add_argument("--shapes", default="64f,64v,96f,96v",
@@ -265,6 +293,8 @@ def main():
     result["speed"] = [] if args.skip_speed else speed(chunk_kda, bw, configs, shapes)
     if args.accuracy:
         result["accuracy"] = accuracy(chunk_kda, args.accuracy_configs.split(","))
+    if args.split:
+        result["split"] = split_study()
     if args.stages:
         known = {"default": KernelConfig(), **SWEEP}
         result["stages"] = stage_times({n: known[n] for n in args.stage_configs.split(",")})

@@ -117,6 +117,20 @@ def kdalab_rows():
                          label=f"stage 2 t {dot} BV{bv} w{nw}" + (" prefetch" if pf else "")
                          + (f" flag{flag}" if flag else ""))
 
+    from kdalab.kernels.chunk_fused import chunk_kda_fused_kernel
+
+    fused = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
+                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", v_ptr="*bf16", h0_ptr="*fp32",
+                 ht_ptr="*fp32", o_ptr="*bf16", cu_seqlens_ptr="*i32", flag_ptr="*i32",
+                 T="i32", scale="fp32", lower_bound="fp32")
+    for dot, flag, nw in (("fp16", 1, 4), ("fp16", 1, 8), ("tf32", 2, 4)):
+        ce = dict(H=64, K=128, V=128, BT=16, BV=64, HAS_A_LOG=True, HAS_DT_BIAS=True,
+                  USE_L2NORM=True, BETA_LOGITS=True, FP16_INVERSE=False, INV_PRECISION="ieee",
+                  HAS_H0=False, STORE_HT=False, STATE_VK=False, IS_VARLEN=False,
+                  DT={"tf32": tl.float32, "fp16": tl.float16}[dot], OPD=tl.float16, FLAG=flag)
+        yield report(chunk_kda_fused_kernel, fused, ce, num_warps=nw,
+                     label=f"fused {dot} BV64 w{nw} flag{flag}")
+
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")

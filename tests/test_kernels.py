@@ -277,6 +277,33 @@ def test_interp_fp16_fallback():
 
 
 @interp
+@pytest.mark.parametrize("dot", ["fp16", "tf32"])
+@pytest.mark.parametrize("layout", ["KV", "VK"])
+def test_interp_fused_equals_two_stages(dot, layout):
+    # the one-pass forward rounds the stage-1 operands as the two-stage path stores them: the
+    # same values up to the summation order of the fp32 products (the interpreter's numpy
+    # matmul takes another BLAS path for a transposed register tile than for a loaded one;
+    # measured up to 4e-9 absolute): relative 1e-5 allows K = 32 terms of fp32 rounding with
+    # margin, while a wrong operand or mask gives >= 1e-3. Fixed length with a ragged tail,
+    # varlen with an empty sequence, and the range guard (head 1 past fp16's range).
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 83, 2, 32, seed=4)
+    v = v.float()
+    for cu, big in ((None, False), (torch.tensor([0, 5, 21, 21, 70, 83]), False),
+                    (torch.tensor([0, 40, 83]), True)):
+        n = 1 if cu is None else len(cu) - 1
+        h0 = torch.randn(n, 2, 32, 32, generator=torch.Generator().manual_seed(n))
+        vv = v.clone()
+        if big:
+            vv[:, :, 1] *= 3e5
+        out = [chunk_kda_fwd(q, k, vv, g, beta, A_log=A_log, dt_bias=dt_bias, initial_state=h0,
+                             output_final_state=True, cu_seqlens=cu, state_layout=layout,
+                             config=KernelConfig(dot=dot, variant=variant))
+               for variant in ("t", "fused")]
+        assert out[1][0].isfinite().all() and out[1][1].isfinite().all()
+        assert _err(out[1][0], out[0][0]) < 1e-5 and _err(out[1][1], out[0][1]) < 1e-5
+
+
+@interp
 def test_interp_no_final_state():
     q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 20, 1, 32)
     o, ht = chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias)
@@ -441,6 +468,19 @@ def test_gpu_layouts_without_and_with_state(layout, state_dtype):
     tol_s = TOL_FP32 if state_dtype == torch.float32 else 4e-3
     assert eo < TOL_BF16_GPU and es < tol_s, (eo, es)
     eo, es = _run("model_like", 3, 333, 4, 64, device="cuda", h0=False)
+    assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
+
+
+@gpu
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gpu_fused(family):
+    # the one-pass forward at full shape, fixed length (ragged tail) and varlen, with state
+    eo, es = _run(family, 2, 1000, 4, 128, device="cuda", h0=True,
+                  config=KernelConfig(variant="fused"))
+    assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
+    cu = [0, 1300, 1847, 3895, 4858, 5129, 8192]
+    eo, es = _run(family, 1, 8192, 4, 128, device="cuda", h0=True, cu_seqlens=cu,
+                  config=KernelConfig(variant="fused"))
     assert eo < TOL_BF16_GPU and es < TOL_FP32, (eo, es)
 
 

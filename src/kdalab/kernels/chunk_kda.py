@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .chunk_fused import chunk_kda_fused
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_prepare64 import chunk_kda_prepare64
 from .chunk_recurrent import chunk_kda_recurrent
@@ -39,7 +40,8 @@ class KernelConfig:
     """
 
     inverse: str = "fp32"     # "fp32" (FMA products), "tf32x3" (tensor cores), "fp16"
-    variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products) or "kv" (S, M = 16)
+    variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products), "kv" (S, M = 16),
+    #                           or "fused": one pass, stage 1 inside the recurrent programs
     dot: str = "auto"         # recurrent products: "fp16", "tf32", "bf16" (t form) or "auto":
     #                           fp16 where safe (L2-normalized q, k; t form; 16-token step),
     #                           else tf32
@@ -63,7 +65,7 @@ TF32_CONFIG = KernelConfig(dot="tf32", prepare_warps=8)
 def _resolve_dot(config: KernelConfig, use_qk_l2norm: bool) -> KernelConfig:
     if config.dot != "auto":
         return config
-    fp16 = use_qk_l2norm and config.variant == "t" and config.step == 16
+    fp16 = use_qk_l2norm and config.variant in ("t", "fused") and config.step == 16
     return dataclasses.replace(config, dot="fp16" if fp16 else "tf32")
 
 
@@ -184,7 +186,9 @@ def chunk_kda_fwd(
     if config.inverse not in ("fp32", "tf32x3", "fp16"):
         raise ValueError(f"config.inverse must be 'fp32', 'tf32x3' or 'fp16', "
                          f"got {config.inverse!r}")
-    if config.variant not in ("t", "kv") or config.dot not in ("tf32", "bf16", "fp16") \
+    if config.variant not in ("t", "kv", "fused") \
+            or config.dot not in ("tf32", "bf16", "fp16") \
+            or (config.variant == "fused" and config.step != 16) \
             or config.operands not in ("fp16", "fp32") \
             or (config.variant == "kv" and config.dot != "tf32"):
         raise ValueError(f"config: unsupported combination {config}")
@@ -269,6 +273,22 @@ def chunk_kda_fwd(
         scale=scale, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
         beta_is_logits=beta_is_logits, cu_seqlens=cu_seqlens, chunk_table=chunk_table,
         num_chunks=num_chunks, operand_dtype=operand_dtype)
+    final_state = None
+    if output_final_state:
+        state_dtype = initial_state.dtype if initial_state is not None else torch.float32
+        shape = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
+        final_state = torch.empty(shape, device=device, dtype=state_dtype)
+    if config.variant == "fused":
+        o = chunk_kda_fused(
+            q, k, g, beta, A_log, dt_bias, v, scale=scale, lower_bound=lower_bound,
+            use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=cu_seqlens,
+            num_seqs=num_seqs, initial_state=initial_state, final_state=final_state,
+            state_vk=state_vk, operand_dtype=operand_dtype,
+            fp16_inverse=config.inverse == "fp16",
+            inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee", dot=config.dot,
+            fp16_fallback=config.fp16_fallback, block_v=config.block_v,
+            num_warps=config.num_warps, num_stages=config.num_stages)
+        return o, final_state
     if step == 64:
         w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare64(q, k, g, beta, A_log, dt_bias,
                                                             **prepare_args)
@@ -279,11 +299,6 @@ def chunk_kda_fwd(
             inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee",
             num_warps=config.prepare_warps)
 
-    final_state = None
-    if output_final_state:
-        state_dtype = initial_state.dtype if initial_state is not None else torch.float32
-        shape = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
-        final_state = torch.empty(shape, device=device, dtype=state_dtype)
     launch = dict(initial_state=initial_state, final_state=final_state, state_vk=state_vk,
                   cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_seqs=num_seqs,
                   block_v=config.block_v, num_warps=config.num_warps,

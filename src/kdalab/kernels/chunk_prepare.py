@@ -34,24 +34,16 @@ LOG2E = math.log2(math.e)
 
 
 @triton.jit
-def chunk_kda_prepare_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-    w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    chunk_table_ptr, cu_seqlens_ptr,
-    T, scale, lower_bound,
-    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    FP16_INVERSE: tl.constexpr, INV_PRECISION: tl.constexpr = "ieee",
-):
-    i_c = tl.program_id(0)  # global chunk index
-    i_h = tl.program_id(1)
-    i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT, IS_VARLEN)
-
+def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h,
+                  scale, lower_bound, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                  HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                  USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
+                  FP16_INVERSE: tl.constexpr, INV_PRECISION: tl.constexpr):
+    """One chunk's stage-1 algebra for the token rows ``rows`` (``r_ok``: inside the
+    sequence) of head ``i_h``: returns W, QG, KEND [BT, K], AINV, MQK [BT, BT] (zero in the
+    rows and columns of padded tokens) and GAMMA [K], in fp32."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    rows = bos + i_t * BT + o_r
-    r_ok = rows < eos
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
     m2 = r_ok[:, None]
 
@@ -111,6 +103,34 @@ def chunk_kda_prepare_kernel(
     ainv = inv * b[None, :]
     w = tl.dot(ainv, kd, input_precision="tf32")
     kend = kv * tl.exp2(g2_last[None, :] - g2)
+    return w, qd, kend, ainv, mqk, tl.exp2(g2_last)
+
+
+@triton.jit
+def chunk_kda_prepare_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+    w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    chunk_table_ptr, cu_seqlens_ptr,
+    T, scale, lower_bound,
+    H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    FP16_INVERSE: tl.constexpr, INV_PRECISION: tl.constexpr = "ieee",
+):
+    i_c = tl.program_id(0)  # global chunk index
+    i_h = tl.program_id(1)
+    i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT, IS_VARLEN)
+
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    rows = bos + i_t * BT + o_r
+    r_ok = rows < eos
+    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    m2 = r_ok[:, None]
+    w, qd, kend, ainv, mqk, gamma = prepare_chunk(
+        q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, scale,
+        lower_bound, H, K, BT, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, FP16_INVERSE,
+        INV_PRECISION)
 
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
     tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
@@ -119,7 +139,7 @@ def chunk_kda_prepare_kernel(
     o_cc = o_r[:, None] * BT + o_r[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
     tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
-    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
+    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, gamma)
 
 
 def default_prepare_warps(K: int) -> int:

@@ -50,6 +50,23 @@ def _load_chunk_t(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
 
 
 @triton.jit
+def step_output_t(St, vt, wt, qgt, ainvt, mqkt, DT: tl.constexpr):
+    """A 16-token step on S^T [BV, K], first half: (O^T [BV, 16], U^T rounded to DT), S and U
+    rounded to DT as product operands, accumulated in fp32."""
+    Sd = St.to(DT)
+    ut = tl.dot(vt, ainvt, input_precision="tf32") - tl.dot(Sd, wt, input_precision="tf32")
+    ud = ut.to(DT)
+    ot = tl.dot(Sd, qgt, input_precision="tf32") + tl.dot(ud, mqkt, input_precision="tf32")
+    return ot, ud
+
+
+@triton.jit
+def step_state_t(St, ud, kend, gamma):
+    """The step's second half: the next S^T (callers store O^T first: fewer registers)."""
+    return St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
+
+
+@triton.jit
 def chunk_kda_recurrent_t_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr,
@@ -105,12 +122,9 @@ def chunk_kda_recurrent_t_kernel(
         offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]      # [BV, 16]
         m_vt = v_ok[:, None] & (rows < eos)[None, :]
 
-        Sd = St.to(DT)
-        ut = tl.dot(vt, ainvt, input_precision="tf32") - tl.dot(Sd, wt, input_precision="tf32")
-        ud = ut.to(DT)
-        ot = tl.dot(Sd, qgt, input_precision="tf32") + tl.dot(ud, mqkt, input_precision="tf32")
+        ot, ud = step_output_t(St, vt, wt, qgt, ainvt, mqkt, DT)
         tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty), mask=m_vt)
-        St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
+        St = step_state_t(St, ud, kend, gamma)
         if PREFETCH:
             wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
 
