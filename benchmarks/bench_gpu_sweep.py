@@ -6,12 +6,14 @@
     python benchmarks/bench_gpu_sweep.py --cpu [--seeds 16]     # CPU models' sweep speed, no GPU
 
 Runs: the seed document's table configurations (3 families, their chunk sizes), seeds 0..S−1,
-dim 128. *Batched*: kdalab's own ``run_sweep(device="cuda")`` — inputs drawn on CPU threads,
-every stage one launch per batch, batches pipelined, records built — timed whole, median of 3
-after a warm-up, for the Neumann models ``gpu-h200`` (== CPU ``h200``), ``gpu-h200-mma`` and
-``cublas-16f``, each with its own hardware's L (``gpu-h200-sgemm``; ``cublas-32f`` for
-``cublas-16f``). *Per-run loop*: the seed's own ``run_one`` (its code: seed_baseline.py), one
-``cublasGemmEx`` call per product with a device synchronization before and after, as the seed
+dim 128. *Batched*: kdalab's own ``run_sweep(device="cuda")`` — inputs drawn in CPU draw
+processes (``--processes``, default ``cuda_draw_processes()``: 12 on a 16-core host; started in
+the warm-up sweep, as run_sweep starts them for large sweeps), every stage one launch per
+batch, batches pipelined, records built — timed whole, median of 3 after a warm-up, for the
+Neumann models ``gpu-h200`` (== CPU ``h200``), ``gpu-h200-mma`` and ``cublas-16f``, each with
+its own hardware's L (``gpu-h200-sgemm``; ``cublas-32f`` for ``cublas-16f``). *Per-run loop*: the
+seed's own ``run_one`` (its code: seed_baseline.py), one ``cublasGemmEx`` call per product with a
+device synchronization before and after, as the seed
 does, on a spread subset of the runs. Speed-ups are against that loop, measured in the same run.
 Also checks that kdalab's batched ``kernel_l`` + ``neumann_inverse`` give the loop's kernel
 inverse bit for bit, and writes every run's L and inverse bits with the records' metrics
@@ -42,7 +44,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 from seed_baseline import seed_make_inputs, seed_run_one  # noqa: E402  (benchmarks/)
 
 from kdalab.arith import gpu  # noqa: E402
-from kdalab.experiments.families import make_inputs_batch  # noqa: E402
+from kdalab.experiments.families import cuda_draw_processes, make_inputs_batch  # noqa: E402
 from kdalab.experiments.inverse import launch_group  # noqa: E402
 from kdalab.experiments.sweep import (  # noqa: E402
     DEFAULT_MAX_BATCH,
@@ -116,8 +118,9 @@ def cpu_models(seeds: int, workers: int | None = None) -> None:
 
 
 def sweep(runs, model, args):
+    processes = cuda_draw_processes() if args.processes is None else args.processes
     return run_sweep(runs, [model], recipe=GPU_RECIPE, device=DEVICE, workers=args.workers,
-                     processes=args.processes, max_batch=args.max_batch)
+                     processes=processes, max_batch=args.max_batch)
 
 
 def profile(runs, model, args, result):
@@ -264,7 +267,8 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=None,
                    help="threads for the input draws (default: run_sweep's)")
     p.add_argument("--processes", type=int, default=None,
-                   help="draw processes (default: run_sweep's on CUDA; 0 = threads)")
+                   help="draw processes (default: cuda_draw_processes(), started in the "
+                        "warm-up sweep; 0 = threads)")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH[True],
                    help="run_sweep's max_batch (default: its CUDA default)")
     p.add_argument("--profile", action="store_true", help="also split run_sweep's time")

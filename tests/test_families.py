@@ -76,3 +76,16 @@ def test_batched_sigmoid_equals_per_run_on_large_batches():
     finally:
         torch.set_num_threads(threads)
 
+
+
+def test_sweep_chooses_draw_processes_for_large_cuda_sweeps(monkeypatch):
+    from kdalab.experiments import sweep
+
+    monkeypatch.setattr(sweep, "cuda_draw_processes", lambda: 12)
+    monkeypatch.setattr(sweep, "draw_processes_running", lambda: False)
+    cuda = torch.device("cuda")
+    assert sweep.default_draw_processes(10**6, torch.device("cpu")) == 0
+    assert sweep.default_draw_processes(sweep.PROCESS_MIN_RUNS - 1, cuda) == 0
+    assert sweep.default_draw_processes(sweep.PROCESS_MIN_RUNS, cuda) == 12
+    monkeypatch.setattr(sweep, "draw_processes_running", lambda: True)
+    assert sweep.default_draw_processes(48, cuda) == 12

@@ -183,11 +183,16 @@ def _default_workers(n: int) -> int:
     return max(1, min(n, _cores(), MAX_DEFAULT_WORKERS))
 
 
-#: Draw processes on CUDA by default: the cores less 4 (the main thread, the draw-ahead
-#: thread, CUDA's own threads), at most this many, none if fewer than 2 would be left. On the
-#: H200 host (16 vCPUs) run_sweep took 0.095 / 0.083 ms per run on 1 / 2 draw threads and
-#: 0.059 / 0.043 / 0.033 / 0.029 on 2 / 4 / 8 / 12 processes (docs/BENCHMARKS.md).
+#: Draw processes for a CUDA sweep: the cores less 4 (the main thread, the draw-ahead thread,
+#: CUDA's own threads), at most this many, none if fewer than 2 would be left. On the H200 host
+#: (16 vCPUs) run_sweep took 0.095 / 0.083 ms per run on 1 / 2 draw threads and 0.059 / 0.043 /
+#: 0.033 / 0.029 on 2 / 4 / 8 / 12 processes (docs/BENCHMARKS.md).
 MAX_CUDA_PROCESSES = 12
+#: run_sweep on CUDA draws in processes by default from this many runs on, or once they are
+#: running: starting them costs seconds (each imports torch; about 1 s for 2 on a 2-core VM),
+#: which the ~0.05 ms per run they save on the H200 host repays only over tens of thousands of
+#: runs.
+PROCESS_MIN_RUNS = 50_000
 
 
 def _spawnable() -> bool:
@@ -198,11 +203,17 @@ def _spawnable() -> bool:
     return path is None or os.path.exists(path)
 
 
-def _default_processes(device: torch.device) -> int:
-    if device.type != "cuda" or not _spawnable():
+def cuda_draw_processes() -> int:
+    """Draw processes for a CUDA sweep on this machine (0: draw on threads)."""
+    if not _spawnable():
         return 0
     processes = min(MAX_CUDA_PROCESSES, _cores() - 4)
     return processes if processes >= 2 else 0
+
+
+def draw_processes_running() -> bool:
+    """Whether draw processes were started in this process (they stay until it exits)."""
+    return bool(_PROCESS_POOLS)
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
@@ -335,8 +346,8 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     The random draws and the key normalization are per run (each with its own seeded
     generator, on ``workers`` threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no
     threads; or, with ``processes`` ≥ 1, in that many draw processes, spawned once and
-    reused, which write into a shared-memory block: no GIL between them. Default processes:
-    0 on the CPU; on CUDA the cores less 4, at most :data:`MAX_CUDA_PROCESSES`. Spawned
+    reused, which write into a shared-memory block: no GIL between them (``None`` = 0;
+    :func:`~kdalab.experiments.sweep.run_sweep` chooses them for large CUDA sweeps). Spawned
     processes import the caller's ``__main__``: a script that draws through them needs the
     ``if __name__ == "__main__":`` guard). The rest is done once for the batch and equals
     the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`
@@ -369,7 +380,7 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
             _draw_run(gen, families[i], seeds[i], scratch, keys[i], raw_gate[i], raw_beta[i])
 
     workers = _default_workers(n) if workers is None else max(1, min(int(workers), n))
-    processes = min(_default_processes(device) if processes is None else int(processes), n)
+    processes = min(0 if processes is None else int(processes), n)
     if processes < 0:
         raise ValueError(f"processes must be >= 0, got {processes}")
     if processes >= 1:

@@ -24,7 +24,15 @@ from pathlib import Path
 import torch
 
 from kdalab.arith import get_accumulation
-from kdalab.experiments.families import FAMILIES, ChunkInputs, check_family, make_inputs_batch
+from kdalab.experiments.families import (
+    FAMILIES,
+    PROCESS_MIN_RUNS,
+    ChunkInputs,
+    check_family,
+    cuda_draw_processes,
+    draw_processes_running,
+    make_inputs_batch,
+)
 from kdalab.experiments.inverse import PendingGroup, RunSpec, launch_group
 
 __all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "parse_int_list", "parse_float_list",
@@ -235,6 +243,13 @@ def _pipelined(device: torch.device) -> bool:
 DEFAULT_MAX_BATCH = {False: 512, True: 4096}
 
 
+def default_draw_processes(n_runs: int, device: torch.device) -> int:
+    """run_sweep's draw processes when not given: on CUDA for ``PROCESS_MIN_RUNS`` runs or
+    more, or once they are running; else 0 (threads)."""
+    big = n_runs >= PROCESS_MIN_RUNS or draw_processes_running()
+    return cuda_draw_processes() if torch.device(device).type == "cuda" and big else 0
+
+
 def run_sweep(
     runs: Sequence[RunSpec],
     accumulations: Sequence[str],
@@ -251,10 +266,13 @@ def run_sweep(
 
     ``sink`` receives each batch's records as soon as they exist; ``progress(done, total)`` is
     called after each batch. Records do not depend on batching (tested), only on the run.
-    ``workers`` / ``processes``: threads or processes for the input draws (defaults: see
-    :func:`~kdalab.experiments.families.make_inputs_batch`). ``max_batch``: runs per batch
-    (default :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches
-    stay in cache; 4096 on CUDA, where each batch costs a few hundred kernel launches).
+    ``workers`` / ``processes``: threads or processes for the input draws (see
+    :func:`~kdalab.experiments.families.make_inputs_batch`); ``processes=None`` draws in
+    processes on CUDA for sweeps of ``families.PROCESS_MIN_RUNS`` runs or more, or once draw
+    processes are running (``families.cuda_draw_processes()`` of them), else on threads.
+    Records never depend on the choice. ``max_batch``: runs per batch (default
+    :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches stay in cache;
+    4096 on CUDA, where each batch costs a few hundred kernel launches).
 
     On CUDA the batches are pipelined: while the GPU computes batch n, the CPU draws the inputs
     of batch n+1 (on a helper thread) and queues its work, then builds batch n's records; the
@@ -281,6 +299,8 @@ def run_sweep(
                             processes=processes, inputs=inputs)
 
     device = torch.device(device)
+    if processes is None:
+        processes = default_draw_processes(len(runs), device)
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
         device = torch.device("cuda", torch.cuda.current_device())
     if not _pipelined(device) or len(batches) < 2:
