@@ -5,6 +5,8 @@ Registers per thread, spill stores/loads, shared memory and the tensor-core inst
 (``wgmma`` / ``mma``) — the facts that decide whether a kernel variant is worth a device call.
 
     python scripts/sm90_report.py            # the kdalab kernels' configurations
+    SM90_PTX_DIR=dir python scripts/sm90_report.py   # also keep each kernel's PTX (no debug
+                                                     # info), to compare two versions
 
 Uses the ptxas shipped with triton. Numbers are triton's (this machine's version); the device
 may run another triton.
@@ -53,6 +55,14 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
     compiled = triton.compile(src, target=TARGET,
                               options={"num_warps": num_warps, "num_stages": num_stages})
     ptx = compiled.asm["ptx"]
+    if os.environ.get("SM90_PTX_DIR"):  # keep the PTX's instructions (no debug info) to compare
+        code = ptx.split("\t.section\t.debug")[0]  # DWARF sections follow the code
+        keep = [ln for ln in code.splitlines()  # without debug locations and their labels
+                if not ln.lstrip().startswith((".loc", ".file", "//"))
+                and not re.fullmatch(r"\$L__tmp\d+:", ln.strip())]
+        name = re.sub(r"[^A-Za-z0-9]+", "_", label or jit.__name__) + ".ptx"
+        with open(os.path.join(os.environ["SM90_PTX_DIR"], name), "w") as fh:
+            fh.write("\n".join(keep))
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         with open(p, "w") as fh:

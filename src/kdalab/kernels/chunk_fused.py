@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from .chunk_prepare import prepare_chunk
-from .chunk_recurrent_t import step_output_t, step_state_t
+from .chunk_recurrent_t import final_state_t, initial_state_t, step_output_t, step_state_t
 from .indexing import sequence_of_program
 
 CHUNK = 16
@@ -47,15 +47,8 @@ def chunk_kda_fused_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
-    if STATE_VK:
-        s_offs = o_v[:, None] * K + o_k[None, :]
-    else:
-        s_offs = o_k[None, :] * V + o_v[:, None]
-    s_base = (i_n * H + i_h) * K * V
-    if HAS_H0:
-        St = tl.load(h0_ptr + s_base + s_offs, mask=v_ok[:, None], other=0.0).to(tl.float32)
-    else:
-        St = tl.zeros([BV, K], dtype=tl.float32)
+    St, s_base, s_offs = initial_state_t(h0_ptr, i_n, i_h, o_k, o_v, v_ok, H, K, V, BV, HAS_H0,
+                                         STATE_VK)
 
     for i_t in range(0, n_chunks):
         rows = bos + i_t * BT + o_r
@@ -79,11 +72,7 @@ def chunk_kda_fused_kernel(
         tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty), mask=m_vt)
         St = step_state_t(St, ud, kend, gamma)
 
-    if STORE_HT:
-        tl.store(ht_ptr + s_base + s_offs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
-    if FLAG == 1:  # see chunk_recurrent_t: a final S^T that is not finite flags the program
-        bad = ((St != St) | (tl.abs(St) == float("inf"))).to(tl.int32)
-        tl.store(flag_ptr + i_prog, tl.max(tl.max(bad, 1), 0))
+    final_state_t(St, ht_ptr, flag_ptr, s_base, s_offs, v_ok, i_prog, STORE_HT, FLAG)
 
 
 def chunk_kda_fused(

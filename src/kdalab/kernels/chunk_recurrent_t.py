@@ -67,6 +67,38 @@ def step_state_t(St, ud, kend, gamma):
 
 
 @triton.jit
+def initial_state_t(h0_ptr, i_n, i_h, o_k, o_v, v_ok, H: tl.constexpr, K: tl.constexpr,
+                    V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                    STATE_VK: tl.constexpr):
+    """The program's S^T [BV, K] (value rows ``o_v`` of head ``i_h`` of sequence ``i_n``) from
+    the initial state, zeros without one; with the state's base and offsets for the store."""
+    if STATE_VK:
+        s_offs = o_v[:, None] * K + o_k[None, :]
+    else:
+        s_offs = o_k[None, :] * V + o_v[:, None]
+    s_base = (i_n * H + i_h) * K * V
+    if HAS_H0:
+        St = tl.load(h0_ptr + s_base + s_offs, mask=v_ok[:, None], other=0.0).to(tl.float32)
+    else:
+        St = tl.zeros([BV, K], dtype=tl.float32)
+    return St, s_base, s_offs
+
+
+@triton.jit
+def final_state_t(St, ht_ptr, flag_ptr, s_base, s_offs, v_ok, i_prog, STORE_HT: tl.constexpr,
+                  FLAG: tl.constexpr):
+    """Store the final S^T; with FLAG 1 (the guarded fp16 pass) flag the program if S^T is
+    not finite: a value past fp16's range (v, S or U rounded to inf) leaves S^T non-finite for
+    good — inf propagates through every later product and decay (inf·0 = NaN) — so the final
+    S^T is finite exactly when no rounding overflowed (or the input was not finite)."""
+    if STORE_HT:
+        tl.store(ht_ptr + s_base + s_offs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
+    if FLAG == 1:
+        bad = ((St != St) | (tl.abs(St) == float("inf"))).to(tl.int32)
+        tl.store(flag_ptr + i_prog, tl.max(tl.max(bad, 1), 0))
+
+
+@triton.jit
 def chunk_kda_recurrent_t_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr,
@@ -90,15 +122,8 @@ def chunk_kda_recurrent_t_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
-    if STATE_VK:
-        s_offs = o_v[:, None] * K + o_k[None, :]
-    else:
-        s_offs = o_k[None, :] * V + o_v[:, None]
-    s_base = (i_n * H + i_h) * K * V
-    if HAS_H0:
-        St = tl.load(h0_ptr + s_base + s_offs, mask=v_ok[:, None], other=0.0).to(tl.float32)
-    else:
-        St = tl.zeros([BV, K], dtype=tl.float32)
+    St, s_base, s_offs = initial_state_t(h0_ptr, i_n, i_h, o_k, o_v, v_ok, H, K, V, BV, HAS_H0,
+                                         STATE_VK)
 
     # transposed views: element (c, r) of X^T is X[r, c]
     o_cc_t = o_r[None, :] * BT + o_r[:, None]
@@ -128,14 +153,7 @@ def chunk_kda_recurrent_t_kernel(
         if PREFETCH:
             wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
 
-    if STORE_HT:
-        tl.store(ht_ptr + s_base + s_offs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
-    if FLAG == 1:
-        # a value past fp16's range (v, S or U rounded to inf) leaves S^T non-finite for good:
-        # inf propagates through every later product and decay (inf·0 = NaN), so the final
-        # S^T is finite exactly when no rounding overflowed (or the input was not finite)
-        bad = ((St != St) | (tl.abs(St) == float("inf"))).to(tl.int32)
-        tl.store(flag_ptr + i_prog, tl.max(tl.max(bad, 1), 0))
+    final_state_t(St, ht_ptr, flag_ptr, s_base, s_offs, v_ok, i_prog, STORE_HT, FLAG)
 
 
 def chunk_kda_recurrent_t(
