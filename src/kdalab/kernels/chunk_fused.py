@@ -15,7 +15,14 @@ import triton
 import triton.language as tl
 
 from .chunk_prepare import prepare_chunk
-from .chunk_recurrent_t import final_state_t, initial_state_t, step_output_t, step_state_t
+from .chunk_recurrent_t import (
+    DOT_TYPES,
+    final_state_t,
+    initial_state_t,
+    launch_guarded,
+    step_output_t,
+    step_state_t,
+)
 from .indexing import sequence_of_program
 
 CHUNK = 16
@@ -91,15 +98,11 @@ def chunk_kda_fused(
     o = torch.empty_like(v)
     bv = min(block_v, triton.next_power_of_2(V))
     grid = (triton.cdiv(V, bv), num_seqs * H)
-    guarded = dot == "fp16" and fp16_fallback
-    flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=v.device) if guarded \
-        else None
     dummy = o
-    dtypes = {"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
     opd = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16,
            torch.float32: tl.float32}[operand_dtype]
 
-    def launch(dt, flag_mode):
+    def launch(dt, flag_mode, flags):
         chunk_kda_fused_kernel[grid](
             q, k, g, beta,
             A_log if A_log is not None else dummy,
@@ -116,12 +119,9 @@ def chunk_kda_fused(
             USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits, FP16_INVERSE=fp16_inverse,
             INV_PRECISION=inv_precision, HAS_H0=initial_state is not None,
             STORE_HT=final_state is not None, STATE_VK=state_vk,
-            IS_VARLEN=cu_seqlens is not None, DT=dtypes[dt], OPD=opd, FLAG=flag_mode,
+            IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dt], OPD=opd, FLAG=flag_mode,
             num_warps=num_warps, num_stages=num_stages,
         )
 
-    launch(dot, 1 if guarded else 0)
-    if guarded:
-        launch("tf32", 2)
+    launch_guarded(launch, grid, dot, fp16_fallback, v.device)
     return o
-

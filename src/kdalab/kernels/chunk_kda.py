@@ -269,40 +269,33 @@ def chunk_kda_fwd(
         operand_dtype = torch.float16
     else:
         operand_dtype = torch.float32
-    prepare_args = dict(
-        scale=scale, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-        beta_is_logits=beta_is_logits, cu_seqlens=cu_seqlens, chunk_table=chunk_table,
-        num_chunks=num_chunks, operand_dtype=operand_dtype)
+    stage1 = dict(scale=scale, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+                  beta_is_logits=beta_is_logits, cu_seqlens=cu_seqlens,
+                  operand_dtype=operand_dtype)
+    inverse = dict(fp16_inverse=config.inverse == "fp16",
+                   inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee")
     final_state = None
     if output_final_state:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
         shape = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
         final_state = torch.empty(shape, device=device, dtype=state_dtype)
+    stage2 = dict(initial_state=initial_state, final_state=final_state, state_vk=state_vk,
+                  num_seqs=num_seqs, block_v=config.block_v, num_warps=config.num_warps,
+                  num_stages=config.num_stages)
     if config.variant == "fused":
-        o = chunk_kda_fused(
-            q, k, g, beta, A_log, dt_bias, v, scale=scale, lower_bound=lower_bound,
-            use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=cu_seqlens,
-            num_seqs=num_seqs, initial_state=initial_state, final_state=final_state,
-            state_vk=state_vk, operand_dtype=operand_dtype,
-            fp16_inverse=config.inverse == "fp16",
-            inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee", dot=config.dot,
-            fp16_fallback=config.fp16_fallback, block_v=config.block_v,
-            num_warps=config.num_warps, num_stages=config.num_stages)
+        o = chunk_kda_fused(q, k, g, beta, A_log, dt_bias, v, **stage1, **inverse, **stage2,
+                            dot=config.dot, fp16_fallback=config.fp16_fallback)
         return o, final_state
     if step == 64:
-        w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare64(q, k, g, beta, A_log, dt_bias,
-                                                            **prepare_args)
+        w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare64(
+            q, k, g, beta, A_log, dt_bias, **stage1, chunk_table=chunk_table,
+            num_chunks=num_chunks)
     else:
         w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare(
-            q, k, g, beta, A_log, dt_bias, **prepare_args,
-            fp16_inverse=config.inverse == "fp16",
-            inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee",
-            num_warps=config.prepare_warps)
+            q, k, g, beta, A_log, dt_bias, **stage1, **inverse, chunk_table=chunk_table,
+            num_chunks=num_chunks, num_warps=config.prepare_warps)
 
-    launch = dict(initial_state=initial_state, final_state=final_state, state_vk=state_vk,
-                  cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_seqs=num_seqs,
-                  block_v=config.block_v, num_warps=config.num_warps,
-                  num_stages=config.num_stages, chunk=step)
+    launch = dict(**stage2, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, chunk=step)
     if config.variant == "t":
         o = chunk_kda_recurrent_t(v, w, qg, kend, ainv, mqk, gamma, **launch,
                                   dot=config.dot, prefetch=config.prefetch,

@@ -176,11 +176,8 @@ def chunk_kda_recurrent_t(
     bv = min(block_v, triton.next_power_of_2(V))
     dummy = gamma
     grid = (triton.cdiv(V, bv), num_seqs * H)
-    guarded = dot == "fp16" and fp16_fallback
-    flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=v.device) if guarded \
-        else None
 
-    def launch(dt, flag_mode):
+    def launch(dt, flag_mode, flags):
         chunk_kda_recurrent_t_kernel[grid](
             v, w, qg, kend, ainv, mqk, gamma,
             initial_state if initial_state is not None else dummy,
@@ -193,12 +190,27 @@ def chunk_kda_recurrent_t(
             H=H, K=K, V=V, BT=chunk, BV=bv,
             HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
             STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
-            DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dt],
-            PREFETCH=prefetch, FLAG=flag_mode,
+            DT=DOT_TYPES[dt], PREFETCH=prefetch, FLAG=flag_mode,
             num_warps=num_warps, num_stages=num_stages,
         )
 
-    launch(dot, 1 if guarded else 0)
-    if guarded:
-        launch("tf32", 2)
+    launch_guarded(launch, grid, dot, fp16_fallback, v.device)
     return o
+
+
+DOT_TYPES = {"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
+
+
+def launch_guarded(launch, grid, dot, fp16_fallback, device):
+    """Run a recurrent kernel's ``launch(dot, flag_mode, flags)`` over ``grid``: once (FLAG 0),
+    or, for fp16 products with ``fp16_fallback``, the fp16 pass that flags programs whose
+    state left fp16's range (FLAG 1) and then the tf32 pass over exactly those (FLAG 2, the
+    others return at once). No host synchronization."""
+    import torch
+
+    if dot != "fp16" or not fp16_fallback:
+        launch(dot, 0, None)
+        return
+    flags = torch.empty(grid[0] * grid[1], dtype=torch.int32, device=device)
+    launch("fp16", 1, flags)
+    launch("tf32", 2, flags)
