@@ -105,6 +105,16 @@ def _draw_run(gen: torch.Generator, family: str, seed: int, scratch: torch.Tenso
     torch.randn(chunk, dtype=torch.float64, generator=gen, out=beta)
 
 
+def _draw_runs(families: Sequence[str], seeds: Sequence[int], keys: torch.Tensor,
+               raw_gate: torch.Tensor, raw_beta: torch.Tensor) -> None:
+    """:func:`_draw_run` for each run, into row ``i`` of ``keys`` [n, C, D], ``raw_gate``
+    and ``raw_beta`` [n, C], with one generator and workspace for all of them."""
+    gen = torch.Generator(device="cpu")
+    scratch = torch.empty(keys.shape[1:], dtype=torch.float64)
+    for i, (family, seed) in enumerate(zip(families, seeds)):
+        _draw_run(gen, family, seed, scratch, keys[i], raw_gate[i], raw_beta[i])
+
+
 _SIGMOID_UNIT: list = []  # [block] once calibrated; [None] if the split does not reproduce
 _SIGMOID_SLICE = 16384  # a multiple of every block tried, half torch's grain size
 
@@ -233,20 +243,24 @@ def _init_draw_process() -> None:
     torch.set_num_threads(1)  # a draw process runs small tensors; no intra-op threads
 
 
+def _block_layout(n: int, chunk: int, dim: int) -> tuple[int, int]:
+    """Bytes of the keys [n, C, D] bf16 (padded to 8) and of each float64 [n, C] array."""
+    kb = n * chunk * dim * 2
+    return kb + (-kb) % 8, n * chunk * 8
+
+
+def _block_bytes(n: int, chunk: int, dim: int) -> int:
+    kb, fb = _block_layout(n, chunk, dim)
+    return kb + 2 * fb
+
+
 def _block_views(buf: torch.Tensor, n: int, chunk: int, dim: int):
     """keys [n, C, D] bf16, raw gate and raw beta [n, C] float64 laid out in ``buf``."""
-    kb = n * chunk * dim * 2
-    kb += (-kb) % 8
-    fb = n * chunk * 8
+    kb, fb = _block_layout(n, chunk, dim)
     keys = buf[:kb].view(torch.bfloat16)[: n * chunk * dim].view(n, chunk, dim)
     gate = buf[kb : kb + fb].view(torch.float64).view(n, chunk)
     beta = buf[kb + fb : kb + 2 * fb].view(torch.float64).view(n, chunk)
     return keys, gate, beta
-
-
-def _block_bytes(n: int, chunk: int, dim: int) -> int:
-    kb = n * chunk * dim * 2
-    return kb + (-kb) % 8 + 2 * n * chunk * 8
 
 
 def _attach(name: str) -> torch.Tensor:
@@ -267,12 +281,9 @@ def _draw_slice(name: str, n: int, chunk: int, dim: int, lo: int, families: list
                 seeds: list) -> None:
     """A draw process's task: :func:`_draw_run` for runs ``lo``… of a batch of ``n``, written
     into the parent's shared block ``name``."""
+    hi = lo + len(seeds)
     keys, raw_gate, raw_beta = _block_views(_attach(name), n, chunk, dim)
-    gen = torch.Generator(device="cpu")
-    scratch = torch.empty(chunk, dim, dtype=torch.float64)
-    for j, (family, seed) in enumerate(zip(families, seeds)):
-        i = lo + j
-        _draw_run(gen, family, seed, scratch, keys[i], raw_gate[i], raw_beta[i])
+    _draw_runs(families, seeds, keys[lo:hi], raw_gate[lo:hi], raw_beta[lo:hi])
 
 
 def _parent_block(nbytes: int):
@@ -374,10 +385,8 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     raw_beta = torch.zeros(n, chunk, dtype=torch.float64)
 
     def draw(lo: int, hi: int) -> None:
-        gen = torch.Generator(device="cpu")
-        scratch = torch.empty(chunk, dim, dtype=torch.float64)
-        for i in range(lo, hi):
-            _draw_run(gen, families[i], seeds[i], scratch, keys[i], raw_gate[i], raw_beta[i])
+        _draw_runs(families[lo:hi], seeds[lo:hi], keys[lo:hi], raw_gate[lo:hi],
+                   raw_beta[lo:hi])
 
     workers = _default_workers(n) if workers is None else max(1, min(int(workers), n))
     processes = min(0 if processes is None else int(processes), n)
