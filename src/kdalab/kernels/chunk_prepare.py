@@ -34,20 +34,14 @@ LOG2E = math.log2(math.e)
 
 
 @triton.jit
-def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h,
-                  scale, lower_bound, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
-                  HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                  USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
-                  FP16_INVERSE: tl.constexpr, INV_PRECISION: tl.constexpr):
-    """One chunk's stage-1 algebra for the token rows ``rows`` (``r_ok``: inside the
-    sequence) of head ``i_h``: returns W, QG, KEND [BT, K], AINV, MQK [BT, BT] (zero in the
-    rows and columns of padded tokens) and GAMMA [K], in fp32."""
-    o_r = tl.arange(0, BT)
+def load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, lower_bound, H: tl.constexpr,
+              K: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    """Base-2 log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) * log2(e)`` of a
+    block of token rows of head ``i_h``, zero in padded rows (``r_ok`` false), so that a
+    cumulative sum ends at the last real row's."""
     o_k = tl.arange(0, K)
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
     m2 = r_ok[:, None]
-
-    # gate, in natural log; padded rows get zero decay so G_last is the last real row's
     x = tl.load(g_ptr + offs, mask=m2, other=0.0).to(tl.float32)
     if HAS_DT_BIAS:
         x += tl.load(dt_bias_ptr + i_h * K + o_k).to(tl.float32)[None, :]
@@ -55,9 +49,17 @@ def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r
         x *= tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
     gate = lower_bound * tl.sigmoid(x)
     gate = tl.where(m2, gate, 0.0)
-    g2 = tl.cumsum(gate * 1.4426950408889634, axis=0)  # base-2 cumulative log-decay
-    g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
+    return gate * 1.4426950408889634
 
+
+@triton.jit
+def load_qkb(q_ptr, k_ptr, beta_ptr, rows, r_ok, i_h, H: tl.constexpr, K: tl.constexpr,
+             USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr):
+    """q and k (L2-normalized with ``USE_L2NORM``) and β (sigmoid of logits with
+    ``BETA_LOGITS``) of the same rows, zero in padded rows."""
+    o_k = tl.arange(0, K)
+    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    m2 = r_ok[:, None]
     qv = tl.load(q_ptr + offs, mask=m2, other=0.0).to(tl.float32)
     kv = tl.load(k_ptr + offs, mask=m2, other=0.0).to(tl.float32)
     if USE_L2NORM:
@@ -67,24 +69,18 @@ def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r
     if BETA_LOGITS:
         b = tl.sigmoid(b)
     b = tl.where(r_ok, b, 0.0)
+    return qv, kv, b
 
-    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
-    decay = tl.exp2(g2)
-    kd = kv * decay
-    qd = qv * decay * scale
-    ki = kv * tl.exp2(-g2)
-    kit = tl.trans(ki)
-    lower = o_r[:, None] > o_r[None, :]
-    causal = o_r[:, None] >= o_r[None, :]
-    L = tl.dot(kd, kit, input_precision="tf32")
-    L = tl.where(lower, L * b[:, None], 0.0)
-    mqk = tl.dot(qd, kit, input_precision="tf32")
-    mqk = tl.where(causal, mqk, 0.0)
 
-    # Neumann inverse (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of
-    # order 16, so four factors are exact. FP16_INVERSE: fp16 operands, fp32 accumulation,
-    # each product rounded back to fp16 (FlashKDA's path); else fp32 products, "ieee" (FMA)
-    # or "tf32x3" (three tf32 tensor-core products, near-fp32).
+@triton.jit
+def neumann_inverse16(L, BT: tl.constexpr, FP16_INVERSE: tl.constexpr,
+                      INV_PRECISION: tl.constexpr):
+    """(I + L)^-1 of a strictly lower BT×BT block by the Neumann product
+    (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of order 16, so four factors are exact.
+    FP16_INVERSE: fp16 operands, fp32 accumulation, each product rounded back to fp16
+    (FlashKDA's path); else fp32 products, "ieee" (FMA) or "tf32x3" (three tf32 tensor-core
+    products, near-fp32)."""
+    o_r = tl.arange(0, BT)
     eye = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0)
     if FP16_INVERSE:
         p = L.to(tl.float16)
@@ -99,7 +95,39 @@ def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r
         for _ in tl.static_range(3):
             p = tl.dot(p, p, input_precision=INV_PRECISION)
             inv = inv + tl.dot(inv, p, input_precision=INV_PRECISION)
+    return inv
 
+
+@triton.jit
+def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h,
+                  scale, lower_bound, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+                  HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                  USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
+                  FP16_INVERSE: tl.constexpr, INV_PRECISION: tl.constexpr):
+    """One chunk's stage-1 algebra for the token rows ``rows`` (``r_ok``: inside the
+    sequence) of head ``i_h``: returns W, QG, KEND [BT, K], AINV, MQK [BT, BT] (zero in the
+    rows and columns of padded tokens) and GAMMA [K], in fp32."""
+    o_r = tl.arange(0, BT)
+    gate2 = load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, lower_bound, H, K,
+                      HAS_A_LOG, HAS_DT_BIAS)
+    g2 = tl.cumsum(gate2, axis=0)  # base-2 cumulative log-decay
+    g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
+    qv, kv, b = load_qkb(q_ptr, k_ptr, beta_ptr, rows, r_ok, i_h, H, K, USE_L2NORM, BETA_LOGITS)
+
+    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
+    decay = tl.exp2(g2)
+    kd = kv * decay
+    qd = qv * decay * scale
+    ki = kv * tl.exp2(-g2)
+    kit = tl.trans(ki)
+    lower = o_r[:, None] > o_r[None, :]
+    causal = o_r[:, None] >= o_r[None, :]
+    L = tl.dot(kd, kit, input_precision="tf32")
+    L = tl.where(lower, L * b[:, None], 0.0)
+    mqk = tl.dot(qd, kit, input_precision="tf32")
+    mqk = tl.where(causal, mqk, 0.0)
+
+    inv = neumann_inverse16(L, BT, FP16_INVERSE, INV_PRECISION)
     ainv = inv * b[None, :]
     w = tl.dot(ainv, kd, input_precision="tf32")
     kend = kv * tl.exp2(g2_last[None, :] - g2)

@@ -21,6 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_prepare import load_gate, load_qkb, neumann_inverse16
 from .indexing import chunk_of_program
 
 BLOCK = 16
@@ -33,29 +34,13 @@ def _load_block(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, row0, eos
                 HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr,
                 BETA_LOGITS: tl.constexpr):
     """One 16-row block: local base-2 cumulative log-decay, its total, q, k, β (zero past eos)."""
-    o_r = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
-    rows = row0 + o_r
+    rows = row0 + tl.arange(0, BT)
     r_ok = rows < eos
-    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    m2 = r_ok[:, None]
-    x = tl.load(g_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    if HAS_DT_BIAS:
-        x += tl.load(dt_bias_ptr + i_h * K + o_k).to(tl.float32)[None, :]
-    if HAS_A_LOG:
-        x *= tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
-    gate = tl.where(m2, lower_bound * tl.sigmoid(x), 0.0)
-    g2 = tl.cumsum(gate * 1.4426950408889634, axis=0)
-    total = tl.sum(gate * 1.4426950408889634, axis=0)
-    qv = tl.load(q_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    kv = tl.load(k_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    if USE_L2NORM:
-        qv = qv * tl.rsqrt(tl.sum(qv * qv, axis=1) + 1e-6)[:, None]
-        kv = kv * tl.rsqrt(tl.sum(kv * kv, axis=1) + 1e-6)[:, None]
-    b = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
-    if BETA_LOGITS:
-        b = tl.sigmoid(b)
-    b = tl.where(r_ok, b, 0.0)
+    gate2 = load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, lower_bound, H, K,
+                      HAS_A_LOG, HAS_DT_BIAS)
+    g2 = tl.cumsum(gate2, axis=0)
+    total = tl.sum(gate2, axis=0)
+    qv, kv, b = load_qkb(q_ptr, k_ptr, beta_ptr, rows, r_ok, i_h, H, K, USE_L2NORM, BETA_LOGITS)
     return g2, total, qv, kv, b
 
 
@@ -77,18 +62,6 @@ def _offdiag(kd_r, qd_r, b_r, k_c, g2_c, delta):
     L = tl.dot(kd_r, bt, input_precision="tf32") * b_r[:, None]
     M = tl.dot(qd_r, bt, input_precision="tf32")
     return L, M
-
-
-@triton.jit
-def _inverse16(L, BT: tl.constexpr):
-    """(I + L)^-1 of a strictly lower 16×16 block: fp32 Neumann product."""
-    o_r = tl.arange(0, BT)
-    p = L
-    inv = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0) - L
-    for _ in tl.static_range(3):
-        p = tl.dot(p, p, input_precision="ieee")
-        inv = inv + tl.dot(inv, p, input_precision="ieee")
-    return inv
 
 
 @triton.jit
@@ -168,10 +141,10 @@ def chunk_kda_prepare64_kernel(
     L31, M31 = _offdiag(kd3, qd3, b3, k1, g1, off3 - off1)
     L32, M32 = _offdiag(kd3, qd3, b3, k2, g2, off3 - off2)
 
-    X00 = _inverse16(L00, BT)
-    X11 = _inverse16(L11, BT)
-    X22 = _inverse16(L22, BT)
-    X33 = _inverse16(L33, BT)
+    X00 = neumann_inverse16(L00, BT, False, "ieee")
+    X11 = neumann_inverse16(L11, BT, False, "ieee")
+    X22 = neumann_inverse16(L22, BT, False, "ieee")
+    X33 = neumann_inverse16(L33, BT, False, "ieee")
     X10 = -_mm(X11, _mm(L10, X00))
     X21 = -_mm(X22, _mm(L21, X11))
     X20 = -_mm(X22, _mm(L20, X00) + _mm(L21, X10))
