@@ -177,6 +177,17 @@ def default_prepare_warps(K: int) -> int:
     return 4 if K <= 64 else 2 if K == 128 else 8
 
 
+def stage1_outputs(q, num_chunks, step, operand_dtype):
+    """Stage 1's outputs for ``q`` [B, T, H, K] in steps of ``step`` tokens: W, QG, KEND
+    like q, AINV and MQK [num_chunks, H, step, step] (``operand_dtype``), GAMMA
+    [num_chunks, H, K] fp32."""
+    B, T, H, K = q.shape
+    w = torch.empty(B, T, H, K, device=q.device, dtype=operand_dtype)
+    ainv = torch.empty(num_chunks, H, step, step, device=q.device, dtype=operand_dtype)
+    gamma = torch.empty(num_chunks, H, K, device=q.device, dtype=torch.float32)
+    return w, torch.empty_like(w), torch.empty_like(w), ainv, torch.empty_like(ainv), gamma
+
+
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     cu_seqlens, chunk_table, num_chunks, operand_dtype, fp16_inverse=False,
@@ -189,13 +200,7 @@ def chunk_kda_prepare(
     the token-row operands and the 16×16 matrices (fp16 when q and k are normalized).
     """
     B, T, H, K = q.shape
-    dev = q.device
-    w = torch.empty(B, T, H, K, device=dev, dtype=operand_dtype)
-    qg = torch.empty_like(w)
-    kend = torch.empty_like(w)
-    ainv = torch.empty(num_chunks, H, CHUNK, CHUNK, device=dev, dtype=operand_dtype)
-    mqk = torch.empty_like(ainv)
-    gamma = torch.empty(num_chunks, H, K, device=dev, dtype=torch.float32)
+    w, qg, kend, ainv, mqk, gamma = stage1_outputs(q, num_chunks, CHUNK, operand_dtype)
     if num_chunks == 0:
         return w, qg, kend, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read

@@ -17,11 +17,10 @@ true size is that small (QG, W), never as a divisor. Not yet timed on a GPU (doc
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from .chunk_prepare import load_gate, load_qkb, neumann_inverse16
+from .chunk_prepare import load_gate, load_qkb, neumann_inverse16, stage1_outputs
 from .indexing import chunk_of_program
 
 BLOCK = 16
@@ -234,13 +233,7 @@ def chunk_kda_prepare64(
     """Launch stage 1 for 64-token steps; same outputs as ``chunk_kda_prepare`` with 64×64
     AINV / MQK per step."""
     B, T, H, K = q.shape
-    dev = q.device
-    w = torch.empty(B, T, H, K, device=dev, dtype=operand_dtype)
-    qg = torch.empty_like(w)
-    kend = torch.empty_like(w)
-    ainv = torch.empty(num_chunks, H, STEP, STEP, device=dev, dtype=operand_dtype)
-    mqk = torch.empty_like(ainv)
-    gamma = torch.empty(num_chunks, H, K, device=dev, dtype=torch.float32)
+    w, qg, kend, ainv, mqk, gamma = stage1_outputs(q, num_chunks, STEP, operand_dtype)
     if num_chunks == 0:
         return w, qg, kend, ainv, mqk, gamma
     dummy = gamma
