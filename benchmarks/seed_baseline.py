@@ -43,15 +43,18 @@ def _seed_mm(a, b):
     return out
 
 
-def _seed_neumann(l):
+def seed_neumann(l, mm=None):
+    """The seed's neumann_inverse_fp16 with its fp16 product ``mm`` (default: its GPU path,
+    one cuBLAS call per product); returns (inverse, highest power, max |power|)."""
+    mm = _seed_mm if mm is None else mm
     n = l.shape[0]
     inv = (torch.eye(n, dtype=torch.float16, device=l.device) - l).half()
     power, exponent, max_power = l, 1, float(l.abs().max())
     while exponent * 2 < n:
-        power = _seed_mm(power, power)
+        power = mm(power, power)
         exponent *= 2
         max_power = max(max_power, float(power.abs().max()))
-        inv = (inv + _seed_mm(inv, power)).half()
+        inv = (inv + mm(inv, power)).half()
     return inv, exponent, max_power
 
 
@@ -84,8 +87,8 @@ def seed_run_one(keys, log_decay, beta):
     l_kernel = (keys * decay[:, None]).float() @ (keys * inv_decay[:, None]).float().t()
     l_kernel = torch.tril(l_kernel.half(), diagonal=-1)
     l_kernel = (l_kernel * beta.half()[:, None]).half()
-    stable_inv, _, stable_max = _seed_neumann(l_ref.half())
-    kernel_inv, kernel_power, kernel_max = _seed_neumann(l_kernel)
+    stable_inv, _, stable_max = seed_neumann(l_ref.half())
+    kernel_inv, kernel_power, kernel_max = seed_neumann(l_kernel)
     residual = _rel_rmse((identity + l_ref) @ kernel_inv.double(), identity)
     if torch.isfinite(l_kernel).all():
         neumann_only = _rel_rmse(kernel_inv, torch.linalg.inv(identity + l_kernel.double()))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +16,9 @@ from kdalab.kda.inverse import (
     neumann_factor_count,
     neumann_inverse,
 )
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from seed_baseline import seed_neumann  # noqa: E402  (the seed document's code)
 
 
 def _random_l(batch: int, c: int, seed: int) -> torch.Tensor:
@@ -60,14 +65,7 @@ def test_fp16_neumann_matches_the_seed_loop():
     from tests.test_accumulate import seed_fp16_accum_mm
 
     l = (_random_l(1, 16, seed=9)[0] * 0.3).half()
-    n = 16
-    inv = (torch.eye(n, dtype=torch.float16) - l).half()
-    power, exponent, max_power = l, 1, float(l.abs().max())
-    while exponent * 2 < n:
-        power = seed_fp16_accum_mm(power, power)
-        exponent *= 2
-        max_power = max(max_power, float(power.abs().max()))
-        inv = (inv + seed_fp16_accum_mm(inv, power)).half()
+    inv, exponent, max_power = seed_neumann(l, seed_fp16_accum_mm)  # the seed's own loop
     res = neumann_inverse(l, "fp16-seq", "fp16")
     assert torch.equal(res.inverse.view(torch.int16), inv.view(torch.int16))
     assert res.highest_power == exponent and res.power_max.item() == max_power
