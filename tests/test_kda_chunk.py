@@ -15,6 +15,14 @@ def err(a, b):
     return rel_rmse(a.flatten(), b.flatten(), 1).item()
 
 
+def bf16_layer(gen, t, h, d):
+    """A layer's bf16 inputs as the model sees them, drawn in this order from ``gen``: q, k,
+    v, g [1, t, h, d] and β [1, t, h] ~ N(0, 1), A_log [h] and dt_bias [h, d] ~ U(0, 1)."""
+    q, k, v, g = (torch.randn(1, t, h, d, generator=gen).bfloat16() for _ in range(4))
+    beta = torch.randn(1, t, h, generator=gen).bfloat16()
+    return q, k, v, g, beta, torch.rand(h, generator=gen), torch.rand(h, d, generator=gen)
+
+
 def make(b=2, t=37, h=1, hv=2, kd=16, vd=8, seed=0, lb=-5.0):
     gen = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)  # noqa: E731
@@ -64,12 +72,8 @@ def test_fp64_varlen_states_grouped_heads(tiles):
 
 
 def test_fp64_full_layer_matches_reference_forward():
-    gen = torch.Generator().manual_seed(3)
-    b, t, h, kd = 1, 40, 2, 32
-    q, k, v, g = (torch.randn(b, t, h, kd, generator=gen).bfloat16() for _ in range(4))
-    beta = torch.randn(b, t, h, generator=gen).bfloat16()
-    kw = dict(A_log=torch.rand(h, generator=gen), dt_bias=torch.rand(h, kd, generator=gen),
-              lower_bound=-8.0, output_final_state=True)
+    q, k, v, g, beta, a_log, dt_bias = bf16_layer(torch.Generator().manual_seed(3), 40, 2, 32)
+    kw = dict(A_log=a_log, dt_bias=dt_bias, lower_bound=-8.0, output_final_state=True)
     o_ref, s_ref = reference_forward(q, k, v, g, beta, **kw)
     o, s = forward(q, k, v, g, beta, chunk_size=16, tiles="midpoint", recipe="fp64", **kw)
     assert err(o, o_ref) <= TOL and err(s, s_ref) <= TOL
@@ -148,9 +152,7 @@ def _flashkda_torch_ref(q, k, v, g, beta, scale, a_log, dt_bias, lower_bound, h0
 def test_flashkda_recipe_is_flashkda_torch_ref_bit_for_bit():
     gen = torch.Generator().manual_seed(0)
     t, h, d = 37, 2, 32  # three chunks of 16, the last ragged
-    q, k, v, g = (torch.randn(1, t, h, d, generator=gen).bfloat16() for _ in range(4))
-    beta = torch.randn(1, t, h, generator=gen).bfloat16()
-    a_log, dt_bias = torch.rand(h, generator=gen), torch.rand(h, d, generator=gen)
+    q, k, v, g, beta, a_log, dt_bias = bf16_layer(gen, t, h, d)
     h0 = torch.randn(1, h, d, d, generator=gen).bfloat16()
     want_o, want_s = _flashkda_torch_ref(q[0], k[0], v[0], g[0], beta[0], d ** -0.5, a_log,
                                          dt_bias, -5.0, h0[0])
@@ -164,12 +166,8 @@ def test_flashkda_recipe_is_flashkda_torch_ref_bit_for_bit():
 def test_recipe_errors_against_fp64_model_like():
     """flashkda at C = 16 lands where FlashKDA's published reference does against fp64 (5–6.5e-3
     measured on random inputs); fp32 is ~1e-6; fla is between."""
-    gen = torch.Generator().manual_seed(0)
-    b, t, h, kd = 1, 256, 1, 128
-    q, k, v, g = (torch.randn(b, t, h, kd, generator=gen).bfloat16() for _ in range(4))
-    beta = torch.randn(b, t, h, generator=gen).bfloat16()
-    kw = dict(A_log=torch.rand(h, generator=gen), dt_bias=torch.rand(h, kd, generator=gen),
-              lower_bound=-5.0, output_final_state=True)
+    q, k, v, g, beta, a_log, dt_bias = bf16_layer(torch.Generator().manual_seed(0), 256, 1, 128)
+    kw = dict(A_log=a_log, dt_bias=dt_bias, lower_bound=-5.0, output_final_state=True)
     o_ref, _ = reference_forward(q, k, v, g, beta, **kw)
     o, _ = forward(q, k, v, g, beta, recipe="flashkda", chunk_size=16, **kw)
     assert 3e-3 < err(o, o_ref) < 8e-3
@@ -230,10 +228,9 @@ def test_low_precision_varlen_equals_separate_sequences(recipe):
     """Packing sequences (padding with inert tokens, a batch of sequences) changes no bit."""
     gen = torch.Generator().manual_seed(0)
     t, h, d = 45, 1, 32
-    q, k, v, g = (torch.randn(1, t, h, d, generator=gen).bfloat16() for _ in range(4))
-    beta = torch.randn(1, t, h, generator=gen).bfloat16()
-    kw = dict(A_log=torch.rand(h, generator=gen), dt_bias=torch.rand(h, d, generator=gen),
-              lower_bound=-5.0, output_final_state=True, recipe=recipe)
+    q, k, v, g, beta, a_log, dt_bias = bf16_layer(gen, t, h, d)
+    kw = dict(A_log=a_log, dt_bias=dt_bias, lower_bound=-5.0, output_final_state=True,
+              recipe=recipe)
     cu = torch.tensor([0, 5, 22, 45])
     h0 = torch.randn(3, h, d, d, generator=gen).bfloat16()
     o, s = forward(q, k, v, g, beta, cu_seqlens=cu, initial_state=h0, **kw)
