@@ -1,0 +1,123 @@
+"""The CPU side of scripts/device/flashkda_golden.py (case draws, calls, packing, the reader),
+run against stand-ins for FlashKDA's package and its torch reference (kdalab's flashkda recipe):
+the device run itself needs the H200 and FlashKDA's build."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.flashkda_data import load_golden
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "device" / "flashkda_golden.py"
+
+FAKE_FLASH_KDA = textwrap.dedent('''
+    from kdalab.kda import forward
+
+    CALLS = []
+
+    def get_workspace_size(T_total, H, N=1):
+        tiles = (T_total + 15) // 16 + N
+        return H * tiles * (3 * 16 * 128 * 2 + 128 * 4 + 2 * 16 * 16 * 2) + 128
+
+    def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
+            final_state=None, cu_seqlens=None):
+        CALLS.append((tuple(q.shape), None if cu_seqlens is None else cu_seqlens.tolist()))
+        o, s = forward(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias,
+                       lower_bound=lower_bound, initial_state=initial_state,
+                       output_final_state=True, cu_seqlens=cu_seqlens, recipe="flashkda",
+                       state_layout="VK")
+        out.copy_(o)
+        final_state.copy_(s.to(final_state.dtype))
+
+    def _fwd_raw(q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound,
+                 initial_state=None, final_state=None, cu_seqlens=None):
+        fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state,
+            final_state, cu_seqlens)
+''')
+
+
+@pytest.fixture()
+def script(tmp_path, monkeypatch):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "flash_kda.py").write_text(FAKE_FLASH_KDA)
+    (tmp_path / "tests" / "torch_ref.py").write_text(
+        "from flash_kda import fwd as torch_ref  # noqa: F401\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("FLASHKDA_SRC", str(tmp_path))
+    for name in ("flash_kda", "torch_ref"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    spec = importlib.util.spec_from_file_location("flashkda_golden", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "flashkda_golden", mod)  # dataclasses look it up
+    spec.loader.exec_module(mod)
+    yield mod
+    for name in ("flash_kda", "torch_ref"):
+        sys.modules.pop(name, None)
+
+
+def test_dry_run_writes_cases_the_reader_reads(script, tmp_path):
+    out = tmp_path / "out"
+    names = ["model_T1", "model_B2_T17_fp32s", "model_varlen_bf16s"]  # the script's order
+    assert script.main(["--device", "cpu", "--out", str(out), "--cases", ",".join(names)]) == 0
+    facts, cases = load_golden(out / "flashkda_golden.npz")
+    assert [c.name for c in cases] == names
+    assert facts["device"] == "cpu" and facts["dim"] == 128 and facts["chunk"] == 16
+    by = {c.name: c for c in cases}
+    var = by["model_varlen_bf16s"]
+    assert var["cu_seqlens"].tolist() == [0, 1, 18, 58, 60, 124]
+    assert var["q"].shape == (1, 124, 2, 128) and var["q"].dtype == torch.bfloat16
+    assert var["beta"].shape == (1, 124, 2) and var["A_log"].dtype == torch.float32
+    assert var["initial_state"].shape == (5, 2, 128, 128)
+    assert var["initial_state"].dtype == torch.bfloat16
+    assert var["final_kernel"].dtype == torch.bfloat16
+    fp32 = by["model_B2_T17_fp32s"]
+    assert fp32["initial_state"].dtype == torch.float32
+    assert fp32["final_kernel"].dtype == torch.float32 and fp32["q"].shape == (2, 17, 2, 128)
+    assert by["model_T1"].get("initial_state") is None
+    for c in cases:  # the stand-ins are one function: the packing must not change a bit
+        assert torch.equal(c["out_kernel"].view(torch.int16), c["out_ref"].view(torch.int16))
+        assert c.meta["kernel_deterministic"] and c.meta["raw_entry_same"]
+        assert c.meta["kernel_vs_ref_output"]["bits_equal"] == 1.0
+    # the inputs are the script's seeded draws, bit for bit
+    again = script.draw(script.CASES[[c.name for c in script.CASES].index("model_varlen_bf16s")])
+    assert torch.equal(again["q"].view(torch.int16), var["q"].view(torch.int16))
+    assert torch.equal(again["initial_state"].view(torch.int16),
+                       var["initial_state"].view(torch.int16))
+
+
+def test_bad_arguments(script, tmp_path):
+    assert script.main(["--device", "cpu", "--out", str(tmp_path), "--cases", "nope"]) == 2
+
+
+def test_workspace_tiles_follow_flashkda_indexing(script):
+    var = script.Case("v", "model_like", -5.0, 2, lengths=(1, 17, 40))
+    assert script.tile_index(var) == [0, 1, 2, 3, 4, 5]
+    assert script.total_tiles(var) == (58 + 15) // 16 + 3
+    fixed = script.Case("f", "model_like", -5.0, 2, batch=2, length=17)
+    assert script.tile_index(fixed) == [0, 1, 2, 3] and script.total_tiles(fixed) == 4
+    # a workspace whose tiles hold their own number comes back in sequence order
+    nt, h = script.total_tiles(var), var.heads
+    per = [3 * 16 * 128 * 2, 128 * 4, 2 * 16 * 16 * 2]
+    ws = torch.zeros(h * nt * sum(per), dtype=torch.uint8)
+    kd = torch.arange(h * nt, dtype=torch.float32).repeat_interleave(16 * 128).bfloat16()
+    ws[: h * nt * 16 * 128 * 2] = kd.view(torch.uint8)
+    parts = script.split_workspace(ws, var)
+    assert parts["kd"].shape == (2, 6, 16, 128) and parts["gt"].shape == (2, 6, 128)
+    assert parts["kd"][1, 5, 0, 0].item() == nt + 5
+
+
+def test_agreement_counts_bits(script):
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0]).bfloat16()
+    b = a.clone()
+    b.view(torch.int16)[0] ^= 1  # one bit of 64
+    r = script.agreement(a, b)
+    assert r["elements_equal"] == 0.75
+    assert r["bits_equal"] == pytest.approx(1 - 1 / 64)
+    assert np.isclose(r["max_abs_diff_rel_to_max"], 2.0 ** -7 / 4)
