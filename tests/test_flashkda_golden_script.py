@@ -64,17 +64,17 @@ def script(tmp_path, monkeypatch):
 
 def test_dry_run_writes_cases_the_reader_reads(script, tmp_path):
     out = tmp_path / "out"
-    names = ["model_T1", "model_B2_T17_fp32s", "model_varlen_bf16s"]  # the script's order
+    names = ["model_T1", "model_B2_T17_fp32s", "weak_varlen_short_bf16s"]  # script's order
     assert script.main(["--device", "cpu", "--out", str(out), "--cases", ",".join(names)]) == 0
     facts, cases = load_golden(out / "flashkda_golden.npz")
     assert [c.name for c in cases] == names
     assert facts["device"] == "cpu" and facts["dim"] == 128 and facts["chunk"] == 16
     by = {c.name: c for c in cases}
-    var = by["model_varlen_bf16s"]
-    assert var["cu_seqlens"].tolist() == [0, 1, 18, 58, 60, 124]
-    assert var["q"].shape == (1, 124, 2, 128) and var["q"].dtype == torch.bfloat16
-    assert var["beta"].shape == (1, 124, 2) and var["A_log"].dtype == torch.float32
-    assert var["initial_state"].shape == (5, 2, 128, 128)
+    var = by["weak_varlen_short_bf16s"]
+    assert var["cu_seqlens"].tolist() == [0, 2, 3, 18, 34, 51]
+    assert var["q"].shape == (1, 51, 1, 128) and var["q"].dtype == torch.bfloat16
+    assert var["beta"].shape == (1, 51, 1) and var["A_log"].dtype == torch.float32
+    assert var["initial_state"].shape == (5, 1, 128, 128)
     assert var["initial_state"].dtype == torch.bfloat16
     assert var["final_kernel"].dtype == torch.bfloat16
     fp32 = by["model_B2_T17_fp32s"]
@@ -86,7 +86,7 @@ def test_dry_run_writes_cases_the_reader_reads(script, tmp_path):
         assert c.meta["kernel_deterministic"] and c.meta["raw_entry_same"]
         assert c.meta["kernel_vs_ref_output"]["bits_equal"] == 1.0
     # the inputs are the script's seeded draws, bit for bit
-    again = script.draw(script.CASES[[c.name for c in script.CASES].index("model_varlen_bf16s")])
+    again = script.draw(next(c for c in script.CASES if c.name == var.name))
     assert torch.equal(again["q"].view(torch.int16), var["q"].view(torch.int16))
     assert torch.equal(again["initial_state"].view(torch.int16),
                        var["initial_state"].view(torch.int16))
@@ -121,3 +121,58 @@ def test_agreement_counts_bits(script):
     assert r["elements_equal"] == 0.75
     assert r["bits_equal"] == pytest.approx(1 - 1 / 64)
     assert np.isclose(r["max_abs_diff_rel_to_max"], 2.0 ** -7 / 4)
+
+
+class CpuInstr:
+    """The script's instruction interface with correctly rounded stand-ins, on the CPU."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, script):
+        self.s = script
+
+    def values(self, which, x):
+        s, x = self.s, x.float()
+        if which == s.TANH:
+            return torch.tanh(x)
+        if which == s.EX2:
+            y = torch.exp2(x.double()).float()
+            return torch.where(y < 2.0**-126, torch.zeros_like(y), y)
+        if which in (s.RSQRT, s.RSQRTF):
+            return torch.rsqrt(x.double()).float()
+        if which == s.SIGMOID:
+            return (torch.tanh(x * 0.5).double() * 0.5 + 0.5).float()
+        if which == s.EXPF:
+            return torch.exp(x)
+        if which == s.EXPF_MODEL:
+            return torch.exp2(x * torch.tensor(1.4426950408889634, dtype=torch.float32))
+        raise AssertionError(which)
+
+    def by_bits(self, which, start, n, step=1):
+        b = torch.arange(n, dtype=torch.int64) * step + start
+        return self.values(which, ((b + 2**31) % 2**32 - 2**31).to(torch.int32)
+                           .view(torch.float32))
+
+
+def test_instruction_captures_run_on_stand_ins(script, monkeypatch):
+    """The CUDA-only parts (gate inputs, sweeps) with correctly rounded functions on a few
+    values per binade: shapes, keys, and the structure tests saying 'exact' where they must."""
+    monkeypatch.setattr(script, "BINADE", 1 << 9)
+    ins = CpuInstr(script)
+    case = script.Case("v", "model_like", -5.0, 2, lengths=(1, 17, 20))
+    inputs = script.draw(case)
+    gi = script.gate_inputs(case, inputs, ins)
+    assert gi["sigmoid_in"].shape == (38, 2, 128) and gi["g_cumsum"].shape == (5, 16, 2, 128)
+    assert torch.equal(gi["ex2_total"], gi["ex2_pos"][:, -1])  # the tail rows add zero
+    assert torch.equal(gi["g_cumsum"][0, 1:], gi["g_cumsum"][0, :1].expand(15, 2, 128))
+    want = inputs["k"].float().square().sum(-1) + 1e-6
+    assert torch.allclose(gi["rsqrt_in"][1], want.reshape(38, 2), rtol=1e-5)
+    tanh = script.sweep_tanh(ins, budget=4096)
+    assert tanh["summary"]["binades"][0]["odd"]
+    assert tanh["arrays"]["bf16_sigmoid"].shape == (65536,)
+    ex2 = script.sweep_ex2(ins)
+    assert ex2["summary"]["frac_ulp_range"] == (0, 0)
+    assert ex2["summary"]["binades"]["+3"]["floor"] == 0
+    assert ex2["summary"]["binades"]["-3"]["floor"] == 0
+    rs = script.sweep_rsqrt(ins)
+    assert set(rs["summary"]["binades"].values()) == {0}  # 1/√(4x) = (1/√x)/2 exactly

@@ -336,6 +336,12 @@ TANH, EX2, RSQRT, SIGMOID, EXPF, RSQRTF, EXPF_MODEL = range(7)
 
 
 class Instr:
+    """The instructions on the GPU (inline PTX through CuPy's NVRTC, FlashKDA's fast-math flag).
+    ``values`` applies one to a tensor, ``by_bits`` to the float32 values with consecutive bit
+    patterns (whole binades without an input array)."""
+
+    device = torch.device("cuda")
+
     def __init__(self):
         import cupy
 
@@ -345,7 +351,7 @@ class Instr:
         self.bits_k = mod.get_function("on_bits")
 
     def values(self, which: int, x: torch.Tensor) -> torch.Tensor:
-        x = x.float().contiguous().cuda()
+        x = x.float().contiguous().to(self.device)
         y = torch.empty_like(x)
         n = x.numel()
         if n:
@@ -356,7 +362,7 @@ class Instr:
         return y
 
     def by_bits(self, which: int, start: int, n: int, step: int = 1) -> torch.Tensor:
-        y = torch.empty(n, dtype=torch.float32, device="cuda")
+        y = torch.empty(n, dtype=torch.float32, device=self.device)
         torch.cuda.synchronize()
         self.bits_k(((n + 255) // 256,), (256,),
                     (np.int32(which), np.uint32(start), np.uint32(step), self.cp.asarray(y),
@@ -370,7 +376,7 @@ def gate_inputs(case: Case, inputs: dict, ins: Instr) -> dict[str, torch.Tensor]
     (fwd_kernel1.cuh:257-356), with the instructions themselves on the GPU. torch's float32
     add/mul on CUDA are IEEE round-to-nearest, as the kernel's; the L2 sums are FMA chains
     (16 lanes × 8 elements, butterfly), done exactly in float64 here."""
-    dev = torch.device("cuda")
+    dev = ins.device
     h = case.heads
     a_log = inputs["A_log"].to(dev)
     a = ins.values(EXPF, a_log)  # expf under fast math
@@ -453,9 +459,9 @@ def _low_zero_bits(y: torch.Tensor) -> int:
 BINADE = 1 << 23
 
 
-def _floats(start: int) -> torch.Tensor:
-    """The 2^23 float32 values whose bit patterns are start, start + 1, … (one binade)."""
-    b = torch.arange(BINADE, device="cuda", dtype=torch.int64) + start
+def _floats(start: int, device) -> torch.Tensor:
+    """The BINADE float32 values whose bit patterns are start, start + 1, … (one binade)."""
+    b = torch.arange(BINADE, device=device, dtype=torch.int64) + start
     return ((b + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
 
 
@@ -471,7 +477,7 @@ def sweep_tanh(ins: Instr, budget: int) -> dict:
         yn = ins.by_bits(TANH, start | 0x80000000, BINADE)
         inv = _invariance(y)
         n_inv = max(n for n in range(24) if inv[n] == 0)
-        x = _floats(start)
+        x = _floats(start, ins.device)
         info = {"invariant_low_bits": n_inv, "mismatch_by_n": inv,
                 "odd": bool(torch.equal(yn, -y)), "low_zero_bits": _low_zero_bits(y),
                 "all_equal_x": bool(torch.equal(y, x)), "all_one": bool((y == 1).all()),
@@ -484,7 +490,7 @@ def sweep_tanh(ins: Instr, budget: int) -> dict:
             stored += size
             info["stored"] = True
         summ["binades"][e] = info
-    allbf = (torch.arange(65536, dtype=torch.int32, device="cuda") - 32768).to(torch.int16)
+    allbf = (torch.arange(65536, dtype=torch.int32, device=ins.device) - 32768).to(torch.int16)
     xb = allbf.view(torch.bfloat16).float()
     arrays["bf16_in"] = xb.cpu().numpy()
     arrays["bf16_tanh"] = ins.values(TANH, xb).cpu().numpy()
@@ -497,8 +503,8 @@ def sweep_ex2(ins: Instr) -> dict:
     """ex2.approx.ftz.f32: F(j) = ex2(j·2^-23) for j < 2^23 (the fraction table, stored as ulps
     off the correctly rounded 2^x), then per binade of x the mismatches against
     y(x) = 2^floor(x) · F(frac) with frac taken to 23 bits by floor / round / toward zero."""
-    dev = "cuda"
-    j = torch.arange(BINADE, device=dev, dtype=torch.float64)
+    dev = ins.device
+    j = torch.arange(1 << 23, device=dev, dtype=torch.float64)
     xf = (j * 2.0 ** -23).float()
     f = ins.values(EX2, xf)
     arrays, summ = {}, {"binades": {}}
@@ -517,7 +523,7 @@ def sweep_ex2(ins: Instr) -> dict:
     for sign in (1, -1):
         for e in range(-30, 7):
             start = ((e + 127) << 23) | (0x80000000 if sign < 0 else 0)
-            x = _floats(start)
+            x = _floats(start, ins.device)
             y = ins.by_bits(EX2, start, BINADE)
             info = {}
             for how in ("floor", "round", "trunc"):
@@ -540,7 +546,7 @@ def sweep_rsqrt(ins: Instr) -> dict:
     for e in (0, 1):
         start = (e + 127) << 23
         y = ins.by_bits(RSQRT, start, BINADE)
-        x = _floats(start)
+        x = _floats(start, ins.device)
         d, rng = _pack_diff(_ulp_diff(y, 1.0 / torch.sqrt(x.double())))
         arrays[f"e{e}_ulp"] = d
         summ[f"e{e}"] = {"ulp_range": rng, "mismatch_by_n": _invariance(y)}
