@@ -176,3 +176,17 @@ def test_instruction_captures_run_on_stand_ins(script, monkeypatch):
     assert ex2["summary"]["binades"]["-3"]["floor"] == 0
     rs = script.sweep_rsqrt(ins)
     assert set(rs["summary"]["binades"].values()) == {0}  # 1/√(4x) = (1/√x)/2 exactly
+
+
+def test_dry_run_with_instructions_packs_every_file(script, tmp_path, monkeypatch):
+    monkeypatch.setattr(script, "BINADE", 1 << 8)
+    out = tmp_path / "out"
+    assert script.main(["--device", "cpu", "--out", str(out), "--cases", "model_T1",
+                        "--tanh-budget", "1000"], ins=CpuInstr(script)) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "flashkda_golden.json", "flashkda_golden.npz", "flashkda_sfu_ex2_rsqrt.npz",
+        "flashkda_sfu_tanh.npz", "flashkda_stage1.npz"]
+    with np.load(out / "flashkda_stage1.npz") as z:
+        assert "ws__c00__kd" in z.files and "in__c00__sigmoid_out" in z.files
+    with np.load(out / "flashkda_sfu_ex2_rsqrt.npz") as z:
+        assert {"ex2__frac_ulp", "rsqrt__e0_ulp", "ex2__summary_json"} <= set(z.files)

@@ -12,16 +12,16 @@ Outputs (numpy ``.npz``, compressed; bf16 stored as ``uint16`` bit patterns, fp3
                           ``kernel_deterministic`` in the metadata), its torch reference's output
                           and final state. Keys ``cNN__name``; the JSON metadata (a list of cases
                           and the run's facts) is the ``meta_json`` entry (uint8 of UTF-8 text).
-``flashkda_workspace.npz`` per case the kernel's stage-1 workspace (k·2^G, q·2^G·scale,
-                          k·2^(G_C−G), 2^G_C, INV, Mqk per 16-token tile): diagnostics for each
-                          stage of a model.
-``flashkda_gate_instr.npz`` the instruction results on exactly the fp32 inputs the cases' gates,
-                          decay factors and q/k normalization feed them (computed here with
-                          FlashKDA's float32 operation order; see ``gate_inputs``).
-``flashkda_tanh.npz``, ``flashkda_ex2.npz``, ``flashkda_rsqrt.npz``: characterization sweeps of
+``flashkda_stage1.npz``   per case the kernel's stage-1 workspace (``ws__``: k·2^G, q·2^G·scale,
+                          k·2^(G_C−G), 2^G_C, INV, Mqk per 16-token tile) and the instruction
+                          results on exactly the fp32 inputs the case's gate, decay factors and
+                          q/k normalization feed them (``in__``; FlashKDA's float32 operation
+                          order, see ``gate_inputs``): diagnostics for each stage of a model.
+``flashkda_sfu_tanh.npz``, ``flashkda_sfu_ex2_rsqrt.npz``: characterization sweeps of
                           ``tanh.approx.f32``, ``ex2.approx.ftz.f32`` and ``rsqrt.approx.ftz.f32``
                           (tables over whole binades and the tests of the structure hypotheses;
-                          each file's ``summary_json`` says what was found).
+                          ``summary_json`` says what was found; ex2's keys ``ex2__``, rsqrt's
+                          ``rsqrt__``).
 ``flashkda_golden.json``  the metadata and the summary, readable without numpy.
 
 ``--device cpu`` runs the CPU-side logic (case draws, calls, packing) against whatever
@@ -565,7 +565,8 @@ def sweep_rsqrt(ins: Instr) -> dict:
 
 # --- main -----------------------------------------------------------------------------------
 
-def main(argv=None) -> int:
+def main(argv=None, ins=None) -> int:
+    """``ins``: the instruction interface (default: :class:`Instr` on CUDA, none on the CPU)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT", "out/flashkda_golden"))
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
@@ -589,9 +590,10 @@ def main(argv=None) -> int:
     fk, ref = load_flashkda()
     print(f"flash_kda from {getattr(fk, '__file__', '?')}; torch_ref from "
           f"{getattr(ref, '__file__', '?')}", flush=True)
-    ins = Instr() if device.type == "cuda" else None
+    if ins is None and device.type == "cuda":
+        ins = Instr()
 
-    golden, wspace, instr = {}, {}, {}
+    golden, stage1 = {}, {}
     metas = []
     for i, case in enumerate(cases):
         t0 = time.time()
@@ -603,7 +605,7 @@ def main(argv=None) -> int:
         for name, t in res.items():
             golden[f"{key}__{name}"] = bits(t)
         for name, t in ws.items():
-            wspace[f"{key}__{name}"] = bits(t)
+            stage1[f"ws__{key}__{name}"] = bits(t)
         meta = asdict(case) | {
             "key": key, "scale": scale, "kernel_deterministic": det,
             "raw_entry_same": raw_same,
@@ -614,7 +616,7 @@ def main(argv=None) -> int:
             try:
                 gi = gate_inputs(case, inputs, ins)
                 for name, t in gi.items():
-                    instr[f"{key}__{name}"] = t.cpu().numpy()
+                    stage1[f"in__{key}__{name}"] = t.cpu().numpy()
                 meta["expf_is_ex2_of_scaled"] = bool(torch.equal(gi["expf_out"],
                                                                  gi["expf_model_out"]))
                 meta["rsqrtf_is_rsqrt_approx"] = bool(torch.equal(gi["rsqrt_out"],
@@ -640,26 +642,29 @@ def main(argv=None) -> int:
     }
     golden["meta_json"] = np.frombuffer(json.dumps(facts).encode(), dtype=np.uint8)
     np.savez_compressed(os.path.join(args.out, "flashkda_golden.npz"), **golden)
-    np.savez_compressed(os.path.join(args.out, "flashkda_workspace.npz"), **wspace)
-    if instr:
-        np.savez_compressed(os.path.join(args.out, "flashkda_gate_instr.npz"), **instr)
+    np.savez_compressed(os.path.join(args.out, "flashkda_stage1.npz"), **stage1)
     summary = {}
     if ins is not None and not args.no_sweeps:
-        for name, fn in (("tanh", lambda: sweep_tanh(ins, args.tanh_budget)),
-                         ("ex2", lambda: sweep_ex2(ins)), ("rsqrt", lambda: sweep_rsqrt(ins))):
+        files = {"tanh": {}, "ex2_rsqrt": {}}
+        for name, fn, dest in (("tanh", lambda: sweep_tanh(ins, args.tanh_budget), "tanh"),
+                               ("ex2", lambda: sweep_ex2(ins), "ex2_rsqrt"),
+                               ("rsqrt", lambda: sweep_rsqrt(ins), "ex2_rsqrt")):
             t0 = time.time()
             try:
                 r = fn()
-                arrs = dict(r["arrays"])
-                arrs["summary_json"] = np.frombuffer(json.dumps(r["summary"]).encode(),
-                                                     dtype=np.uint8)
-                np.savez_compressed(os.path.join(args.out, f"flashkda_{name}.npz"), **arrs)
+                prefix = "" if dest == name else f"{name}__"
+                files[dest].update({prefix + k: v for k, v in r["arrays"].items()})
+                files[dest][prefix + "summary_json"] = np.frombuffer(
+                    json.dumps(r["summary"], default=str).encode(), dtype=np.uint8)
                 summary[name] = r["summary"]
                 print(json.dumps(r["summary"], default=str)[:3000], flush=True)
             except Exception:
                 traceback.print_exc()
                 summary[name] = "FAILED"
             print(f"sweep {name}: {time.time() - t0:.1f}s", flush=True)
+        for dest, arrs in files.items():
+            if arrs:
+                np.savez_compressed(os.path.join(args.out, f"flashkda_sfu_{dest}.npz"), **arrs)
     facts["sweeps"] = summary
     facts["seconds"] = round(time.time() - t_start, 1)
     with open(os.path.join(args.out, "flashkda_golden.json"), "w") as fh:
