@@ -111,7 +111,8 @@ def chunk_core(
         return x.reshape(n, hv, nc, c, *x.shape[3:]) if width else x.reshape(n, hv, nc, c)
 
     qc, kc, vc = chunks(q), chunks(k), chunks(v)
-    g = chunks(log_decay.to(gdt)).cumsum(-2)  # G from each chunk's start, in the gate format
+    # G from each chunk's start, in the gate format, summed as the recipe's kernel sums it
+    g = recipe.scalar_ops.cumsum_along(chunks(log_decay.to(gdt)), -2)
     bc = chunks(beta.to(gdt), width=False)
     acc = get_accumulation(recipe.matmul_accumulation)
     op_fmt, work = recipe.operand_format, recipe.work_format
@@ -178,7 +179,8 @@ def prepare_for_recipe(q, k, v, g, beta, *, recipe: Recipe | str = "flashkda",
     recipe = get_recipe(recipe)
     return prepare_inputs(
         q, k, v, g, beta, input_format=recipe.input_format, gate_format=recipe.gate_format,
-        base2=recipe.exp2_ftz, ftz=recipe.exp2_ftz, l2norm_lanes=recipe.l2norm_lanes, **kwargs)
+        base2=recipe.exp2_ftz, ftz=recipe.exp2_ftz, l2norm_lanes=recipe.l2norm_lanes,
+        scalar_ops=recipe.scalar_ops, **kwargs)
 
 
 def _check_options(chunk_size, tiles, inverse, recipe):

@@ -16,10 +16,9 @@ does it: ``x · rsqrt(Σx² + 1e-6)``.
 Arithmetic: in float64 (the reference) every step is float64. In float32 (the kernels' gate) each
 operation is a float32 operation; with ``base2=True`` the result is the *base-2* log-decay, as
 FlashKDA computes it:
-``fl(lower_bound·log2 e) · sigmoid(exp2_ftz(fl(A_log·log2 e)) · (g + dt_bias))``.
-FlashKDA's sigmoid is ``tanh.approx.f32``-based (relative error up to ~2⁻¹¹); here it is float32
-``torch.sigmoid`` — the one operation of its path kdalab does not reproduce (see
-docs/end-to-end.md).
+``fl(lower_bound·log2 e) · sigmoid(exp2(fl(A_log·log2 e)) · (g + dt_bias))``.
+Which float32 sigmoid, exp2 and rsqrt (torch's, or the H200's approximate instructions as
+FlashKDA issues them) is the recipe's :class:`~kdalab.arith.scalar.ScalarOps` (``ops``).
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from kdalab.arith import FP32, FP64, Format, exp2_ftz, get_format, quantize
+from kdalab.arith.scalar import TORCH_OPS, ScalarOps
 
 __all__ = ["GATES", "LOG2E", "log_decay", "beta_activation", "l2_normalize", "check_finite",
            "check_float", "Prepared", "prepare_inputs", "check_cu_seqlens", "FLOAT_DTYPES"]
@@ -95,12 +95,14 @@ def log_decay(
     fmt: Format | str = FP64,
     base2: bool = False,
     ftz: bool = True,
+    ops: ScalarOps = TORCH_OPS,
 ) -> torch.Tensor:
     """Per-step, per-channel log-decay from gate inputs ``g [..., H, K]``.
 
     Returns natural-log decay (``base2=False``) or base-2 decay (``base2=True``: the natural value
     times log2 e, folded into the constants as FlashKDA does), computed and returned in ``fmt``
-    (float64 or float32 arithmetic). ``ftz`` applies to exp2 of ``A_log`` on the base-2 path.
+    (float64 or float32 arithmetic). ``ftz`` applies to exp2 of ``A_log`` on the base-2 path;
+    ``ops`` computes the float32 sigmoid and exp2.
     """
     if gate not in GATES:
         raise ValueError(f"gate must be one of {', '.join(GATES)}, got {gate!r}")
@@ -120,8 +122,10 @@ def log_decay(
     a = None
     if A_log is not None:
         a_log = _head_view(A_log, heads, None, "A_log").to(dt)
-        if base2:
-            a = exp2_ftz(a_log * LOG2E, ftz=ftz).to(dt)  # FlashKDA: ex2.ftz(A_log·log2 e)
+        if base2 and dt == torch.float32:  # FlashKDA: ex2.ftz(fl(A_log·fl(log2 e)))
+            a = ops.exp2_f32(a_log * LOG2E, ftz=ftz)
+        elif base2:
+            a = exp2_ftz(a_log * LOG2E, ftz=ftz).to(dt)
         else:
             a = torch.exp(a_log)
     if gate == "lower_bound":
@@ -129,7 +133,7 @@ def log_decay(
             x = a * x
         lb = float(lower_bound) * LOG2E if base2 else float(lower_bound)
         lb_t = torch.tensor(lb, dtype=dt, device=x.device)  # the constant rounded to dt first
-        return lb_t * torch.sigmoid(x)
+        return lb_t * (ops.sigmoid_f32(x) if dt == torch.float32 else torch.sigmoid(x))
     out = -F.softplus(x)
     if a is not None:
         out = a * out
@@ -137,11 +141,14 @@ def log_decay(
 
 
 def beta_activation(beta: torch.Tensor, *, is_logits: bool = True,
-                    fmt: Format | str = FP64) -> torch.Tensor:
-    """``sigmoid(beta)`` (logits) or ``beta``, computed in ``fmt`` (fp64 or fp32)."""
+                    fmt: Format | str = FP64, ops: ScalarOps = TORCH_OPS) -> torch.Tensor:
+    """``sigmoid(beta)`` (logits) or ``beta``, computed in ``fmt`` (fp64 or fp32; float32 by
+    ``ops``)."""
     dt = torch.float64 if get_format(fmt) == FP64 else torch.float32
     b = beta.to(dt)
-    return torch.sigmoid(b) if is_logits else b
+    if not is_logits:
+        return b
+    return ops.sigmoid_f32(b) if dt == torch.float32 else torch.sigmoid(b)
 
 
 def _fma32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -151,13 +158,14 @@ def _fma32(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def l2_normalize(x: torch.Tensor, *, eps: float = 1e-6, fmt: Format | str = FP64,
-                 lanes: int | None = None, out: Format | str | None = None) -> torch.Tensor:
+                 lanes: int | None = None, out: Format | str | None = None,
+                 ops: ScalarOps = TORCH_OPS) -> torch.Tensor:
     """``x · rsqrt(Σ x² + eps)`` over the last dimension.
 
     ``fmt=fp64``: in float64. ``fmt=fp32`` with ``lanes=16`` (and D divisible by 16): FlashKDA's
     order — each of 16 lanes sums D/16 squares by float32 FMA in order, then a butterfly over the
-    lanes (xor 8, 4, 2, 1), float32 rsqrt, float32 product. ``out`` rounds the result (FlashKDA:
-    back to bf16). Returns float64/float32 values (rounded to ``out`` where given).
+    lanes (xor 8, 4, 2, 1), float32 rsqrt (``ops``), float32 product. ``out`` rounds the result
+    (FlashKDA: back to bf16). Returns float64/float32 values (rounded to ``out`` where given).
     """
     fmt = get_format(fmt)
     if fmt == FP64:
@@ -178,7 +186,7 @@ def l2_normalize(x: torch.Tensor, *, eps: float = 1e-6, fmt: Format | str = FP64
             ss = part[..., :1]
         else:
             ss = xf.square().sum(-1, keepdim=True)
-        y = xf * torch.rsqrt(ss + torch.tensor(eps, dtype=torch.float32, device=x.device))
+        y = xf * ops.rsqrt_f32(ss + torch.tensor(eps, dtype=torch.float32, device=x.device))
     if out is not None:
         y = quantize(y, out).to(y.dtype)
     return y
@@ -223,7 +231,7 @@ def prepare_inputs(
     gate="lower_bound", beta_is_logits=True, use_qk_l2norm=True, initial_state=None,
     cu_seqlens=None, state_layout="KV", input_format: Format | None = None,
     gate_format: Format | str = FP64, base2: bool = False, ftz: bool = True,
-    l2norm_lanes: int | None = None,
+    l2norm_lanes: int | None = None, scalar_ops: ScalarOps = TORCH_OPS,
 ) -> Prepared:
     """Check every argument (ValueError naming it), activate gate and β, normalize q/k, expand
     grouped heads and pack variable-length sequences into a zero-padded batch."""
@@ -282,12 +290,12 @@ def prepare_inputs(
         q, k, v = (quantize(x, input_format) for x in (q, k, v))
     gfmt = get_format(gate_format)
     ld = log_decay(g, gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                   fmt=gfmt, base2=base2, ftz=ftz)
-    bt = beta_activation(beta, is_logits=beta_is_logits, fmt=gfmt)
+                   fmt=gfmt, base2=base2, ftz=ftz, ops=scalar_ops)
+    bt = beta_activation(beta, is_logits=beta_is_logits, fmt=gfmt, ops=scalar_ops)
     if use_qk_l2norm:
         back = input_format if input_format is not None else None
-        q = l2_normalize(q, fmt=gfmt, lanes=l2norm_lanes, out=back)
-        k = l2_normalize(k, fmt=gfmt, lanes=l2norm_lanes, out=back)
+        q = l2_normalize(q, fmt=gfmt, lanes=l2norm_lanes, out=back, ops=scalar_ops)
+        k = l2_normalize(k, fmt=gfmt, lanes=l2norm_lanes, out=back, ops=scalar_ops)
     group = hv // h
     q, k = (x.repeat_interleave(group, dim=2) for x in (q, k))
     if ld.shape[2] != hv:

@@ -27,6 +27,10 @@ Fields used by the whole chunked forward (``kdalab.kda.chunk``; defaults are Fla
 ``state_operand_format`` format the state is rounded to when it enters a product (bf16)
 ``state_update``        ``"fma"``: S ← fl(ΔS + S·exp(g_C)) in fp32, one rounding (FlashKDA);
                         ``"mul_add"``: S·exp(g_C) rounded, then + ΔS rounded (fla)
+``scalar_ops``          how the gate's float32 sigmoid, exp2 (the scales too), the normalization's
+                        rsqrt and the log-decay's running sum are computed
+                        (:class:`~kdalab.arith.scalar.ScalarOps`: ``torch``, ``flashkda-ref``,
+                        ``sm90``); a name or the value
 ``output_format``       format of o (bf16); None: the input's dtype
 ``default_chunk``       the chunk size the recipe's kernel uses (informational: 16 / 64)
 """
@@ -36,6 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kdalab.arith.formats import BF16, FP16, FP32, FP64, TF32, Format, get_format
+from kdalab.arith.scalar import FLASHKDA_REF_OPS, SM90_OPS, TORCH_OPS, ScalarOps, get_scalar_ops
 
 __all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLA", "FP32_RECIPE", "FP64_RECIPE",
            "RECIPES", "get_recipe"]
@@ -63,6 +68,7 @@ class Recipe:
     state_operand_format: Format = BF16
     state_update: str = "fma"
     output_format: Format | None = BF16
+    scalar_ops: ScalarOps = TORCH_OPS
     default_chunk: int = 16
     extras: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -71,6 +77,8 @@ class Recipe:
         for key, value in list(changes.items()):
             if key.endswith("_format") and isinstance(value, str):
                 changes[key] = get_format(value)
+            elif key == "scalar_ops":
+                changes[key] = get_scalar_ops(value)
         return replace(self, **changes)
 
 
@@ -79,14 +87,17 @@ SEED = Recipe("seed")
 #: FlashKDA v1 as its ``tests/torch_ref.py`` (the Neumann version) computes, operation by
 #: operation: base-2 gate in fp32 with FTZ exp2, bf16 q/k/v and scaled operands, L accumulated in
 #: fp32 and stored fp16, β in fp16 for L, Neumann in fp16 with fp16 accumulation, INV and Mqk in
-#: bf16, bf16 intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output.
-FLASHKDA = Recipe("flashkda")
-#: flashkda with the H200's Tensor-Core arithmetic in place of torch's: every bf16 product as a
-#: chain of ``mma.sync`` bf16→fp32 blocks and the Neumann products as ``mma.sync`` fp16→fp16
-#: chains (bit-exact models from ``kdalab.arith.tensorcore``) — the CUDA kernel's GEMMs rather
-#: than its torch reference's. The same value with other accumulation names, nothing else.
-FLASHKDA_H200 = FLASHKDA.with_(name="flashkda-h200", l_accumulation="h200-bf16-fp32",
-                               inverse_accumulation="h200-mma",
+#: bf16, bf16 intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output; its
+#: scalar arithmetic as it runs on the GPU (``flashkda-ref``: the ``tanh.approx`` sigmoid of its
+#: CUDA extension, CUDA's approximate rsqrt, the chunk's cumulative sum row after row).
+FLASHKDA = Recipe("flashkda", scalar_ops=FLASHKDA_REF_OPS)
+#: FlashKDA's CUDA kernel on the H200 (docs/flashkda.md): flashkda with the kernel's scalar
+#: instructions (``sm90``: ``tanh.approx``, ``ex2.approx.ftz``, ``rsqrt.approx.ftz``) and its
+#: Tensor-Core arithmetic in place of torch's: every bf16 product as a chain of ``mma.sync``
+#: bf16→fp32 blocks in k order, the Neumann products as ``mma.sync`` fp16→fp16 blocks (bit-exact
+#: models from ``kdalab.arith.tensorcore``).
+FLASHKDA_H200 = FLASHKDA.with_(name="flashkda-h200", scalar_ops=SM90_OPS,
+                               l_accumulation="h200-bf16-fp32", inverse_accumulation="h200-mma",
                                matmul_accumulation="h200-bf16-fp32")
 #: fla's ``chunk_kda`` (chunk 64): fp32 gate and decay scales (exp2, no FTZ), tf32 operands for the
 #: intra-chunk scores (tl.dot of fp32 tiles), L in fp32 solved in fp32, the inverse and Aqk stored

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import Format, exp2_ftz, get_accumulation, get_format, quantize
+from kdalab.arith import Format, get_accumulation, get_format, quantize
 from kdalab.kda.recipe import Recipe
 
 __all__ = ["TileScaling", "TILES", "get_tiles", "decay_factor", "operand", "decayed_scores"]
@@ -89,11 +89,12 @@ _HALF = (torch.bfloat16, torch.float16)
 
 def decay_factor(rel: torch.Tensor, recipe: Recipe,
                  fmt: Format | str | None = None) -> torch.Tensor:
-    """exp(rel) as the recipe computes it: exp2 with FTZ of a base-2 exponent in float32, or the
-    correctly rounded exp; rounded to ``fmt`` (default ``scale_format``)."""
+    """exp(rel) as the recipe computes it: exp2 with FTZ of a base-2 exponent in float32 (by the
+    recipe's scalar ops), or the correctly rounded exp; rounded to ``fmt`` (default
+    ``scale_format``)."""
     fmt = get_format(fmt) if fmt is not None else recipe.scale_format
     if recipe.exp2_ftz:
-        y = exp2_ftz(rel)  # rel is base 2 (the gate folded log2 e in)
+        y = recipe.scalar_ops.exp2_f32(rel)  # rel is base 2 (the gate folded log2 e in)
     else:
         y = torch.exp(rel.double())
     return quantize(y, fmt)
