@@ -103,9 +103,9 @@ def test_deterministic():
 
 
 def test_tensor_core_models_drop_into_the_recipe():
-    """flashkda-h200 is flashkda with other accumulation names and the H200's scalar
-    instructions; on the stress input (large L, long Neumann chains) the Tensor-Core arithmetic
-    changes the result, on model_like inputs it stays in the same range."""
+    """flashkda-h200 is flashkda with the kernel's accumulation models and scalar instructions
+    (its agreement with FlashKDA's kernel: test_flashkda_golden.py); on the stress input (large
+    L, long Neumann chains) its error stays in the range measured for FlashKDA."""
     from kdalab.experiments.end_to_end import study_inputs
     from kdalab.kda import get_recipe
 
@@ -116,9 +116,9 @@ def test_tensor_core_models_drop_into_the_recipe():
     kw = study_inputs("weak_decay_correlated", -5.0, 0, 48, 1, 32)
     o1, _ = forward(**kw, recipe="flashkda")
     o2, _ = forward(**kw, recipe="flashkda-h200")
-    assert o2.dtype == torch.bfloat16 and not torch.equal(o1, o2)
+    assert o1.dtype == o2.dtype == torch.bfloat16
     o_ref, _ = reference_forward(**kw)
-    assert err(o2, o_ref) < 5e-2
+    assert err(o1, o_ref) < 5e-2 and err(o2, o_ref) < 5e-2
 
 
 from hypothesis import given, settings  # noqa: E402

@@ -87,10 +87,13 @@ SEED = Recipe("seed")
 #: FlashKDA v1 as its ``tests/torch_ref.py`` (the Neumann version) computes, operation by
 #: operation: base-2 gate in fp32 with FTZ exp2, bf16 q/k/v and scaled operands, L accumulated in
 #: fp32 and stored fp16, β in fp16 for L, Neumann in fp16 with fp16 accumulation, INV and Mqk in
-#: bf16, bf16 intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output; its
-#: scalar arithmetic as it runs on the GPU (``flashkda-ref``: the ``tanh.approx`` sigmoid of its
-#: CUDA extension, CUDA's approximate rsqrt, the chunk's cumulative sum row after row).
-FLASHKDA = Recipe("flashkda", scalar_ops=FLASHKDA_REF_OPS)
+#: bf16, bf16 intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output. As it
+#: runs on the GPU: the Neumann products through ``cublasGemmEx`` with COMPUTE_16F, one 16×16
+#: matrix per call (``h200``: one Tensor-Core block), and its scalar arithmetic ``flashkda-ref``
+#: (the ``tanh.approx`` sigmoid of its CUDA extension, CUDA's approximate rsqrt, the chunk's
+#: cumulative sum row after row). Its bf16 GEMMs go through cuBLAS in an order not modelled here
+#: (``fp32``: torch's CPU order).
+FLASHKDA = Recipe("flashkda", scalar_ops=FLASHKDA_REF_OPS, inverse_accumulation="h200")
 #: FlashKDA's CUDA kernel on the H200 (docs/flashkda.md): flashkda with the kernel's scalar
 #: instructions (``sm90``: ``tanh.approx``, ``ex2.approx.ftz``, ``rsqrt.approx.ftz``) and its
 #: Tensor-Core arithmetic in place of torch's: every bf16 product as a chain of ``mma.sync``
