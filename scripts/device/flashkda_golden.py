@@ -467,11 +467,15 @@ def _floats(start: int, device) -> torch.Tensor:
 
 def sweep_tanh(ins: Instr, budget: int) -> dict:
     """tanh.approx.f32 over whole binades of positive x (2^e ≤ x < 2^(e+1), e = −40..8), the
-    sign symmetry, every bf16 input, and reduced tables where the output ignores low input bits.
+    sign symmetry, every bf16 input; then, within ``budget`` entries and the gate's binades
+    first: the whole table of each binade whose output ignores ≥ 6 low input bits (``e{e}``: y at
+    x = 2^e·(1 + j·2^(n−23))), else samples for fitting its algorithm (``s{e}``: every 64th input;
+    ``w0_{e}``, ``w1_{e}``: 65536 consecutive inputs from the binade's start and middle).
     """
     arrays, summ = {}, {"binades": {}}
-    stored = 0
-    for e in sorted(range(-40, 9), key=lambda e: (abs(e + 1), e)):  # the gate's range first
+    order = sorted(range(-40, 9), key=lambda e: (abs(e + 1), e))  # the gate's range first
+    outs = {}
+    for e in order:
         start = (e + 127) << 23
         y = ins.by_bits(TANH, start, BINADE)
         yn = ins.by_bits(TANH, start | 0x80000000, BINADE)
@@ -481,15 +485,30 @@ def sweep_tanh(ins: Instr, budget: int) -> dict:
         info = {"invariant_low_bits": n_inv, "mismatch_by_n": inv,
                 "odd": bool(torch.equal(yn, -y)), "low_zero_bits": _low_zero_bits(y),
                 "all_equal_x": bool(torch.equal(y, x)), "all_one": bool((y == 1).all()),
-                "min": float(y.min()), "max": float(y.max())}
+                "min": float(y.min()), "max": float(y.max()), "stored": None}
         d = _ulp_diff(y, torch.tanh(x.double()))
         info["ulp_vs_tanh"] = [int(d.min()), int(d.max())]
-        size = BINADE >> n_inv
-        if not info["all_equal_x"] and not info["all_one"] and stored + size <= budget:
-            arrays[f"e{e}"] = y[::1 << n_inv].cpu().numpy()  # y at x = 2^e(1 + j·2^(n−23))
-            stored += size
-            info["stored"] = True
         summ["binades"][e] = info
+        if not info["all_equal_x"] and not info["all_one"]:
+            outs[e] = y
+    stored = 0
+    for e in order:  # exact tables first
+        n_inv = summ["binades"][e]["invariant_low_bits"]
+        size = BINADE >> n_inv
+        if e in outs and n_inv >= 6 and stored + size <= budget:
+            arrays[f"e{e}"] = outs[e][::1 << n_inv].cpu().numpy()
+            summ["binades"][e]["stored"] = "table"
+            stored += size
+    win = min(65536, BINADE // 2)
+    for e in order:  # then samples of the rest
+        size = BINADE // 64 + 2 * win
+        if e in outs and summ["binades"][e]["stored"] is None and stored + size <= budget:
+            y = outs[e]
+            arrays[f"s{e}"] = y[::64].cpu().numpy()
+            arrays[f"w0_{e}"] = y[:win].cpu().numpy()
+            arrays[f"w1_{e}"] = y[BINADE // 2: BINADE // 2 + win].cpu().numpy()
+            summ["binades"][e]["stored"] = "samples"
+            stored += size
     allbf = (torch.arange(65536, dtype=torch.int32, device=ins.device) - 32768).to(torch.int16)
     xb = allbf.view(torch.bfloat16).float()
     arrays["bf16_in"] = xb.cpu().numpy()
@@ -572,7 +591,7 @@ def main(argv=None, ins=None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     p.add_argument("--no-sweeps", action="store_true", help="skip the instruction sweeps")
-    p.add_argument("--tanh-budget", type=int, default=3_000_000,
+    p.add_argument("--tanh-budget", type=int, default=3_500_000,
                    help="most tanh table entries stored")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
