@@ -9,30 +9,76 @@
 ==========================  =====================================================================
 
 All three run on the multi-function unit and are not correctly rounded: the PTX ISA bounds
-``tanh.approx.f32`` by a relative error of 2⁻¹¹ (so FlashKDA's sigmoid is off by up to ~2⁻¹²
-absolutely: far more than float32's rounding), ``ex2.approx`` and ``rsqrt.approx`` by a couple of
+``tanh.approx.f32`` by a relative error of 2⁻¹¹ (so FlashKDA's sigmoid may be off by ~2⁻¹²
+absolutely, far more than float32's rounding), ``ex2.approx`` and ``rsqrt.approx`` by a couple of
 float32 ulps.
 
-The models here are the correctly rounded functions with the instructions' flush-to-zero, until
-the H200's own results are measured (``scripts/device/flashkda_golden.py`` sweeps each
-instruction over whole binades; the tables it writes replace these functions where they cover
-the input). :data:`MEASURED` says which instruction is modelled from measurement.
+**Measured tables.** ``scripts/device/flashkda_golden.py`` runs each instruction on the H200 over
+whole binades of inputs and writes what it finds (``flashkda_sfu_tanh.npz``,
+``flashkda_sfu_ex2_rsqrt.npz``). Where those files are present (``kdalab/arith/data/`` as
+``sm90_tanh.npz`` and ``sm90_ex2_rsqrt.npz``, or the folder ``$KDALAB_SM90_DATA``), the models
+below are the H200's answers, read from them:
+
+* ``tanh``: per binade 2^e ≤ |x| < 2^(e+1) either the table of outputs at the inputs whose low
+  ``n`` significand bits are zero (when the measurement showed the output ignores those bits),
+  or ``|x|`` itself, or 1; odd in x;
+* ``ex2``: y = 2^w · F[j], with F the measured outputs at j·2⁻²³ (j < 2²³) and (w, j) the input as
+  a fixed-point number with 23 fraction bits, rounded as the measurement found per binade; results
+  below 2⁻¹²⁶ flushed to zero;
+* ``rsqrt``: y(4^m·x) = 2^−m·y(x), with y measured on [1, 4).
+
+Inputs the measurement does not cover (a binade stored only as samples) fall back to the
+correctly rounded function, as does everything when no tables are present.
+:func:`measured` says what is covered.
 """
 
 from __future__ import annotations
 
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from kdalab.arith.exp2 import exp2_ftz
 
-__all__ = ["tanh_approx", "ex2_approx_ftz", "rsqrt_approx_ftz", "MEASURED"]
+__all__ = ["tanh_approx", "ex2_approx_ftz", "rsqrt_approx_ftz", "measured", "reload",
+           "DATA_DIR"]
 
-#: instruction -> whether its model is the H200's measured table (else the correctly rounded
-#: function)
-MEASURED = {"tanh.approx.f32": False, "ex2.approx.ftz.f32": False,
-            "rsqrt.approx.ftz.f32": False}
-
+DATA_DIR = Path(__file__).parent / "data"
 _TINY = 2.0**-126
+_FRAC = 1 << 23
+
+
+def _data_dir() -> Path:
+    return Path(os.environ.get("KDALAB_SM90_DATA", DATA_DIR))
+
+
+def _files(stem: str) -> list[Path]:
+    d = _data_dir()
+    return [d / f"sm90_{stem}.npz", d / f"flashkda_sfu_{stem}.npz"]
+
+
+def _open(stem: str):
+    for path in _files(stem):
+        if path.exists():
+            with np.load(path) as z:
+                return {k: z[k] for k in z.files}
+    return None
+
+
+def _summary(arrays: dict, key: str) -> dict:
+    return json.loads(bytes(arrays[key]).decode())
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous().view(torch.int32).to(torch.int64)
+
+
+def _from_bits(b: torch.Tensor) -> torch.Tensor:
+    return ((b + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
 
 
 def _ftz_input(x: torch.Tensor) -> torch.Tensor:
@@ -41,18 +87,164 @@ def _ftz_input(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x.abs() < _TINY, x * 0.0, x)
 
 
+# --- tanh.approx.f32 -------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _tanh_tables():
+    arrays = _open("tanh")
+    if arrays is None:
+        return None
+    summ = _summary(arrays, "summary_json")
+    binades = {int(e): info for e, info in summ["binades"].items()}
+    if not all(info["odd"] for info in binades.values()):
+        raise ValueError("tanh.approx measurement: not odd in x; the model assumes it is")
+    tables = {e: (info["invariant_low_bits"], torch.from_numpy(arrays[f"e{e}"]))
+              for e, info in binades.items() if info.get("stored") == "table"}
+    return binades, tables
+
+
 def tanh_approx(x: torch.Tensor) -> torch.Tensor:
-    """``tanh.approx.f32`` of float32 ``x`` (see module doc for what models it)."""
+    """``tanh.approx.f32`` of float32 ``x`` (module doc: measured tables, else correctly
+    rounded)."""
     x = _ftz_input(x)
-    return torch.tanh(x.double()).float()
+    y = torch.tanh(x.double()).float()
+    t = _tanh_tables()
+    if t is None:
+        return y
+    binades, tables = t
+    ax = x.abs()
+    b = _bits(ax)
+    e = (b >> 23) - 127
+    m = b & (_FRAC - 1)
+    out = y.abs()
+    lo, hi = min(binades), max(binades)
+    if binades[lo]["all_equal_x"]:
+        out = torch.where(e < lo, ax, out)
+    if binades[hi]["all_one"]:
+        out = torch.where((e > hi) & (ax != 0), torch.ones_like(out), out)
+    for ev, info in binades.items():
+        sel = e == ev
+        if info["all_equal_x"]:
+            out = torch.where(sel, ax, out)
+        elif info["all_one"]:
+            out = torch.where(sel, torch.ones_like(out), out)
+        elif ev in tables:
+            n, tab = tables[ev]
+            idx = torch.where(sel, m >> n, torch.zeros_like(m))
+            out = torch.where(sel, tab.to(x.device)[idx], out)
+    out = torch.where(torch.isnan(x), x, out)
+    return torch.copysign(out, x)
+
+
+# --- ex2.approx.ftz.f32 ----------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _ex2_tables():
+    arrays = _open("ex2_rsqrt")
+    if arrays is None or "ex2__frac_ulp" not in arrays:
+        return None
+    summ = _summary(arrays, "ex2__summary_json")
+    j = torch.arange(_FRAC, dtype=torch.float64)
+    exact = torch.exp2(j * 2.0**-23).float()
+    frac = _from_bits(_bits(exact) + torch.from_numpy(arrays["ex2__frac_ulp"].astype(np.int64)))
+    rules = {}
+    for key, info in summ["binades"].items():
+        best = min(("floor", "round", "trunc"), key=lambda how: info[how])
+        rules[(1 if key[0] == "+" else -1, int(key[1:]))] = (best, info[best] == 0)
+    return frac, rules
 
 
 def ex2_approx_ftz(x: torch.Tensor) -> torch.Tensor:
-    """``ex2.approx.ftz.f32`` of float32 ``x``."""
-    return exp2_ftz(_ftz_input(x))
+    """``ex2.approx.ftz.f32`` of float32 ``x`` (module doc: measured tables, else correctly
+    rounded with flush-to-zero)."""
+    x = _ftz_input(x)
+    t = _ex2_tables()
+    if t is None:
+        return exp2_ftz(x)
+    frac, rules = t
+    x64 = x.double()
+    s = x64 * 2.0**23  # exact
+    e = (_bits(x.abs()) >> 23) - 127
+    e_lo = min(ev for _, ev in rules)
+    q = torch.floor(s)  # |x| >= 1: s is an integer, every rule agrees
+    for (sign, ev), (how, _) in rules.items():
+        if ev >= 0:
+            continue
+        sel = (torch.sign(x64) == sign) & ((e == ev) | ((e < e_lo) & (ev == e_lo)))
+        rq = {"floor": torch.floor(s), "round": torch.round(s), "trunc": torch.trunc(s)}[how]
+        q = torch.where(sel, rq, q)
+    whole = torch.floor(q / _FRAC)
+    idx = (q - whole * _FRAC).clamp(0, _FRAC - 1).long()
+    fin = torch.isfinite(x64)
+    whole = torch.where(fin, whole, torch.zeros_like(whole)).clamp(-300, 300)
+    y = frac.to(x.device).double()[torch.where(fin, idx, torch.zeros_like(idx))] * \
+        torch.exp2(whole)
+    y = torch.where(fin, y, torch.exp2(x64)).float()  # 2^inf = inf, 2^-inf = 0, nan
+    return torch.where(y.abs() < _TINY, torch.zeros_like(y), y)
+
+
+# --- rsqrt.approx.ftz.f32 --------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _rsqrt_tables():
+    arrays = _open("ex2_rsqrt")
+    if arrays is None or "rsqrt__e0_ulp" not in arrays:
+        return None
+    summ = _summary(arrays, "rsqrt__summary_json")
+    if any(v != 0 for v in summ["binades"].values()):
+        raise ValueError("rsqrt.approx measurement: y(4x) = y(x)/2 does not hold everywhere")
+    tabs = []
+    for par in (0, 1):
+        m = torch.arange(_FRAC, dtype=torch.int64)
+        x = _from_bits(((par + 127) << 23) + m)
+        exact = torch.rsqrt(x.double()).float()
+        ulp = torch.from_numpy(arrays[f"rsqrt__e{par}_ulp"].astype(np.int64))
+        tabs.append(_from_bits(_bits(exact) + ulp))
+    return torch.stack(tabs)  # [2, 2^23]
 
 
 def rsqrt_approx_ftz(x: torch.Tensor) -> torch.Tensor:
-    """``rsqrt.approx.ftz.f32`` of float32 ``x``."""
+    """``rsqrt.approx.ftz.f32`` of float32 ``x`` (module doc: measured tables, else correctly
+    rounded)."""
     x = _ftz_input(x)
-    return torch.rsqrt(x.double()).float()
+    t = _rsqrt_tables()
+    if t is None:
+        return torch.rsqrt(x.double()).float()
+    b = _bits(x)
+    e = (b >> 23) - 127
+    par = e % 2
+    m = b & (_FRAC - 1)
+    ok = (x > 0) & torch.isfinite(x)
+    y = t.to(x.device)[torch.where(ok, par, 0), torch.where(ok, m, 0)].double()
+    y = (y * torch.exp2(-((e - par) // 2).double())).float()
+    return torch.where(ok, y, torch.rsqrt(x.double()).float())
+
+
+def reload() -> None:
+    """Read the tables again (after ``$KDALAB_SM90_DATA`` or the files changed)."""
+    for f in (_tanh_tables, _ex2_tables, _rsqrt_tables):
+        f.cache_clear()
+
+
+def measured() -> dict[str, str]:
+    """For each instruction, what its model is read from."""
+    out = {}
+    t = _tanh_tables()
+    if t is None:
+        out["tanh.approx.f32"] = "correctly rounded tanh (no measurement)"
+    else:
+        binades, tables = t
+        rest = sorted(e for e, i in binades.items()
+                      if not (i["all_equal_x"] or i["all_one"] or e in tables))
+        out["tanh.approx.f32"] = ("measured" if not rest else
+                                  f"measured except binades {rest} (correctly rounded there)")
+    t = _ex2_tables()
+    if t is None:
+        out["ex2.approx.ftz.f32"] = "correctly rounded exp2, FTZ (no measurement)"
+    else:
+        inexact = sorted(k for k, (_, exact) in t[1].items() if not exact)
+        out["ex2.approx.ftz.f32"] = ("measured" if not inexact else
+                                     f"measured; no rule exact in binades {inexact}")
+    out["rsqrt.approx.ftz.f32"] = ("measured" if _rsqrt_tables() is not None else
+                                   "correctly rounded rsqrt (no measurement)")
+    return out
