@@ -147,11 +147,19 @@ def _ex2_tables():
     j = torch.arange(_FRAC, dtype=torch.float64)
     exact = torch.exp2(j * 2.0**-23).float()
     frac = _from_bits(_bits(exact) + torch.from_numpy(arrays["ex2__frac_ulp"].astype(np.int64)))
+    hows = ("floor", "round", "trunc")
     rules = {}
     for key, info in summ["binades"].items():
-        best = min(("floor", "round", "trunc"), key=lambda how: info[how])
-        rules[(1 if key[0] == "+" else -1, int(key[1:]))] = (best, info[best] == 0)
-    return frac, rules
+        best = min(hows, key=lambda how: info[how])
+        rules[(1 if key[0] == "+" else -1, int(key[1:]))] = (hows.index(best), info[best] == 0)
+    # rule per (sign, binade) for |x| < 1; binades below the lowest measured take its rule
+    e_lo = min(e for _, e in rules)
+    table = torch.zeros(2, -e_lo + 1, dtype=torch.int64)  # [x < 0, −e]
+    for (sign, e), (rule, _) in rules.items():
+        if e < 0:
+            table[int(sign < 0), -e] = rule
+    table[:, 0] = 0  # |x| >= 1: the fraction is exact, every rule agrees
+    return frac, rules, table
 
 
 def ex2_approx_ftz(x: torch.Tensor) -> torch.Tensor:
@@ -161,18 +169,15 @@ def ex2_approx_ftz(x: torch.Tensor) -> torch.Tensor:
     t = _ex2_tables()
     if t is None:
         return exp2_ftz(x)
-    frac, rules = t
+    frac, _, table = t
     x64 = x.double()
     s = x64 * 2.0**23  # exact
     e = (_bits(x.abs()) >> 23) - 127
-    e_lo = min(ev for _, ev in rules)
-    q = torch.floor(s)  # |x| >= 1: s is an integer, every rule agrees
-    for (sign, ev), (how, _) in rules.items():
-        if ev >= 0:
-            continue
-        sel = (torch.sign(x64) == sign) & ((e == ev) | ((e < e_lo) & (ev == e_lo)))
-        rq = {"floor": torch.floor(s), "round": torch.round(s), "trunc": torch.trunc(s)}[how]
-        q = torch.where(sel, rq, q)
+    row = (x64 < 0).long()
+    col = (-e).clamp(0, table.shape[1] - 1)
+    rule = table.to(x.device)[row, col]
+    q = torch.where(rule == 0, torch.floor(s), torch.where(rule == 1, torch.round(s),
+                                                           torch.trunc(s)))
     whole = torch.floor(q / _FRAC)
     idx = (q - whole * _FRAC).clamp(0, _FRAC - 1).long()
     fin = torch.isfinite(x64)
