@@ -190,3 +190,15 @@ def test_dry_run_with_instructions_packs_every_file(script, tmp_path, monkeypatc
         assert "ws__c00__kd" in z.files and "in__c00__sigmoid_out" in z.files
     with np.load(out / "flashkda_sfu_ex2_rsqrt.npz") as z:
         assert {"ex2__frac_ulp", "rsqrt__e0_ulp", "ex2__summary_json"} <= set(z.files)
+    # the tables as package data: only what the models read
+    spec = importlib.util.spec_from_file_location("sm90_tables", SCRIPT.parents[1] /
+                                                  "sm90_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    dest = tmp_path / "data"
+    assert tables.main([str(out), "--dest", str(dest)]) == 0
+    with np.load(dest / "sm90_tanh.npz") as z:
+        assert "summary_json" in z.files and not any(k.startswith(("s", "w", "bf16"))
+                                                     for k in z.files if k != "summary_json")
+    with np.load(dest / "sm90_ex2_rsqrt.npz") as z:
+        assert "ex2__edge_in" not in z.files and "rsqrt__e1_ulp" in z.files

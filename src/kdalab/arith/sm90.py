@@ -81,6 +81,11 @@ def _from_bits(b: torch.Tensor) -> torch.Tensor:
     return ((b + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
 
 
+def _check_size(what: str, table, want: int) -> None:
+    if len(table) != want:
+        raise ValueError(f"{what}: {len(table)} entries, a whole binade has {want}")
+
+
 def _ftz_input(x: torch.Tensor) -> torch.Tensor:
     """``.ftz``: subnormal inputs read as sign-preserving zero."""
     x = x.float()
@@ -100,6 +105,8 @@ def _tanh_tables():
         raise ValueError("tanh.approx measurement: not odd in x; the model assumes it is")
     tables = {e: (info["invariant_low_bits"], torch.from_numpy(arrays[f"e{e}"]))
               for e, info in binades.items() if info.get("stored") == "table"}
+    for e, (n, tab) in tables.items():
+        _check_size(f"tanh.approx table of binade {e}", tab, _FRAC >> n)
     return binades, tables
 
 
@@ -144,6 +151,7 @@ def _ex2_tables():
     if arrays is None or "ex2__frac_ulp" not in arrays:
         return None
     summ = _summary(arrays, "ex2__summary_json")
+    _check_size("ex2.approx fraction table", arrays["ex2__frac_ulp"], _FRAC)
     j = torch.arange(_FRAC, dtype=torch.float64)
     exact = torch.exp2(j * 2.0**-23).float()
     frac = _from_bits(_bits(exact) + torch.from_numpy(arrays["ex2__frac_ulp"].astype(np.int64)))
@@ -200,6 +208,7 @@ def _rsqrt_tables():
         raise ValueError("rsqrt.approx measurement: y(4x) = y(x)/2 does not hold everywhere")
     tabs = []
     for par in (0, 1):
+        _check_size(f"rsqrt.approx table e{par}", arrays[f"rsqrt__e{par}_ulp"], _FRAC)
         m = torch.arange(_FRAC, dtype=torch.int64)
         x = _from_bits(((par + 127) << 23) + m)
         exact = torch.rsqrt(x.double()).float()
@@ -232,7 +241,14 @@ def reload() -> None:
 
 
 def measured() -> dict[str, str]:
-    """For each instruction, what its model is read from."""
+    """For each instruction, what its model is read from (or why the tables are unusable)."""
+    try:
+        return _measured()
+    except ValueError as e:
+        return {"error": str(e)}
+
+
+def _measured() -> dict[str, str]:
     out = {}
     t = _tanh_tables()
     if t is None:
