@@ -184,7 +184,7 @@ def test_dry_run_with_instructions_packs_every_file(script, tmp_path, monkeypatc
     assert script.main(["--device", "cpu", "--out", str(out), "--cases", "model_T1",
                         "--tanh-budget", "1000"], ins=CpuInstr(script)) == 0
     assert sorted(p.name for p in out.iterdir()) == [
-        "flashkda_golden.json", "flashkda_golden.npz", "flashkda_sfu_ex2_rsqrt.npz",
+        "flashkda_golden.npz", "flashkda_sfu_ex2_rsqrt.npz",
         "flashkda_sfu_tanh.npz", "flashkda_stage1.npz"]
     with np.load(out / "flashkda_stage1.npz") as z:
         assert "ws__c00__kd" in z.files and "in__c00__sigmoid_out" in z.files

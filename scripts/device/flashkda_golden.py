@@ -22,7 +22,8 @@ Outputs (numpy ``.npz``, compressed; bf16 stored as ``uint16`` bit patterns, fp3
                           (tables over whole binades and the tests of the structure hypotheses;
                           ``summary_json`` says what was found; ex2's keys ``ex2__``, rsqrt's
                           ``rsqrt__``).
-``flashkda_golden.json``  the metadata and the summary, readable without numpy.
+``--json PATH``           also the metadata and the sweep summaries as JSON (off by default: the
+                          device returns at most 8 files, and the npz files hold both).
 
 ``--device cpu`` runs the CPU-side logic (case draws, calls, packing) against whatever
 ``flash_kda`` and ``torch_ref`` are importable and skips the instruction sweeps (they need CUDA
@@ -591,6 +592,7 @@ def main(argv=None, ins=None) -> int:
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     p.add_argument("--no-sweeps", action="store_true", help="skip the instruction sweeps")
+    p.add_argument("--json", default="", help="also write the metadata and summaries here")
     p.add_argument("--tanh-budget", type=int, default=3_500_000,
                    help="most tanh table entries stored")
     args = p.parse_args(argv)
@@ -686,8 +688,9 @@ def main(argv=None, ins=None) -> int:
                 np.savez_compressed(os.path.join(args.out, f"flashkda_sfu_{dest}.npz"), **arrs)
     facts["sweeps"] = summary
     facts["seconds"] = round(time.time() - t_start, 1)
-    with open(os.path.join(args.out, "flashkda_golden.json"), "w") as fh:
-        json.dump(facts, fh, indent=1, default=str)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(facts, fh, indent=1, default=str)
     for f in sorted(os.listdir(args.out)):
         print(f"{f}: {os.path.getsize(os.path.join(args.out, f)) / 2**20:.2f} MiB")
     print(f"done in {facts['seconds']}s")
