@@ -19,7 +19,7 @@ import numpy as np
 
 DEST = Path(__file__).resolve().parents[1] / "src" / "kdalab" / "arith" / "data"
 KEEP = {
-    "tanh": lambda k: k == "summary_json" or (k.startswith("e") and k[1:].lstrip("-").isdigit()),
+    "tanh": lambda k: k == "summary_json" or (k[:1] in "ebd" and k[1:].lstrip("-").isdigit()),
     "ex2_rsqrt": lambda k: k in ("ex2__frac_ulp", "ex2__summary_json", "rsqrt__e0_ulp",
                                  "rsqrt__e1_ulp", "rsqrt__summary_json"),
 }

@@ -167,7 +167,7 @@ def test_instruction_captures_run_on_stand_ins(script, monkeypatch):
     assert torch.equal(gi["g_cumsum"][0, 1:], gi["g_cumsum"][0, :1].expand(15, 2, 128))
     want = inputs["k"].float().square().sum(-1) + 1e-6
     assert torch.allclose(gi["rsqrt_in"][1], want.reshape(38, 2), rtol=1e-5)
-    tanh = script.sweep_tanh(ins, budget=4096)
+    tanh = script.sweep_tanh(ins)
     assert tanh["summary"]["binades"][0]["odd"]
     assert tanh["arrays"]["bf16_sigmoid"].shape == (65536,)
     ex2 = script.sweep_ex2(ins)
@@ -181,8 +181,8 @@ def test_instruction_captures_run_on_stand_ins(script, monkeypatch):
 def test_dry_run_with_instructions_packs_every_file(script, tmp_path, monkeypatch):
     monkeypatch.setattr(script, "BINADE", 1 << 8)
     out = tmp_path / "out"
-    assert script.main(["--device", "cpu", "--out", str(out), "--cases", "model_T1",
-                        "--tanh-budget", "1000"], ins=CpuInstr(script)) == 0
+    assert script.main(["--device", "cpu", "--out", str(out), "--cases", "model_T1"],
+                       ins=CpuInstr(script)) == 0
     assert sorted(p.name for p in out.iterdir()) == [
         "flashkda_golden.npz", "flashkda_sfu_ex2_rsqrt.npz",
         "flashkda_sfu_tanh.npz", "flashkda_stage1.npz"]
@@ -198,7 +198,12 @@ def test_dry_run_with_instructions_packs_every_file(script, tmp_path, monkeypatc
     dest = tmp_path / "data"
     assert tables.main([str(out), "--dest", str(dest)]) == 0
     with np.load(dest / "sm90_tanh.npz") as z:
-        assert "summary_json" in z.files and not any(k.startswith(("s", "w", "bf16"))
-                                                     for k in z.files if k != "summary_json")
+        assert "summary_json" in z.files and "d0" in z.files and "b0" in z.files
+        assert not any(k.startswith("bf16") for k in z.files)
+    only = tmp_path / "only"
+    assert script.main(["--device", "cpu", "--out", str(only), "--only-sweeps"],
+                       ins=CpuInstr(script)) == 0
+    assert sorted(p.name for p in only.iterdir()) == ["flashkda_sfu_ex2_rsqrt.npz",
+                                                       "flashkda_sfu_tanh.npz"]
     with np.load(dest / "sm90_ex2_rsqrt.npz") as z:
         assert "ex2__edge_in" not in z.files and "rsqrt__e1_ulp" in z.files

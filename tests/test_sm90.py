@@ -41,12 +41,18 @@ def fake_tanh(x):
 
 
 def fake_ex2(x):
-    q = torch.floor(x.double() * 2.0**23)
-    whole = torch.floor(q / FRAC)
-    j = q - whole * FRAC
-    y = torch.exp2(j * 2.0**-23).float()
-    y = _floats(_bits(y) + (j.long() % 2))  # odd j: one ulp up
-    y = (y.double() * torch.exp2(whole)).float()
+    """The H200's rule (docs/flashkda.md) on a fraction table one ulp up at odd j."""
+    def table(j):
+        y = torch.exp2(j.double() * 2.0**-23).float()
+        return _floats(_bits(y) + (j % 2))
+
+    t = torch.trunc(x.double().abs() * 2.0**23)
+    i = torch.floor(t / FRAC)
+    f = (t - i * FRAC).long()
+    neg = x < 0
+    w = torch.where(neg, torch.where(f == 0, -i, -i - 1), i)
+    j = torch.where(neg & (f != 0), FRAC - 1 - f, torch.where(neg, torch.zeros_like(f), f))
+    y = (table(j).double() * torch.exp2(w)).float()
     return torch.where(y < 2.0**-126, torch.zeros_like(y), y)
 
 
@@ -164,3 +170,23 @@ def test_scalar_ops_values():
     seq = sequential_cumsum(x, -1)
     assert seq[0, -1].item() == 1.0  # each 2^-24 is lost to rounding at 1
     assert x.cumsum(-1)[0, -1].item() > 1.0  # torch's CPU cumsum carries them in float64
+
+
+def test_tanh_tables_as_bit_differences(tables, tmp_path, monkeypatch):
+    """The device script stores each binade as its first output's bits and the differences of
+    consecutive outputs' bits; the model reads that form the same."""
+    with np.load(tables / "sm90_tanh.npz") as z:
+        arrays = {k: z[k] for k in z.files}
+    for key in [k for k in arrays if k.startswith("e")]:
+        b = torch.from_numpy(arrays.pop(key)).view(torch.int32).long()
+        arrays["b" + key[1:]] = b[:1].numpy()
+        arrays["d" + key[1:]] = (b[1:] - b[:-1]).numpy().astype(np.int16)
+    np.savez_compressed(tmp_path / "sm90_tanh.npz", **arrays)
+    monkeypatch.setenv("KDALAB_SM90_DATA", str(tmp_path))
+    sm90.reload()
+    try:
+        x = _random_floats(20000, -14, 5, seed=3)
+        assert torch.equal(_bits(sm90.tanh_approx(x)), _bits(fake_tanh(x)))
+    finally:
+        monkeypatch.undo()
+        sm90.reload()

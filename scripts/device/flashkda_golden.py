@@ -436,6 +436,8 @@ def _ulp_diff(y: torch.Tensor, ref64: torch.Tensor) -> torch.Tensor:
 
 
 def _pack_diff(d: torch.Tensor):
+    if d.numel() == 0:
+        return np.zeros(0, dtype=np.int8), (0, 0)
     lo, hi = int(d.min()), int(d.max())
     dt = np.int8 if -128 <= lo and hi <= 127 else np.int16 if -32768 <= lo and hi <= 32767 \
         else np.int32
@@ -466,17 +468,16 @@ def _floats(start: int, device) -> torch.Tensor:
     return ((b + 2**31) % 2**32 - 2**31).to(torch.int32).view(torch.float32)
 
 
-def sweep_tanh(ins: Instr, budget: int) -> dict:
+def sweep_tanh(ins: Instr) -> dict:
     """tanh.approx.f32 over whole binades of positive x (2^e ≤ x < 2^(e+1), e = −40..8), the
-    sign symmetry, every bf16 input; then, within ``budget`` entries and the gate's binades
-    first: the whole table of each binade whose output ignores ≥ 6 low input bits (``e{e}``: y at
-    x = 2^e·(1 + j·2^(n−23))), else samples for fitting its algorithm (``s{e}``: every 64th input;
-    ``w0_{e}``, ``w1_{e}``: 65536 consecutive inputs from the binade's start and middle).
+    sign symmetry, every bf16 input, and for each binade where the output is neither x nor 1 its
+    whole table: the output depends only on x with its low n significand bits cleared (n measured
+    here), so y at x = 2^e·(1 + j·2^(n−23)) for every j determines it. Stored as the first output's
+    bits (``b{e}``) and the differences of consecutive outputs' bits (``d{e}``, int16 where they
+    fit): about 6.7 million outputs in a few MiB.
     """
     arrays, summ = {}, {"binades": {}}
-    order = sorted(range(-40, 9), key=lambda e: (abs(e + 1), e))  # the gate's range first
-    outs = {}
-    for e in order:
+    for e in range(-40, 9):
         start = (e + 127) << 23
         y = ins.by_bits(TANH, start, BINADE)
         yn = ins.by_bits(TANH, start | 0x80000000, BINADE)
@@ -489,33 +490,17 @@ def sweep_tanh(ins: Instr, budget: int) -> dict:
                 "min": float(y.min()), "max": float(y.max()), "stored": None}
         d = _ulp_diff(y, torch.tanh(x.double()))
         info["ulp_vs_tanh"] = [int(d.min()), int(d.max())]
-        summ["binades"][e] = info
         if not info["all_equal_x"] and not info["all_one"]:
-            outs[e] = y
-    stored = 0
-    for e in order:  # exact tables first
-        n_inv = summ["binades"][e]["invariant_low_bits"]
-        size = BINADE >> n_inv
-        if e in outs and n_inv >= 6 and stored + size <= budget:
-            arrays[f"e{e}"] = outs[e][::1 << n_inv].cpu().numpy()
-            summ["binades"][e]["stored"] = "table"
-            stored += size
-    win = min(65536, BINADE // 2)
-    for e in order:  # then samples of the rest
-        size = BINADE // 64 + 2 * win
-        if e in outs and summ["binades"][e]["stored"] is None and stored + size <= budget:
-            y = outs[e]
-            arrays[f"s{e}"] = y[::64].cpu().numpy()
-            arrays[f"w0_{e}"] = y[:win].cpu().numpy()
-            arrays[f"w1_{e}"] = y[BINADE // 2: BINADE // 2 + win].cpu().numpy()
-            summ["binades"][e]["stored"] = "samples"
-            stored += size
+            b = y[::1 << n_inv].contiguous().view(torch.int32).long()
+            arrays[f"b{e}"] = b[:1].cpu().numpy()
+            arrays[f"d{e}"], _ = _pack_diff(b[1:] - b[:-1])
+            info["stored"] = "table"
+        summ["binades"][e] = info
     allbf = (torch.arange(65536, dtype=torch.int32, device=ins.device) - 32768).to(torch.int16)
     xb = allbf.view(torch.bfloat16).float()
     arrays["bf16_in"] = xb.cpu().numpy()
     arrays["bf16_tanh"] = ins.values(TANH, xb).cpu().numpy()
     arrays["bf16_sigmoid"] = ins.values(SIGMOID, xb).cpu().numpy()
-    summ["stored_entries"] = stored
     return {"arrays": arrays, "summary": summ}
 
 
@@ -593,8 +578,8 @@ def main(argv=None, ins=None) -> int:
     p.add_argument("--cases", default="", help="comma-separated case names (default: all)")
     p.add_argument("--no-sweeps", action="store_true", help="skip the instruction sweeps")
     p.add_argument("--json", default="", help="also write the metadata and summaries here")
-    p.add_argument("--tanh-budget", type=int, default=3_500_000,
-                   help="most tanh table entries stored")
+    p.add_argument("--only-sweeps", action="store_true",
+                   help="only the instruction sweeps (no FlashKDA needed)")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     device = torch.device(args.device)
@@ -607,10 +592,13 @@ def main(argv=None, ins=None) -> int:
         print(f"--cases: unknown {', '.join(unknown)}", file=sys.stderr)
         return 2
     cases = [c for c in CASES if not wanted or c.name in wanted]
+    if args.only_sweeps:
+        cases = []
     t_start = time.time()
-    fk, ref = load_flashkda()
-    print(f"flash_kda from {getattr(fk, '__file__', '?')}; torch_ref from "
-          f"{getattr(ref, '__file__', '?')}", flush=True)
+    if cases:
+        fk, ref = load_flashkda()
+        print(f"flash_kda from {getattr(fk, '__file__', '?')}; torch_ref from "
+              f"{getattr(ref, '__file__', '?')}", flush=True)
     if ins is None and device.type == "cuda":
         ins = Instr()
 
@@ -661,13 +649,14 @@ def main(argv=None, ins=None) -> int:
         "flashkda_src": os.environ.get("FLASHKDA_SRC"), "chunk": CHUNK, "dim": D,
         "cases": metas,
     }
-    golden["meta_json"] = np.frombuffer(json.dumps(facts).encode(), dtype=np.uint8)
-    np.savez_compressed(os.path.join(args.out, "flashkda_golden.npz"), **golden)
-    np.savez_compressed(os.path.join(args.out, "flashkda_stage1.npz"), **stage1)
+    if cases:
+        golden["meta_json"] = np.frombuffer(json.dumps(facts).encode(), dtype=np.uint8)
+        np.savez_compressed(os.path.join(args.out, "flashkda_golden.npz"), **golden)
+        np.savez_compressed(os.path.join(args.out, "flashkda_stage1.npz"), **stage1)
     summary = {}
     if ins is not None and not args.no_sweeps:
         files = {"tanh": {}, "ex2_rsqrt": {}}
-        for name, fn, dest in (("tanh", lambda: sweep_tanh(ins, args.tanh_budget), "tanh"),
+        for name, fn, dest in (("tanh", lambda: sweep_tanh(ins), "tanh"),
                                ("ex2", lambda: sweep_ex2(ins), "ex2_rsqrt"),
                                ("rsqrt", lambda: sweep_rsqrt(ins), "ex2_rsqrt")):
             t0 = time.time()

@@ -20,11 +20,11 @@ whole binades of inputs and writes what it finds (``flashkda_sfu_tanh.npz``,
 below are the H200's answers, read from them:
 
 * ``tanh``: per binade 2^e ≤ |x| < 2^(e+1) either the table of outputs at the inputs whose low
-  ``n`` significand bits are zero (when the measurement showed the output ignores those bits),
-  or ``|x|`` itself, or 1; odd in x;
-* ``ex2``: y = 2^w · F[j], with F the measured outputs at j·2⁻²³ (j < 2²³) and (w, j) the input as
-  a fixed-point number with 23 fraction bits, rounded as the measurement found per binade; results
-  below 2⁻¹²⁶ flushed to zero;
+  ``n`` significand bits are zero (the measurement shows the output ignores those bits: n = 2..6
+  between 2⁻⁸ and 8), or ``|x|`` itself (|x| < 2⁻⁹), or 1 (|x| ≥ 8); odd in x;
+* ``ex2``: y = 2^w · F[j], with F the measured outputs at j·2⁻²³ (j < 2²³) and (w, j) from |x|
+  truncated to 23 fraction bits, the fraction's ones' complement for negative x
+  (:func:`ex2_approx_ftz`); results below 2⁻¹²⁶ flushed to zero;
 * ``rsqrt``: y(4^m·x) = 2^−m·y(x), with y measured on [1, 4).
 
 Inputs the measurement does not cover (a binade stored only as samples) fall back to the
@@ -103,11 +103,22 @@ def _tanh_tables():
     binades = {int(e): info for e, info in summ["binades"].items()}
     if not all(info["odd"] for info in binades.values()):
         raise ValueError("tanh.approx measurement: not odd in x; the model assumes it is")
-    tables = {e: (info["invariant_low_bits"], torch.from_numpy(arrays[f"e{e}"]))
+    tables = {e: (info["invariant_low_bits"], _table(arrays, e))
               for e, info in binades.items() if info.get("stored") == "table"}
     for e, (n, tab) in tables.items():
         _check_size(f"tanh.approx table of binade {e}", tab, _FRAC >> n)
     return binades, tables
+
+
+def _table(arrays: dict, e: int) -> torch.Tensor:
+    """Binade ``e``'s outputs: stored as values (``e{e}``) or as the first output's bits and the
+    differences of consecutive outputs' bits (``b{e}``, ``d{e}``)."""
+    if f"e{e}" in arrays:
+        return torch.from_numpy(arrays[f"e{e}"])
+    deltas = torch.from_numpy(arrays[f"d{e}"].astype(np.int64))
+    bits = int(arrays[f"b{e}"][0]) + torch.cat([torch.zeros(1, dtype=torch.int64),
+                                                deltas.cumsum(0)])
+    return _from_bits(bits)
 
 
 def tanh_approx(x: torch.Tensor) -> torch.Tensor:
@@ -155,44 +166,35 @@ def _ex2_tables():
     j = torch.arange(_FRAC, dtype=torch.float64)
     exact = torch.exp2(j * 2.0**-23).float()
     frac = _from_bits(_bits(exact) + torch.from_numpy(arrays["ex2__frac_ulp"].astype(np.int64)))
-    hows = ("floor", "round", "trunc")
-    rules = {}
-    for key, info in summ["binades"].items():
-        best = min(hows, key=lambda how: info[how])
-        rules[(1 if key[0] == "+" else -1, int(key[1:]))] = (hows.index(best), info[best] == 0)
-    # rule per (sign, binade) for |x| < 1; binades below the lowest measured take its rule
-    e_lo = min(e for _, e in rules)
-    table = torch.zeros(2, -e_lo + 1, dtype=torch.int64)  # [x < 0, −e]
-    for (sign, e), (rule, _) in rules.items():
-        if e < 0:
-            table[int(sign < 0), -e] = rule
-    table[:, 0] = 0  # |x| >= 1: the fraction is exact, every rule agrees
-    return frac, rules, table
+    exact_pos = all(v["floor"] == 0 for k, v in summ["binades"].items() if k[0] == "+")
+    return frac, exact_pos
 
 
 def ex2_approx_ftz(x: torch.Tensor) -> torch.Tensor:
     """``ex2.approx.ftz.f32`` of float32 ``x`` (module doc: measured tables, else correctly
-    rounded with flush-to-zero)."""
+    rounded with flush-to-zero).
+
+    With the tables: |x| is taken to fixed point with 23 fraction bits, truncated:
+    t = ⌊|x|·2²³⌋ = i·2²³ + f. For x ≥ 0 the result is 2^i·F[f]. For x < 0 it is 2^−i where
+    f = 0, else 2^(−i−1)·F[2²³ − 1 − f] (the fraction's ones' complement, one below the exact
+    2²³ − f). Results below 2⁻¹²⁶ flush to zero.
+    """
     x = _ftz_input(x)
     t = _ex2_tables()
     if t is None:
         return exp2_ftz(x)
-    frac, _, table = t
+    frac = t[0].to(x.device).double()
     x64 = x.double()
-    s = x64 * 2.0**23  # exact
-    e = (_bits(x.abs()) >> 23) - 127
-    row = (x64 < 0).long()
-    col = (-e).clamp(0, table.shape[1] - 1)
-    rule = table.to(x.device)[row, col]
-    q = torch.where(rule == 0, torch.floor(s), torch.where(rule == 1, torch.round(s),
-                                                           torch.trunc(s)))
-    whole = torch.floor(q / _FRAC)
-    idx = (q - whole * _FRAC).clamp(0, _FRAC - 1).long()
     fin = torch.isfinite(x64)
-    whole = torch.where(fin, whole, torch.zeros_like(whole)).clamp(-300, 300)
-    y = frac.to(x.device).double()[torch.where(fin, idx, torch.zeros_like(idx))] * \
-        torch.exp2(whole)
-    y = torch.where(fin, y, torch.exp2(x64)).float()  # 2^inf = inf, 2^-inf = 0, nan
+    tt = torch.trunc(torch.where(fin, x64.abs(), torch.zeros_like(x64)).clamp(max=300.0)
+                     * 2.0**23)
+    i = torch.floor(tt / _FRAC)
+    f = (tt - i * _FRAC).long()
+    neg = x64 < 0
+    w = torch.where(neg, torch.where(f == 0, -i, -i - 1), i)
+    j = torch.where(neg & (f != 0), _FRAC - 1 - f, torch.where(neg, torch.zeros_like(f), f))
+    y = (frac[j] * torch.exp2(w)).float()
+    y = torch.where(fin, y, torch.exp2(x64).float())  # 2^inf = inf, 2^-inf = 0, nan
     return torch.where(y.abs() < _TINY, torch.zeros_like(y), y)
 
 
@@ -263,9 +265,8 @@ def _measured() -> dict[str, str]:
     if t is None:
         out["ex2.approx.ftz.f32"] = "correctly rounded exp2, FTZ (no measurement)"
     else:
-        inexact = sorted(k for k, (_, exact) in t[1].items() if not exact)
-        out["ex2.approx.ftz.f32"] = ("measured" if not inexact else
-                                     f"measured; no rule exact in binades {inexact}")
+        out["ex2.approx.ftz.f32"] = ("measured" if t[1] else
+                                     "measured; 2^i·F[f] does not hold for every x >= 1")
     out["rsqrt.approx.ftz.f32"] = ("measured" if _rsqrt_tables() is not None else
                                    "correctly rounded rsqrt (no measurement)")
     return out
