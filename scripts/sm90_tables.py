@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Install the H200 instruction tables that scripts/device/flashkda_golden.py measured as
 kdalab's package data (``src/kdalab/arith/data/sm90_*.npz``), keeping only what
-:mod:`kdalab.arith.sm90` reads (the exact tables and the summaries; not the samples).
+:mod:`kdalab.arith.sm90` reads (whole-binade tables as bit differences, FlashKDA's sigmoid on
+every bf16 input, the summaries; not the samples).
 
     python scripts/sm90_tables.py DIR   # with flashkda_sfu_tanh.npz, flashkda_sfu_ex2_rsqrt.npz
 
@@ -19,7 +20,8 @@ import numpy as np
 
 DEST = Path(__file__).resolve().parents[1] / "src" / "kdalab" / "arith" / "data"
 KEEP = {
-    "tanh": lambda k: k == "summary_json" or (k[:1] in "ebd" and k[1:].lstrip("-").isdigit()),
+    "tanh": lambda k: k in ("summary_json", "bf16_in", "bf16_sigmoid")
+    or (k[:1] in "ebd" and k[1:].lstrip("-").isdigit()),
     "ex2_rsqrt": lambda k: k in ("ex2__frac_ulp", "ex2__summary_json", "rsqrt__e0_ulp",
                                  "rsqrt__e1_ulp", "rsqrt__summary_json"),
 }
@@ -38,6 +40,12 @@ def main(argv=None) -> int:
             return 2
         with np.load(src) as z:
             arrays = {k: z[k] for k in z.files if keep(k)}
+        for key in [k for k in arrays if k[:1] == "e" and k[1:].lstrip("-").isdigit()]:
+            bits = arrays.pop(key).view(np.int32).astype(np.int64)  # as bit differences
+            arrays["b" + key[1:]] = bits[:1]
+            d = np.diff(bits)
+            arrays["d" + key[1:]] = d.astype(np.int16 if np.abs(d).max(initial=0) < 2**15
+                                              else np.int32)
         out = args.dest / f"sm90_{stem}.npz"
         np.savez_compressed(out, **arrays)
         print(f"{out}: {len(arrays)} arrays, {out.stat().st_size / 2**20:.2f} MiB")

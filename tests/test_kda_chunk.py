@@ -103,16 +103,16 @@ def test_deterministic():
 
 
 def test_tensor_core_models_drop_into_the_recipe():
-    """flashkda-h200 is flashkda with the kernel's accumulation models and scalar instructions
-    (its agreement with FlashKDA's kernel: test_flashkda_golden.py); on the stress input (large
-    L, long Neumann chains) its error stays in the range measured for FlashKDA."""
+    """flashkda-h200 is flashkda with the kernel's accumulation models (its agreement with
+    FlashKDA: test_flashkda_golden.py); on the stress input (large L, long Neumann chains) both
+    stay in the error range measured for FlashKDA."""
     from kdalab.experiments.end_to_end import study_inputs
     from kdalab.kda import get_recipe
 
     r = get_recipe("flashkda-h200")
     assert r == get_recipe("flashkda").with_(
-        name="flashkda-h200", scalar_ops="sm90", l_accumulation="h200-bf16-fp32",
-        inverse_accumulation="h200-mma", matmul_accumulation="h200-bf16-fp32")
+        name="flashkda-h200", l_accumulation="h200-bf16-fp32", inverse_accumulation="h200-mma",
+        matmul_accumulation="h200-bf16-fp32")
     kw = study_inputs("weak_decay_correlated", -5.0, 0, 48, 1, 32)
     o1, _ = forward(**kw, recipe="flashkda")
     o2, _ = forward(**kw, recipe="flashkda-h200")

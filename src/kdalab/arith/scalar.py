@@ -8,7 +8,7 @@ its GEMM orders do. :class:`ScalarOps` names the choice for each:
 =============  ===============================================================================
 ``sigmoid``    ``"torch"``: float32 ``torch.sigmoid``. ``"tanh.approx"``: FlashKDA's form
                ``fma(tanh(x·½), ½, ½)`` with the H200's ``tanh.approx.f32``
-               (:func:`kdalab.arith.sm90.tanh_approx`).
+               (:func:`kdalab.arith.sm90.sigmoid_tanh`).
 ``exp2``       ``"exact"``: 2^x correctly rounded to float32, results below 2⁻¹²⁶ flushed to zero
                (:func:`kdalab.arith.exp2.exp2_ftz`). ``"ex2.approx"``: the H200's
                ``ex2.approx.ftz.f32`` (:func:`kdalab.arith.sm90.ex2_approx_ftz`).
@@ -19,11 +19,9 @@ its GEMM orders do. :class:`ScalarOps` names the choice for each:
                rounded, in order (a kernel's loop over the chunk's rows).
 =============  ===============================================================================
 
-Values: ``torch`` (every recipe's default: what torch does on the CPU), ``flashkda-ref``
-(FlashKDA's ``tests/torch_ref.py`` on the GPU: its sigmoid extension issues ``tanh.approx``,
-torch's CUDA ``rsqrt`` is the approximate instruction, torch's CUDA ``exp2`` is taken as exact,
-and CUDA's cumsum of a [16, 128] tile along the rows runs sequentially), ``sm90`` (FlashKDA's CUDA
-kernel, every choice the H200's own). They apply to float32 arithmetic; float64 paths ignore them.
+Values: ``torch`` (every recipe's default: what torch does on the CPU) and ``sm90`` (FlashKDA on
+the H200: its kernel, and its torch reference, which on the H200 gives the kernel's bits). They
+apply to float32 arithmetic; float64 paths ignore them.
 """
 
 from __future__ import annotations
@@ -34,8 +32,8 @@ import torch
 
 from kdalab.arith.exp2 import exp2_ftz
 
-__all__ = ["ScalarOps", "TORCH_OPS", "FLASHKDA_REF_OPS", "SM90_OPS", "SCALAR_OPS",
-           "get_scalar_ops", "sequential_cumsum", "fma_f32"]
+__all__ = ["ScalarOps", "TORCH_OPS", "SM90_OPS", "SCALAR_OPS",
+           "get_scalar_ops", "sequential_cumsum"]
 
 _CHOICES = {
     "sigmoid": ("torch", "tanh.approx"),
@@ -43,13 +41,6 @@ _CHOICES = {
     "rsqrt": ("torch", "rsqrt.approx"),
     "cumsum": ("torch", "sequential"),
 }
-
-
-def fma_f32(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """float32 ``a·b + c`` with one rounding (the product of two float32 values is exact in
-    float64; the sum is rounded to float64 and then to float32, which equals the single rounding
-    except when the float64 sum lands exactly on a float32 tie: probability ~2⁻²⁹)."""
-    return (a.double() * b.double() + c.double()).float()
 
 
 def sequential_cumsum(x: torch.Tensor, dim: int) -> torch.Tensor:
@@ -84,10 +75,9 @@ class ScalarOps:
         x = x.float()
         if self.sigmoid == "torch":
             return torch.sigmoid(x)
-        from kdalab.arith.sm90 import tanh_approx
+        from kdalab.arith.sm90 import sigmoid_tanh
 
-        half = torch.tensor(0.5, dtype=torch.float32, device=x.device)
-        return fma_f32(tanh_approx(x * half), half, half)
+        return sigmoid_tanh(x)
 
     def exp2_f32(self, x: torch.Tensor, *, ftz: bool = True) -> torch.Tensor:
         """2^x of float32 ``x`` (FTZ of results below 2⁻¹²⁶ unless ``ftz=False`` on the exact
@@ -113,11 +103,9 @@ class ScalarOps:
 
 
 TORCH_OPS = ScalarOps("torch")
-FLASHKDA_REF_OPS = ScalarOps("flashkda-ref", sigmoid="tanh.approx", rsqrt="rsqrt.approx",
-                             cumsum="sequential")
 SM90_OPS = ScalarOps("sm90", sigmoid="tanh.approx", exp2="ex2.approx", rsqrt="rsqrt.approx",
                      cumsum="sequential")
-SCALAR_OPS: dict[str, ScalarOps] = {o.name: o for o in (TORCH_OPS, FLASHKDA_REF_OPS, SM90_OPS)}
+SCALAR_OPS: dict[str, ScalarOps] = {o.name: o for o in (TORCH_OPS, SM90_OPS)}
 
 
 def get_scalar_ops(spec: str | ScalarOps) -> ScalarOps:

@@ -27,9 +27,15 @@ below are the H200's answers, read from them:
   (:func:`ex2_approx_ftz`); results below 2⁻¹²⁶ flushed to zero;
 * ``rsqrt``: y(4^m·x) = 2^−m·y(x), with y measured on [1, 4).
 
-Inputs the measurement does not cover (a binade stored only as samples) fall back to the
-correctly rounded function, as does everything when no tables are present.
-:func:`measured` says what is covered.
+* FlashKDA's sigmoid ``fma(tanh.approx(x·½), ½, ½)`` (:func:`sigmoid_tanh`): measured on every
+  bf16 input (β is bf16) and, where ``$KDALAB_SM90_POINTS`` names a file of measured points, on
+  those; elsewhere computed from ``tanh``.
+
+Inputs the measurement does not cover fall back to the correctly rounded function, as does
+everything when no tables are present. :func:`measured` says what is covered. The H200 run of
+2026-11-30 (docs/flashkda.md) measured ``ex2`` and ``rsqrt`` completely; ``tanh`` exactly only
+for |x| < 2⁻⁵ and |x| ≥ 8 (between, it ignores just 2–5 low input bits, and the run kept
+samples, not the 6.3 million-entry tables).
 """
 
 from __future__ import annotations
@@ -44,8 +50,8 @@ import torch
 
 from kdalab.arith.exp2 import exp2_ftz
 
-__all__ = ["tanh_approx", "ex2_approx_ftz", "rsqrt_approx_ftz", "measured", "reload",
-           "DATA_DIR"]
+__all__ = ["tanh_approx", "sigmoid_tanh", "ex2_approx_ftz", "rsqrt_approx_ftz", "measured",
+           "reload", "DATA_DIR"]
 
 DATA_DIR = Path(__file__).parent / "data"
 _TINY = 2.0**-126
@@ -154,6 +160,48 @@ def tanh_approx(x: torch.Tensor) -> torch.Tensor:
     return torch.copysign(out, x)
 
 
+# --- FlashKDA's sigmoid ----------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def _sigmoid_points():
+    """Measured (x bits, sigmoid bits), sorted by x: every bf16 input (the tanh file), and the
+    points in ``$KDALAB_SM90_POINTS`` (an npz of ``x_bits``, ``sigmoid_bits``) if set."""
+    keys, vals = [], []
+    arrays = _open("tanh")
+    if arrays is not None and "bf16_in" in arrays:
+        keys.append(arrays["bf16_in"].view(np.int32))
+        vals.append(arrays["bf16_sigmoid"].view(np.int32))
+    extra = os.environ.get("KDALAB_SM90_POINTS")
+    if extra:
+        with np.load(extra) as z:
+            keys.append(z["x_bits"].astype(np.int32))
+            vals.append(z["sigmoid_bits"].astype(np.int32))
+    if not keys:
+        return None
+    k, v = np.concatenate(keys), np.concatenate(vals)
+    keep = ~np.isnan(k.view(np.float32))
+    k, v = k[keep], v[keep]
+    order = np.argsort(k, kind="stable")
+    return torch.from_numpy(k[order]), torch.from_numpy(v[order])
+
+
+def sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
+    """FlashKDA's sigmoid of float32 ``x`` on the H200: ``fma(tanh.approx(x·½), ½, ½)``
+    (``utils.cuh:50-53``). Measured outputs where there are any (every bf16 input; the points of
+    ``$KDALAB_SM90_POINTS``), else computed with :func:`tanh_approx`."""
+    x = x.float()
+    half = torch.tensor(0.5, dtype=torch.float32, device=x.device)
+    y = (tanh_approx(x * half).double() * 0.5 + 0.5).float()  # one rounding: exact in float64
+    pts = _sigmoid_points()
+    if pts is None:
+        return y
+    keys, vals = (t.to(x.device) for t in pts)
+    xb = x.contiguous().view(torch.int32)
+    pos = torch.searchsorted(keys, xb.reshape(-1)).clamp(max=len(keys) - 1).reshape(xb.shape)
+    hit = keys[pos] == xb
+    return torch.where(hit, vals[pos].view(torch.float32), y)
+
+
 # --- ex2.approx.ftz.f32 ----------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
@@ -238,7 +286,7 @@ def rsqrt_approx_ftz(x: torch.Tensor) -> torch.Tensor:
 
 def reload() -> None:
     """Read the tables again (after ``$KDALAB_SM90_DATA`` or the files changed)."""
-    for f in (_tanh_tables, _ex2_tables, _rsqrt_tables):
+    for f in (_tanh_tables, _sigmoid_points, _ex2_tables, _rsqrt_tables):
         f.cache_clear()
 
 
@@ -261,6 +309,9 @@ def _measured() -> dict[str, str]:
                       if not (i["all_equal_x"] or i["all_one"] or e in tables))
         out["tanh.approx.f32"] = ("measured" if not rest else
                                   f"measured except binades {rest} (correctly rounded there)")
+    pts = _sigmoid_points()
+    out["sigmoid (tanh.approx form)"] = ("from tanh.approx" if pts is None else
+                                        f"measured at {len(pts[0])} inputs, else from tanh.approx")
     t = _ex2_tables()
     if t is None:
         out["ex2.approx.ftz.f32"] = "correctly rounded exp2, FTZ (no measurement)"

@@ -29,8 +29,8 @@ Fields used by the whole chunked forward (``kdalab.kda.chunk``; defaults are Fla
                         ``"mul_add"``: S·exp(g_C) rounded, then + ΔS rounded (fla)
 ``scalar_ops``          how the gate's float32 sigmoid, exp2 (the scales too), the normalization's
                         rsqrt and the log-decay's running sum are computed
-                        (:class:`~kdalab.arith.scalar.ScalarOps`: ``torch``, ``flashkda-ref``,
-                        ``sm90``); a name or the value
+                        (:class:`~kdalab.arith.scalar.ScalarOps`: ``torch``, ``sm90``); a name
+                        or the value
 ``output_format``       format of o (bf16); None: the input's dtype
 ``default_chunk``       the chunk size the recipe's kernel uses (informational: 16 / 64)
 """
@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from kdalab.arith.formats import BF16, FP16, FP32, FP64, TF32, Format, get_format
-from kdalab.arith.scalar import FLASHKDA_REF_OPS, SM90_OPS, TORCH_OPS, ScalarOps, get_scalar_ops
+from kdalab.arith.scalar import SM90_OPS, TORCH_OPS, ScalarOps, get_scalar_ops
 
 __all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLA", "FP32_RECIPE", "FP64_RECIPE",
            "RECIPES", "get_recipe"]
@@ -84,23 +84,20 @@ class Recipe:
 
 #: The seed document's emulation of FlashKDA's K1 path for L and its inverse.
 SEED = Recipe("seed")
-#: FlashKDA v1 as its ``tests/torch_ref.py`` (the Neumann version) computes, operation by
-#: operation: base-2 gate in fp32 with FTZ exp2, bf16 q/k/v and scaled operands, L accumulated in
-#: fp32 and stored fp16, β in fp16 for L, Neumann in fp16 with fp16 accumulation, INV and Mqk in
-#: bf16, bf16 intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output. As it
-#: runs on the GPU: the Neumann products through ``cublasGemmEx`` with COMPUTE_16F, one 16×16
-#: matrix per call (``h200``: one Tensor-Core block), and its scalar arithmetic ``flashkda-ref``
-#: (the ``tanh.approx`` sigmoid of its CUDA extension, CUDA's approximate rsqrt, the chunk's
-#: cumulative sum row after row). Its bf16 GEMMs go through cuBLAS in an order not modelled here
-#: (``fp32``: torch's CPU order).
-FLASHKDA = Recipe("flashkda", scalar_ops=FLASHKDA_REF_OPS, inverse_accumulation="h200")
-#: FlashKDA's CUDA kernel on the H200 (docs/flashkda.md): flashkda with the kernel's scalar
-#: instructions (``sm90``: ``tanh.approx``, ``ex2.approx.ftz``, ``rsqrt.approx.ftz``) and its
-#: Tensor-Core arithmetic in place of torch's: every bf16 product as a chain of ``mma.sync``
-#: bf16→fp32 blocks in k order, the Neumann products as ``mma.sync`` fp16→fp16 blocks (bit-exact
-#: models from ``kdalab.arith.tensorcore``).
-FLASHKDA_H200 = FLASHKDA.with_(name="flashkda-h200", scalar_ops=SM90_OPS,
-                               l_accumulation="h200-bf16-fp32", inverse_accumulation="h200-mma",
+#: FlashKDA v1's precision path (docs/flashkda.md), operation by operation: base-2 gate in fp32,
+#: bf16 q/k/v and scaled operands, L accumulated in fp32 and stored fp16, β in fp16 for L,
+#: Neumann in fp16 (each product one Tensor-Core block, ``h200``), INV and Mqk in bf16, bf16
+#: intermediates, state kept in bf16 and updated by an fp32 FMA, bf16 output; its scalar
+#: arithmetic the H200's (``sm90``: ``tanh.approx`` sigmoid, ``ex2.approx.ftz``,
+#: ``rsqrt.approx.ftz``, the chunk's log-decay summed row by row). Its bf16 products in torch's
+#: float32 order (fast; FlashKDA's own order is ``flashkda-h200``).
+FLASHKDA = Recipe("flashkda", scalar_ops=SM90_OPS, inverse_accumulation="h200")
+#: FlashKDA on the H200, bit for bit (its CUDA kernel; its torch reference gives the same bits
+#: there): flashkda with every bf16 product as the kernel's chain of ``mma.sync`` bf16→fp32
+#: blocks in k order and the Neumann products as ``mma.sync`` fp16 blocks (bit-exact models from
+#: ``kdalab.arith.tensorcore``).
+FLASHKDA_H200 = FLASHKDA.with_(name="flashkda-h200", l_accumulation="h200-bf16-fp32",
+                               inverse_accumulation="h200-mma",
                                matmul_accumulation="h200-bf16-fp32")
 #: fla's ``chunk_kda`` (chunk 64): fp32 gate and decay scales (exp2, no FTZ), tf32 operands for the
 #: intra-chunk scores (tl.dot of fp32 tiles), L in fp32 solved in fp32, the inverse and Aqk stored
