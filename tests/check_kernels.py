@@ -109,3 +109,21 @@ def nan_propagating(q, k, v, g, beta, **kw):
 def nan_leaking(q, k, v, g, beta, **kw):
     """Bug: NaN in one sequence spills into every sequence of the batch."""
     return _nan_tolerant(q, k, v, g, beta, leak=True, **kw)
+
+
+def dies_on_varlen(q, k, v, g, beta, *, cu_seqlens, **kw):
+    """Bug: the process dies on packed sequences (as after a fault on a GPU)."""
+    if cu_seqlens is not None:
+        import os
+
+        os._exit(7)
+    return honest_fp32(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+
+
+def hangs_on_varlen(q, k, v, g, beta, *, cu_seqlens, **kw):
+    """Bug: never returns on packed sequences."""
+    if cu_seqlens is not None:
+        import time
+
+        time.sleep(3600)
+    return honest_fp32(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)

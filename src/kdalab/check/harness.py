@@ -33,7 +33,7 @@ from kdalab.arith import rel_rmse
 from kdalab.check.adapters import ConventionError, KernelAdapter
 from kdalab.check.cases import Case, CaseInputs, case_inputs, reference
 
-__all__ = ["Thresholds", "DeviceFault", "run_check", "identical", "MODES"]
+__all__ = ["Thresholds", "DeviceFault", "run_check", "blank_record", "identical", "MODES"]
 
 MODES = ("fp64", "fidelity")
 
@@ -195,14 +195,14 @@ def _judge_fp64(kernel, x, case, ref, th: Thresholds) -> tuple[dict, list[str]]:
         "o_nonfinite_all": _nonfinite(o), "deterministic": deterministic,
         "o_dtype": _dtype(o), "state_dtype": _dtype(s),
     }
+    # messages name the rule, the record holds the numbers (so equal failures group in views)
     failures = []
     if rec["o_nonfinite"] or rec["state_nonfinite"]:
-        failures.append(f"non-finite: {rec['o_nonfinite']} outputs, {rec['state_nonfinite']} "
-                        f"state entries")
+        failures.append("non-finite output or state")
     if not rec["o_rel_err"] <= th.max_output_error and math.isfinite(rec["o_rel_err"]):
-        failures.append(f"output error {rec['o_rel_err']:.2e} > {th.max_output_error:g}")
+        failures.append(f"output error above {th.max_output_error:g}")
     if not rec["state_rel_err"] <= th.max_state_error and math.isfinite(rec["state_rel_err"]):
-        failures.append(f"state error {rec['state_rel_err']:.2e} > {th.max_state_error:g}")
+        failures.append(f"state error above {th.max_state_error:g}")
     return rec, failures + problems
 
 
@@ -219,8 +219,8 @@ def _judge_fidelity(kernel, x, case, theirs, th: Thresholds) -> tuple[dict, list
     rec["o_rel_diff"] = _rel(oj, boj.double())
     failures = []
     if not rec["o_identical"] >= th.min_identical:
-        failures.append(f"{100 * rec['o_identical']:.2f} % of output bits identical < "
-                        f"{100 * th.min_identical:g} %")
+        failures.append(f"fewer than {100 * th.min_identical:g} % of output elements "
+                        f"bit-identical")
     return rec, failures + problems
 
 
@@ -262,22 +262,36 @@ def run_check(
         return _run(kernels, cases, device, thresholds, against, sink, progress, timings)
 
 
+def blank_record(kernel: str, case: Case, *, device: str | torch.device,
+                 thresholds: Thresholds, against: str | None) -> dict:
+    """A record with every field and nothing measured (status ``unsupported``): the one
+    skeleton of all records, so every run's records have the same fields in the same order."""
+    mode = "fidelity" if against is not None else "fp64"
+    rec = {"kernel": kernel, "case": case.name, "mode": mode, **case.describe(),
+           "about": case.about, "device": torch.device(device).type}
+    if mode == "fp64":
+        rec.update(bf16_floor=None, state_bf16_floor=None,
+                   max_output_error=thresholds.max_output_error,
+                   max_state_error=thresholds.max_state_error)
+        fields = _FP64_FIELDS
+    else:
+        rec.update(against=against, min_identical=thresholds.min_identical)
+        fields = _FIDELITY_FIELDS
+    rec.update({f: None for f in fields}, status="unsupported", message="")
+    return rec
+
+
 def _run(kernels, cases, device, thresholds, against, sink, progress, timings) -> list[dict]:
     mode = "fidelity" if against is not None else "fp64"
     records: list[dict] = []
     total, done = len(cases) * len(kernels), 0
     for case in cases:
         x = case_inputs(case, device)
-        common = {"mode": mode, **case.describe(), "about": case.about, "device": device.type}
+        floors, ref, why = {}, None, None
         if against is None:
             ref = reference(x)
-            common.update(_floors(x, *ref), max_output_error=thresholds.max_output_error,
-                          max_state_error=thresholds.max_state_error)
-            fields = _FP64_FIELDS
+            floors = _floors(x, *ref)
         else:
-            common.update(against=against.name, min_identical=thresholds.min_identical)
-            fields = _FIDELITY_FIELDS
-            ref = None
             why = against.unsupported(x)
             if why is None:
                 try:
@@ -289,8 +303,9 @@ def _run(kernels, cases, device, thresholds, against, sink, progress, timings) -
         cell = []
         for kernel in kernels:
             t0 = time.perf_counter()
-            rec = {"kernel": kernel.name, "case": case.name, **common}
-            rec.update({f: None for f in fields}, status="unsupported", message="")
+            rec = blank_record(kernel.name, case, device=device, thresholds=thresholds,
+                               against=None if against is None else against.name)
+            rec.update(floors)
             why_not = kernel.unsupported(x)
             if why_not is not None:
                 rec["message"] = f"declared: {why_not}"

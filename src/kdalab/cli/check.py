@@ -119,6 +119,14 @@ def check_command(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/check"),
     as_json: Annotated[bool, typer.Option(
         "--json", help="print the summary and records as JSON instead of tables")] = False,
+    isolate: Annotated[Optional[bool], typer.Option(
+        "--isolate/--no-isolate",
+        help="run each kernel in a process of its own, so that one which faults the GPU, dies "
+             "or hangs is recorded as crashed and the others still run; default: on for cuda",
+        show_default=False)] = None,
+    kernel_timeout: Annotated[float, typer.Option(
+        help="with --isolate: seconds a kernel may take for the whole suite (0: no limit)")]
+    = 0.0,
     list_cases: Annotated[bool, typer.Option(
         "--list", help="list the suite's cases and the kernels, run nothing")] = False,
     quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
@@ -172,6 +180,9 @@ def check_command(
             fail(str(exc))
         loaded.append(kernel)
     reference = loaded.pop() if against is not None else None
+    if not (math.isfinite(kernel_timeout) and kernel_timeout >= 0):
+        fail(f"--kernel-timeout must be a number of seconds >= 0, got {kernel_timeout}")
+    isolate = device.startswith("cuda") if isolate is None else isolate
     _check_out(out)
 
     from rich.progress import (
@@ -183,14 +194,15 @@ def check_command(
         TimeRemainingColumn,
     )
 
-    from kdalab.experiments.store import RecordWriter
+    from kdalab.check import records as store
+    from kdalab.check.isolate import run_isolated
     from kdalab.views.check import notes, terminal_table, write_check_views
 
     meta = {"command": " ".join(["kdalab", "check", *sys.argv[2:]]) if sys.argv[1:2] == ["check"]
             else "kdalab check " + " ".join(kernels),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "device_name": _device_name(device), "suite": suite,
-            "kernels": kernels, "against": against,
+            "kernels": kernels, "against": against, "isolated": isolate,
             "cases": [c.name for c in selected],
             "thresholds": ({"min identical": min_identical} if against else
                            {"output": max_output_error, "state": max_state_error})}
@@ -198,25 +210,33 @@ def check_command(
     t0 = time.perf_counter()
     quiet_run = quiet or as_json
     try:
-        with RecordWriter(out) as writer, Progress(
+        with store.writer(out) as writer, Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console, transient=True, disable=quiet_run,
         ) as progress:
             task = progress.add_task("", total=len(selected) * len(loaded))
-            records = run_check(
-                loaded, selected, device=device, thresholds=thresholds, against=reference,
-                sink=writer.write, timings=timings,
-                progress=lambda done, total, label: progress.update(
-                    task, completed=done, description=label))
+
+            def show(done, total, label):
+                progress.update(task, completed=done, description=label)
+
+            if isolate:
+                records = run_isolated(
+                    [k.name for k in loaded], selected, suite=suite, device=device,
+                    thresholds=thresholds, against=against, folder=out, sink=writer.write,
+                    progress=show, timeout=kernel_timeout or None, timings=timings)
+            else:
+                records = run_check(
+                    loaded, selected, device=device, thresholds=thresholds, against=reference,
+                    sink=writer.write, timings=timings, progress=show)
     except ConventionError as exc:
         fail(f"{exc} (records so far are in {out}/records.jsonl)")
     except DeviceFault as exc:
         from rich.markup import escape
 
         err_console.print(f"[bold red]error:[/] {escape(str(exc))}; records so far are in "
-                          f"{out}/records.jsonl (rerun without that kernel or case)",
-                          highlight=False, soft_wrap=True)
+                          f"{out}/records.jsonl (--isolate runs each kernel in its own "
+                          f"process and records the crash)", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
     except KeyboardInterrupt:
         err_console.print(f"interrupted: the records so far are in {out}/records.jsonl",
@@ -227,7 +247,7 @@ def check_command(
     meta["versions"] = _versions()
     (out / "check.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     paths = write_check_views(records, meta, out)
-    failed = any(r["status"] == "fail" for r in records)
+    failed = any(r["status"] in ("fail", "skipped") for r in records)
     if as_json:
         from kdalab.views.check import summary
 

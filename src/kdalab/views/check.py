@@ -23,7 +23,7 @@ from kdalab.views.tables import fmt_sci  # noqa: E402
 __all__ = ["kernels_of", "cases_of", "summary", "cell_text", "terminal_table", "notes",
            "plot_check", "markdown_report", "html_report", "write_check_views"]
 
-_STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–"}
+_STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "skipped": "·"}
 
 
 def _frame(records) -> pd.DataFrame:
@@ -53,8 +53,10 @@ def _num(x) -> float:
 def cell_text(rec: dict) -> str:
     """A (kernel, case) cell: output / state error (fp64 mode) or identical-bit percentage /
     worst relative difference (fidelity mode); ``unsupported`` otherwise."""
-    if rec["status"] == "unsupported":
-        return "unsupported"
+    if rec["status"] in ("unsupported", "skipped"):
+        return rec["status"]
+    if rec["status"] == "fail" and str(rec["message"]).startswith("crashed"):
+        return "crashed"
     if rec["mode"] == "fidelity":
         return (f"{100 * _num(rec['o_identical']):.2f}% / "
                 f"{fmt_sci(_num(rec['o_worst_rel_diff']))}")
@@ -69,24 +71,33 @@ def summary(records) -> pd.DataFrame:
     value = "o_identical" if _mode(df) == "fidelity" else "o_rel_err"
     for kernel in kernels_of(df):
         k = df[df["kernel"] == kernel]
-        ran = k[k["status"] != "unsupported"]
+        ran = k[k["status"].isin(("pass", "fail"))]
         vals = ran[value].astype(float).to_numpy()
+        vals = vals[~np.isnan(vals)]
         row = {"kernel": kernel, "cases": len(k), "pass": int((k["status"] == "pass").sum()),
                "fail": int((k["status"] == "fail").sum()),
-               "unsupported": int((k["status"] == "unsupported").sum())}
+               "unsupported": int((k["status"] == "unsupported").sum()),
+               "not run": int((k["status"] == "skipped").sum())}
         if value == "o_rel_err":
             row["worst output error"] = float(np.max(vals)) if len(vals) else math.nan
             mult = ran["floor_multiple"].astype(float).to_numpy()
+            mult = mult[~np.isnan(mult)]
             row["median × bf16 floor"] = float(np.median(mult)) if len(mult) else math.nan
         else:
             row["lowest identical"] = float(np.min(vals)) if len(vals) else math.nan
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    if len(out) and not out["not run"].any():  # the column only when a kernel crashed
+        out = out.drop(columns="not run")
+    return out
 
 
-def _case_floor(df: pd.DataFrame, case: str) -> float:
-    c = df[df["case"] == case]
-    return float(c["bf16_floor"].iloc[0]) if "bf16_floor" in c and len(c) else math.nan
+def _case_floor(df: pd.DataFrame, case: str, column: str = "bf16_floor") -> float:
+    """The case's bf16 floor (the same in every record that has it: a property of the case)."""
+    if column not in df:
+        return math.nan
+    values = df[df["case"] == case][column].dropna()
+    return float(values.iloc[0]) if len(values) else math.nan
 
 
 def notes(records) -> list[str]:
@@ -94,7 +105,7 @@ def notes(records) -> list[str]:
     what each kernel gave on the poisoned sequences of the non-finite cases."""
     df = _frame(records)
     out = []
-    for status in ("fail", "unsupported"):
+    for status in ("fail", "skipped", "unsupported"):
         sel = df[df["status"] == status]
         for kernel in kernels_of(sel) if len(sel) else []:
             k = sel[sel["kernel"] == kernel]
@@ -132,7 +143,8 @@ def terminal_table(records, title: str = ""):
                 row.append("")
                 continue
             text = cell_text(rec)
-            style = {"fail": "bold red", "unsupported": "dim yellow"}.get(rec["status"], "")
+            style = {"fail": "bold red", "unsupported": "dim yellow",
+                     "skipped": "dim red"}.get(rec["status"], "")
             mark = _STATUS_MARK[rec["status"]]
             row.append(f"[{style}]{mark} {text}[/]" if style else f"{mark} {text}")
         table.add_row(*row)
@@ -162,7 +174,8 @@ def plot_check(records) -> bytes:
     offsets = np.linspace(-0.25, 0.25, len(kernels)) if len(kernels) > 1 else [0.0]
     for ax, (column, label, transform) in zip(axes[:, 0], panels):
         for i, kernel in enumerate(kernels):
-            k = df[(df["kernel"] == kernel) & (df["status"] != "unsupported")]
+            k = df[(df["kernel"] == kernel) & df["status"].isin(("pass", "fail"))
+                   & df[column].notna()]  # a crashed case has nothing to draw
             pos = np.array([cases.index(c) for c in k["case"]], dtype=float) + offsets[i]
             y = k[column].astype(float).to_numpy()
             if transform is not None:
@@ -171,7 +184,7 @@ def plot_check(records) -> bytes:
             good = np.isfinite(y) & (y > 0)
             color = colors(i % 10)
             ax.scatter(pos[good & ~fail], y[good & ~fail], marker="o", color=color, s=28,
-                       label=kernel, zorder=3)
+                       label=kernel if (good & ~fail).any() else None, zorder=3)
             ax.scatter(pos[good & fail], y[good & fail], marker="o", facecolors="none",
                        edgecolors=color, linewidths=1.6, s=40, zorder=3,
                        label=f"{kernel} (failed)" if (good & fail).any() else None)
@@ -188,7 +201,7 @@ def plot_check(records) -> bytes:
                            f"{kernel}: all identical")
         if not fidelity:
             floor_col = "bf16_floor" if column == "o_rel_err" else "state_bf16_floor"
-            floors = [float(df[df["case"] == c][floor_col].iloc[0]) for c in cases]
+            floors = [_case_floor(df, c, floor_col) for c in cases]
             ax.hlines(floors, x - 0.4, x + 0.4, colors="black", linewidth=1.6,
                       label="bf16 floor (exact result rounded to bf16)", zorder=2)
             limit = df["max_output_error" if column == "o_rel_err" else "max_state_error"]
@@ -247,12 +260,13 @@ def _summary_cells(row: dict) -> list[str]:
 
 
 def _verdict(df: pd.DataFrame) -> str:
-    failed = int((df["status"] == "fail").sum())
-    ran = int((df["status"] != "unsupported").sum())
-    unsupported = int((df["status"] == "unsupported").sum())
-    word = "FAIL" if failed else "PASS"
-    return (f"{word}: {ran - failed} of {ran} supported (kernel, case) pairs meet the thresholds; "
-            f"{failed} fail, {unsupported} unsupported")
+    count = df["status"].value_counts()
+    failed, skipped = int(count.get("fail", 0)), int(count.get("skipped", 0))
+    passed, unsupported = int(count.get("pass", 0)), int(count.get("unsupported", 0))
+    word = "FAIL" if failed or skipped else "PASS"
+    extra = f", {skipped} not run after a crash" if skipped else ""
+    return (f"{word}: {passed} of {passed + failed + skipped} supported (kernel, case) pairs "
+            f"meet the thresholds; {failed} fail{extra}, {unsupported} unsupported")
 
 
 def _md_escape(text: str) -> str:
@@ -327,7 +341,7 @@ th, td { border: 1px solid #ccc; padding: 3px 8px; }
 th { background: #f3f3f3; }
 td.num { text-align: right; font-family: ui-monospace, monospace; white-space: nowrap; }
 td.pass { background: #eef8ee; } td.fail { background: #fbdada; font-weight: bold; }
-td.unsupported { background: #f6f6f6; color: #888; }
+td.unsupported, td.skipped { background: #f6f6f6; color: #888; }
 .verdict-pass { color: #176b17; } .verdict-fail { color: #b00; }
 img { max-width: 100%; }
 code { font-size: 0.95em; }
