@@ -255,6 +255,19 @@ def test_cli_exit_codes_and_report_files(tmp_path):
     assert loose.exit_code == 0, loose.output
 
 
+def test_cli_exclude_and_redraw(tmp_path):
+    res = _cli(["recipe:fp32", f"{MOD}:honest_fp32", "--cases", "model_like,T/*",
+                "--exclude", "recipe:fp32=T/*"], tmp_path)
+    assert res.exit_code == 0, res.output
+    status = {(r["kernel"], r["case"]): r["status"] for r in read_records(tmp_path)}
+    assert status[("recipe:fp32", "T/17")] == "excluded"
+    assert status[(f"{MOD}:honest_fp32", "T/17")] == "pass"
+    (tmp_path / "report.md").unlink()
+    again = runner.invoke(app, ["check", "--redraw", "--out", str(tmp_path)])
+    assert again.exit_code == 0, again.output
+    assert "2 excluded" in (tmp_path / "report.md").read_text()
+
+
 def test_cli_json(tmp_path):
     res = _cli([f"{MOD}:honest_fp32", "--cases", "T/1", "--json"], tmp_path)
     assert res.exit_code == 0, res.output
@@ -289,6 +302,10 @@ def test_cli_list():
     (["recipe:fp32", "--max-state-error", "nan"], "--max-state-error must be"),
     (["recipe:fp32", "--against", "recipe:fp64", "--min-identical", "2"], "--min-identical"),
     (["recipe:fp32", "--against", "recipe:fp32"], "also among the kernels"),
+    (["recipe:fp32", "--exclude", "fla=T/*"], "--exclude must be KERNEL=PATTERNS"),
+    (["recipe:fp32", "--exclude", "recipe:fp32=zz"], "'zz' matches no case"),
+    (["recipe:fp32", "--isolate", "--case-timeout", "-1"], "--case-timeout"),
+    (["--redraw"], "--redraw: no records"),
 ])
 def test_cli_usage_errors_exit_2_with_one_line(args, needle, tmp_path):
     if args == ["kdalab"] and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):

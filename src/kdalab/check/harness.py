@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -250,16 +250,23 @@ def run_check(
     sink: Callable[[list[dict]], None] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     timings: dict[str, float] | None = None,
+    exclude: Mapping[str, Collection[str]] | None = None,
+    references: Callable[[Case, CaseInputs], tuple] | None = None,
 ) -> list[dict]:
     """Run every kernel on every case; one record per (kernel, case).
 
     ``sink`` receives each case's records as soon as they exist; ``progress(done, total,
     label)`` is called after every (kernel, case); ``timings`` (if given) accumulates each
     kernel's seconds (kept out of the records, which are bit-identical from run to run).
+    ``exclude`` maps a kernel's name to cases it is not run on (status ``excluded``: e.g. to
+    spare a kernel that autotunes every new shape the shapes only it would add).
+    ``references(case, inputs)`` gives the fp64 reference (default: computed,
+    :func:`~kdalab.check.cases.reference`); isolated workers share one computed once.
     """
     device = torch.device(device)
     with _one_thread(device):
-        return _run(kernels, cases, device, thresholds, against, sink, progress, timings)
+        return _run(kernels, cases, device, thresholds, against, sink, progress, timings,
+                    exclude or {}, references or (lambda case, x: reference(x)))
 
 
 def blank_record(kernel: str, case: Case, *, device: str | torch.device,
@@ -281,15 +288,19 @@ def blank_record(kernel: str, case: Case, *, device: str | torch.device,
     return rec
 
 
-def _run(kernels, cases, device, thresholds, against, sink, progress, timings) -> list[dict]:
+def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
+         exclude, references) -> list[dict]:
     mode = "fidelity" if against is not None else "fp64"
     records: list[dict] = []
     total, done = len(cases) * len(kernels), 0
     for case in cases:
+        runs = [k for k in kernels if case.name not in exclude.get(k.name, ())]
         x = case_inputs(case, device)
         floors, ref, why = {}, None, None
-        if against is None:
-            ref = reference(x)
+        if not runs:
+            pass
+        elif against is None:
+            ref = references(case, x)
             floors = _floors(x, *ref)
         else:
             why = against.unsupported(x)
@@ -307,7 +318,9 @@ def _run(kernels, cases, device, thresholds, against, sink, progress, timings) -
                                against=None if against is None else against.name)
             rec.update(floors)
             why_not = kernel.unsupported(x)
-            if why_not is not None:
+            if kernel not in runs:
+                rec.update(status="excluded", message="not run: excluded by the caller")
+            elif why_not is not None:
                 rec["message"] = f"declared: {why_not}"
             elif mode == "fidelity" and ref is None:
                 rec["message"] = f"against {against.name}: {why}"

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -54,12 +54,15 @@ def run_isolated(
     progress: Callable[[int, int, str], None] | None = None,
     timeout: float | None = None,
     timings: dict[str, float] | None = None,
+    exclude: Mapping[str, Collection[str]] | None = None,
 ) -> list[dict]:
     """:func:`~kdalab.check.harness.run_check` with each kernel (``specs``, as
     :func:`~kdalab.check.adapters.load_kernel` takes them) in a worker process; ``timeout``
-    seconds per kernel (None: no limit). Work folders go under ``folder/parts`` and are removed
-    for kernels that finished; a crashed kernel's log stays there."""
+    seconds a kernel may go without finishing a case, its start and compilation included
+    (None: no limit); ``exclude`` as run_check's. Work folders go under
+    ``folder/parts`` and are removed for kernels that finished; a crashed kernel's log stays."""
     parts = Path(folder) / "parts"
+    shutil.rmtree(parts / "references", ignore_errors=True)  # never another run's
     total, out = len(cases) * len(specs), []
     for i, spec in enumerate(specs):
         part = parts / str(i)
@@ -67,9 +70,11 @@ def run_isolated(
         part.mkdir(parents=True)
         job = {"kernel": spec, "against": against, "device": device, "suite": suite,
                "cases": [c.name for c in cases], "thresholds": asdict(thresholds),
-               "out": str(part)}
+               "exclude": sorted((exclude or {}).get(spec, ())), "out": str(part),
+               "references": str(parts / "references")}
         (part / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        t0 = time.perf_counter()
+        t0 = last = time.perf_counter()
+        seen_count = 0
         with open(part / "stdout.log", "wb") as log, open(part / "stderr.log", "wb") as err:
             proc = subprocess.Popen([sys.executable, "-m", "kdalab.check.worker",
                                      str(part / "job.json")], stdout=log, stderr=err,
@@ -81,12 +86,14 @@ def run_isolated(
                 except subprocess.TimeoutExpired:
                     rc = None
                 done = min(_count_lines(part / "records.jsonl"), len(cases))
+                if done > seen_count:
+                    seen_count, last = done, time.perf_counter()
                 if progress is not None:
                     label = cases[done].name if done < len(cases) else "done"
                     progress(i * len(cases) + done, total, f"{label} · {spec}")
                 if rc is not None:
                     break
-                if timeout and time.perf_counter() - t0 > timeout:
+                if timeout and time.perf_counter() - last > timeout:
                     proc.kill()
                     proc.wait()
                     rc, timed_out = proc.returncode, True
@@ -101,7 +108,7 @@ def run_isolated(
         missing = [c for c in cases if c.name not in seen]
         if missing:
             if timed_out:
-                reason = f"no answer within {timeout:g} s (killed)"
+                reason = f"no answer within {timeout:g} s (killed; --case-timeout)"
             elif rc == EXIT_DEVICE_FAULT:
                 reason = message
             else:
@@ -123,6 +130,7 @@ def run_isolated(
         out.extend(recs)
         if progress is not None:
             progress((i + 1) * len(cases), total, f"done · {spec}")
+    shutil.rmtree(parts / "references", ignore_errors=True)
     if parts.exists() and not any(parts.iterdir()):
         parts.rmdir()
     order = {c.name: j for j, c in enumerate(cases)}

@@ -9,9 +9,32 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 EXIT_CONVENTION = 3
 EXIT_DEVICE_FAULT = 4
+
+
+def _shared_references(folder: Path):
+    """The fp64 references, computed by the first worker that needs one and loaded from
+    ``folder`` by the others (the token recurrence is the slow part of a worker's start)."""
+    import torch
+
+    from kdalab.check.cases import reference
+
+    def get(case, x):
+        path = folder / (case.name.replace("/", "__") + ".pt")
+        if path.exists():
+            o, s = torch.load(path, map_location=x.q.device)
+            return o, s
+        o, s = reference(x)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        torch.save((o, s), tmp)
+        tmp.replace(path)  # whole or absent, even if this worker dies
+        return o, s
+
+    return get
 
 
 def main(path: str) -> int:
@@ -30,7 +53,8 @@ def main(path: str) -> int:
         with records.writer(job["out"]) as w:
             run_check([kernel], cases, device=job["device"],
                       thresholds=Thresholds(**job["thresholds"]), against=against,
-                      sink=w.write)
+                      sink=w.write, exclude={kernel.name: job["exclude"]},
+                      references=_shared_references(Path(job["references"])))
     except ConventionError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONVENTION

@@ -119,14 +119,20 @@ def check_command(
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/check"),
     as_json: Annotated[bool, typer.Option(
         "--json", help="print the summary and records as JSON instead of tables")] = False,
+    exclude: Annotated[Optional[list[str]], typer.Option(
+        help="KERNEL=PATTERNS: do not run KERNEL on the matching cases (recorded as excluded; "
+             "repeatable), e.g. 'fla=dims/*'", show_default=False)] = None,
     isolate: Annotated[Optional[bool], typer.Option(
         "--isolate/--no-isolate",
         help="run each kernel in a process of its own, so that one which faults the GPU, dies "
              "or hangs is recorded as crashed and the others still run; default: on for cuda",
         show_default=False)] = None,
-    kernel_timeout: Annotated[float, typer.Option(
-        help="with --isolate: seconds a kernel may take for the whole suite (0: no limit)")]
+    case_timeout: Annotated[float, typer.Option(
+        help="with --isolate: seconds a kernel may take for one case, its start and "
+             "compilation included (0: no limit); then it is killed and recorded as crashed")]
     = 0.0,
+    redraw: Annotated[bool, typer.Option(
+        help="run nothing: redraw the report from the records already in --out")] = False,
     list_cases: Annotated[bool, typer.Option(
         "--list", help="list the suite's cases and the kernels, run nothing")] = False,
     quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
@@ -138,24 +144,55 @@ def check_command(
     Writes records (records.jsonl/json/parquet), check.json (the run), report.md, report.html
     (self-contained, plot embedded) and errors.png to --out.
     """
+    from kdalab.cli.common import check_device
+
+    if redraw:
+        _report(_redraw(out), out, as_json=as_json, quiet=quiet)
+        return
+    device = check_device(device or _default_device())
+    plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
+                 thresholds_args=(max_output_error, max_state_error, min_identical))
+    if plan is None:
+        return
+    _check_out(out)
+    isolate = device.startswith("cuda") if isolate is None else isolate
+    meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["check"]
+            else "kdalab check " + " ".join(kernels),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "device_name": _device_name(device), "suite": plan["suite"], "kernels": kernels,
+            "against": against, "isolated": isolate, "excluded": plan["exclude"],
+            "cases": [c.name for c in plan["cases"]],
+            "thresholds": ({"min identical": min_identical} if against else
+                           {"output": max_output_error, "state": max_state_error})}
+    _write_meta(out, meta)  # now, so that an interrupted run can be redrawn
+    t0, timings = time.perf_counter(), {}
+    records = _run(plan, device, out, isolate=isolate, case_timeout=case_timeout,
+                   timings=timings, quiet=quiet or as_json)
+    meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    meta["seconds_per_kernel"] = {k: round(v, 1) for k, v in timings.items()}
+    meta["versions"] = _versions()
+    _write_meta(out, meta)
+    _report((records, meta), out, as_json=as_json, quiet=quiet)
+
+
+def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
+          thresholds_args) -> dict | None:
+    """Every option parsed and checked (usage errors exit 2 here, before anything runs); None
+    when --list was asked for (printed)."""
     from kdalab.check import (
         ConventionError,
-        DeviceFault,
         KernelUnavailable,
         Thresholds,
         get_suite,
         load_kernel,
-        run_check,
         select_cases,
     )
     from kdalab.check.adapters import KERNEL_HELP
-    from kdalab.cli.common import check_device
 
-    device = check_device(device or _default_device())
     suite = suite or ("full" if device.startswith("cuda") else "quick")
     try:
         selected = select_cases(get_suite(suite), cases)
-        thresholds = Thresholds(max_output_error, max_state_error, min_identical)
+        thresholds = Thresholds(*thresholds_args)
     except ValueError as exc:
         fail(str(exc).replace("max_output_error", "--max-output-error")
              .replace("max_state_error", "--max-state-error")
@@ -164,7 +201,7 @@ def check_command(
         for case in selected:
             typer.echo(f"{case.name:24s} {case.about}")
         typer.echo(KERNEL_HELP)
-        return
+        return None
     if not kernels:
         fail(f"give at least one kernel; {KERNEL_HELP}")
     if len(set(kernels)) != len(kernels):
@@ -179,12 +216,27 @@ def check_command(
         except (ValueError, KernelUnavailable, ConventionError) as exc:
             fail(str(exc))
         loaded.append(kernel)
-    reference = loaded.pop() if against is not None else None
-    if not (math.isfinite(kernel_timeout) and kernel_timeout >= 0):
-        fail(f"--kernel-timeout must be a number of seconds >= 0, got {kernel_timeout}")
-    isolate = device.startswith("cuda") if isolate is None else isolate
-    _check_out(out)
+    if not (math.isfinite(case_timeout) and case_timeout >= 0):
+        fail(f"--case-timeout must be a number of seconds >= 0, got {case_timeout}")
+    excluded: dict[str, list[str]] = {}
+    for item in exclude or []:
+        name, sep, patterns = item.partition("=")
+        if not sep or name not in kernels:
+            fail(f"--exclude must be KERNEL=PATTERNS with KERNEL one of the kernels checked "
+                 f"({', '.join(kernels)}), got {item!r}")
+        try:
+            excluded.setdefault(name, []).extend(
+                c.name for c in select_cases(selected, patterns))
+        except ValueError as exc:
+            fail(str(exc).replace("--cases", f"--exclude {name}"))
+    return {"suite": suite, "cases": selected, "thresholds": thresholds, "exclude": excluded,
+            "kernels": loaded[:len(kernels)],
+            "against": loaded[-1] if against is not None else None}
 
+
+def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: float,
+         timings: dict, quiet: bool) -> list[dict]:
+    """The check with progress, records streamed to ``out``; errors that stop it exit here."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -194,41 +246,31 @@ def check_command(
         TimeRemainingColumn,
     )
 
+    from kdalab.check import ConventionError, DeviceFault, run_check
     from kdalab.check import records as store
     from kdalab.check.isolate import run_isolated
-    from kdalab.views.check import notes, terminal_table, write_check_views
 
-    meta = {"command": " ".join(["kdalab", "check", *sys.argv[2:]]) if sys.argv[1:2] == ["check"]
-            else "kdalab check " + " ".join(kernels),
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "device_name": _device_name(device), "suite": suite,
-            "kernels": kernels, "against": against, "isolated": isolate,
-            "cases": [c.name for c in selected],
-            "thresholds": ({"min identical": min_identical} if against else
-                           {"output": max_output_error, "state": max_state_error})}
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
-    quiet_run = quiet or as_json
+    kernels, against = plan["kernels"], plan["against"]
+    common = dict(thresholds=plan["thresholds"], timings=timings, exclude=plan["exclude"])
     try:
         with store.writer(out) as writer, Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=console, transient=True, disable=quiet_run,
+            console=console, transient=True, disable=quiet,
         ) as progress:
-            task = progress.add_task("", total=len(selected) * len(loaded))
+            task = progress.add_task("", total=len(plan["cases"]) * len(kernels))
 
             def show(done, total, label):
                 progress.update(task, completed=done, description=label)
 
             if isolate:
-                records = run_isolated(
-                    [k.name for k in loaded], selected, suite=suite, device=device,
-                    thresholds=thresholds, against=against, folder=out, sink=writer.write,
-                    progress=show, timeout=kernel_timeout or None, timings=timings)
-            else:
-                records = run_check(
-                    loaded, selected, device=device, thresholds=thresholds, against=reference,
-                    sink=writer.write, timings=timings, progress=show)
+                return run_isolated(
+                    [k.name for k in kernels], plan["cases"], suite=plan["suite"],
+                    device=device, against=None if against is None else against.name,
+                    folder=out, sink=writer.write, progress=show,
+                    timeout=case_timeout or None, **common)
+            return run_check(kernels, plan["cases"], device=device, against=against,
+                             sink=writer.write, progress=show, **common)
     except ConventionError as exc:
         fail(f"{exc} (records so far are in {out}/records.jsonl)")
     except DeviceFault as exc:
@@ -239,28 +281,51 @@ def check_command(
                           f"process and records the crash)", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
     except KeyboardInterrupt:
-        err_console.print(f"interrupted: the records so far are in {out}/records.jsonl",
-                          highlight=False)
+        err_console.print(f"interrupted: the records so far are in {out}/records.jsonl "
+                          f"(kdalab check --redraw --out {out} draws the report from them)",
+                          highlight=False, soft_wrap=True)
         raise typer.Exit(code=130) from None
-    meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    meta["seconds_per_kernel"] = {k: round(v, 1) for k, v in timings.items()}
-    meta["versions"] = _versions()
+
+
+def _write_meta(out: Path, meta: dict) -> None:
     (out / "check.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+
+
+def _redraw(out: Path) -> tuple[list[dict], dict]:
+    from kdalab.check import records as store
+
+    try:
+        records = store.read(out)
+    except FileNotFoundError:
+        fail(f"--redraw: no records in {out}")
+    if not records:
+        fail(f"--redraw: no records in {out}")
+    try:
+        meta = json.loads((out / "check.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = {}
+    return records, meta
+
+
+def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bool) -> None:
+    """Views on disk and on the terminal (or JSON); exit code 1 when a case failed."""
+    from kdalab.views.check import notes, summary, terminal_table, write_check_views
+
+    records, meta = run
     paths = write_check_views(records, meta, out)
     failed = any(r["status"] in ("fail", "skipped") for r in records)
     if as_json:
-        from kdalab.views.check import summary
-
         doc = {"passed": not failed, "meta": meta,
                "summary": summary(records).to_dict("records"), "records": records}
         typer.echo(json.dumps(_jsonable(doc), indent=1, default=str, allow_nan=False))
     elif not quiet:
-        console.print(terminal_table(records, title=f"kdalab check — {suite} suite on "
-                                     f"{meta['device_name']}"))
+        title = f"kdalab check — {meta.get('suite', '?')} suite on {meta.get('device_name', '?')}"
+        console.print(terminal_table(records, title=title))
         for line in notes(records):
             console.print(f"  {line}", highlight=False, markup=False)
         verdict = "[bold red]FAIL[/]" if failed else "[bold green]PASS[/]"
-        console.print(f"{verdict}: {len(records)} records in {meta['elapsed_s']} s; wrote "
-                      f"{len(paths) + 4} files to {out}/ ({paths[-1].name})", highlight=False)
+        took = f" in {meta['elapsed_s']} s" if "elapsed_s" in meta else ""
+        console.print(f"{verdict}: {len(records)} records{took}; wrote the report to "
+                      f"{out}/ ({', '.join(p.name for p in paths)})", highlight=False)
     if failed:
         raise typer.Exit(code=1)

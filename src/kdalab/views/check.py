@@ -23,7 +23,7 @@ from kdalab.views.tables import fmt_sci  # noqa: E402
 __all__ = ["kernels_of", "cases_of", "summary", "cell_text", "terminal_table", "notes",
            "plot_check", "markdown_report", "html_report", "write_check_views"]
 
-_STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "skipped": "·"}
+_STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "skipped": "·", "excluded": "·"}
 
 
 def _frame(records) -> pd.DataFrame:
@@ -53,7 +53,7 @@ def _num(x) -> float:
 def cell_text(rec: dict) -> str:
     """A (kernel, case) cell: output / state error (fp64 mode) or identical-bit percentage /
     worst relative difference (fidelity mode); ``unsupported`` otherwise."""
-    if rec["status"] in ("unsupported", "skipped"):
+    if rec["status"] in ("unsupported", "skipped", "excluded"):
         return rec["status"]
     if rec["status"] == "fail" and str(rec["message"]).startswith("crashed"):
         return "crashed"
@@ -77,7 +77,8 @@ def summary(records) -> pd.DataFrame:
         row = {"kernel": kernel, "cases": len(k), "pass": int((k["status"] == "pass").sum()),
                "fail": int((k["status"] == "fail").sum()),
                "unsupported": int((k["status"] == "unsupported").sum()),
-               "not run": int((k["status"] == "skipped").sum())}
+               "not run": int((k["status"] == "skipped").sum()),
+               "excluded": int((k["status"] == "excluded").sum())}
         if value == "o_rel_err":
             row["worst output error"] = float(np.max(vals)) if len(vals) else math.nan
             mult = ran["floor_multiple"].astype(float).to_numpy()
@@ -87,8 +88,9 @@ def summary(records) -> pd.DataFrame:
             row["lowest identical"] = float(np.min(vals)) if len(vals) else math.nan
         rows.append(row)
     out = pd.DataFrame(rows)
-    if len(out) and not out["not run"].any():  # the column only when a kernel crashed
-        out = out.drop(columns="not run")
+    for column in ("not run", "excluded"):  # only when a kernel crashed / was excluded
+        if len(out) and not out[column].any():
+            out = out.drop(columns=column)
     return out
 
 
@@ -105,7 +107,7 @@ def notes(records) -> list[str]:
     what each kernel gave on the poisoned sequences of the non-finite cases."""
     df = _frame(records)
     out = []
-    for status in ("fail", "skipped", "unsupported"):
+    for status in ("fail", "skipped", "unsupported", "excluded"):
         sel = df[df["status"] == status]
         for kernel in kernels_of(sel) if len(sel) else []:
             k = sel[sel["kernel"] == kernel]
@@ -143,8 +145,8 @@ def terminal_table(records, title: str = ""):
                 row.append("")
                 continue
             text = cell_text(rec)
-            style = {"fail": "bold red", "unsupported": "dim yellow",
-                     "skipped": "dim red"}.get(rec["status"], "")
+            style = {"fail": "bold red", "unsupported": "dim yellow", "skipped": "dim red",
+                     "excluded": "dim"}.get(rec["status"], "")
             mark = _STATUS_MARK[rec["status"]]
             row.append(f"[{style}]{mark} {text}[/]" if style else f"{mark} {text}")
         table.add_row(*row)
@@ -265,8 +267,12 @@ def _verdict(df: pd.DataFrame) -> str:
     passed, unsupported = int(count.get("pass", 0)), int(count.get("unsupported", 0))
     word = "FAIL" if failed or skipped else "PASS"
     extra = f", {skipped} not run after a crash" if skipped else ""
+    if count.get("excluded", 0):
+        unsupported_text = f"{unsupported} unsupported, {int(count['excluded'])} excluded"
+    else:
+        unsupported_text = f"{unsupported} unsupported"
     return (f"{word}: {passed} of {passed + failed + skipped} supported (kernel, case) pairs "
-            f"meet the thresholds; {failed} fail{extra}, {unsupported} unsupported")
+            f"meet the thresholds; {failed} fail{extra}, {unsupported_text}")
 
 
 def _md_escape(text: str) -> str:
@@ -341,7 +347,7 @@ th, td { border: 1px solid #ccc; padding: 3px 8px; }
 th { background: #f3f3f3; }
 td.num { text-align: right; font-family: ui-monospace, monospace; white-space: nowrap; }
 td.pass { background: #eef8ee; } td.fail { background: #fbdada; font-weight: bold; }
-td.unsupported, td.skipped { background: #f6f6f6; color: #888; }
+td.unsupported, td.skipped, td.excluded { background: #f6f6f6; color: #888; }
 .verdict-pass { color: #176b17; } .verdict-fail { color: #b00; }
 img { max-width: 100%; }
 code { font-size: 0.95em; }
