@@ -128,7 +128,8 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
               for name, lens in varlen]
     cases += [
         case("batch/2", "two fixed-length sequences", batch=2, T=range_T),
-        case("v/beyond_fp16", "v scaled by 2^17: entries up to ~2^19, past fp16's 65504", T=range_T, v_scale=2.0**17),
+        case("v/beyond_fp16", "v scaled by 2^17: entries up to ~2^19, past fp16's 65504",
+             T=range_T, v_scale=2.0**17),
         case("h0/beyond_fp16", "initial state N(0, 1)·2^17, past fp16's range", T=range_T,
              state_scale=2.0**17),
         case("h0/bf16", "a bf16 initial state (and final state)", initial_state="bf16"),

@@ -288,53 +288,60 @@ def blank_record(kernel: str, case: Case, *, device: str | torch.device,
     return rec
 
 
+def _measure(rec: dict, kernel, x, case, ref, thresholds, against, why) -> None:
+    """Fill ``rec`` with one kernel's measurements on one case (or why it did not run)."""
+    why_not = kernel.unsupported(x)
+    if why_not is not None:
+        rec["message"] = f"declared: {why_not}"
+        return
+    if against is not None and ref is None:
+        rec["message"] = f"against {against.name}: {why}"
+        return
+    judge = _judge_fp64 if against is None else _judge_fidelity
+    try:
+        measured, failures = judge(kernel, x, case, ref, thresholds)
+    except _Raised as exc:
+        rec["message"] = str(exc)
+        return
+    rec.update(measured, status="fail" if failures else "pass", message="; ".join(failures))
+    if against is None and rec["bf16_floor"] > 0:
+        rec["floor_multiple"] = rec["o_rel_err"] / rec["bf16_floor"]
+
+
+def _judge_by(case, x, against, references):
+    """What the case's kernels are measured against: ``(floors, (o, s) or None, why none)``:
+    the fp64 reference and its bf16 floors, or the ``against`` kernel's answer."""
+    if against is None:
+        ref = references(case, x)
+        return _floors(x, *ref), ref, None
+    why = against.unsupported(x)
+    if why is not None:
+        return {}, None, f"declared: {why}"
+    try:
+        ref, _ = _call(against, x, case.name)
+    except _Raised as exc:
+        return {}, None, str(exc)
+    return {}, ref, None
+
+
 def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
          exclude, references) -> list[dict]:
-    mode = "fidelity" if against is not None else "fp64"
     records: list[dict] = []
     total, done = len(cases) * len(kernels), 0
     for case in cases:
         runs = [k for k in kernels if case.name not in exclude.get(k.name, ())]
         x = case_inputs(case, device)
-        floors, ref, why = {}, None, None
-        if not runs:
-            pass
-        elif against is None:
-            ref = references(case, x)
-            floors = _floors(x, *ref)
-        else:
-            why = against.unsupported(x)
-            if why is None:
-                try:
-                    ref, _ = _call(against, x, case.name)
-                except _Raised as exc:
-                    why = str(exc)
-            else:
-                why = f"declared: {why}"
+        floors, ref, why = _judge_by(case, x, against, references) if runs else ({}, None, None)
         cell = []
         for kernel in kernels:
             t0 = time.perf_counter()
             rec = blank_record(kernel.name, case, device=device, thresholds=thresholds,
                                against=None if against is None else against.name)
-            rec.update(floors)
-            why_not = kernel.unsupported(x)
-            if kernel not in runs:
+            if kernel not in runs:  # no floor either: the same record whoever else runs
                 rec.update(status="excluded", message="not run: excluded by the caller")
-            elif why_not is not None:
-                rec["message"] = f"declared: {why_not}"
-            elif mode == "fidelity" and ref is None:
-                rec["message"] = f"against {against.name}: {why}"
             else:
-                judge = _judge_fp64 if mode == "fp64" else _judge_fidelity
-                try:
-                    measured, failures = judge(kernel, x, case, ref, thresholds)
-                except _Raised as exc:
-                    rec["message"] = str(exc)
-                else:
-                    rec.update(measured, status="fail" if failures else "pass",
-                               message="; ".join(failures))
-                    if mode == "fp64" and rec["bf16_floor"] > 0:
-                        rec["floor_multiple"] = rec["o_rel_err"] / rec["bf16_floor"]
+                rec.update(floors)
+                _measure(rec, kernel, x, case, ref, thresholds, against, why)
             cell.append(rec)
             if timings is not None:
                 timings[kernel.name] = timings.get(kernel.name, 0.0) + time.perf_counter() - t0
