@@ -56,8 +56,9 @@ def _versions() -> dict:
     if torch.version.cuda:
         out["cuda"] = torch.version.cuda
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=5, cwd=Path(__file__).parent)
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                                capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).parent)
         if commit.returncode == 0:
             out["kdalab commit"] = commit.stdout.strip()
     except (OSError, subprocess.SubprocessError):
