@@ -306,6 +306,7 @@ def test_cli_list():
     (["recipe:fp32", "--exclude", "fla=T/*"], "--exclude must be KERNEL=PATTERNS"),
     (["recipe:fp32", "--exclude", "recipe:fp32=zz"], "'zz' matches no case"),
     (["recipe:fp32", "--isolate", "--case-timeout", "-1"], "--case-timeout"),
+    (["recipe:fp32", "--case-timeout", "5"], "--case-timeout needs --isolate"),
     (["--redraw"], "--redraw: no records"),
 ])
 def test_cli_usage_errors_exit_2_with_one_line(args, needle, tmp_path):

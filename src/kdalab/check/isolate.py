@@ -62,11 +62,10 @@ def run_isolated(
     (None: no limit); ``exclude`` as run_check's. Work folders go under
     ``folder/parts`` and are removed for kernels that finished; a crashed kernel's log stays."""
     parts = Path(folder) / "parts"
-    shutil.rmtree(parts / "references", ignore_errors=True)  # never another run's
+    shutil.rmtree(parts, ignore_errors=True)  # never another run's logs or references
     total, out = len(cases) * len(specs), []
     for i, spec in enumerate(specs):
         part = parts / str(i)
-        shutil.rmtree(part, ignore_errors=True)
         part.mkdir(parents=True)
         job = {"kernel": spec, "against": against, "device": device, "suite": suite,
                "cases": [c.name for c in cases], "thresholds": asdict(thresholds),

@@ -155,8 +155,10 @@ def check_command(
                  thresholds_args=(max_output_error, max_state_error, min_identical))
     if plan is None:
         return
-    _check_out(out)
     isolate = device.startswith("cuda") if isolate is None else isolate
+    if case_timeout and not isolate:
+        fail("--case-timeout needs --isolate (a kernel in this process cannot be stopped)")
+    _check_out(out)
     meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["check"]
             else "kdalab check " + " ".join(kernels),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
