@@ -133,7 +133,8 @@ def check_command(
              "compilation included (0: no limit); then it is killed and recorded as crashed")]
     = 0.0,
     redraw: Annotated[bool, typer.Option(
-        help="run nothing: redraw the report from the records already in --out")] = False,
+        "--redraw", help="run nothing: redraw the report from the records already in --out")]
+    = False,
     list_cases: Annotated[bool, typer.Option(
         "--list", help="list the suite's cases and the kernels, run nothing")] = False,
     quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
