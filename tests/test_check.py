@@ -128,7 +128,7 @@ def test_honest_fp32_kernel_passes(planted):
     recs = planted["honest_fp32"]
     assert {r["status"] for r in recs} <= {"pass", "unsupported"}
     # unsupported only where kdalab.kda.forward itself refuses (empty sequence, NaN inputs)
-    assert {r["case"] for r in recs if r["status"] == "unsupported"} == \
+    assert {r["case"] for r in recs if r["status"] == "unsupported"} <= \
         {"varlen/empty", "nonfinite/nan_v", "nonfinite/inf_k"}
     assert max(r["o_rel_err"] for r in recs if r["status"] == "pass") < 1e-5
     assert all(r["deterministic"] for r in recs if r["status"] == "pass")

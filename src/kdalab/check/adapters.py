@@ -188,9 +188,12 @@ class KernelAdapter:
                                       f"{list(shape)} ({self.state_layout} state layout)")
             if not t.dtype.is_floating_point:
                 raise ConventionError(f"{where} {label} in {t.dtype}; expected a float tensor")
+            if t.device != x.v.device:
+                raise ConventionError(f"{where} {label} on {t.device}; the inputs are on "
+                                      f"{x.v.device}")
         if self.state_layout == "VK":
             s = s.transpose(-1, -2)
-        return o, s
+        return o.detach(), s.detach()
 
 
 # -- the built-in kernels ------------------------------------------------------------------
