@@ -201,6 +201,13 @@ def plot_check(records) -> bytes:
                            transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
                            label=f"{kernel}: exact" if not fidelity else
                            f"{kernel}: all identical")
+        idle = df[~df["status"].isin(("pass", "fail")) | df[column].isna()]
+        if len(idle):  # unsupported, excluded, crashed: a grey tick on the bottom edge
+            pos = [cases.index(c) + offsets[kernels.index(k)]
+                   for c, k in zip(idle["case"], idle["kernel"])]
+            ax.scatter(pos, np.zeros(len(pos)), marker="|", s=60, color="grey",
+                       transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
+                       label="not measured (unsupported, excluded, crashed)")
         if not fidelity:
             floor_col = "bf16_floor" if column == "o_rel_err" else "state_bf16_floor"
             floors = [_case_floor(df, c, floor_col) for c in cases]
@@ -225,7 +232,8 @@ def plot_check(records) -> bytes:
     ax.set_xlim(-0.6, len(cases) - 0.4)
     title = (f"fidelity against {df['against'].iloc[0]}" if fidelity
              else "error against the fp64 token recurrence")
-    fig.suptitle(f"kdalab check — {title} (x on the top edge: non-finite)", fontsize=10)
+    fig.suptitle(f"kdalab check — {title} (x on the top edge: non-finite)", fontsize=10,
+                 y=0.995)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -256,7 +264,8 @@ def _summary_cells(row: dict) -> list[str]:
     for key, value in row.items():
         if isinstance(value, float):
             value = (f"{100 * value:.2f}%" if key == "lowest identical"
-                     else f"{value:.2f}" if key.startswith("median") else fmt_sci(value))
+                     else f"{value:.2f}" if key.startswith("median") and value >= 0.1
+                     else fmt_sci(value))
         out.append(str(value))
     return out
 
