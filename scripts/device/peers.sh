@@ -5,6 +5,8 @@
 #   * FlashKDA, built from the carried source tarball .peers/flashkda-*-src.tar.xz
 #     (MIT; CUTLASS inside; nothing of it is committed), or taken from a carried build
 #     .peers/flash_kda_build.tar (the extension module a previous call built and left in $OUT);
+#     with PEERS_BUILD=background the build runs in the background: call peers_wait before
+#     using flash_kda;
 #   * PYTHONPATH = src (kdalab) : /tmp/site : FlashKDA's folder;  FLASHKDA_SRC = that folder
 #     (its tests/torch_ref.py is FlashKDA's torch reference);
 #   * fla's autotuning results cached on disk (FLA_CACHE_RESULTS=1) in $TRITON_CACHE_DIR, restored
@@ -13,7 +15,6 @@
 # Prints one line per peer; a peer that fails to build is reported and left out (benchmarks
 # report a missing peer as skipped).
 export PYTHONUNBUFFERED=1
-export PEERS_ROOT=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || echo "peers: wheel install failed"
@@ -28,7 +29,7 @@ if [ -f .peers/triton_autotune.tar ]; then
 fi
 peers_save_autotune() {  # the autotuners' choices only (small), for the next call to carry
     (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar cf "$OUT/triton_autotune.tar" -T -) \
-        && echo "peers: autotune cache -> \$OUT/triton_autotune.tar"
+        && echo "peers: autotune cache -> \$OUT/triton_autotune.tar ($(tar tf "$OUT/triton_autotune.tar" | wc -l) files)"
 }
 
 export FLASHKDA_SRC=/tmp/flashkda-src/flashkda
@@ -39,9 +40,9 @@ if [ -f .peers/flash_kda_build.tar ]; then
     tar xf .peers/flash_kda_build.tar -C "$FLASHKDA_SRC"
 fi
 export PYTHONPATH=$PYTHONPATH:$FLASHKDA_SRC
-if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
-    echo "peers: flash_kda importable (carried build)"
-else
+
+_peers_build() {
+    local t0
     t0=$(date +%s)
     (cd "$FLASHKDA_SRC" && sed -i '/submodule/d' setup.py \
         && FLASH_KDA_CUDA_ARCHS=90a MAX_JOBS=16 NVCC_THREADS=16 \
@@ -56,5 +57,16 @@ else
         echo "peers: FlashKDA build FAILED (skipped); last lines of /tmp/flashkda-build.log:"
         tail -n 15 /tmp/flashkda-build.log
     fi
+}
+PEERS_BUILD_PID=
+if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
+    echo "peers: flash_kda importable (carried build)"
+elif [ "${PEERS_BUILD:-}" = background ]; then
+    _peers_build &
+    PEERS_BUILD_PID=$!
+    echo "peers: FlashKDA building in the background (pid $PEERS_BUILD_PID)"
+else
+    _peers_build
 fi
+peers_wait() { [ -n "$PEERS_BUILD_PID" ] && wait "$PEERS_BUILD_PID"; PEERS_BUILD_PID=; return 0; }
 python3 -c "import fla; print('peers: fla', fla.__version__)" 2>/dev/null || echo "peers: fla missing"
