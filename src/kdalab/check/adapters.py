@@ -203,16 +203,14 @@ def _interpreting() -> bool:
 
 
 def _kdalab(config_name: str) -> KernelAdapter:
-    import kdalab.kernels as kernels
-
-    config = getattr(kernels, config_name)
-
     def kdalab_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
+        import kdalab.kernels as kernels  # Triton: imported when the kernel runs
+
         return kernels.chunk_kda_fwd(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm,
-                                     config=config, **kw)
+                                     config=getattr(kernels, config_name), **kw)
 
     devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
-    return KernelAdapter(kdalab_kernel, devices=devices, requires=("triton",),
+    return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
                          note=" (TRITON_INTERPRET=1 runs it on the CPU, slowly: tiny cases only)")
 
 
