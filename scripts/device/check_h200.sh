@@ -38,7 +38,7 @@ rm -rf "$dest"
 t0=$SECONDS
 # what is left of the call's 600 s once peers.sh is done, less 20 s to pack; a kernel that
 # finishes no case in 150 s (fla autotunes a new shape for 30-90 s) is killed and recorded
-timeout $(( 580 - SECONDS )) "${kdalab[@]}" check "${kernels[@]}" \
+timeout $(( ${CHECK_BUDGET:-580} - SECONDS )) "${kdalab[@]}" check "${kernels[@]}" \
     --device "${CHECK_DEVICE:-cuda}" --suite "${CHECK_SUITE:-full}" --isolate \
     --case-timeout 150 "${exclude[@]}" --out "$dest" 2>&1 | tee "$OUT/check.log"
 rc=${PIPESTATUS[0]}
