@@ -4,7 +4,7 @@
 #   * the carried wheels in .whl/ (fla-core, and whatever else a call needs) -> /tmp/site;
 #   * FlashKDA, built from the carried source tarball .peers/flashkda-*-src.tar.xz
 #     (MIT; CUTLASS inside; nothing of it is committed), or taken from a carried build
-#     .peers/flash_kda_build.tar (the extension module a previous call built and left in $OUT);
+#     .peers/flash_kda_build.tar.xz (the extension module a previous call built, left in $OUT);
 #     with PEERS_BUILD=background the build runs in the background: call peers_wait before
 #     using flash_kda;
 #   * PYTHONPATH = src (kdalab) : /tmp/site : FlashKDA's folder;  FLASHKDA_SRC = that folder
@@ -36,9 +36,9 @@ export FLASHKDA_SRC=/tmp/flashkda-src/flashkda
 if [ ! -d "$FLASHKDA_SRC" ]; then
     mkdir -p /tmp/flashkda-src && tar xf .peers/flashkda-*-src.tar.xz -C /tmp/flashkda-src
 fi
-if [ -f .peers/flash_kda_build.tar ]; then
-    tar xf .peers/flash_kda_build.tar -C "$FLASHKDA_SRC"
-fi
+for b in .peers/flash_kda_build.tar .peers/flash_kda_build.tar.xz; do
+    [ -f "$b" ] && tar xf "$b" -C "$FLASHKDA_SRC"
+done
 export PYTHONPATH=$PYTHONPATH:$FLASHKDA_SRC
 
 _peers_build() {
@@ -49,9 +49,9 @@ _peers_build() {
            python3 setup.py build_ext --inplace >/tmp/flashkda-build.log 2>&1)
     if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
         echo "peers: FlashKDA built in $(( $(date +%s) - t0 )) s"
-        if [ -n "${OUT:-}" ]; then
-            (cd "$FLASHKDA_SRC" && tar cf "$OUT/flash_kda_build.tar" flash_kda_C*.so) \
-                && echo "peers: build -> \$OUT/flash_kda_build.tar ($(du -h "$OUT/flash_kda_build.tar" | cut -f1))"
+        if [ -n "${OUT:-}" ]; then  # xz: the module is 17 MB, a returned file at most 16 MiB
+            (cd "$FLASHKDA_SRC" && tar cf - flash_kda_C*.so | xz -T0 -6 > "$OUT/flash_kda_build.tar.xz") \
+                && echo "peers: build -> \$OUT/flash_kda_build.tar.xz ($(du -h "$OUT/flash_kda_build.tar.xz" | cut -f1))"
         fi
     else
         echo "peers: FlashKDA build FAILED (skipped); last lines of /tmp/flashkda-build.log:"
