@@ -24,6 +24,10 @@ lane_a() {
 }
 lane_b() {
     export CUDA_VISIBLE_DEVICES=$(( ngpu > 1 ? 1 : 0 ))
+    # the tanh.approx tables FlashKDA's gate needs, every binade (the flashkda helper's)
+    mkdir -p /tmp/sweeps && timeout 150 python3 scripts/device/flashkda_golden.py \
+        --out /tmp/sweeps --only-sweeps 2>&1 | tail -n 5
+    tar cf "$OUT/sweeps.tar" -C /tmp sweeps
     OUT=/tmp/final timeout 240 bash scripts/device/gpu_tests.sh
     # fla's autotuning here is kept out of the shared cache: lane A's choices stay its own
     OUT=/tmp/final FLA_CACHE_RESULTS=0 CHECK_BUDGET=260 bash scripts/device/check_h200.sh
