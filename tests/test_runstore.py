@@ -168,7 +168,11 @@ def test_kill_9_at_any_moment_then_resume_gives_exactly_the_records(tmp_path):
         proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         if attempt < 8:  # killed somewhere between its start and its end, then resumed
-            time.sleep(float(rng.uniform(0.5, 2.5)))
+            target = int(rng.integers(0, 6))  # after this many more parts, at a random moment
+            seen = len(list(folder.glob("parts/*")))
+            while proc.poll() is None and len(list(folder.glob("parts/*"))) < seen + target:
+                time.sleep(0.002)
+            time.sleep(float(rng.uniform(0, 0.03)))
             proc.send_signal(signal.SIGKILL)
         out, err = proc.communicate()
         if "finished" in out:
