@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from kdalab.arith import get_format
 from kdalab.cli import app
+from kdalab.experiments.draw import make_inputs
 from kdalab.experiments.dynamic_range import (
     DEFAULT_FORMATS,
     DEFAULT_LOWER_BOUNDS,
@@ -24,7 +25,6 @@ from kdalab.experiments.dynamic_range import (
     run_sweep,
     worst_case_scale_table,
 )
-from kdalab.experiments.families import make_inputs
 from kdalab.kda.dynamic_range import (
     BOUNDARIES,
     exposed_steps,

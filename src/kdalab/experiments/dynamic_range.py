@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from kdalab.arith import Format, exp2_ftz, get_format, quantize, rel_rmse
-from kdalab.experiments.families import make_inputs
+from kdalab.experiments.draw import make_inputs
 from kdalab.kda.dynamic_range import BOUNDARIES, check_boundary, per_pair_l
 from kdalab.kda.intra import LOG2E, boundary_log_decay, kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
