@@ -45,7 +45,7 @@ def end_to_end(
     reference. Writes records (records.jsonl/json/parquet), tables (CSV, Markdown) and plots
     (PNG, SVG) to --out; records are appended as each cell finishes."""
     from kdalab import params
-    from kdalab.experiments.end_to_end import FULL, QUICK, Variant, parse_lower_bounds, run_study
+    from kdalab.experiments.end_to_end import FULL, QUICK, Variant, run_study
     from kdalab.experiments.store import RecordWriter
     from kdalab.views.end_to_end import write_e2e_views
 
@@ -66,7 +66,8 @@ def end_to_end(
     if families is not None:
         changes["families"] = parse_or_fail(params.name_list, families, "--families")
     if lower_bounds is not None:
-        changes["lower_bounds"] = parse_or_fail(parse_lower_bounds, lower_bounds)
+        changes["lower_bounds"] = parse_or_fail(lambda: params.lower_bounds(
+            lower_bounds, "--lower-bounds", unbounded=True))
     if chunks is not None:
         changes["chunks"] = parse_or_fail(params.int_list, chunks, "--chunks", 1)
     if seeds is not None:

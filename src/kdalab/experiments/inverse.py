@@ -131,7 +131,7 @@ def launch_group(
     # emulations of the H200 become the GPU's own arithmetic.
     plans = []
     for model in map(get_accumulation, accumulations):
-        l_acc = on_device(fp32_companion(model, get_accumulation(recipe.l_accumulation)),
+        l_acc = on_device(fp32_companion(model, recipe.l_accumulation),
                           device.type).name
         plans.append((model.name, on_device(model, device.type), l_acc))
 
