@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,14 +15,8 @@ from hypothesis import strategies as st
 
 from kdalab.arith import available_accumulations, get_accumulation, matmul
 
-
-def seed_fp16_accum_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The seed document's CPU fallback, verbatim in behaviour: the oracle for ``fp16-seq``."""
-    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float16)
-    for k in range(a.shape[1]):
-        product = a[:, k : k + 1].float() * b[k : k + 1].float()
-        out = (out.float() + product).half()
-    return out
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from seed_baseline import seed_fp16_accum_mm  # noqa: E402  (the seed's CPU fallback: the oracle)
 
 
 def _random_fp16(shape, gen, spread=8):
@@ -146,10 +142,27 @@ def test_registry_and_errors():
 
 
 def test_hardware_companions_and_device_mapping():
-    from kdalab.arith.accumulate import for_device, fp32_companion
+    from kdalab.arith import fp32_companion, on_device
 
-    assert fp32_companion("h200", "fp32") == "h200-sgemm"
-    assert fp32_companion("fp16-seq", "fp32") == "fp32"  # no hardware: the recipe's choice
-    assert for_device("h200", "cpu") == "h200"
-    assert for_device("h200", "cuda") == "gpu-h200"  # a name mapping; needs no GPU
-    assert for_device("fp16-seq", "cuda") == "fp16-seq"
+    m = get_accumulation
+    assert fp32_companion(m("h200"), m("fp32")) is m("h200-sgemm")
+    assert fp32_companion(m("fp16-seq"), m("fp32")) is m("fp32")  # no hardware: the default
+    assert fp32_companion(m("gpu-h200"), m("fp32")) is m("gpu-h200-sgemm")
+    assert on_device(m("h200"), "cpu") is m("h200")
+    assert on_device(m("h200"), "cuda") is m("gpu-h200")  # attributes only: needs no GPU
+    assert on_device(m("fp16-seq"), "cuda") is m("fp16-seq")
+    # every twin is registered, needs CUDA and names its CPU model back
+    for name in available_accumulations():
+        twin = m(name).gpu_twin
+        if twin is not None:
+            assert m(twin).needs_cuda and m(twin).cpu_twin == name and not m(name).needs_cuda
+
+
+def test_registry_refuses_a_second_model_under_a_taken_name():
+    from kdalab.arith import register
+    from kdalab.arith.accumulate import Fp32Accumulation
+
+    register(m := get_accumulation("fp32"))  # the same value again: harmless
+    with pytest.raises(ValueError, match="already registered"):
+        register(Fp32Accumulation(name="fp64"))
+    assert get_accumulation("fp64") is not m

@@ -40,7 +40,7 @@ def test_sweep_from_toml_with_override(tmp_path):
     (["reproduce", "--chunks", "0"], "chunk"),
     (["reproduce", "--seeds", "a-b"], "--seeds"),
     (["reproduce", "--accumulation", "fp12"], "accumulation"),
-    (["sweep", "--families", "floor,bogus"], "family"),
+    (["sweep", "--families", "floor,bogus"], "families"),
     (["sweep", "--lower-bound", "0"], "lower_bound"),
     (["sweep", "--lower-bound", "x"], "lower_bounds"),
     (["sweep", "no_such_file.toml"], "no such file"),

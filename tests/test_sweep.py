@@ -12,23 +12,11 @@ from kdalab.experiments.aggregate import summarize
 from kdalab.experiments.store import RecordWriter, read_records
 from kdalab.experiments.sweep import (
     SweepConfig,
-    parse_float_list,
-    parse_int_list,
+    read_sweep_file,
     run_sweep,
     seed_reproduction_runs,
 )
 from kdalab.views.tables import seed_tables, to_markdown
-
-
-def test_parse_lists():
-    assert parse_int_list("3-8", "seeds") == (3, 4, 5, 6, 7, 8)
-    assert parse_int_list("4,12,16", "chunks") == (4, 12, 16)
-    assert parse_int_list("0-2,5", "seeds") == (0, 1, 2, 5)
-    assert parse_int_list([1, "3-4"], "seeds") == (1, 3, 4)
-    assert parse_float_list("-5,-2.5", "lb") == (-5.0, -2.5)
-    for bad in ("3-x", "", "8-3", "1,,2"):
-        with pytest.raises(ValueError, match="seeds"):
-            parse_int_list(bad, "seeds")
 
 
 def test_config_validation_names_the_argument():
@@ -36,12 +24,17 @@ def test_config_validation_names_the_argument():
         SweepConfig(chunks=(0,))
     with pytest.raises(ValueError, match="lower_bound"):
         SweepConfig(lower_bounds=(0.0,))
-    with pytest.raises(ValueError, match="family"):
+    with pytest.raises(ValueError, match="^families must be one of floor, "):
         SweepConfig(families=("nope",))
     with pytest.raises(ValueError, match="accumulation"):
         SweepConfig(accumulations=("fp9",))
-    with pytest.raises(ValueError, match="unknown sweep keys"):
-        SweepConfig.from_mapping({"chunkz": [4]})
+    with pytest.raises(ValueError, match="chunkz: unknown key"):
+        SweepConfig.parse({"chunkz": [4]})
+    # errors name the argument as the user wrote it
+    with pytest.raises(ValueError, match="^--seeds must be integers >= 0, got -1$"):
+        SweepConfig.parse({"seeds": "-1"}, labels={"seeds": "--seeds"})
+    with pytest.raises(ValueError, match="^lower-bound must be a finite number < 0"):
+        SweepConfig.parse({"lower-bound": "0.5"})
 
 
 def test_toml_config(tmp_path):
@@ -49,13 +42,20 @@ def test_toml_config(tmp_path):
     p.write_text('families = ["floor", "model_like"]\nchunks = [4, 12]\nseeds = "3-5"\n'
                  'dims = [64]\naccumulations = ["fp16-seq", "fp16-once"]\n'
                  'lower_bounds = [-5, -2]\n')
-    cfg = SweepConfig.from_toml(p)
+    cfg = SweepConfig.parse(read_sweep_file(p))
     assert cfg.families == ("floor", "model_like") and cfg.seeds == (3, 4, 5)
+    assert [m.name for m in cfg.accumulations] == ["fp16-seq", "fp16-once"]
+    # the keys as the options: dashes or underscores, singular as the option names
+    dashed = tmp_path / "d.toml"
+    dashed.write_text('lower-bound = "-5,-2"\naccumulation = "fp16-once"\nchunks = "4-6"\n')
+    cfg2 = SweepConfig.parse(read_sweep_file(dashed))
+    assert cfg2.lower_bounds == (-5.0, -2.0) and cfg2.chunks == (4, 5, 6)
+    assert cfg2.accumulations[0].name == "fp16-once"
     assert len(cfg.runs()) == 2 * 2 * 3 * 2  # families × lower bounds × seeds × chunks
     bad = tmp_path / "bad.toml"
     bad.write_text("chunks = [4,\n")
     with pytest.raises(ValueError, match="malformed TOML"):
-        SweepConfig.from_toml(bad)
+        read_sweep_file(bad)
 
 
 def test_families_without_a_lower_bound_run_once():

@@ -342,7 +342,7 @@ def test_golden_h200_runs_reproduced(h200_records):
 
 def test_golden_h200_kernel_inverse_bits():
     """The kernel's fp16 L and Neumann inverse, CPU emulation vs the H200 (seed code on the GPU)."""
-    from kdalab.experiments.families import make_inputs
+    from kdalab.experiments.draw import make_inputs
     from kdalab.experiments.sweep import seed_reproduction_runs
     from kdalab.kda.intra import kernel_l
     from kdalab.kda.inverse import neumann_inverse
@@ -387,7 +387,7 @@ def test_gpu_sweep_bits_equal_cpu_emulation():
     exactly those). The CPU side is the library's path, as the benchmark's ``batched_inverses``
     runs it: batched draws, ``kernel_l`` with L by ``h200-sgemm``, Neumann by ``h200``.
     """
-    from kdalab.experiments.families import make_inputs_batch
+    from kdalab.experiments.draw import make_inputs_batch
     from kdalab.experiments.sweep import plan_runs
     from kdalab.kda.intra import kernel_l
     from kdalab.kda.inverse import neumann_inverse
@@ -425,8 +425,6 @@ def test_gpu_models_say_clearly_without_cuda():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("cpu_name", ["h200", "h200-mma", "h200-bf16-fp32", "h200-sgemm"])
 def test_gpu_twin_equals_cpu_model(cpu_name):
-    from kdalab.arith.gpu import gpu_twin
-
     gen = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if "bf16" in cpu_name or "sgemm" in cpu_name else torch.float16
     for m, k, n in ((16, 16, 16), (17, 17, 17), (48, 48, 48), (16, 32, 16), (32, 128, 32)):
@@ -438,5 +436,6 @@ def test_gpu_twin_equals_cpu_model(cpu_name):
             a = torch.cat([a, a * 2.0**-130])
             b = torch.cat([b, b])
         cpu = get_accumulation(cpu_name).matmul(a, b)
-        dev = get_accumulation(gpu_twin(cpu_name)).matmul(a.cuda(), b.cuda()).cpu()
+        twin = get_accumulation(get_accumulation(cpu_name).gpu_twin)
+        dev = twin.matmul(a.cuda(), b.cuda()).cpu()
         assert_bits(dev, cpu, f"{cpu_name} {m}x{k}x{n}")

@@ -15,7 +15,7 @@ import time
 import torch
 
 from kdalab.arith import FP16, get_accumulation, torch_cast
-from kdalab.experiments.families import make_inputs
+from kdalab.experiments.draw import make_inputs
 from kdalab.experiments.inverse import METRIC_KEYS
 from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
 from kdalab.kda.intra import kernel_l, stable_l

@@ -1,7 +1,8 @@
 """Matrix products under a chosen accumulation model, batched over leading dimensions.
 
 An accumulation model says how the products ``a[..., i, k] * b[..., k, j]`` are summed and rounded.
-Models are values: look one up with :func:`get_accumulation` and call ``model.matmul(a, b)``.
+Models are values: look one up with :func:`kdalab.arith.get_accumulation` and call
+``model.matmul(a, b)``.
 
 =============  ==============================================================================
 ``fp64``       float64 GEMM; the reference ("exact" for every purpose here).
@@ -12,49 +13,33 @@ Models are values: look one up with :func:`get_accumulation` and call ``model.ma
 ``fp16-once``  the exact sum of all products, rounded once to fp16 (operands must be fp16).
 =============  ==============================================================================
 
-Hardware models (the H200's Tensor Cores) register themselves here with :func:`register` from
-:mod:`kdalab.arith.tensorcore`.
+Each registers itself in :mod:`kdalab.arith.registry`; the H200's models live in
+:mod:`kdalab.arith.tensorcore` and :mod:`kdalab.arith.gpu`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar
 
 import torch
 
 from kdalab.arith.formats import FP16, round_to
+from kdalab.arith.registry import register
 
-__all__ = [
-    "AccumulationModel",
-    "Fp64Accumulation",
-    "Fp32Accumulation",
-    "Fp16SequentialAccumulation",
-    "Fp16OnceAccumulation",
-    "register",
-    "get_accumulation",
-    "available_accumulations",
-    "matmul",
-    "fp32_companion",
-    "for_device",
-]
+__all__ = ["TensorOps", "Fp64Accumulation", "Fp32Accumulation", "Fp16SequentialAccumulation",
+           "Fp16OnceAccumulation", "check_operands"]
 
 
-@runtime_checkable
-class AccumulationModel(Protocol):
-    """How a batched matrix product is accumulated and rounded.
+class TensorOps:
+    """A model made of plain tensor operations: it runs on any device and has no twin."""
 
-    ``matmul(a, b)`` takes ``a`` of shape ``[..., M, K]`` and ``b`` of shape ``[..., K, N]``
-    (broadcast leading dimensions) and returns ``[..., M, N]`` in ``out_dtype``.
-    """
-
-    name: str
-    out_dtype: torch.dtype
-
-    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    needs_cuda: ClassVar[bool] = False
+    gpu_twin: ClassVar[str | None] = None
+    fp32_companion: ClassVar[str | None] = None
 
 
-def _check_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+def check_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
     if a.dim() < 2 or b.dim() < 2:
         raise ValueError(f"{name}: operands must have at least 2 dimensions, got {a.dim()} and "
                          f"{b.dim()}")
@@ -64,22 +49,22 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class Fp64Accumulation:
+class Fp64Accumulation(TensorOps):
     name: str = "fp64"
     out_dtype: torch.dtype = torch.float64
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
+        check_operands(a, b, self.name)
         return torch.matmul(a.double(), b.double())
 
 
 @dataclass(frozen=True)
-class Fp32Accumulation:
+class Fp32Accumulation(TensorOps):
     name: str = "fp32"
     out_dtype: torch.dtype = torch.float32
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
+        check_operands(a, b, self.name)
         return torch.matmul(a.float(), b.float())
 
 
@@ -95,7 +80,7 @@ def _fp16_seq_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class Fp16SequentialAccumulation:
+class Fp16SequentialAccumulation(TensorOps):
     """fp16 accumulator rounded after every product, in k order (the seed's CPU fallback).
 
     The k-loop is K batched tensor operations, so one call serves a whole batch of runs; a numba
@@ -107,7 +92,7 @@ class Fp16SequentialAccumulation:
     out_dtype: torch.dtype = torch.float16
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
+        check_operands(a, b, self.name)
         return _fp16_seq_torch(a, b)
 
 
@@ -115,7 +100,7 @@ _SPLIT = 2.0**20  # limb size for the exact fp16-product sums below
 
 
 @dataclass(frozen=True)
-class Fp16OnceAccumulation:
+class Fp16OnceAccumulation(TensorOps):
     """The exact sum of the products, rounded once to fp16 (round to nearest even).
 
     Exact for fp16 operands and K ≤ 4096: every fp16 value is an integer multiple of 2⁻²⁴ below
@@ -129,7 +114,7 @@ class Fp16OnceAccumulation:
     out_dtype: torch.dtype = torch.float16
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
+        check_operands(a, b, self.name)
         if a.dtype != torch.float16 or b.dtype != torch.float16:
             raise ValueError(f"fp16-once: operands must be float16, got {a.dtype} and {b.dtype}")
         if a.shape[-1] > 4096:
@@ -193,72 +178,6 @@ def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return s, e
 
 
-_REGISTRY: dict[str, AccumulationModel] = {}
-
-
-def register(model: AccumulationModel) -> AccumulationModel:
-    """Make ``model`` available by name to :func:`get_accumulation` (and the CLI)."""
-    _REGISTRY[model.name] = model
-    return model
-
-
 for _m in (Fp64Accumulation(), Fp32Accumulation(), Fp16SequentialAccumulation(),
            Fp16OnceAccumulation()):
     register(_m)
-
-
-def _load_plugins() -> None:
-    # Hardware models live in their own module; importing it registers them.
-    try:
-        import kdalab.arith.tensorcore  # noqa: F401
-    except ImportError:
-        pass
-
-
-#: The fp32 GEMM of the same hardware as a fp16-accumulate model: the seed's H200 run built L with
-#: cuBLAS fp32 (``h200-sgemm`` reproduces its summation order) and inverted with COMPUTE_16F.
-FP32_COMPANIONS = {
-    "h200": "h200-sgemm", "h200-mma": "h200-sgemm",
-    "gpu-h200": "gpu-h200-sgemm", "gpu-h200-mma": "gpu-h200-sgemm",
-    "cublas-16f": "cublas-32f", "cublas-16f-loop": "cublas-32f",
-}
-
-
-def fp32_companion(name: str, default: str) -> str:
-    """The fp32-accumulate model that belongs with hardware model ``name`` (else ``default``)."""
-    return FP32_COMPANIONS.get(name, default)
-
-
-def for_device(name: str, device: str | torch.device) -> str:
-    """The model to run on ``device``: on CUDA a CPU emulation of the H200 becomes the GPU's own
-    arithmetic (``h200`` → ``gpu-h200``), other names are unchanged."""
-    if torch.device(device).type != "cuda":
-        return name
-    _load_plugins()
-    try:
-        from kdalab.arith.gpu import gpu_twin
-    except ImportError:  # pragma: no cover
-        return name
-    return gpu_twin(name)
-
-
-def available_accumulations() -> list[str]:
-    _load_plugins()
-    return list(_REGISTRY)
-
-
-def get_accumulation(name: str | AccumulationModel) -> AccumulationModel:
-    """Look an accumulation model up by name."""
-    if not isinstance(name, str):
-        return name
-    _load_plugins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(_REGISTRY)
-        raise ValueError(f"unknown accumulation model {name!r}; expected one of {known}") from None
-
-
-def matmul(a: torch.Tensor, b: torch.Tensor, accumulation: str | AccumulationModel) -> torch.Tensor:
-    """``a @ b`` under ``accumulation`` (a model or its name)."""
-    return get_accumulation(accumulation).matmul(a, b)

@@ -22,7 +22,9 @@ up to 16 products at once:
 **A chain of blocks**: the result of one block is the ``c`` of the next (the accumulator is held
 in the output format between instructions).
 
-Models (register themselves with :func:`kdalab.arith.accumulate.register`):
+Models (each registers itself in :mod:`kdalab.arith.registry`; ``gpu_twin``: the model of
+:mod:`kdalab.arith.gpu.models` that computes the same bits on CUDA tensors; the fp16 models carry
+``fp32_companion="h200-sgemm"``, the fp32 GEMM the seed's H200 run built L with):
 
 =====================  =========================================================================
 ``h200``               cuBLAS ``cublasGemmEx`` with ``CUBLAS_COMPUTE_16F``, one matrix per call,
@@ -58,8 +60,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith.accumulate import register
+from kdalab.arith.accumulate import check_operands
 from kdalab.arith.formats import BF16, FP16, FP32, Format, pow2
+from kdalab.arith.registry import register
 
 __all__ = [
     "FRACTION_BITS",
@@ -424,14 +427,6 @@ def sgemm_h200(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def _check(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
-    if a.dim() < 2 or b.dim() < 2:
-        raise ValueError(f"{name}: operands must have at least 2 dimensions")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"{name}: inner dimensions differ: a is {tuple(a.shape)}, "
-                         f"b is {tuple(b.shape)}")
-
-
 @dataclass(frozen=True)
 class TensorCoreAccumulation:
     """Chained ``mma.sync.m16n8k16`` blocks: operands in ``in_fmt``, accumulator in ``out_fmt``."""
@@ -439,13 +434,16 @@ class TensorCoreAccumulation:
     name: str
     in_fmt: Format
     out_fmt: Format
+    gpu_twin: str | None = None
+    fp32_companion: str | None = None
+    needs_cuda: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
         return self.out_fmt.torch_dtype
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check(a, b, self.name)
+        check_operands(a, b, self.name)
         a64 = _as_values(a, self.in_fmt, self.name)
         b64 = _as_values(b, self.in_fmt, self.name)
         return tc_chain(a64, b64, self.in_fmt, self.out_fmt)
@@ -457,9 +455,12 @@ class CublasGemmExAccumulation:
 
     name: str = "h200"
     out_dtype: torch.dtype = torch.float16
+    gpu_twin: str | None = "gpu-h200"
+    fp32_companion: str | None = "h200-sgemm"
+    needs_cuda: bool = False
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check(a, b, self.name)
+        check_operands(a, b, self.name)
         return gemmex_16f(_as_values(a, FP16, self.name), _as_values(b, FP16, self.name))
 
 
@@ -469,24 +470,22 @@ class CublasSgemmAccumulation:
 
     name: str = "h200-sgemm"
     out_dtype: torch.dtype = torch.float32
+    gpu_twin: str | None = "gpu-h200-sgemm"
+    fp32_companion: str | None = None
+    needs_cuda: bool = False
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check(a, b, self.name)
+        check_operands(a, b, self.name)
         return sgemm_h200(a, b)
 
 
 MODELS = (
     CublasGemmExAccumulation(),
-    TensorCoreAccumulation("h200-mma", FP16, FP16),
-    TensorCoreAccumulation("h200-bf16-fp32", BF16, FP32),
-    TensorCoreAccumulation("h200-fp16-fp32", FP16, FP32),
+    TensorCoreAccumulation("h200-mma", FP16, FP16, gpu_twin="gpu-h200-mma",
+                           fp32_companion="h200-sgemm"),
+    TensorCoreAccumulation("h200-bf16-fp32", BF16, FP32, gpu_twin="gpu-h200-bf16-fp32"),
+    TensorCoreAccumulation("h200-fp16-fp32", FP16, FP32, gpu_twin="gpu-h200-fp16-fp32"),
     CublasSgemmAccumulation(),
 )
 for _m in MODELS:
-    register(_m)
-
-# The hardware itself, for CUDA tensors (importing it needs torch only).
-from kdalab.arith import gpu as _gpu  # noqa: E402
-
-for _m in _gpu.MODELS:
     register(_m)

@@ -134,14 +134,15 @@ def run_dynamic_range(
     """Measured phase diagram: worst-case (every step at the bound) and model-like inputs over
     lower bound × chunk size × boundary × format; counts non-finite/zero scale factors, L and INV
     errors; heatmaps with the calculator's boundary drawn over the measurements."""
-    from kdalab.experiments.dynamic_range import SweepGrid, run_sweep
+    from kdalab.experiments.dynamic_range import SweepGrid, calculator, run_sweep
     from kdalab.experiments.store import RecordWriter
     from kdalab.views.dynamic_range import write_views
 
     try:
-        grid = SweepGrid.parse(lower_bounds=lower_bounds, chunks=chunks, formats=formats,
-                               boundaries=boundaries, ftz=ftz, model_seeds=model_seeds, dim=dim,
-                               inverse_accumulation=inverse_accumulation)
+        grid = SweepGrid(**({} if lower_bounds is None else {"lower_bounds": lower_bounds}),
+                         chunks=chunks, formats=formats, boundaries=boundaries, exp2_ftz=ftz,
+                         model_seeds=model_seeds, dim=dim,
+                         inverse_accumulation=inverse_accumulation)
     except ValueError as exc:
         fail(str(exc))
     t0 = time.perf_counter()
@@ -155,7 +156,8 @@ def run_dynamic_range(
         records = run_sweep(grid, sink=writer.write,
                             progress=lambda d, t: progress.update(task, completed=d))
     elapsed = time.perf_counter() - t0
-    paths = write_views(records, out)
+    calc = calculator(grid)
+    paths = write_views(records, calc, out)
     if not quiet:
         console.print(f"{len(records)} records in {elapsed:.1f} s (sweep); views: "
                       f"{len(paths)} files in {out}", highlight=False)
@@ -174,7 +176,7 @@ def run_diagonal_tile(
     error of the decayed Gram matrix and the work, counted (exps, GEMM vs scalar multiply-adds)."""
     from kdalab.experiments.diagonal_tile import run_study
     from kdalab.experiments.store import RecordWriter
-    from kdalab.views.dynamic_range import write_diagonal_tile_views
+    from kdalab.views.diagonal_tile import write_diagonal_tile_views
 
     try:
         ch = [int(x) for x in chunks.split(",")]

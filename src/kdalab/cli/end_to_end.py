@@ -44,9 +44,9 @@ def end_to_end(
     """Output and final-state relative error of the chunked forward against the fp64 recurrent
     reference. Writes records (records.jsonl/json/parquet), tables (CSV, Markdown) and plots
     (PNG, SVG) to --out; records are appended as each cell finishes."""
-    from kdalab.experiments.end_to_end import FULL, QUICK, Variant, parse_lower_bounds, run_study
+    from kdalab import params
+    from kdalab.experiments.end_to_end import FULL, QUICK, Variant, run_study
     from kdalab.experiments.store import RecordWriter
-    from kdalab.experiments.sweep import parse_int_list, parse_name_list
     from kdalab.views.end_to_end import write_e2e_views
 
     if redraw:
@@ -64,15 +64,16 @@ def end_to_end(
     base = QUICK if quick else FULL
     changes: dict = {}
     if families is not None:
-        changes["families"] = parse_or_fail(parse_name_list, families, "--families")
+        changes["families"] = parse_or_fail(params.name_list, families, "--families")
     if lower_bounds is not None:
-        changes["lower_bounds"] = parse_or_fail(parse_lower_bounds, lower_bounds)
+        changes["lower_bounds"] = parse_or_fail(lambda: params.lower_bounds(
+            lower_bounds, "--lower-bounds", unbounded=True))
     if chunks is not None:
-        changes["chunks"] = parse_or_fail(parse_int_list, chunks, "--chunks")
+        changes["chunks"] = parse_or_fail(params.int_list, chunks, "--chunks", 1)
     if seeds is not None:
-        changes["seeds"] = parse_or_fail(parse_int_list, seeds, "--seeds")
+        changes["seeds"] = parse_or_fail(params.int_list, seeds, "--seeds", 0)
     if variants is not None:
-        names = parse_or_fail(parse_name_list, variants, "--variants")
+        names = parse_or_fail(params.name_list, variants, "--variants")
         changes["variants"] = tuple(parse_or_fail(Variant.parse, v) for v in names)
     for name, value in (("length", length), ("long_length", long_length), ("heads", heads),
                         ("dim", dim)):

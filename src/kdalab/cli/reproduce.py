@@ -44,14 +44,15 @@ def reproduce(
     CSV) and plots (PNG and SVG) to --out. On cuda, H200 models run as the GPU's own Tensor-Core
     arithmetic (bit-identical to the CPU emulation in L and the inverses).
     """
-    from kdalab.experiments.sweep import parse_int_list, seed_reproduction_runs
+    from kdalab import params
+    from kdalab.experiments.sweep import seed_reproduction_runs
 
     device = check_device(device)
     if accumulation is None:
         accumulation = "h200" if device.startswith("cuda") else "fp16-seq"
     _check_accumulation(accumulation)
-    seed_list = parse_or_fail(parse_int_list, seeds, "--seeds")
-    chunk_list = parse_or_fail(parse_int_list, chunks, "--chunks") if chunks else None
+    seed_list = parse_or_fail(params.int_list, seeds, "--seeds", 0)
+    chunk_list = parse_or_fail(params.int_list, chunks, "--chunks", 1) if chunks else None
     if dim < 1:
         fail(f"--dim must be >= 1, got {dim}")
     runs = parse_or_fail(lambda: seed_reproduction_runs(seed_list, dim, chunk_list))
@@ -82,16 +83,15 @@ def sweep(
 ) -> None:
     """Run a declarative sweep of the inverse experiment: families × chunks × seeds × dims ×
     accumulation models (× lower bounds), batched."""
-    from kdalab.experiments.sweep import SweepConfig
+    from kdalab.experiments.sweep import SweepConfig, read_sweep_file
 
     data: dict = {}
     if config is not None:
-        base = parse_or_fail(SweepConfig.from_toml, config)
-        data = base.as_dict()
+        data = parse_or_fail(read_sweep_file, config)
     overrides = {"families": families, "chunks": chunks, "seeds": seeds, "dims": dims,
                  "accumulations": accumulation, "lower_bounds": lower_bound, "device": device}
     data.update({k: v for k, v in overrides.items() if v is not None})
-    cfg = parse_or_fail(SweepConfig.from_mapping, data)
+    cfg = parse_or_fail(SweepConfig.parse, data)
     check_device(cfg.device)
     runs = cfg.runs()
     records = run_with_progress(runs, list(cfg.accumulations), recipe=cfg.recipe,

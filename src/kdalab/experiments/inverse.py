@@ -26,19 +26,22 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import FP16, get_accumulation, rel_rmse, torch_cast
-from kdalab.arith.accumulate import for_device, fp32_companion
-from kdalab.experiments.families import (
-    USES_LOWER_BOUND,
-    ChunkInputs,
-    check_family,
-    make_inputs_batch,
+from kdalab.arith import (
+    FP16,
+    AccumulationModel,
+    fp32_companion,
+    get_accumulation,
+    on_device,
+    rel_rmse,
+    torch_cast,
 )
+from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
+from kdalab.experiments.runs import Run
 from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import Recipe, get_recipe
 
-__all__ = ["RunSpec", "METRIC_KEYS", "KEY_FIELDS", "run_group", "launch_group", "PendingGroup"]
+__all__ = ["METRIC_KEYS", "KEY_FIELDS", "run_group", "launch_group", "PendingGroup"]
 
 KEY_FIELDS = ("family", "lower_bound", "chunk", "seed", "dim", "accumulation", "l_accumulation")
 METRIC_KEYS = (
@@ -49,30 +52,6 @@ METRIC_KEYS = (
 )
 
 
-@dataclass(frozen=True, order=True)
-class RunSpec:
-    family: str
-    lower_bound: float | None  # None for families that ignore it
-    chunk: int
-    seed: int
-    dim: int
-
-    def __post_init__(self) -> None:
-        check_family(self.family)
-        if self.chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
-        if self.dim < 1:
-            raise ValueError(f"dim must be >= 1, got {self.dim}")
-        if self.lower_bound is not None and not self.lower_bound < 0:
-            raise ValueError(f"lower_bound must be < 0, got {self.lower_bound}")
-
-    @staticmethod
-    def make(family: str, chunk: int, seed: int, dim: int, lower_bound: float) -> RunSpec:
-        family = check_family(family)
-        lb = float(lower_bound) if USES_LOWER_BOUND[family] else None
-        return RunSpec(family, lb, int(chunk), int(seed), int(dim))
-
-
 #: Metrics that are counts or flags (ints in the records; carried as float64 until then).
 INT_METRICS = frozenset({"decay_zeros", "inv_decay_nonfinite", "l_finite", "inv_finite"})
 _TENSOR_METRICS = tuple(k for k in METRIC_KEYS
@@ -80,8 +59,8 @@ _TENSOR_METRICS = tuple(k for k in METRIC_KEYS
 
 
 def run_group(
-    specs: Sequence[RunSpec],
-    accumulations: Sequence[str],
+    specs: Sequence[Run],
+    accumulations: Sequence[str | AccumulationModel],
     *,
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
@@ -102,7 +81,7 @@ class PendingGroup:
     collecting is one device→host copy.
     """
 
-    specs: Sequence[RunSpec]
+    specs: Sequence[Run]
     plans: list[tuple[str, str, int, int]]  # name, L model, highest_power, stable highest_power
     metrics: torch.Tensor
 
@@ -127,8 +106,8 @@ class PendingGroup:
 
 
 def launch_group(
-    specs: Sequence[RunSpec],
-    accumulations: Sequence[str],
+    specs: Sequence[Run],
+    accumulations: Sequence[str | AccumulationModel],
     *,
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
@@ -138,7 +117,7 @@ def launch_group(
 ) -> PendingGroup:
     """Queue a group's work on ``device`` and return without waiting for it (on CUDA no step
     here waits for the GPU). ``inputs``: the group's inputs if already drawn
-    (:func:`~kdalab.experiments.families.make_inputs_batch`), else drawn here on ``workers``
+    (:func:`~kdalab.experiments.draw.make_inputs_batch`), else drawn here on ``workers``
     threads or ``processes`` draw processes."""
     if not specs:
         raise ValueError("launch_group needs at least one run")
@@ -151,10 +130,10 @@ def launch_group(
     # H200's fp32 GEMM (as the seed's GPU run did), the others with the recipe's. On CUDA, CPU
     # emulations of the H200 become the GPU's own arithmetic.
     plans = []
-    for name in accumulations:
-        neumann = for_device(name, device)
-        l_acc = for_device(fp32_companion(name, recipe.l_accumulation), device)
-        plans.append((name, get_accumulation(neumann), l_acc))
+    for model in map(get_accumulation, accumulations):
+        l_acc = on_device(fp32_companion(model, recipe.l_accumulation),
+                          device.type).name
+        plans.append((model.name, on_device(model, device.type), l_acc))
 
     if inputs is None:
         inputs = make_inputs_batch(specs, device, workers, processes)

@@ -55,7 +55,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kdalab.arith import FP32, Format, get_accumulation, get_format, quantize, torch_cast
+from kdalab import params
+from kdalab.arith import FP32, Format, get_format, quantize, torch_cast
 from kdalab.arith import exp2_ftz as _exp2_ftz
 from kdalab.kda.recipe import Recipe, get_recipe
 
@@ -71,8 +72,6 @@ __all__ = [
     "scale_limits",
     "safe_chunk",
     "weakest_lower_bound",
-    "check_boundary",
-    "check_lower_bound",
     "PerPairL",
     "per_pair_l",
 ]
@@ -82,40 +81,16 @@ LN2 = math.log(2.0)
 LOG2E = math.log2(math.e)
 
 
-def check_boundary(boundary: str) -> str:
-    if boundary not in BOUNDARIES:
-        raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, got {boundary!r}")
-    return boundary
-
-
-def check_lower_bound(lower_bound: float) -> float:
-    try:
-        lb = float(lower_bound)
-    except (TypeError, ValueError):
-        raise ValueError(f"lower_bound must be a negative number, got {lower_bound!r}") from None
-    if not math.isfinite(lb) or not lb < 0:
-        raise ValueError("lower_bound must be a finite number < 0 (log-decay g ∈ "
-                         f"(lower_bound, 0)), got {lower_bound!r}")
-    return lb
-
-
 def exposed_steps(chunk: int, boundary: str) -> int:
     """k(C): the largest |G_i − G_b| a C-token chunk exposes, in steps at the bound."""
-    check_boundary(boundary)
-    if int(chunk) != chunk or chunk < 1:
-        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
-    chunk = int(chunk)
     return {"start": chunk, "midpoint": chunk // 2, "end": chunk - 1,
             "per_pair": chunk - 1}[boundary]
 
 
 def chunk_for_steps(steps: int | None, boundary: str) -> int | None:
     """The largest C with k(C) ≤ ``steps`` (None: unbounded). Inverse of :func:`exposed_steps`."""
-    check_boundary(boundary)
     if steps is None:
         return None
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
     return {"start": steps, "midpoint": 2 * steps + 1, "end": steps + 1,
             "per_pair": steps + 1}[boundary]
 
@@ -299,9 +274,9 @@ def safe_chunk(fmt: Format | str | tuple[int, int], lower_bound: float, boundary
     suffix flushes its subnormals). ``lower_bound`` < 0. ``boundary``: start, midpoint, end or
     per_pair. ``exp2_ftz``: factors via float32 exp2 with flush-to-zero, then cast (the kernels).
     """
-    fmt = get_format(fmt)
-    lb = check_lower_bound(lower_bound)
-    boundary = check_boundary(boundary)
+    fmt = params.scale_format(fmt, "fmt")
+    lb = params.lower_bound(lower_bound)
+    boundary = params.choice(boundary, "boundary", BOUNDARIES)
     limits = scale_limits(fmt, exp2_ftz)
     x_over, x_zero, x_sub = limits.overflow.x, limits.zero.x, limits.subnormal.x
     per_pair = boundary == "per_pair"
@@ -403,8 +378,9 @@ def weakest_lower_bound(fmt: Format | str | tuple[int, int], chunk: int,
                         boundary: str = "start", *, exp2_ftz: bool = True) -> WeakestBound:
     """The infimum of the lower bounds for which a ``chunk``-token chunk is safe (see
     :class:`WeakestBound`)."""
-    fmt = get_format(fmt)
-    boundary = check_boundary(boundary)
+    fmt = params.scale_format(fmt, "fmt")
+    boundary = params.choice(boundary, "boundary", BOUNDARIES)
+    chunk = params.integer(chunk, "chunk", 1)
     k = exposed_steps(chunk, boundary)
     limits = scale_limits(fmt, exp2_ftz)
     xs = [limits.zero.x] + ([] if boundary == "per_pair" else [limits.overflow.x])
@@ -455,7 +431,7 @@ def per_pair_l(keys: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
     if per_channel:
         l = (k.unsqueeze(-2) * k.unsqueeze(-3) * s.float()).sum(-1)  # float32
     else:
-        dots = get_accumulation(recipe.l_accumulation).matmul(keys, keys.transpose(-1, -2))
+        dots = recipe.l_accumulation.matmul(keys, keys.transpose(-1, -2))
         l = quantize(dots.double() * s[..., 0].double(), FP32)  # one float32 multiply
     l = torch.tril(quantize(l, recipe.l_format), diagonal=-1)
     b = torch_cast(beta.double(), recipe.beta_format)

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import get_accumulation, quantize, torch_cast
+from kdalab.arith import quantize, torch_cast
 from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.kda.tiles import decay_factor, operand
 
-__all__ = ["LOG2E", "BOUNDARIES", "stable_l", "kernel_l", "KernelL", "boundary_log_decay"]
+__all__ = ["LOG2E", "BOUNDARIES", "stable_l", "kernel_l", "KernelL", "boundary_log_decay",
+           "split_factors"]
 
 LOG2E = math.log2(math.e)
 BOUNDARIES = ("start", "midpoint", "end")
@@ -80,6 +81,15 @@ def boundary_log_decay(g: torch.Tensor, boundary: str) -> torch.Tensor:
     raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, got {boundary!r}")
 
 
+def split_factors(rel: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(G_i − G_b) and exp(G_b − G_i) for ``rel`` = G_i − G_b (natural log, float64), along the
+    recipe's scale path: the base-2 exponent rel·log₂e with exp2 and FTZ in float32, or exp
+    rounded once; rounded to ``scale_format``. The factors the kernels' L is built from."""
+    if recipe.exp2_ftz:
+        rel = rel * LOG2E  # the kernels' base-2 exponent
+    return decay_factor(rel, recipe), decay_factor(-rel, recipe)
+
+
 @dataclass(frozen=True)
 class KernelL:
     """The kernel's L and the scale factors it was built from."""
@@ -106,15 +116,11 @@ def kernel_l(
     _check(keys, log_decay, beta)
     recipe = get_recipe(recipe)
     g = _cumulative(log_decay, keys)
-    rel = g - boundary_log_decay(g, boundary)  # G_i − G_b, float64
-    if recipe.exp2_ftz:
-        rel = rel * LOG2E  # the kernels' base-2 exponent
-    decay = decay_factor(rel, recipe)
-    inv_decay = decay_factor(-rel, recipe)
+    decay, inv_decay = split_factors(g - boundary_log_decay(g, boundary), recipe)
     # The scaled operands: one rounding of the exact product to the operand format.
     k_decayed = operand(keys, decay, recipe.operand_format)
     k_inverse = operand(keys, inv_decay, recipe.operand_format)
-    acc = get_accumulation(recipe.l_accumulation)
+    acc = recipe.l_accumulation
     l = quantize(acc.matmul(k_decayed, k_inverse.transpose(-1, -2)), recipe.l_format)
     l = torch.tril(l, diagonal=-1)
     b = torch_cast(beta.double(), recipe.beta_format)  # the seed's beta.half() on float64

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import Format, get_accumulation, get_format, quantize
-from kdalab.arith.accumulate import AccumulationModel
+from kdalab.arith import AccumulationModel, Format, get_accumulation, get_format, quantize
 
 __all__ = ["exact_inverse", "neumann_inverse", "NeumannResult", "forward_substitution",
            "neumann_factor_count", "INVERSES"]

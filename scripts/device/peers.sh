@@ -1,0 +1,60 @@
+# Source this from the repository root on the device machine (bash):  source scripts/device/peers.sh
+#
+# Puts the peers beside kdalab in this shell, for benchmarks, checks and golden data:
+#   * the carried wheels in .whl/ (fla-core, and whatever else a call needs) -> /tmp/site;
+#   * FlashKDA, built from the carried source tarball .peers/flashkda-*-src.tar.xz
+#     (MIT; CUTLASS inside; nothing of it is committed), or taken from a carried build
+#     .peers/flash_kda_build.tar (the extension module a previous call built and left in $OUT);
+#   * PYTHONPATH = src (kdalab) : /tmp/site : FlashKDA's folder;  FLASHKDA_SRC = that folder
+#     (its tests/torch_ref.py is FlashKDA's torch reference);
+#   * fla's autotuning results cached on disk (FLA_CACHE_RESULTS=1) in $TRITON_CACHE_DIR, restored
+#     from a carried .peers/triton_autotune.tar when there is one; `peers_save_autotune` writes
+#     the results (not the compiled kernels) to $OUT for the next call.
+# Prints one line per peer; a peer that fails to build is reported and left out (benchmarks
+# report a missing peer as skipped).
+export PYTHONUNBUFFERED=1
+export PEERS_ROOT=$PWD
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || echo "peers: wheel install failed"
+fi
+export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
+export FLA_CACHE_RESULTS=1
+mkdir -p "$TRITON_CACHE_DIR"
+if [ -f .peers/triton_autotune.tar ]; then
+    tar xf .peers/triton_autotune.tar -C "$TRITON_CACHE_DIR" && echo "peers: autotune cache restored"
+fi
+peers_save_autotune() {  # the autotuners' choices only (small), for the next call to carry
+    (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar cf "$OUT/triton_autotune.tar" -T -) \
+        && echo "peers: autotune cache -> \$OUT/triton_autotune.tar"
+}
+
+export FLASHKDA_SRC=/tmp/flashkda-src/flashkda
+if [ ! -d "$FLASHKDA_SRC" ]; then
+    mkdir -p /tmp/flashkda-src && tar xf .peers/flashkda-*-src.tar.xz -C /tmp/flashkda-src
+fi
+if [ -f .peers/flash_kda_build.tar ]; then
+    tar xf .peers/flash_kda_build.tar -C "$FLASHKDA_SRC"
+fi
+export PYTHONPATH=$PYTHONPATH:$FLASHKDA_SRC
+if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
+    echo "peers: flash_kda importable (carried build)"
+else
+    t0=$(date +%s)
+    (cd "$FLASHKDA_SRC" && sed -i '/submodule/d' setup.py \
+        && FLASH_KDA_CUDA_ARCHS=90a MAX_JOBS=16 NVCC_THREADS=16 \
+           python3 setup.py build_ext --inplace >/tmp/flashkda-build.log 2>&1)
+    if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
+        echo "peers: FlashKDA built in $(( $(date +%s) - t0 )) s"
+        if [ -n "${OUT:-}" ]; then
+            (cd "$FLASHKDA_SRC" && tar cf "$OUT/flash_kda_build.tar" flash_kda_C*.so) \
+                && echo "peers: build -> \$OUT/flash_kda_build.tar ($(du -h "$OUT/flash_kda_build.tar" | cut -f1))"
+        fi
+    else
+        echo "peers: FlashKDA build FAILED (skipped); last lines of /tmp/flashkda-build.log:"
+        tail -n 15 /tmp/flashkda-build.log
+    fi
+fi
+python3 -c "import fla; print('peers: fla', fla.__version__)" 2>/dev/null || echo "peers: fla missing"
