@@ -134,7 +134,7 @@ def test_pipelined_sweep_keeps_order_and_records(monkeypatch):
 
 def test_seed_tables_from_records():
     recs = run_sweep(seed_reproduction_runs(seeds=(0,), chunks=(8, 16)), ["fp16-seq"])
-    tables = seed_tables(recs)
+    tables = seed_tables(summarize(recs))
     assert [t.name for t in tables] == ["exponent_boundary", "high_power_stress",
                                         "ordinary_random"]
     md = to_markdown(tables[1])

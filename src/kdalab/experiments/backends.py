@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-__all__ = ["BACKENDS", "check_backend", "ray_map", "ray_slots", "RAY_MAX_RETRIES"]
+__all__ = ["BACKENDS", "check_backend", "ray_map", "ray_cluster", "RAY_MAX_RETRIES"]
 
 BACKENDS = ("local", "ray")
 #: How often Ray reruns a shard whose worker died before giving up on the sweep.
@@ -61,15 +61,11 @@ def _init(address: str | None, num_cpus: int | None):
     return ray
 
 
-def ray_slots(gpu: bool, address: str | None = None, num_cpus: int | None = None) -> int:
-    """Shards that can run at once on the cluster: its GPUs, or its CPUs."""
+def ray_cluster(address: str | None = None, num_cpus: int | None = None) -> tuple[int, int]:
+    """(CPUs, GPUs) of the Ray cluster (started here, or joined at ``address``)."""
     ray = _init(address, num_cpus)
     resources = ray.cluster_resources()
-    slots = int(resources.get("GPU" if gpu else "CPU", 0))
-    if slots < 1:
-        where = f"the Ray cluster at {address}" if address else "this machine's Ray cluster"
-        raise ValueError(f"{where} has no {'GPU' if gpu else 'CPU'} to run on")
-    return slots
+    return int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
 
 
 def _apply(fn: Callable, shard):
@@ -87,7 +83,12 @@ def ray_map(fn: Callable, shards: Iterable, *, gpu: bool = False, address: str |
     Shards are drawn from ``shards`` lazily.
     """
     ray = _init(address, num_cpus)
-    in_flight = in_flight or 2 * ray_slots(gpu, address, num_cpus)
+    cpus, gpus = ray_cluster(address, num_cpus)
+    slots = gpus if gpu else cpus
+    if slots < 1:
+        where = f"the Ray cluster at {address}" if address else "this machine's Ray cluster"
+        raise ValueError(f"{where} has no {'GPU' if gpu else 'CPU'} to run on")
+    in_flight = in_flight or 2 * slots
     remote = ray.remote(_apply).options(num_gpus=1 if gpu else 0, num_cpus=1,
                                         max_retries=RAY_MAX_RETRIES, retry_exceptions=False)
     fn_ref = ray.put(fn)  # pickled once, not once per task

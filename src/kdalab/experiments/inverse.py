@@ -41,7 +41,8 @@ from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import Recipe, get_recipe
 
-__all__ = ["METRIC_KEYS", "KEY_FIELDS", "run_group", "launch_group", "PendingGroup"]
+__all__ = ["METRIC_KEYS", "KEY_FIELDS", "run_group", "launch_group", "PendingGroup",
+           "record_schema"]
 
 KEY_FIELDS = ("family", "lower_bound", "chunk", "seed", "dim", "accumulation", "l_accumulation")
 METRIC_KEYS = (
@@ -85,24 +86,53 @@ class PendingGroup:
     plans: list[tuple[str, str, int, int]]  # name, L model, highest_power, stable highest_power
     metrics: torch.Tensor
 
+    def table(self, runs: Sequence[int] | None = None):
+        """The group's records as an Arrow table of :func:`record_schema` (``run``: each run's
+        index in its sweep, ``runs``; default 0…): one per run and accumulation model, the
+        models in order, each over the runs in order. One device→host copy; built as columns."""
+        import numpy as np
+        import pyarrow as pa
+
+        values = self.metrics.cpu().numpy()  # [models, metrics, runs]
+        n, m = len(self.specs), len(self.plans)
+        index = np.arange(n) if runs is None else np.asarray(runs, dtype=np.int64)
+        family, lower_bound, chunk, seed, dim = (list(col) for col in zip(*self.specs))
+        columns: dict = {
+            "run": np.tile(index, m),
+            "family": family * m,
+            "lower_bound": pa.array(lower_bound * m, pa.float64()),
+            "chunk": np.tile(np.asarray(chunk, dtype=np.int64), m),
+            "seed": np.tile(np.asarray(seed, dtype=np.int64), m),
+            "dim": np.tile(np.asarray(dim, dtype=np.int64), m),
+            "accumulation": [name for name, *_ in self.plans for _ in range(n)],
+            "l_accumulation": [l_acc for _, l_acc, *_ in self.plans for _ in range(n)],
+        }
+        tensor = {key: values[:, i].reshape(-1) for i, key in enumerate(_TENSOR_METRICS)}
+        for key in METRIC_KEYS:
+            if key == "highest_power":
+                columns[key] = np.repeat([p for _, _, p, _ in self.plans], n)
+            elif key == "stable_l_highest_power":
+                columns[key] = np.repeat([p for _, _, _, p in self.plans], n)
+            else:
+                columns[key] = tensor[key]
+        return pa.table(columns, schema=record_schema())
+
     def collect(self) -> list[dict]:
-        values = self.metrics.cpu().tolist()
-        records: list[dict] = []
-        n = len(self.specs)
-        for (name, l_acc, power, stable_power), rows in zip(self.plans, values):
-            columns = dict(zip(_TENSOR_METRICS, rows))
-            for key in INT_METRICS:
-                columns[key] = [int(v) for v in columns[key]]
-            columns["highest_power"] = [power] * n
-            columns["stable_l_highest_power"] = [stable_power] * n
-            ordered = [columns[key] for key in METRIC_KEYS]
-            for spec, metric_values in zip(self.specs, zip(*ordered)):
-                rec = {"family": spec.family, "lower_bound": spec.lower_bound,
-                       "chunk": spec.chunk, "seed": spec.seed, "dim": spec.dim,
-                       "accumulation": name, "l_accumulation": l_acc}
-                rec.update(zip(METRIC_KEYS, metric_values))
-                records.append(rec)
-        return records
+        """The records as dicts (:meth:`table`'s rows without ``run``)."""
+        return self.table().drop_columns(["run"]).to_pylist()
+
+
+def record_schema():
+    """The Arrow schema of the inverse experiment's records: ``run`` (the run's index in its
+    sweep), the key fields, then the metrics (counts, flags and powers as int64)."""
+    import pyarrow as pa
+
+    ints = INT_METRICS | {"highest_power", "stable_l_highest_power"}
+    return pa.schema(
+        [("run", pa.int64()), ("family", pa.string()), ("lower_bound", pa.float64()),
+         ("chunk", pa.int64()), ("seed", pa.int64()), ("dim", pa.int64()),
+         ("accumulation", pa.string()), ("l_accumulation", pa.string())]
+        + [(key, pa.int64() if key in ints else pa.float64()) for key in METRIC_KEYS])
 
 
 def launch_group(

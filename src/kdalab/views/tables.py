@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from kdalab.experiments.aggregate import summarize
-
 __all__ = ["SeedTable", "seed_tables", "fmt_sci", "fmt_percent", "to_markdown",
            "write_seed_tables", "markdown_table"]
 
@@ -70,9 +68,9 @@ _LAYOUTS = {
 }
 
 
-def seed_tables(records: list[dict] | pd.DataFrame, dim: int | None = None) -> list[SeedTable]:
-    """The seed's three tables (one per family, per accumulation model and lower bound)."""
-    summary = summarize(records)
+def seed_tables(summary: pd.DataFrame, dim: int | None = None) -> list[SeedTable]:
+    """The seed's three tables (one per family, per accumulation model and lower bound), drawn
+    from the records' aggregates (:func:`kdalab.experiments.aggregate.summarize`)."""
     tables = []
     if summary.empty:
         return tables
