@@ -189,3 +189,13 @@ def test_kill_9_at_any_moment_then_resume_gives_exactly_the_records(tmp_path):
     runs = np.concatenate([pq.read_table(p, columns=["run"]).column(0).to_numpy()
                            for ps in store.parts.values() for p in ps])
     assert sorted(runs.tolist()) == sorted(np.repeat(np.arange(RUNS), PER_RUN).tolist())
+
+
+def test_identical_compares_bits():
+    from kdalab.experiments.runstore import identical
+
+    t = pa.table({"run": [0, 1], "x": [float("nan"), 0.0]})
+    assert identical(t, pa.table({"run": [0, 1], "x": [float("nan"), 0.0]}))
+    assert not t.equals(t)  # Arrow's own equality: NaN ≠ NaN
+    assert not identical(t, pa.table({"run": [0, 1], "x": [float("nan"), -0.0]}))
+    assert not identical(t, pa.table({"run": [0, 1], "x": [None, 0.0]}))

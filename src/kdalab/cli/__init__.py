@@ -9,6 +9,7 @@ from kdalab.cli import (
     dynamic_range,  # noqa
     end_to_end,  # noqa
     reproduce,  # noqa: E402,F401
+    sweep,  # noqa: F401
 )
 from kdalab.cli.app import app, run_app  # noqa: F401
 

@@ -68,7 +68,8 @@ def ray_cluster(address: str | None = None, num_cpus: int | None = None) -> tupl
     return int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
 
 
-def _apply(fn: Callable, shard):
+def kdalab_task(fn: Callable, shard):
+    """A shard run on a Ray worker (its process is titled ``ray::kdalab_task`` meanwhile)."""
     return fn(shard)
 
 
@@ -89,7 +90,7 @@ def ray_map(fn: Callable, shards: Iterable, *, gpu: bool = False, address: str |
         where = f"the Ray cluster at {address}" if address else "this machine's Ray cluster"
         raise ValueError(f"{where} has no {'GPU' if gpu else 'CPU'} to run on")
     in_flight = in_flight or 2 * slots
-    remote = ray.remote(_apply).options(num_gpus=1 if gpu else 0, num_cpus=1,
+    remote = ray.remote(kdalab_task).options(num_gpus=1 if gpu else 0, num_cpus=1,
                                         max_retries=RAY_MAX_RETRIES, retry_exceptions=False)
     fn_ref = ray.put(fn)  # pickled once, not once per task
     pending: dict = {}

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-__all__ = ["StoreError", "Manifest", "RunStore", "fingerprint", "kdalab_version",
+__all__ = ["StoreError", "Manifest", "RunStore", "fingerprint", "kdalab_version", "identical",
            "STORE_FORMAT", "LEGACY_FILES"]
 
 STORE_FORMAT = 1
@@ -187,15 +187,9 @@ class RunStore:
             raise StoreError(f"--out: {folder} is a file, not a folder")
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            lock_fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise StoreError(f"--out: cannot write to {folder} ({exc.strerror})") from None
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            raise StoreError(f"{folder} is being written by another kdalab process; wait for "
-                             "it or choose another --out") from None
+        lock_fd = _lock(folder)
         try:
             manifest = cls._claim(folder, kind, config, runs, records_per_run, schema, force)
             store = cls(folder, manifest, schema, writable=True, lock_fd=lock_fd)
@@ -240,14 +234,21 @@ class RunStore:
         return fresh
 
     @classmethod
-    def read_only(cls, folder: str | Path) -> RunStore:
-        """The store in ``folder`` as it is on disk (torn parts are skipped, not deleted)."""
+    def read_only(cls, folder: str | Path, *, lock: bool = False) -> RunStore:
+        """The store in ``folder`` as it is on disk (torn parts are skipped, not deleted).
+        ``lock``: hold the folder (no writer meanwhile) to redraw its views."""
         folder = Path(folder)
         if not (folder / MANIFEST).is_file():
             raise StoreError(f"{folder} holds no kdalab store (no {MANIFEST})")
-        manifest = Manifest.read(folder)
-        schema = pa.schema([(n, _arrow_type(t)) for n, t in manifest.schema])
-        return cls(folder, manifest, schema, writable=False)
+        lock_fd = _lock(folder) if lock else None
+        try:
+            manifest = Manifest.read(folder)
+            schema = pa.schema([(n, _arrow_type(t)) for n, t in manifest.schema])
+            return cls(folder, manifest, schema, writable=False, lock_fd=lock_fd)
+        except BaseException:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            raise
 
     def _scan(self) -> None:
         parts_dir = self.folder / PARTS
@@ -370,7 +371,7 @@ class RunStore:
 
     # --- reading -----------------------------------------------------------------------
     def groups(self) -> list[str]:
-        return sorted(self.parts)
+        return sorted(set(self.parts) | set(self._buffers))
 
     def read_group(self, group: str, columns: Sequence[str] | None = None) -> pa.Table:
         """A group's records in run order (``columns``: a subset, read from disk alone)."""
@@ -402,6 +403,26 @@ class RunStore:
         return pa.concat_tables(tables)
 
 
+def identical(a: pa.Table, b: pa.Table) -> bool:
+    """Whether two record tables are equal bit for bit: same columns and types, same nulls,
+    and every value the same bits (so NaN equals NaN, and −0 differs from +0; Arrow's own
+    ``equals`` says NaN ≠ NaN)."""
+    if a.schema != b.schema or a.num_rows != b.num_rows:
+        return False
+    for x, y in zip(a.columns, b.columns):
+        if not x.is_null().equals(y.is_null()):
+            return False
+        if pa.types.is_floating(x.type):
+            bits = {8: np.int64, 4: np.int32, 2: np.int16}[x.type.bit_width // 8]
+            xv = x.fill_null(0).to_numpy().view(bits)
+            yv = y.fill_null(0).to_numpy().view(bits)
+            if not np.array_equal(xv, yv):
+                return False
+        elif not x.equals(y):
+            return False
+    return True
+
+
 _ARROW_TYPES = {"int64": pa.int64(), "int32": pa.int32(), "double": pa.float64(),
                 "float": pa.float32(), "string": pa.string(), "bool": pa.bool_()}
 
@@ -411,6 +432,21 @@ def _arrow_type(name: str) -> pa.DataType:
         return _ARROW_TYPES[name]
     except KeyError:
         raise StoreError(f"manifest: unsupported column type {name!r}") from None
+
+
+def _lock(folder: Path) -> int:
+    """Hold ``folder`` for this process (flock, released when it exits, even by kill -9)."""
+    try:
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StoreError(f"--out: cannot write to {folder} ({exc.strerror})") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreError(f"{folder} is being written by another kdalab process; wait for it "
+                         "or choose another --out") from None
+    return fd
 
 
 def _clear(folder: Path) -> None:
