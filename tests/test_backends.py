@@ -21,15 +21,12 @@ def test_backend_names_are_checked():
         check_backend("local", address="auto")
 
 
-ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers can't import tests
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
+@pytest.fixture(autouse=True)
+def by_value(request):
+    """The functions below travel to the workers by value (workers can't import tests/)."""
+    if "local_ray" in request.fixturenames:
+        request.getfixturevalue("local_ray").cloudpickle.register_pickle_by_value(
+            sys.modules[__name__])
 
 
 def square_rows(shard):

@@ -13,7 +13,6 @@ from itertools import islice
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -107,16 +106,16 @@ def test_kill_9_mid_sweep_then_resume_gives_the_uninterrupted_records(tmp_path):
     (parts written every 20 ms here), resumed each time with --resume: the final store holds
     exactly the records of an uninterrupted sweep, none lost and none doubled."""
     out = tmp_path / "killed"
-    axes = ["--families", "floor,weak_decay_correlated,model_like", "--chunks", "2-40",
-            "--seeds", "0-7", "--dims", "32", "--accumulation", "fp16-seq"]
+    axes = ["--families", "floor,weak_decay_correlated,model_like", "--chunks", "2-24",
+            "--seeds", "0-5", "--dims", "32", "--accumulation", "fp16-seq"]
     rng = np.random.default_rng(1)
     progress = []
-    for attempt in range(10):
+    for attempt in range(8):
         args = [sys.executable, "-c", KILLABLE, "sweep", *axes, "--out", str(out), "--quiet"]
         proc = subprocess.Popen(args + (["--resume"] if attempt else []),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        if attempt < 4:
-            target = int(rng.integers(1, 8))
+        if attempt < 3:
+            target = int(rng.integers(1, 6))
             seen = len(list(out.glob("parts/*")))
             while proc.poll() is None and len(list(out.glob("parts/*"))) < seen + target:
                 time.sleep(0.005)
@@ -128,7 +127,7 @@ def test_kill_9_mid_sweep_then_resume_gives_the_uninterrupted_records(tmp_path):
         assert proc.returncode == -signal.SIGKILL, err
         progress.append(int(RunStore.read_only(out).done.sum()))
     assert proc.returncode == 0, err
-    total = 39 * 3 * 8
+    total = 23 * 3 * 6
     assert any(0 < p < total for p in progress), progress
     whole = tmp_path / "whole"
     assert runner.invoke(app, ["sweep", *axes, "--out", str(whole), "--quiet"]).exit_code == 0
@@ -136,16 +135,6 @@ def test_kill_9_mid_sweep_then_resume_gives_the_uninterrupted_records(tmp_path):
 
 
 # --- the Ray backend ------------------------------------------------------------------------
-
-ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
 
 def test_ray_backend_stores_the_local_records_bit_for_bit(local_ray, tmp_path):
     assert sweep("--out", str(tmp_path / "local")).exit_code == 0
