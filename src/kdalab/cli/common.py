@@ -50,7 +50,6 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
     from kdalab.experiments.sweep import open_store, run_into_store
 
     t0 = time.perf_counter()
-    _prefetch_view_modules()
     try:
         store = open_store(plan, out, resume=resume, force=force)
     except StoreError as exc:
@@ -84,19 +83,6 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
             paths.append(export_json(store, out / "records.json"))
     if not quiet:
         console.print(f"wrote {len(paths)} view file(s) to {out}/")
-
-
-def _prefetch_view_modules() -> None:
-    """Import the views' modules (matplotlib, pandas: about a second) on a helper thread while
-    the sweep runs, so the views start drawing as soon as it ends."""
-    import threading
-
-    def load() -> None:
-        import kdalab.experiments.aggregate  # noqa: F401
-        import kdalab.views.plots  # noqa: F401
-        import kdalab.views.tables  # noqa: F401
-
-    threading.Thread(target=load, name="kdalab-prefetch", daemon=True).start()
 
 
 def draw_views(store, *, show: bool = True) -> list[Path]:
