@@ -6,6 +6,7 @@ import sys
 
 # Command modules register themselves on import.
 from kdalab.cli import (
+    check,  # noqa
     dynamic_range,  # noqa
     end_to_end,  # noqa
     reproduce,  # noqa: E402,F401
