@@ -34,6 +34,7 @@ import torch
 
 from kdalab import params
 from kdalab.arith import AccumulationModel, Format, rel_rmse
+from kdalab.arith.linalg import inv64
 from kdalab.experiments.draw import make_inputs
 from kdalab.experiments.limits import TABLE_LOWER_BOUNDS, calculator_records
 from kdalab.kda.dynamic_range import BOUNDARIES, per_pair_l
@@ -164,7 +165,7 @@ def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
 
     eye = torch.eye(chunk, dtype=torch.float64)
     l_ref = stable_l(keys, log_decay, beta)
-    inv_ref = torch.linalg.inv(eye + l_ref)
+    inv_ref = inv64(eye + l_ref)
 
     configs, ls, counts = [], [], []
     for fmt_name in grid.formats:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from kdalab.arith import quantize, torch_cast
+from kdalab.arith.linalg import matmul64
 from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.kda.tiles import decay_factor, operand
 
@@ -57,7 +58,7 @@ def stable_l(keys: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor) ->
     k = keys.double()
     g = _cumulative(log_decay, keys)
     if g.shape[-1] == 1:
-        dots = k @ k.transpose(-1, -2)
+        dots = matmul64(k, k.transpose(-1, -2))
         ratio = torch.exp((g - g.transpose(-1, -2)).clamp(max=0.0))
         l = dots * ratio * beta.double().unsqueeze(-1)
     else:  # per-channel decay: Σ_d k_id k_jd exp(G_id − G_jd)
