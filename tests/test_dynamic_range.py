@@ -27,12 +27,11 @@ from kdalab.experiments.dynamic_range import (
 from kdalab.kda.dynamic_range import (
     BOUNDARIES,
     exposed_steps,
-    per_pair_l,
     safe_chunk,
     scale_limits,
     weakest_lower_bound,
 )
-from kdalab.kda.intra import boundary_log_decay, kernel_l, stable_l
+from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, stable_l
 from kdalab.kda.recipe import SEED
 
 runner = CliRunner()

@@ -2,7 +2,7 @@
 
 For every chunk size C (one batch), inputs for every lower bound and family are stacked, and for
 every (scale format, exp2 path, boundary) the kernel's L is built by
-:func:`kdalab.kda.intra.kernel_l` (start/midpoint/end) or :func:`kdalab.kda.dynamic_range.
+:func:`kdalab.kda.intra.kernel_l` (start/midpoint/end) or :func:`kdalab.kda.intra.
 per_pair_l` (per_pair). One record per (family, seed, lower bound, C, format, exp2 path, boundary):
 
 ==================  ==============================================================================
@@ -37,8 +37,8 @@ from kdalab.arith import AccumulationModel, Format, rel_rmse
 from kdalab.arith.linalg import inv64
 from kdalab.experiments.draw import make_inputs
 from kdalab.experiments.limits import TABLE_LOWER_BOUNDS, calculator_records
-from kdalab.kda.dynamic_range import BOUNDARIES, per_pair_l
-from kdalab.kda.intra import boundary_log_decay, kernel_l, split_factors, stable_l
+from kdalab.kda.dynamic_range import BOUNDARIES
+from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, split_factors, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
 
