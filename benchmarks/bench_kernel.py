@@ -1,326 +1,389 @@
-"""Speed and accuracy of kdalab.kernels.chunk_kda_fwd against fla's chunk_kda, same process.
+"""Speed and accuracy of kdalab.kernels.chunk_kda_fwd against its peers, in one process.
 
-Speed: median ms (triton.testing.do_bench) at B=1, T=8192, D=128, H in (64, 96), fixed length
-and varlen [1300, 547, 2048, 963, 271, 3063]; fla runs with safe_gate=True, lower_bound=-5,
-the gate (A_log, dt_bias), L2 norm and β sigmoid in its kernel. Achieved bandwidth counts the
-fewest bytes a forward must move (q, k, v, g, β read once, o written once) and is printed
-against the device-to-device copy bandwidth measured in the same run (bytes read + written).
+Peers: fla's ``chunk_kda`` (fla-core; its own Triton path: ``FLA_FLASH_KDA=0``, so it never
+hands the call to FlashKDA) with the safe gate, lower bound -5, the gate (A_log, dt_bias),
+L2 norm and β sigmoid in its kernel; FlashKDA's ``flash_kda.fwd`` (built from its source, see
+scripts/device/peers.sh). A missing peer is reported as skipped. Every shape is bf16, K = V
+= 128, model-like random inputs (normal q, k, v, g, β logits; A_log, dt_bias uniform).
 
-Inputs: the end-to-end study's families (kdalab.experiments.end_to_end.study_inputs) at lower
-bound -5. Accuracy: relative RMS error over the whole tensor (kdalab.arith.rel_rmse, i.e. the
-relative Frobenius error) of o and of the final state against the fp64 token recurrence
-(kdalab.kda.reference_forward), for kdalab and fla on the same inputs, per family.
-
-    python benchmarks/bench_kernel.py [--sweep | --configs a,b] [--accuracy] [--stages]
-                                      [--json out.json]
+    python benchmarks/bench_kernel.py --grid [--shapes a,b] [--json out.json]
+        the issue's grid: median ms (triton.testing.do_bench) of kdalab, fla, FlashKDA, each
+        ratio against the best peer, the geometric mean
+    python benchmarks/bench_kernel.py --explore [--shapes a,b]
+        kdalab's launch choices per shape (the plan, serial, segment lengths, stage-1 and
+        stage-2 launch shapes), and the parts (stage 1, the passes, the combine) to calibrate
+        the plan's cost model (kernels/plan.py)
+    python benchmarks/bench_kernel.py --overhead
+        host time per call, GPU time per call (CUDA graph replay), and do_bench, at short
+        shapes: where a short call's time goes
+    python benchmarks/bench_kernel.py --accuracy
+        output and final-state error against the fp64 token recurrence, serial and
+        sequence-parallel paths, and fla's, on model-like and weak-decay correlated inputs
+    python benchmarks/bench_kernel.py --warm-peers
+        run each peer once per grid shape (fla autotunes each new head count for 30-90 s)
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import itertools
 import json
+import math
+import os
 import time
 
-import torch
-import triton
+os.environ.setdefault("FLA_FLASH_KDA", "0")  # fla's own path, never FlashKDA's
 
-from kdalab.arith import rel_rmse
-from kdalab.experiments.end_to_end import E2E_FAMILIES, study_inputs
-from kdalab.kda import reference_forward
-from kdalab.kernels import TF32_CONFIG, KernelConfig, chunk_kda_fwd
-from kdalab.kernels.chunk_kda import _resolve_dot
+import torch  # noqa: E402
+import triton  # noqa: E402
 
-FAMILIES = tuple(f for f in E2E_FAMILIES if f != "long")  # "long" is a length; T is fixed here
+from kdalab.arith import rel_rmse  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda_fwd  # noqa: E402
+
 LOWER_BOUND = -5.0
-VARLEN = [1300, 547, 2048, 963, 271, 3063]
-T_TOTAL = 8192
 D = 128
 
-
-def _tf32(**changes):
-    """A variant of the tf32 configuration (the default before 2026-11-29; stage 1 on 8 warps)."""
-    return dataclasses.replace(TF32_CONFIG, **changes)
-
-
-SWEEP = {
-    # the earlier default: tf32 recurrent products, stage 1 on 8 warps
-    "tf32": TF32_CONFIG,
-    # the stage-2 loads: hand-pipelined (prefetch, default) or issued in the step
-    "t_nopf": _tf32(prefetch=False),
-    "t_w8": _tf32(num_warps=8),
-    "t_bv128_w8": _tf32(block_v=128, num_warps=8),
-    "t_bv32": _tf32(block_v=32),
-    "t_bf16": _tf32(dot="bf16"),
-    "t_bf16_nopf": _tf32(dot="bf16", prefetch=False),
-    "t_bf16_w8": _tf32(dot="bf16", num_warps=8),
-    "t_bf16_bv128_w8": _tf32(dot="bf16", block_v=128, num_warps=8),
-    "kv_bv64_w8": _tf32(variant="kv", block_v=64, num_warps=8),
-    # fp16 products in stage 2; stage 1's warps; the fp32 inverse on tensor cores (3xTF32)
-    "t_fp16": _tf32(dot="fp16"),
-    "prep_w4": _tf32(prepare_warps=4),
-    "prep_w2": _tf32(prepare_warps=2),
-    "fast": _tf32(dot="fp16", prepare_warps=4),  # FAST_CONFIG as measured in session 2
-    "prep_w16": _tf32(prepare_warps=16),
-    "inv_tf32x3": _tf32(inverse="tf32x3"),
-    "t_fp16_tf32x3": _tf32(dot="fp16", inverse="tf32x3"),
-    "fast_tf32x3": _tf32(dot="fp16", prepare_warps=4, inverse="tf32x3"),
-    # stage 1 on 2 warps (255 registers, no spills: scripts/sm90_report.py): the default since
-    # 2026-11-29 with the fp16 range guard; without the guard
-    "fast_w2": _tf32(dot="fp16", prepare_warps=2, fp16_fallback=False),
-    "fast_w2_tf32x3": _tf32(dot="fp16", prepare_warps=2, inverse="tf32x3"),
-    "no_guard": KernelConfig(fp16_fallback=False),
-    # 64-token steps (experimental; spill registers on sm_90, scripts/sm90_report.py)
-    "s64_kv_bv64": _tf32(step=64, variant="kv", block_v=64, prepare_warps=None),
-}
-ACCURACY_CONFIGS = {
-    "default": KernelConfig(),
-    "tf32": TF32_CONFIG,
-    "inv_tf32x3": _tf32(inverse="tf32x3"),
-    "t_bf16": _tf32(dot="bf16"),
-    "t_fp16": _tf32(dot="fp16"),
-    "fast": SWEEP["fast"],
-    "fast_w2": SWEEP["fast_w2"],
-}
-STAGE_CONFIGS = ("default", "tf32", "no_guard", "t_bf16", "inv_tf32x3")
+# (name, B, T, H, varlen lengths or None, with initial and final state)
+GRID = [
+    ("T1024_H16", 1, 1024, 16, None, False),
+    ("B8_T4096_H32_state", 8, 4096, 32, None, True),
+    ("T8192_H64", 1, 8192, 64, None, False),
+    ("T8192_H96", 1, 8192, 96, None, False),
+    ("varlen6_H64", 1, 8192, 64, [1300, 547, 2048, 963, 271, 3063], False),
+    ("varlen1024x8_H64", 1, 8192, 64, [1024] * 8, False),
+    ("T32768_H32", 1, 32768, 32, None, False),
+    ("T65536_H16", 1, 65536, 16, None, False),
+    ("T131072_H8", 1, 131072, 8, None, False),
+    ("T524288_H4", 1, 524288, 4, None, False),
+]
+SHAPES = {s[0]: s for s in GRID}
 
 
-def _fla():
+def make_inputs(shape, seed=0):
+    name, B, T, H, lens, state = shape
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+
+    def randn(*s):
+        return torch.randn(*s, device="cuda", generator=gen)
+
+    q, k, v, g = (randn(B, T, H, D).bfloat16() for _ in range(4))
+    beta = randn(B, T, H).bfloat16()
+    a_log = torch.rand(H, device="cuda", generator=gen)
+    dt_bias = torch.rand(H, D, device="cuda", generator=gen)
+    cu = None
+    if lens is not None:
+        cu = torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int64)
+    n = B if cu is None else len(lens)
+    h0 = randn(n, H, D, D) if state else None  # [N, H, V, K]: every kernel's VK layout
+    return dict(q=q, k=k, v=v, g=g, beta=beta, A_log=a_log, dt_bias=dt_bias, cu=cu, h0=h0,
+                state=state)
+
+
+def run_kdalab(x, config=KernelConfig()):
+    return chunk_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                         dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, cu_seqlens=x["cu"],
+                         initial_state=x["h0"], output_final_state=x["state"],
+                         state_layout="VK", config=config)
+
+
+def load_fla():
     try:
         from fla.ops.kda import chunk_kda
-    except Exception as exc:  # noqa: BLE001 - report and go on without the baseline
-        print(f"fla unavailable: {exc!r}")
+    except Exception as exc:  # noqa: BLE001 - a missing peer is skipped, not an error
+        print(json.dumps(dict(peer="fla", skipped=repr(exc)[:200])), flush=True)
         return None
-    return chunk_kda
+
+    def run(x):
+        with torch.no_grad():
+            return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                             initial_state=x["h0"], output_final_state=x["state"],
+                             cu_seqlens=x["cu"], use_qk_l2norm_in_kernel=True,
+                             use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                             safe_gate=True, lower_bound=LOWER_BOUND, A_log=x["A_log"],
+                             dt_bias=x["dt_bias"].flatten(), state_v_first=True)
+    return run
 
 
-def copy_bandwidth(nbytes=4 << 30):
-    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda").uniform_()
-    y = torch.empty_like(x)
-    ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=50, rep=300, return_mode="median")
-    return 2 * nbytes / (ms * 1e-3), ms
+def load_flashkda():
+    try:
+        import flash_kda
+    except Exception as exc:  # noqa: BLE001
+        print(json.dumps(dict(peer="flashkda", skipped=repr(exc)[:200])), flush=True)
+        return None
 
-
-def min_bytes(T, H, K, V):
-    return T * H * (3 * K + V) * 2 + T * H * 2 + T * H * V * 2  # q k g, v; beta; o
-
-
-def rel_err(x, ref):
-    return float(rel_rmse(x, ref, x.dim()))
-
-
-def inputs(family, H, varlen, seed=0):
-    kw = study_inputs(family, LOWER_BOUND, seed, T_TOTAL, H, D)  # drawn on the CPU
-    x = tuple(kw[n].to("cuda") for n in ("q", "k", "v", "g", "beta"))
-    cu = None
-    if varlen:
-        cu = torch.tensor([0, *itertools.accumulate(VARLEN)], device="cuda")
-    gate = dict(A_log=kw["A_log"].float().cuda(), dt_bias=kw["dt_bias"].float().flatten().cuda())
-    return x, gate, cu
-
-
-def run_kdalab(x, kw, cu, h0=None, final=False, config=KernelConfig()):
-    return chunk_kda_fwd(*x, **kw, cu_seqlens=cu, initial_state=h0, output_final_state=final,
-                         lower_bound=LOWER_BOUND, config=config)
-
-
-def run_fla(chunk_kda, x, kw, cu, h0=None, final=False):
-    with torch.no_grad():
-        return chunk_kda(*x, **kw, cu_seqlens=cu, initial_state=h0, output_final_state=final,
-                         use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                         use_beta_sigmoid_in_kernel=True, safe_gate=True, lower_bound=LOWER_BOUND)
+    def run(x):
+        out = torch.empty_like(x["v"])
+        ht = torch.empty_like(x["h0"]) if x["state"] else None
+        flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], D ** -0.5, out, x["A_log"],
+                      x["dt_bias"], LOWER_BOUND, initial_state=x["h0"], final_state=ht,
+                      cu_seqlens=x["cu"])
+        return out, ht
+    return run
 
 
 def bench(fn):
-    return triton.testing.do_bench(fn, warmup=50, rep=250, return_mode="median")
+    return triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median")
 
 
-def speed(chunk_kda, copy_bw, configs, shapes):
-    rows = []
-    for H, varlen in shapes:
-        x, kw, cu = inputs("model_like", H, varlen)
-        row = dict(H=H, varlen=varlen)
-        t = {}
-        for name, cfg in configs.items():
-            try:
-                t[name] = bench(lambda cfg=cfg: run_kdalab(x, kw, cu, config=cfg))
-            except Exception as exc:  # e.g. a launch shape that needs too much shared memory
-                print(json.dumps(dict(H=H, varlen=varlen, config=name,
-                                      failed=f"{type(exc).__name__}: {exc}"[:300])),
-                      flush=True)
-        if not t:
-            continue
-        best = min(t, key=t.get)
-        row.update(kdalab_ms=t[best], kdalab_config=best, all_configs=t)
-        if chunk_kda is not None:
-            row["fla_ms"] = bench(lambda: run_fla(chunk_kda, x, kw, cu))
-            row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
-            if "default" in t:  # what a caller gets without choosing a configuration
-                row["default_speedup"] = row["fla_ms"] / t["default"]
-        nbytes = min_bytes(T_TOTAL, H, D, D)
-        row["kdalab_GBps"] = nbytes / (row["kdalab_ms"] * 1e-3) / 1e9
-        row["frac_of_copy_bw"] = row["kdalab_GBps"] * 1e9 / copy_bw
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
-
-
-SPLIT_SHAPES = ((64, 128), (16, 512), (4, 2048), (1, 8192))  # (B, T): B·T = 8192 tokens
-
-
-def split_study(H=64):
-    """The two-stage forward against the one-pass ("fused") one, fixed length, B·T = 8192
-    tokens from short to long sequences (random bf16 inputs; speed does not depend on them)."""
-    rows = []
-    configs = {"two_stage": KernelConfig(), "fused": KernelConfig(variant="fused")}
-    for B, T in SPLIT_SHAPES:
-        gen = torch.Generator(device="cuda").manual_seed(B)
-        q, k, v, g = (torch.randn(B, T, H, D, device="cuda", generator=gen).bfloat16()
-                      for _ in range(4))
-        beta = torch.randn(B, T, H, device="cuda", generator=gen).bfloat16()
-        a_log = torch.randn(H, device="cuda", generator=gen) * 0.5
-        dt_bias = torch.randn(H * D, device="cuda", generator=gen) * 0.5
-        row = dict(B=B, T=T, H=H)
-        for name, cfg in configs.items():
-            row[f"{name}_ms"] = bench(lambda cfg=cfg: chunk_kda_fwd(
-                q, k, v, g, beta, A_log=a_log, dt_bias=dt_bias, lower_bound=LOWER_BOUND,
-                config=cfg))
-        row["fused_over_two_stage"] = row["fused_ms"] / row["two_stage_ms"]
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
-
-
-def stage_times(configs):
-    """Stage 1 and stage 2 alone (fixed length), to see where the time goes."""
-    from kdalab.kernels.chunk_prepare import chunk_kda_prepare
-    from kdalab.kernels.chunk_recurrent_t import chunk_kda_recurrent_t
-    out = {}
-    for H in (64, 96):
-        x, kw, _ = inputs("model_like", H, False)
-        q, k, v, g, beta = x
-        nc = T_TOTAL // 16
-        for name, config in configs.items():
-            config = _resolve_dot(config, True)
-            if config.variant != "t" or config.step != 16:
-                continue
-            bf16 = config.dot == "bf16"
-
-            def s1(config=config, bf16=bf16):  # noqa: B023
-                return chunk_kda_prepare(
-                    q, k, g, beta, kw["A_log"], kw["dt_bias"], scale=D ** -0.5,
-                    lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
-                    cu_seqlens=None, chunk_table=None, num_chunks=nc,
-                    operand_dtype=torch.bfloat16 if bf16 else torch.float16,
-                    fp16_inverse=config.inverse == "fp16",
-                    inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee",
-                    num_warps=config.prepare_warps)
-            ops = s1()
-
-            def s2(config=config, bf16=bf16, ops=ops):
-                return chunk_kda_recurrent_t(
-                    v, *ops, initial_state=None, final_state=None, state_vk=False,
-                    cu_seqlens=None, chunk_offsets=None, num_seqs=1, block_v=config.block_v,
-                    num_warps=config.num_warps, num_stages=config.num_stages, dot=config.dot,
-                    prefetch=config.prefetch, fp16_fallback=config.fp16_fallback)
-            row = dict(H=H, config=name, stage1_ms=bench(s1), stage2_ms=bench(s2))
-            row["stage2_us_per_step"] = 1e3 * row["stage2_ms"] / nc
-            out[f"{H}/{name}"] = row
-            print(json.dumps(row), flush=True)
+def info():
+    props = torch.cuda.get_device_properties(0)
+    out = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
+               triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    try:
+        import fla
+        out["fla"] = fla.__version__
+    except Exception:  # noqa: BLE001
+        pass
     return out
 
 
-def accuracy(chunk_kda, names, H=64):
+def emit(row):
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def grid(names):
+    peers = {"fla": load_fla(), "flashkda": load_flashkda()}
     rows = []
-    cases = [(f, False) for f in FAMILIES] + [("model_like", True), ("weak_decay_correlated", True)]
-    for family, varlen in cases:
-        x, kw, cu = inputs(family, H, varlen, seed=1)
-        n = 1 if cu is None else len(VARLEN)
-        h0 = torch.randn(n, H, D, D, device="cuda")
-        ref_o, ref_s = reference_forward(*x, **kw, cu_seqlens=cu, initial_state=h0,
-                                         output_final_state=True, lower_bound=LOWER_BOUND)
-        row = dict(family=family, varlen=varlen, H=H, T=T_TOTAL)
-        for name in names:
-            cfg = ACCURACY_CONFIGS[name]
-            o, s = run_kdalab(x, kw, cu, h0=h0, final=True, config=cfg)
-            row[f"{name}_o"], row[f"{name}_S"] = rel_err(o, ref_o), rel_err(s, ref_s)
-        if chunk_kda is not None:
-            o, s = run_fla(chunk_kda, x, kw, cu, h0=h0, final=True)
-            row["fla_o"], row["fla_S"] = rel_err(o, ref_o), rel_err(s, ref_s)
-        row["ref_bf16_rounding"] = rel_err(ref_o.bfloat16(), ref_o)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+    for name in names:
+        x = make_inputs(SHAPES[name])
+        row = dict(shape=name)
+        t0 = time.perf_counter()
+        run_kdalab(x)  # compile / plan outside the timing
+        row["kdalab_first_call_s"] = time.perf_counter() - t0
+        row["kdalab_ms"] = bench(lambda: run_kdalab(x))
+        for peer, fn in peers.items():
+            if fn is None:
+                continue
+            try:
+                t0 = time.perf_counter()
+                fn(x)  # fla autotunes a new head count here
+                torch.cuda.synchronize()
+                row[f"{peer}_first_call_s"] = time.perf_counter() - t0
+                row[f"{peer}_ms"] = bench(lambda fn=fn: fn(x))
+            except Exception as exc:  # noqa: BLE001 - e.g. a peer that rejects the shape
+                row[f"{peer}_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        best = [row[f"{p}_ms"] for p in peers if f"{p}_ms" in row]
+        if best:
+            row["best_peer_ms"] = min(best)
+            row["ratio"] = row["best_peer_ms"] / row["kdalab_ms"]
+        rows.append(emit(row))
+        torch.cuda.empty_cache()
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    print(f"\n{'shape':22s} {'kdalab':>8s} {'fla':>8s} {'flashkda':>9s}  ratio vs best peer")
+    for r in rows:
+        cells = [f"{r.get(k, float('nan')):8.3f}" for k in ("kdalab_ms", "fla_ms")]
+        cells.append(f"{r.get('flashkda_ms', float('nan')):9.3f}")
+        print(f"{r['shape']:22s} {' '.join(cells)}  {r.get('ratio', float('nan')):5.2f}x")
+    if ratios:
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        print(f"geometric mean of the ratios: {geo:.2f}x over {len(ratios)} shapes; "
+              f"slowest ratio {min(ratios):.2f}x")
+        return rows, geo
+    return rows, None
+
+
+def explore_configs(shape):
+    name, B, T, H, lens, state = shape
+    n_chunks = max(lens or [T]) // 16
+    configs = {"plan": KernelConfig(), "serial": KernelConfig(segment_chunks=0)}
+    for L in (8, 16, 32, 64, 128, 256, 512):
+        if 2 * L <= n_chunks:
+            configs[f"L{L}"] = KernelConfig(segment_chunks=L)
+    configs.update({
+        "prep_w4": KernelConfig(prepare_warps=4),
+        "prep_w4_c4": KernelConfig(prepare_warps=4, prepare_chunks=4),
+        "prep_w2_c2": KernelConfig(prepare_warps=2, prepare_chunks=2),
+        "bv128_w8": KernelConfig(block_v=128, num_warps=8),
+    })
+    return configs
+
+
+def parts(x, config):
+    """Stage 1, and each pass of stage 2, timed alone (the plan's chosen path and config)."""
+    from kdalab.kernels import chunk_kda as ck
+    from kdalab.kernels.chunk_combine import chunk_kda_combine
+    from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent
+
+    q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    seqs = ck._sequences(x["cu"], q.device, B, T)
+    plan = ck._plan(seqs, H, K, V, config)
+    dt_bias = x["dt_bias"].reshape(H * K)
+
+    def s1():
+        return ck._stage1(q, k, g, beta, x["A_log"], dt_bias, seqs, H, K, scale=K ** -0.5,
+                          lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
+                          plan=plan)
+    ops = s1()
+    ht = torch.empty_like(x["h0"]) if x["state"] else None
+    launch = dict(initial_state=x["h0"], final_state=ht, state_vk=True, cu_seqlens=seqs.cu32,
+                  chunk_offsets=seqs.chunk_offsets, num_seqs=seqs.num_seqs,
+                  block_v=plan.block_v, num_warps=plan.num_warps, dot="fp16", guard=True)
+    out = dict(stage1_ms=bench(s1), plan=plan.__dict__)
+    if plan.segment_chunks <= 0:
+        out["pass0_ms"] = bench(lambda: chunk_kda_recurrent(v, *ops, **launch))
+        out["pass0_us_per_step"] = 1e3 * out["pass0_ms"] / max(seqs.n_chunks)
+        return out
+    table, offs, n_segs = seqs.segments(plan.segment_chunks)
+    summary = torch.empty(n_segs, H, V + K, K, device=q.device)
+    o = torch.empty_like(v)
+    st = dict(launch, segments=table, summary=summary, o=o)
+    out["pass1_ms"] = bench(lambda: chunk_kda_recurrent(v, *ops, **st, passes=(1,)))
+    out["combine_ms"] = bench(lambda: chunk_kda_combine(summary, offs, x["h0"],
+                                                        num_seqs=seqs.num_seqs, state_vk=True,
+                                                        H=H, K=K, V=V))
+    out["pass2_ms"] = bench(lambda: chunk_kda_recurrent(v, *ops, **st, passes=(2,)))
+    out["segments"] = n_segs
+    return out
+
+
+def explore(names):
+    rows = []
+    for name in names:
+        shape = SHAPES[name]
+        x = make_inputs(shape)
+        row = dict(shape=name, ms={})
+        for cname, cfg in explore_configs(shape).items():
+            try:
+                run_kdalab(x, cfg)
+                row["ms"][cname] = bench(lambda cfg=cfg: run_kdalab(x, cfg))
+            except Exception as exc:  # noqa: BLE001 - e.g. a launch shape out of resources
+                row["ms"][cname] = f"{type(exc).__name__}: {exc}"[:200]
+        try:
+            row["parts"] = parts(x, KernelConfig())
+        except Exception as exc:  # noqa: BLE001
+            row["parts"] = f"{type(exc).__name__}: {exc}"[:300]
+        times = {k: v for k, v in row["ms"].items() if isinstance(v, float)}
+        row["best"] = min(times, key=times.get) if times else None
+        rows.append(emit(row))
+        torch.cuda.empty_cache()
+    for r in rows:
+        cells = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}=ERR"
+                         for k, v in r["ms"].items())
+        print(f"{r['shape']:22s} best={r['best']}: {cells}")
     return rows
 
 
+def overhead(names=("T1024_H16", "varlen1024x8_H64")):
+    """Host time per call (queued back to back), GPU time per call (graph replay), do_bench."""
+    rows = []
+    peers = {"fla": load_fla(), "flashkda": load_flashkda()}
+    for name in names:
+        x = make_inputs(SHAPES[name])
+        fns = {"kdalab": lambda: run_kdalab(x)}
+        fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
+        for kname, fn in fns.items():
+            row = dict(shape=name, kernel=kname)
+            try:
+                fn()
+                torch.cuda.synchronize()
+                n = 50
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                row["host_us_per_call"] = 1e6 * (time.perf_counter() - t0) / n
+                torch.cuda.synchronize()
+                row["do_bench_ms"] = bench(fn)
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    fn()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                row["graph_replay_ms"] = bench(graph.replay)
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            rows.append(emit(row))
+    return rows
+
+
+def accuracy():
+    """o and final-state error vs the fp64 token recurrence (T = 8192, H = 16, random state),
+    serial and sequence-parallel paths, fla alongside."""
+    from kdalab.experiments.end_to_end import study_inputs
+    from kdalab.kda import reference_forward
+
+    fla = load_fla()
+    rows = []
+    for family in ("model_like", "saturated", "weak_decay_correlated"):
+        kw = study_inputs(family, LOWER_BOUND, 1, 8192, 16, D)
+        x = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"],
+                 A_log=kw["A_log"].float(), dt_bias=kw["dt_bias"].float())
+        x = {n: t.cuda() for n, t in x.items()}
+        gen = torch.Generator(device="cuda").manual_seed(7)
+        x.update(cu=None, state=True, h0=torch.randn(1, 16, D, D, device="cuda", generator=gen))
+        ref_o, ref_s = reference_forward(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                         A_log=x["A_log"], dt_bias=x["dt_bias"],
+                                         lower_bound=LOWER_BOUND,
+                                         initial_state=x["h0"].transpose(-1, -2),
+                                         output_final_state=True)
+        row = dict(family=family, T=8192, H=16,
+                   bf16_floor=float(rel_rmse(ref_o.bfloat16(), ref_o, 4)))
+        for cname, cfg in (("serial", KernelConfig(segment_chunks=0)),
+                           ("segments64", KernelConfig(segment_chunks=64)),
+                           ("segments16", KernelConfig(segment_chunks=16)),
+                           ("tf32", KernelConfig(dot="tf32"))):
+            o, s = run_kdalab(x, cfg)
+            row[f"{cname}_o"] = float(rel_rmse(o, ref_o, 4))
+            row[f"{cname}_S"] = float(rel_rmse(s.transpose(-1, -2), ref_s, 4))
+        if fla is not None:
+            o, s = fla(x)
+            row["fla_o"] = float(rel_rmse(o, ref_o, 4))
+            row["fla_S"] = float(rel_rmse(s.transpose(-1, -2), ref_s, 4))
+        rows.append(emit(row))
+    return rows
+
+
+def warm_peers(names):
+    peers = {"fla": load_fla(), "flashkda": load_flashkda()}
+    for name in names:
+        x = make_inputs(SHAPES[name])
+        for peer, fn in peers.items():
+            if fn is None:
+                continue
+            t0 = time.perf_counter()
+            try:
+                fn(x)
+                torch.cuda.synchronize()
+                emit(dict(shape=name, peer=peer, warm_s=time.perf_counter() - t0,
+                          ms=bench(lambda fn=fn: fn(x))))
+            except Exception as exc:  # noqa: BLE001
+                emit(dict(shape=name, peer=peer, error=f"{type(exc).__name__}: {exc}"[:300]))
+        torch.cuda.empty_cache()
+
+
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--sweep", action="store_true", help="time several recurrent-stage configs")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--explore", action="store_true")
+    ap.add_argument("--overhead", action="store_true")
     ap.add_argument("--accuracy", action="store_true")
-    ap.add_argument("--stages", action="store_true")
-    ap.add_argument("--split", action="store_true",
-                    help="two-stage vs one-pass forward from short to long sequences")
-    ap.add_argument("--skip-speed", action="store_true",
-                    help="no speed table (with --accuracy / --stages)")
-    ap.add_argument("--shapes", default="64f,64v,96f,96v",
-                    help="speed shapes: H and f(ixed)/v(arlen), e.g. 64f,96f")
-    ap.add_argument("--stage-configs", default=",".join(STAGE_CONFIGS))
-    ap.add_argument("--accuracy-configs", default=",".join(ACCURACY_CONFIGS))
-    ap.add_argument("--configs", default=None,
-                    help="comma-separated config names to time "
-                         "(default: 'default', or all with --sweep)")
+    ap.add_argument("--warm-peers", action="store_true")
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated grid names")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    torch.manual_seed(0)
-    props = torch.cuda.get_device_properties(0)
-    info = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,
-                triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    chunk_kda = _fla()
-    if chunk_kda is not None:
-        import fla
-        info["fla"] = getattr(fla, "__version__", "?")
-    print(json.dumps(info), flush=True)
-    bw, copy_ms = copy_bandwidth()
-    print(json.dumps(dict(copy_bandwidth_GBps=bw / 1e9, copy_ms=copy_ms)), flush=True)
-    configs = {"default": KernelConfig()}
-    if args.sweep or args.configs:
-        configs.update(SWEEP)
-    if args.configs:
-        configs = {name: configs[name] for name in args.configs.split(",")}
-    result = dict(info=info, copy_bandwidth_GBps=bw / 1e9)
-    shapes = [(int(x[:-1]), x[-1] == "v") for x in args.shapes.split(",")]
-    result["speed"] = [] if args.skip_speed else speed(chunk_kda, bw, configs, shapes)
+    names = args.shapes.split(",")
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    result = dict(info=emit(info()))
+    if args.warm_peers:
+        warm_peers(names)
+    if args.overhead:
+        result["overhead"] = overhead()
+    if args.explore:
+        result["explore"] = explore(names)
     if args.accuracy:
-        result["accuracy"] = accuracy(chunk_kda, args.accuracy_configs.split(","))
-    if args.split:
-        result["split"] = split_study()
-    if args.stages:
-        known = {"default": KernelConfig(), **SWEEP}
-        result["stages"] = stage_times({n: known[n] for n in args.stage_configs.split(",")})
-    print("\n H  varlen  kdalab_ms (config)       fla_ms  speedup  GB/s  of_copy_bw")
-    for r in result["speed"]:
-        print(f"{r['H']:3d}  {str(r['varlen']):6s}  {r['kdalab_ms']:.3f} ({r['kdalab_config']:11s})"
-              f"  {r.get('fla_ms', float('nan')):7.3f}  {r.get('speedup', float('nan')):5.2f}x"
-              f"  {r['kdalab_GBps']:5.0f}  {r['frac_of_copy_bw']:.2f}")
-    for r in result["speed"]:
-        if "default_speedup" in r:
-            print(f"H={r['H']} varlen={r['varlen']}: default configuration "
-                  f"{r['all_configs']['default']:.3f} ms, {r['default_speedup']:.2f}x fla")
-    print("\n all configs (ms): " + ", ".join(f"H={r['H']} varlen={r['varlen']}: " + " ".join(
-        f"{k}={v:.3f}" for k, v in r["all_configs"].items()) for r in result["speed"]))
-    if args.accuracy:
-        names = args.accuracy_configs.split(",") + ["fla"]
-        heads = "  ".join(f"{n + ' o / S':>20s}" for n in names)
-        print("\n family                 varlen  " + heads)
-        for r in result["accuracy"]:
-            cells = [f"{r.get(n + '_o', float('nan')):.2e} / {r.get(n + '_S', float('nan')):.2e}"
-                     for n in names]
-            row = "  ".join(f"{c:>20s}" for c in cells)
-            print(f" {r['family']:22s} {str(r['varlen']):6s}  " + row)
+        result["accuracy"] = accuracy()
+    if args.grid:
+        result["grid"], result["geomean"] = grid(names)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,13 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
             sig[name] = "constexpr"
         else:
             sig[name] = signature[name]
-    src = ASTSource(fn, sig, constexprs=constexprs)
+    # as a launch specializes them: pointers (from torch's allocator) and integers that are
+    # multiples of 16 carry tt.divisibility = 16 (vectorized loads and stores); without it
+    # the compiler assumes unaligned accesses and needs more registers
+    aligned = set(os.environ.get("SM90_DIV16", "").split(","))
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+             if sig[name].startswith("*") or name in aligned}
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=TARGET,
                               options={"num_warps": num_warps, "num_stages": num_stages})
     ptx = compiled.asm["ptx"]
@@ -87,64 +93,65 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
 
 
 def print_row(r: dict) -> None:
-    print(f"{r['label']:<40} regs {r['regs']!s:>4}  spill st/ld {r['spill_st']!s:>6}/"
-          f"{r['spill_ld']!s:<6} smem {r['smem']:>7}  wgmma {r['wgmma']:>3}  mma {r['mma']:>3}",
-          flush=True)
+    print(f"{r['label']:<36} regs {r['regs']!s:>4}  spill st/ld {r['spill_st']!s:>6}/"
+          f"{r['spill_ld']!s:<6} smem {r['smem']:>7}  wgmma {r['wgmma']:>3}  mma {r['mma']:>3}"
+          + (f"  compile {r['compile_s']:.1f} s" if "compile_s" in r else ""), flush=True)
 
 
-def kdalab_rows():
-    """The Triton KDA forward's kernels at H = 64, K = V = 128 (the benchmark's shape)."""
+def kdalab_rows(only: str | None = None):
+    """The Triton KDA forward's kernels at K = V = 128 (the benchmarks' head dims); ``only``:
+    the labels containing it."""
+    import time
+
     import triton.language as tl
 
+    from kdalab.kernels.chunk_combine import chunk_kda_combine_kernel
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
-    from kdalab.kernels.chunk_recurrent_t import chunk_kda_recurrent_t_kernel
+    from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
+
+    def timed(*args, **kw):
+        if only and only not in kw["label"]:
+            return None
+        t0 = time.perf_counter()
+        row = report(*args, **kw)
+        row["compile_s"] = time.perf_counter() - t0
+        return row
 
     prep = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", w_ptr="*fp16", qg_ptr="*fp16",
                 kend_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32",
-                chunk_table_ptr="*i32", cu_seqlens_ptr="*i32", T="i32", scale="fp32",
-                lower_bound="fp32")
-    ce = dict(H=64, K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
-              BETA_LOGITS=True, IS_VARLEN=False, FP16_INVERSE=False)
-    for nw in (2, 4, 8):
-        for prec in ("ieee", "tf32x3"):
-            yield report(chunk_kda_prepare_kernel, prep, dict(ce, INV_PRECISION=prec),
-                         num_warps=nw, label=f"stage 1 inverse {prec} w{nw}")
-    for dot, opd in (("tf32", "fp16"), ("bf16", "bf16"), ("fp16", "fp16")):
-        sig = dict(v_ptr="*bf16", w_ptr=f"*{opd}", qg_ptr=f"*{opd}", kend_ptr=f"*{opd}",
-                   ainv_ptr=f"*{opd}", mqk_ptr=f"*{opd}", gamma_ptr="*fp32", h0_ptr="*fp32",
-                   ht_ptr="*fp32", o_ptr="*bf16", cu_seqlens_ptr="*i32",
-                   chunk_offsets_ptr="*i32", flag_ptr="*i32", T="i32")
-        # FLAG: 1 = the guarded fp16 pass records out-of-range programs, 2 = the tf32 pass
-        # that recomputes only those
-        flags = {"fp16": (0, 1), "tf32": (0, 2)}.get(dot, (0,))
-        for bv, nw, pf, flag in [(64, 4, True, f) for f in flags] + [
-                (64, 4, False, 0), (64, 8, True, 0), (128, 8, True, 0)]:
-            ce = dict(H=64, K=128, V=128, BT=16, BV=bv, HAS_H0=False, STORE_HT=False,
-                      STATE_VK=False, IS_VARLEN=False, PREFETCH=pf, FLAG=flag,
-                      DT={"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}[dot])
-            yield report(chunk_kda_recurrent_t_kernel, sig, ce, num_warps=nw,
-                         label=f"stage 2 t {dot} BV{bv} w{nw}" + (" prefetch" if pf else "")
-                         + (f" flag{flag}" if flag else ""))
-
-    from kdalab.kernels.chunk_fused import chunk_kda_fused_kernel
-
-    fused = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
-                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", v_ptr="*bf16", h0_ptr="*fp32",
-                 ht_ptr="*fp32", o_ptr="*bf16", cu_seqlens_ptr="*i32", flag_ptr="*i32",
-                 T="i32", scale="fp32", lower_bound="fp32")
-    for dot, flag, nw in (("fp16", 1, 4), ("fp16", 1, 8), ("tf32", 2, 4)):
-        ce = dict(H=64, K=128, V=128, BT=16, BV=64, HAS_A_LOG=True, HAS_DT_BIAS=True,
-                  USE_L2NORM=True, BETA_LOGITS=True, FP16_INVERSE=False, INV_PRECISION="ieee",
-                  HAS_H0=False, STORE_HT=False, STATE_VK=False, IS_VARLEN=False,
-                  DT={"tf32": tl.float32, "fp16": tl.float16}[dot], OPD=tl.float16, FLAG=flag)
-        yield report(chunk_kda_fused_kernel, fused, ce, num_warps=nw,
-                     label=f"fused {dot} BV64 w{nw} flag{flag}")
+                chunk_table_ptr="*i32", cu_seqlens_ptr="*i32", T="i32", num_chunks="i32",
+                scale="fp32", lower_bound="fp32", H="i32")
+    ce = dict(K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
+              BETA_LOGITS=True, IS_VARLEN=False)
+    for nw, chunks in ((2, 1), (4, 1), (2, 4), (4, 4)):
+        yield timed(chunk_kda_prepare_kernel, prep,
+                    dict(ce, CHUNKS=chunks, LOOP_STAGES=2 if chunks > 1 else 1), num_warps=nw,
+                    label=f"stage 1 w{nw} chunks{chunks}")
+    sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16",
+               ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
+               ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
+               chunk_offsets_ptr="*i32", seg_ptr="*i32", T="i32", H="i32")
+    for pass_, bv, nw, dt, h0 in ((0, 64, 4, "fp16", False), (0, 64, 4, "fp16", True),
+                                  (0, 128, 8, "fp16", False), (0, 64, 4, "tf32", False),
+                                  (1, 64, 4, "fp16", False), (1, 64, 4, "fp16", True),
+                                  (2, 64, 4, "fp16", False), (2, 64, 4, "fp16", True)):
+        ce = dict(K=128, V=128, BT=16, BV=bv, HAS_H0=h0, STORE_HT=h0, STATE_VK=False,
+                  IS_VARLEN=False, PASS=pass_, SKIP_LAST=True,
+                  DT={"tf32": tl.float32, "fp16": tl.float16}[dt], GUARD=dt == "fp16")
+        yield timed(chunk_kda_recurrent_kernel, sig, ce, num_warps=nw,
+                    label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
+    comb = dict(sum_ptr="*fp32", seg_offsets_ptr="*i32", h0_ptr="*fp32", H="i32")
+    yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=64, BK=16,
+                                                     HAS_H0=True, STATE_VK=False), num_warps=4,
+                label="combine BV64 BK16 w4")
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
     print(f"triton {triton.__version__}, target sm_90a, ptxas {_ptxas()}")
-    for row in kdalab_rows():
-        print_row(row)
+    only = os.environ.get("SM90_ONLY")  # a substring of the labels to report
+    for row in kdalab_rows(only):
+        if row is not None:
+            print_row(row)

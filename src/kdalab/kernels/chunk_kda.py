@@ -1,7 +1,9 @@
-"""Public entry point of the Triton KDA forward: validation, chunk tables, two launches.
+"""Public entry points of the Triton KDA forward: validation, launch plan, launches.
 
 Stage 1 (``chunk_prepare``) is parallel over (chunk, head); stage 2 (``chunk_recurrent``)
-is serial over chunks and parallel over (sequence, head, value block). See docs/kernels.md.
+is serial over chunks and parallel over (sequence, head, value block), or, when that cannot
+fill the GPU, over segments of each sequence too (sequence parallelism: ``plan``,
+``chunk_combine``). See docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -13,64 +15,74 @@ from dataclasses import dataclass
 
 import torch
 
-from .chunk_fused import chunk_kda_fused
+from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
-from .chunk_prepare64 import chunk_kda_prepare64
 from .chunk_recurrent import chunk_kda_recurrent
-from .chunk_recurrent_t import chunk_kda_recurrent_t
+from .plan import CHUNK, LaunchPlan, plan_launch, segment_table
 
 _SUPPORTED_DIMS = (16, 32, 64, 128, 256)
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
+#: multiprocessors assumed by the launch plan in the Triton interpreter (an H200's count)
+INTERPRETER_SMS = 132
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Kernel choices: the inverse's precision, the recurrent stage's form and precision, and
-    the launch shapes (value columns per program, warps, pipeline stages).
+    """Kernel choices; ``None`` means "chosen from the problem" (``kernels.plan``).
 
-    The default (measured on the H200, 2026-11-29, docs/BENCHMARKS.md): the fp32 inverse
-    (FlashKDA's fp16 one gives 1.2e-2 state error on weak_decay_correlated, fla 1.6e-2, fp32
-    2.0e-3); fp16 products in the recurrent stage (``dot="auto"``: where q and k are
-    L2-normalized, else tf32) (S and U rounded to fp16: 11 bits, more
-    accurate than tf32's operands here, since they come from fp16-stored operands, and than
-    bf16's), guarded: a program whose state leaves fp16's range is recomputed with tf32
-    products (``fp16_fallback``); stage 1 on 2 warps at K = 128. :data:`TF32_CONFIG` is the
-    earlier default (tf32 products, stage 1 on 8 warps), 2–3× slower.
+    ``dot``: the recurrent products' operands — ``"fp16"`` (S and U rounded to fp16, fp32
+    accumulation; only with L2-normalized q, k; guarded: a program whose state leaves fp16's
+    range is recomputed with tf32 products), ``"tf32"``, or ``"auto"`` (fp16 where allowed,
+    else tf32). ``block_v``, ``num_warps``: the recurrent programs' value columns and warps;
+    ``prepare_warps``, ``prepare_chunks``: stage 1's warps and chunks per program (a pipelined
+    loop over consecutive chunks); ``segment_chunks``: the sequence-parallel state pass's
+    segment length in 16-token chunks (0: a serial pass per sequence).
     """
 
-    inverse: str = "fp32"     # "fp32" (FMA products), "tf32x3" (tensor cores), "fp16"
-    variant: str = "t"        # recurrent stage: "t" (S^T, M = BV products), "kv" (S, M = 16),
-    #                           or "fused": one pass, stage 1 inside the recurrent programs
-    dot: str = "auto"         # recurrent products: "fp16", "tf32", "bf16" (t form) or "auto":
-    #                           fp16 where safe (L2-normalized q, k; t form; 16-token step),
-    #                           else tf32
-    operands: str = "fp16"    # storage of stage-1 operands with dot="tf32": "fp16" or "fp32"
-    step: int = 16            # tokens per recurrent step: 16, or 64 (experimental, untimed)
-    prefetch: bool = True     # "t" form: load chunk i+1's operands while chunk i computes
-    prepare_warps: int | None = None  # stage 1's warps (None: 2 at K = 128, 4 below, 8 above)
-    fp16_fallback: bool = True  # dot="fp16": recompute out-of-range programs with tf32
-    block_v: int = 64
-    num_warps: int = 4
-    num_stages: int = 2
+    dot: str = "auto"
+    block_v: int | None = None
+    num_warps: int | None = None
+    prepare_warps: int | None = None
+    prepare_chunks: int | None = None
+    segment_chunks: int | None = None
+
+    def __post_init__(self):
+        if self.dot not in ("auto", "fp16", "tf32"):
+            raise ValueError(f"config.dot must be 'auto', 'fp16' or 'tf32', got {self.dot!r}")
+        checks = (("block_v", (16, 32, 64, 128)), ("num_warps", (1, 2, 4, 8)),
+                  ("prepare_warps", (1, 2, 4, 8, 16)), ("prepare_chunks", (1, 2, 4, 8, 16)))
+        for name, allowed in checks:
+            value = getattr(self, name)
+            if value is not None and value not in allowed:
+                raise ValueError(f"config.{name} must be one of {allowed} or None, "
+                                 f"got {value!r}")
+        s = self.segment_chunks
+        if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
+            raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
+                             f"got {s!r}")
 
 
 DEFAULT_CONFIG = KernelConfig()
-#: The default's name from before it was the default (fp16 products, a small stage 1).
-FAST_CONFIG = DEFAULT_CONFIG
-#: tf32 recurrent products, stage 1 on 8 warps at K = 128: the default until 2026-11-29.
-TF32_CONFIG = KernelConfig(dot="tf32", prepare_warps=8)
-
-
-def _resolve_dot(config: KernelConfig, use_qk_l2norm: bool) -> KernelConfig:
-    if config.dot != "auto":
-        return config
-    fp16 = use_qk_l2norm and config.variant in ("t", "fused") and config.step == 16
-    return dataclasses.replace(config, dot="fp16" if fp16 else "tf32")
+#: tf32 recurrent products (the default until 2026-11-29, 2.5-3x slower; the fp16 path's
+#: fallback). Stage 1 as the default's.
+TF32_CONFIG = KernelConfig(dot="tf32")
 
 
 def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
 
 
 def _check_tensor(name, x, ndim, dtypes=_INPUT_DTYPES):
@@ -82,47 +94,184 @@ def _check_tensor(name, x, ndim, dtypes=_INPUT_DTYPES):
         raise ValueError(f"{name} has dtype {x.dtype}; expected one of {dtypes}")
 
 
-def _chunk_tables(cu_seqlens: torch.Tensor, chunk: int):
-    """(chunk_table [NC, 2] int32 of (sequence, chunk), chunk_offsets [N] int32, NC)."""
-    lens = (cu_seqlens[1:] - cu_seqlens[:-1]).to(torch.int64)
-    n_chunks = (lens + chunk - 1) // chunk
-    offsets = torch.cumsum(n_chunks, 0) - n_chunks
-    total = int(n_chunks.sum().item())
-    seq = torch.repeat_interleave(torch.arange(len(lens), device=lens.device), n_chunks)
-    local = torch.arange(total, device=lens.device) - offsets[seq]
-    table = torch.stack([seq, local], dim=1).to(torch.int32).contiguous()
-    return table, offsets.to(torch.int32).contiguous(), total
+class _Sequences:
+    """Where the sequences are, and the tables the kernels read, for one (cu_seqlens, T) or
+    fixed-length (B, T): built once, then cached (building them reads the host)."""
+
+    def __init__(self, device, starts: torch.Tensor, ends: torch.Tensor, varlen: bool,
+                 cu32: torch.Tensor | None):
+        n_chunks = (ends - starts + CHUNK - 1) // CHUNK
+        self.n_chunks = tuple(int(c) for c in n_chunks)
+        self.num_seqs = len(self.n_chunks)
+        self.num_chunks = sum(self.n_chunks)
+        offsets = torch.cumsum(n_chunks, 0) - n_chunks
+        self.starts, self.ends, self.chunk_starts = starts, ends, offsets
+        self.device = device
+        self.cu32 = cu32
+        if varlen:
+            seq = torch.repeat_interleave(torch.arange(self.num_seqs), n_chunks)
+            local = torch.arange(self.num_chunks) - offsets[seq]
+            table = torch.stack([seq, local], dim=1).to(torch.int32)
+            self.chunk_table = table.to(device)
+            self.chunk_offsets = offsets.to(torch.int32).to(device)
+        else:
+            self.chunk_table = self.chunk_offsets = None
+        self._segments: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
+        self.plans: dict[tuple, LaunchPlan] = {}
+
+    def segments(self, segment_chunks: int):
+        """(segment table, seg_offsets, segment count) on the device, per segment length."""
+        hit = self._segments.get(segment_chunks)
+        if hit is None:
+            table, offs = segment_table(self.starts, self.ends, self.chunk_starts,
+                                        segment_chunks)
+            hit = (table.to(self.device), offs.to(self.device), table.shape[0])
+            self._segments[segment_chunks] = hit
+        return hit
 
 
-#: (weak ref to cu_seqlens, its version, T, step) -> validated int32 copy and chunk tables.
+#: cu_seqlens id -> (weak ref, version, T, _Sequences); fixed length (device, B, T) -> _Sequences
 _VARLEN_CACHE: dict[int, tuple] = {}
-_VARLEN_CACHE_SIZE = 8
+_FIXED_CACHE: dict[tuple, _Sequences] = {}
+_CACHE_SIZE = 16
 
 
-def _varlen_tables(cu_seqlens: torch.Tensor, T: int, step: int):
-    """Validated ``cu_seqlens`` (int32) and its chunk tables, cached per tensor.
+def _remember(cache: dict, key, value):
+    if len(cache) >= _CACHE_SIZE:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
-    Validating ``cu_seqlens`` reads it on the host, and building the tables needs the chunk
-    count: each is a device-to-host sync, which costs a varlen call about 0.5 ms of idle GPU
-    (measured on the H200, docs/BENCHMARKS.md). Like fla (its ``tensor_cache``), the result is
-    kept for the tensor object: a call with the same, unmodified ``cu_seqlens`` (same object,
-    same in-place version counter) reuses it without touching the host.
+
+def _varlen_sequences(cu_seqlens: torch.Tensor, T: int) -> _Sequences:
+    """Validated ``cu_seqlens`` and its tables, cached per tensor.
+
+    Validating ``cu_seqlens`` reads it on the host: a device-to-host sync, which cost a varlen
+    call about 0.5 ms of idle GPU (measured on the H200, docs/BENCHMARKS.md). Like fla (its
+    ``tensor_cache``), the result is kept for the tensor object: a call with the same,
+    unmodified ``cu_seqlens`` (same object, same in-place version counter) reuses it.
     """
     key = id(cu_seqlens)
     hit = _VARLEN_CACHE.get(key)
     if hit is not None:
-        ref, version, t, s, result = hit
-        if ref() is cu_seqlens and version == cu_seqlens._version and t == T and s == step:
-            return result
-    cs = cu_seqlens.detach().cpu()
+        ref, version, t, seqs = hit
+        if ref() is cu_seqlens and version == cu_seqlens._version and t == T:
+            return seqs
+    cs = cu_seqlens.detach().to("cpu", torch.int64)
     if int(cs[0]) != 0 or int(cs[-1]) != T or bool((cs[1:] < cs[:-1]).any()):
-        raise ValueError(f"cu_seqlens must start at 0, end at T={T} and be non-decreasing")
+        raise ValueError(f"cu_seqlens must start at 0, end at T={T} and be non-decreasing, "
+                         f"got {cs.tolist()[:8]}{' ...' if len(cs) > 8 else ''}")
     cu32 = cu_seqlens.detach().to(torch.int32).contiguous()
-    result = (cu32, *_chunk_tables(cu32, step))
-    if len(_VARLEN_CACHE) >= _VARLEN_CACHE_SIZE:
-        _VARLEN_CACHE.pop(next(iter(_VARLEN_CACHE)))
-    _VARLEN_CACHE[key] = (weakref.ref(cu_seqlens), cu_seqlens._version, T, step, result)
-    return result
+    seqs = _Sequences(cu_seqlens.device, cs[:-1], cs[1:], True, cu32)
+    _remember(_VARLEN_CACHE, key, (weakref.ref(cu_seqlens), cu_seqlens._version, T, seqs))
+    return seqs
+
+
+def _fixed_sequences(device: torch.device, B: int, T: int) -> _Sequences:
+    key = (device, B, T)
+    seqs = _FIXED_CACHE.get(key)
+    if seqs is None:
+        starts = torch.arange(B, dtype=torch.int64) * T
+        seqs = _Sequences(device, starts, starts + T, False, None)
+        _remember(_FIXED_CACHE, key, seqs)
+    return seqs
+
+
+def _plan(seqs: _Sequences, H: int, K: int, V: int, config: KernelConfig) -> LaunchPlan:
+    key = (H, K, V, config)
+    plan = seqs.plans.get(key)
+    if plan is None:
+        plan = plan_launch(seqs.n_chunks, H, K, V, _sm_count(seqs.device),
+                           block_v=config.block_v, num_warps=config.num_warps,
+                           prepare_warps=config.prepare_warps,
+                           prepare_chunks=config.prepare_chunks,
+                           segment_chunks=config.segment_chunks)
+        seqs.plans[key] = plan
+    return plan
+
+
+def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_seqlens,
+              state_layout, config, use_qk_l2norm):
+    for name, x, ndim in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
+        _check_tensor(name, x, ndim)
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if g.shape != q.shape:
+        raise ValueError(f"g must have q's shape {tuple(q.shape)}, got {tuple(g.shape)}")
+    if v.shape[:3] != (B, T, H):
+        raise ValueError(f"v must have shape [{B}, {T}, {H}, V], got {tuple(v.shape)}")
+    if beta.shape != (B, T, H):
+        raise ValueError(f"beta must have shape {(B, T, H)}, got {tuple(beta.shape)}")
+    if K not in _SUPPORTED_DIMS:
+        raise ValueError(f"q/k head dim must be one of {_SUPPORTED_DIMS}, got {K}")
+    if V not in _SUPPORTED_DIMS:
+        raise ValueError(f"v head dim must be one of {_SUPPORTED_DIMS}, got {V}")
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)) \
+            or not (-5.0 <= float(lower_bound) < 0.0):
+        raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
+    if state_layout not in ("KV", "VK"):
+        raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
+    if config.dot == "fp16" and not use_qk_l2norm:
+        raise ValueError("config.dot='fp16' needs use_qk_l2norm=True (fp16 operands are only "
+                         "safe for unit-norm q and k)")
+    if A_log is not None:
+        _check_tensor("A_log", A_log, A_log.ndim if isinstance(A_log, torch.Tensor) else 1)
+        if A_log.shape != (H,):
+            raise ValueError(f"A_log must have shape ({H},), got {tuple(A_log.shape)}")
+    if dt_bias is not None:
+        _check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
+        if dt_bias.shape not in ((H * K,), (H, K)):
+            raise ValueError(f"dt_bias must have shape ({H * K},) or ({H}, {K}), "
+                             f"got {tuple(dt_bias.shape)}")
+    if cu_seqlens is not None:
+        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 \
+                or cu_seqlens.numel() < 2:
+            raise ValueError("cu_seqlens must be a 1-D tensor with at least two entries")
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
+        if B != 1:
+            raise ValueError(f"cu_seqlens needs batch size 1 (flattened sequences), got B={B}")
+        num_seqs = cu_seqlens.numel() - 1
+    else:
+        num_seqs = B
+    if initial_state is not None:
+        _check_tensor("initial_state", initial_state, 4, _STATE_DTYPES)
+        want = (num_seqs, H, V, K) if state_layout == "VK" else (num_seqs, H, K, V)
+        if tuple(initial_state.shape) != want:
+            raise ValueError(f"initial_state must have shape {want} ({state_layout}), "
+                             f"got {tuple(initial_state.shape)}")
+    device = q.device
+    for x in (k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens):
+        if x is not None and x.device != device:
+            raise ValueError(f"all tensors must be on one device, got {device} and {x.device}")
+    return B, T, H, K, V, num_seqs
+
+
+def _sequences(cu_seqlens, device, B, T) -> _Sequences:
+    """The validated sequence tables (cu_seqlens' contents checked here), then the device."""
+    seqs = (_varlen_sequences(cu_seqlens, T) if cu_seqlens is not None
+            else _fixed_sequences(device, B, T))
+    if device.type != "cuda" and not _interpreting():
+        raise RuntimeError(
+            "kdalab.kernels.chunk_kda_fwd runs Triton kernels: it needs CUDA tensors, "
+            f"or TRITON_INTERPRET=1 for the (slow) CPU interpreter; got tensors on {device}")
+    return seqs
+
+
+def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
+            beta_is_logits, plan):
+    # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
+    # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
+    operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
+    return chunk_kda_prepare(
+        q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
+        use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
+        chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
+        num_warps=plan.prepare_warps, chunks_per_program=plan.prepare_chunks,
+        loop_stages=2 if plan.prepare_chunks > 1 else 1)
 
 
 def chunk_kda_fwd(
@@ -147,103 +296,30 @@ def chunk_kda_fwd(
     """Chunked KDA forward (chunk 16, lower-bounded gate) on Triton.
 
     Args follow fla's ``chunk_kda``: q, k, g ``[B, T, H, K]``, v ``[B, T, H, V]``, beta
-    ``[B, T, H]`` (logits when ``beta_is_logits``), ``g`` the raw gate input, turned into
-    the log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` in the kernel
-    (A_log ``[H]`` and dt_bias ``[H*K]`` or ``[H, K]`` optional). ``lower_bound`` must lie
-    in [-5, 0): 16 steps of -5 keep exp(±G) inside fp32. ``initial_state`` is fp32 or bf16,
-    ``[N, H, K, V]`` (state_layout "KV") or ``[N, H, V, K]`` ("VK"), N = B, or the number
-    of sequences with ``cu_seqlens`` (then B must be 1).
+    ``[B, T, H]`` (logits when ``beta_is_logits``), ``g`` the raw gate input, turned into the
+    log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))`` in the kernel (A_log
+    ``[H]`` and dt_bias ``[H*K]`` or ``[H, K]`` optional). q, k, v, g, beta: bf16, fp16 or
+    fp32; K and V each one of 16, 32, 64, 128, 256. ``lower_bound`` must lie in [-5, 0): 16
+    steps of -5 keep exp(±G) inside fp32. ``initial_state`` is fp32 or bf16, ``[N, H, K, V]``
+    (state_layout "KV") or ``[N, H, V, K]`` ("VK"), N = B, or the number of sequences with
+    ``cu_seqlens`` (int32 or int64, then B must be 1; zero-length sequences allowed).
 
     Returns ``(o, final_state)``: o like v; final_state (dtype of initial_state, fp32 when
     there is none) or None.
+
+    Non-finite inputs are not checked (a check would read every input once more and sync
+    the host): NaN or inf in a sequence's inputs propagates to that sequence's outputs and
+    final state (for the heads it reaches) and leaves the others untouched.
     """
-    _check_tensor("q", q, 4)
-    _check_tensor("k", k, 4)
-    _check_tensor("v", v, 4)
-    _check_tensor("g", g, 4)
-    _check_tensor("beta", beta, 3)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
-    if k.shape != q.shape:
-        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
-    if g.shape != q.shape:
-        raise ValueError(f"g must have q's shape {tuple(q.shape)}, got {tuple(g.shape)}")
-    if v.shape[:3] != (B, T, H):
-        raise ValueError(f"v must have shape [{B}, {T}, {H}, V], got {tuple(v.shape)}")
-    if beta.shape != (B, T, H):
-        raise ValueError(f"beta must have shape {(B, T, H)}, got {tuple(beta.shape)}")
-    if K not in _SUPPORTED_DIMS:
-        raise ValueError(f"q/k head dim must be one of {_SUPPORTED_DIMS}, got {K}")
-    if V not in _SUPPORTED_DIMS:
-        raise ValueError(f"v head dim must be one of {_SUPPORTED_DIMS}, got {V}")
-    if not isinstance(lower_bound, (int, float)) or not (-5.0 <= float(lower_bound) < 0.0):
-        raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
-    if state_layout not in ("KV", "VK"):
-        raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
-    if not isinstance(config, KernelConfig):
-        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
-    config = _resolve_dot(config, use_qk_l2norm)
-    if config.inverse not in ("fp32", "tf32x3", "fp16"):
-        raise ValueError(f"config.inverse must be 'fp32', 'tf32x3' or 'fp16', "
-                         f"got {config.inverse!r}")
-    if config.variant not in ("t", "kv", "fused") \
-            or config.dot not in ("tf32", "bf16", "fp16") \
-            or (config.variant == "fused" and config.step != 16) \
-            or config.operands not in ("fp16", "fp32") \
-            or (config.variant == "kv" and config.dot != "tf32"):
-        raise ValueError(f"config: unsupported combination {config}")
-    if config.prepare_warps not in (None, 1, 2, 4, 8, 16):
-        raise ValueError(f"config.prepare_warps must be 1, 2, 4, 8 or 16, "
-                         f"got {config.prepare_warps!r}")
-    if config.step not in (16, 64) or (config.step == 64 and config.inverse != "fp32"):
-        raise ValueError(f"config.step must be 16, or 64 with the fp32 inverse; got {config}")
-    if config.dot == "fp16" and not use_qk_l2norm:
-        raise ValueError("config.dot='fp16' needs use_qk_l2norm=True (fp16 operands are only "
-                         "safe for unit-norm q and k)")
+    B, T, H, K, V, num_seqs = _validate(q, k, v, g, beta, initial_state, A_log, dt_bias,
+                                        lower_bound, cu_seqlens, state_layout, config,
+                                        use_qk_l2norm)
     if scale is None:
         scale = K ** -0.5
-    if A_log is not None:
-        _check_tensor("A_log", A_log, A_log.ndim if isinstance(A_log, torch.Tensor) else 1)
-        if A_log.shape != (H,):
-            raise ValueError(f"A_log must have shape ({H},), got {tuple(A_log.shape)}")
-    if dt_bias is not None:
-        _check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
-        if dt_bias.shape not in ((H * K,), (H, K)):
-            raise ValueError(f"dt_bias must have shape ({H * K},) or ({H}, {K}), "
-                             f"got {tuple(dt_bias.shape)}")
-
-    if cu_seqlens is not None:
-        if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 \
-                or cu_seqlens.numel() < 2:
-            raise ValueError("cu_seqlens must be a 1-D tensor with at least two entries")
-        if cu_seqlens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"cu_seqlens must be int32 or int64, got {cu_seqlens.dtype}")
-        if B != 1:
-            raise ValueError(f"cu_seqlens needs batch size 1 (flattened sequences), got B={B}")
-        num_seqs = cu_seqlens.numel() - 1
-        # validated (a host read) and tabled once per cu_seqlens tensor
-        cu32, chunk_table, chunk_offsets, num_chunks = _varlen_tables(cu_seqlens, T,
-                                                                      config.step)
-    else:
-        num_seqs = B
-
-    state_vk = state_layout == "VK"
-    if initial_state is not None:
-        _check_tensor("initial_state", initial_state, 4, _STATE_DTYPES)
-        want = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
-        if tuple(initial_state.shape) != want:
-            raise ValueError(f"initial_state must have shape {want} ({state_layout}), "
-                             f"got {tuple(initial_state.shape)}")
-
-    tensors = [q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens]
-    devices = {x.device for x in tensors if x is not None}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     device = q.device
-    if device.type != "cuda" and not _interpreting():
-        raise RuntimeError(
-            "kdalab.kernels.chunk_kda_fwd runs Triton kernels: it needs CUDA tensors, "
-            f"or TRITON_INTERPRET=1 for the (slow) CPU interpreter; got tensors on {device}")
+    seqs = _sequences(cu_seqlens, device, B, T)
+    plan = _plan(seqs, H, K, V, config)
+    dot = config.dot if config.dot != "auto" else ("fp16" if use_qk_l2norm else "tf32")
 
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     if A_log is not None:
@@ -253,53 +329,84 @@ def chunk_kda_fwd(
     if initial_state is not None:
         initial_state = initial_state.contiguous()
 
-    step = config.step
-    if cu_seqlens is not None:
-        cu_seqlens = cu32
-    else:
-        chunk_table, chunk_offsets, num_chunks = None, None, B * ((T + step - 1) // step)
-
-    # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
-    # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
-    if config.dot == "bf16":
-        operand_dtype = torch.bfloat16
-    elif config.dot == "fp16":
-        operand_dtype = torch.float16
-    elif use_qk_l2norm and config.operands == "fp16":
-        operand_dtype = torch.float16
-    else:
-        operand_dtype = torch.float32
-    stage1 = dict(scale=scale, lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-                  beta_is_logits=beta_is_logits, cu_seqlens=cu_seqlens,
-                  operand_dtype=operand_dtype)
-    inverse = dict(fp16_inverse=config.inverse == "fp16",
-                   inv_precision="tf32x3" if config.inverse == "tf32x3" else "ieee")
+    ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
+                  lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+                  beta_is_logits=beta_is_logits, plan=plan)
     final_state = None
     if output_final_state:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
-        shape = (num_seqs, H, V, K) if state_vk else (num_seqs, H, K, V)
+        shape = (num_seqs, H, V, K) if state_layout == "VK" else (num_seqs, H, K, V)
         final_state = torch.empty(shape, device=device, dtype=state_dtype)
-    stage2 = dict(initial_state=initial_state, final_state=final_state, state_vk=state_vk,
-                  num_seqs=num_seqs, block_v=config.block_v, num_warps=config.num_warps,
-                  num_stages=config.num_stages)
-    if config.variant == "fused":
-        o = chunk_kda_fused(q, k, g, beta, A_log, dt_bias, v, **stage1, **inverse, **stage2,
-                            dot=config.dot, fp16_fallback=config.fp16_fallback)
+    launch = dict(initial_state=initial_state, final_state=final_state,
+                  state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
+                  chunk_offsets=seqs.chunk_offsets, num_seqs=num_seqs, block_v=plan.block_v,
+                  num_warps=plan.num_warps, dot=dot, guard=dot == "fp16")
+    if plan.segment_chunks <= 0:
+        o = chunk_kda_recurrent(v, *ops, **launch)
         return o, final_state
-    if step == 64:
-        w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare64(
-            q, k, g, beta, A_log, dt_bias, **stage1, chunk_table=chunk_table,
-            num_chunks=num_chunks)
-    else:
-        w, qg, kend, ainv, mqk, gamma = chunk_kda_prepare(
-            q, k, g, beta, A_log, dt_bias, **stage1, **inverse, chunk_table=chunk_table,
-            num_chunks=num_chunks, num_warps=config.prepare_warps)
 
-    launch = dict(**stage2, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, chunk=step)
-    if config.variant == "t":
-        o = chunk_kda_recurrent_t(v, w, qg, kend, ainv, mqk, gamma, **launch,
-                                  dot=config.dot, prefetch=config.prefetch,
-                                  fp16_fallback=config.fp16_fallback)
-    else:
-        o = chunk_kda_recurrent(v, w, qg, kend, ainv, mqk, gamma, **launch)
+    table, seg_offsets, n_segs = seqs.segments(plan.segment_chunks)
+    summary = torch.empty(n_segs, H, V + K, K, device=device, dtype=torch.float32)
+    o = torch.empty_like(v)
+    stages = dict(launch, segments=table, summary=summary, o=o)
+    chunk_kda_recurrent(v, *ops, **stages, passes=(1,))
+    chunk_kda_combine(summary, seg_offsets, initial_state, num_seqs=num_seqs,
+                      state_vk=state_layout == "VK", H=H, K=K, V=V)
+    chunk_kda_recurrent(v, *ops, **stages, passes=(2,))
     return o, final_state
+
+
+def chunk_kda_transition(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    lower_bound: float = -5.0,
+    cu_seqlens: torch.Tensor | None = None,
+    use_qk_l2norm: bool = True,
+    beta_is_logits: bool = True,
+    config: KernelConfig = DEFAULT_CONFIG,
+):
+    """Each sequence's state transition: ``(M, R)`` with ``S_end = M @ S_start + R`` for any
+    start state S_start ``[K, V]`` (per sequence and head).
+
+    The KDA state update is affine in the state, one chunk at a time: with stage 1's
+    operands, S_next = (diag(GAMMA) - KEND^T W) S + KEND^T AINV V. Composing a sequence's
+    chunks gives M ``[N, H, K, K]`` (the product of the chunk matrices, fp32) and R
+    ``[N, H, K, V]`` (the end state from a zero start). This is the algebra the forward's
+    sequence-parallel pass runs per segment, and what carries a sequence split across devices
+    (context parallelism): each shard's (M, R), a prefix combine, then ``chunk_kda_fwd`` from
+    the true start state. Arguments as ``chunk_kda_fwd`` (no state, no outputs).
+    """
+    B, T, H, K, V, num_seqs = _validate(q, k, v, g, beta, None, A_log, dt_bias, lower_bound,
+                                        cu_seqlens, "KV", config, use_qk_l2norm)
+    if scale is None:
+        scale = K ** -0.5
+    device = q.device
+    seqs = _sequences(cu_seqlens, device, B, T)
+    plan = _plan(seqs, H, K, V, dataclasses.replace(config, segment_chunks=0))
+    dot = config.dot if config.dot != "auto" else ("fp16" if use_qk_l2norm else "tf32")
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if A_log is not None:
+        A_log = A_log.contiguous()
+    if dt_bias is not None:
+        dt_bias = dt_bias.reshape(H * K).contiguous()
+    ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
+                  lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+                  beta_is_logits=beta_is_logits, plan=plan)
+    # one segment per sequence: the segment length covers the longest sequence
+    table, _, n_segs = seqs.segments(max(1, max(seqs.n_chunks, default=1)))
+    summary = torch.empty(n_segs, H, V + K, K, device=device, dtype=torch.float32)
+    chunk_kda_recurrent(v, *ops, initial_state=None, final_state=None, state_vk=False,
+                        cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
+                        num_seqs=num_seqs, block_v=plan.block_v, num_warps=plan.num_warps,
+                        dot=dot, guard=dot == "fp16", segments=table, summary=summary,
+                        passes=(1,), skip_last=False)
+    R = summary[:, :, :V, :].transpose(-1, -2)
+    M = summary[:, :, V:, :].transpose(-1, -2)
+    return M, R

@@ -1,129 +1,234 @@
-"""Stage 2 of the Triton KDA forward: the recurrence over chunks.
+"""Stage 2: the recurrence over chunks, on S^T [BV, K] (value rows first).
 
-One program owns one sequence, one head and a block of ``BV`` value columns of the
-state S [K, V] (fp32, in registers). The columns of S evolve independently (every
-operand of the update, W, KEND, GAMMA, acts on the key side), so splitting V over
-programs is exact and multiplies the parallelism of the serial stage by V / BV.
+Per 16-token chunk, with stage 1's operands (``chunk_prepare.py``) and every product
+transposed so that its M dimension is the value block BV (Hopper's warpgroup MMA wants M = 64
+per warpgroup; the untransposed products would have M = 16, the chunk):
 
-Per 16-token chunk, with the operands of stage 1:
+    U^T = V^T AINV^T - S^T W^T             [BV, 16]
+    O^T = S^T QG^T + U^T MQK^T             [BV, 16]
+    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]
 
-    U = AINV @ V - W @ S          (corrected, β-weighted values)
-    O = QG @ S + MQK @ U          (inter-chunk + intra-chunk output)
-    S = diag(GAMMA) S + KEND^T @ U
+The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT`` is the
+products' operand type: fp16 (S and U rounded to fp16 as operands, fp32 accumulation) or fp32
+(tf32 products). The fp16 form is guarded: a program whose state leaves fp16's range ends with
+a non-finite state (inf propagates through every later product and decay, inf·0 = NaN), and
+then recomputes its rows with tf32 products from the same stage-1 operands (``GUARD``).
 
-All products use fp32 operands with tf32 tensor-core inputs; the stored fp16 operands
-and the bf16 values are exact in tf32, so only S and U are rounded (to 10 bits).
+Three passes share the kernel (``PASS``):
+
+* 0 — serial: one program runs a whole sequence (rows ``o_v`` of one head);
+* 1 — segment summaries (sequence parallelism, docs/kernels.md): the chunk update is affine
+  in the state, S_end = M S_start + R, so each segment of a sequence (but the last, with
+  ``SKIP_LAST``) computes R (its end state from a zero start: rows 0..V-1 of its summary
+  slot) and M^T (rows V..V+K-1: the same recurrence from an identity start with v = 0), no
+  outputs;
+* 2 — segment outputs: every segment restarts from its true start state, which the combine
+  (``chunk_combine.py``) left in its slot, writes o, and a sequence's last segment the final
+  state.
 """
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from .indexing import sequence_of_program
+from .indexing import segment_of_program, sequence_of_program
 
 CHUNK = 16
 
 
 @triton.jit
-def _load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                bos, eos, c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc,
-                H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
-    """Operands of chunk i_t (zeros past the sequence's end), as fp32 tiles."""
+def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+               bos, eos, c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t,
+               H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+               DT: tl.constexpr):
+    """Operands of chunk ``i_t`` (from row ``bos``, global chunk ``c0 + i_t``), transposed
+    where the products need it; zeros past ``eos`` and in rows without a value (``v_ok``)."""
     rows = bos + i_t * BT + o_r
     r_ok = rows < eos
     # tensor masks built from tensors: the interpreter rejects scalar ones
-    m_cc = (bos + i_t * BT + o_cc * 0) < eos
+    c_ok = (bos + i_t * BT + o_r * 0) < eos
+    m_cc = c_ok[:, None] & c_ok[None, :]
     m_g = (bos + i_t * BT + o_k * 0) < eos
-    offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    offs_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
+    offs_kt = (rows[None, :] * H + i_h) * K + o_k[:, None]      # [K, 16]
+    offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]       # [16, K]
+    offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]      # [BV, 16]
     cc = (c0 + i_t) * H + i_h
-    w = tl.load(w_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
-    qg = tl.load(qg_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
-    kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(tl.float32)
-    vv = tl.load(v_ptr + offs_v, mask=r_ok[:, None] & v_ok[None, :], other=0.0).to(tl.float32)
-    ainv = tl.load(ainv_ptr + cc * BT * BT + o_cc, mask=m_cc, other=0.0).to(tl.float32)
-    mqk = tl.load(mqk_ptr + cc * BT * BT + o_cc, mask=m_cc, other=0.0).to(tl.float32)
+    wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
+    qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
+    kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
+    vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0).to(DT)
+    ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
+    mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
     gamma = tl.load(gamma_ptr + cc * K + o_k, mask=m_g, other=0.0)
-    return w, qg, kend, vv, ainv, mqk, gamma
+    return wt, qgt, kend, vt, ainvt, mqkt, gamma
+
+
+@triton.jit
+def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
+               bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
+               V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O):
+    """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
+    ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
+    end state. Chunk i+1's operands are loaded while chunk i computes (hand-pipelined: their
+    latency hides behind the serial chain S^T W^T -> U^T -> U^T KEND -> S^T)."""
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_cc_t = o_r[None, :] * BT + o_r[:, None]  # element (c, r) of X^T is X[r, c]
+    n_chunks = tl.cdiv(eos - bos, BT)
+    wt, qgt, kend, vt, ainvt, mqkt, gamma = load_chunk(
+        v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0, i_h,
+        o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
+    for i_t in range(0, n_chunks):
+        nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma = load_chunk(
+            v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0,
+            i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
+        Sd = St.to(DT)
+        ud = (tl.dot(vt, ainvt, input_precision="tf32")
+              - tl.dot(Sd, wt, input_precision="tf32")).to(DT)
+        if WRITE_O:
+            ot = tl.dot(Sd, qgt, input_precision="tf32") + tl.dot(ud, mqkt,
+                                                                  input_precision="tf32")
+            rows = bos + i_t * BT + o_r
+            offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]
+            tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty),
+                     mask=v_ok[:, None] & (rows < eos)[None, :])
+        St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
+        wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
+    return St
+
+
+@triton.jit
+def not_finite(St):
+    """1 if any entry of S^T is inf or NaN (an fp16 overflow leaves one for good)."""
+    bad = ((St != St) | (tl.abs(St) == float("inf"))).to(tl.int32)
+    return tl.max(tl.max(bad, 1), 0)
+
+
+@triton.jit
+def user_state_ptrs(ptr, i_n, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
+                    BV: tl.constexpr, STATE_VK: tl.constexpr):
+    """Pointers to S^T's rows ``o_v`` in a user state tensor [N, H, K, V] (or [N, H, V, K])."""
+    o_k = tl.arange(0, K)
+    base = ptr + (i_n * H + i_h) * K * V
+    if STATE_VK:
+        return base + (o_v[:, None] * K + o_k[None, :])
+    return base + (o_k[None, :] * V + o_v[:, None])
+
+
+@triton.jit
+def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
+                  gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                  HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
+                  DT: tl.constexpr):
+    """Load the program's start state and run its chunks: from the initial state (pass 0;
+    zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
+    true start the combine left in the slot's rows of S (pass 2)."""
+    o_k = tl.arange(0, K)
+    if PASS == 0:
+        if HAS_H0:
+            St0 = tl.load(user_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, BV, STATE_VK),
+                          mask=v_ok[:, None], other=0.0).to(tl.float32)
+        else:
+            St0 = tl.zeros([BV, K], dtype=tl.float32)
+    elif PASS == 1:
+        St0 = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
+    else:
+        St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
+    return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
+                      bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1)
 
 
 @triton.jit
 def chunk_kda_recurrent_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    h0_ptr, ht_ptr, o_ptr,
-    cu_seqlens_ptr, chunk_offsets_ptr,
+    h0_ptr, ht_ptr, o_ptr, sum_ptr,
+    cu_seqlens_ptr, chunk_offsets_ptr, seg_ptr,
     T,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_VK: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
+    DT: tl.constexpr, GUARD: tl.constexpr,
 ):
-    i_v = tl.program_id(0)
-    i_nh = tl.program_id(1)
-    i_n, i_h, bos, eos, c0 = sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H,
-                                                 BT, IS_VARLEN)
-    n_chunks = tl.cdiv(eos - bos, BT)
-
-    o_r = tl.arange(0, BT)
+    i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, plus head
+    i_v = tl.program_id(1)    # block of BV state rows
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
-    if STATE_VK:
-        s_offs = o_v[None, :] * K + o_k[:, None]
+    if PASS == 0:
+        i_n, i_h, bos, eos, c0 = sequence_of_program(i_sh, cu_seqlens_ptr, chunk_offsets_ptr, T,
+                                                     H, BT, IS_VARLEN)
     else:
-        s_offs = o_k[:, None] * V + o_v[None, :]
-    s_base = (i_n * H + i_h) * K * V
-    if HAS_H0:
-        S = tl.load(h0_ptr + s_base + s_offs, mask=v_ok[None, :], other=0.0).to(tl.float32)
-    else:
-        S = tl.zeros([K, BV], dtype=tl.float32)
+        i_s = (i_sh // H).to(tl.int64)
+        i_h = i_sh % H
+        i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
+        if PASS == 1:
+            if SKIP_LAST:  # nothing after a sequence's last segment needs its summary
+                if last != 0:
+                    return
+        slot = sum_ptr + (i_s * H + i_h) * (V + K) * K  # summaries: [segments, H, V + K, K]
+        slot_ptrs = slot + o_v[:, None] * K + o_k[None, :]
+    if PASS == 0:
+        slot_ptrs = sum_ptr  # unused
 
-    o_cc = o_r[:, None] * BT + o_r[None, :]
-    # Hand-pipelined: the operands of chunk i+1 are loaded before chunk i is computed, so
-    # their global-memory latency hides behind the serial chain W@S -> U -> KEND^T@U -> S.
-    w, qg, kend, vv, ainv, mqk, gamma = _load_chunk(
-        v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-        bos, eos, c0, 0, i_h, o_r, o_k, o_v, v_ok, o_cc, H, K, V, BT)
-    for i_t in range(0, n_chunks):
-        nw, nqg, nkend, nvv, nainv, nmqk, ngamma = _load_chunk(
-            v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-            bos, eos, c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc, H, K, V, BT)
-        rows = bos + i_t * BT + o_r
-        offs_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
-        m_v = (rows < eos)[:, None] & v_ok[None, :]
+    St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
+                       gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H, K, V, BT, BV,
+                       HAS_H0, STATE_VK, PASS, DT)
+    if GUARD:
+        # the fp16 products overflowed (or the input was not finite): redo with tf32 products
+        # from the start state loaded again (kept, it would cost 64 registers in the loop)
+        if not_finite(St) != 0:
+            St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr,
+                               mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok,
+                               H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32)
 
-        u = tl.dot(ainv, vv, input_precision="tf32") - tl.dot(w, S, input_precision="tf32")
-        o = tl.dot(qg, S, input_precision="tf32") + tl.dot(mqk, u, input_precision="tf32")
-        tl.store(o_ptr + offs_v, o.to(o_ptr.dtype.element_ty), mask=m_v)
-        S = S * gamma[:, None] + tl.dot(tl.trans(kend), u, input_precision="tf32")
-        w, qg, kend, vv, ainv, mqk, gamma = nw, nqg, nkend, nvv, nainv, nmqk, ngamma
+    if PASS == 1:
+        tl.store(slot_ptrs, St, mask=o_v[:, None] < V + K)
+    elif STORE_HT:
+        ht_ptrs = user_state_ptrs(ht_ptr, i_n, i_h, o_v, H, K, V, BV, STATE_VK)
+        if PASS == 0:
+            tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
+        else:  # the final state from a sequence's last segment
+            ht_ok = v_ok[:, None] & ((o_k[None, :] * 0 + last) != 0)
+            tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=ht_ok)
 
-    if STORE_HT:
-        tl.store(ht_ptr + s_base + s_offs, S.to(ht_ptr.dtype.element_ty), mask=v_ok[None, :])
+
+DOT_TYPES = {"tf32": tl.float32, "fp16": tl.float16}
 
 
 def chunk_kda_recurrent(
-    v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk,
-    cu_seqlens, chunk_offsets, num_seqs, block_v=32, num_warps=4, num_stages=2, chunk=CHUNK,
+    v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
+    chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2,
+    segments=None, summary=None, passes=(0,), skip_last=True, o=None,
 ):
-    """Launch stage 2; writes ``o`` (dtype of v) and, if given, ``final_state`` in place."""
+    """Launch stage 2. Returns o (like v).
+
+    ``segments`` (an int32 table [S, 6], ``kernels.plan``) selects the sequence-parallel
+    passes named in ``passes`` (1: summaries into ``summary`` [S, H, V + K, K] fp32; 2:
+    outputs from the combined start states); without it one serial pass (0) per sequence.
+    ``o``: write the outputs there (pass 2 completes pass 1's).
+    """
+    import torch
+
     B, T, H, V = v.shape
     K = w.shape[-1]
-    o = torch.empty_like(v)
-    bv = min(block_v, triton.next_power_of_2(V))
+    if o is None:
+        o = torch.empty_like(v)
     dummy = gamma
-    chunk_kda_recurrent_kernel[(triton.cdiv(V, bv), num_seqs * H)](
-        v, w, qg, kend, ainv, mqk, gamma,
-        initial_state if initial_state is not None else dummy,
-        final_state if final_state is not None else dummy,
-        o,
-        cu_seqlens if cu_seqlens is not None else dummy,
-        chunk_offsets if chunk_offsets is not None else dummy,
-        T,
-        H=H, K=K, V=V, BT=chunk, BV=bv,
-        HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-        STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
-        num_warps=num_warps, num_stages=num_stages,
-    )
+    opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
+    common = dict(H=H, K=K, V=V, BT=CHUNK, BV=block_v, HAS_H0=initial_state is not None,
+                  STORE_HT=final_state is not None, STATE_VK=state_vk,
+                  IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
+                  SKIP_LAST=skip_last, num_warps=num_warps, num_stages=num_stages)
+    for pass_ in passes:
+        if pass_ == 0:
+            grid = (num_seqs * H, triton.cdiv(V, block_v))
+        else:
+            rows = V + K if pass_ == 1 else V
+            grid = (segments.shape[0] * H, triton.cdiv(rows, block_v))
+        chunk_kda_recurrent_kernel[grid](
+            v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
+            opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(segments), T,
+            PASS=pass_, **common)
     return o

@@ -30,7 +30,7 @@ def chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT: tl.constexpr,
 
 
 @triton.jit
-def sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H: tl.constexpr,
+def sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H,
                         BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """A recurrent program's sequence and head: ``i_nh`` = sequence · H + head → (sequence,
     head, bos, eos, global index of the sequence's first chunk)."""
@@ -45,3 +45,18 @@ def sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H: tl.conste
         eos = bos + T
         c0 = i_n * tl.cdiv(T, BT)
     return i_n, i_h, bos, eos, c0
+
+
+@triton.jit
+def segment_of_program(i_s, seg_ptr):
+    """A sequence-parallel program's segment ``i_s`` → (sequence, segment in the sequence, bos,
+    eos, global index of its first chunk, last segment of its sequence?) from the host's
+    segment table (int32 [segments, 6], ``kernels.plan.segment_table``)."""
+    base = seg_ptr + 6 * i_s
+    i_n = tl.load(base).to(tl.int64)
+    p = tl.load(base + 1)
+    bos = tl.load(base + 2).to(tl.int64)
+    eos = tl.load(base + 3).to(tl.int64)
+    c0 = tl.load(base + 4).to(tl.int64)
+    last = tl.load(base + 5)
+    return i_n, p, bos, eos, c0, last

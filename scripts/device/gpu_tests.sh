@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Every GPU test of the suite (tests marked `gpu`), on the device machine, from the repository
+# root; fails on any failure, error or skip (a GPU test that skips on a GPU machine is a bug).
+#   bash scripts/device/gpu_tests.sh [extra pytest args]
+# Writes $OUT/gpu_tests.xml (JUnit) when $OUT is set.
+set -o pipefail
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+report=${OUT:-/tmp}/gpu_tests.xml
+python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_tests.sh: no CUDA device')" || exit 2
+python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs --junitxml="$report" tests "$@"
+status=$?
+python3 - "$report" <<'PY' || status=1
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+cases = list(root.iter("testcase"))
+bad = {t: [c.get("classname") + "::" + c.get("name") for c in cases if c.find(t) is not None]
+       for t in ("failure", "error", "skipped")}
+print(f"gpu_tests.sh: {len(cases)} GPU tests, " + ", ".join(f"{len(v)} {k}" for k, v in bad.items()))
+for kind, names in bad.items():
+    for n in names:
+        print(f"  {kind}: {n}")
+sys.exit(1 if not cases or any(bad.values()) else 0)
+PY
+exit $status

@@ -1,0 +1,16 @@
+"""Shared pytest set-up: tests marked ``gpu`` need a CUDA device and skip cleanly without one
+(``scripts/device/gpu_tests.sh`` runs exactly them on the GPU machine and fails on a skip)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
