@@ -1,79 +1,88 @@
-"""Shared pieces of the commands: option parsing that fails cleanly, progress, views on disk."""
+"""Shared pieces of the commands: a config object built from options (errors naming the options),
+the inverse experiment with a cost-weighted progress bar and records streamed to disk, tables on
+the terminal, the inverse experiment's views on disk."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from kdalab.cli.app import console
+from kdalab.cli.progress import WeightedProgress, drawing, record_file
 
-from kdalab.cli.app import console, fail
-
-__all__ = ["parse_or_fail", "check_device", "run_with_progress", "print_seed_tables",
-           "write_inverse_views"]
+__all__ = ["labelled", "run_with_progress", "print_table", "write_inverse_views"]
 
 
-def parse_or_fail(fn: Callable, *args):
+def labelled(cls, raw: dict, names: dict):
+    """``cls(**raw)`` (a config that parses its fields once), its errors naming the options as
+    typed (``names``: field -> option)."""
+    from kdalab import params
+    from kdalab.errors import Unavailable
+
     try:
-        return fn(*args)
-    except ValueError as exc:
-        fail(str(exc))
+        return cls(**raw)
+    except (ValueError, Unavailable) as exc:
+        raise params.renamed(exc, names) from None
 
 
-def check_device(device: str) -> str:
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        fail(f"--device must be 'cpu' or 'cuda', got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        fail("--device cuda: no CUDA device is available on this machine (torch.cuda."
-             "is_available() is False); use --device cpu")
-    return device
-
-
-def run_with_progress(runs: Sequence, accumulations: Sequence[str], *, recipe: str,
-                      device: str, out: Path, quiet: bool = False) -> list[dict]:
+def run_with_progress(runs: Sequence, accumulations: Sequence, *, recipe, device: str,
+                      out: Path, quiet: bool = False, resume_hint: str = "") -> list[dict]:
     """Run the inverse experiment batched, streaming records to ``out`` as they are produced."""
-    from kdalab.experiments.store import RecordWriter
-    from kdalab.experiments.sweep import run_sweep
+    from kdalab.experiments.sweep import record_cost, run_sweep
 
+    names = [getattr(m, "name", m) for m in accumulations]
+    total = sum(record_cost(r.chunk, r.dim, n) for r in runs for n in names)
     t0 = time.perf_counter()
-    with RecordWriter(out) as writer, Progress(
-        TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=quiet,
-    ) as progress:
-        task = progress.add_task("runs", total=len(runs))
-        records = run_sweep(runs, accumulations, recipe=recipe, device=device,
-                            sink=writer.write,
-                            progress=lambda done, total: progress.update(task, completed=done))
+    with record_file(out, resume_hint) as writer, \
+            WeightedProgress("runs", len(runs), total, quiet) as bar:
+        def sink(records: list[dict]) -> None:
+            writer.write(records)
+            bar.advance(len(records) // len(names),
+                        sum(record_cost(r["chunk"], r["dim"], r["accumulation"])
+                            for r in records))
+
+        records = run_sweep(runs, accumulations, recipe=recipe, device=device, sink=sink)
     if not quiet:
-        console.print(f"{len(runs)} runs × {len(accumulations)} accumulation model(s) → "
-                      f"{len(records)} records in {time.perf_counter() - t0:.1f} s")
+        console.print(f"{len(runs)} runs × {len(names)} accumulation model(s) → "
+                      f"{len(records)} records in {time.perf_counter() - t0:.1f} s",
+                      highlight=False)
     return records
 
 
-def print_seed_tables(tables) -> None:
-    for t in tables:
-        table = Table(title=t.title, title_justify="left")
-        for col in t.frame.columns:
-            table.add_column(col, justify="right")
-        for row in t.frame.to_dict("records"):
-            table.add_row(*(t.formatters[c](row[c]) for c in t.frame.columns))
-        console.print(table)
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table on the terminal, its title on a line of its own (a rich title wraps at the
+    table's width: "dim ⏎ 128"); long headers wrap in an 80-column terminal, numbers do not."""
+    from rich.table import Table
+
+    console.print(f"[bold]{title}[/]", highlight=False, soft_wrap=True)
+    table = Table(show_edge=True)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
 
 
 def write_inverse_views(records: list[dict], out: Path, *, show: bool = True) -> list[Path]:
-    from kdalab.experiments.aggregate import summarize
-    from kdalab.views.plots import plot_error_vs_chunk
-    from kdalab.views.tables import seed_tables, write_seed_tables
+    """The seed's tables (printed unless ``show`` is False, and as Markdown and CSV), the summary
+    and the error plot, into ``out``."""
+    from kdalab.views.tables import seed_tables
 
     tables = seed_tables(records)
     if show:
-        print_seed_tables(tables)
-    paths = write_seed_tables(tables, out)
-    summary = out / "summary.csv"  # every aggregate of every group, one row per configuration
-    summarize(records).to_csv(summary, index=False)
-    paths.append(summary)
-    paths += plot_error_vs_chunk(records, out)
+        for t in tables:
+            print_table(t.title, list(t.frame.columns),
+                        [[t.formatters[c](row[c]) for c in t.frame.columns]
+                         for row in t.frame.to_dict("records")])
+    with drawing(quiet=not show):
+        from kdalab.experiments.aggregate import summarize
+        from kdalab.views.plots import plot_error_vs_chunk
+        from kdalab.views.tables import write_seed_tables
+
+        paths = write_seed_tables(tables, out)
+        summary = out / "summary.csv"  # every aggregate of every group, one row per config
+        summarize(records).to_csv(summary, index=False)
+        paths.append(summary)
+        paths += plot_error_vs_chunk(records, out)
     return paths

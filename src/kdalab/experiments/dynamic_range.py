@@ -72,7 +72,7 @@ class SweepGrid:
     def __post_init__(self) -> None:
         ftz = self.exp2_ftz
         if isinstance(ftz, str):
-            ftz = FTZ_MODES[params.choice(ftz, "ftz", FTZ_MODES)]
+            ftz = FTZ_MODES[params.choice(ftz, "exp2_ftz", FTZ_MODES)]
         seeds = self.model_seeds
         typed = {
             "lower_bounds": params.lower_bounds(self.lower_bounds, "lower_bounds"),
