@@ -69,18 +69,3 @@ def test_cli_quick_writes_records_tables_and_plots(tmp_path):
                  "e2e_output_vs_chunk_lbm5.png", "records.parquet", "config.json"):
         assert (out / name).exists(), name
     assert "∞" in (out / "e2e_output_table.md").read_text()  # chunk_start at C = 64 overflows
-
-
-@pytest.mark.parametrize("args, word", [
-    (["--lower-bounds", "0.5"], "--lower-bounds"),
-    (["--chunks", "0"], "chunk"),
-    (["--variants", "flashkda/diagonal/neumann"], "tiles"),
-    (["--families", "gaussian"], "families"),
-    (["--dim", "0"], "dim"),
-    (["--device", "tpu"], "device"),
-])
-def test_cli_bad_input_exits_2(tmp_path, args, word):
-    res = CliRunner().invoke(app, ["run", "end-to-end", "--quick", "--quiet", "--out",
-                                   str(tmp_path / "x"), *args])
-    assert res.exit_code == 2
-    assert word in res.output

@@ -53,13 +53,6 @@ def test_batch_checks_its_runs():
         make_inputs_batch([Run.checked("floor", 4, 0, 8, -5.0)], processes=-1)
 
 
-def test_sweep_records_do_not_depend_on_draw_processes():
-    from kdalab.experiments.sweep import plan_runs, run_sweep
-
-    runs = plan_runs(list(FAMILIES), [8, 16], range(5), [32], [-5.0])
-    assert run_sweep(runs, ["h200"], processes=2, max_batch=8) == run_sweep(runs, ["h200"])
-
-
 def test_batched_sigmoid_equals_per_run_on_large_batches():
     # Above torch's parallel grain (32768 values) its CPU sigmoid splits a call across threads
     # at arbitrary points, and each split's tail takes the scalar loop: the batched sigmoid must

@@ -7,6 +7,7 @@ import math
 
 import pandas as pd
 import pytest
+import torch
 
 from kdalab.experiments.aggregate import summarize
 from kdalab.experiments.store import RecordWriter, read_records
@@ -65,18 +66,33 @@ def test_families_without_a_lower_bound_run_once():
     assert len(runs) == 1 and runs[0].lower_bound is None
 
 
-def test_records_are_deterministic_and_batch_independent():
-    cfg = SweepConfig(families=("floor", "model_like"), chunks=(4, 12), seeds=(0, 1, 2, 3),
-                      dims=(32,), accumulations=("fp16-seq", "fp16-once", "fp32"),
+def _by_run(records: list[dict]) -> str:
+    key = lambda r: (r["family"], str(r["lower_bound"]), r["chunk"], r["seed"], r["dim"],  # noqa
+                     r["accumulation"])
+    return json.dumps(sorted(records, key=key), sort_keys=True)
+
+
+@pytest.mark.parametrize("threads,max_batch,draw", [
+    (1, 3, dict(workers=1)), (2, 7, dict(workers=3)), (2, None, dict(processes=2)),
+    (1, 1, dict(processes=2))], ids=["1thread-batch3", "2threads-batch7-3drawthreads",
+                                     "2threads-2drawprocs", "1thread-batch1-2drawprocs"])
+def test_records_do_not_depend_on_batching_threads_or_draw_processes(threads, max_batch, draw):
+    """The same configuration gives bit-identical records whatever the batch size, the number of
+    torch threads and how the inputs are drawn (threads or processes), for every kind of model."""
+    cfg = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
+                      chunks=(4, 12, 17), seeds="0-3", dims=(32,),
+                      accumulations=("fp16-seq", "fp16-once", "fp32", "h200"),
                       lower_bounds=(-5.0, -1.0))
-    a = run_sweep(cfg.runs(), cfg.accumulations)
-    b = run_sweep(cfg.runs(), cfg.accumulations, max_batch=3)
-    key = lambda r: (r["family"], r["lower_bound"], r["chunk"], r["seed"], r["accumulation"])  # noqa
-    sa = sorted(a, key=key)
-    sb = sorted(b, key=key)
-    assert json.dumps(sa, sort_keys=True) == json.dumps(sb, sort_keys=True)
-    again = run_sweep(cfg.runs(), cfg.accumulations)
-    assert json.dumps(a) == json.dumps(again)
+    reference = run_sweep(cfg.runs(), cfg.accumulations)
+    assert len(reference) == (2 * 2 + 1) * 3 * 4 * 4
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        again = run_sweep(cfg.runs(), cfg.accumulations, max_batch=max_batch, **draw)
+    finally:
+        torch.set_num_threads(before)
+    assert _by_run(again) == _by_run(reference)
+    assert json.dumps(run_sweep(cfg.runs(), cfg.accumulations)) == json.dumps(reference)
 
 
 def test_store_roundtrip_nonfinite(tmp_path):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["integer", "int_list", "float_list", "name_list", "choice", "choices",
            "lower_bound", "lower_bounds", "accumulation", "accumulations", "scale_format",
-           "device", "output_folder", "config_file", "INT_LIST_HELP"]
+           "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP"]
 
 INT_LIST_HELP = "integers like '4,12,16', ranges like '3-8' or stepped ranges like '36-64:4'"
 _ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+)(?::(\d+))?)?$")
@@ -266,3 +266,15 @@ def config_file(value, name: str = "config") -> Path:
     if not os.access(path, os.R_OK):
         raise ValueError(f"{name}: cannot read {str(path)!r} (permission denied)")
     return path
+
+
+def renamed(exc: Exception, names: dict[str, str]) -> Exception:
+    """``exc``, a validator's error about a field, with the argument named as the user wrote it
+    (a message starting with a field of ``names`` starts with its label instead): a config
+    object checks its fields once, and the edge that filled them from options or a file says
+    which option or key was wrong."""
+    text = str(exc)
+    for field in sorted(names, key=len, reverse=True):
+        if text.startswith(field):
+            return type(exc)(names[field] + text[len(field):])
+    return exc

@@ -25,6 +25,7 @@ from typing import ClassVar
 import torch
 
 from kdalab.arith.formats import FP16, round_to
+from kdalab.arith.linalg import matmul64
 from kdalab.arith.registry import register
 
 __all__ = ["TensorOps", "Fp64Accumulation", "Fp32Accumulation", "Fp16SequentialAccumulation",
@@ -55,7 +56,7 @@ class Fp64Accumulation(TensorOps):
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         check_operands(a, b, self.name)
-        return torch.matmul(a.double(), b.double())
+        return matmul64(a, b)
 
 
 @dataclass(frozen=True)

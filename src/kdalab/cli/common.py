@@ -1,102 +1,89 @@
-"""Shared pieces of the commands: option parsing that fails cleanly, progress, views on disk."""
+"""Shared pieces of the commands: a config object built from options (errors naming the options),
+the inverse experiment run into its store with a cost-weighted progress bar, tables on the
+terminal, the inverse experiment's views drawn from the store."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.table import Table
+from kdalab.cli.app import STATE, console
+from kdalab.cli.progress import WeightedProgress, drawing
 
-from kdalab.cli.app import console, err_console, fail
-
-__all__ = ["parse_or_fail", "check_device", "run_into_folder", "draw_views", "export_json",
-           "print_seed_tables"]
+__all__ = ["labelled", "run_into_folder", "draw_views", "export_json", "print_table"]
 
 
-def parse_or_fail(fn: Callable, *args):
+def labelled(cls, raw: dict, names: dict):
+    """``cls(**raw)`` (a config that parses its fields once), its errors naming the options as
+    typed (``names``: field -> option)."""
+    from kdalab import params
+    from kdalab.errors import Unavailable
+
     try:
-        return fn(*args)
-    except ValueError as exc:
-        fail(str(exc))
-
-
-def check_device(device: str) -> str:
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        fail(f"--device must be 'cpu' or 'cuda', got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        fail("--device cuda: no CUDA device is available on this machine (torch.cuda."
-             "is_available() is False); use --device cpu")
-    return device
+        return cls(**raw)
+    except (ValueError, Unavailable) as exc:
+        raise params.renamed(exc, names) from None
 
 
 def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = False,
                     backend: str = "local", address: str | None = None,
-                    quiet: bool = False, json_export: bool = False) -> None:
-    """Run ``plan`` into the store in ``out`` (see :mod:`kdalab.experiments.runstore`) with a
-    progress bar, then draw the views once from the stored records. Ctrl-C keeps every record
-    finished and says how to continue (exit 130)."""
-    from kdalab.experiments.runstore import StoreError
-    from kdalab.experiments.sweep import open_store, run_into_store
+                    quiet: bool = False, json_export: bool = False,
+                    again: str = "kdalab sweep --out {out} --resume") -> list[Path]:
+    """Run ``plan`` into the store in ``out`` (:mod:`kdalab.experiments.runstore`) with a
+    cost-weighted progress bar, then draw the views once from the stored records; return the
+    files written. Interrupted, every finished part is kept and the boundary says how to
+    continue (``again``, with ``{out}``)."""
+    from kdalab.experiments.sweep import open_store, record_cost, run_into_store
 
+    names = [m.name for m in plan.accumulations]
+
+    def weight(batch) -> float:
+        run = batch.runs[0]
+        return len(batch.runs) * sum(record_cost(run.chunk, run.dim, n) for n in names)
+
+    runs_per_cell = [len(pairs) * len(plan.seeds) for _, _, pairs in plan.cells]
+    total = sum(k * sum(record_cost(c, d, n) for n in names)
+                for k, (c, d, _) in zip(runs_per_cell, plan.cells))
     t0 = time.perf_counter()
-    try:
-        store = open_store(plan, out, resume=resume, force=force)
-    except StoreError as exc:
-        fail(str(exc))
-    with store:
+    with open_store(plan, out, resume=resume, force=force) as store:
         before = int(store.done.sum())
         if before and not quiet:
-            console.print(f"resuming: {before} of {store.runs} runs already stored in {out}/")
+            console.print(f"resuming: {before} of {store.runs} runs already stored in {out}/",
+                          highlight=False)
         try:
-            with Progress(
-                TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                console=console, transient=True, disable=quiet,
-            ) as progress:
-                task = progress.add_task("runs", total=store.runs, completed=before)
-                ran = run_into_store(
-                    plan, store, backend=backend, address=address,
-                    progress=lambda done, total: progress.update(task, completed=done))
-        except KeyboardInterrupt:
-            store.close()
-            err_console.print(
-                f"interrupted: {int(store.done.sum())} of {store.runs} runs are stored in "
-                f"{out}/; continue with: kdalab sweep --out {out} --resume", highlight=False)
-            raise typer.Exit(130) from None
-        elapsed = time.perf_counter() - t0
+            with WeightedProgress("runs", store.runs, total, quiet) as bar:
+                bar.advance(before, total * before / max(store.runs, 1))
+                ran = run_into_store(plan, store, backend=backend, address=address,
+                                     progress=lambda batch: bar.advance(len(batch.runs),
+                                                                        weight(batch)))
+        except BaseException:
+            store.close()  # what was computed is on disk before anything is said
+            STATE.kept.append(f"{int(store.done.sum())} of {store.runs} runs stored in {out}")
+            STATE.resume = f"'{again.format(out=out)}' continues with the rest"
+            raise
         if not quiet:
-            console.print(f"{ran} runs × {len(plan.accumulations)} accumulation model(s) in "
-                          f"{elapsed:.1f} s ({store.runs} runs stored in {out}/)")
+            console.print(f"{ran} runs × {len(names)} accumulation model(s) in "
+                          f"{time.perf_counter() - t0:.1f} s; {store.runs} runs stored in "
+                          f"{out}/", highlight=False)
         paths = draw_views(store, show=not quiet)
         if json_export:
             paths.append(export_json(store, out / "records.json"))
-    if not quiet:
-        console.print(f"wrote {len(paths)} view file(s) to {out}/")
+    return paths
 
 
 def draw_views(store, *, show: bool = True) -> list[Path]:
-    """The inverse experiment's views, drawn once from the stored records (their aggregates,
-    read one group at a time): the seed tables (Markdown, CSV), every aggregate
-    (``summary.csv``) and the error plot. The files of the previous drawing are removed first,
-    so no stale table survives, and the new ones listed in the store's manifest."""
-    from kdalab.experiments.aggregate import summarize_store
-    from kdalab.views.plots import plot_error_vs_chunk
-    from kdalab.views.tables import seed_tables, write_seed_tables
-
+    """The inverse experiment's views, drawn once from the stored records' aggregates (read one
+    group at a time): the seed's tables (printed unless ``show`` is False, and as Markdown and
+    CSV), every aggregate (``summary.csv``) and the error plot. The previous drawing's files are
+    removed first, so no stale table survives; the new ones are listed in the manifest."""
     if store.writable:
         store.flush()  # the records on disk before anything is drawn from them
-    with console.status("drawing views", spinner="dots") if show else _nothing():
+    with drawing(quiet=not show):
+        from kdalab.experiments.aggregate import summarize_store
+        from kdalab.views.plots import plot_error_vs_chunk
+        from kdalab.views.tables import seed_tables, write_seed_tables
+
         summary = summarize_store(store)
         store.remove_views()
         tables = seed_tables(summary)
@@ -108,13 +95,16 @@ def draw_views(store, *, show: bool = True) -> list[Path]:
             paths += plot_error_vs_chunk(summary, store.folder)
         store.set_views(paths)
     if show:
-        print_seed_tables(tables)
+        for t in tables:
+            print_table(t.title, list(t.frame.columns),
+                        [[t.formatters[c](row[c]) for c in t.frame.columns]
+                         for row in t.frame.to_dict("records")])
     return paths
 
 
 def export_json(store, path: Path) -> Path:
-    """All records as one JSON list, in run order, streamed group by group (non-finite floats
-    as the strings "inf", "-inf", "nan")."""
+    """Every record as one JSON list in run order, streamed group by group (non-finite floats as
+    the strings "inf", "-inf", "nan"); written whole or not at all."""
     import json
 
     from kdalab.experiments.store import encode_record
@@ -122,30 +112,25 @@ def export_json(store, path: Path) -> Path:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write("[")
-        first = True
+        sep = "\n"
         for _, table in store.iter_groups():
             for rec in table.to_pylist():
-                fh.write(("\n" if first else ",\n")
-                         + json.dumps(encode_record(rec), allow_nan=False))
-                first = False
+                fh.write(sep + json.dumps(encode_record(rec), allow_nan=False))
+                sep = ",\n"
         fh.write("\n]\n")
     tmp.replace(path)
     return path
 
 
-class _nothing:
-    def __enter__(self):
-        return self
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table on the terminal, its title on a line of its own (a rich title wraps at the
+    table's width: "dim ⏎ 128"); long headers wrap in an 80-column terminal, numbers do not."""
+    from rich.table import Table
 
-    def __exit__(self, *exc):
-        return False
-
-
-def print_seed_tables(tables) -> None:
-    for t in tables:
-        table = Table(title=t.title, title_justify="left")
-        for col in t.frame.columns:
-            table.add_column(col, justify="right")
-        for row in t.frame.to_dict("records"):
-            table.add_row(*(t.formatters[c](row[c]) for c in t.frame.columns))
-        console.print(table)
+    console.print(f"[bold]{title}[/]", highlight=False, soft_wrap=True)
+    table = Table(show_edge=True)
+    for col in columns:
+        table.add_column(col, justify="right")
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)

@@ -1,4 +1,4 @@
-"""``kdalab sweep``: a declarative sweep of the inverse experiment into a resumable store."""
+"""``kdalab sweep``: a declarative sweep of the inverse experiment, from options and/or TOML."""
 
 from __future__ import annotations
 
@@ -7,116 +7,153 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, fail
-from kdalab.cli.common import check_device, draw_views, export_json, parse_or_fail, run_into_folder
+from kdalab.cli.app import app, console, prose
+from kdalab.cli.options import FAMILIES, accumulation_help
 
-DEFAULT_OUT = Path("results/sweep")
+_DEFAULT_OUT = Path("results/sweep")
 
 
-@app.command()
+@app.command(
+    short_help="A declarative sweep of the inverse experiment (options or TOML).",
+    help=prose("""Run a declarative sweep of the inverse experiment: families × chunk
+sizes × seeds × dims × accumulation models (× lower bounds for the families that use one),
+batched.
+
+The records go to a store in --out as they are computed (Parquet parts keyed by run, and a
+manifest of the sweep): a sweep that is stopped or killed keeps every finished part, and
+--resume completes it with exactly the records of an uninterrupted run. A folder holding another
+sweep (or files that are not a sweep's) is refused unless --force. The seed's tables per
+configuration, summary.csv and a plot are drawn once, at the end, from the stored records;
+--redraw draws them again. --backend ray runs the batches as Ray tasks on every GPU (or CPU) of
+this machine, or of the cluster at --address; the records are the same bit for bit.
+
+CONFIG is a TOML file whose keys are the options' names (dashes or underscores; plural forms
+work too), e.g. chunks = "4-16:4", lower-bound = [-5, -2], out = "results/x". Options given on
+the command line override the file."""))
 def sweep(
     config: Annotated[Optional[Path], typer.Argument(
-        help="a TOML file with the sweep (keys as the options: families, chunks, seeds, dims, "
-             "accumulation, lower-bound, device, out); options given here override it")] = None,
+        help="TOML file with the sweep (keys as the options)", show_default=False)] = None,
     families: Annotated[Optional[str], typer.Option(
-        help="floor,weak_decay_correlated,model_like")] = None,
-    chunks: Annotated[Optional[str], typer.Option(help="e.g. 4,12,16 or 2-64")] = None,
-    seeds: Annotated[Optional[str], typer.Option(help="e.g. 3-8")] = None,
-    dims: Annotated[Optional[str], typer.Option(help="e.g. 64,128")] = None,
+        help=f"Input families: {', '.join(FAMILIES)}",
+        show_default=",".join(FAMILIES))] = None,
+    chunks: Annotated[Optional[str], typer.Option(
+        help="Chunk sizes: '4,12,16', '2-64' or '8-64:8'", show_default="8,16,32")] = None,
+    seeds: Annotated[Optional[str], typer.Option(
+        help="Seeds: '3-8' or '0,1,2'", show_default="0-2")] = None,
+    dims: Annotated[Optional[str], typer.Option(
+        help="Head dimensions: '64,128'", show_default="128")] = None,
     accumulation: Annotated[Optional[str], typer.Option(
-        help="one or more accumulation models, comma-separated")] = None,
+        help=accumulation_help("One or more accumulation models, comma-separated"),
+        show_default="fp16-seq")] = None,
     lower_bound: Annotated[Optional[str], typer.Option(
-        help="lower bound(s) of the log-decay (< 0), comma-separated; default -5")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu or cuda")] = None,
+        help="Lower bound(s) of the log-decay, each a finite number < 0, comma-separated",
+        show_default="-5")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        help="cpu, cuda or cuda:N", show_default="cpu")] = None,
     out: Annotated[Optional[Path], typer.Option(
-        help=f"the sweep's folder (records, tables, plots); default {DEFAULT_OUT}")] = None,
+        help="The sweep's folder (records, tables, plots)",
+        show_default=str(_DEFAULT_OUT))] = None,
     resume: Annotated[bool, typer.Option(
-        help="continue the sweep stored in --out: its stored runs are kept, the rest run "
-             "(without sweep options: the stored sweep's own)")] = False,
+        "--resume", help="Continue the sweep stored in --out: its runs are kept, the rest run "
+        "(with no sweep options: the stored sweep's own)")] = False,
     force: Annotated[bool, typer.Option(
-        help="replace what --out holds (another sweep, or files of an earlier kdalab)")] = False,
+        "--force", help="Replace what --out holds (another sweep, or an earlier kdalab's "
+        "records)")] = False,
     backend: Annotated[str, typer.Option(
-        help="local (this process) or ray (Ray tasks: every GPU or CPU of the machine, or of "
-             "the cluster at --address; pip install 'kdalab[ray]')")] = "local",
+        help="local (this process) or ray (Ray tasks on every GPU or CPU; pip install "
+        "'kdalab[ray]')")] = "local",
     address: Annotated[Optional[str], typer.Option(
-        help="a Ray cluster to join (host:port, or auto); default: start one here")] = None,
+        help="The Ray cluster to join (host:port or auto)",
+        show_default="a new one on this machine")] = None,
     json: Annotated[bool, typer.Option(
-        "--json", help="also export every record to records.json")] = False,
+        "--json", help="Also export every record to records.json")] = False,
     redraw: Annotated[Optional[Path], typer.Option(
-        help="draw the tables and plots again from the records stored in this folder")] = None,
-    quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
+        help="Draw the tables and plots again from the records stored in this folder",
+        show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
-    """Run a declarative sweep of the inverse experiment: families × chunks × seeds × dims ×
-    accumulation models (× lower bounds), batched.
-
-    Records go to a store in --out as they are computed (Parquet parts keyed by run, with a
-    manifest of the sweep): a sweep that is killed keeps every finished part, and --resume
-    completes it with exactly the records of an uninterrupted run. A folder holding another
-    sweep is refused unless --force. Tables and plots are drawn once, at the end, from the
-    stored records (--redraw draws them again).
-    """
-    axes = {"families": families, "chunks": chunks, "seeds": seeds, "dims": dims,
-            "accumulation": accumulation, "lower_bound": lower_bound, "device": device}
-    given = {k: v for k, v in axes.items() if v is not None}
-    if redraw is not None:
-        if given or config is not None or out is not None or resume or force:
-            fail("--redraw draws from the stored records: give it alone (with --json or "
-                 "--quiet)")
-        _redraw(redraw, json, quiet)
-        return
+    from kdalab import params
+    from kdalab.cli.common import run_into_folder
     from kdalab.experiments.backends import check_backend
+    from kdalab.experiments.sweep import (
+        SweepConfig,
+        SweepPlan,
+        option_field,
+        read_sweep_file,
+    )
 
-    parse_or_fail(check_backend, backend, address)
+    given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
+             "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
+    if redraw is not None:
+        extra = [k for k, v in given.items() if v is not None] + [
+            k for k, v in (("CONFIG", config), ("--out", out), ("--resume", resume),
+                           ("--force", force)) if v]
+        if extra:
+            raise ValueError(f"--redraw draws from the stored records: it takes no "
+                             f"{', '.join(extra)}")
+        _redraw(Path(redraw), json, quiet)
+        return
+    check_backend(backend, address)
+
     data: dict = {}
+    labels: dict = {}
+    out_label = "--out"
     if config is not None:
-        from kdalab.experiments.sweep import read_sweep_file
-
-        data = parse_or_fail(read_sweep_file, config)
-    toml_out = data.pop("out", None)
-    out = out or (Path(toml_out) if toml_out else DEFAULT_OUT)
-    if resume and config is None and not given:
+        path = params.config_file(config, "config")
+        for key, value in read_sweep_file(path).items():
+            if option_field(key) == "out":
+                out, out_label = (value, f"{path.name}: {key}") if out is None else (out, "--out")
+                continue
+            data[key], labels[key] = value, f"{path.name}: {key}"
+    for option, value in given.items():
+        if value is None:
+            continue
+        for key in [k for k in data if option_field(k) == option_field(option)]:
+            del data[key]  # the command line overrides the file
+        data[option], labels[option] = value, option
+    out = params.output_folder(_DEFAULT_OUT if out is None else out, out_label)
+    if resume and all(option_field(k) == "device" for k in data):  # the sweep stored in --out
         plan = _stored_plan(out, device)
     else:
-        from kdalab.experiments.sweep import SweepConfig, SweepPlan
-
-        labels = {k: f"{config}: {k}" for k in data}
-        data.update(given)
-        labels.update({k: "--" + k.replace("_", "-") for k in given})
-        cfg = parse_or_fail(SweepConfig.parse, data, labels)
-        check_device(cfg.device)
-        plan = SweepPlan.of(cfg)
-    run_into_folder(plan, out, resume=resume, force=force, backend=backend, address=address,
-                    quiet=quiet, json_export=json)
+        plan = SweepPlan.of(SweepConfig.parse(data, labels))
+    paths = run_into_folder(plan, out, resume=resume, force=force, backend=backend,
+                            address=address, quiet=quiet, json_export=json)
+    if not quiet:
+        console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
 
 
 def _stored_plan(out: Path, device: str | None):
-    """The plan of the sweep stored in ``out`` (for ``--resume`` without sweep options)."""
+    """The plan of the sweep stored in ``out`` (``--resume`` without sweep options)."""
     from kdalab.experiments.runstore import RunStore, StoreError
     from kdalab.experiments.sweep import STORE_KIND, SweepPlan
 
     try:
         manifest = RunStore.read_only(out).manifest
     except StoreError as exc:
-        fail(f"--resume: {exc}")
+        raise ValueError(f"--resume: {exc}; give the sweep's options to start it") from None
     if manifest.kind != STORE_KIND:
-        fail(f"--resume: {out} holds a {manifest.kind}, not an inverse sweep")
-    return parse_or_fail(SweepPlan.from_identity, manifest.config, device)
+        raise ValueError(f"--resume: {out} holds a {manifest.kind}, not an inverse sweep")
+    return SweepPlan.from_identity(manifest.config, device)
 
 
 def _redraw(folder: Path, json_export: bool, quiet: bool) -> None:
+    from kdalab.cli.common import draw_views, export_json
     from kdalab.experiments.runstore import RunStore, StoreError
 
     try:
         store = RunStore.read_only(folder, lock=True)
     except StoreError as exc:
-        fail(f"--redraw: {exc}")
+        raise ValueError(f"--redraw: {exc}") from None
     with store:
         stored = int(store.done.sum())
         if not quiet and not store.complete:
-            console.print(f"{folder} holds {stored} of {store.runs} runs (kdalab sweep --out "
-                          f"{folder} --resume completes it); drawing from those")
+            console.print(f"{folder} holds {stored} of {store.runs} runs ('kdalab sweep --out "
+                          f"{folder} --resume' completes it); drawing from those",
+                          highlight=False)
         paths = draw_views(store, show=not quiet)
         if json_export:
             paths.append(export_json(store, folder / "records.json"))
     if not quiet:
-        console.print(f"wrote {len(paths)} file(s) to {folder}/ from {stored} stored runs")
+        console.print(f"wrote {len(paths)} files to {folder}/ from {stored} stored runs",
+                      highlight=False)

@@ -2,7 +2,7 @@
 
 For every chunk size C (one batch), inputs for every lower bound and family are stacked, and for
 every (scale format, exp2 path, boundary) the kernel's L is built by
-:func:`kdalab.kda.intra.kernel_l` (start/midpoint/end) or :func:`kdalab.kda.dynamic_range.
+:func:`kdalab.kda.intra.kernel_l` (start/midpoint/end) or :func:`kdalab.kda.intra.
 per_pair_l` (per_pair). One record per (family, seed, lower bound, C, format, exp2 path, boundary):
 
 ==================  ==============================================================================
@@ -34,10 +34,11 @@ import torch
 
 from kdalab import params
 from kdalab.arith import AccumulationModel, Format, rel_rmse
+from kdalab.arith.linalg import inv64
 from kdalab.experiments.draw import make_inputs
 from kdalab.experiments.limits import TABLE_LOWER_BOUNDS, calculator_records
-from kdalab.kda.dynamic_range import BOUNDARIES, per_pair_l
-from kdalab.kda.intra import boundary_log_decay, kernel_l, split_factors, stable_l
+from kdalab.kda.dynamic_range import BOUNDARIES
+from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, split_factors, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
 
@@ -71,7 +72,7 @@ class SweepGrid:
     def __post_init__(self) -> None:
         ftz = self.exp2_ftz
         if isinstance(ftz, str):
-            ftz = FTZ_MODES[params.choice(ftz, "ftz", FTZ_MODES)]
+            ftz = FTZ_MODES[params.choice(ftz, "exp2_ftz", FTZ_MODES)]
         seeds = self.model_seeds
         typed = {
             "lower_bounds": params.lower_bounds(self.lower_bounds, "lower_bounds"),
@@ -164,7 +165,7 @@ def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
 
     eye = torch.eye(chunk, dtype=torch.float64)
     l_ref = stable_l(keys, log_decay, beta)
-    inv_ref = torch.linalg.inv(eye + l_ref)
+    inv_ref = inv64(eye + l_ref)
 
     configs, ls, counts = [], [], []
     for fmt_name in grid.formats:

@@ -45,7 +45,7 @@ from kdalab.kda.recipe import get_recipe
 from kdalab.kda.tiles import get_tiles
 
 __all__ = ["E2E_FAMILIES", "Variant", "DEFAULT_VARIANTS", "StudyConfig", "QUICK", "FULL",
-           "study_inputs", "run_study", "gate_label", "summarize"]
+           "study_inputs", "run_study", "gate_label", "summarize", "cell_cost"]
 
 E2E_FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "long")
 SATURATED_G = 20.0
@@ -135,6 +135,11 @@ class StudyConfig:
     def cells(self) -> int:
         return len(self.families) * len(self.variants) * len(self.chunks)
 
+    def cell_keys(self) -> list[tuple[str, str, int]]:
+        """(family, variant name, chunk) of every cell, in the order :func:`run_study` runs
+        them."""
+        return [(f, v.name, c) for f in self.families for v in self.variants for c in self.chunks]
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["variants"] = [v.name for v in self.variants]
@@ -148,6 +153,21 @@ QUICK = replace(FULL, lower_bounds=(-2.0, -5.0, -10.0, None), chunks=(8, 16, 64)
                 variants=tuple(Variant.parse(v) for v in (
                     "flashkda/chunk_start/neumann", "flashkda/per_pair/neumann",
                     "fla/secondary-midpoint/forward_substitution", "fp32/chunk_start/neumann")))
+
+
+def cell_cost(cfg: StudyConfig, family: str, variant: str, chunk: int) -> float:
+    """A rough relative cost of one cell, for progress estimates only: sequences × T × heads ×
+    (C·D + D²) (the intra-chunk scores and the recurrence), ×C/4 where the tiles form every pair,
+    ×16 for recipes on the Tensor-Core emulation (every product of a 16-block in float64)."""
+    recipe, tiles, _ = variant.split("/")
+    d = cfg.dim
+    cost = (len(cfg.lower_bounds) * len(cfg.seeds) * cfg.seq_len(family) * cfg.heads
+            * (chunk * d + d * d))
+    if tiles == "per_pair" or tiles == "secondary":
+        cost *= max(1.0, min(chunk, 16) / 4)
+    if "h200" in recipe:
+        cost *= 16
+    return float(cost)
 
 
 def study_inputs(family: str, lower_bound: float | None, seed: int, length: int, heads: int,

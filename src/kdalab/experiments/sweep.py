@@ -43,8 +43,9 @@ from kdalab.experiments.runs import Run
 from kdalab.kda.recipe import Recipe, get_recipe
 
 __all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "read_sweep_file", "plan_runs", "plan_batches",
-           "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "SweepPlan", "Batch",
-           "iter_batch_tables", "open_store", "run_into_store", "run_shard", "group_label"]
+           "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "record_cost",
+           "option_field", "SweepPlan", "Batch", "iter_batch_tables", "open_store",
+           "run_into_store", "run_shard", "group_label"]
 
 #: The chunk sizes of the seed document's three tables.
 SEED_TABLE_CHUNKS = {
@@ -58,7 +59,9 @@ _KEYS = {"family": "families", "chunk": "chunks", "seed": "seeds", "dim": "dims"
          "accumulation": "accumulations", "lower_bound": "lower_bounds"}
 
 
-def _field(key: str) -> str:
+def option_field(key: str) -> str:
+    """The field a sweep key names: ``--lower-bound``, ``lower-bound`` and ``lower_bounds`` all
+    name ``lower_bounds``."""
     name = key.strip().lstrip("-").replace("-", "_")
     return _KEYS.get(name, name)
 
@@ -104,7 +107,7 @@ class SweepConfig:
         known = {f.name for f in fields(cls)}
         kw, names = {}, {}
         for key, value in data.items():
-            name = _field(key)
+            name = option_field(key)
             if name not in known:
                 options = ", ".join(sorted({k.replace("_", "-") for k in known}))
                 raise ValueError(f"{(labels or {}).get(key, key)}: unknown key; expected one of "
@@ -115,12 +118,7 @@ class SweepConfig:
         try:
             return cls(**kw)
         except (ValueError, Unavailable) as exc:  # name the argument as the user wrote it
-            text = str(exc)
-            for name, label in names.items():
-                if text.startswith(name):
-                    text = label + text[len(name):]
-                    break
-            raise type(exc)(text) from None
+            raise params.renamed(exc, names) from None
 
     def runs(self) -> list[Run]:
         return plan_runs(self.families, self.chunks, self.seeds, self.dims, self.lower_bounds)
@@ -172,6 +170,23 @@ def seed_reproduction_runs(seeds: Sequence[int] = (0, 1, 2), dim: int = 128,
     for fam, fam_chunks in SEED_TABLE_CHUNKS.items():
         runs += plan_runs([fam], chunks or fam_chunks, seeds, [dim], [-5.0])
     return runs
+
+
+def record_cost(chunk: int, dim: int, accumulation: str) -> float:
+    """A rough cost of one record (one run under one model) in CPU milliseconds, for progress
+    estimates only. Fitted to `run_sweep` on the dev VM (1 thread, dim 128, C = 8…64): about
+    0.4 ms per run for the draws, L and the references, then per model ~0.08·C (fp16-seq),
+    ~0.03·C (fp32, fp64), ~8e-5·C³ (fp16-once's exact limbs) and ~7.5e-4·C³ (the Tensor-Core
+    emulation: 5 ms at C = 16, 190 ms at C = 64); the GPU's models cost little per run."""
+    if accumulation.startswith("h200"):
+        model = 7.5e-4 * chunk**3
+    elif accumulation == "fp16-once":
+        model = 8e-5 * chunk**3
+    elif accumulation == "fp16-seq":
+        model = 0.08 * chunk
+    else:
+        model = 0.03 * chunk
+    return 0.4 * dim / 128 + model
 
 
 def plan_batches(runs: Sequence[Run], max_batch: int = 512) -> list[list[Run]]:
@@ -470,25 +485,22 @@ def open_store(plan: SweepPlan, folder: str | Path, *, resume: bool = False,
 
 
 def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
-                   address: str | None = None, progress: Callable[[int, int], None] | None = None,
+                   address: str | None = None, progress: Callable[[Batch], None] | None = None,
                    max_batch: int | None = None, threads: int | None = None) -> int:
     """Run the runs of ``plan`` that ``store`` lacks and append their records; return how
-    many ran. ``progress(done, total)`` counts stored runs after each batch (local) or shard
-    (Ray). ``backend``: ``local`` (this process, pipelined on CUDA) or ``ray``
+    many ran. ``progress(batch)`` is called after each batch is stored (on Ray, as its shard
+    completes). ``backend``: ``local`` (this process, pipelined on CUDA) or ``ray``
     (:mod:`kdalab.experiments.backends`: shards of batches as Ray tasks, one GPU or one CPU
     each; ``address`` joins a cluster). Records are the same bit for bit either way."""
     device = torch.device(plan.device)
     max_batch = max_batch or DEFAULT_MAX_BATCH[device.type == "cuda"]
     pending = int((~store.done).sum())
-    total, done = len(plan), int(store.done.sum())
     batches = plan.batches(max_batch, store.done.copy())
 
     def stored(batch: Batch, table) -> None:
-        nonlocal done
         store.append(table, batch.group)
-        done += len(batch.runs)
         if progress is not None:
-            progress(done, total)
+            progress(batch)
 
     if backend == "local":
         processes = default_draw_processes(pending, device)
