@@ -39,13 +39,13 @@ def kdalab(*args: str, **kw) -> subprocess.CompletedProcess:
 
 def test_reproduce_small(tmp_path, capsys):
     code, out, err = cli(capsys, "reproduce", "--chunks", "4,8", "--seeds", "0", "--dim", "16",
-                         "--out", str(tmp_path))
+                         "--out", str(tmp_path), "--json")
     assert code == 0, err
     assert "Exponent boundary" in out and "High-power stress" in out
     # a table's title is one line of its own (never wrapped into the table's width)
     assert any(line.startswith("Exponent boundary") and line.endswith("dim 16")
                for line in out.splitlines())
-    for name in ("records.json", "records.parquet", "records.jsonl", "exponent_boundary.md",
+    for name in ("records.json", "manifest.json", "summary.csv", "exponent_boundary.md",
                  "exponent_boundary.csv", "high_power_stress.md", "ordinary_random.csv",
                  "error_vs_chunk.png", "error_vs_chunk.svg"):
         assert (tmp_path / name).exists(), name
@@ -61,7 +61,7 @@ def test_sweep_from_toml_with_override_and_out(tmp_path, capsys):
     cfg.write_text(f'families = "floor"\nchunks = [4]\nseeds = "0-1"\ndims = [8]\n'
                    f'lower-bound = -2\nout = "{out}"\naccumulation = "fp32"\n')
     code, _, err = cli(capsys, "sweep", str(cfg), "--accumulation", "fp16-seq,fp16-once",
-                       "--quiet")
+                       "--quiet", "--json")
     assert code == 0, err
     recs = json.loads((out / "records.json").read_text())
     assert len(recs) == 4 and {r["lower_bound"] for r in recs} == {-2.0}
@@ -170,7 +170,7 @@ def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path, capsys):
     def broken(*a, **kw):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(sweep, "run_sweep", broken)
+    monkeypatch.setattr(sweep, "iter_batch_tables", broken)
     with pytest.raises(ZeroDivisionError):
         main(["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out", str(tmp_path)])
 
@@ -281,24 +281,31 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
 
 
 def test_ctrl_c_keeps_the_records_and_says_how_to_go_on(tmp_path):
+    """Ctrl-C: every stored part is kept, the boundary says how many runs and how to continue
+    (exit 130), and --resume then completes the sweep."""
+    from kdalab.experiments.runstore import RunStore
+
     out = tmp_path / "sweep"
-    p = subprocess.Popen([sys.executable, "-m", "kdalab", "sweep", "--chunks", "4-64:4",
-                          "--seeds", "0-63", "--dims", "16", "--out", str(out)],
+    args = ["sweep", "--chunks", "4-64:4", "--seeds", "0-63", "--dims", "16", "--out", str(out)]
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from kdalab.experiments import "
+                          "runstore; runstore.PART_SECONDS = 0.05; from kdalab.cli import main; "
+                          "main()", *args],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
-    records = out / "records.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and p.poll() is None:
-        if records.exists() and records.read_text().count("\n") >= 1:
+        if list(out.glob("parts/*.parquet")):
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert p.poll() is None, "the sweep ended before it could be interrupted"
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=240)
     assert p.returncode == 130, err
-    kept = records.read_text().count("\n")
+    kept = int(RunStore.read_only(out).done.sum())
     lines = err.strip().splitlines()
-    assert lines and lines[-1] == (f"interrupted: {kept} records kept in {records}; run the same "
-                                   "command again to redo the sweep (it starts afresh)")
-    assert kept >= 1 and "Traceback" not in err
-    assert not (out / "records.json").exists()  # the sweep did not finish
-    assert all(json.loads(line)["chunk"] for line in records.read_text().splitlines())
+    assert lines and lines[-1] == (f"interrupted: {kept} of 3072 runs stored in {out}; "
+                                   f"'kdalab sweep --out {out} --resume' continues with the rest")
+    assert 1 <= kept < 3072 and "Traceback" not in err
+    assert not (out / "summary.csv").exists()  # the sweep did not finish: no views yet
+    done = kdalab("sweep", "--out", str(out), "--resume", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert RunStore.read_only(out).complete and (out / "summary.csv").exists()

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from typer.testing import CliRunner
 
-from kdalab.cli import app
+from kdalab.cli import main
 from kdalab.experiments.runstore import RunStore, identical
 from kdalab.experiments.sweep import (
     SweepConfig,
@@ -26,7 +25,29 @@ from kdalab.experiments.sweep import (
     run_into_store,
 )
 
-runner = CliRunner()
+
+class Result:
+    def __init__(self, code, output):
+        self.exit_code, self.output = code, output
+
+
+class Runner:
+    """The command line in this process, through its error boundary (as `kdalab` runs it)."""
+
+    def invoke(self, _app, args) -> Result:  # CliRunner's signature
+        import contextlib
+        import io
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+            except SystemExit as done:
+                code = done.code
+        return Result(code, out.getvalue() + err.getvalue())
+
+
+runner, app = Runner(), None
 AXES = ["--families", "floor,weak_decay_correlated,model_like", "--chunks", "3,8,17",
         "--seeds", "0-4", "--dims", "16", "--accumulation", "fp16-seq,h200"]
 
