@@ -29,7 +29,8 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{stem}.png", folder / f"{stem}.svg"]
     fig.savefig(paths[0], dpi=130, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    # the tight box of the drawing just made: the SVG is rendered once instead of twice
+    fig.savefig(paths[1], bbox_inches=fig.get_tightbbox().padded(0.1))
     plt.close(fig)
     return paths
 
