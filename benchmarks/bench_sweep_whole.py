@@ -136,7 +136,7 @@ def breakdown(args, out: Path) -> None:
     kdalab CLI modules' own first import is measured)."""
     t0 = time.perf_counter()
     from kdalab.cli.common import draw_views
-    from kdalab.experiments.sweep import open_store, run_into_store
+    from kdalab.experiments.backends import open_store, run_into_store
     t1 = time.perf_counter()
     plan = _plan(args)
     shutil.rmtree(out, ignore_errors=True)
@@ -155,8 +155,9 @@ def breakdown(args, out: Path) -> None:
 def ray_throughput(args) -> None:
     import ray
 
+    from kdalab.experiments.backends import open_store, run_into_store
     from kdalab.experiments.runstore import RunStore, identical
-    from kdalab.experiments.sweep import SweepConfig, SweepPlan, open_store, run_into_store
+    from kdalab.experiments.sweep import SweepConfig, SweepPlan
 
     plan = _plan(args)
     warm = SweepPlan.of(SweepConfig.parse({

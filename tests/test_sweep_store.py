@@ -16,14 +16,9 @@ import numpy as np
 import torch
 
 from kdalab.cli import main
+from kdalab.experiments.backends import open_store, run_into_store
 from kdalab.experiments.runstore import RunStore, identical
-from kdalab.experiments.sweep import (
-    SweepConfig,
-    SweepPlan,
-    iter_batch_tables,
-    open_store,
-    run_into_store,
-)
+from kdalab.experiments.sweep import SweepConfig, SweepPlan, iter_batch_tables
 
 
 class Result:

@@ -51,6 +51,10 @@ scaled in float32 and the truncated terms summed in int32, both exact. The cuBLA
 adds in float32 every step whose products are provably exact and takes a correctly rounded
 FMA for the others. Operands may be any float dtype whose values the operand format
 represents (checked).
+
+Why this module is long: the five models share one block and its exactness arguments (which
+scalings are exact in float32, why the truncated sums fit int32, when an fp32 product is exact),
+and each fast path is only correct together with its argument.
 """
 
 from __future__ import annotations

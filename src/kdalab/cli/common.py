@@ -34,7 +34,8 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
     cost-weighted progress bar, then draw the views once from the stored records; return the
     files written. Interrupted, every finished part is kept and the boundary says how to
     continue (``again``, with ``{out}``)."""
-    from kdalab.experiments.sweep import open_store, record_cost, run_into_store
+    from kdalab.experiments.backends import open_store, run_into_store
+    from kdalab.experiments.sweep import record_cost
 
     names = [m.name for m in plan.accumulations]
 

@@ -125,8 +125,9 @@ def sweep(
 
 def _stored_plan(out: Path, device: str | None):
     """The plan of the sweep stored in ``out`` (``--resume`` without sweep options)."""
+    from kdalab.experiments.backends import STORE_KIND
     from kdalab.experiments.runstore import RunStore, StoreError
-    from kdalab.experiments.sweep import STORE_KIND, SweepPlan
+    from kdalab.experiments.sweep import SweepPlan
 
     try:
         manifest = RunStore.read_only(out).manifest

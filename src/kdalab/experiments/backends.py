@@ -1,8 +1,9 @@
-"""Where a sweep's work runs: in this process (``local``, the default) or as Ray tasks (``ray``).
+"""Where a sweep's work runs: in this process (``local``, the default) or as Ray tasks (``ray``),
+its records going to its store (:func:`open_store`, :func:`run_into_store`; docs/sweeps.md).
 
-The sweep cuts its pending runs into *shards* and maps a function over them; whichever backend
-runs a shard, its result is the same (records depend on the run only), so the store receives
-the same records bit for bit.
+The sweep cuts its pending runs into batches, and for Ray into *shards* of batches, and maps a
+function over them; whichever backend runs a shard, its result is the same (records depend on
+the run only), so the store receives the same records bit for bit.
 
 ``ray``: ``ray.init()`` starts a local cluster on this machine, or joins the one at
 ``address`` (``"auto"`` or ``"host:port"``). A GPU shard asks for one GPU, so every GPU of the
@@ -17,9 +18,24 @@ Ray is optional: ``pip install 'kdalab[ray]'``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
-__all__ = ["BACKENDS", "check_backend", "ray_map", "ray_cluster", "RAY_MAX_RETRIES"]
+import torch
+
+from kdalab import params
+from kdalab.experiments.draw import MAX_CUDA_PROCESSES
+from kdalab.experiments.plan import Batch, SweepPlan
+from kdalab.experiments.sweep import (
+    DEFAULT_MAX_BATCH,
+    _cpu_threads,
+    default_draw_processes,
+    iter_batch_tables,
+)
+from kdalab.kda.recipe import get_recipe
+
+__all__ = ["BACKENDS", "check_backend", "ray_map", "ray_cluster", "RAY_MAX_RETRIES", "STORE_KIND",
+           "open_store", "run_into_store", "run_shard"]
 
 BACKENDS = ("local", "ray")
 #: How often Ray reruns a shard whose worker died before giving up on the sweep.
@@ -114,3 +130,89 @@ def ray_map(fn: Callable, shards: Iterable, *, gpu: bool = False, address: str |
     finally:  # an error or an interrupt: stop what is still queued
         for ref in pending:
             ray.cancel(ref, force=True)
+
+
+# --- a sweep's plan into its store ------------------------------------------------------------
+
+STORE_KIND = "inverse-sweep"
+
+
+def open_store(plan: SweepPlan, folder: str | Path, *, resume: bool = False,
+               force: bool = False):
+    """The :class:`~kdalab.experiments.runstore.RunStore` for ``plan`` in ``folder``."""
+    from kdalab.experiments.inverse import record_schema
+    from kdalab.experiments.runstore import RunStore
+
+    return RunStore.open(folder, kind=STORE_KIND, config=plan.identity(), runs=len(plan),
+                         records_per_run=len(plan.accumulations), schema=record_schema(),
+                         resume=resume, force=force)
+
+
+def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
+                   address: str | None = None, progress: Callable[[Batch], None] | None = None,
+                   max_batch: int | None = None, threads: int | None = None) -> int:
+    """Run the runs of ``plan`` that ``store`` lacks and append their records; return how
+    many ran. ``progress(batch)`` is called after each batch is stored (on Ray, as its shard
+    completes). ``backend``: ``local`` (this process, pipelined on CUDA) or ``ray``
+    (:mod:`kdalab.experiments.backends`: shards of batches as Ray tasks, one GPU or one CPU
+    each; ``address`` joins a cluster). Records are the same bit for bit either way."""
+    device = torch.device(plan.device)
+    max_batch = max_batch or DEFAULT_MAX_BATCH[device.type == "cuda"]
+    pending = int((~store.done).sum())
+    batches = plan.batches(max_batch, store.done.copy())
+
+    def stored(batch: Batch, table) -> None:
+        store.append(table, batch.group)
+        if progress is not None:
+            progress(batch)
+
+    if backend == "local":
+        processes = default_draw_processes(pending, device)
+        with _cpu_threads(device, threads):
+            for batch, table in iter_batch_tables(batches, plan.accumulations,
+                                                  recipe=plan.recipe, device=device,
+                                                  processes=processes):
+                stored(batch, table)
+        return pending
+    from functools import partial
+
+    check_backend(backend, address)
+    gpu = device.type == "cuda"
+    cpus, gpus = ray_cluster(address)
+    slots = max(1, gpus if gpu else cpus)  # ray_map says clearly when there is none
+    # about four shards per slot, so the last ones finish together; CPU shards of one batch
+    shard_runs = max(max_batch, min(16 * max_batch, -(-pending // (4 * slots)))) if gpu \
+        else max_batch
+    # the draw processes a GPU task may start: the node's cores shared by its GPUs
+    processes = min(MAX_CUDA_PROCESSES, cpus // max(gpus, 1) - 4) if gpu else 0
+    work = partial(run_shard, accumulations=[m.name for m in plan.accumulations],
+                   recipe=plan.recipe.name, device=device.type,
+                   processes=processes if processes >= 2 else 0)
+    for _, results in ray_map(work, _shards(batches, shard_runs), gpu=gpu, address=address):
+        for batch, table in results:
+            stored(batch, table)
+    return pending
+
+
+def _shards(batches: Iterable[Batch], shard_runs: int) -> Iterator[list[Batch]]:
+    shard: list[Batch] = []
+    size = 0
+    for batch in batches:
+        shard.append(batch)
+        size += len(batch.runs)
+        if size >= shard_runs:
+            yield shard
+            shard, size = [], 0
+    if shard:
+        yield shard
+
+
+def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str, device: str,
+              processes: int = 0) -> list[tuple[Batch, object]]:
+    """A Ray task: the records of a shard's batches, pipelined as in the local backend, on one
+    intra-op thread on the CPU (Ray gives each task one CPU)."""
+    dev = torch.device(device)
+    models = params.accumulations(accumulations, "accumulations", dev.type)
+    with _cpu_threads(dev, 1):
+        return list(iter_batch_tables(shard, models, recipe=get_recipe(recipe), device=dev,
+                                      processes=processes))

@@ -26,6 +26,9 @@ store is refused (:class:`StoreError`) unless ``force`` is given, which deletes 
 files (and the record files of earlier kdalab versions) and starts afresh. A folder holding
 stored records of the same sweep needs ``resume`` (or ``force``): nothing is overwritten
 silently.
+
+Why this module is long: the store is one contract (what is on disk, how it is written, how it
+is checked when opened, how it is read back), and its safety argument reads best in one place.
 """
 
 from __future__ import annotations

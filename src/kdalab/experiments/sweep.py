@@ -30,7 +30,6 @@ from kdalab import params
 from kdalab.arith import AccumulationModel
 from kdalab.errors import Unavailable
 from kdalab.experiments.draw import (
-    MAX_CUDA_PROCESSES,
     PROCESS_MIN_RUNS,
     ChunkInputs,
     cuda_draw_processes,
@@ -39,20 +38,13 @@ from kdalab.experiments.draw import (
 )
 from kdalab.experiments.families import FAMILIES, get_family
 from kdalab.experiments.inverse import PendingGroup, launch_group
+from kdalab.experiments.plan import SEED_TABLE_CHUNKS, Batch, SweepPlan, group_label
 from kdalab.experiments.runs import Run
 from kdalab.kda.recipe import Recipe, get_recipe
 
 __all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "read_sweep_file", "plan_runs", "plan_batches",
            "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "record_cost",
-           "option_field", "SweepPlan", "Batch", "iter_batch_tables", "open_store",
-           "run_into_store", "run_shard", "group_label"]
-
-#: The chunk sizes of the seed document's three tables.
-SEED_TABLE_CHUNKS = {
-    "floor": (8, 16, 17, 18, 19, 32),
-    "weak_decay_correlated": (8, 16, 17, 24, 32, 48),
-    "model_like": (8, 16, 32, 48),
-}
+           "option_field", "SweepPlan", "Batch", "iter_batch_tables", "group_label"]
 
 #: every spelling a sweep's key may take (option names, singular or plural) -> the field
 _KEYS = {"family": "families", "chunk": "chunks", "seed": "seeds", "dim": "dims",
@@ -242,21 +234,6 @@ def _cpu_threads(device: torch.device, threads: int | None):
     return scope()
 
 
-@dataclass(frozen=True)
-class Batch:
-    """Runs of one (chunk, dim) that go through the pipeline together, with their indices in
-    the sweep (the records' ``run``) and the label of their store group."""
-
-    group: str
-    index: np.ndarray  # int64 [n]
-    runs: list[Run]
-
-
-def group_label(chunk: int, dim: int) -> str:
-    """A (chunk, dim) group's label in the store; labels sort as the groups do."""
-    return f"c{chunk:06d}-d{dim:06d}"
-
-
 def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
                       *, recipe: Recipe, device: torch.device, workers: int | None = None,
                       processes: int | None = None) -> Iterator[tuple[Batch, object]]:
@@ -328,7 +305,7 @@ def run_sweep(
     4096 on CUDA, where each batch costs a few hundred kernel launches). ``threads``: torch's
     intra-op threads on the CPU during the sweep (default 1, see :func:`_cpu_threads`).
     Pipelined on CUDA (:func:`iter_batch_tables`). For sweeps kept on disk, resumable and
-    run on Ray, see :func:`run_into_store`.
+    run on Ray, see :func:`kdalab.experiments.backends.run_into_store`.
     """
     device = torch.device(params.device(device))
     models = params.accumulations(accumulations, "accumulations", device.type)
@@ -355,202 +332,3 @@ def run_sweep(
 
 
 # --- sweeps into a store, on a backend ---------------------------------------------------------
-
-def _compact(values: Sequence[int]) -> str:
-    """Integers in the list grammar, runs of consecutive values as ranges: '0-499,512'."""
-    out, i = [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
-Cell = tuple[int, int, tuple[tuple[str, float | None], ...]]  # chunk, dim, (family, bound)s
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """Everything that determines a sweep's records, with its runs in canonical order, indexed
-    0…n−1 without listing them: cells of (chunk, dim) in sorted order; in each, its (family,
-    lower bound) pairs, each over the seeds in order. Memory does not grow with the runs.
-
-    :meth:`of` makes the plan of a :class:`SweepConfig` (every family at every chunk size),
-    :meth:`seed_tables` the one of ``kdalab reproduce``, :meth:`from_identity` the one a store
-    was written for."""
-
-    cells: tuple[Cell, ...]
-    seeds: tuple[int, ...]
-    accumulations: tuple[AccumulationModel, ...]
-    recipe: Recipe
-    device: str
-
-    @classmethod
-    def of(cls, config: SweepConfig) -> SweepPlan:
-        pairs: dict = {}
-        for name in config.families:
-            fam = get_family(name)
-            for lb in (config.lower_bounds if fam.uses_lower_bound else (None,)):
-                pairs.setdefault((fam.name, lb), None)
-        cells = tuple((c, d, tuple(pairs)) for c, d in
-                      sorted({(c, d) for c in config.chunks for d in config.dims}))
-        return cls(cells, tuple(config.seeds), tuple(config.accumulations), config.recipe,
-                   config.device)
-
-    @classmethod
-    def seed_tables(cls, seeds: Sequence[int], dim: int, chunks: Sequence[int] | None,
-                    accumulations, device: str = "cpu") -> SweepPlan:
-        """The runs behind the seed document's three tables (each family at its own chunk
-        sizes, or all at ``chunks``), lower bound −5."""
-        by_cell: dict[int, list] = {}
-        for fam, fam_chunks in SEED_TABLE_CHUNKS.items():
-            lb = -5.0 if get_family(fam).uses_lower_bound else None
-            for c in params.int_list(chunks or fam_chunks, "chunks", minimum=1):
-                by_cell.setdefault(c, []).append((fam, lb))
-        dim = params.integer(dim, "dim", 1)
-        device = params.device(device)
-        return cls(tuple((c, dim, tuple(p)) for c, p in sorted(by_cell.items())),
-                   params.int_list(seeds, "seeds", minimum=0),
-                   params.accumulations(accumulations, "accumulations",
-                                        torch.device(device).type),
-                   get_recipe("seed"), device)
-
-    def identity(self) -> dict:
-        """The plan as JSON data: a store's configuration (its fingerprint hashes it). The
-        device enters as its type: a GPU's float64 sums need not match the CPU's."""
-        return {"cells": [[c, d, [list(p) for p in pairs]] for c, d, pairs in self.cells],
-                "seeds": _compact(self.seeds),
-                "accumulations": [m.name for m in self.accumulations],
-                "recipe": self.recipe.name, "device": torch.device(self.device).type}
-
-    @classmethod
-    def from_identity(cls, data: dict, device: str | None = None) -> SweepPlan:
-        """The plan a store was written for (``device``: e.g. ``cuda:1`` for ``cuda``)."""
-        try:
-            cells = tuple((int(c), int(d), tuple((str(f), None if lb is None else float(lb))
-                                                 for f, lb in pairs))
-                          for c, d, pairs in data["cells"])
-            device = params.device(device or data["device"])
-            if torch.device(device).type != data["device"]:
-                raise ValueError(f"--device {device}: the stored sweep ran on "
-                                 f"{data['device']}")
-            return cls(cells, params.int_list(data["seeds"], "seeds", minimum=0),
-                       params.accumulations(data["accumulations"], "accumulations",
-                                            torch.device(device).type),
-                       get_recipe(data["recipe"]), device)
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"the store's configuration is not a sweep's ({exc})") from None
-
-    @property
-    def _offsets(self) -> list[int]:
-        out, total = [], 0
-        for _, _, pairs in self.cells:
-            out.append(total)
-            total += len(pairs) * len(self.seeds)
-        return out + [total]
-
-    def __len__(self) -> int:
-        return self._offsets[-1]
-
-    def batches(self, max_batch: int, done: np.ndarray | None = None) -> Iterator[Batch]:
-        """The runs not ``done`` (a bool array over the indices), cut into batches of at most
-        ``max_batch`` runs of one cell, in index order; generated lazily."""
-        offsets, n_seeds = self._offsets, len(self.seeds)
-        for (chunk, dim, pairs), lo in zip(self.cells, offsets):
-            index = np.arange(lo, lo + len(pairs) * n_seeds, dtype=np.int64)
-            if done is not None:
-                index = index[~done[index]]
-            for start in range(0, len(index), max_batch):
-                part = index[start : start + max_batch]
-                pair, seed = np.divmod(part - lo, n_seeds)
-                runs = [Run(pairs[p][0], pairs[p][1], chunk, self.seeds[s], dim)
-                        for p, s in zip(pair.tolist(), seed.tolist())]
-                yield Batch(group_label(chunk, dim), part, runs)
-
-
-STORE_KIND = "inverse-sweep"
-
-
-def open_store(plan: SweepPlan, folder: str | Path, *, resume: bool = False,
-               force: bool = False):
-    """The :class:`~kdalab.experiments.runstore.RunStore` for ``plan`` in ``folder``."""
-    from kdalab.experiments.inverse import record_schema
-    from kdalab.experiments.runstore import RunStore
-
-    return RunStore.open(folder, kind=STORE_KIND, config=plan.identity(), runs=len(plan),
-                         records_per_run=len(plan.accumulations), schema=record_schema(),
-                         resume=resume, force=force)
-
-
-def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
-                   address: str | None = None, progress: Callable[[Batch], None] | None = None,
-                   max_batch: int | None = None, threads: int | None = None) -> int:
-    """Run the runs of ``plan`` that ``store`` lacks and append their records; return how
-    many ran. ``progress(batch)`` is called after each batch is stored (on Ray, as its shard
-    completes). ``backend``: ``local`` (this process, pipelined on CUDA) or ``ray``
-    (:mod:`kdalab.experiments.backends`: shards of batches as Ray tasks, one GPU or one CPU
-    each; ``address`` joins a cluster). Records are the same bit for bit either way."""
-    device = torch.device(plan.device)
-    max_batch = max_batch or DEFAULT_MAX_BATCH[device.type == "cuda"]
-    pending = int((~store.done).sum())
-    batches = plan.batches(max_batch, store.done.copy())
-
-    def stored(batch: Batch, table) -> None:
-        store.append(table, batch.group)
-        if progress is not None:
-            progress(batch)
-
-    if backend == "local":
-        processes = default_draw_processes(pending, device)
-        with _cpu_threads(device, threads):
-            for batch, table in iter_batch_tables(batches, plan.accumulations,
-                                                  recipe=plan.recipe, device=device,
-                                                  processes=processes):
-                stored(batch, table)
-        return pending
-    from functools import partial
-
-    from kdalab.experiments.backends import check_backend, ray_cluster, ray_map
-
-    check_backend(backend, address)
-    gpu = device.type == "cuda"
-    cpus, gpus = ray_cluster(address)
-    slots = max(1, gpus if gpu else cpus)  # ray_map says clearly when there is none
-    # about four shards per slot, so the last ones finish together; CPU shards of one batch
-    shard_runs = max(max_batch, min(16 * max_batch, -(-pending // (4 * slots)))) if gpu \
-        else max_batch
-    # the draw processes a GPU task may start: the node's cores shared by its GPUs
-    processes = min(MAX_CUDA_PROCESSES, cpus // max(gpus, 1) - 4) if gpu else 0
-    work = partial(run_shard, accumulations=[m.name for m in plan.accumulations],
-                   recipe=plan.recipe.name, device=device.type,
-                   processes=processes if processes >= 2 else 0)
-    for _, results in ray_map(work, _shards(batches, shard_runs), gpu=gpu, address=address):
-        for batch, table in results:
-            stored(batch, table)
-    return pending
-
-
-def _shards(batches: Iterable[Batch], shard_runs: int) -> Iterator[list[Batch]]:
-    shard: list[Batch] = []
-    size = 0
-    for batch in batches:
-        shard.append(batch)
-        size += len(batch.runs)
-        if size >= shard_runs:
-            yield shard
-            shard, size = [], 0
-    if shard:
-        yield shard
-
-
-def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str, device: str,
-              processes: int = 0) -> list[tuple[Batch, object]]:
-    """A Ray task: the records of a shard's batches, pipelined as in the local backend, on one
-    intra-op thread on the CPU (Ray gives each task one CPU)."""
-    dev = torch.device(device)
-    models = params.accumulations(accumulations, "accumulations", dev.type)
-    with _cpu_threads(dev, 1):
-        return list(iter_batch_tables(shard, models, recipe=get_recipe(recipe), device=dev,
-                                      processes=processes))
