@@ -165,12 +165,12 @@ def test_debug_shows_the_traceback_of_an_expected_error(capsys, tmp_path):
 
 
 def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path, capsys):
-    import kdalab.experiments.sweep as sweep
+    import kdalab.experiments.backends as backends
 
     def broken(*a, **kw):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(sweep, "iter_batch_tables", broken)
+    monkeypatch.setattr(backends, "iter_batch_tables", broken)
     with pytest.raises(ZeroDivisionError):
         main(["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out", str(tmp_path)])
 

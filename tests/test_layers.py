@@ -17,7 +17,9 @@ ALLOWED = {
     "kda": {"arith", "kda", "errors", "params"},
     "experiments": {"arith", "kda", "experiments", "errors", "params"},
     "views": {"experiments", "views", "errors", "params"},  # views draw: they compute nothing
-    "cli": {"arith", "kda", "experiments", "views", "cli", "errors", "params", "kernels"},
+    "cli": {"arith", "kda", "experiments", "views", "cli", "errors", "params", "kernels",
+            "check"},
+    "check": {"arith", "kda", "experiments", "check", "errors", "params", "kernels"},
     "kernels": {"kernels"},
     "params": {"arith", "errors"},
     "errors": set(),

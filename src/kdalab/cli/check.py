@@ -146,12 +146,12 @@ def check_command(
     Writes records (records.jsonl/json/parquet), check.json (the run), report.md, report.html
     (self-contained, plot embedded) and errors.png to --out.
     """
-    from kdalab.cli.common import check_device
+    from kdalab import params
 
     if redraw:
         _report(_redraw(out), out, as_json=as_json, quiet=quiet)
         return
-    device = check_device(device or _default_device())
+    device = params.device(device or _default_device(), "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
                  thresholds_args=(max_output_error, max_state_error, min_identical))
     if plan is None:
