@@ -197,3 +197,12 @@ def test_ray_worker_killed_mid_sweep_is_retried(local_ray, tmp_path):
     with open_store(plan, tmp_path / "local") as store:
         run_into_store(plan, store)
     assert identical(stored(tmp_path / "ray"), stored(tmp_path / "local"))
+
+
+def test_joining_a_ray_cluster_checks_its_gpus_not_this_machines(local_ray, tmp_path):
+    """--device cuda with --address: the GPUs must be the cluster's (this driver may have none);
+    a cluster without GPUs is a one-line error."""
+    address = local_ray.get_runtime_context().gcs_address
+    res = sweep("--out", str(tmp_path / "s"), "--backend", "ray", "--address", address,
+                "--device", "cuda")
+    assert res.exit_code == 2 and "has no GPU to run on" in said(res), res.output

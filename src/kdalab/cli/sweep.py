@@ -76,12 +76,7 @@ def sweep(
     from kdalab import params
     from kdalab.cli.common import run_into_folder
     from kdalab.experiments.backends import check_backend
-    from kdalab.experiments.sweep import (
-        SweepConfig,
-        SweepPlan,
-        option_field,
-        read_sweep_file,
-    )
+    from kdalab.experiments.sweep import option_field, read_sweep_file
 
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
@@ -116,11 +111,31 @@ def sweep(
     if resume and all(option_field(k) == "device" for k in data):  # the sweep stored in --out
         plan = _stored_plan(out, device)
     else:
-        plan = SweepPlan.of(SweepConfig.parse(data, labels))
+        plan = _plan(data, labels, backend, address)
     paths = run_into_folder(plan, out, resume=resume, force=force, backend=backend,
                             address=address, quiet=quiet, json_export=json)
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+
+
+def _plan(data: dict, labels: dict, backend: str, address: str | None):
+    """The sweep's plan. Joining a Ray cluster, ``--device cuda`` needs GPUs on its workers,
+    not here: the options are checked as for the CPU and the plan runs on the workers' CUDA."""
+    import dataclasses
+
+    from kdalab.experiments.sweep import SweepConfig, SweepPlan, option_field
+
+    device_keys = [k for k in data if option_field(k) == "device"]
+    requested = str(data[device_keys[0]]).strip() if device_keys else ""
+    if backend == "ray" and address is not None and requested.startswith("cuda"):
+        import re
+
+        if not re.fullmatch(r"cuda(:\d+)?", requested):
+            raise ValueError(f"{labels[device_keys[0]]} must be cpu, cuda or cuda:N; got "
+                             f"{requested!r}")
+        plan = SweepPlan.of(SweepConfig.parse({**data, device_keys[0]: "cpu"}, labels))
+        return dataclasses.replace(plan, device="cuda")
+    return SweepPlan.of(SweepConfig.parse(data, labels))
 
 
 def _stored_plan(out: Path, device: str | None):
