@@ -38,18 +38,18 @@ def reproduce(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
-    import torch
-
     from kdalab import params
-    from kdalab.cli.common import run_with_progress, write_inverse_views
-    from kdalab.experiments.sweep import seed_reproduction_runs
 
-    device = params.device(device, "--device")
-    model = params.accumulation(accumulation, "--accumulation", torch.device(device).type)
     seed_list = params.int_list(seeds, "--seeds", minimum=0)
     chunk_list = params.int_list(chunks, "--chunks", minimum=1) if chunks is not None else None
     dim = params.integer(dim, "--dim", 1)
+    device = params.device(device, "--device")
+    model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
     out = params.output_folder(out, "--out")
+
+    from kdalab.cli.common import run_with_progress, write_inverse_views
+    from kdalab.experiments.sweep import seed_reproduction_runs
+
     runs = seed_reproduction_runs(seed_list, dim, chunk_list)
     records = run_with_progress(runs, [model], recipe="seed", device=device, out=out,
                                 quiet=quiet, resume_hint="run the same command again to redo "
