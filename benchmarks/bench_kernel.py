@@ -338,8 +338,27 @@ def accuracy():
     return rows
 
 
-def warm_peers(names):
-    peers = {"fla": load_fla(), "flashkda": load_flashkda()}
+def warm_peers(names, jobs=1, compile_only=False):
+    """Run each peer once per shape (fla autotunes each new head count). With ``jobs`` > 1,
+    fla's configurations are first compiled in that many processes at once, one shape each,
+    with its autotuning results not kept (``FLA_CACHE_RESULTS=0``: their timings overlap on
+    the GPU); the compiled kernels land in Triton's cache, and the autotuning proper then runs
+    here, one shape after another on an otherwise idle GPU, from that cache."""
+    if jobs > 1 and not compile_only:
+        import subprocess
+        import sys
+        env = dict(os.environ, FLA_CACHE_RESULTS="0")
+        t0 = time.perf_counter()
+        procs = []
+        for i in range(0, len(names), max(1, -(-len(names) // jobs))):
+            part = names[i:i + max(1, -(-len(names) // jobs))]
+            procs.append(subprocess.Popen([sys.executable, __file__, "--warm-peers",
+                                           "--compile-only", "--shapes", ",".join(part)],
+                                          env=env, stdout=subprocess.DEVNULL))
+        codes = [p.wait() for p in procs]
+        emit(dict(parallel_compile_s=time.perf_counter() - t0, jobs=len(procs), codes=codes))
+    peers = {"fla": load_fla()} if compile_only else {"fla": load_fla(),
+                                                      "flashkda": load_flashkda()}
     for name in names:
         x = make_inputs(SHAPES[name])
         for peer, fn in peers.items():
@@ -349,6 +368,8 @@ def warm_peers(names):
             try:
                 fn(x)
                 torch.cuda.synchronize()
+                if compile_only:
+                    continue
                 emit(dict(shape=name, peer=peer, warm_s=time.perf_counter() - t0,
                           ms=bench(lambda fn=fn: fn(x))))
             except Exception as exc:  # noqa: BLE001
@@ -363,6 +384,9 @@ def main():
     ap.add_argument("--overhead", action="store_true")
     ap.add_argument("--accuracy", action="store_true")
     ap.add_argument("--warm-peers", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="--warm-peers: compile fla's configurations in this many processes")
+    ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated grid names")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -370,9 +394,12 @@ def main():
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    if args.compile_only:
+        warm_peers(names, compile_only=True)
+        return
     result = dict(info=emit(info()))
     if args.warm_peers:
-        warm_peers(names)
+        warm_peers(names, args.jobs)
     if args.overhead:
         result["overhead"] = overhead()
     if args.explore:

@@ -131,7 +131,8 @@ def kdalab_rows(only: str | None = None):
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
-               chunk_offsets_ptr="*i32", seg_ptr="*i32", T="i32", H="i32")
+               chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32", T="i32",
+               H="i32")
     for pass_, bv, nw, dt, h0 in ((0, 64, 4, "fp16", False), (0, 64, 4, "fp16", True),
                                   (0, 128, 8, "fp16", False), (0, 64, 4, "tf32", False),
                                   (1, 64, 4, "fp16", False), (1, 64, 4, "fp16", True),
@@ -142,9 +143,9 @@ def kdalab_rows(only: str | None = None):
         yield timed(chunk_kda_recurrent_kernel, sig, ce, num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
     comb = dict(sum_ptr="*fp32", seg_offsets_ptr="*i32", h0_ptr="*fp32", H="i32")
-    yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=64, BK=16,
-                                                     HAS_H0=True, STATE_VK=False), num_warps=4,
-                label="combine BV64 BK16 w4")
+    yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=16, HAS_H0=True,
+                                                     STATE_VK=False), num_warps=8,
+                label="combine BV16 w8")
 
 
 if __name__ == "__main__":

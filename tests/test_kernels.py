@@ -618,20 +618,23 @@ def test_gpu_launch_shapes(config):
 
 
 @gpu
-@pytest.mark.parametrize("dot", ["fp16", "tf32"])
-def test_gpu_segments_equal_serial(dot):
+@pytest.mark.parametrize("dot,block_v,num_warps", [("fp16", 64, 4), ("fp16", 128, 8),
+                                                   ("tf32", 64, 4), ("tf32", 128, 8)])
+def test_gpu_segments_equal_serial(dot, block_v, num_warps):
     # the sequence-parallel pass at full shape (several segments per sequence, varlen with
-    # a 1-token and an empty sequence) against the serial pass and the fp64 reference
+    # a 1-token and an empty sequence) against the serial pass and the fp64 reference, for
+    # both program shapes the plan chooses from
     (q, k, v, g, beta), kw = _slow_decay(20000, 2, 128, seed=8, device="cuda")
     cu = torch.tensor([0, 1, 1, 12345, 20000], device="cuda")
     h0 = _state(4, 2, 128, 128, seed=3, device="cuda")
     common = dict(**kw, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    serial = chunk_kda_fwd(q, k, v, g, beta, **common, config=KernelConfig(dot=dot,
+    shape = dict(dot=dot, block_v=block_v, num_warps=num_warps)
+    serial = chunk_kda_fwd(q, k, v, g, beta, **common, config=KernelConfig(**shape,
                                                                            segment_chunks=0))
     ro, rs = _reference(q, k, v, g, beta, **common)
     for L in (16, 64, 333):
         split = chunk_kda_fwd(q, k, v, g, beta, **common,
-                              config=KernelConfig(dot=dot, segment_chunks=L))
+                              config=KernelConfig(**shape, segment_chunks=L))
         # bf16 outputs: both round to bf16, so compare each against fp64
         assert _err(split[0], ro) < TOL_BF16_GPU and _err(split[1], rs) < TOL_FP32, L
         tol = TOL_SEGMENTS_FP16 if dot == "fp16" else 1e-5  # tf32 products on the GPU

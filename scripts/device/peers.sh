@@ -4,7 +4,9 @@
 #   * the carried wheels in .whl/ (fla-core, and whatever else a call needs) -> /tmp/site;
 #   * FlashKDA, built from the carried source tarball .peers/flashkda-*-src.tar.xz
 #     (MIT; CUTLASS inside; nothing of it is committed), or taken from a carried build
-#     .peers/flash_kda_build.tar (the extension module a previous call built and left in $OUT);
+#     .peers/flash_kda_build.tar.xz (the extension module a previous call built, left in $OUT);
+#     with PEERS_BUILD=background the build runs in the background: call peers_wait before
+#     using flash_kda;
 #   * PYTHONPATH = src (kdalab) : /tmp/site : FlashKDA's folder;  FLASHKDA_SRC = that folder
 #     (its tests/torch_ref.py is FlashKDA's torch reference);
 #   * fla's autotuning results cached on disk (FLA_CACHE_RESULTS=1) in $TRITON_CACHE_DIR, restored
@@ -13,7 +15,6 @@
 # Prints one line per peer; a peer that fails to build is reported and left out (benchmarks
 # report a missing peer as skipped).
 export PYTHONUNBUFFERED=1
-export PEERS_ROOT=$PWD
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || echo "peers: wheel install failed"
@@ -28,33 +29,44 @@ if [ -f .peers/triton_autotune.tar ]; then
 fi
 peers_save_autotune() {  # the autotuners' choices only (small), for the next call to carry
     (cd "$TRITON_CACHE_DIR" && find . -name '*.autotune.json' | tar cf "$OUT/triton_autotune.tar" -T -) \
-        && echo "peers: autotune cache -> \$OUT/triton_autotune.tar"
+        && echo "peers: autotune cache -> \$OUT/triton_autotune.tar ($(tar tf "$OUT/triton_autotune.tar" | wc -l) files)"
 }
 
 export FLASHKDA_SRC=/tmp/flashkda-src/flashkda
 if [ ! -d "$FLASHKDA_SRC" ]; then
     mkdir -p /tmp/flashkda-src && tar xf .peers/flashkda-*-src.tar.xz -C /tmp/flashkda-src
 fi
-if [ -f .peers/flash_kda_build.tar ]; then
-    tar xf .peers/flash_kda_build.tar -C "$FLASHKDA_SRC"
-fi
+for b in .peers/flash_kda_build.tar .peers/flash_kda_build.tar.xz; do
+    [ -f "$b" ] && tar xf "$b" -C "$FLASHKDA_SRC"
+done
 export PYTHONPATH=$PYTHONPATH:$FLASHKDA_SRC
-if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
-    echo "peers: flash_kda importable (carried build)"
-else
+
+_peers_build() {
+    local t0
     t0=$(date +%s)
     (cd "$FLASHKDA_SRC" && sed -i '/submodule/d' setup.py \
         && FLASH_KDA_CUDA_ARCHS=90a MAX_JOBS=16 NVCC_THREADS=16 \
            python3 setup.py build_ext --inplace >/tmp/flashkda-build.log 2>&1)
     if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
         echo "peers: FlashKDA built in $(( $(date +%s) - t0 )) s"
-        if [ -n "${OUT:-}" ]; then
-            (cd "$FLASHKDA_SRC" && tar cf "$OUT/flash_kda_build.tar" flash_kda_C*.so) \
-                && echo "peers: build -> \$OUT/flash_kda_build.tar ($(du -h "$OUT/flash_kda_build.tar" | cut -f1))"
+        if [ -n "${OUT:-}" ]; then  # xz: the module is 17 MB, a returned file at most 16 MiB
+            (cd "$FLASHKDA_SRC" && tar cf - flash_kda_C*.so | xz -T0 -6 > "$OUT/flash_kda_build.tar.xz") \
+                && echo "peers: build -> \$OUT/flash_kda_build.tar.xz ($(du -h "$OUT/flash_kda_build.tar.xz" | cut -f1))"
         fi
     else
         echo "peers: FlashKDA build FAILED (skipped); last lines of /tmp/flashkda-build.log:"
         tail -n 15 /tmp/flashkda-build.log
     fi
+}
+PEERS_BUILD_PID=
+if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
+    echo "peers: flash_kda importable (carried build)"
+elif [ "${PEERS_BUILD:-}" = background ]; then
+    _peers_build &
+    PEERS_BUILD_PID=$!
+    echo "peers: FlashKDA building in the background (pid $PEERS_BUILD_PID)"
+else
+    _peers_build
 fi
+peers_wait() { [ -n "$PEERS_BUILD_PID" ] && wait "$PEERS_BUILD_PID"; PEERS_BUILD_PID=; return 0; }
 python3 -c "import fla; print('peers: fla', fla.__version__)" 2>/dev/null || echo "peers: fla missing"

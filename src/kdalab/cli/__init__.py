@@ -16,7 +16,13 @@ import os
 import signal
 import sys
 
-from kdalab.cli import dynamic_range, end_to_end, reproduce, sweep  # noqa: F401  (they register)
+from kdalab.cli import (  # noqa: F401  (each command module registers on app)
+    check,
+    dynamic_range,
+    end_to_end,
+    reproduce,
+    sweep,
+)
 from kdalab.cli.app import (  # noqa: F401
     STATE,
     Interrupted,

@@ -20,9 +20,9 @@ from .chunk_recurrent import user_state_ptrs
 
 
 @triton.jit
-def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H,
-                             K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                             BK: tl.constexpr, HAS_H0: tl.constexpr, STATE_VK: tl.constexpr):
+def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexpr,
+                             V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
+                             STATE_VK: tl.constexpr):
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = (i_nh // H).to(tl.int64)
@@ -32,7 +32,6 @@ def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H,
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
     o_k = tl.arange(0, K)
-    o_j = tl.arange(0, BK)
     if HAS_H0:
         S = tl.load(user_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, BV, STATE_VK),
                     mask=v_ok[:, None], other=0.0).to(tl.float32)
@@ -41,29 +40,26 @@ def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H,
     for s in range(s0, s1 - 1):  # the segments with a summary
         slot = sum_ptr + (s * H + i_h) * (V + K) * K  # R^T rows, then M^T rows
         rows = slot + o_v[:, None] * K + o_k[None, :]
-        acc = tl.load(rows, mask=v_ok[:, None], other=0.0)
+        r = tl.load(rows, mask=v_ok[:, None], other=0.0)
+        m = tl.load(slot + (V + o_k)[:, None] * K + o_k[None, :])  # M^T [K, K]
         tl.debug_barrier()  # every thread has read R's rows before any overwrites them
         tl.store(rows, S, mask=v_ok[:, None])
-        tl.debug_barrier()  # S_start(p) is stored and visible to this program's loads
-        for j in tl.static_range(0, K, BK):
-            a = tl.load(slot + o_v[:, None] * K + (j + o_j)[None, :], mask=v_ok[:, None],
-                        other=0.0)                                              # [BV, BK]
-            m = tl.load(slot + (V + j + o_j)[:, None] * K + o_k[None, :])       # [BK, K]
-            acc = tl.dot(a, m, acc, input_precision="tf32x3")
-        S = acc
+        S = tl.dot(S, m, r, input_precision="tf32x3")
     # the last segment has no summary: only its start state is written
     last = sum_ptr + ((s1 - 1) * H + i_h) * (V + K) * K
     tl.store(last + o_v[:, None] * K + o_k[None, :], S, mask=v_ok[:, None])
 
 
 def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk, H, K, V,
-                      block_v=32, num_warps=4):
+                      block_v=16, num_warps=8):
     """Turn pass 1's summaries into each segment's start state, in place (see above).
 
-    Blocks of 32 value rows on 4 warps by default: 191 registers and no spills on sm_90a
-    (``scripts/sm90_report.py``; 64 rows spill), and twice the programs of the chain."""
-    grid = (num_seqs * H, triton.cdiv(V, block_v))
+    Blocks of 16 value rows on 8 warps by default: the whole M^T in registers, one product per
+    segment, 200 registers and no spills on sm_90a (``scripts/sm90_report.py``; larger
+    blocks spill). A first form that re-read S^T from memory in K-slices took 8.5 µs per
+    segment on the H200 (docs/kernels.md)."""
+    grid = (num_seqs * H, -(-V // block_v))
     chunk_kda_combine_kernel[grid](
         summary, seg_offsets, initial_state if initial_state is not None else summary,
-        H=H, K=K, V=V, BV=block_v, BK=min(K, 16), HAS_H0=initial_state is not None,
-        STATE_VK=state_vk, num_warps=num_warps)
+        H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None, STATE_VK=state_vk,
+        num_warps=num_warps)

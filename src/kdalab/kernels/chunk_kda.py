@@ -114,8 +114,11 @@ class _Sequences:
             table = torch.stack([seq, local], dim=1).to(torch.int32)
             self.chunk_table = table.to(device)
             self.chunk_offsets = offsets.to(torch.int32).to(device)
+            # the serial pass takes the sequences longest first (kernels/indexing.py)
+            order = torch.argsort(-n_chunks, stable=True)
+            self.seq_order = order.to(torch.int32).to(device)
         else:
-            self.chunk_table = self.chunk_offsets = None
+            self.chunk_table = self.chunk_offsets = self.seq_order = None
         self._segments: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self.plans: dict[tuple, LaunchPlan] = {}
 
@@ -339,7 +342,8 @@ def chunk_kda_fwd(
         final_state = torch.empty(shape, device=device, dtype=state_dtype)
     launch = dict(initial_state=initial_state, final_state=final_state,
                   state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
-                  chunk_offsets=seqs.chunk_offsets, num_seqs=num_seqs, block_v=plan.block_v,
+                  chunk_offsets=seqs.chunk_offsets, seq_order=seqs.seq_order,
+                  num_seqs=num_seqs, block_v=plan.block_v,
                   num_warps=plan.num_warps, dot=dot, guard=dot == "fp16")
     if plan.segment_chunks <= 0:
         o = chunk_kda_recurrent(v, *ops, **launch)

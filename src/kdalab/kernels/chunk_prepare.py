@@ -202,15 +202,15 @@ def chunk_kda_prepare(
     variable-length input (None for fixed length).
     """
     B, T, H, K = q.shape
-    w = torch.empty(B, T, H, K, device=q.device, dtype=operand_dtype)
-    qg, kend = torch.empty_like(w), torch.empty_like(w)
-    ainv = torch.empty(num_chunks, H, CHUNK, CHUNK, device=q.device, dtype=operand_dtype)
-    mqk = torch.empty_like(ainv)
+    # one allocation per kind (a host-side cost per call: short inputs are bound by it)
+    w, qg, kend = torch.empty(3, B, T, H, K, device=q.device, dtype=operand_dtype).unbind(0)
+    ainv, mqk = torch.empty(2, num_chunks, H, CHUNK, CHUNK, device=q.device,
+                            dtype=operand_dtype).unbind(0)
     gamma = torch.empty(num_chunks, H, K, device=q.device, dtype=torch.float32)
     if num_chunks == 0:
         return w, qg, kend, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    chunk_kda_prepare_kernel[(triton.cdiv(num_chunks, chunks_per_program), H)](
+    chunk_kda_prepare_kernel[(-(-num_chunks // chunks_per_program), H)](
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,

@@ -144,7 +144,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
 def chunk_kda_recurrent_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr, sum_ptr,
-    cu_seqlens_ptr, chunk_offsets_ptr, seg_ptr,
+    cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
     T,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_VK: tl.constexpr,
@@ -157,8 +157,8 @@ def chunk_kda_recurrent_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
     if PASS == 0:
-        i_n, i_h, bos, eos, c0 = sequence_of_program(i_sh, cu_seqlens_ptr, chunk_offsets_ptr, T,
-                                                     H, BT, IS_VARLEN)
+        i_n, i_h, bos, eos, c0 = sequence_of_program(i_sh, cu_seqlens_ptr, chunk_offsets_ptr,
+                                                     seq_order_ptr, T, H, BT, IS_VARLEN)
     else:
         i_s = (i_sh // H).to(tl.int64)
         i_h = i_sh % H
@@ -199,7 +199,7 @@ DOT_TYPES = {"tf32": tl.float32, "fp16": tl.float16}
 
 def chunk_kda_recurrent(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
-    chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2,
+    chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None,
 ):
     """Launch stage 2. Returns o (like v).
@@ -223,12 +223,12 @@ def chunk_kda_recurrent(
                   SKIP_LAST=skip_last, num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
-            grid = (num_seqs * H, triton.cdiv(V, block_v))
+            grid = (num_seqs * H, -(-V // block_v))
         else:
             rows = V + K if pass_ == 1 else V
-            grid = (segments.shape[0] * H, triton.cdiv(rows, block_v))
+            grid = (segments.shape[0] * H, -(-rows // block_v))
         chunk_kda_recurrent_kernel[grid](
             v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
-            opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(segments), T,
+            opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), T,
             PASS=pass_, **common)
     return o

@@ -30,13 +30,16 @@ def chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT: tl.constexpr,
 
 
 @triton.jit
-def sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, T, H,
+def sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, T, H,
                         BT: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """A recurrent program's sequence and head: ``i_nh`` = sequence · H + head → (sequence,
-    head, bos, eos, global index of the sequence's first chunk)."""
+    """A recurrent program's sequence and head: ``i_nh`` = rank · H + head → (sequence, head,
+    bos, eos, global index of the sequence's first chunk). Varlen programs take the sequences
+    longest first (``seq_order``, from the host): the GPU starts programs in order, so the
+    longest chains start first and short ones fill in (fixed length: rank = sequence)."""
     i_n = (i_nh // H).to(tl.int64)
     i_h = i_nh % H
     if IS_VARLEN:
+        i_n = tl.load(seq_order_ptr + i_n).to(tl.int64)
         bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
         eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
         c0 = tl.load(chunk_offsets_ptr + i_n).to(tl.int64)

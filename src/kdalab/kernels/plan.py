@@ -1,14 +1,20 @@
-"""Launch shapes chosen from the problem: value block, warps, and whether (and how finely) to
-split sequences into segments for the sequence-parallel state pass.
+"""Launch shapes chosen from the problem: the recurrent programs' value block and warps, and
+whether (and how finely) to split sequences into segments for the sequence-parallel state
+pass.
 
 The recurrent stage is a serial chain of one step per 16-token chunk, run by one program per
-(sequence, head, block of BV value columns). When those programs cannot fill the GPU (few
-heads, long sequences), splitting each sequence into segments of ``L`` chunks multiplies the
-programs by the segment count at the price of a second pass and a short combine
-(``chunk_recurrent.py``, ``chunk_combine.py``). ``plan_launch`` compares the two with a
-small cost model whose constants were measured on the H200 (docs/kernels.md, "Launch
-plan"): a program's step takes ``STEP_US``; an SM runs ``programs_per_sm`` programs at once
-without slowing each (register-bound); a launch costs ``LAUNCH_US``.
+(sequence, head, block of value columns). When those programs cannot fill the GPU (few heads,
+long sequences), splitting each sequence into segments of ``L`` chunks multiplies the
+programs by the segment count, at the price of a summary pass over all but the last segment
+(with K more rows: the segment's transition M), a short serial combine, and the same output
+pass as before (``chunk_recurrent.py``, ``chunk_combine.py``). ``plan_launch`` estimates each
+choice with the cost model below and takes the fastest.
+
+The model (µs; measured on the H200, 2026-11-30, ``bench_kernel.py --explore``, see
+docs/kernels.md "Launch plan"): a program's step takes ``lat_alone`` when it has an SM to
+itself and ``lat_shared`` when the SM holds as many programs as fit (registers: two of BV = 64
+on 4 warps, one of BV = 128 on 8 warps); a pass takes the longer of its longest program's
+chain and its total steps spread over the SMs.
 """
 
 from __future__ import annotations
@@ -20,18 +26,46 @@ import torch
 
 CHUNK = 16
 
-# Cost model (µs), measured on the H200 (docs/kernels.md, "Launch plan").
-STEP_US = 1.0          # one 16-token step of a program with outputs (fp16 products, BV = 64)
-SUMMARY_STEP_US = 0.8  # one step of a segment-summary program (no output products)
-COMBINE_STEP_US = 1.5  # one segment of the combine
-LAUNCH_US = 6.0        # one more launch (host and device)
-MIN_SEGMENT_CHUNKS = 8
+
+@dataclass(frozen=True)
+class StepCost:
+    """One recurrent program shape: value rows, warps, programs an SM holds, and the step
+    latency alone on an SM and with the SM full, for a step with outputs (``full``) and a
+    summary step (pass 1: no output products)."""
+
+    block_v: int
+    num_warps: int
+    per_sm: int
+    full_alone: float
+    full_shared: float
+    summary_alone: float
+    summary_shared: float
+
+
+# Measured on the H200 (132 SMs), K = V = 128, fp16 products, 2026-11-30: BV = 64 on 4 warps
+# (240-250 registers: 2 programs an SM) 0.97 µs a step alone (T = 8192, H = 64: 128 programs),
+# 1.48 µs shared (B = 8, H = 32 and varlen 1024 x 8: 2.6-3.9 waves of 264 programs); summary
+# steps 1.0 µs shared (T = 131072, H = 8 and T = 524288, H = 4). BV = 128 on 8 warps (255
+# registers: one an SM) 1.15 µs a step (T = 8192, H = 96: 96 programs). The summary steps
+# alone are not measured: taken as the full steps' alone/shared ratio of their shared time.
+STEP_COSTS = (
+    StepCost(64, 4, 2, full_alone=0.97, full_shared=1.48, summary_alone=0.66,
+             summary_shared=1.0),
+    StepCost(128, 8, 1, full_alone=1.15, full_shared=1.15, summary_alone=0.78,
+             summary_shared=0.78),
+)
+COMBINE_STEP_US = 3.0  # one segment of the combine (the whole M^T in registers; estimated)
+LAUNCH_US = 8.0        # one more launch (host and device)
+SEGMENT_CHUNKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
+#: a split must be estimated this much faster than the serial pass to be taken
+MIN_GAIN = 0.85
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
     """What ``chunk_kda_fwd`` launches: the recurrent stage's value block and warps, stage 1's
-    warps, and the segment length in chunks (0: one serial pass per sequence)."""
+    warps and chunks per program, the segment length in chunks (0: one serial pass per
+    sequence), and the model's estimate of the recurrent stage (µs)."""
 
     block_v: int
     num_warps: int
@@ -41,14 +75,6 @@ class LaunchPlan:
     estimate_us: float = float("nan")
 
 
-def programs_per_sm(block_v: int, num_warps: int) -> int:
-    """Recurrent programs an SM holds at once: register-bound (about 240 registers per thread
-    at BV = 64 on 4 warps, sm_90a: ``scripts/sm90_report.py``), so two of any shape that keeps
-    BV / warps at 16 rows a warp, more for smaller rows per warp."""
-    rows_per_warp = block_v / num_warps
-    return 2 if rows_per_warp >= 16 else 4
-
-
 def default_prepare_warps(K: int) -> int:
     """Stage 1's warps: 2 at K = 128 (measured fastest on the H200: 0.53 ms against 0.68 on 4
     and 1.43 on 8 warps at H = 64, T = 8192; 255 registers, no spills), 4 for K <= 64, 8 for
@@ -56,54 +82,100 @@ def default_prepare_warps(K: int) -> int:
     return 4 if K <= 64 else 2 if K == 128 else 8
 
 
-def _waves(programs: int, slots: int) -> int:
-    return max(1, math.ceil(programs / slots))
+def _step(cost: StepCost, programs: int, sms: int, summary: bool) -> float:
+    """A step's latency when ``programs`` programs share ``sms`` SMs."""
+    alone = cost.summary_alone if summary else cost.full_alone
+    shared = cost.summary_shared if summary else cost.full_shared
+    # alone: 0.84 µs with 16-32 programs on the GPU (T >= 65536, H <= 16, serial), 0.97 with
+    # one on every SM (T = 8192, H = 64): memory traffic of the other SMs; scaled likewise
+    alone *= 0.87 + 0.13 * min(1.0, programs / sms)
+    if programs <= sms or cost.per_sm == 1:
+        return alone
+    full = min(1.0, (programs / sms - 1) / (cost.per_sm - 1))  # share of SMs that are full
+    return alone + (shared - alone) * full
 
 
-def estimate_us(n_chunks: list[int] | tuple[int, ...], H: int, K: int, V: int, block_v: int,
-                num_warps: int, segment_chunks: int, sms: int) -> float:
-    """Estimated time of the recurrent stage for sequences of ``n_chunks`` chunks each."""
-    slots = sms * programs_per_sm(block_v, num_warps)
-    vb = math.ceil(V / block_v)
+def _pass_us(cost: StepCost, programs: int, longest: int, total_steps: int, sms: int,
+             summary: bool) -> float:
+    if programs == 0:
+        return 0.0
+    chain = longest * _step(cost, programs, sms, summary)
+    spread = total_steps * _step(cost, programs, sms, summary) / (sms * cost.per_sm)
+    return max(chain, spread)
+
+
+def estimate_us(n_chunks, H: int, K: int, V: int, cost: StepCost, segment_chunks: int,
+                sms: int) -> float:
+    """Estimated time of the recurrent stage (µs) for sequences of ``n_chunks`` chunks each."""
+    vb = math.ceil(V / cost.block_v)
     longest = max(n_chunks, default=0)
+    total = sum(n_chunks)
     if segment_chunks <= 0 or segment_chunks >= longest:
-        return _waves(len(n_chunks) * H * vb, slots) * longest * STEP_US
+        return _pass_us(cost, len(n_chunks) * H * vb, longest, total * H * vb, sms, False)
     L = segment_chunks
+    mb = math.ceil((V + K) / cost.block_v)
     segs = [max(1, math.ceil(c / L)) for c in n_chunks]
-    mb = math.ceil((V + K) / block_v)
-    # pass 1: first segments (outputs, rows of S), middle ones (summaries, S and M rows)
-    p1 = sum(vb + (s - 2) * mb if s > 1 else vb for s in segs) * H
-    p2 = sum(s - 1 for s in segs) * H * vb
-    longest_segs = max(segs)
-    t1 = _waves(p1, slots) * L * max(STEP_US, SUMMARY_STEP_US)
-    t2 = _waves(p2, slots) * L * STEP_US if p2 else 0.0
-    tc = (longest_segs - 2) * COMBINE_STEP_US if longest_segs > 2 else 0.0
-    return t1 + tc + t2 + (2 if longest_segs > 2 else 1) * LAUNCH_US
+    # pass 1: every segment but a sequence's last (S and M^T rows); pass 2: every segment
+    p1 = sum(s - 1 for s in segs) * H * mb
+    steps1 = sum(s - 1 for s in segs) * L * H * mb  # the first s - 1 segments are full
+    p2 = sum(segs) * H * vb
+    t1 = _pass_us(cost, p1, L, steps1, sms, True)
+    t2 = _pass_us(cost, p2, L, total * H * vb, sms, False)
+    tc = (max(segs) - 1) * COMBINE_STEP_US
+    return t1 + tc + t2 + 2 * LAUNCH_US
 
 
-def plan_launch(n_chunks: list[int] | tuple[int, ...], H: int, K: int, V: int, sms: int, *,
+def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None):
+    """The program shapes to consider: the measured ones that fit V (and the given values);
+    below V = 64 one block of all V columns, above K = 128 eight warps (the state S^T of
+    64 x 256 fp32 would spill on four); a shape without figures gets the nearest one's,
+    scaled by its rows."""
+    if K > 128 and block_v is None and num_warps is None:
+        ref = STEP_COSTS[0]
+        return [StepCost(64, 8, 1, ref.full_alone, ref.full_alone, ref.summary_alone,
+                         ref.summary_alone)]
+    costs = [c for c in STEP_COSTS if c.block_v <= V and block_v in (None, c.block_v)
+             and num_warps in (None, c.num_warps)]
+    if costs:
+        return costs
+    ref = STEP_COSTS[0]
+    bv = block_v or min(ref.block_v, V)
+    nw = num_warps or ref.num_warps
+    scale = bv / ref.block_v
+    return [StepCost(bv, nw, ref.per_sm, ref.full_alone * scale, ref.full_shared * scale,
+                     ref.summary_alone * scale, ref.summary_shared * scale)]
+
+
+def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
                 block_v: int | None = None, num_warps: int | None = None,
                 prepare_warps: int | None = None, prepare_chunks: int | None = None,
                 segment_chunks: int | None = None) -> LaunchPlan:
     """The launch plan for sequences of ``n_chunks`` chunks (16 tokens) each, ``H`` heads,
     head dims K and V, on a GPU of ``sms`` multiprocessors. Given values are kept; ``None``
-    ones are chosen by the cost model above."""
-    bv = block_v or min(64, V)
-    warps = num_warps or 4
+    ones are chosen by the cost model above. Sequence parallelism needs K <= 128 (the
+    combine holds a segment's K x K transition in registers)."""
+    if segment_chunks and K > 128:
+        raise ValueError(f"config.segment_chunks={segment_chunks}: the sequence-parallel pass "
+                         f"needs K <= 128, got K={K}")
     pw = prepare_warps or default_prepare_warps(K)
     pc = prepare_chunks or 1
-    if segment_chunks is not None:
-        return LaunchPlan(bv, warps, pw, pc, segment_chunks,
-                          estimate_us(n_chunks, H, K, V, bv, warps, segment_chunks, sms))
-    longest = max(n_chunks, default=0)
-    best = (estimate_us(n_chunks, H, K, V, bv, warps, 0, sms), 0)
-    L = MIN_SEGMENT_CHUNKS
-    while L * 2 <= longest:
-        t = estimate_us(n_chunks, H, K, V, bv, warps, L, sms)
-        if t < 0.9 * best[0]:  # a clear win only: the split adds passes and rounding
-            best = min(best, (t, L))
-        L *= 2
-    return LaunchPlan(bv, warps, pw, pc, best[1], best[0])
+    costs = _candidates(K, V, block_v, num_warps)
+    if K > 128 or (segment_chunks is not None):
+        lengths = [0 if K > 128 else segment_chunks or 0]
+    else:
+        longest = max(n_chunks, default=0)
+        lengths = [0] + [L for L in SEGMENT_CHUNKS if 2 * L <= longest]
+    best = None
+    for cost in costs:
+        serial = estimate_us(n_chunks, H, K, V, cost, 0, sms)
+        for L in lengths:
+            t = estimate_us(n_chunks, H, K, V, cost, L, sms)
+            if L > 0 and segment_chunks is None and t > MIN_GAIN * serial:
+                continue  # a split must clearly win: it adds passes and roundings
+            if best is None or t < best[0]:
+                best = (t, cost, L)
+    t, cost, L = best
+    return LaunchPlan(cost.block_v, cost.num_warps, pw, pc, L, t)
 
 
 def segment_table(seq_starts: torch.Tensor, seq_ends: torch.Tensor, chunk_starts: torch.Tensor,

@@ -1,0 +1,29 @@
+"""``kdalab check``: an accuracy and conformance report card for any KDA forward kernel.
+
+Cases are data (:mod:`kdalab.check.cases`), kernels are adapters to one convention
+(:mod:`kdalab.check.adapters`), and :func:`run_check` (:mod:`kdalab.check.harness`) returns one
+flat record per (kernel, case); the views (``kdalab.views.check``) draw from the records only.
+See docs/check.md.
+"""
+
+from kdalab.check.adapters import (
+    BUILTIN,
+    ConventionError,
+    KernelAdapter,
+    KernelUnavailable,
+    load_kernel,
+)
+from kdalab.check.cases import (
+    SUITES,
+    Case,
+    CaseInputs,
+    case_inputs,
+    get_suite,
+    reference,
+    select_cases,
+)
+from kdalab.check.harness import DeviceFault, Thresholds, identical, run_check
+
+__all__ = ["BUILTIN", "ConventionError", "KernelAdapter", "KernelUnavailable", "load_kernel",
+           "SUITES", "Case", "CaseInputs", "case_inputs", "get_suite", "reference",
+           "select_cases", "DeviceFault", "Thresholds", "identical", "run_check"]

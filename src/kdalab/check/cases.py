@@ -1,0 +1,305 @@
+"""The check's cases: data, not code paths. A case is a family × a shape × options; a suite is a
+tuple of cases; one function draws any case's inputs and one computes its fp64 reference.
+
+Families (bf16 inputs as a model hands them to a kernel; β as logits; the gate
+``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))``):
+
+=================  ==============================================================================
+``model_like``     q, k, v, g ~ N(0, 1); A_log ~ U(0, 1) per head, dt_bias ~ U(0, 1) per channel
+                   (FlashKDA's test distribution); β logits ~ N(0, 1).
+``saturated``      as model_like with g = +20: the gate sits at its lower bound at every step.
+``weak_decay``     one random key repeated at every step, β = 0.5, a log-decay of −0.01 per step
+                   (g solved for it, A_log = dt_bias = 0): the high powers of L at full strength.
+=================  ==============================================================================
+
+Options: the lower bound; the initial state (none, fp32 or bf16, N(0, 1) times ``state_scale``);
+``v_scale`` (a power of two, so bf16 v stays exact); pre-normalized q and k with the kernel's
+normalization off; ``poison``: a NaN or inf written into one token of the last sequence. A poisoned
+case is judged on the other sequences only (they must come out clean and right); what the
+poisoned sequence gives is recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from fnmatch import fnmatchcase
+
+import torch
+
+from kdalab.kda import reference_forward
+
+__all__ = ["FAMILIES", "POISONS", "STATES", "Case", "CaseInputs", "SUITES", "get_suite",
+           "select_cases", "case_inputs", "reference"]
+
+FAMILIES = ("model_like", "saturated", "weak_decay")
+STATES = ("none", "fp32", "bf16")
+POISONS = ("", "nan_v", "inf_k")
+SATURATED_G = 20.0
+WEAK_LOG_DECAY = -0.01
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input configuration. ``T`` is the length of each of ``batch`` sequences, or, with
+    ``seqlens``, the sequences are packed along T (B = 1, ``cu_seqlens``; zero lengths allowed)."""
+
+    name: str
+    family: str = "model_like"
+    T: int = 2048
+    batch: int = 1
+    seqlens: tuple[int, ...] | None = None
+    heads: int = 4
+    K: int = 128
+    V: int = 128
+    lower_bound: float = -5.0
+    initial_state: str = "fp32"
+    state_scale: float = 1.0
+    v_scale: float = 1.0
+    prenormalized: bool = False
+    poison: str = ""
+    seed: int = 0
+    about: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        def bad(name, what):
+            raise ValueError(f"case {self.name!r}: {name} {what}, got {getattr(self, name)!r}")
+
+        if not self.name or any(c in self.name for c in ", \t\n"):
+            raise ValueError(f"case name must be non-empty without commas or spaces, "
+                             f"got {self.name!r}")
+        if self.family not in FAMILIES:
+            bad("family", f"must be one of {', '.join(FAMILIES)}")
+        if self.initial_state not in STATES:
+            bad("initial_state", f"must be one of {', '.join(STATES)}")
+        if self.poison not in POISONS:
+            bad("poison", f"must be one of {', '.join(p or repr(p) for p in POISONS)}")
+        for name in ("T", "batch", "heads", "K", "V"):
+            if getattr(self, name) < 1:
+                bad(name, "must be >= 1")
+        if not (math.isfinite(self.lower_bound) and self.lower_bound < 0):
+            bad("lower_bound", "must be a finite number < 0")
+        for name in ("state_scale", "v_scale"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                bad(name, "must be a finite number > 0")
+        if self.seqlens is not None:
+            if self.batch != 1:
+                bad("batch", "must be 1 with seqlens (sequences packed along T)")
+            if not self.seqlens or any(n < 0 for n in self.seqlens) or sum(self.seqlens) < 1:
+                bad("seqlens", "must be lengths >= 0 with at least one token")
+            if self.T != sum(self.seqlens):
+                object.__setattr__(self, "T", sum(self.seqlens))
+            if self.poison and self.seqlens[-1] < 1:
+                bad("seqlens", "must end with a non-empty sequence for a poisoned case")
+        if self.poison and self.sequences < 2:
+            bad("poison", "needs two sequences or more (the clean ones are judged)")
+
+    @property
+    def sequences(self) -> int:
+        return len(self.seqlens) if self.seqlens is not None else self.batch
+
+    def describe(self) -> dict:
+        """The case's parameters as flat record fields."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in ("name", "about", "seqlens")}
+        out["seqlens"] = "" if self.seqlens is None else ",".join(map(str, self.seqlens))
+        return out
+
+
+def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int], ...],
+           varlen: tuple[tuple[str, tuple[int, ...]], ...], poison_T: int,
+           poison_seqlens: tuple[int, ...] | None, lengths: tuple[int, ...]) -> tuple[Case, ...]:
+    def case(name, about, **changes):
+        return replace(base, name=name, about=about, **changes)
+
+    cases = [
+        case("model_like", "ordinary inputs, random fp32 initial state"),
+        case("saturated", "the gate at its lower bound at every step", family="saturated"),
+        case("weak_decay", "one key repeated, decay -0.01 per step: high powers of L",
+             family="weak_decay"),
+        case("no_h0", "ordinary inputs, no initial state", initial_state="none"),
+        case("lb/-2", "lower bound -2", lower_bound=-2.0),
+        case("lb/-0.5", "lower bound -0.5", lower_bound=-0.5),
+    ]
+    cases += [case(f"T/{t}", f"T = {t}", T=t) for t in lengths]
+    if long_T:
+        cases.append(case("T/long", f"a long sequence, T = {long_T}", T=long_T))
+    cases += [case(f"varlen/{name}", f"packed sequences of lengths {list(lens)}", seqlens=lens)
+              for name, lens in varlen]
+    cases += [
+        case("batch/2", "two fixed-length sequences", batch=2, T=range_T),
+        case("v/beyond_fp16", "v scaled by 2^17: entries up to ~2^19, past fp16's 65504",
+             T=range_T, v_scale=2.0**17),
+        case("h0/beyond_fp16", "initial state N(0, 1)·2^17, past fp16's range", T=range_T,
+             state_scale=2.0**17),
+        case("h0/bf16", "a bf16 initial state (and final state)", initial_state="bf16"),
+    ]
+    cases += [case(f"dims/{k}x{v}", f"K = {k}, V = {v}", K=k, V=v, T=range_T) for k, v in dims]
+    cases += [
+        case("prenorm", "q, k L2-normalized by the caller, the kernel's normalization off",
+             prenormalized=True),
+        case("nonfinite/nan_v", "NaN in v of the second sequence: the first must stay right",
+             batch=2, T=poison_T, poison="nan_v"),
+        case("nonfinite/inf_k", "inf in k of the second sequence: the first must stay right",
+             batch=2, T=poison_T, poison="inf_k"),
+    ]
+    if poison_seqlens is not None:
+        cases.append(case("nonfinite/nan_varlen", "NaN in the last packed sequence: the others "
+                          "must stay right", seqlens=poison_seqlens, poison="nan_v"))
+    return tuple(cases)
+
+
+#: The full suite: the issue's list at the H200 measurement's shape (T = 2048, H = 4,
+#: K = V = 128). Four (K, V) pairs and varlen/fixed are the only shape keys fla autotunes on
+#: (H is 4 throughout), so a new kernel compiles for few shapes.
+FULL = _suite(
+    Case("model_like", T=2048, heads=4, K=128, V=128),
+    long_T=16384, range_T=512, poison_T=256,
+    lengths=(1, 15, 17, 100),
+    dims=((64, 64), (256, 256), (64, 128)),
+    varlen=(("short", (1, 2, 1, 2, 33)), ("mixed", (300, 1, 2, 517, 15, 17, 1228)),
+            ("empty", (300, 0, 517, 100))),
+    poison_seqlens=(100, 77, 150),
+)
+#: The quick suite: the same cases at CPU size (T = 64, H = 2, K = V = 32), no long sequence.
+QUICK = _suite(
+    Case("model_like", T=64, heads=2, K=32, V=32),
+    long_T=0, range_T=48, poison_T=40,
+    lengths=(1, 17),
+    dims=((32, 64),),
+    varlen=(("mixed", (1, 2, 29, 17)), ("empty", (17, 0, 29))),
+    poison_seqlens=None,
+)
+SUITES = {"quick": QUICK, "full": FULL}
+
+
+def get_suite(name: str) -> tuple[Case, ...]:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise ValueError(f"suite must be one of {', '.join(SUITES)}, got {name!r}") from None
+
+
+def select_cases(cases: tuple[Case, ...], patterns: str | None) -> tuple[Case, ...]:
+    """The cases whose names match any of the comma-separated shell patterns (``T/*,varlen/*``);
+    all for None. A pattern that matches nothing is an error (a typo would otherwise pass)."""
+    if patterns is None:
+        return cases
+    pats = [p.strip() for p in patterns.split(",") if p.strip()]
+    if not pats:
+        raise ValueError("--cases: no pattern given")
+    for p in pats:
+        if not any(fnmatchcase(c.name, p) for c in cases):
+            raise ValueError(f"--cases: {p!r} matches no case; cases are "
+                             f"{', '.join(c.name for c in cases)}")
+    return tuple(c for c in cases if any(fnmatchcase(c.name, p) for p in pats))
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    """A case's tensors in chunk_kda_fwd's convention: ``q, k, g [B, T, H, K]``, ``v [B, T, H,
+    V]`` (bf16), ``beta [B, T, H]`` (logits), ``A_log [H]`` and ``dt_bias [H, K]`` (fp32),
+    ``initial_state [N, H, K, V]`` or None, ``cu_seqlens`` (int64) or None. ``rows`` ``[B, T]``
+    and ``states`` ``[N]`` mark what is judged (all but a poisoned sequence)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    initial_state: torch.Tensor | None
+    cu_seqlens: torch.Tensor | None
+    lower_bound: float
+    scale: float
+    use_qk_l2norm: bool
+    rows: torch.Tensor
+    states: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def clone(self) -> CaseInputs:
+        return replace(self, **{n: t.clone() for n, t in self.tensors().items()})
+
+    def to(self, device) -> CaseInputs:
+        moved = {n: t.to(device) for n, t in self.tensors().items()}
+        return replace(self, rows=self.rows.to(device), states=self.states.to(device), **moved)
+
+
+def case_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
+    """Draw the case's inputs on the CPU (so every device sees the same values), then move them."""
+    gen = torch.Generator().manual_seed(case.seed)
+    b, t, h, kd, vd = case.batch, case.T, case.heads, case.K, case.V
+
+    def normal(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    q, k, v = normal(b, t, h, kd), normal(b, t, h, kd), normal(b, t, h, vd)
+    if case.family == "weak_decay":
+        k = normal(b, 1, h, kd).expand(b, t, h, kd).contiguous()
+        a_log, dt_bias = torch.zeros(h), torch.zeros(h, kd)
+        p = -WEAK_LOG_DECAY / abs(case.lower_bound)  # |lb|·sigmoid(x) = 0.01
+        g = torch.full((b, t, h, kd), math.log(p / (1 - p)))
+        beta = torch.zeros(b, t, h)  # sigmoid(0) = 0.5
+    else:
+        g = normal(b, t, h, kd)
+        a_log, dt_bias = torch.rand(h, generator=gen), torch.rand(h, kd, generator=gen)
+        beta = normal(b, t, h)
+        if case.family == "saturated":
+            g = torch.full_like(g, SATURATED_G)
+    if case.prenormalized:
+        q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
+    q, k, v, g, beta = (x.bfloat16() for x in (q, k, v * case.v_scale, g, beta))
+    n = case.sequences
+    state = None
+    if case.initial_state != "none":
+        state = normal(n, h, kd, vd) * case.state_scale
+        state = state.bfloat16() if case.initial_state == "bf16" else state
+    cu = None
+    if case.seqlens is not None:
+        cu = torch.tensor([0, *torch.tensor(case.seqlens).cumsum(0).tolist()], dtype=torch.int64)
+    rows = torch.ones(b, t, dtype=torch.bool)
+    states = torch.ones(n, dtype=torch.bool)
+    if case.poison:
+        start = 0 if cu is None else int(cu[-2])
+        length = t if cu is None else case.seqlens[-1]
+        at = (b - 1, start + length // 2, 0, 0)
+        if case.poison == "nan_v":
+            v[at] = math.nan
+        else:
+            k[at] = math.inf
+        if cu is None:
+            rows[-1] = False
+        else:
+            rows[0, start:] = False
+        states[-1] = False
+    x = CaseInputs(q=q, k=k, v=v, g=g, beta=beta, A_log=a_log.float(), dt_bias=dt_bias.float(),
+                   initial_state=state, cu_seqlens=cu, lower_bound=case.lower_bound,
+                   scale=kd ** -0.5, use_qk_l2norm=not case.prenormalized, rows=rows,
+                   states=states)
+    return x.to(device)
+
+
+def reference(x: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp64 token recurrence (``kdalab.kda.reference_forward``) on the inputs' device:
+    ``(o [B, T, H, V], final_state [N, H, K, V])`` in float64.
+
+    Poisoned values are replaced by zeros (only the clean sequences are judged, and sequences do
+    not interact); empty sequences are left out of the recurrence and keep their initial state.
+    """
+    q, k, v = (torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in (x.q, x.k, x.v))
+    kw = dict(scale=x.scale, A_log=x.A_log, dt_bias=x.dt_bias, lower_bound=x.lower_bound,
+              use_qk_l2norm=x.use_qk_l2norm, output_final_state=True)
+    cu, h0 = x.cu_seqlens, x.initial_state
+    n = q.shape[0] if cu is None else len(cu) - 1
+    if cu is None or bool((cu.diff() > 0).all()):
+        return reference_forward(q, k, v, x.g, x.beta, initial_state=h0, cu_seqlens=cu, **kw)
+    keep = (cu.diff() > 0).nonzero().flatten()
+    o, s = reference_forward(q, k, v, x.g, x.beta, cu_seqlens=torch.unique_consecutive(cu),
+                             initial_state=None if h0 is None else h0[keep], **kw)
+    full = (s.new_zeros((n,) + s.shape[1:]) if h0 is None else h0.double().clone())
+    full[keep] = s
+    return o, full

@@ -1,0 +1,336 @@
+"""``kdalab check``: the accuracy and conformance report card of KDA forward kernels."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kdalab.cli.app import app, console, err_console
+
+_EPILOG = (
+    "Kernels: kdalab, kdalab-tf32 (Triton; CUDA), fla, fla-recurrent (fla's chunk and fused "
+    "recurrent KDA; CUDA), flashkda (flash_kda.fwd; CUDA, K = V = 128), recipe:NAME (a "
+    "kdalab.kda recipe, e.g. recipe:flashkda, recipe:fla, recipe:fp32; CPU or CUDA), or "
+    "module:function / file.py:function with chunk_kda_fwd's convention (docs/check.md). "
+    "Exit codes: 0 every supported case meets the thresholds, 1 some case fails, 2 usage error."
+)
+
+
+def fail(message: str) -> None:
+    """A usage error: ``error: <message>`` as one line on stderr (never wrapped, brackets kept
+    as text), exit code 2."""
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code=2)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _versions() -> dict:
+    import importlib.metadata
+
+    import torch
+
+    out = {}
+    for dist, module in (("kdalab", "kdalab"), ("torch", "torch"), ("triton", "triton"),
+                         ("fla-core", "fla"), ("flash_kda", "flash_kda")):
+        if module not in sys.modules:
+            continue
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = getattr(sys.modules[module], "__version__", "?")
+    if torch.version.cuda:
+        out["cuda"] = torch.version.cuda
+    try:
+        commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
+                                capture_output=True, text=True, timeout=5,
+                                cwd=Path(__file__).parent)
+        if commit.returncode == 0:
+            out["kdalab commit"] = commit.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def _device_name(device: str) -> str:
+    import platform
+
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def _check_out(out: Path) -> None:
+    from kdalab import params
+
+    try:
+        params.output_folder(out, "--out")
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def _jsonable(value):
+    """JSON-safe: NaN as null, ±inf as strings (as the record store writes them)."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+@app.command("check", epilog=_EPILOG)
+def check_command(
+    kernels: Annotated[Optional[list[str]], typer.Argument(
+        help="kernels to check (see below)", show_default=False)] = None,
+    suite: Annotated[Optional[str], typer.Option(
+        help="quick (small, CPU-friendly) or full; default: full on cuda, quick on cpu",
+        show_default=False)] = None,
+    device: Annotated[Optional[str], typer.Option(
+        help="cpu or cuda; default: cuda when available", show_default=False)] = None,
+    cases: Annotated[Optional[str], typer.Option(
+        help="only the cases matching these comma-separated shell patterns, e.g. "
+             "'model_like,varlen/*'", show_default=False)] = None,
+    max_output_error: Annotated[float, typer.Option(
+        help="largest output relative error a case may have")] = 1e-2,
+    max_state_error: Annotated[float, typer.Option(
+        help="largest final-state relative error a case may have")] = 1e-2,
+    against: Annotated[Optional[str], typer.Option(
+        help="fidelity mode: compare with this kernel instead of the fp64 recurrence",
+        show_default=False)] = None,
+    min_identical: Annotated[float, typer.Option(
+        help="fidelity mode: smallest fraction of bit-identical output elements")] = 0.999,
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("results/check"),
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="print the summary and records as JSON instead of tables")] = False,
+    exclude: Annotated[Optional[list[str]], typer.Option(
+        help="KERNEL=PATTERNS: do not run KERNEL on the matching cases (recorded as excluded; "
+             "repeatable), e.g. 'fla=dims/*'", show_default=False)] = None,
+    isolate: Annotated[Optional[bool], typer.Option(
+        "--isolate/--no-isolate",
+        help="run each kernel in a process of its own, so that one which faults the GPU, dies "
+             "or hangs is recorded as crashed and the others still run; default: on for cuda",
+        show_default=False)] = None,
+    case_timeout: Annotated[float, typer.Option(
+        help="with --isolate: seconds a kernel may take for one case, its start and "
+             "compilation included (0: no limit); then it is killed and recorded as crashed")]
+    = 0.0,
+    redraw: Annotated[bool, typer.Option(
+        "--redraw", help="run nothing: redraw the report from the records already in --out")]
+    = False,
+    list_cases: Annotated[bool, typer.Option(
+        "--list", help="list the suite's cases and the kernels, run nothing")] = False,
+    quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
+) -> None:
+    """Accuracy and conformance report card: run each KERNEL on a suite of cases (families ×
+    shapes × options) and measure its output and final state against the fp64 token recurrence
+    (or, with --against, against another kernel bit for bit).
+
+    Writes records (records.jsonl/json/parquet), check.json (the run), report.md, report.html
+    (self-contained, plot embedded) and errors.png to --out.
+    """
+    from kdalab import params
+
+    if redraw:
+        _report(_redraw(out), out, as_json=as_json, quiet=quiet)
+        return
+    device = params.device(device or _default_device(), "--device")
+    plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
+                 thresholds_args=(max_output_error, max_state_error, min_identical))
+    if plan is None:
+        return
+    isolate = device.startswith("cuda") if isolate is None else isolate
+    if case_timeout and not isolate:
+        fail("--case-timeout needs --isolate (a kernel in this process cannot be stopped)")
+    _check_out(out)
+    meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["check"]
+            else "kdalab check " + " ".join(kernels),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "device_name": _device_name(device), "suite": plan["suite"], "kernels": kernels,
+            "against": against, "isolated": isolate, "excluded": plan["exclude"],
+            "cases": [c.name for c in plan["cases"]],
+            "thresholds": ({"min identical": min_identical} if against else
+                           {"output": max_output_error, "state": max_state_error})}
+    _write_meta(out, meta)  # now, so that an interrupted run can be redrawn
+    t0, timings = time.perf_counter(), {}
+    records = _run(plan, device, out, isolate=isolate, case_timeout=case_timeout,
+                   timings=timings, quiet=quiet or as_json)
+    meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    meta["seconds_per_kernel"] = {k: round(v, 1) for k, v in timings.items()}
+    meta["versions"] = _versions()
+    _write_meta(out, meta)
+    _report((records, meta), out, as_json=as_json, quiet=quiet)
+
+
+def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
+          thresholds_args) -> dict | None:
+    """Every option parsed and checked (usage errors exit 2 here, before anything runs); None
+    when --list was asked for (printed)."""
+    from kdalab.check import (
+        ConventionError,
+        KernelUnavailable,
+        Thresholds,
+        get_suite,
+        load_kernel,
+        select_cases,
+    )
+    from kdalab.check.adapters import KERNEL_HELP
+
+    suite = suite or ("full" if device.startswith("cuda") else "quick")
+    try:
+        selected = select_cases(get_suite(suite), cases)
+        thresholds = Thresholds(*thresholds_args)
+    except ValueError as exc:
+        fail(str(exc).replace("max_output_error", "--max-output-error")
+             .replace("max_state_error", "--max-state-error")
+             .replace("min_identical", "--min-identical"))
+    if list_cases:
+        for case in selected:
+            typer.echo(f"{case.name:24s} {case.about}")
+        typer.echo(KERNEL_HELP)
+        return None
+    if not kernels:
+        fail(f"give at least one kernel; {KERNEL_HELP}")
+    if len(set(kernels)) != len(kernels):
+        fail(f"a kernel is named twice: {' '.join(kernels)}")
+    if against is not None and against in kernels:
+        fail(f"--against {against}: also among the kernels checked")
+    loaded = []
+    for spec in kernels + ([against] if against is not None else []):
+        try:
+            kernel = load_kernel(spec)
+            kernel.check_available(device)
+        except (ValueError, KernelUnavailable, ConventionError) as exc:
+            fail(str(exc))
+        loaded.append(kernel)
+    if not (math.isfinite(case_timeout) and case_timeout >= 0):
+        fail(f"--case-timeout must be a number of seconds >= 0, got {case_timeout}")
+    excluded: dict[str, list[str]] = {}
+    for item in exclude or []:
+        name, sep, patterns = item.partition("=")
+        if not sep or name not in kernels:
+            fail(f"--exclude must be KERNEL=PATTERNS with KERNEL one of the kernels checked "
+                 f"({', '.join(kernels)}), got {item!r}")
+        try:
+            excluded.setdefault(name, []).extend(
+                c.name for c in select_cases(selected, patterns))
+        except ValueError as exc:
+            fail(str(exc).replace("--cases", f"--exclude {name}"))
+    return {"suite": suite, "cases": selected, "thresholds": thresholds, "exclude": excluded,
+            "kernels": loaded[:len(kernels)],
+            "against": loaded[-1] if against is not None else None}
+
+
+def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: float,
+         timings: dict, quiet: bool) -> list[dict]:
+    """The check with progress, records streamed to ``out``; errors that stop it exit here."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from kdalab.check import ConventionError, DeviceFault, run_check
+    from kdalab.check import records as store
+    from kdalab.check.isolate import run_isolated
+
+    kernels, against = plan["kernels"], plan["against"]
+    common = dict(thresholds=plan["thresholds"], timings=timings, exclude=plan["exclude"])
+    try:
+        with store.writer(out) as writer, Progress(
+            TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=console, transient=True, disable=quiet,
+        ) as progress:
+            task = progress.add_task("", total=len(plan["cases"]) * len(kernels))
+
+            def show(done, total, label):
+                progress.update(task, completed=done, description=label)
+
+            if isolate:
+                return run_isolated(
+                    [k.name for k in kernels], plan["cases"], suite=plan["suite"],
+                    device=device, against=None if against is None else against.name,
+                    folder=out, sink=writer.write, progress=show,
+                    timeout=case_timeout or None, **common)
+            return run_check(kernels, plan["cases"], device=device, against=against,
+                             sink=writer.write, progress=show, **common)
+    except ConventionError as exc:
+        fail(f"{exc} (records so far are in {out}/records.jsonl)")
+    except DeviceFault as exc:
+        from rich.markup import escape
+
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}; records so far are in "
+                          f"{out}/records.jsonl (--isolate runs each kernel in its own "
+                          f"process and records the crash)", highlight=False, soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: the records so far are in {out}/records.jsonl "
+                          f"(kdalab check --redraw --out {out} draws the report from them)",
+                          highlight=False, soft_wrap=True)
+        raise typer.Exit(code=130) from None
+
+
+def _write_meta(out: Path, meta: dict) -> None:
+    (out / "check.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+
+
+def _redraw(out: Path) -> tuple[list[dict], dict]:
+    from kdalab.check import records as store
+
+    try:
+        records = store.read(out)
+    except FileNotFoundError:
+        fail(f"--redraw: no records in {out}")
+    if not records:
+        fail(f"--redraw: no records in {out}")
+    try:
+        meta = json.loads((out / "check.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = {}
+    return records, meta
+
+
+def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bool) -> None:
+    """Views on disk and on the terminal (or JSON); exit code 1 when a case failed."""
+    from kdalab.views.check import notes, summary, terminal_table
+    from kdalab.views.check_report import write_check_views
+
+    records, meta = run
+    paths = write_check_views(records, meta, out)
+    failed = any(r["status"] in ("fail", "skipped") for r in records)
+    if as_json:
+        doc = {"passed": not failed, "meta": meta,
+               "summary": summary(records).to_dict("records"), "records": records}
+        typer.echo(json.dumps(_jsonable(doc), indent=1, default=str, allow_nan=False))
+    elif not quiet:
+        title = f"kdalab check — {meta.get('suite', '?')} suite on {meta.get('device_name', '?')}"
+        console.print(terminal_table(records, title=title))
+        for line in notes(records):
+            console.print(f"  {line}", highlight=False, markup=False)
+        verdict = "[bold red]FAIL[/]" if failed else "[bold green]PASS[/]"
+        took = f" in {meta['elapsed_s']} s" if "elapsed_s" in meta else ""
+        console.print(f"{verdict}: {len(records)} records{took}; wrote the report to "
+                      f"{out}/ ({', '.join(p.name for p in paths)})", highlight=False)
+    if failed:
+        raise typer.Exit(code=1)
