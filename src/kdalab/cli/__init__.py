@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from kdalab.cli import (  # noqa: F401  (they register)
+from kdalab.cli import (  # noqa: F401  (each command module registers on app)
     check,
     dynamic_range,
     end_to_end,

@@ -125,13 +125,28 @@ def export_json(store, path: Path) -> Path:
 
 def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """A table on the terminal, its title on a line of its own (a rich title wraps at the
-    table's width: "dim ⏎ 128"); long headers wrap in an 80-column terminal, numbers do not."""
+    table's width: "dim ⏎ 128"). No cell is cut or folded: names left, numbers right, each column
+    as wide as its widest entry; a table wider than the terminal is printed whole."""
+    from rich import box
     from rich.table import Table
 
     console.print(f"[bold]{title}[/]", highlight=False, soft_wrap=True)
-    table = Table(show_edge=True)
-    for col in columns:
-        table.add_column(col, justify="right")
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
+    for i, col in enumerate(columns):
+        cells = [str(row[i]) for row in rows]
+        numeric = all(_is_number(c) for c in cells)
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=True,
+                         min_width=max([len(c) for c in cells] + [len(col)]))
     for row in rows:
         table.add_row(*row)
-    console.print(table)
+    width = max(console.width, console.measure(table).maximum)
+    console.print(table, width=width, crop=False)
+    console.print()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.rstrip("%").replace("∞", "inf").replace("L^", ""))
+        return True
+    except ValueError:
+        return False

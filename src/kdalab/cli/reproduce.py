@@ -45,18 +45,18 @@ def reproduce(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
-    import torch
-
     from kdalab import params
-    from kdalab.cli.common import run_into_folder
-    from kdalab.experiments.sweep import SweepPlan
 
-    device = params.device(device, "--device")
-    model = params.accumulation(accumulation, "--accumulation", torch.device(device).type)
     seed_list = params.int_list(seeds, "--seeds", minimum=0)
     chunk_list = params.int_list(chunks, "--chunks", minimum=1) if chunks is not None else None
     dim = params.integer(dim, "--dim", 1)
+    device = params.device(device, "--device")
+    model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
     out = params.output_folder(out, "--out")
+
+    from kdalab.cli.common import run_into_folder
+    from kdalab.experiments.sweep import SweepPlan
+
     plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
     paths = run_into_folder(plan, out, resume=resume, force=force, quiet=quiet,
                             json_export=json,

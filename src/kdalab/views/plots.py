@@ -22,6 +22,9 @@ __all__ = ["plot_error_vs_chunk", "save_figure", "plot_series_with_nonfinite"]
 
 #: horizontal distance between the non-finite markers of neighbouring series, in points
 MARKER_STEP_PT = 4.0
+#: one marker shape per configuration, drawn smaller for each later one: where two lines
+#: coincide, the later one's markers sit visibly inside the earlier one's
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
 def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
@@ -37,12 +40,15 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
 
 def plot_series_with_nonfinite(ax, x, y, *, label: str, slot: int = 0, slots: int = 1,
                                **kw) -> None:
-    """Finite points as a line; non-finite ones as 'x' markers pinned to the top edge, shifted
-    sideways by the series' ``slot`` of ``slots`` so that markers at one x stay apart."""
+    """Finite points as a line, with the ``slot``'s marker (shape and size: coinciding series
+    stay visible); non-finite ones as 'x' markers pinned to the top edge, shifted sideways by
+    the slot so that markers at one x stay apart."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     finite = np.isfinite(y) & (y > 0)
-    line, = ax.plot(x[finite], y[finite], marker="o", label=label, **kw)
+    kw.setdefault("marker", MARKERS[slot % len(MARKERS)])
+    kw.setdefault("markersize", max(3.0, 7.0 - 1.2 * slot))
+    line, = ax.plot(x[finite], y[finite], label=label, zorder=2 + slot, **kw)
     bad = ~np.isfinite(y)
     if bad.any():
         shift = (slot - (slots - 1) / 2) * MARKER_STEP_PT
@@ -76,7 +82,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
     tags = list(dict.fromkeys(tag for _, tag, _ in series))
     accs = list(dict.fromkeys(acc for acc, _, _ in series))
     colors = plt.get_cmap("tab20" if len(accs) * len(tags) > 10 else "tab10")
-    legend: dict[str, str] = {}  # label -> colour
+    legend: dict[str, tuple] = {}  # label -> (colour, marker)
     for ax, fam in zip(axes[0], families):
         drawn: dict[tuple, list[str]] = {}
         groups: dict[tuple, tuple[str, pd.DataFrame]] = {}
@@ -90,12 +96,15 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
         for slot, (key, names) in enumerate(drawn.items()):
             tag, rows = groups[key]
             label = f"{' = '.join(names)}, {tag}"
-            color = legend.setdefault(label, colors(len(legend) % colors.N))
+            color, _ = legend.setdefault(label, (colors(len(legend) % colors.N),
+                                                 MARKERS[len(legend) % len(MARKERS)]))
+            marker = legend[label][1]
             plot_series_with_nonfinite(ax, rows["chunk"], rows["inv_total_rel_rmse_median"],
-                                       label=label, color=color, slot=slot, slots=len(drawn))
+                                       label=label, color=color, marker=marker, slot=slot,
+                                       slots=len(drawn))
             plot_series_with_nonfinite(ax, rows["chunk"], rows["inv_stable_l_rel_rmse_median"],
                                        label="_nolegend_", linestyle="--", color=color,
-                                       slot=slot, slots=len(drawn))
+                                       marker=marker, slot=slot, slots=len(drawn))
         g = summary[summary["family"] == fam]
         ax.set_yscale("log")
         lo, hi = float(g["chunk"].min()), float(g["chunk"].max())
@@ -106,7 +115,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
         ax.set_title(fam)
         ax.axvline(16, color="grey", linewidth=0.8, linestyle=":")
         ax.grid(True, which="both", alpha=0.3)
-    handles = [Line2D([], [], color=c, label=lab) for lab, c in legend.items()]
+    handles = [Line2D([], [], color=c, marker=m, label=lab) for lab, (c, m) in legend.items()]
     handles += [Line2D([], [], color="black", label="INV total"),
                 Line2D([], [], color="black", linestyle="--", label="INV power"),
                 Line2D([], [], color="black", marker="x", linestyle="", label="non-finite")]
