@@ -41,10 +41,11 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
+import cublas_models  # noqa: E402,F401  (registers cublas-16f, cublas-32f: benchmarks/)
 from seed_baseline import seed_make_inputs, seed_run_one  # noqa: E402  (benchmarks/)
 
-from kdalab.arith import gpu  # noqa: E402
-from kdalab.experiments.families import cuda_draw_processes, make_inputs_batch  # noqa: E402
+from kdalab.arith.gpu import require_cuda  # noqa: E402
+from kdalab.experiments.draw import cuda_draw_processes, make_inputs_batch  # noqa: E402
 from kdalab.experiments.inverse import launch_group  # noqa: E402
 from kdalab.experiments.sweep import (  # noqa: E402
     DEFAULT_MAX_BATCH,
@@ -278,7 +279,7 @@ def main() -> None:
     if args.cpu:
         cpu_models(args.seeds if args.seeds != 256 else 16, args.workers)
         return
-    gpu.require_cuda("benchmarks/bench_gpu_sweep.py")
+    require_cuda("benchmarks/bench_gpu_sweep.py")
     dev = DEVICE
     runs = []
     for fam, chunks in SEED_TABLE_CHUNKS.items():

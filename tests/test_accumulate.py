@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 from fractions import Fraction
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,14 +15,8 @@ from hypothesis import strategies as st
 
 from kdalab.arith import available_accumulations, get_accumulation, matmul
 
-
-def seed_fp16_accum_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The seed document's CPU fallback, verbatim in behaviour: the oracle for ``fp16-seq``."""
-    out = torch.zeros(a.shape[0], b.shape[1], dtype=torch.float16)
-    for k in range(a.shape[1]):
-        product = a[:, k : k + 1].float() * b[k : k + 1].float()
-        out = (out.float() + product).half()
-    return out
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+from seed_baseline import seed_fp16_accum_mm  # noqa: E402  (the seed's CPU fallback: the oracle)
 
 
 def _random_fp16(shape, gen, spread=8):
@@ -146,10 +142,71 @@ def test_registry_and_errors():
 
 
 def test_hardware_companions_and_device_mapping():
-    from kdalab.arith.accumulate import for_device, fp32_companion
+    from kdalab.arith import fp32_companion, on_device
 
-    assert fp32_companion("h200", "fp32") == "h200-sgemm"
-    assert fp32_companion("fp16-seq", "fp32") == "fp32"  # no hardware: the recipe's choice
-    assert for_device("h200", "cpu") == "h200"
-    assert for_device("h200", "cuda") == "gpu-h200"  # a name mapping; needs no GPU
-    assert for_device("fp16-seq", "cuda") == "fp16-seq"
+    m = get_accumulation
+    assert fp32_companion(m("h200"), m("fp32")) is m("h200-sgemm")
+    assert fp32_companion(m("fp16-seq"), m("fp32")) is m("fp32")  # no hardware: the default
+    assert fp32_companion(m("gpu-h200"), m("fp32")) is m("gpu-h200-sgemm")
+    assert on_device(m("h200"), "cpu") is m("h200")
+    assert on_device(m("h200"), "cuda") is m("gpu-h200")  # attributes only: needs no GPU
+    assert on_device(m("fp16-seq"), "cuda") is m("fp16-seq")
+    # every twin is registered, needs CUDA and names its CPU model back
+    for name in available_accumulations():
+        twin = m(name).gpu_twin
+        if twin is not None:
+            assert m(twin).needs_cuda and m(twin).cpu_twin == name and not m(name).needs_cuda
+
+
+def test_registry_refuses_a_second_model_under_a_taken_name():
+    from kdalab.arith import register
+    from kdalab.arith.accumulate import Fp32Accumulation
+
+    register(m := get_accumulation("fp32"))  # the same value again: harmless
+    with pytest.raises(ValueError, match="already registered"):
+        register(Fp32Accumulation(name="fp64"))
+    assert get_accumulation("fp64") is not m
+
+
+def test_fp16_seq_on_sparse_rectangles_equals_the_seed_loop():
+    """Above SPARSE_MIN outputs fp16-seq computes each step only where some product is non-zero;
+    triangular operands with tiny entries (sums that round to −0, then meet a skipped +0) and
+    an inf in one matrix must still give the seed loop's bits in every matrix."""
+    from kdalab.arith.accumulate import SPARSE_MIN
+
+    gen = torch.Generator().manual_seed(7)
+    batch, c = 72, 64
+    assert batch * c * c >= SPARSE_MIN
+    scale = torch.exp2(torch.randint(-30, 2, (batch, c, c), generator=gen).float())
+    l = torch.tril(torch.randn(batch, c, c, generator=gen) * scale, -1).half()
+    inv = torch.tril(torch.randn(batch, c, c, generator=gen) * scale.flip(-1), 0).half()
+    l[3, 40, 7] = float("inf")
+    for a, b in ((l, l), (inv, l)):
+        out = matmul(a, b, "fp16-seq")
+        negative_zeros = 0
+        for i in range(batch):
+            ref = seed_fp16_accum_mm(a[i], b[i])
+            assert torch.equal(out[i].view(torch.int16), ref.view(torch.int16)), i
+            negative_zeros += int(((ref == 0) & torch.signbit(ref)).sum())
+        assert negative_zeros > 0  # the −0 repair was exercised
+
+
+@pytest.mark.parametrize("c", [16, 17, 19, 33])
+def test_float64_products_and_inverses_do_not_depend_on_the_batch(c):
+    """Every matrix of a batch gets the bits of the same call on that matrix alone (MKL's float64
+    paths depend on a matrix's alignment, and half the matrices of an odd-sized batch are
+    misaligned), whatever the batch size or the slice taken."""
+    from kdalab.arith.linalg import inv64, matmul64
+
+    gen = torch.Generator().manual_seed(c)
+    a = torch.randn(24, c, c, generator=gen, dtype=torch.float64)
+    b = torch.randn(24, c, 7 if c == 19 else c, generator=gen, dtype=torch.float64)
+    x = torch.eye(c, dtype=torch.float64) + 0.2 * torch.tril(a, -1)
+    alone_mm = [a[i].clone() @ b[i].clone() for i in range(24)]
+    alone_inv = [torch.linalg.inv(x[i].clone()) for i in range(24)]
+    for lo, hi in ((0, 24), (1, 24), (3, 8), (5, 6)):
+        mm, inv = matmul64(a[lo:hi], b[lo:hi]), inv64(x[lo:hi])
+        for i in range(lo, hi):
+            assert torch.equal(mm[i - lo], alone_mm[i]) and torch.equal(inv[i - lo], alone_inv[i])
+    assert torch.equal(matmul64(a[:6].view(2, 3, c, c), b[:6].view(2, 3, *b.shape[1:]))[1, 2],
+                       alone_mm[5])

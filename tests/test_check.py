@@ -322,7 +322,7 @@ def test_cli_out_is_a_file(tmp_path):
     target = tmp_path / "f"
     target.write_text("x")
     res = runner.invoke(app, ["check", "recipe:fp32", "--device", "cpu", "--out", str(target)])
-    assert res.exit_code == 2 and "not a folder" in res.output
+    assert res.exit_code == 2 and "is a file; expected a folder" in res.output
 
 
 def test_cli_quick_suite(tmp_path):

@@ -1,63 +1,311 @@
-"""The command line: files written, tables printed, bad input → exit code 2 and one message."""
+"""The command line's contract: files written and tables printed; every mistake one line on
+stderr and exit code 2; --version, python -m kdalab, help with defaults and choices; a closed
+pipe ends quietly; Ctrl-C keeps the records and says so, exit code 130."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from kdalab.cli import app
+from kdalab.cli import main
 
-runner = CliRunner()
+ROOT = Path(__file__).parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH",
+                                                                                 "")}
 
 
-def test_reproduce_small(tmp_path):
-    res = runner.invoke(app, ["reproduce", "--chunks", "4,8", "--seeds", "0", "--dim", "16",
-                              "--out", str(tmp_path)])
-    assert res.exit_code == 0, res.output
-    assert "Exponent boundary" in res.output and "High-power stress" in res.output
-    for name in ("records.json", "records.parquet", "records.jsonl", "exponent_boundary.md",
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    """Run the command line in this process, through its error boundary."""
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
+
+
+def kdalab(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kdalab", *args], capture_output=True,
+                          text=True, env=ENV, **kw)
+
+
+# --- what the commands write -----------------------------------------------------------------
+
+def test_reproduce_small(tmp_path, capsys):
+    code, out, err = cli(capsys, "reproduce", "--chunks", "4,8", "--seeds", "0", "--dim", "16",
+                         "--out", str(tmp_path), "--json")
+    assert code == 0, err
+    assert "Exponent boundary" in out and "High-power stress" in out
+    # a table's title is one line of its own (never wrapped into the table's width)
+    assert any(line.startswith("Exponent boundary") and line.endswith("dim 16")
+               for line in out.splitlines())
+    for name in ("records.json", "manifest.json", "summary.csv", "exponent_boundary.md",
                  "exponent_boundary.csv", "high_power_stress.md", "ordinary_random.csv",
                  "error_vs_chunk.png", "error_vs_chunk.svg"):
         assert (tmp_path / name).exists(), name
     recs = json.loads((tmp_path / "records.json").read_text())
-    assert len(recs) == 3 * 2 and {r["accumulation"] for r in recs} == {"fp16-seq"}
+    # the default is the H200's arithmetic (the published tables), L by its fp32 GEMM order
+    assert len(recs) == 3 * 2 and {r["accumulation"] for r in recs} == {"h200"}
+    assert {r["l_accumulation"] for r in recs} == {"h200-sgemm"}
 
 
-def test_sweep_from_toml_with_override(tmp_path):
+def test_sweep_from_toml_with_override_and_out(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
-    cfg.write_text('families = "floor"\nchunks = [4]\nseeds = "0-1"\ndims = [8]\n')
-    res = runner.invoke(app, ["sweep", str(cfg), "--accumulation", "fp16-seq,fp16-once",
-                              "--out", str(tmp_path / "o"), "--quiet"])
-    assert res.exit_code == 0, res.output
-    recs = json.loads((tmp_path / "o" / "records.json").read_text())
-    assert len(recs) == 4
+    out = tmp_path / "from-toml"
+    cfg.write_text(f'families = "floor"\nchunks = [4]\nseeds = "0-1"\ndims = [8]\n'
+                   f'lower-bound = -2\nout = "{out}"\naccumulation = "fp32"\n')
+    code, _, err = cli(capsys, "sweep", str(cfg), "--accumulation", "fp16-seq,fp16-once",
+                       "--quiet", "--json")
+    assert code == 0, err
+    recs = json.loads((out / "records.json").read_text())
+    assert len(recs) == 4 and {r["lower_bound"] for r in recs} == {-2.0}
+    assert {r["accumulation"] for r in recs} == {"fp16-seq", "fp16-once"}  # the option won
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["reproduce", "--chunks", "0"], "chunk"),
-    (["reproduce", "--seeds", "a-b"], "--seeds"),
-    (["reproduce", "--accumulation", "fp12"], "accumulation"),
-    (["sweep", "--families", "floor,bogus"], "family"),
-    (["sweep", "--lower-bound", "0"], "lower_bound"),
-    (["sweep", "--lower-bound", "x"], "lower_bounds"),
-    (["sweep", "no_such_file.toml"], "no such file"),
-])
-def test_bad_input_exits_2_without_traceback(args, needle, tmp_path):
-    res = runner.invoke(app, args + ["--out", str(tmp_path)])
-    assert res.exit_code == 2, res.output
-    assert needle in res.output and "Traceback" not in res.output
+# --- mistakes: one line on stderr, exit code 2 ---------------------------------------------
+
+MISTAKES = [
+    # (arguments, what the line must say)
+    (["sweep", "--out", "{file}"], "--out: '{file}' is a file; expected a folder"),
+    (["reproduce", "--out", "{file}/sub"], "--out: cannot create the folder"),
+    (["sweep", "--out", "/proc/kdalab-x"], "--out: cannot create the folder"),
+    (["sweep", "{tmp}"], "config: '{tmp}' is a folder; expected a file"),
+    (["sweep", "no_such_file.toml"], "config: no such file 'no_such_file.toml'"),
+    (["sweep", "{bad_toml}"], "config: malformed TOML"),
+    (["sweep", "{unknown_key_toml}"], "unknown key; expected one of"),
+    (["sweep", "{bad_value_toml}"], "c3.toml: lower-bound must be a finite number < 0"),
+    (["reproduce", "--chunks", "0"], "--chunks must be integers >= 1, got 0"),
+    (["reproduce", "--seeds", "a-b"], "--seeds: cannot read 'a-b'; expected integers like"),
+    (["reproduce", "--seeds", "-1"], "--seeds must be integers >= 0, got -1"),
+    (["sweep", "--seeds", "-1"], "--seeds must be integers >= 0, got -1"),
+    (["sweep", "--chunks", "8-4"], "--chunks: cannot read '8-4'"),
+    (["reproduce", "--dim", "0"], "--dim must be an integer >= 1, got 0"),
+    (["reproduce", "--dim", "x"], "Invalid value for '--dim'"),
+    (["reproduce", "--accumulation", "fp12"], "--accumulation: unknown accumulation model"),
+    (["reproduce", "--accumulation", "cublas-16f"], "unknown accumulation model 'cublas-16f'"),
+    (["sweep", "--families", "floor,bogus"], "--families must be one of floor, "),
+    (["sweep", "--lower-bound", "0"], "--lower-bound must be a finite number < 0"),
+    (["sweep", "--lower-bound", "0.5"], "--lower-bound must be a finite number < 0"),
+    (["sweep", "--lower-bound", "x"], "--lower-bound must be a finite number < 0"),
+    (["sweep", "--lower-bound", "nan"], "--lower-bound must be a finite number < 0"),
+    (["sweep", "--device", "tpu"], "--device must be cpu, cuda or cuda:N; got 'tpu'"),
+    (["reproduce", "--bogus"], "No such option: --bogus"),
+    (["sweep", "--out", "{tmp}/o", "--chunks"], "Option '--chunks' requires an argument"),
+    (["safe-chunk"], "give --lower-bound"),
+    (["safe-chunk", "--lower-bound", "0"], "--lower-bound must be a finite number < 0"),
+    (["safe-chunk", "--lower-bound", "inf"], "--lower-bound must be a finite number < 0"),
+    (["safe-chunk", "--lower-bound", "-5", "--format", "bf17"], "--format: unknown format"),
+    (["safe-chunk", "--lower-bound", "-5", "--format", "12,3"], "--format: exp_bits must be"),
+    (["safe-chunk", "--lower-bound", "-5", "--boundary", "mid"], "--boundary must be one of"),
+    (["safe-chunk", "--chunk", "0"], "--chunk must be an integer >= 1, got 0"),
+    (["safe-chunk", "--chunk", "1" + "0" * 400], "--chunk: 1.000000e+400 tokens span"),
+    (["run", "dynamic-range", "--boundaries", "diag"], "--boundaries must be one of start"),
+    (["run", "dynamic-range", "--chunks", "1-4"], "--chunks must be integers >= 2, got 1"),
+    (["run", "dynamic-range", "--ftz", "maybe"], "--ftz must be one of on, off, both"),
+    (["run", "dynamic-range", "--formats", "bf16,fp7"], "--formats: unknown format 'fp7'"),
+    (["run", "diagonal-tile", "--strategies", "diag"], "--strategies must be one of"),
+    (["run", "diagonal-tile", "--lower-bounds", "-1,1"], "--lower-bounds must be a finite"),
+    (["run", "end-to-end", "--lower-bounds", "0.5"], "--lower-bounds must be a finite number"),
+    (["run", "end-to-end", "--chunks", "0"], "--chunks must be integers >= 1, got 0"),
+    (["run", "end-to-end", "--variants", "flashkda/diagonal/neumann"], "tiles must be one of"),
+    (["run", "end-to-end", "--variants", "fp32/chunk_start"], "variant must be"),
+    (["run", "end-to-end", "--families", "gaussian"], "--families must be one of model_like"),
+    (["run", "end-to-end", "--dim", "0"], "--dim must be an integer >= 1, got 0"),
+    (["run", "end-to-end", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["run", "end-to-end", "--redraw", "--out", "{tmp}/empty"], "--out: no records in"),
+    (["run", "bogus"], "No such command 'bogus'"),
+]
+if torch.cuda.is_available():
+    MISTAKES += [(["reproduce", "--accumulation", "gpu-h200", "--device", "cpu"],
+                  "'gpu-h200' runs on CUDA tensors only")]
+else:
+    MISTAKES += [
+        (["reproduce", "--accumulation", "gpu-h200"],
+         "--accumulation: 'gpu-h200' is the GPU's own arithmetic and needs a CUDA device; none "
+         "is available here (its CPU emulation is 'h200')"),
+        (["sweep", "--device", "cuda"], "--device cuda: no CUDA device is available"),
+        (["run", "end-to-end", "--device", "cuda:1"], "--device cuda:1: no CUDA device"),
+    ]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
-def test_device_cuda_without_cuda_exits_2(tmp_path):
-    res = runner.invoke(app, ["reproduce", "--device", "cuda", "--out", str(tmp_path)])
-    assert res.exit_code == 2 and "CUDA" in res.output
+@pytest.fixture
+def files(tmp_path) -> dict:
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "c1.toml").write_text("chunks = [4,\n")
+    (tmp_path / "c2.toml").write_text("chunkz = [4]\n")
+    (tmp_path / "c3.toml").write_text("lower-bound = 0.5\n")
+    (tmp_path / "empty").mkdir()
+    return {"file": str(tmp_path / "a-file"), "tmp": str(tmp_path),
+            "bad_toml": str(tmp_path / "c1.toml"), "unknown_key_toml": str(tmp_path / "c2.toml"),
+            "bad_value_toml": str(tmp_path / "c3.toml")}
 
 
-def test_help_everywhere():
-    for args in (["--help"], ["reproduce", "--help"], ["sweep", "--help"], ["run", "--help"]):
-        res = runner.invoke(app, args)
-        assert res.exit_code == 0 and "Usage" in res.output
+@pytest.mark.parametrize("args,message", MISTAKES, ids=[" ".join(a)[:60] for a, _ in MISTAKES])
+def test_every_mistake_is_one_line_and_exit_2(args, message, files, tmp_path, capsys):
+    args = [a.format(**files) for a in args]
+    if "--out" not in args and args[0] != "safe-chunk":
+        args += ["--out", str(tmp_path / "out")]
+    code, out, err = cli(capsys, *args)
+    lines = err.strip("\n").splitlines()
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message.format(**files) in lines[0], lines[0]
+    assert "Traceback" not in err + out
+
+
+def test_debug_shows_the_traceback_of_an_expected_error(capsys, tmp_path):
+    code, _, err = cli(capsys, "--debug", "sweep", "--seeds", "-1", "--out", str(tmp_path))
+    assert code == 2 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error:")
+
+
+def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path, capsys):
+    import kdalab.experiments.backends as backends
+
+    def broken(*a, **kw):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(backends, "iter_batch_tables", broken)
+    with pytest.raises(ZeroDivisionError):
+        main(["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out", str(tmp_path)])
+
+
+# --- version, python -m kdalab, help ---------------------------------------------------------
+
+def test_version_and_python_m_kdalab():
+    from importlib.metadata import version
+
+    res = kdalab("--version")
+    assert res.returncode == 0 and res.stdout == f"kdalab {version('kdalab')}\n"
+    res = kdalab()  # no command: the help, not an error
+    assert res.returncode == 0 and "Usage: kdalab" in res.stdout and res.stderr == ""
+    res = kdalab("--help")
+    assert res.returncode == 0
+    for command in ("reproduce", "sweep", "safe-chunk", "run"):
+        assert command in res.stdout
+
+
+def test_help_starts_without_the_heavy_layers():
+    """--help, --version and every mistake before a command runs must not import torch (about 1
+    s), numpy, pandas or matplotlib. (The times are measured in benchmarks/bench_cli.py.)"""
+    code = ("import sys; from kdalab.cli import main\n"
+            "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'pandas', 'matplotlib') "
+            "if m in sys.modules), file=sys.stderr)")
+    for args in (["--help"], ["--version"], ["sweep", "--help"], ["run", "end-to-end", "--help"],
+                 ["reproduce", "--bogus"]):
+        res = subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                             text=True, env=ENV)
+        assert res.stderr.strip().splitlines()[-1] == "[]", (args, res.stderr)
+
+
+def test_help_shows_defaults_choices_and_flowing_text(capsys):
+    code, out, _ = cli(capsys, "sweep", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    for needle in ("[default: (8,16,32)]", "[default: (fp16-seq)]", "[default: (-5)]",
+                   "floor, weak_decay_correlated, model_like", "fp16-seq, fp16-once, h200",
+                   "gpu-h200", "dashes or underscores"):
+        assert needle in text, needle
+    code, out, _ = cli(capsys, "reproduce", "--help")
+    assert "[default: h200]" in " ".join(out.split())
+    # docstring paragraphs are reflowed by the terminal's width, not the source's line breaks
+    assert "floor_e-5, weak_decay_correlated and model_like inputs across chunk sizes" in \
+        " ".join(out.split())
+    code, out, _ = cli(capsys, "run", "--help")
+    for command in ("dynamic-range", "diagonal-tile", "end-to-end"):
+        assert command in out
+
+
+def test_the_help_lists_every_model_and_family_the_layers_define():
+    from kdalab.arith import available_accumulations, get_accumulation
+    from kdalab.cli import options
+    from kdalab.experiments.diagonal_tile import STRATEGIES
+    from kdalab.experiments.end_to_end import E2E_FAMILIES
+    from kdalab.experiments.families import FAMILIES
+    from kdalab.kda.dynamic_range import BOUNDARIES
+
+    names = available_accumulations()
+    assert list(options.ACCUMULATIONS) == [n for n in names if not get_accumulation(n).needs_cuda]
+    assert list(options.GPU_ACCUMULATIONS) == [n for n in names
+                                               if get_accumulation(n).needs_cuda]
+    assert options.FAMILIES == tuple(FAMILIES) and options.E2E_FAMILIES == E2E_FAMILIES
+    assert options.BOUNDARIES == BOUNDARIES and options.STRATEGIES == STRATEGIES
+
+
+# --- safe-chunk answers every finite input in bounded time -----------------------------------
+
+def test_safe_chunk_answers_tiny_and_huge_bounds_at_once(capsys):
+    from fractions import Fraction
+
+    from kdalab.kda.dynamic_range import safe_chunk, scale_limits
+
+    x = scale_limits("bf16").zero.x
+    for lb in (-1e-21, -1e-22, -1e-30, -5e-324):  # -1e-22 searched for ever before
+        r = safe_chunk("bf16", lb)
+        k = r.steps_nonzero  # exact: k·|lb| < x <= (k + 1)·|lb|
+        assert k * Fraction(-lb) < Fraction(x) <= (k + 1) * Fraction(-lb)
+        assert r.max_chunk == k  # start boundary: C = k
+    assert safe_chunk("bf16", -1e300).max_chunk == 0
+    code, out, err = cli(capsys, "safe-chunk", "--lower-bound", "-1e-22")
+    assert code == 0 and "max chunk: 8.733654e+23" in out
+    code, out, _ = cli(capsys, "safe-chunk", "--chunk", "1000000000000")
+    assert code == 0 and "lower bound must be > -8.73365e-11" in out
+    code, out, _ = cli(capsys, "safe-chunk", "--lower-bound", "-1e-22", "--json")
+    assert json.loads(out)["max_chunk"] == 873365448101577570317849
+
+
+def test_safe_chunk_never_hangs_in_a_fresh_process():
+    for lb in ("-1e-22", "-1e-30", "-4.9e-324"):
+        res = kdalab("safe-chunk", "--lower-bound", lb, timeout=120)
+        assert res.returncode == 0 and "max chunk:" in res.stdout, res.stderr
+
+
+# --- a closed pipe, Ctrl-C ---------------------------------------------------------------------
+
+def test_a_closed_pipe_ends_quietly(tmp_path):
+    """`kdalab … | head`: the reader goes away before the output; exit 0, nothing on stderr."""
+    for args in (["reproduce", "--chunks", "4", "--seeds", "0", "--dim", "8", "--out",
+                  str(tmp_path)], ["--help"], ["safe-chunk", "--lower-bound", "-5", "--json"]):
+        p = subprocess.Popen([sys.executable, "-m", "kdalab", *args], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, env=ENV)
+        p.stdout.close()  # the reader is gone before the first line
+        err = p.stderr.read().decode()
+        assert p.wait(timeout=300) == 0, err
+        assert err == "", err
+
+
+def test_ctrl_c_keeps_the_records_and_says_how_to_go_on(tmp_path):
+    """Ctrl-C: every stored part is kept, the boundary says how many runs and how to continue
+    (exit 130), and --resume then completes the sweep."""
+    from kdalab.experiments.runstore import RunStore
+
+    out = tmp_path / "sweep"
+    args = ["sweep", "--chunks", "4-64:4", "--seeds", "0-63", "--dims", "16", "--out", str(out)]
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from kdalab.experiments import "
+                          "runstore; runstore.PART_SECONDS = 0.05; from kdalab.cli import main; "
+                          "main()", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and p.poll() is None:
+        if list(out.glob("parts/*.parquet")):
+            break
+        time.sleep(0.05)
+    assert p.poll() is None, "the sweep ended before it could be interrupted"
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=240)
+    assert p.returncode == 130, err
+    kept = int(RunStore.read_only(out).done.sum())
+    lines = err.strip().splitlines()
+    assert lines and lines[-1] == (f"interrupted: {kept} of 3072 runs stored in {out}; "
+                                   f"'kdalab sweep --out {out} --resume' continues with the rest")
+    assert 1 <= kept < 3072 and "Traceback" not in err
+    assert not (out / "summary.csv").exists()  # the sweep did not finish: no views yet
+    done = kdalab("sweep", "--out", str(out), "--resume", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert RunStore.read_only(out).complete and (out / "summary.csv").exists()

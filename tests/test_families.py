@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdalab.experiments.families import FAMILIES, make_inputs, make_inputs_batch
-from kdalab.experiments.inverse import RunSpec
+from kdalab.experiments.draw import make_inputs, make_inputs_batch
+from kdalab.experiments.families import FAMILIES
+from kdalab.experiments.runs import Run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from seed_baseline import seed_make_inputs  # noqa: E402  (the seed document's code)
@@ -25,7 +26,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_batch_equals_the_seed_per_run_draws(chunk, draw):
     # (the chunk sizes in this order also grow the draw processes' shared block)
     dim = 128 if chunk != 5 else 7
-    runs = [RunSpec.make(f, chunk, s, dim, lb)
+    runs = [Run.checked(f, chunk, s, dim, lb)
             for f in FAMILIES for s in range(6) for lb in (-5.0, -0.7)]
     runs = list(dict.fromkeys(runs))  # families without a lower bound run once
     batch = make_inputs_batch(runs, **draw)
@@ -42,28 +43,21 @@ def test_batch_equals_the_seed_per_run_draws(chunk, draw):
 
 def test_batch_checks_its_runs():
     with pytest.raises(ValueError, match="one chunk size"):
-        make_inputs_batch([RunSpec.make("floor", 4, 0, 8, -5.0),
-                           RunSpec.make("floor", 5, 0, 8, -5.0)])
+        make_inputs_batch([Run.checked("floor", 4, 0, 8, -5.0),
+                           Run.checked("floor", 5, 0, 8, -5.0)])
     with pytest.raises(ValueError, match="at least one"):
         make_inputs_batch([])
     with pytest.raises(ValueError, match="lower_bound"):
         make_inputs("floor", 4, 8, 0, 1.0)
     with pytest.raises(ValueError, match="processes"):
-        make_inputs_batch([RunSpec.make("floor", 4, 0, 8, -5.0)], processes=-1)
-
-
-def test_sweep_records_do_not_depend_on_draw_processes():
-    from kdalab.experiments.sweep import plan_runs, run_sweep
-
-    runs = plan_runs(list(FAMILIES), [8, 16], range(5), [32], [-5.0])
-    assert run_sweep(runs, ["h200"], processes=2, max_batch=8) == run_sweep(runs, ["h200"])
+        make_inputs_batch([Run.checked("floor", 4, 0, 8, -5.0)], processes=-1)
 
 
 def test_batched_sigmoid_equals_per_run_on_large_batches():
     # Above torch's parallel grain (32768 values) its CPU sigmoid splits a call across threads
     # at arbitrary points, and each split's tail takes the scalar loop: the batched sigmoid must
     # still equal torch.sigmoid on each run's own tensor (found with n = 2101 at 2 threads).
-    from kdalab.experiments.families import _sigmoid_rows
+    from kdalab.experiments.draw import _sigmoid_rows
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

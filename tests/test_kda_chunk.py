@@ -2,6 +2,7 @@
 recipe errors. (The flashkda recipes against FlashKDA itself: test_flashkda_golden.py.)"""
 
 import itertools
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -95,30 +96,86 @@ def test_recipe_errors_against_fp64_model_like():
     assert not bool(torch.isfinite(o).all())  # exp(−G) over a 64-token chunk overflows bf16
 
 
-def test_deterministic():
-    q, k, v, g, beta, h0 = make(t=20)
-    a = forward(q, k, v, g, beta, recipe="flashkda", gate="precomputed", lower_bound=None)
-    b = forward(q, k, v, g, beta, recipe="flashkda", gate="precomputed", lower_bound=None)
-    assert torch.equal(a[0], b[0])
+@pytest.mark.parametrize("recipe", ["flashkda", "fla", "flashkda-h200"])
+def test_deterministic_across_batch_size_and_threads(recipe):
+    """The same sequence gives the same bits alone or in a batch of 5, on 1 thread or 2 (torch's
+    intra-op threads split batched products and elementwise ops differently)."""
+    gen = torch.Generator().manual_seed(7)
+    b, t, h, d = 5, 40, 1, 32
+    q, k, v, g = (torch.randn(b, t, h, d, generator=gen).bfloat16() for _ in range(4))
+    beta = torch.randn(b, t, h, generator=gen).bfloat16()
+    kw = dict(A_log=torch.rand(h, generator=gen), dt_bias=torch.rand(h, d, generator=gen),
+              lower_bound=-5.0, output_final_state=True, recipe=recipe, chunk_size=16)
+    threads = torch.get_num_threads()
+    try:
+        results = []
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            o, s = forward(q, k, v, g, beta, **kw)
+            alone = [forward(q[i:i + 1], k[i:i + 1], v[i:i + 1], g[i:i + 1], beta[i:i + 1],
+                             **kw) for i in (0, 3)]
+            results.append((o, s))
+            for i, (oi, si) in zip((0, 3), alone):
+                assert torch.equal(o[i:i + 1], oi) and torch.equal(s[i:i + 1], si), (n, i)
+        (o1, s1), (o2, s2) = results
+        assert torch.equal(o1, o2) and torch.equal(s1, s2)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@dataclass(frozen=True)
+class Recording:
+    """An accumulation model that computes as ``inner`` and notes every product's (M, K, N)."""
+
+    inner: object
+    calls: list = field(default_factory=list, compare=False, hash=False)
+
+    def __getattr__(self, name):  # name, out_dtype, needs_cuda, gpu_twin, fp32_companion
+        return getattr(self.inner, name)
+
+    def matmul(self, a, b):
+        self.calls.append((a.shape[-2], a.shape[-1], b.shape[-1]))
+        return self.inner.matmul(a, b)
 
 
 def test_tensor_core_models_drop_into_the_recipe():
-    """flashkda-h200 is flashkda with the kernel's accumulation models (its agreement with
-    FlashKDA: test_flashkda_golden.py); on the stress input (large L, long Neumann chains) both
-    stay in the error range measured for FlashKDA."""
+    """flashkda-h200 is flashkda with other accumulation models, nothing else: the recipe's three
+    model fields carry every product of the forward (recorded: L and Mqk by ``l_accumulation``
+    at K = head dim, the Neumann products by ``inverse_accumulation`` at C×C×C, the five
+    recurrence products per chunk by ``matmul_accumulation``), wrappers that only record give
+    the same bits, and on the stress input (large L, long Neumann chains) the Tensor Cores'
+    arithmetic changes the result while both stay near the fp64 reference. (Which of the two is
+    closer depends on the input: on 64 tokens the Tensor Cores were closer for both seeds, on
+    48 not for seed 1; the seed's own finding is about the inverse alone, see test_tensorcore.)"""
     from kdalab.experiments.end_to_end import study_inputs
     from kdalab.kda import get_recipe
 
-    r = get_recipe("flashkda-h200")
-    assert r == get_recipe("flashkda").with_(
-        name="flashkda-h200", l_accumulation="h200-bf16-fp32", inverse_accumulation="h200-mma",
-        matmul_accumulation="h200-bf16-fp32")
-    kw = study_inputs("weak_decay_correlated", -5.0, 0, 48, 1, 32)
-    o1, _ = forward(**kw, recipe="flashkda")
-    o2, _ = forward(**kw, recipe="flashkda-h200")
-    assert o1.dtype == o2.dtype == torch.bfloat16
-    o_ref, _ = reference_forward(**kw)
-    assert err(o1, o_ref) < 5e-2 and err(o2, o_ref) < 5e-2
+    base, h200 = get_recipe("flashkda"), get_recipe("flashkda-h200")
+    assert h200 == base.with_(name="flashkda-h200", l_accumulation="h200-bf16-fp32",
+                              inverse_accumulation="h200-mma",
+                              matmul_accumulation="h200-bf16-fp32")
+    t, c, d = 48, 16, 32
+    kw = study_inputs("weak_decay_correlated", -5.0, 0, t, 1, d)
+    rec = {f: Recording(getattr(h200, f)) for f in
+           ("l_accumulation", "inverse_accumulation", "matmul_accumulation")}
+    recorded = h200.with_(name="recorded", **rec)
+    o, s = forward(**kw, recipe="flashkda-h200", chunk_size=c, output_final_state=True)
+    o_rec, s_rec = forward(**kw, recipe=recorded, chunk_size=c, output_final_state=True)
+    assert torch.equal(o, o_rec) and torch.equal(s, s_rec)
+    chunks = t // c
+    assert sorted(rec["l_accumulation"].calls) == [(c, d, c)] * 2  # L and Mqk, all chunks at once
+    assert rec["inverse_accumulation"].calls == [(c, c, c)] * 6  # (I−L)(I+L²)(I+L⁴)(I+L⁸)
+    assert sorted(rec["matmul_accumulation"].calls) == sorted(
+        [(c, d, d), (c, c, d), (c, d, d), (c, c, d), (d, c, d)] * chunks)
+    o_ref, s_ref = reference_forward(**kw, output_final_state=True)
+    # the same recipe with the seed's CPU arithmetic in the three model fields
+    seed_models = base.with_(name="seed-models", l_accumulation="fp32",
+                             inverse_accumulation="fp16-seq", matmul_accumulation="fp32")
+    o_seq, s_seq = forward(**kw, recipe=seed_models, chunk_size=c, output_final_state=True)
+    assert not torch.equal(o_seq, o) and not torch.equal(s_seq, s)
+    # both within the bf16 pipeline's error on this input (measured 1.4e-2 to 2.8e-2)
+    for mine, ref in ((o, o_ref), (s, s_ref), (o_seq, o_ref), (s_seq, s_ref)):
+        assert err(mine, ref) < 5e-2
 
 
 from hypothesis import given, settings  # noqa: E402

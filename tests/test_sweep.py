@@ -7,28 +7,17 @@ import math
 
 import pandas as pd
 import pytest
+import torch
 
 from kdalab.experiments.aggregate import summarize
 from kdalab.experiments.store import RecordWriter, read_records
 from kdalab.experiments.sweep import (
     SweepConfig,
-    parse_float_list,
-    parse_int_list,
+    read_sweep_file,
     run_sweep,
     seed_reproduction_runs,
 )
 from kdalab.views.tables import seed_tables, to_markdown
-
-
-def test_parse_lists():
-    assert parse_int_list("3-8", "seeds") == (3, 4, 5, 6, 7, 8)
-    assert parse_int_list("4,12,16", "chunks") == (4, 12, 16)
-    assert parse_int_list("0-2,5", "seeds") == (0, 1, 2, 5)
-    assert parse_int_list([1, "3-4"], "seeds") == (1, 3, 4)
-    assert parse_float_list("-5,-2.5", "lb") == (-5.0, -2.5)
-    for bad in ("3-x", "", "8-3", "1,,2"):
-        with pytest.raises(ValueError, match="seeds"):
-            parse_int_list(bad, "seeds")
 
 
 def test_config_validation_names_the_argument():
@@ -36,12 +25,17 @@ def test_config_validation_names_the_argument():
         SweepConfig(chunks=(0,))
     with pytest.raises(ValueError, match="lower_bound"):
         SweepConfig(lower_bounds=(0.0,))
-    with pytest.raises(ValueError, match="family"):
+    with pytest.raises(ValueError, match="^families must be one of floor, "):
         SweepConfig(families=("nope",))
     with pytest.raises(ValueError, match="accumulation"):
         SweepConfig(accumulations=("fp9",))
-    with pytest.raises(ValueError, match="unknown sweep keys"):
-        SweepConfig.from_mapping({"chunkz": [4]})
+    with pytest.raises(ValueError, match="chunkz: unknown key"):
+        SweepConfig.parse({"chunkz": [4]})
+    # errors name the argument as the user wrote it
+    with pytest.raises(ValueError, match="^--seeds must be integers >= 0, got -1$"):
+        SweepConfig.parse({"seeds": "-1"}, labels={"seeds": "--seeds"})
+    with pytest.raises(ValueError, match="^lower-bound must be a finite number < 0"):
+        SweepConfig.parse({"lower-bound": "0.5"})
 
 
 def test_toml_config(tmp_path):
@@ -49,13 +43,20 @@ def test_toml_config(tmp_path):
     p.write_text('families = ["floor", "model_like"]\nchunks = [4, 12]\nseeds = "3-5"\n'
                  'dims = [64]\naccumulations = ["fp16-seq", "fp16-once"]\n'
                  'lower_bounds = [-5, -2]\n')
-    cfg = SweepConfig.from_toml(p)
+    cfg = SweepConfig.parse(read_sweep_file(p))
     assert cfg.families == ("floor", "model_like") and cfg.seeds == (3, 4, 5)
+    assert [m.name for m in cfg.accumulations] == ["fp16-seq", "fp16-once"]
+    # the keys as the options: dashes or underscores, singular as the option names
+    dashed = tmp_path / "d.toml"
+    dashed.write_text('lower-bound = "-5,-2"\naccumulation = "fp16-once"\nchunks = "4-6"\n')
+    cfg2 = SweepConfig.parse(read_sweep_file(dashed))
+    assert cfg2.lower_bounds == (-5.0, -2.0) and cfg2.chunks == (4, 5, 6)
+    assert cfg2.accumulations[0].name == "fp16-once"
     assert len(cfg.runs()) == 2 * 2 * 3 * 2  # families × lower bounds × seeds × chunks
     bad = tmp_path / "bad.toml"
     bad.write_text("chunks = [4,\n")
     with pytest.raises(ValueError, match="malformed TOML"):
-        SweepConfig.from_toml(bad)
+        read_sweep_file(bad)
 
 
 def test_families_without_a_lower_bound_run_once():
@@ -65,18 +66,33 @@ def test_families_without_a_lower_bound_run_once():
     assert len(runs) == 1 and runs[0].lower_bound is None
 
 
-def test_records_are_deterministic_and_batch_independent():
-    cfg = SweepConfig(families=("floor", "model_like"), chunks=(4, 12), seeds=(0, 1, 2, 3),
-                      dims=(32,), accumulations=("fp16-seq", "fp16-once", "fp32"),
+def _by_run(records: list[dict]) -> str:
+    key = lambda r: (r["family"], str(r["lower_bound"]), r["chunk"], r["seed"], r["dim"],  # noqa
+                     r["accumulation"])
+    return json.dumps(sorted(records, key=key), sort_keys=True)
+
+
+@pytest.mark.parametrize("threads,max_batch,draw", [
+    (1, 3, dict(workers=1)), (2, 7, dict(workers=3)), (2, None, dict(processes=2)),
+    (1, 1, dict(processes=2))], ids=["1thread-batch3", "2threads-batch7-3drawthreads",
+                                     "2threads-2drawprocs", "1thread-batch1-2drawprocs"])
+def test_records_do_not_depend_on_batching_threads_or_draw_processes(threads, max_batch, draw):
+    """The same configuration gives bit-identical records whatever the batch size, the number of
+    torch threads and how the inputs are drawn (threads or processes), for every kind of model."""
+    cfg = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
+                      chunks=(4, 12, 17), seeds="0-3", dims=(32,),
+                      accumulations=("fp16-seq", "fp16-once", "fp32", "h200"),
                       lower_bounds=(-5.0, -1.0))
-    a = run_sweep(cfg.runs(), cfg.accumulations)
-    b = run_sweep(cfg.runs(), cfg.accumulations, max_batch=3)
-    key = lambda r: (r["family"], r["lower_bound"], r["chunk"], r["seed"], r["accumulation"])  # noqa
-    sa = sorted(a, key=key)
-    sb = sorted(b, key=key)
-    assert json.dumps(sa, sort_keys=True) == json.dumps(sb, sort_keys=True)
-    again = run_sweep(cfg.runs(), cfg.accumulations)
-    assert json.dumps(a) == json.dumps(again)
+    reference = run_sweep(cfg.runs(), cfg.accumulations)
+    assert len(reference) == (2 * 2 + 1) * 3 * 4 * 4
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        again = run_sweep(cfg.runs(), cfg.accumulations, max_batch=max_batch, **draw)
+    finally:
+        torch.set_num_threads(before)
+    assert _by_run(again) == _by_run(reference)
+    assert json.dumps(run_sweep(cfg.runs(), cfg.accumulations)) == json.dumps(reference)
 
 
 def test_store_roundtrip_nonfinite(tmp_path):
@@ -134,7 +150,7 @@ def test_pipelined_sweep_keeps_order_and_records(monkeypatch):
 
 def test_seed_tables_from_records():
     recs = run_sweep(seed_reproduction_runs(seeds=(0,), chunks=(8, 16)), ["fp16-seq"])
-    tables = seed_tables(recs)
+    tables = seed_tables(summarize(recs))
     assert [t.name for t in tables] == ["exponent_boundary", "high_power_stress",
                                         "ordinary_random"]
     md = to_markdown(tables[1])

@@ -27,7 +27,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-from kdalab.arith import gpu  # noqa: E402
+from kdalab.arith.gpu.cublas import cublas_gemm, cublas_gemm_single, cublas_version  # noqa: E402
+from kdalab.arith.gpu.mma import mma_gemm  # noqa: E402
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/tc_out")
 os.makedirs(OUT, exist_ok=True)
@@ -174,12 +175,7 @@ def env():
         info["cupy"] = cupy.__version__
     except Exception as e:  # noqa: BLE001
         info["cupy"] = repr(e)
-    lib = gpu._libcublas()
-    v = ctypes_int = __import__("ctypes").c_int()
-    lib.cublasGetProperty(0, __import__("ctypes").byref(v))
-    maj = v.value
-    lib.cublasGetProperty(1, __import__("ctypes").byref(ctypes_int))
-    info["cublas"] = f"{maj}.{ctypes_int.value}"
+    info["cublas"] = cublas_version()
     print(info)
     SUMMARY["env"] = info
 
@@ -224,10 +220,10 @@ def fp16_tiles():
     b = torch.tensor(b64).half().to(DEV)
     c = torch.tensor(c64).half().to(DEV)
     res = {}
-    res["mma_c"] = gpu.mma_gemm(a, b, "f16", c)
-    res["mma"] = gpu.mma_gemm(a, b, "f16")
-    res["mma_f32_c"] = gpu.mma_gemm(a, b, "f16-f32", c.float())
-    res["cublas"] = gpu.cublas_gemm(a, b, "16f")
+    res["mma_c"] = mma_gemm(a, b, "f16", c)
+    res["mma"] = mma_gemm(a, b, "f16")
+    res["mma_f32_c"] = mma_gemm(a, b, "f16-f32", c.float())
+    res["cublas"] = cublas_gemm(a, b, "16f")
     try:
         res["triton"] = triton_dot16(a, b)
     except Exception:  # noqa: BLE001
@@ -236,7 +232,7 @@ def fp16_tiles():
     nsingle = min(400, a.shape[0])
     idx = np.linspace(0, a.shape[0] - 1, nsingle).astype(int)
     for i in idx:
-        single.append(gpu.cublas_gemm_single(a[i], b[i]))
+        single.append(cublas_gemm_single(a[i], b[i]))
     res["cublas_single"] = torch.stack(single)
     torch.cuda.synchronize()
     once = exact_once_f16(a64, b64, np.zeros_like(c64))
@@ -275,12 +271,12 @@ def bf16_tiles():
     a = torch.tensor(np.concatenate([c[1] for c in classes])).to(torch.bfloat16).to(DEV)
     b = torch.tensor(np.concatenate([c[2] for c in classes])).to(torch.bfloat16).to(DEV)
     c = torch.tensor(np.concatenate([c[3] for c in classes])).float().to(DEV)
-    d_c = gpu.mma_gemm(a, b, "bf16-f32", c)
-    d0 = gpu.mma_gemm(a, b, "bf16-f32")
+    d_c = mma_gemm(a, b, "bf16-f32", c)
+    d0 = mma_gemm(a, b, "bf16-f32")
     # the same products in K=32 and K=48 chains (the accumulator between instructions)
     a48 = torch.cat([a, a.roll(1, 0), a.roll(2, 0)], dim=-1)
     b48 = torch.cat([b, b.roll(1, 0), b.roll(2, 0)], dim=-2)
-    d48 = gpu.mma_gemm(a48, b48, "bf16-f32")
+    d48 = mma_gemm(a48, b48, "bf16-f32")
     torch.cuda.synchronize()
     ref = torch.matmul(a.double(), b.double()) + c.double()
     summ = {"mma_c==fp32(exact) frac": float((d_c == ref.float()).float().mean()),
@@ -306,9 +302,9 @@ def fp16_shapes():
                             fp16_vals(rng, (n, C, C), -10, 1)])
         a = torch.tensor(a).half().to(DEV)
         b = torch.tensor(b).half().to(DEV)
-        bat = gpu.cublas_gemm(a, b, "16f")
-        sing = torch.stack([gpu.cublas_gemm_single(a[i], b[i]) for i in range(a.shape[0])])
-        mma = gpu.mma_gemm(a, b, "f16")
+        bat = cublas_gemm(a, b, "16f")
+        sing = torch.stack([cublas_gemm_single(a[i], b[i]) for i in range(a.shape[0])])
+        mma = mma_gemm(a, b, "f16")
         torch.cuda.synchronize()
         summ[C] = {"batched==single": float((bat.view(torch.int16) ==
                                              sing.view(torch.int16)).float().mean()),
@@ -383,9 +379,9 @@ def seed_runs():
             inv = (torch.eye(chunk, dtype=torch.float16, device=DEV) - l16).half()
             power, exponent = l16, 1
             while exponent * 2 < chunk:
-                power = gpu.cublas_gemm_single(power, power)
+                power = cublas_gemm_single(power, power)
                 exponent *= 2
-                inv = (inv + gpu.cublas_gemm_single(inv, power)).half()
+                inv = (inv + cublas_gemm_single(inv, power)).half()
             out[f"inv|{tag}"] = bits16(inv)
     rng = np.random.default_rng(1604)
     for chunk in (8, 16, 17, 18, 19, 24, 32, 48):

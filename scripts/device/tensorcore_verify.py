@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src"))
-from kdalab.arith import gpu  # noqa: E402
+from kdalab.arith.gpu.cublas import cublas_gemm, cublas_gemm_single  # noqa: E402
+from kdalab.arith.gpu.mma import gemmex_16f_gpu, mma_gemm, sgemm_gpu  # noqa: E402
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", "/tmp/tc_verify")
 os.makedirs(OUT, exist_ok=True)
@@ -176,13 +177,13 @@ def adversarial():
         b = torch.tensor(b64).half().to(DEV)
         c = torch.tensor(c64).half().to(DEV)
         res = {
-            "mma": gpu.mma_gemm(a, b, "f16"),
-            "mma_c": gpu.mma_gemm(a, b, "f16", c),
-            "cublas": gpu.cublas_gemm(a, b, "16f"),
-            "single": torch.stack([gpu.cublas_gemm_single(a[i], b[i]) for i in range(a.shape[0])]),
-            "gemmex_k8": gpu.gemmex_16f_gpu(a, b, "k8"),
-            "gemmex_k16": gpu.gemmex_16f_gpu(a, b, "k16"),
-            "mma_bf16": gpu.mma_gemm(a.to(torch.bfloat16), b.to(torch.bfloat16), "bf16-f32"),
+            "mma": mma_gemm(a, b, "f16"),
+            "mma_c": mma_gemm(a, b, "f16", c),
+            "cublas": cublas_gemm(a, b, "16f"),
+            "single": torch.stack([cublas_gemm_single(a[i], b[i]) for i in range(a.shape[0])]),
+            "gemmex_k8": gemmex_16f_gpu(a, b, "k8"),
+            "gemmex_k16": gemmex_16f_gpu(a, b, "k16"),
+            "mma_bf16": mma_gemm(a.to(torch.bfloat16), b.to(torch.bfloat16), "bf16-f32"),
         }
         torch.cuda.synchronize()
         eq = lambda x, y: bool(torch.equal(x.view(torch.int16), y.view(torch.int16)))  # noqa: E731
@@ -212,11 +213,11 @@ def shapes():
                             fp16_vals(rng, (T, k, n), -10, 1)])
         a = torch.tensor(a).half().to(DEV)
         b = torch.tensor(b).half().to(DEV)
-        single = torch.stack([gpu.cublas_gemm_single(a[i], b[i]) for i in range(a.shape[0])])
-        k8 = gpu.gemmex_16f_gpu(a, b, "k8")
-        k16 = gpu.gemmex_16f_gpu(a, b, "k16")
-        bat = gpu.cublas_gemm(a, b, "16f")
-        mma = gpu.mma_gemm(a, b, "f16")
+        single = torch.stack([cublas_gemm_single(a[i], b[i]) for i in range(a.shape[0])])
+        k8 = gemmex_16f_gpu(a, b, "k8")
+        k16 = gemmex_16f_gpu(a, b, "k16")
+        bat = cublas_gemm(a, b, "16f")
+        mma = mma_gemm(a, b, "f16")
         torch.cuda.synchronize()
         fr = lambda x, y: float((x.view(torch.int16) == y.view(torch.int16)).float().mean())  # noqa
         tag = f"{m}x{k}x{n}"
@@ -241,7 +242,7 @@ def sgemm():
                          np.exp2(rng.integers(-20, 20, (T, chunk, 1)))).to(torch.bfloat16).to(DEV)
         per_run = torch.stack([x[i].float() @ y[i].float().t() for i in range(T)])
         batched = x.float() @ y.float().transpose(-1, -2)
-        mine = gpu.sgemm_gpu(x.float(), y.float().transpose(-1, -2))
+        mine = sgemm_gpu(x.float(), y.float().transpose(-1, -2))
         torch.cuda.synchronize()
         eq = lambda p, q: float((p.view(torch.int32) == q.view(torch.int32)).float().mean())  # noqa
         summ[chunk] = {"kdalab==per_run": eq(mine, per_run), "torch_batched==per_run":

@@ -1,7 +1,8 @@
 """Matrix products under a chosen accumulation model, batched over leading dimensions.
 
 An accumulation model says how the products ``a[..., i, k] * b[..., k, j]`` are summed and rounded.
-Models are values: look one up with :func:`get_accumulation` and call ``model.matmul(a, b)``.
+Models are values: look one up with :func:`kdalab.arith.get_accumulation` and call
+``model.matmul(a, b)``.
 
 =============  ==============================================================================
 ``fp64``       float64 GEMM; the reference ("exact" for every purpose here).
@@ -12,49 +13,34 @@ Models are values: look one up with :func:`get_accumulation` and call ``model.ma
 ``fp16-once``  the exact sum of all products, rounded once to fp16 (operands must be fp16).
 =============  ==============================================================================
 
-Hardware models (the H200's Tensor Cores) register themselves here with :func:`register` from
-:mod:`kdalab.arith.tensorcore`.
+Each registers itself in :mod:`kdalab.arith.registry`; the H200's models live in
+:mod:`kdalab.arith.tensorcore` and :mod:`kdalab.arith.gpu`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import ClassVar
 
 import torch
 
 from kdalab.arith.formats import FP16, round_to
+from kdalab.arith.linalg import matmul64
+from kdalab.arith.registry import register
 
-__all__ = [
-    "AccumulationModel",
-    "Fp64Accumulation",
-    "Fp32Accumulation",
-    "Fp16SequentialAccumulation",
-    "Fp16OnceAccumulation",
-    "register",
-    "get_accumulation",
-    "available_accumulations",
-    "matmul",
-    "fp32_companion",
-    "for_device",
-]
+__all__ = ["TensorOps", "Fp64Accumulation", "Fp32Accumulation", "Fp16SequentialAccumulation",
+           "Fp16OnceAccumulation", "check_operands"]
 
 
-@runtime_checkable
-class AccumulationModel(Protocol):
-    """How a batched matrix product is accumulated and rounded.
+class TensorOps:
+    """A model made of plain tensor operations: it runs on any device and has no twin."""
 
-    ``matmul(a, b)`` takes ``a`` of shape ``[..., M, K]`` and ``b`` of shape ``[..., K, N]``
-    (broadcast leading dimensions) and returns ``[..., M, N]`` in ``out_dtype``.
-    """
-
-    name: str
-    out_dtype: torch.dtype
-
-    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor: ...
+    needs_cuda: ClassVar[bool] = False
+    gpu_twin: ClassVar[str | None] = None
+    fp32_companion: ClassVar[str | None] = None
 
 
-def _check_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
+def check_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
     if a.dim() < 2 or b.dim() < 2:
         raise ValueError(f"{name}: operands must have at least 2 dimensions, got {a.dim()} and "
                          f"{b.dim()}")
@@ -64,38 +50,96 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
 
 
 @dataclass(frozen=True)
-class Fp64Accumulation:
+class Fp64Accumulation(TensorOps):
     name: str = "fp64"
     out_dtype: torch.dtype = torch.float64
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
-        return torch.matmul(a.double(), b.double())
+        check_operands(a, b, self.name)
+        return matmul64(a, b)
 
 
 @dataclass(frozen=True)
-class Fp32Accumulation:
+class Fp32Accumulation(TensorOps):
     name: str = "fp32"
     out_dtype: torch.dtype = torch.float32
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
+        check_operands(a, b, self.name)
         return torch.matmul(a.float(), b.float())
 
 
+#: fp16-seq computes only the non-zero rectangle of each step from this many outputs on: for
+#: lower-triangular operands, 512 matrices of 24×24 took 13 ms instead of 41 ms (C = 48: 95
+#: instead of 378 ms); below about 2^18 outputs the plain loop was as fast or faster (1 thread).
+SPARSE_MIN = 1 << 18
+
+
 def _fp16_seq_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """The sequential fp16 accumulation as plain tensor ops (any device)."""
+    """The sequential fp16 accumulation as plain tensor ops (any device): for each k, the
+    float32 product (exact for fp16 operands) is added to the float32 value of the fp16
+    accumulator and rounded to fp16.
+
+    On the CPU, for outputs of at least :data:`SPARSE_MIN` values, each step is computed only
+    on the rows and columns where some matrix of the batch has a non-zero product (a Neumann
+    product of lower-triangular matrices: about a sixth of the M·K·N steps). Elsewhere the
+    product is ±0, which leaves the accumulator as it is, except that −0 + (+0) is +0: the
+    outputs that end as −0 are computed again with every step."""
     a32, b32 = a.float(), b.float()
-    shape = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    out = torch.zeros(shape, dtype=torch.float16, device=a.device)
-    for k in range(a.shape[-1]):
-        product = a32[..., :, k : k + 1] * b32[..., k : k + 1, :]
-        out = (out.float() + product).half()
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a32, b32 = a32.expand(lead + a32.shape[-2:]), b32.expand(lead + b32.shape[-2:])
+    m, k, n = a32.shape[-2], a32.shape[-1], b32.shape[-1]
+    out = torch.zeros(lead + (m, n), dtype=torch.float16, device=a.device)
+    # the spans read the data (on CUDA, a wait for the GPU) and cost a few Python steps per k
+    sparse = a.device.type == "cpu" and out.numel() >= SPARSE_MIN
+    steps = _active_steps(a32, b32) if sparse else [(kk, 0, m, 0, n) for kk in range(k)]
+    for kk, r0, r1, c0, c1 in steps:
+        acc = out[..., r0:r1, c0:c1]
+        step = a32[..., r0:r1, kk, None] * b32[..., None, kk, c0:c1]
+        step += acc  # float32 + the fp16 accumulator's value: exact, then one rounding
+        acc.copy_(step)
+    if sparse:
+        negative_zero = (out == 0) & torch.signbit(out)
+        if bool(negative_zero.any()):
+            where = negative_zero.nonzero(as_tuple=True)
+            batch, i, j = where[:-2], where[-2], where[-1]
+            out[where] = _fp16_seq_rows(a32[batch + (i,)],
+                                        b32.transpose(-1, -2)[batch + (j,)])
     return out
 
 
+def _fp16_seq_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Dot products of the rows of ``a`` and ``b`` ([P, K] float32), accumulated in fp16."""
+    out = torch.zeros(a.shape[0], dtype=torch.float16, device=a.device)
+    for kk in range(a.shape[-1]):
+        out = (out.float() + a[:, kk] * b[:, kk]).half()
+    return out
+
+
+def _active_steps(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int, int, int]]:
+    """For each k: (k, rows r0:r1, columns c0:c1) holding every product of step k that is not
+    ±0 in some matrix of the batch; a non-finite operand makes its step's rows or columns whole
+    (0·inf is nan)."""
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    a_nz = (a != 0).reshape(-1, m, k).any(0)  # [M, K]; nan != 0 too
+    b_nz = (b != 0).reshape(-1, k, n).any(0)  # [K, N]
+    a_bad = (~torch.isfinite(a)).reshape(-1, m, k).any(0).any(0)  # [K]
+    b_bad = (~torch.isfinite(b)).reshape(-1, k, n).any(0).any(1)  # [K]
+    rows = a_nz.T | b_bad[:, None]  # [K, M]
+    cols = b_nz | a_bad[:, None]  # [K, N]
+
+    def bounds(nz: torch.Tensor):
+        size = nz.shape[-1]
+        first = nz.to(torch.uint8).argmax(-1)
+        last = size - nz.flip(-1).to(torch.uint8).argmax(-1)
+        return nz.any(-1).tolist(), first.tolist(), last.tolist()
+
+    (ra, r0, r1), (ca, c0, c1) = bounds(rows), bounds(cols)
+    return [(kk, r0[kk], r1[kk], c0[kk], c1[kk]) for kk in range(k) if ra[kk] and ca[kk]]
+
+
 @dataclass(frozen=True)
-class Fp16SequentialAccumulation:
+class Fp16SequentialAccumulation(TensorOps):
     """fp16 accumulator rounded after every product, in k order (the seed's CPU fallback).
 
     The k-loop is K batched tensor operations, so one call serves a whole batch of runs; a numba
@@ -107,7 +151,7 @@ class Fp16SequentialAccumulation:
     out_dtype: torch.dtype = torch.float16
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
+        check_operands(a, b, self.name)
         return _fp16_seq_torch(a, b)
 
 
@@ -115,7 +159,7 @@ _SPLIT = 2.0**20  # limb size for the exact fp16-product sums below
 
 
 @dataclass(frozen=True)
-class Fp16OnceAccumulation:
+class Fp16OnceAccumulation(TensorOps):
     """The exact sum of the products, rounded once to fp16 (round to nearest even).
 
     Exact for fp16 operands and K ≤ 4096: every fp16 value is an integer multiple of 2⁻²⁴ below
@@ -129,7 +173,7 @@ class Fp16OnceAccumulation:
     out_dtype: torch.dtype = torch.float16
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check_operands(a, b, self.name)
+        check_operands(a, b, self.name)
         if a.dtype != torch.float16 or b.dtype != torch.float16:
             raise ValueError(f"fp16-once: operands must be float16, got {a.dtype} and {b.dtype}")
         if a.shape[-1] > 4096:
@@ -193,72 +237,6 @@ def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return s, e
 
 
-_REGISTRY: dict[str, AccumulationModel] = {}
-
-
-def register(model: AccumulationModel) -> AccumulationModel:
-    """Make ``model`` available by name to :func:`get_accumulation` (and the CLI)."""
-    _REGISTRY[model.name] = model
-    return model
-
-
 for _m in (Fp64Accumulation(), Fp32Accumulation(), Fp16SequentialAccumulation(),
            Fp16OnceAccumulation()):
     register(_m)
-
-
-def _load_plugins() -> None:
-    # Hardware models live in their own module; importing it registers them.
-    try:
-        import kdalab.arith.tensorcore  # noqa: F401
-    except ImportError:
-        pass
-
-
-#: The fp32 GEMM of the same hardware as a fp16-accumulate model: the seed's H200 run built L with
-#: cuBLAS fp32 (``h200-sgemm`` reproduces its summation order) and inverted with COMPUTE_16F.
-FP32_COMPANIONS = {
-    "h200": "h200-sgemm", "h200-mma": "h200-sgemm",
-    "gpu-h200": "gpu-h200-sgemm", "gpu-h200-mma": "gpu-h200-sgemm",
-    "cublas-16f": "cublas-32f", "cublas-16f-loop": "cublas-32f",
-}
-
-
-def fp32_companion(name: str, default: str) -> str:
-    """The fp32-accumulate model that belongs with hardware model ``name`` (else ``default``)."""
-    return FP32_COMPANIONS.get(name, default)
-
-
-def for_device(name: str, device: str | torch.device) -> str:
-    """The model to run on ``device``: on CUDA a CPU emulation of the H200 becomes the GPU's own
-    arithmetic (``h200`` → ``gpu-h200``), other names are unchanged."""
-    if torch.device(device).type != "cuda":
-        return name
-    _load_plugins()
-    try:
-        from kdalab.arith.gpu import gpu_twin
-    except ImportError:  # pragma: no cover
-        return name
-    return gpu_twin(name)
-
-
-def available_accumulations() -> list[str]:
-    _load_plugins()
-    return list(_REGISTRY)
-
-
-def get_accumulation(name: str | AccumulationModel) -> AccumulationModel:
-    """Look an accumulation model up by name."""
-    if not isinstance(name, str):
-        return name
-    _load_plugins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(_REGISTRY)
-        raise ValueError(f"unknown accumulation model {name!r}; expected one of {known}") from None
-
-
-def matmul(a: torch.Tensor, b: torch.Tensor, accumulation: str | AccumulationModel) -> torch.Tensor:
-    """``a @ b`` under ``accumulation`` (a model or its name)."""
-    return get_accumulation(accumulation).matmul(a, b)

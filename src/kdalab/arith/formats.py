@@ -121,6 +121,15 @@ class Format:
         return Format(base + suffix, self.exp_bits, self.man_bits, keep, self.overflow,
                       self.finite_only, self.torch_dtype if keep else None)
 
+    def with_overflow(self, overflow: str) -> Format:
+        """This format with another overflow rule, rounded by :func:`round_to_generic` (no torch
+        dtype). ``with_overflow("nan")`` of a saturating format makes every value that would be
+        clamped NaN, so that saturation can be counted."""
+        if overflow == self.overflow:
+            return self
+        return Format(f"{self.name}-{overflow}", self.exp_bits, self.man_bits, self.subnormals,
+                      overflow, self.finite_only)
+
     def round(self, x: torch.Tensor) -> torch.Tensor:
         return round_to(x, self)
 

@@ -22,7 +22,9 @@ up to 16 products at once:
 **A chain of blocks**: the result of one block is the ``c`` of the next (the accumulator is held
 in the output format between instructions).
 
-Models (register themselves with :func:`kdalab.arith.accumulate.register`):
+Models (each registers itself in :mod:`kdalab.arith.registry`; ``gpu_twin``: the model of
+:mod:`kdalab.arith.gpu.models` that computes the same bits on CUDA tensors; the fp16 models carry
+``fp32_companion="h200-sgemm"``, the fp32 GEMM the seed's H200 run built L with):
 
 =====================  =========================================================================
 ``h200``               cuBLAS ``cublasGemmEx`` with ``CUBLAS_COMPUTE_16F``, one matrix per call,
@@ -41,18 +43,30 @@ Models (register themselves with :func:`kdalab.arith.accumulate.register`):
                        order, the slice sums added left to right in fp32.
 =====================  =========================================================================
 
-All are batched over leading dimensions and vectorized: a Python loop runs over K-blocks only.
-Operands may be any float dtype whose values the operand format represents (checked).
+All are batched over leading dimensions: a Python loop runs over k, each step one tensor
+operation on the [batch, M, N] outputs, restricted to the rows and columns where that step's
+products are non-zero in some matrix of the batch (a Neumann product of lower-triangular
+matrices has about a sixth of its M·K·N products non-zero). fp16 operands are multiplied and
+scaled in float32 and the truncated terms summed in int32, both exact. The cuBLAS fp32 model
+adds in float32 every step whose products are provably exact and takes a correctly rounded
+FMA for the others. Operands may be any float dtype whose values the operand format
+represents (checked).
+
+Why this module is long: the five models share one block and its exactness arguments (which
+scalings are exact in float32, why the truncated sums fit int32, when an fp32 product is exact),
+and each fast path is only correct together with its argument.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith.accumulate import register
-from kdalab.arith.formats import BF16, FP16, FP32, Format, pow2, round_to
+from kdalab.arith.accumulate import check_operands
+from kdalab.arith.formats import BF16, FP16, FP32, Format, pow2
+from kdalab.arith.registry import register
 
 __all__ = [
     "FRACTION_BITS",
@@ -80,7 +94,8 @@ _NO_EXP = -100000  # exponent of a zero term: never the maximum
 
 
 def _exponent(x: torch.Tensor, emin: int) -> torch.Tensor:
-    """Encoded exponent of each value (float64 tensor): floor(log2|x|), at least ``emin``."""
+    """Encoded exponent of each value: floor(log2|x|), at least ``emin``; zeros get
+    ``_NO_EXP``."""
     _, e = torch.frexp(x)
     e = torch.clamp(e.to(torch.int32) - 1, min=emin)
     return torch.where(x == 0, torch.full_like(e, _NO_EXP), e)
@@ -106,34 +121,140 @@ def _rz_fp32(v: torch.Tensor) -> torch.Tensor:
     return torch.where(over, torch.nextafter(r, torch.zeros_like(r)), r)
 
 
-def tc_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, in_fmt: Format,
-             out_fmt: Format) -> torch.Tensor:
-    """One Tensor-Core block ``c + a @ b`` (K ≤ 16): float64 operand values in, ``out_fmt`` out.
+def _rn_fp16(v: torch.Tensor) -> torch.Tensor:
+    """Round float64 ``v`` (finite, below 2^40 in magnitude, zero or above 2^-60) to nearest-even
+    fp16, correctly, with +0 for zero: ``(v + M) − M`` rounds at M's last place, and M = 1.5·2^52
+    times v's fp16 quantum. The quantum comes from v's float32 exponent, which exceeds
+    floor(log2|v|) only where v rounds up to a power of two in float32, and there both quanta
+    give that power of two. (torch's own float64 → fp16 cast rounds twice, through float32.)"""
+    e = ((v.float().view(torch.int32) >> 23) & 0xFF) - 127
+    magic = pow2(torch.clamp(e, min=FP16.emin) + (52 - FP16.man_bits), check=False) * 1.5
+    return ((v + magic) - magic).half()
 
-    ``a`` is ``[..., M, K]``, ``b`` ``[..., K, N]``, ``c`` ``[..., M, N]`` (``out_fmt`` values) or
-    None. fp16 output: round to nearest-even; fp32 output: round toward zero (see module doc).
+
+def _spans(a: torch.Tensor, b: torch.Tensor) -> list[tuple[int, int, int, int, int]]:
+    """For each k whose products are not all zero: (k, first row, end row, first column,
+    end column) of the rectangle holding every non-zero ``a[..., i, k] * b[..., k, j]`` of the
+    whole batch. Products outside it are zero in every matrix: they neither set a block's
+    exponent nor add to its sum, so the block is computed on these rectangles only (for the
+    lower-triangular operands of a Neumann product, about a sixth of the M·K·N triples)."""
+    rows = (a != 0).reshape((-1,) + a.shape[-2:]).any(0).T  # [K, M]
+    cols = (b != 0).reshape((-1,) + b.shape[-2:]).any(0)  # [K, N]
+
+    def bounds(nz: torch.Tensor) -> tuple[list, list, list]:
+        n = nz.shape[-1]
+        first = nz.to(torch.uint8).argmax(-1)
+        last = n - nz.flip(-1).to(torch.uint8).argmax(-1)
+        return nz.any(-1).tolist(), first.tolist(), last.tolist()
+
+    (ra, r0, r1), (cb, c0, c1) = bounds(rows), bounds(cols)
+    return [(k, r0[k], r1[k], c0[k], c1[k]) for k in range(len(ra)) if ra[k] and cb[k]]
+
+
+def _nonfinite_outputs(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None,
+                       check_operands: bool = True) -> torch.Tensor | None:
+    """Outputs touched by an inf/nan operand ([..., M, N] bool), or None if there are none."""
+    bad = None
+    if check_operands:
+        bad = ~torch.isfinite(a).all(-1, keepdim=True) | ~torch.isfinite(b).all(-2, keepdim=True)
+    if c is not None:
+        bad = ~torch.isfinite(c) if bad is None else bad | ~torch.isfinite(c)
+    return bad if bad is not None and bool(bad.any()) else None
+
+
+def _finite(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
+
+
+def tc_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, in_fmt: Format,
+             out_fmt: Format, *, check_operands: bool = True) -> torch.Tensor:
+    """One Tensor-Core block ``c + a @ b`` (K ≤ 16): operand values in, ``out_fmt`` out.
+
+    ``a`` is ``[..., M, K]``, ``b`` ``[..., K, N]`` (finite ``in_fmt`` values in any float
+    dtype), ``c`` ``[..., M, N]`` (``out_fmt`` values) or None. fp16 output: round to
+    nearest-even; fp32 output: round toward zero (see module doc). inf/nan propagate as in
+    IEEE arithmetic; ``check_operands=False``: ``a`` and ``b`` are known to be finite (``c`` is
+    always checked: a chain's accumulator may overflow).
+
+    The steps of the module doc, vectorized over the batch and looped over k (one M×N slice per
+    product index, restricted to the rectangle of non-zero products, see :func:`_spans`). All of
+    it is exact integer arithmetic until the final rounding: each truncated term is an integer
+    below 2^27 in units of 2^(E − 25), so 16 of them sum exactly in int32.
     """
-    ea = _exponent(a, in_fmt.emin)  # zeros get _NO_EXP: their products never set the maximum
-    eb = _exponent(b, in_fmt.emin)
-    big = (ea.unsqueeze(-1) + eb.unsqueeze(-3)).amax(dim=-2)  # [..., M, N]
+    k_dim = a.shape[-1]
+    if k_dim > BLOCK_K:
+        raise ValueError(f"tc_block: K must be <= {BLOCK_K}, got {k_dim}")
+    if out_fmt not in (FP16, FP32):
+        raise ValueError(f"tc_block: output format must be fp16 or fp32, got {out_fmt.name}")
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2],
+                                  c.shape[:-2] if c is not None else ())
+    m, n = a.shape[-2], b.shape[-1]
+    a, b = a.expand(lead + a.shape[-2:]), b.expand(lead + b.shape[-2:])
+    if c is not None:
+        c = c.double().expand(lead + (m, n))
+    bad = _nonfinite_outputs(a, b, c, check_operands)
+    if bad is not None:  # inf/nan propagate as in IEEE (the adversarial vectors agree)
+        ieee = (a.double().unsqueeze(-1) * b.double().unsqueeze(-3)).sum(-2)
+        if c is not None:
+            ieee = ieee + c
+        a, b = _finite(a), _finite(b)
+        c = None if c is None else _finite(c)
+        out = tc_block(a, b, c, in_fmt, out_fmt, check_operands=False)
+        return torch.where(bad, ieee.to(out.dtype), out)
+    spans = _spans(a, b)
+    out = torch.zeros(lead + (m, n), dtype=out_fmt.torch_dtype, device=a.device)
+    if c is not None:  # where every product is zero the block returns c (a zero as +0)
+        out.copy_(c + 0.0)
+    if not spans:
+        return out
+    # every non-zero product lies in one box of rows × columns: compute there only
+    r_lo, r_hi = min(sp[1] for sp in spans), max(sp[2] for sp in spans)
+    c_lo, c_hi = min(sp[3] for sp in spans), max(sp[4] for sp in spans)
+    box = (..., slice(r_lo, r_hi), slice(c_lo, c_hi))
+    spans = [(k, r0 - r_lo, r1 - r_lo, c0 - c_lo, c1 - c_lo) for k, r0, r1, c0, c1 in spans]
+    out[box] = _block_sums(a[..., r_lo:r_hi, :], b[..., c_lo:c_hi],
+                           None if c is None else c[box], spans, in_fmt, out_fmt)
+    return out
+
+
+def _block_sums(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, spans: list,
+                in_fmt: Format, out_fmt: Format) -> torch.Tensor:
+    """:func:`tc_block` on finite operands whose non-zero products lie in ``spans``."""
+    shape = a.shape[:-1] + b.shape[-1:]
+    ea = _exponent(a.double(), in_fmt.emin)
+    eb = _exponent(b.double(), in_fmt.emin)
+    big = torch.full(shape, _NO_EXP, dtype=torch.int32, device=a.device)
+    for k, r0, r1, c0, c1 in spans:
+        view = big[..., r0:r1, c0:c1]
+        torch.maximum(view, ea[..., r0:r1, k, None] + eb[..., None, k, c0:c1], out=view)
     if c is not None:
         big = torch.maximum(big, _exponent(c, out_fmt.emin))
-    big = torch.where(big < _NO_EXP // 2, torch.zeros_like(big), big)  # all-zero block
+    big = torch.where(big < _NO_EXP // 2, torch.zeros_like(big), big)  # all-zero outputs
+    # fp16 products (22 bits, exponents -48…31) are exact in float32, and so is their scaling
+    # by 2^(25 − E) (E ≥ -28 wherever a product is non-zero): cheaper than float64 for the
+    # M·K·N work
+    if in_fmt == FP16:
+        work = torch.float32
+        scale_w = ((127 + FRACTION_BITS - big.clamp(min=2 * in_fmt.emin)) << 23).view(work)
+    else:
+        work = torch.float64
+        scale_w = pow2(FRACTION_BITS - big, check=False)
+    aw, bw = a.to(work), b.to(work)
+    total = torch.zeros(shape, dtype=torch.int32, device=a.device)
+    for k, r0, r1, c0, c1 in spans:
+        term = aw[..., r0:r1, k, None] * bw[..., None, k, c0:c1]  # exact
+        term *= scale_w[..., r0:r1, c0:c1]  # |term| < 2^27: an exact int32 after truncation
+        total[..., r0:r1, c0:c1] += term.to(torch.int32)  # the conversion truncates toward 0
     # 2^(25 − E), exact; multiplying by it is an exact scaling (no overflow or underflow here)
-    scale = pow2(FRACTION_BITS - big)
-    # Integers below 2^27 each after trunc; the sum of 17 of them is exact in float64.
-    p = (a.unsqueeze(-1) * b.unsqueeze(-3)) * scale.unsqueeze(-2)  # [..., M, K, N], exact
-    total = torch.trunc(p).sum(dim=-2)
+    scale = pow2(FRACTION_BITS - big, check=False)
+    value = total.double()
     if c is not None:
-        total = total + torch.trunc(c * scale)
-    value = total / scale + 0.0  # exact; + 0.0: a zero result is +0
+        value += torch.trunc(c * scale)
+    value = value / scale + 0.0  # exact; + 0.0: a zero result is +0
     if out_fmt == FP16:
-        out = round_to(value, FP16).half()
-        return torch.where(out == 0, torch.zeros_like(out), out)
-    if out_fmt == FP32:
-        out = _rz_fp32(value)
-        return torch.where(out == 0, torch.zeros_like(out), out)
-    raise ValueError(f"tc_block: output format must be fp16 or fp32, got {out_fmt.name}")
+        return _rn_fp16(value)
+    out = _rz_fp32(value)
+    return torch.where(out == 0, torch.zeros_like(out), out)
 
 
 def _nonfinite_fallback(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -144,10 +265,6 @@ def _nonfinite_fallback(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> 
         return out
     naive = torch.matmul(a, b).to(out.dtype)
     return torch.where(bad_a | bad_b, naive, out)
-
-
-def _finite(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(torch.isfinite(x), x, torch.zeros_like(x))
 
 
 def tc_chain(a: torch.Tensor, b: torch.Tensor, in_fmt: Format, out_fmt: Format,
@@ -165,7 +282,7 @@ def tc_chain(a: torch.Tensor, b: torch.Tensor, in_fmt: Format, out_fmt: Format,
     for k0 in range(0, k, block):
         acc_in = None if acc is None else acc.double()
         acc = tc_block(af[..., k0:k0 + block], bf[..., k0:k0 + block, :], acc_in, in_fmt,
-                       out_fmt)
+                       out_fmt, check_operands=False)
     return _nonfinite_fallback(a, b, acc)
 
 
@@ -212,7 +329,8 @@ def gemmex_16f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     acc = None
     for k0 in range(0, k, size):
         if kind == "split":
-            part = tc_block(af[..., k0:k0 + size], bf[..., k0:k0 + size, :], None, FP16, FP16)
+            part = tc_block(af[..., k0:k0 + size], bf[..., k0:k0 + size, :], None, FP16, FP16,
+                            check_operands=False)
         else:
             part = tc_chain(af[..., k0:k0 + size], bf[..., k0:k0 + size, :], FP16, FP16)
         acc = part if acc is None else _fp16_add(acc, part)
@@ -226,21 +344,65 @@ def _two_sum(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _fma_fp32(x: torch.Tensor, y: torch.Tensor, acc: torch.Tensor) -> torch.Tensor:
-    """fp32 fma(x, y, acc), correctly rounded; float64 holders of fp32 values."""
-    p = x * y  # exact: 24 + 24 bits
-    s, e = _two_sum(acc, p)
-    both = torch.isfinite(s)
-    r = round_to(torch.where(both, s, torch.zeros_like(s)), FP32,
-                 residual=torch.where(both, e, torch.zeros_like(e)))
-    return torch.where(both, r, s.float().double())
+    """fp32 fma(x, y, acc), correctly rounded, as float32; float64 holders of fp32 values.
+
+    acc + x·y is exactly s + e (TwoSum of the exact float64 product); rounding it to odd in
+    float64 and then to nearest in float32 is the correct rounding (Boldo & Melquiond, IEEE TC
+    2008: 53 bits ≥ 24 + 2)."""
+    s, e = _two_sum(acc, x * y)  # x·y: at most 48 bits, exact
+    odd = (s.view(torch.int64) & 1) == 1
+    toward = torch.nextafter(s, torch.where(e > 0, math.inf, -math.inf))
+    rounded = torch.where((e != 0) & ~odd, toward, s).float()
+    return torch.where(torch.isfinite(s), rounded, s.float())
+
+
+def _lowest_bit_exponent(x: torch.Tensor) -> torch.Tensor:
+    """For float32 ``x``: the exponent of its lowest set bit (x = m·2^q with odd m); 0 → 0."""
+    bits = x.view(torch.int32) & 0x7FFFFFFF
+    field = bits >> 23
+    normal = field > 0
+    mant = torch.where(normal, (bits & 0x7FFFFF) | 0x800000, bits & 0x7FFFFF)
+    low = (mant & -mant).float()  # 2^t, t ≤ 23: exact
+    t = (low.view(torch.int32) >> 23) - 127
+    return t + torch.where(normal, field - 150, -149)
+
+
+def _exact_steps(a32: torch.Tensor, b32: torch.Tensor) -> list[bool]:
+    """For each k: whether every product ``a[..., i, k] * b[..., k, j]`` is exact in float32 (or
+    not finite), by a sufficient test that reads the operands only (per matrix and k).
+
+    Operands with at most 12 significant bits (their low 12 float32 fraction bits clear; bf16
+    values have 8) give products of at most 24 bits, exact in float32 unless they overflow or
+    have a set bit below 2^-149. The first is ruled out by the largest magnitudes; the second by
+    the smallest magnitudes (a product ≥ 2^-126 is a normal float32) or by the operands' lowest
+    set bits (their exponents add up to the product's).
+    """
+    k = a32.shape[-1]
+    for x in (a32, b32):
+        if not bool((((x.view(torch.int32) & 0xFFF) == 0) | ~torch.isfinite(x)).all()):
+            return [False] * k
+
+    def bounds(x: torch.Tensor, dim: int):
+        mag = x.abs().double()
+        live = torch.isfinite(mag) & (mag != 0)
+        lo = torch.where(live, mag, math.inf).amin(dim)
+        hi = torch.where(live, mag, 0.0).amax(dim)
+        low_bit = torch.where(live, _lowest_bit_exponent(x), 1000).amin(dim)
+        return lo, hi, low_bit
+
+    a_lo, a_hi, a_bit = bounds(a32, -2)
+    b_lo, b_hi, b_bit = bounds(b32, -1)
+    ok = ((a_lo * b_lo >= 2.0**-126) | (a_bit + b_bit >= -149)) & (a_hi * b_hi < 2.0**127)
+    return ok.reshape(-1, k).all(0).tolist()
 
 
 def sgemm_h200(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """cuBLAS fp32 GEMM's summation order on the H200 for the seed's L shapes (K = 128).
 
     K is cut into slices of 32; each slice is an fp32 FMA chain in k order starting from 0, and
-    the slice sums are added left to right. Where a step's products are exact in fp32 (always for
-    bf16-valued operands, as in the seed) the FMA is a float32 add, so that step runs in float32.
+    the slice sums are added left to right. Where a step's products are exact in fp32 (bf16-valued
+    operands, as in the seed, unless a product leaves float32's normal range) the FMA is a
+    float32 add, so that step runs in float32.
     """
     a32 = a.float()
     b32 = b.float()
@@ -248,29 +410,25 @@ def sgemm_h200(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a32 = a32.expand(lead + a32.shape[-2:])
     b32 = b32.expand(lead + b32.shape[-2:])
     m, k, n = a32.shape[-2], a32.shape[-1], b32.shape[-1]
+    exact = _exact_steps(a32, b32)
     total = None
     for s0 in range(0, k, SGEMM_SLICE):
         acc = torch.zeros(lead + (m, n), dtype=torch.float32, device=a32.device)
         for kk in range(s0, min(s0 + SGEMM_SLICE, k)):
             x, y = a32[..., :, kk:kk + 1], b32[..., kk:kk + 1, :]
+            if exact[kk]:
+                acc += x * y
+                continue
             p32 = x * y
             p64 = x.double() * y.double()
             if bool(((p32.double() == p64) | ~torch.isfinite(p64)).all()):
-                acc = acc + p32
+                acc += p32
             else:
-                acc = _fma_fp32(x.double(), y.double(), acc.double()).float()
+                acc = _fma_fp32(x.double(), y.double(), acc.double())
         total = acc if total is None else total + acc
     if total is None:
         return torch.zeros(lead + (m, n), dtype=torch.float32, device=a32.device)
     return total
-
-
-def _check(a: torch.Tensor, b: torch.Tensor, name: str) -> None:
-    if a.dim() < 2 or b.dim() < 2:
-        raise ValueError(f"{name}: operands must have at least 2 dimensions")
-    if a.shape[-1] != b.shape[-2]:
-        raise ValueError(f"{name}: inner dimensions differ: a is {tuple(a.shape)}, "
-                         f"b is {tuple(b.shape)}")
 
 
 @dataclass(frozen=True)
@@ -280,13 +438,16 @@ class TensorCoreAccumulation:
     name: str
     in_fmt: Format
     out_fmt: Format
+    gpu_twin: str | None = None
+    fp32_companion: str | None = None
+    needs_cuda: bool = False
 
     @property
     def out_dtype(self) -> torch.dtype:
         return self.out_fmt.torch_dtype
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check(a, b, self.name)
+        check_operands(a, b, self.name)
         a64 = _as_values(a, self.in_fmt, self.name)
         b64 = _as_values(b, self.in_fmt, self.name)
         return tc_chain(a64, b64, self.in_fmt, self.out_fmt)
@@ -298,9 +459,12 @@ class CublasGemmExAccumulation:
 
     name: str = "h200"
     out_dtype: torch.dtype = torch.float16
+    gpu_twin: str | None = "gpu-h200"
+    fp32_companion: str | None = "h200-sgemm"
+    needs_cuda: bool = False
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check(a, b, self.name)
+        check_operands(a, b, self.name)
         return gemmex_16f(_as_values(a, FP16, self.name), _as_values(b, FP16, self.name))
 
 
@@ -310,24 +474,22 @@ class CublasSgemmAccumulation:
 
     name: str = "h200-sgemm"
     out_dtype: torch.dtype = torch.float32
+    gpu_twin: str | None = "gpu-h200-sgemm"
+    fp32_companion: str | None = None
+    needs_cuda: bool = False
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        _check(a, b, self.name)
+        check_operands(a, b, self.name)
         return sgemm_h200(a, b)
 
 
 MODELS = (
     CublasGemmExAccumulation(),
-    TensorCoreAccumulation("h200-mma", FP16, FP16),
-    TensorCoreAccumulation("h200-bf16-fp32", BF16, FP32),
-    TensorCoreAccumulation("h200-fp16-fp32", FP16, FP32),
+    TensorCoreAccumulation("h200-mma", FP16, FP16, gpu_twin="gpu-h200-mma",
+                           fp32_companion="h200-sgemm"),
+    TensorCoreAccumulation("h200-bf16-fp32", BF16, FP32, gpu_twin="gpu-h200-bf16-fp32"),
+    TensorCoreAccumulation("h200-fp16-fp32", FP16, FP32, gpu_twin="gpu-h200-fp16-fp32"),
     CublasSgemmAccumulation(),
 )
 for _m in MODELS:
-    register(_m)
-
-# The hardware itself, for CUDA tensors (importing it needs torch only).
-from kdalab.arith import gpu as _gpu  # noqa: E402
-
-for _m in _gpu.MODELS:
     register(_m)

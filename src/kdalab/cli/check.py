@@ -77,12 +77,12 @@ def _device_name(device: str) -> str:
 
 
 def _check_out(out: Path) -> None:
-    if out.exists() and not out.is_dir():
-        fail(f"--out {out}: exists and is not a folder")
+    from kdalab import params
+
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"--out {out}: cannot create the folder ({exc.strerror or exc})")
+        params.output_folder(out, "--out")
+    except ValueError as exc:
+        fail(str(exc))
 
 
 def _jsonable(value):
@@ -146,12 +146,12 @@ def check_command(
     Writes records (records.jsonl/json/parquet), check.json (the run), report.md, report.html
     (self-contained, plot embedded) and errors.png to --out.
     """
-    from kdalab.cli.common import check_device
+    from kdalab import params
 
     if redraw:
         _report(_redraw(out), out, as_json=as_json, quiet=quiet)
         return
-    device = check_device(device or _default_device())
+    device = params.device(device or _default_device(), "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
                  thresholds_args=(max_output_error, max_state_error, min_identical))
     if plan is None:
@@ -313,7 +313,8 @@ def _redraw(out: Path) -> tuple[list[dict], dict]:
 
 def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bool) -> None:
     """Views on disk and on the terminal (or JSON); exit code 1 when a case failed."""
-    from kdalab.views.check import notes, summary, terminal_table, write_check_views
+    from kdalab.views.check import notes, summary, terminal_table
+    from kdalab.views.check_report import write_check_views
 
     records, meta = run
     paths = write_check_views(records, meta, out)

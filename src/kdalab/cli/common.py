@@ -1,79 +1,152 @@
-"""Shared pieces of the commands: option parsing that fails cleanly, progress, views on disk."""
+"""Shared pieces of the commands: a config object built from options (errors naming the options),
+the inverse experiment run into its store with a cost-weighted progress bar, tables on the
+terminal, the inverse experiment's views drawn from the store."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from kdalab.cli.app import STATE, console
+from kdalab.cli.progress import WeightedProgress, drawing
 
-from kdalab.cli.app import console, fail
-
-__all__ = ["parse_or_fail", "check_device", "run_with_progress", "print_seed_tables",
-           "write_inverse_views"]
+__all__ = ["labelled", "run_into_folder", "draw_views", "export_json", "print_table"]
 
 
-def parse_or_fail(fn: Callable, *args):
+def labelled(cls, raw: dict, names: dict):
+    """``cls(**raw)`` (a config that parses its fields once), its errors naming the options as
+    typed (``names``: field -> option)."""
+    from kdalab import params
+    from kdalab.errors import Unavailable
+
     try:
-        return fn(*args)
-    except ValueError as exc:
-        fail(str(exc))
+        return cls(**raw)
+    except (ValueError, Unavailable) as exc:
+        raise params.renamed(exc, names) from None
 
 
-def check_device(device: str) -> str:
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        fail(f"--device must be 'cpu' or 'cuda', got {device!r}")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        fail("--device cuda: no CUDA device is available on this machine (torch.cuda."
-             "is_available() is False); use --device cpu")
-    return device
+def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = False,
+                    backend: str = "local", address: str | None = None,
+                    quiet: bool = False, json_export: bool = False,
+                    again: str = "kdalab sweep --out {out} --resume") -> list[Path]:
+    """Run ``plan`` into the store in ``out`` (:mod:`kdalab.experiments.runstore`) with a
+    cost-weighted progress bar, then draw the views once from the stored records; return the
+    files written. Interrupted, every finished part is kept and the boundary says how to
+    continue (``again``, with ``{out}``)."""
+    from kdalab.experiments.backends import open_store, run_into_store
+    from kdalab.experiments.sweep import record_cost
 
+    names = [m.name for m in plan.accumulations]
 
-def run_with_progress(runs: Sequence, accumulations: Sequence[str], *, recipe: str,
-                      device: str, out: Path, quiet: bool = False) -> list[dict]:
-    """Run the inverse experiment batched, streaming records to ``out`` as they are produced."""
-    from kdalab.experiments.store import RecordWriter
-    from kdalab.experiments.sweep import run_sweep
+    def weight(batch) -> float:
+        run = batch.runs[0]
+        return len(batch.runs) * sum(record_cost(run.chunk, run.dim, n) for n in names)
 
+    runs_per_cell = [len(pairs) * len(plan.seeds) for _, _, pairs in plan.cells]
+    total = sum(k * sum(record_cost(c, d, n) for n in names)
+                for k, (c, d, _) in zip(runs_per_cell, plan.cells))
     t0 = time.perf_counter()
-    with RecordWriter(out) as writer, Progress(
-        TextColumn("[bold]runs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=quiet,
-    ) as progress:
-        task = progress.add_task("runs", total=len(runs))
-        records = run_sweep(runs, accumulations, recipe=recipe, device=device,
-                            sink=writer.write,
-                            progress=lambda done, total: progress.update(task, completed=done))
-    if not quiet:
-        console.print(f"{len(runs)} runs × {len(accumulations)} accumulation model(s) → "
-                      f"{len(records)} records in {time.perf_counter() - t0:.1f} s")
-    return records
-
-
-def print_seed_tables(tables) -> None:
-    for t in tables:
-        table = Table(title=t.title, title_justify="left")
-        for col in t.frame.columns:
-            table.add_column(col, justify="right")
-        for row in t.frame.to_dict("records"):
-            table.add_row(*(t.formatters[c](row[c]) for c in t.frame.columns))
-        console.print(table)
-
-
-def write_inverse_views(records: list[dict], out: Path, *, show: bool = True) -> list[Path]:
-    from kdalab.experiments.aggregate import summarize
-    from kdalab.views.plots import plot_error_vs_chunk
-    from kdalab.views.tables import seed_tables, write_seed_tables
-
-    tables = seed_tables(records)
-    if show:
-        print_seed_tables(tables)
-    paths = write_seed_tables(tables, out)
-    summary = out / "summary.csv"  # every aggregate of every group, one row per configuration
-    summarize(records).to_csv(summary, index=False)
-    paths.append(summary)
-    paths += plot_error_vs_chunk(records, out)
+    with open_store(plan, out, resume=resume, force=force) as store:
+        before = int(store.done.sum())
+        if before and not quiet:
+            console.print(f"resuming: {before} of {store.runs} runs already stored in {out}/",
+                          highlight=False)
+        try:
+            with WeightedProgress("runs", store.runs, total, quiet) as bar:
+                bar.advance(before, total * before / max(store.runs, 1))
+                ran = run_into_store(plan, store, backend=backend, address=address,
+                                     progress=lambda batch: bar.advance(len(batch.runs),
+                                                                        weight(batch)))
+        except BaseException:
+            store.close()  # what was computed is on disk before anything is said
+            STATE.kept.append(f"{int(store.done.sum())} of {store.runs} runs stored in {out}")
+            STATE.resume = f"'{again.format(out=out)}' continues with the rest"
+            raise
+        if not quiet:
+            console.print(f"{ran} runs × {len(names)} accumulation model(s) in "
+                          f"{time.perf_counter() - t0:.1f} s; {store.runs} runs stored in "
+                          f"{out}/", highlight=False)
+        paths = draw_views(store, show=not quiet)
+        if json_export:
+            paths.append(export_json(store, out / "records.json"))
     return paths
+
+
+def draw_views(store, *, show: bool = True) -> list[Path]:
+    """The inverse experiment's views, drawn once from the stored records' aggregates (read one
+    group at a time): the seed's tables (printed unless ``show`` is False, and as Markdown and
+    CSV), every aggregate (``summary.csv``) and the error plot. The previous drawing's files are
+    removed first, so no stale table survives; the new ones are listed in the manifest."""
+    if store.writable:
+        store.flush()  # the records on disk before anything is drawn from them
+    with drawing(quiet=not show):
+        from kdalab.experiments.aggregate import summarize_store
+        from kdalab.views.plots import plot_error_vs_chunk
+        from kdalab.views.tables import seed_tables, write_seed_tables
+
+        summary = summarize_store(store)
+        store.remove_views()
+        tables = seed_tables(summary)
+        paths = write_seed_tables(tables, store.folder)
+        summary_csv = store.folder / "summary.csv"  # every aggregate, one row per configuration
+        summary.to_csv(summary_csv, index=False)
+        paths.append(summary_csv)
+        if not summary.empty:
+            paths += plot_error_vs_chunk(summary, store.folder)
+        store.set_views(paths)
+    if show:
+        for t in tables:
+            print_table(t.title, list(t.frame.columns),
+                        [[t.formatters[c](row[c]) for c in t.frame.columns]
+                         for row in t.frame.to_dict("records")])
+    return paths
+
+
+def export_json(store, path: Path) -> Path:
+    """Every record as one JSON list in run order, streamed group by group (non-finite floats as
+    the strings "inf", "-inf", "nan"); written whole or not at all."""
+    import json
+
+    from kdalab.experiments.store import encode_record
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("[")
+        sep = "\n"
+        for _, table in store.iter_groups():
+            for rec in table.to_pylist():
+                fh.write(sep + json.dumps(encode_record(rec), allow_nan=False))
+                sep = ",\n"
+        fh.write("\n]\n")
+    tmp.replace(path)
+    return path
+
+
+def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A table on the terminal, its title on a line of its own (a rich title wraps at the
+    table's width: "dim ⏎ 128"). No cell is cut or folded: names left, numbers right, each column
+    as wide as its widest entry; a table wider than the terminal is printed whole."""
+    from rich import box
+    from rich.table import Table
+
+    console.print(f"[bold]{title}[/]", highlight=False, soft_wrap=True)
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), show_edge=False)
+    for i, col in enumerate(columns):
+        cells = [str(row[i]) for row in rows]
+        numeric = all(_is_number(c) for c in cells)
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=True,
+                         min_width=max([len(c) for c in cells] + [len(col)]))
+    for row in rows:
+        table.add_row(*row)
+    width = max(console.width, console.measure(table).maximum)
+    console.print(table, width=width, crop=False)
+    console.print()
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text.rstrip("%").replace("∞", "inf").replace("L^", ""))
+        return True
+    except ValueError:
+        return False

@@ -5,95 +5,106 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from kdalab.cli.app import console, fail, run_app
-from kdalab.cli.common import check_device, parse_or_fail
+from kdalab.cli.app import console, prose, run_app
+from kdalab.cli.options import E2E_FAMILIES
 
 
-@run_app.command("end-to-end")
+@run_app.command(
+    "end-to-end",
+    short_help="The layer's output and state error against fp64, per recipe and chunk.",
+    help=prose("""Output and final-state relative error of the chunked
+forward against the fp64 recurrent reference. Writes records (records.jsonl, .json, .parquet),
+tables (CSV, Markdown) and plots (PNG, SVG) to --out; records are appended as each cell
+finishes, so an interrupted study keeps them (--redraw draws the views from them)."""))
 def end_to_end(
     quick: Annotated[bool, typer.Option(
-        help="a small study (seconds): dim 32, T 64/256, 4 gates, chunks 8,16,64, 4 variants")]
+        help="A small study (seconds): dim 32, T 64/256, 4 gates, chunks 8,16,64, 4 variants")]
     = False,
     families: Annotated[Optional[str], typer.Option(
-        help="model_like,saturated,weak_decay_correlated,long")] = None,
+        help=f"Input families: {', '.join(E2E_FAMILIES)}", show_default="all")] = None,
     lower_bounds: Annotated[Optional[str], typer.Option(
-        help="lower bounds < 0 and/or 'unbounded', e.g. '-1,-5,unbounded'")] = None,
-    chunks: Annotated[Optional[str], typer.Option(help="chunk sizes, e.g. '8,16,32,64'")] = None,
+        help="Lower bounds < 0 and/or 'unbounded', e.g. '-1,-5,unbounded'",
+        show_default="-1,-2,-5,-8,-10,unbounded")] = None,
+    chunks: Annotated[Optional[str], typer.Option(
+        help="Chunk sizes, e.g. '8,16,32,64'", show_default="8,16,32,64")] = None,
     variants: Annotated[Optional[str], typer.Option(
-        help="recipe/tiles/inverse list, e.g. 'flashkda/chunk_start/neumann,fp32/per_pair/exact'")]
-    = None,
-    seeds: Annotated[Optional[str], typer.Option(help="seeds, e.g. '0-1'")] = None,
-    length: Annotated[Optional[int], typer.Option(help="T of the short families")] = None,
-    long_length: Annotated[Optional[int], typer.Option(help="T of the long family")] = None,
-    heads: Annotated[Optional[int], typer.Option(help="heads (H = HV)")] = None,
-    dim: Annotated[Optional[int], typer.Option(help="head dimension K = V")] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("results/end-to-end"),
-    quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
+        help="recipe/tiles/inverse, comma-separated, e.g. "
+             "'flashkda/chunk_start/neumann,fp32/per_pair/exact'",
+        show_default="11 variants (docs/end-to-end.md)")] = None,
+    seeds: Annotated[Optional[str], typer.Option(
+        help="Seeds, e.g. '0-1'", show_default="0-1")] = None,
+    length: Annotated[Optional[int], typer.Option(
+        help="T of the short families", show_default="1024")] = None,
+    long_length: Annotated[Optional[int], typer.Option(
+        help="T of the long family", show_default="4096")] = None,
+    heads: Annotated[Optional[int], typer.Option(
+        help="Heads (H = HV)", show_default="2")] = None,
+    dim: Annotated[Optional[int], typer.Option(
+        help="Head dimension K = V", show_default="128")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
+    out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/end-to-end"),
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", help="No progress or tables on the terminal")] = False,
     redraw: Annotated[bool, typer.Option(
-        help="run nothing: redraw the tables and plots from the records already in --out")]
+        help="Run nothing: redraw the tables and plots from the records already in --out")]
     = False,
 ) -> None:
-    """Output and final-state relative error of the chunked forward against the fp64 recurrent
-    reference. Writes records (records.jsonl/json/parquet), tables (CSV, Markdown) and plots
-    (PNG, SVG) to --out; records are appended as each cell finishes."""
-    from kdalab.experiments.end_to_end import FULL, QUICK, Variant, parse_lower_bounds, run_study
-    from kdalab.experiments.store import RecordWriter
-    from kdalab.experiments.sweep import parse_int_list, parse_name_list
-    from kdalab.views.end_to_end import write_e2e_views
+    from dataclasses import replace
+
+    from kdalab import params
+    from kdalab.cli.common import labelled
+    from kdalab.cli.progress import WeightedProgress, drawing, record_file
 
     if redraw:
         from kdalab.experiments.store import read_records
 
+        folder = Path(out)
         try:
-            records = read_records(out)
-        except FileNotFoundError as exc:
-            fail(f"--redraw: {exc}")
-        paths, _ = write_e2e_views(records, out)
+            records = read_records(folder)
+        except FileNotFoundError:
+            raise ValueError(f"--out: no records in {str(folder)!r} to redraw") from None
+        with drawing(quiet=quiet):
+            from kdalab.views.end_to_end import write_e2e_views
+
+            paths, _ = write_e2e_views(records, folder)
         if not quiet:
-            console.print(f"{len(records)} records → wrote {len(paths)} files to {out}/")
+            console.print(f"{len(records)} records → wrote {len(paths)} files to {folder}/",
+                          highlight=False)
         return
-    device = check_device(device)
+    from kdalab.experiments.end_to_end import FULL, QUICK, cell_cost, run_study
+
+    device = params.device(device, "--device")
     base = QUICK if quick else FULL
-    changes: dict = {}
-    if families is not None:
-        changes["families"] = parse_or_fail(parse_name_list, families, "--families")
-    if lower_bounds is not None:
-        changes["lower_bounds"] = parse_or_fail(parse_lower_bounds, lower_bounds)
-    if chunks is not None:
-        changes["chunks"] = parse_or_fail(parse_int_list, chunks, "--chunks")
-    if seeds is not None:
-        changes["seeds"] = parse_or_fail(parse_int_list, seeds, "--seeds")
-    if variants is not None:
-        names = parse_or_fail(parse_name_list, variants, "--variants")
-        changes["variants"] = tuple(parse_or_fail(Variant.parse, v) for v in names)
-    for name, value in (("length", length), ("long_length", long_length), ("heads", heads),
-                        ("dim", dim)):
-        if value is not None:
-            if value < 1:
-                fail(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-            changes[name] = value
-    cfg = parse_or_fail(lambda: replace(base, **changes))
-    out.mkdir(parents=True, exist_ok=True)
+    given = {"families": families, "lower_bounds": lower_bounds, "chunks": chunks,
+             "variants": variants, "seeds": seeds, "length": length,
+             "long_length": long_length, "heads": heads, "dim": dim}
+    changes = {k: v for k, v in given.items() if v is not None}
+    names = {k: "--" + k.replace("_", "-") for k in given}
+    cfg = labelled(lambda **kw: replace(base, **kw), changes, names)
+    out = params.output_folder(out, "--out")
     (out / "config.json").write_text(json.dumps(cfg.as_dict(), indent=1) + "\n")
 
+    costs = {key: cell_cost(cfg, *key) for key in cfg.cell_keys()}
     t0 = time.perf_counter()
-    with RecordWriter(out) as writer, Progress(
-        TextColumn("[bold]cells"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-        console=console, transient=True, disable=quiet,
-    ) as progress:
-        task = progress.add_task("cells", total=cfg.cells())
-        records = run_study(cfg, sink=writer.write, device=device,
-                            progress=lambda done, total: progress.update(task, completed=done))
+    with record_file(out, f"'kdalab run end-to-end --redraw --out {out}' draws the views from "
+                          "them; running the same command again starts afresh") as writer, \
+            WeightedProgress("cells", cfg.cells(), sum(costs.values()), quiet) as bar:
+        def sink(cell: list[dict]) -> None:
+            writer.write(cell)
+            r = cell[0]
+            bar.advance(1, costs[(r["family"], r["variant"], r["chunk"])])
+
+        records = run_study(cfg, sink=sink, device=device)
     elapsed = time.perf_counter() - t0
-    paths, table = write_e2e_views(records, out)
+    with drawing(quiet=quiet):
+        from kdalab.views.end_to_end import write_e2e_views
+
+        paths, _ = write_e2e_views(records, out)
     if not quiet:
         console.print(f"{cfg.cells()} cells → {len(records)} records in {elapsed:.1f} s; "
-                      f"wrote {len(paths) + 4} files to {out}/")
+                      f"wrote {len(paths) + 4} files to {out}/", highlight=False)

@@ -1,4 +1,4 @@
-"""``kdalab reproduce`` and ``kdalab sweep``: the seed's inverse experiment."""
+"""``kdalab reproduce``: the seed document's three tables on (I + L)^-1."""
 
 from __future__ import annotations
 
@@ -7,95 +7,59 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, fail
-from kdalab.cli.common import (
-    check_device,
-    parse_or_fail,
-    run_with_progress,
-    write_inverse_views,
-)
+from kdalab.cli.app import app, console, prose
+from kdalab.cli.options import accumulation_help
 
 
-def _check_accumulation(name: str) -> str:
-    from kdalab.arith import get_accumulation
+@app.command(
+    short_help="The seed document's three tables (the H200's numbers by default).",
+    help=prose("""Reproduce the seed document's three tables on (I + L)^-1:
+floor_e-5, weak_decay_correlated and model_like inputs across chunk sizes, seeds 0-2, dim 128.
 
-    parse_or_fail(get_accumulation, name)
-    return name
+The default, --accumulation h200, is the H200's Tensor-Core arithmetic emulated bit for bit on
+the CPU: every value of the published tables (measured on an H200). --accumulation fp16-seq is
+the seed code's own CPU fallback (an fp16 accumulator rounded after every product), which gives
+other values where rounding matters. On --device cuda an h200 model runs as the GPU's own
+arithmetic, with the same bits.
 
-
-@app.command()
+Stores the records in --out (Parquet parts keyed by run, resumable: see 'kdalab sweep'), then
+draws the three tables (Markdown and CSV), summary.csv and a plot (PNG and SVG) there."""))
 def reproduce(
-    device: Annotated[str, typer.Option(help="cpu, or cuda (the GPU's own arithmetic)")] = "cpu",
-    accumulation: Annotated[Optional[str], typer.Option(
-        help="accumulation model of the Neumann products: fp16-seq (the seed's CPU fallback; "
-             "default on cpu), fp16-once, h200 (the H200's Tensor Cores: emulated on cpu, the "
-             "GPU's own on cuda; default on cuda), h200-mma, fp32, fp64")] = None,
+    accumulation: Annotated[str, typer.Option(
+        help=accumulation_help("Accumulation model of the Neumann products"))] = "h200",
+    device: Annotated[str, typer.Option(
+        help="cpu, cuda or cuda:N (the GPU's own arithmetic)")] = "cpu",
     chunks: Annotated[Optional[str], typer.Option(
-        help="chunk sizes for every family, e.g. '8,16,32' (default: the seed's tables)")] = None,
-    seeds: Annotated[str, typer.Option(help="seeds, e.g. '0-2' or '0,1,2'")] = "0-2",
-    dim: Annotated[int, typer.Option(help="head dimension")] = 128,
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("results/reproduce"),
-    quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
+        help="Chunk sizes for every family, e.g. '8,16,32' or '8-48:8'",
+        show_default="the seed's tables")] = None,
+    seeds: Annotated[str, typer.Option(help="Seeds, e.g. '0-2' or '0,1,2'")] = "0-2",
+    dim: Annotated[int, typer.Option(help="Head dimension")] = 128,
+    out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/reproduce"),
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Keep the runs already stored in --out and run the rest")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace what --out holds (another run, or an earlier kdalab's "
+        "records)")] = False,
+    json: Annotated[bool, typer.Option(
+        "--json", help="Also export every record to records.json")] = False,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
-    """Reproduce the seed document's three tables on (I + L)^-1: floor_e-5, weak_decay_correlated
-    and model_like inputs across chunk sizes, seeds 0-2, dim 128.
+    from kdalab import params
 
-    Writes records (records.jsonl, records.json, records.parquet), the three tables (Markdown and
-    CSV) and plots (PNG and SVG) to --out. On cuda, H200 models run as the GPU's own Tensor-Core
-    arithmetic (bit-identical to the CPU emulation in L and the inverses).
-    """
-    from kdalab.experiments.sweep import parse_int_list, seed_reproduction_runs
+    seed_list = params.int_list(seeds, "--seeds", minimum=0)
+    chunk_list = params.int_list(chunks, "--chunks", minimum=1) if chunks is not None else None
+    dim = params.integer(dim, "--dim", 1)
+    device = params.device(device, "--device")
+    model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
+    out = params.output_folder(out, "--out")
 
-    device = check_device(device)
-    if accumulation is None:
-        accumulation = "h200" if device.startswith("cuda") else "fp16-seq"
-    _check_accumulation(accumulation)
-    seed_list = parse_or_fail(parse_int_list, seeds, "--seeds")
-    chunk_list = parse_or_fail(parse_int_list, chunks, "--chunks") if chunks else None
-    if dim < 1:
-        fail(f"--dim must be >= 1, got {dim}")
-    runs = parse_or_fail(lambda: seed_reproduction_runs(seed_list, dim, chunk_list))
-    records = run_with_progress(runs, [accumulation], recipe="seed", device=device, out=out,
-                                quiet=quiet)
-    paths = write_inverse_views(records, out, show=not quiet)
+    from kdalab.cli.common import run_into_folder
+    from kdalab.experiments.sweep import SweepPlan
+
+    plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
+    paths = run_into_folder(plan, out, resume=resume, force=force, quiet=quiet,
+                            json_export=json,
+                            again="kdalab reproduce (the same options) --out {out} --resume")
     if not quiet:
-        console.print(f"wrote {len(paths) + 3} files to {out}/")
-
-
-@app.command()
-def sweep(
-    config: Annotated[Optional[Path], typer.Argument(
-        help="a TOML file with the sweep (keys: families, chunks, seeds, dims, accumulations, "
-             "lower_bounds); options given on the command line override it")] = None,
-    families: Annotated[Optional[str], typer.Option(
-        help="floor,weak_decay_correlated,model_like")] = None,
-    chunks: Annotated[Optional[str], typer.Option(help="e.g. 4,12,16 or 2-64")] = None,
-    seeds: Annotated[Optional[str], typer.Option(help="e.g. 3-8")] = None,
-    dims: Annotated[Optional[str], typer.Option(help="e.g. 64,128")] = None,
-    accumulation: Annotated[Optional[str], typer.Option(
-        help="one or more accumulation models, comma-separated")] = None,
-    lower_bound: Annotated[Optional[str], typer.Option(
-        help="lower bound(s) of the log-decay (< 0), comma-separated; default -5")] = None,
-    device: Annotated[Optional[str], typer.Option(help="cpu or cuda")] = None,
-    out: Annotated[Path, typer.Option(help="output folder")] = Path("results/sweep"),
-    quiet: Annotated[bool, typer.Option(help="no progress or tables on the terminal")] = False,
-) -> None:
-    """Run a declarative sweep of the inverse experiment: families × chunks × seeds × dims ×
-    accumulation models (× lower bounds), batched."""
-    from kdalab.experiments.sweep import SweepConfig
-
-    data: dict = {}
-    if config is not None:
-        base = parse_or_fail(SweepConfig.from_toml, config)
-        data = base.as_dict()
-    overrides = {"families": families, "chunks": chunks, "seeds": seeds, "dims": dims,
-                 "accumulations": accumulation, "lower_bounds": lower_bound, "device": device}
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    cfg = parse_or_fail(SweepConfig.from_mapping, data)
-    check_device(cfg.device)
-    runs = cfg.runs()
-    records = run_with_progress(runs, list(cfg.accumulations), recipe=cfg.recipe,
-                                device=cfg.device, out=out, quiet=quiet)
-    paths = write_inverse_views(records, out, show=not quiet)
-    if not quiet:
-        console.print(f"wrote {len(paths) + 3} files to {out}/")
+        console.print(f"wrote {len(paths)} files to {out}/", highlight=False)

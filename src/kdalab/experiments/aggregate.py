@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["GROUP_KEYS", "summarize"]
+__all__ = ["GROUP_KEYS", "SUMMARY_COLUMNS", "summarize", "summarize_store"]
 
 GROUP_KEYS = ["family", "lower_bound", "chunk", "dim", "accumulation"]
 _MEDIANS = ["l_rel_rmse", "inv_total_rel_rmse", "inv_neumann_only_rel_rmse",
@@ -55,3 +55,21 @@ def summarize(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(rows)
     out["lower_bound"] = out["lower_bound"].astype(float)
     return out
+
+
+#: the record columns :func:`summarize` reads
+SUMMARY_COLUMNS = GROUP_KEYS + ["inv_finite", "l_finite", "decay_zeros", "inv_decay_nonfinite",
+                                "highest_power", "stable_l_highest_power"] + _MEDIANS
+
+
+def summarize_store(store) -> pd.DataFrame:
+    """:func:`summarize` of a :class:`~kdalab.experiments.runstore.RunStore`'s records, read
+    one group at a time and only the columns it needs (memory: one group, whatever the
+    sweep's size). Groups hold whole (chunk, dim) cells, so the rows are those of
+    ``summarize(all records)``."""
+    parts = [summarize(table.to_pandas())
+             for _, table in store.iter_groups(SUMMARY_COLUMNS)]
+    parts = [p for p in parts if not p.empty]
+    if not parts:
+        return pd.DataFrame(columns=GROUP_KEYS)
+    return pd.concat(parts, ignore_index=True).sort_values(GROUP_KEYS, ignore_index=True)

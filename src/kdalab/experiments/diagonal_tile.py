@@ -32,16 +32,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kdalab import params
 from kdalab.arith import rel_rmse
 from kdalab.kda.intra import LOG2E
 from kdalab.kda.recipe import SEED, Recipe
 from kdalab.kda.tiles import decayed_scores, get_tiles
 
 __all__ = ["STRATEGIES", "WorkCounter", "per_channel_inputs", "reference_scores", "run_study",
-           "count_work"]
+           "count_work", "summarize"]
 
 #: chunk_start / midpoint: one dense tile through a fixed boundary; per_pair: every pair;
 #: secondary*: 16-token tiles, off-diagonal through fla's shared boundary, the diagonal tiles per
@@ -93,10 +95,7 @@ class Work:
 def per_channel_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float):
     """Keys (bf16, unit norm) and per-channel log-decay [C, D]: ``floor`` puts every step and
     channel at the bound, ``model_like`` draws g = lb·sigmoid(N(0, 1)) per step and channel."""
-    if family not in ("floor", "model_like"):
-        raise ValueError(f"family must be floor or model_like, got {family!r}")
-    if not lower_bound < 0:
-        raise ValueError(f"lower_bound must be < 0, got {lower_bound}")
+    params.choice(family, "family", ("floor", "model_like"))
     gen = torch.Generator().manual_seed(int(seed))
     keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
     keys = (keys / keys.norm(dim=-1, keepdim=True)).to(torch.bfloat16)
@@ -137,8 +136,11 @@ def run_study(chunks: Sequence[int] = (16, 32, 64), strategies: Sequence[str] = 
               seeds: Sequence[int] = (0, 1, 2), dim: int = 64,
               recipe: Recipe = SEED) -> list[dict]:
     """Records of the study, batched: one call per (C, strategy) over every run."""
-    for s in strategies:
-        get_tiles(s)
+    chunks = params.int_list(chunks, "chunks", minimum=1)
+    strategies = params.choices(strategies, "strategies", STRATEGIES)
+    lower_bounds = params.lower_bounds(lower_bounds, "lower_bounds")
+    seeds = params.int_list(seeds, "seeds", minimum=0)
+    dim = params.integer(dim, "dim", 1)
     records = []
     for chunk in chunks:
         runs = [(f, s, lb) for f in ("floor", "model_like") for lb in lower_bounds
@@ -165,3 +167,20 @@ def run_study(chunks: Sequence[int] = (16, 32, 64), strategies: Sequence[str] = 
                 })
     return records
 
+
+def summarize(records: list[dict]) -> dict[str, pd.DataFrame]:
+    """Work per chunk (counted) and error (median over seeds) per strategy and lower bound:
+    ``work``, ``errors`` (long) and ``errors_wide`` (one column per lower bound)."""
+    df = pd.DataFrame(records)
+    work = (df.groupby(["chunk", "strategy"], sort=False, as_index=False)
+            [["exps", "scalings", "gemm_macs", "dot_macs"]].first())
+    work["gemm_share"] = work["gemm_macs"] / (work["gemm_macs"] + work["dot_macs"])
+    err = df.groupby(["family", "chunk", "strategy", "lower_bound"], sort=False,
+                     as_index=False).agg(rel_rmse=("rel_rmse", "median"),
+                                         nonfinite=("nonfinite_entries", "max"),
+                                         lost=("lost_entries", "max"))
+    wide = err.pivot_table(index=["family", "chunk", "strategy"], columns="lower_bound",
+                           values="rel_rmse", aggfunc="first", sort=False)
+    wide = wide[sorted(wide.columns, reverse=True)]
+    wide.columns = [f"lb {c:g}" for c in wide.columns]
+    return {"work": work, "errors": err, "errors_wide": wide.reset_index()}

@@ -2,7 +2,7 @@
 
 For every chunk size C (one batch), inputs for every lower bound and family are stacked, and for
 every (scale format, exp2 path, boundary) the kernel's L is built by
-:func:`kdalab.kda.intra.kernel_l` (start/midpoint/end) or :func:`kdalab.kda.dynamic_range.
+:func:`kdalab.kda.intra.kernel_l` (start/midpoint/end) or :func:`kdalab.kda.intra.
 per_pair_l` (per_pair). One record per (family, seed, lower bound, C, format, exp2 path, boundary):
 
 ==================  ==============================================================================
@@ -20,133 +20,91 @@ inv_finite, inv_rel_rmse  fp16 Neumann inverse of the kernel's L against the exa
 ==================  ==============================================================================
 
 Families: ``floor`` (worst case: every step at the bound, seed 0) and ``model_like``
-(g = lb·sigmoid(N(0,1))), drawn by :func:`kdalab.experiments.families.make_inputs`. Only the scale
+(g = lb·sigmoid(N(0,1))), drawn by :func:`kdalab.experiments.draw.make_inputs`. Only the scale
 format and the exp2 path vary; the rest of the recipe is the seed's (bf16 operands, fp32-accumulated
 GEMM, fp16 L, fp16 Neumann inverse under ``inverse_accumulation``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import Format, exp2_ftz, get_format, quantize, rel_rmse
-from kdalab.experiments.families import make_inputs
-from kdalab.kda.dynamic_range import BOUNDARIES, check_boundary, per_pair_l
-from kdalab.kda.intra import LOG2E, boundary_log_decay, kernel_l, stable_l
+from kdalab import params
+from kdalab.arith import AccumulationModel, Format, rel_rmse
+from kdalab.arith.linalg import inv64
+from kdalab.experiments.draw import make_inputs
+from kdalab.experiments.limits import TABLE_LOWER_BOUNDS, calculator_records
+from kdalab.kda.dynamic_range import BOUNDARIES
+from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, split_factors, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
 
 __all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "DEFAULT_CHUNKS", "SweepGrid", "run_chunk",
-           "run_sweep",
-           "detection_twin", "count_scales", "kernel_scales", "worst_case_scale_table"]
+           "run_sweep", "calculator", "count_scales", "worst_case_scale_table"]
 
 DEFAULT_LOWER_BOUNDS = (-0.5, -1.0, -1.5, -2.0, -2.5, -3.0, -3.5, -4.0, -4.5, -5.0, -5.5, -6.0,
                         -6.5, -7.0, -8.0, -9.0, -10.0, -12.0, -14.0, -16.0, -18.0, -20.0)
 DEFAULT_FORMATS = ("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2")
 #: every C up to 32 (where bf16's boundaries fall for lb ≤ −3), then every 4th to 64, 8th to 128
 DEFAULT_CHUNKS = "2-32,36-64:4,72-128:8"
-
-
-def _parse_list(text, name: str, conv) -> tuple:
-    if isinstance(text, str):
-        items = [t.strip() for t in text.split(",")]
-        if text.strip() == "":
-            return ()
-        if any(not t for t in items):
-            raise ValueError(f"{name}: empty item in {text!r}")
-    else:
-        items = list(text)
-    out = []
-    for t in items:
-        try:
-            out.append(conv(t))
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{name}: cannot read {t!r} ({exc})") from None
-    return tuple(out)
-
-
-def _parse_ints(text, name: str) -> tuple[int, ...]:
-    """``"2-32,36-64:4"`` → 2, 3, …, 32, 36, 40, …, 64 (``a-b:step`` ranges, inclusive)."""
-    if not isinstance(text, str):
-        return tuple(int(x) for x in text)
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        rng, _, step = part.partition(":")
-        lo, sep, hi = rng.partition("-")
-        try:
-            st = int(step) if step else 1
-            if st < 1:
-                raise ValueError
-            out.extend(range(int(lo), int(hi) + 1, st) if sep else [int(rng)])
-        except ValueError:
-            raise ValueError(f"{name}: cannot read {part!r} (use '2-128', '36-64:4' or "
-                             "'8,16')") from None
-    return tuple(sorted(set(out)))
+#: the exp2 paths by name: the kernels' exp2 with flush-to-zero, exp rounded once, or both
+FTZ_MODES = {"on": (True,), "off": (False,), "both": (True, False)}
 
 
 @dataclass(frozen=True)
 class SweepGrid:
+    """The phase diagram's axes. Built from raw values (text, lists) or typed ones; each field is
+    parsed once here (by :mod:`kdalab.params`). ``exp2_ftz``: ``"on"``, ``"off"``, ``"both"`` or a
+    tuple of booleans."""
+
     lower_bounds: tuple[float, ...] = DEFAULT_LOWER_BOUNDS
-    chunks: tuple[int, ...] = ()
+    chunks: tuple[int, ...] = DEFAULT_CHUNKS
     formats: tuple[str, ...] = DEFAULT_FORMATS
     boundaries: tuple[str, ...] = BOUNDARIES
     exp2_ftz: tuple[bool, ...] = (True,)
     model_seeds: tuple[int, ...] = (0, 1)
     dim: int = 32
-    inverse_accumulation: str = "fp32"
+    inverse_accumulation: AccumulationModel = "fp32"
 
     def __post_init__(self) -> None:
-        if not self.chunks:
-            object.__setattr__(self, "chunks", _parse_ints(DEFAULT_CHUNKS, "chunks"))
-        for lb in self.lower_bounds:
-            if not (math.isfinite(lb) and lb < 0):
-                raise ValueError(f"lower_bounds must be finite and < 0, got {lb}")
-        for c in self.chunks:
-            if c < 2:
-                raise ValueError(f"chunks must be >= 2, got {c}")
-        for f in self.formats:
-            get_format(f)
-        for b in self.boundaries:
-            check_boundary(b)
-        if self.dim < 1:
-            raise ValueError(f"dim must be >= 1, got {self.dim}")
-        if not (self.lower_bounds and self.chunks and self.formats and self.boundaries):
-            raise ValueError("lower_bounds, chunks, formats and boundaries must be non-empty")
-
-    @classmethod
-    def parse(cls, *, lower_bounds=None, chunks=DEFAULT_CHUNKS, formats=",".join(DEFAULT_FORMATS),
-              boundaries=",".join(BOUNDARIES), ftz="on", model_seeds="0,1", dim=32,
-              inverse_accumulation="fp32") -> SweepGrid:
-        lbs = DEFAULT_LOWER_BOUNDS if lower_bounds is None else _parse_list(
-            lower_bounds, "lower_bounds", float)
-        modes = {"on": (True,), "off": (False,), "both": (True, False)}
-        if ftz not in modes:
-            raise ValueError(f"ftz must be on, off or both, got {ftz!r}")
-        from kdalab.arith import get_accumulation
-
-        get_accumulation(inverse_accumulation)
-        return cls(tuple(lbs), _parse_ints(chunks, "chunks"),
-                   _parse_list(formats, "formats", lambda s: get_format(s).name),
-                   _parse_list(boundaries, "boundaries", check_boundary), modes[ftz],
-                   _parse_ints(model_seeds, "model_seeds") if model_seeds else (), int(dim),
-                   inverse_accumulation)
+        ftz = self.exp2_ftz
+        if isinstance(ftz, str):
+            ftz = FTZ_MODES[params.choice(ftz, "exp2_ftz", FTZ_MODES)]
+        seeds = self.model_seeds
+        typed = {
+            "lower_bounds": params.lower_bounds(self.lower_bounds, "lower_bounds"),
+            "chunks": tuple(sorted(params.int_list(self.chunks, "chunks", minimum=2))),
+            "formats": tuple(dict.fromkeys(params.scale_format(f, "formats").name
+                                           for f in params.name_list(self.formats, "formats"))),
+            "boundaries": params.choices(self.boundaries, "boundaries", BOUNDARIES),
+            "exp2_ftz": tuple(bool(x) for x in ftz),
+            "model_seeds": () if seeds in ("", ()) else params.int_list(seeds, "model_seeds", 0),
+            "dim": params.integer(self.dim, "dim", 1),
+            "inverse_accumulation": params.accumulation(self.inverse_accumulation,
+                                                        "inverse_accumulation", "cpu"),
+        }
+        for name, value in typed.items():
+            object.__setattr__(self, name, value)
 
     @property
     def group_count(self) -> int:
         return len(self.chunks)
 
 
-def detection_twin(fmt: Format) -> Format:
-    """``fmt`` with clamping replaced by NaN, so that saturated factors can be counted."""
-    if fmt.overflow != "saturate":
-        return fmt
-    return Format(fmt.name + "-satnan", fmt.exp_bits, fmt.man_bits, fmt.subnormals, "nan",
-                  fmt.finite_only)
+def calculator(grid: SweepGrid) -> list[dict]:
+    """The calculator's answers as records, for the grid's formats, boundaries and exp2 paths,
+    at its lower bounds and those of the calculator's summary table."""
+    lbs = sorted(set(grid.lower_bounds) | set(TABLE_LOWER_BOUNDS), reverse=True)
+    return calculator_records(lbs, grid.formats, grid.boundaries, grid.exp2_ftz)
+
+
+def _counted(fmt: Format) -> Format:
+    """``fmt`` with clamping replaced by NaN where it saturates, so that saturated factors can be
+    counted (the cast itself hides them)."""
+    return fmt.with_overflow("nan") if fmt.overflow == "saturate" else fmt
 
 
 def count_scales(scales: torch.Tensor, fmt: Format, mask: torch.Tensor | None = None) -> dict:
@@ -165,7 +123,7 @@ def _scale_counts(keys, log_decay, beta, recipe: Recipe, boundary: str) -> dict:
     """Counts from the scale factors the kernel path forms (with the detection twin's format),
     by running the kernel itself (:func:`kernel_l` or :func:`per_pair_l`)."""
     fmt = recipe.scale_format
-    twin = recipe.with_(scale_format=detection_twin(fmt))
+    twin = recipe.with_(scale_format=_counted(fmt))
     if boundary == "per_pair":
         pp = per_pair_l(keys, log_decay, beta, twin)
         c = log_decay.shape[-1]
@@ -179,7 +137,7 @@ def _scale_counts(keys, log_decay, beta, recipe: Recipe, boundary: str) -> dict:
 def _l_and_counts(keys, log_decay, beta, recipe: Recipe, boundary: str):
     """The kernel's L, and the counts of its scale factors. The counts come from the factors the
     kernel returned, except for a saturating format, where the same scale path
-    (:func:`kernel_scales`, tested equal to the kernel's) is rerun with the detection twin."""
+    (:func:`~kdalab.kda.intra.split_factors`) is rerun with saturation made visible."""
     fmt = recipe.scale_format
     if boundary == "per_pair":  # factors ≤ 1: the twin changes nothing
         pp = per_pair_l(keys, log_decay, beta, recipe)
@@ -189,8 +147,8 @@ def _l_and_counts(keys, log_decay, beta, recipe: Recipe, boundary: str):
     kl = kernel_l(keys, log_decay, beta, recipe, boundary)
     if fmt.overflow == "saturate":
         g = log_decay.double().cumsum(-1)[..., None]
-        d, inv = kernel_scales(g - boundary_log_decay(g, boundary),
-                               recipe.with_(scale_format=detection_twin(fmt)))
+        d, inv = split_factors(g - boundary_log_decay(g, boundary),
+                               recipe.with_(scale_format=_counted(fmt)))
     else:
         d, inv = kl.decay, kl.inv_decay
     return kl.l, count_scales(torch.cat([d, inv], dim=-1), fmt)
@@ -207,11 +165,11 @@ def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
 
     eye = torch.eye(chunk, dtype=torch.float64)
     l_ref = stable_l(keys, log_decay, beta)
-    inv_ref = torch.linalg.inv(eye + l_ref)
+    inv_ref = inv64(eye + l_ref)
 
     configs, ls, counts = [], [], []
     for fmt_name in grid.formats:
-        fmt = get_format(fmt_name)
+        fmt = params.scale_format(fmt_name)
         for ftz in grid.exp2_ftz:
             recipe = SEED.with_(scale_format=fmt, exp2_ftz=ftz)
             for boundary in grid.boundaries:
@@ -240,7 +198,7 @@ def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
                 "scales_normal": int(over == 0 and zero == 0 and sub == 0),
                 "l_finite": int(l_fin[ci][ri]), "l_rel_rmse": l_err[ci][ri],
                 "inv_finite": int(inv_fin[ci][ri]), "inv_rel_rmse": inv_err[ci][ri],
-                "inverse_accumulation": grid.inverse_accumulation,
+                "inverse_accumulation": grid.inverse_accumulation.name,
             })
     return records
 
@@ -257,17 +215,6 @@ def run_sweep(grid: SweepGrid, *, sink: Callable[[list[dict]], None] | None = No
         if progress is not None:
             progress(i + 1, len(grid.chunks))
     return out
-
-
-def kernel_scales(rel: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
-    """exp(rel) and exp(−rel) along the recipe's scale path, as :func:`kernel_l` forms them
-    (tested equal to ``kernel_l``'s ``decay``/``inv_decay``)."""
-    if recipe.exp2_ftz:
-        rel2 = rel * LOG2E
-        decay, inv_decay = exp2_ftz(rel2), exp2_ftz(-rel2)
-    else:
-        decay, inv_decay = torch.exp(rel), torch.exp(-rel)
-    return quantize(decay, recipe.scale_format), quantize(inv_decay, recipe.scale_format)
 
 
 def worst_case_scale_table(lower_bounds: Sequence[float], chunks: Sequence[int],
@@ -298,19 +245,19 @@ def worst_case_scale_table(lower_bounds: Sequence[float], chunks: Sequence[int],
         lower = torch.ones(cmax, cmax, dtype=torch.bool).tril()
     out = []
     for fmt_name in formats:
-        fmt = get_format(fmt_name)
+        fmt = params.scale_format(fmt_name, "formats")
         for ftz in exp2_ftz:
-            recipe = SEED.with_(scale_format=detection_twin(fmt), exp2_ftz=ftz)
+            recipe = SEED.with_(scale_format=_counted(fmt), exp2_ftz=ftz)
             counts = {}
             if fixed:
-                d, inv = kernel_scales(rel, recipe)
+                d, inv = split_factors(rel, recipe)
                 both = torch.stack([d, inv]).double()  # [2, B, C, L, Cmax]
                 m = mask.expand_as(both)
                 for key, bad in (("overflow", ~torch.isfinite(both)), ("zero", both == 0),
                                  ("subnormal", (both > 0) & (both < fmt.tiny))):
                     counts[key] = (bad & m).sum(dim=(0, -1))  # [B, C, L]
             if "per_pair" in boundaries:
-                s = kernel_scales(diff, recipe)[0].double()
+                s = split_factors(diff, recipe)[0].double()
                 pp = {}
                 for key, bad in (("overflow", ~torch.isfinite(s)), ("zero", s == 0),
                                  ("subnormal", (s > 0) & (s < fmt.tiny))):

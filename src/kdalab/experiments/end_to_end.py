@@ -29,10 +29,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
+import numpy as np
+import pandas as pd
 import torch
 
+from kdalab import params
 from kdalab.arith import rel_rmse
 from kdalab.kda.chunk import forward_prepared, prepare_for_recipe
 from kdalab.kda.gate import Prepared
@@ -42,7 +45,7 @@ from kdalab.kda.recipe import get_recipe
 from kdalab.kda.tiles import get_tiles
 
 __all__ = ["E2E_FAMILIES", "Variant", "DEFAULT_VARIANTS", "StudyConfig", "QUICK", "FULL",
-           "study_inputs", "run_study", "gate_label", "parse_lower_bounds"]
+           "study_inputs", "run_study", "gate_label", "summarize", "cell_cost"]
 
 E2E_FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "long")
 SATURATED_G = 20.0
@@ -60,8 +63,7 @@ class Variant:
     def __post_init__(self) -> None:
         get_recipe(self.recipe)
         get_tiles(self.tiles)
-        if self.inverse not in INVERSES:
-            raise ValueError(f"inverse must be one of {', '.join(INVERSES)}, got {self.inverse!r}")
+        params.choice(self.inverse, "inverse", INVERSES)
 
     @property
     def name(self) -> str:
@@ -95,28 +97,6 @@ def gate_label(lower_bound: float | None) -> str:
     return "unbounded" if lower_bound is None else f"lb={lower_bound:g}"
 
 
-def parse_lower_bounds(text: str) -> tuple[float | None, ...]:
-    """'-1,-5,unbounded' → (-1.0, -5.0, None); every bound must be < 0."""
-    out: list[float | None] = []
-    for tok in (t.strip() for t in str(text).split(",")):
-        if not tok:
-            continue
-        if tok.lower() in ("unbounded", "none", "inf"):
-            out.append(None)
-            continue
-        try:
-            lb = float(tok)
-        except ValueError:
-            raise ValueError(
-                f"lower bound must be a number < 0 or 'unbounded', got {tok!r}") from None
-        if not (lb < 0) or math.isinf(lb):
-            raise ValueError(f"lower bound must be a finite number < 0, got {tok}")
-        out.append(lb)
-    if not out:
-        raise ValueError("no lower bounds given")
-    return tuple(out)
-
-
 @dataclass(frozen=True)
 class StudyConfig:
     families: tuple[str, ...] = E2E_FAMILIES
@@ -128,22 +108,26 @@ class StudyConfig:
     long_length: int = 4096
     heads: int = 2
     dim: int = 128
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        for f in self.families:
-            if f not in E2E_FAMILIES:
-                raise ValueError(f"family must be one of {', '.join(E2E_FAMILIES)}, got {f!r}")
-        for c in self.chunks:
-            if int(c) < 1:
-                raise ValueError(f"chunk sizes must be >= 1, got {c}")
-        for lb in self.lower_bounds:
-            if lb is not None and not lb < 0:
-                raise ValueError(f"lower bounds must be < 0, got {lb}")
-        if self.length < 1 or self.long_length < 1 or self.heads < 1 or self.dim < 1:
-            raise ValueError("length, long_length, heads and dim must be >= 1")
-        if not self.seeds or not self.chunks or not self.variants or not self.lower_bounds:
-            raise ValueError("seeds, chunks, variants and lower_bounds must not be empty")
+        variants = self.variants
+        if isinstance(variants, str):
+            variants = params.name_list(variants, "variants")
+        typed = {
+            "families": params.choices(self.families, "families", E2E_FAMILIES),
+            "lower_bounds": params.lower_bounds(self.lower_bounds, "lower_bounds",
+                                                unbounded=True),
+            "chunks": params.int_list(self.chunks, "chunks", minimum=1),
+            "variants": tuple(dict.fromkeys(v if isinstance(v, Variant) else Variant.parse(v)
+                                            for v in variants)),
+            "seeds": params.int_list(self.seeds, "seeds", minimum=0),
+            **{name: params.integer(getattr(self, name), name, 1)
+               for name in ("length", "long_length", "heads", "dim")},
+        }
+        if not typed["variants"]:
+            raise ValueError("variants is empty; expected recipe/tiles/inverse names")
+        for name, value in typed.items():
+            object.__setattr__(self, name, value)
 
     def seq_len(self, family: str) -> int:
         return self.long_length if family == "long" else self.length
@@ -151,9 +135,13 @@ class StudyConfig:
     def cells(self) -> int:
         return len(self.families) * len(self.variants) * len(self.chunks)
 
+    def cell_keys(self) -> list[tuple[str, str, int]]:
+        """(family, variant name, chunk) of every cell, in the order :func:`run_study` runs
+        them."""
+        return [(f, v.name, c) for f in self.families for v in self.variants for c in self.chunks]
+
     def as_dict(self) -> dict:
         d = asdict(self)
-        d.pop("extra")
         d["variants"] = [v.name for v in self.variants]
         return d
 
@@ -165,6 +153,21 @@ QUICK = replace(FULL, lower_bounds=(-2.0, -5.0, -10.0, None), chunks=(8, 16, 64)
                 variants=tuple(Variant.parse(v) for v in (
                     "flashkda/chunk_start/neumann", "flashkda/per_pair/neumann",
                     "fla/secondary-midpoint/forward_substitution", "fp32/chunk_start/neumann")))
+
+
+def cell_cost(cfg: StudyConfig, family: str, variant: str, chunk: int) -> float:
+    """A rough relative cost of one cell, for progress estimates only: sequences × T × heads ×
+    (C·D + D²) (the intra-chunk scores and the recurrence), ×C/4 where the tiles form every pair,
+    ×16 for recipes on the Tensor-Core emulation (every product of a 16-block in float64)."""
+    recipe, tiles, _ = variant.split("/")
+    d = cfg.dim
+    cost = (len(cfg.lower_bounds) * len(cfg.seeds) * cfg.seq_len(family) * cfg.heads
+            * (chunk * d + d * d))
+    if tiles == "per_pair" or tiles == "secondary":
+        cost *= max(1.0, min(chunk, 16) / 4)
+    if "h200" in recipe:
+        cost *= 16
+    return float(cost)
 
 
 def study_inputs(family: str, lower_bound: float | None, seed: int, length: int, heads: int,
@@ -275,3 +278,24 @@ def run_study(
                 if progress is not None:
                     progress(done, total)
     return records
+
+
+def _worst(s: pd.Series) -> float:
+    return float(s.max()) if len(s) else math.nan
+
+
+def summarize(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    """One row per (family, gate, variant, chunk): median and worst errors over seeds, finite
+    fraction, and ``shown_o``/``shown_state`` = the median, or inf where any run is non-finite."""
+    df = pd.DataFrame(records) if not isinstance(records, pd.DataFrame) else records
+    keys = ["family", "gate", "variant", "recipe", "tiles", "inverse", "chunk"]
+    g = df.groupby(keys, sort=False)
+    out = g.agg(o_median=("o_rel_rmse", "median"), o_worst=("o_rel_rmse", _worst),
+                state_median=("state_rel_rmse", "median"),
+                state_worst=("state_rel_rmse", _worst),
+                finite_fraction=("finite", "mean"), runs=("finite", "size"),
+                log_decay_mean=("log_decay_mean", "mean")).reset_index()
+    all_finite = out["finite_fraction"] == 1.0
+    out["shown_o"] = np.where(all_finite, out["o_median"], math.inf)
+    out["shown_state"] = np.where(all_finite, out["state_median"], math.inf)
+    return out

@@ -26,19 +26,24 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import FP16, get_accumulation, rel_rmse, torch_cast
-from kdalab.arith.accumulate import for_device, fp32_companion
-from kdalab.experiments.families import (
-    USES_LOWER_BOUND,
-    ChunkInputs,
-    check_family,
-    make_inputs_batch,
+from kdalab.arith import (
+    FP16,
+    AccumulationModel,
+    fp32_companion,
+    get_accumulation,
+    on_device,
+    rel_rmse,
+    torch_cast,
 )
+from kdalab.arith.linalg import inv64, matmul64
+from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
+from kdalab.experiments.runs import Run
 from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import Recipe, get_recipe
 
-__all__ = ["RunSpec", "METRIC_KEYS", "KEY_FIELDS", "run_group", "launch_group", "PendingGroup"]
+__all__ = ["METRIC_KEYS", "KEY_FIELDS", "run_group", "launch_group", "PendingGroup",
+           "record_schema"]
 
 KEY_FIELDS = ("family", "lower_bound", "chunk", "seed", "dim", "accumulation", "l_accumulation")
 METRIC_KEYS = (
@@ -49,30 +54,6 @@ METRIC_KEYS = (
 )
 
 
-@dataclass(frozen=True, order=True)
-class RunSpec:
-    family: str
-    lower_bound: float | None  # None for families that ignore it
-    chunk: int
-    seed: int
-    dim: int
-
-    def __post_init__(self) -> None:
-        check_family(self.family)
-        if self.chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {self.chunk}")
-        if self.dim < 1:
-            raise ValueError(f"dim must be >= 1, got {self.dim}")
-        if self.lower_bound is not None and not self.lower_bound < 0:
-            raise ValueError(f"lower_bound must be < 0, got {self.lower_bound}")
-
-    @staticmethod
-    def make(family: str, chunk: int, seed: int, dim: int, lower_bound: float) -> RunSpec:
-        family = check_family(family)
-        lb = float(lower_bound) if USES_LOWER_BOUND[family] else None
-        return RunSpec(family, lb, int(chunk), int(seed), int(dim))
-
-
 #: Metrics that are counts or flags (ints in the records; carried as float64 until then).
 INT_METRICS = frozenset({"decay_zeros", "inv_decay_nonfinite", "l_finite", "inv_finite"})
 _TENSOR_METRICS = tuple(k for k in METRIC_KEYS
@@ -80,8 +61,8 @@ _TENSOR_METRICS = tuple(k for k in METRIC_KEYS
 
 
 def run_group(
-    specs: Sequence[RunSpec],
-    accumulations: Sequence[str],
+    specs: Sequence[Run],
+    accumulations: Sequence[str | AccumulationModel],
     *,
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
@@ -102,33 +83,62 @@ class PendingGroup:
     collecting is one device→host copy.
     """
 
-    specs: Sequence[RunSpec]
+    specs: Sequence[Run]
     plans: list[tuple[str, str, int, int]]  # name, L model, highest_power, stable highest_power
     metrics: torch.Tensor
 
+    def table(self, runs: Sequence[int] | None = None):
+        """The group's records as an Arrow table of :func:`record_schema` (``run``: each run's
+        index in its sweep, ``runs``; default 0…): one per run and accumulation model, the
+        models in order, each over the runs in order. One device→host copy; built as columns."""
+        import numpy as np
+        import pyarrow as pa
+
+        values = self.metrics.cpu().numpy()  # [models, metrics, runs]
+        n, m = len(self.specs), len(self.plans)
+        index = np.arange(n) if runs is None else np.asarray(runs, dtype=np.int64)
+        family, lower_bound, chunk, seed, dim = (list(col) for col in zip(*self.specs))
+        columns: dict = {
+            "run": np.tile(index, m),
+            "family": family * m,
+            "lower_bound": pa.array(lower_bound * m, pa.float64()),
+            "chunk": np.tile(np.asarray(chunk, dtype=np.int64), m),
+            "seed": np.tile(np.asarray(seed, dtype=np.int64), m),
+            "dim": np.tile(np.asarray(dim, dtype=np.int64), m),
+            "accumulation": [name for name, *_ in self.plans for _ in range(n)],
+            "l_accumulation": [l_acc for _, l_acc, *_ in self.plans for _ in range(n)],
+        }
+        tensor = {key: values[:, i].reshape(-1) for i, key in enumerate(_TENSOR_METRICS)}
+        for key in METRIC_KEYS:
+            if key == "highest_power":
+                columns[key] = np.repeat([p for _, _, p, _ in self.plans], n)
+            elif key == "stable_l_highest_power":
+                columns[key] = np.repeat([p for _, _, _, p in self.plans], n)
+            else:
+                columns[key] = tensor[key]
+        return pa.table(columns, schema=record_schema())
+
     def collect(self) -> list[dict]:
-        values = self.metrics.cpu().tolist()
-        records: list[dict] = []
-        n = len(self.specs)
-        for (name, l_acc, power, stable_power), rows in zip(self.plans, values):
-            columns = dict(zip(_TENSOR_METRICS, rows))
-            for key in INT_METRICS:
-                columns[key] = [int(v) for v in columns[key]]
-            columns["highest_power"] = [power] * n
-            columns["stable_l_highest_power"] = [stable_power] * n
-            ordered = [columns[key] for key in METRIC_KEYS]
-            for spec, metric_values in zip(self.specs, zip(*ordered)):
-                rec = {"family": spec.family, "lower_bound": spec.lower_bound,
-                       "chunk": spec.chunk, "seed": spec.seed, "dim": spec.dim,
-                       "accumulation": name, "l_accumulation": l_acc}
-                rec.update(zip(METRIC_KEYS, metric_values))
-                records.append(rec)
-        return records
+        """The records as dicts (:meth:`table`'s rows without ``run``)."""
+        return self.table().drop_columns(["run"]).to_pylist()
+
+
+def record_schema():
+    """The Arrow schema of the inverse experiment's records: ``run`` (the run's index in its
+    sweep), the key fields, then the metrics (counts, flags and powers as int64)."""
+    import pyarrow as pa
+
+    ints = INT_METRICS | {"highest_power", "stable_l_highest_power"}
+    return pa.schema(
+        [("run", pa.int64()), ("family", pa.string()), ("lower_bound", pa.float64()),
+         ("chunk", pa.int64()), ("seed", pa.int64()), ("dim", pa.int64()),
+         ("accumulation", pa.string()), ("l_accumulation", pa.string())]
+        + [(key, pa.int64() if key in ints else pa.float64()) for key in METRIC_KEYS])
 
 
 def launch_group(
-    specs: Sequence[RunSpec],
-    accumulations: Sequence[str],
+    specs: Sequence[Run],
+    accumulations: Sequence[str | AccumulationModel],
     *,
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
@@ -138,7 +148,7 @@ def launch_group(
 ) -> PendingGroup:
     """Queue a group's work on ``device`` and return without waiting for it (on CUDA no step
     here waits for the GPU). ``inputs``: the group's inputs if already drawn
-    (:func:`~kdalab.experiments.families.make_inputs_batch`), else drawn here on ``workers``
+    (:func:`~kdalab.experiments.draw.make_inputs_batch`), else drawn here on ``workers``
     threads or ``processes`` draw processes."""
     if not specs:
         raise ValueError("launch_group needs at least one run")
@@ -151,10 +161,10 @@ def launch_group(
     # H200's fp32 GEMM (as the seed's GPU run did), the others with the recipe's. On CUDA, CPU
     # emulations of the H200 become the GPU's own arithmetic.
     plans = []
-    for name in accumulations:
-        neumann = for_device(name, device)
-        l_acc = for_device(fp32_companion(name, recipe.l_accumulation), device)
-        plans.append((name, get_accumulation(neumann), l_acc))
+    for model in map(get_accumulation, accumulations):
+        l_acc = on_device(fp32_companion(model, recipe.l_accumulation),
+                          device.type).name
+        plans.append((model.name, on_device(model, device.type), l_acc))
 
     if inputs is None:
         inputs = make_inputs_batch(specs, device, workers, processes)
@@ -163,7 +173,7 @@ def launch_group(
     eye = torch.eye(chunk, dtype=torch.float64, device=device)
     l_ref = stable_l(keys, log_decay, beta)
     # inv_ex: no error check, so no wait for the GPU (I + L is unit lower triangular: invertible)
-    inv_ref = torch.linalg.inv_ex(eye + l_ref).inverse
+    inv_ref = inv64(eye + l_ref)
     l_stable_stored = torch_cast(l_ref, FP16).half()  # the seed's l_ref.half()
 
     kernel_ls: dict[str, dict] = {}  # per L accumulation model
@@ -176,7 +186,7 @@ def launch_group(
         safe_l = torch.where(l_finite[:, None, None], kl.l.double(), torch.zeros_like(l_ref))
         kernel_ls[l_acc] = {
             "l": kl.l,
-            "inv_of_kernel_l": torch.linalg.inv_ex(eye + safe_l).inverse,
+            "inv_of_kernel_l": inv64(eye + safe_l),
             "decay_zeros": (kl.decay == 0).flatten(-2).sum(-1),
             "inv_decay_nonfinite": (~torch.isfinite(kl.inv_decay)).flatten(-2).sum(-1),
             "l_finite": l_finite,
@@ -201,7 +211,7 @@ def launch_group(
             "inv_neumann_only_rel_rmse": torch.where(
                 l_finite, neumann_only, torch.full_like(neumann_only, math.inf)),
             "inv_stable_l_rel_rmse": rel_rmse(sn.inverse, inv_ref),
-            "inverse_residual": rel_rmse((eye + l_ref) @ kernel_inv.double(),
+            "inverse_residual": rel_rmse(matmul64(eye + l_ref, kernel_inv),
                                          eye.expand_as(l_ref)),
             "kernel_power_max": kn.power_max,
             "stable_l_power_max": sn.power_max,

@@ -3,230 +3,190 @@
 A :class:`SweepConfig` names families × chunk sizes × seeds × dims × accumulation models (× lower
 bounds for the families that use one). :func:`run_sweep` groups the runs by (chunk, dim), runs each
 group as one batch (:func:`kdalab.experiments.inverse.launch_group`) and hands every group's
-records to a sink as soon as they exist. Configurations load from TOML::
+records to a sink as soon as they exist. Configurations load from TOML, the keys spelled as the
+command's options (dashes or underscores; plural field names work too)::
 
     families = ["floor", "model_like"]
     chunks = [4, 12, 16]
     seeds = "3-8"            # or a list
     dims = [64, 128]
-    accumulations = ["fp16-seq"]
-    lower_bounds = [-5.0]
+    accumulation = ["fp16-seq"]
+    lower-bound = [-5.0]
+    out = "results/my-sweep"
 """
 
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from kdalab.arith import get_accumulation
-from kdalab.experiments.families import (
-    FAMILIES,
+from kdalab import params
+from kdalab.arith import AccumulationModel
+from kdalab.errors import Unavailable
+from kdalab.experiments.draw import (
     PROCESS_MIN_RUNS,
     ChunkInputs,
-    check_family,
     cuda_draw_processes,
     draw_processes_running,
     make_inputs_batch,
 )
-from kdalab.experiments.inverse import PendingGroup, RunSpec, launch_group
+from kdalab.experiments.families import FAMILIES, get_family
+from kdalab.experiments.inverse import PendingGroup, launch_group
+from kdalab.experiments.plan import SEED_TABLE_CHUNKS, Batch, SweepPlan, group_label
+from kdalab.experiments.runs import Run
+from kdalab.kda.recipe import Recipe, get_recipe
 
-__all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "parse_int_list", "parse_float_list",
-           "parse_name_list", "plan_runs", "plan_batches", "run_sweep", "SEED_TABLE_CHUNKS",
-           "seed_reproduction_runs"]
+__all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "read_sweep_file", "plan_runs", "plan_batches",
+           "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "record_cost",
+           "option_field", "SweepPlan", "Batch", "iter_batch_tables", "group_label"]
 
-#: The chunk sizes of the seed document's three tables.
-SEED_TABLE_CHUNKS = {
-    "floor": (8, 16, 17, 18, 19, 32),
-    "weak_decay_correlated": (8, 16, 17, 24, 32, 48),
-    "model_like": (8, 16, 32, 48),
-}
-
-
-def parse_int_list(text: str | int | Iterable, name: str) -> tuple[int, ...]:
-    """``"3-8"``, ``"4,12,16"``, ``"0-2,5"``, an int, or a list → a tuple of ints."""
-    if isinstance(text, bool):
-        raise ValueError(f"{name}: expected integers, got {text!r}")
-    if isinstance(text, int):
-        return (text,)
-    if not isinstance(text, str):
-        try:
-            items = list(text)
-        except TypeError:
-            raise ValueError(f"{name}: expected a list of integers, got {text!r}") from None
-        out = []
-        for item in items:
-            if isinstance(item, bool) or not isinstance(item, (int, str)):
-                raise ValueError(f"{name}: expected integers, got {item!r}")
-            out.extend(parse_int_list(item, name))
-        return tuple(out)
-    out: list[int] = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            raise ValueError(f"{name}: empty item in {text!r}")
-        lo, sep, hi = part.partition("-") if not part.startswith("-") else (part, "", "")
-        try:
-            if sep:
-                a, b = int(lo), int(hi)
-                if b < a:
-                    raise ValueError
-                out.extend(range(a, b + 1))
-            else:
-                out.append(int(part))
-        except ValueError:
-            raise ValueError(
-                f"{name}: malformed list {text!r}; expected e.g. '4,12,16' or '3-8'") from None
-    return tuple(out)
+#: every spelling a sweep's key may take (option names, singular or plural) -> the field
+_KEYS = {"family": "families", "chunk": "chunks", "seed": "seeds", "dim": "dims",
+         "accumulation": "accumulations", "lower_bound": "lower_bounds"}
 
 
-def parse_float_list(text: str | float | Iterable, name: str) -> tuple[float, ...]:
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return (float(text),)
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out = []
-    for item in items:
-        try:
-            out.append(float(item.strip() if isinstance(item, str) else item))
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: malformed number {item!r} in {text!r}") from None
-    if not out:
-        raise ValueError(f"{name}: empty list")
-    return tuple(out)
-
-
-def parse_name_list(text: str | Iterable[str], name: str) -> tuple[str, ...]:
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out = tuple(str(i).strip() for i in items if str(i).strip())
-    if not out:
-        raise ValueError(f"{name}: empty list")
-    return out
+def option_field(key: str) -> str:
+    """The field a sweep key names: ``--lower-bound``, ``lower-bound`` and ``lower_bounds`` all
+    name ``lower_bounds``."""
+    name = key.strip().lstrip("-").replace("-", "_")
+    return _KEYS.get(name, name)
 
 
 @dataclass(frozen=True)
 class SweepConfig:
-    families: tuple[str, ...] = FAMILIES
+    """A sweep's axes. Built from raw values (text, lists) or typed ones; every field is parsed
+    once here, by :mod:`kdalab.params`, and holds its typed value afterwards."""
+
+    families: tuple[str, ...] = tuple(FAMILIES)
     chunks: tuple[int, ...] = (8, 16, 32)
     seeds: tuple[int, ...] = (0, 1, 2)
     dims: tuple[int, ...] = (128,)
-    accumulations: tuple[str, ...] = ("fp16-seq",)
+    accumulations: tuple[AccumulationModel, ...] = ("fp16-seq",)
     lower_bounds: tuple[float, ...] = (-5.0,)
-    recipe: str = "seed"
+    recipe: Recipe = "seed"
     device: str = "cpu"
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        for f in self.families:
-            check_family(f)
-        for c in self.chunks:
-            if c < 1:
-                raise ValueError(f"chunks: every chunk size must be >= 1, got {c}")
-        for d in self.dims:
-            if d < 1:
-                raise ValueError(f"dims: every dim must be >= 1, got {d}")
-        for s in self.seeds:
-            if s < 0:
-                raise ValueError(f"seeds: seeds must be >= 0, got {s}")
-        for lb in self.lower_bounds:
-            if not lb < 0:
-                raise ValueError(f"lower_bound must be < 0 (log-decay lies in (lower_bound, 0)), "
-                                 f"got {lb}")
-        for a in self.accumulations:
-            get_accumulation(a)
-        for name in ("families", "chunks", "seeds", "dims", "accumulations", "lower_bounds"):
-            if not getattr(self, name):
-                raise ValueError(f"{name}: empty list")
+        device = params.device(self.device, "device")
+        typed = {
+            "families": tuple(get_family(f, "families").name
+                              for f in params.name_list(self.families, "families")),
+            "chunks": params.int_list(self.chunks, "chunks", minimum=1),
+            "seeds": params.int_list(self.seeds, "seeds", minimum=0),
+            "dims": params.int_list(self.dims, "dims", minimum=1),
+            "accumulations": params.accumulations(self.accumulations, "accumulations",
+                                                  torch.device(device).type),
+            "lower_bounds": params.lower_bounds(self.lower_bounds, "lower_bounds"),
+            "recipe": get_recipe(self.recipe),
+            "device": device,
+        }
+        for name, value in typed.items():
+            object.__setattr__(self, name, value)
 
     @classmethod
-    def from_mapping(cls, data: dict) -> SweepConfig:
-        known = {"families", "chunks", "seeds", "dims", "accumulations", "accumulation",
-                 "lower_bounds", "lower_bound", "recipe", "device"}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown sweep keys: {', '.join(sorted(unknown))}; expected "
-                             f"{', '.join(sorted(known))}")
-        kw: dict = {}
-        if "families" in data:
-            kw["families"] = tuple(check_family(f) for f in parse_name_list(data["families"],
-                                                                             "families"))
-        if "chunks" in data:
-            kw["chunks"] = parse_int_list(data["chunks"], "chunks")
-        if "seeds" in data:
-            kw["seeds"] = parse_int_list(data["seeds"], "seeds")
-        if "dims" in data:
-            kw["dims"] = parse_int_list(data["dims"], "dims")
-        acc = data.get("accumulations", data.get("accumulation"))
-        if acc is not None:
-            kw["accumulations"] = parse_name_list(acc, "accumulations")
-        lbs = data.get("lower_bounds", data.get("lower_bound"))
-        if lbs is not None:
-            kw["lower_bounds"] = parse_float_list(lbs, "lower_bounds")
-        for key in ("recipe", "device"):
-            if key in data:
-                kw[key] = str(data[key])
-        return cls(**kw)
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> SweepConfig:
-        path = Path(path)
+    def parse(cls, data: Mapping[str, object],
+              labels: Mapping[str, str] | None = None) -> SweepConfig:
+        """A configuration from a mapping whose keys are spelled as the command's options
+        (``lower-bound``, ``--lower-bound``, ``lower_bounds``…). ``labels`` (key → how to name it
+        in a message, e.g. ``"--seeds"`` or ``"sweep.toml: seeds"``) names the arguments in
+        errors as the user wrote them; by default the keys themselves."""
+        known = {f.name for f in fields(cls)}
+        kw, names = {}, {}
+        for key, value in data.items():
+            name = option_field(key)
+            if name not in known:
+                options = ", ".join(sorted({k.replace("_", "-") for k in known}))
+                raise ValueError(f"{(labels or {}).get(key, key)}: unknown key; expected one of "
+                                 f"{options} (dashes or underscores)")
+            if name in kw:
+                raise ValueError(f"{(labels or {}).get(key, key)}: {name} is given twice")
+            kw[name], names[name] = value, (labels or {}).get(key, key)
         try:
-            with open(path, "rb") as fh:
-                data = tomllib.load(fh)
-        except FileNotFoundError:
-            raise ValueError(f"config: no such file {str(path)!r}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ValueError(f"config: malformed TOML in {str(path)!r}: {exc}") from None
-        if "sweep" in data and isinstance(data["sweep"], dict):
-            data = data["sweep"]
-        return cls.from_mapping(data)
+            return cls(**kw)
+        except (ValueError, Unavailable) as exc:  # name the argument as the user wrote it
+            raise params.renamed(exc, names) from None
 
-    def runs(self) -> list[RunSpec]:
+    def runs(self) -> list[Run]:
         return plan_runs(self.families, self.chunks, self.seeds, self.dims, self.lower_bounds)
 
     def as_dict(self) -> dict:
         return {"families": list(self.families), "chunks": list(self.chunks),
                 "seeds": list(self.seeds), "dims": list(self.dims),
-                "accumulations": list(self.accumulations),
-                "lower_bounds": list(self.lower_bounds), "recipe": self.recipe,
+                "accumulations": [m.name for m in self.accumulations],
+                "lower_bounds": list(self.lower_bounds), "recipe": self.recipe.name,
                 "device": self.device}
 
 
+def read_sweep_file(path: str | Path, name: str = "config") -> dict:
+    """The keys of a TOML sweep file (its ``[sweep]`` table, if it has one), as written."""
+    path = params.config_file(path, name)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{name}: malformed TOML in {str(path)!r}: {exc}") from None
+    if "sweep" in data and isinstance(data["sweep"], dict):
+        data = data["sweep"]
+    return data
+
+
 def plan_runs(families: Sequence[str], chunks: Sequence[int], seeds: Sequence[int],
-              dims: Sequence[int], lower_bounds: Sequence[float]) -> list[RunSpec]:
-    """The product of the axes, without duplicates (families that ignore the lower bound run
-    once)."""
-    seen: dict[RunSpec, None] = {}
-    for fam in families:
-        for lb in lower_bounds:
+              dims: Sequence[int], lower_bounds: Sequence[float]) -> list[Run]:
+    """The product of the axes (each checked once), without duplicates (families that ignore
+    the lower bound run once)."""
+    fams = [get_family(f, "families") for f in families]
+    chunks = params.int_list(chunks, "chunks", minimum=1)
+    seeds = params.int_list(seeds, "seeds", minimum=0)
+    dims = params.int_list(dims, "dims", minimum=1)
+    lower_bounds = params.lower_bounds(lower_bounds, "lower_bounds")
+    seen: dict[Run, None] = {}
+    for fam in fams:
+        for lb in (lower_bounds if fam.uses_lower_bound else (None,)):
             for c in chunks:
                 for d in dims:
                     for s in seeds:
-                        seen.setdefault(RunSpec.make(fam, c, s, d, lb), None)
+                        seen.setdefault(Run(fam.name, lb, c, s, d), None)
     return list(seen)
 
 
 def seed_reproduction_runs(seeds: Sequence[int] = (0, 1, 2), dim: int = 128,
-                           chunks: Sequence[int] | None = None) -> list[RunSpec]:
+                           chunks: Sequence[int] | None = None) -> list[Run]:
     """The runs behind the seed document's three tables (or all families at ``chunks``)."""
-    runs: list[RunSpec] = []
+    runs: list[Run] = []
     for fam, fam_chunks in SEED_TABLE_CHUNKS.items():
         runs += plan_runs([fam], chunks or fam_chunks, seeds, [dim], [-5.0])
     return runs
 
 
-def plan_batches(runs: Sequence[RunSpec], max_batch: int = 512) -> list[list[RunSpec]]:
+def record_cost(chunk: int, dim: int, accumulation: str) -> float:
+    """A rough cost of one record (one run under one model) in CPU milliseconds, for progress
+    estimates only. Fitted to `run_sweep` on the dev VM (1 thread, dim 128, C = 8…64): about
+    0.4 ms per run for the draws, L and the references, then per model ~0.08·C (fp16-seq),
+    ~0.03·C (fp32, fp64), ~8e-5·C³ (fp16-once's exact limbs) and ~1e-4·C³ (the Tensor-Core
+    emulation: about 25 ms at C = 64); the GPU's models cost little per run."""
+    if accumulation.startswith("h200"):
+        model = 1e-4 * chunk**3
+    elif accumulation == "fp16-once":
+        model = 8e-5 * chunk**3
+    elif accumulation == "fp16-seq":
+        model = 0.08 * chunk
+    else:
+        model = 0.03 * chunk
+    return 0.4 * dim / 128 + model
+
+
+def plan_batches(runs: Sequence[Run], max_batch: int = 512) -> list[list[Run]]:
     """The batches :func:`run_sweep` runs, in its order: runs grouped by (chunk, dim), sorted,
     each group cut into batches of at most ``max_batch``."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-    groups: dict[tuple[int, int], list[RunSpec]] = {}
+    groups: dict[tuple[int, int], list[Run]] = {}
     for spec in runs:
         groups.setdefault((spec.chunk, spec.dim), []).append(spec)
     return [specs[start : start + max_batch]
@@ -250,78 +210,125 @@ def default_draw_processes(n_runs: int, device: torch.device) -> int:
     return cuda_draw_processes() if torch.device(device).type == "cuda" and big else 0
 
 
+def _cpu_threads(device: torch.device, threads: int | None):
+    """Run with ``threads`` intra-op threads on the CPU (default 1), restored afterwards.
+
+    One thread by default: a sweep's tensors are small, and with two threads on a 2-core
+    machine whose other core was busy, 768 runs took 205 s instead of 4.2 s (OpenMP waits for
+    the descheduled thread at every operation; docs/BENCHMARKS.md). Cores are used by Ray
+    workers instead (``--backend ray``), one thread each."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def scope():
+        if device.type != "cpu":
+            yield
+            return
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads or 1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
+
+    return scope()
+
+
+def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
+                      *, recipe: Recipe, device: torch.device, workers: int | None = None,
+                      processes: int | None = None) -> Iterator[tuple[Batch, object]]:
+    """``(batch, records)`` for each batch in order, the records an Arrow table
+    (:func:`~kdalab.experiments.inverse.record_schema`).
+
+    On CUDA the batches are pipelined: while the GPU computes batch n, the CPU draws the inputs
+    of batch n+1 (on a helper thread) and queues its work, then builds batch n's records; the
+    only wait for the GPU is each batch's one copy of its metrics back.
+    """
+    if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
+        device = torch.device("cuda", torch.cuda.current_device())
+
+    def launch(batch: Batch, inputs: ChunkInputs | None = None) -> PendingGroup:
+        return launch_group(batch.runs, accumulations, recipe=recipe, device=device,
+                            workers=workers, processes=processes, inputs=inputs)
+
+    source = iter(batches)
+    if not _pipelined(device):
+        for batch in source:
+            yield batch, launch(batch).table(batch.index)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
+        draw = lambda batch: ahead.submit(  # noqa: E731
+            make_inputs_batch, batch.runs, device, workers, processes)
+        batch = next(source, None)
+        next_inputs = draw(batch) if batch is not None else None
+        pending = None
+        try:
+            while batch is not None:
+                inputs = next_inputs.result()
+                following = next(source, None)
+                if following is not None:
+                    next_inputs = draw(following)
+                launched = (batch, launch(batch, inputs))
+                if pending is not None:
+                    yield pending[0], pending[1].table(pending[0].index)
+                pending, batch = launched, following
+            if pending is not None:
+                yield pending[0], pending[1].table(pending[0].index)
+        finally:
+            if next_inputs is not None:
+                next_inputs.cancel()
+
+
 def run_sweep(
-    runs: Sequence[RunSpec],
-    accumulations: Sequence[str],
+    runs: Sequence[Run],
+    accumulations: Sequence[str | AccumulationModel],
     *,
-    recipe: str = "seed",
+    recipe: str | Recipe = "seed",
     device: str | torch.device = "cpu",
     sink: Callable[[list[dict]], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_batch: int | None = None,
     workers: int | None = None,
     processes: int | None = None,
+    threads: int | None = None,
 ) -> list[dict]:
     """Run ``runs`` batched by (chunk, dim); return all records (in a fixed order).
 
     ``sink`` receives each batch's records as soon as they exist; ``progress(done, total)`` is
     called after each batch. Records do not depend on batching (tested), only on the run.
     ``workers`` / ``processes``: threads or processes for the input draws (see
-    :func:`~kdalab.experiments.families.make_inputs_batch`); ``processes=None`` draws in
-    processes on CUDA for sweeps of ``families.PROCESS_MIN_RUNS`` runs or more, or once draw
-    processes are running (``families.cuda_draw_processes()`` of them), else on threads.
+    :func:`~kdalab.experiments.draw.make_inputs_batch`); ``processes=None`` draws in
+    processes on CUDA for sweeps of ``draw.PROCESS_MIN_RUNS`` runs or more, or once draw
+    processes are running (``draw.cuda_draw_processes()`` of them), else on threads.
     Records never depend on the choice. ``max_batch``: runs per batch (default
     :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches stay in cache;
-    4096 on CUDA, where each batch costs a few hundred kernel launches).
-
-    On CUDA the batches are pipelined: while the GPU computes batch n, the CPU draws the inputs
-    of batch n+1 (on a helper thread) and queues its work, then builds batch n's records; the
-    only wait for the GPU is each batch's one copy of its metrics back.
+    4096 on CUDA, where each batch costs a few hundred kernel launches). ``threads``: torch's
+    intra-op threads on the CPU during the sweep (default 1, see :func:`_cpu_threads`).
+    Pipelined on CUDA (:func:`iter_batch_tables`). For sweeps kept on disk, resumable and
+    run on Ray, see :func:`kdalab.experiments.backends.run_into_store`.
     """
+    device = torch.device(params.device(device))
+    models = params.accumulations(accumulations, "accumulations", device.type)
+    recipe = get_recipe(recipe)
     if max_batch is None:
-        max_batch = DEFAULT_MAX_BATCH[torch.device(device).type == "cuda"]
-    batches = plan_batches(runs, max_batch)
-    total, done = len(runs), 0
-    out: list[dict] = []
-
-    def emit(pending: PendingGroup) -> None:
-        nonlocal done
-        records = pending.collect()
-        if sink is not None:
-            sink(records)
-        out.extend(records)
-        done += len(pending.specs)
-        if progress is not None:
-            progress(done, total)
-
-    def launch(batch: list[RunSpec], inputs: ChunkInputs | None = None) -> PendingGroup:
-        return launch_group(batch, accumulations, recipe=recipe, device=device, workers=workers,
-                            processes=processes, inputs=inputs)
-
-    device = torch.device(device)
+        max_batch = DEFAULT_MAX_BATCH[device.type == "cuda"]
+    batches = [Batch(group_label(b[0].chunk, b[0].dim), np.arange(len(b)), b)
+               for b in plan_batches(runs, max_batch)]
     if processes is None:
         processes = default_draw_processes(len(runs), device)
-    if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
-        device = torch.device("cuda", torch.cuda.current_device())
-    if not _pipelined(device) or len(batches) < 2:
-        for batch in batches:
-            emit(launch(batch))
-        return out
-    with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
-        draw = lambda batch: ahead.submit(  # noqa: E731
-            make_inputs_batch, batch, device, workers, processes)
-        next_inputs = draw(batches[0])
-        pending = None
-        try:
-            for i, batch in enumerate(batches):
-                inputs = next_inputs.result()
-                if i + 1 < len(batches):
-                    next_inputs = draw(batches[i + 1])
-                launched = launch(batch, inputs)
-                if pending is not None:
-                    emit(pending)
-                pending = launched
-            emit(pending)
-        finally:
-            next_inputs.cancel()
+    total, done = len(runs), 0
+    out: list[dict] = []
+    with _cpu_threads(device, threads):
+        for batch, table in iter_batch_tables(batches, models, recipe=recipe, device=device,
+                                              workers=workers, processes=processes):
+            records = table.drop_columns(["run"]).to_pylist()
+            if sink is not None:
+                sink(records)
+            out.extend(records)
+            done += len(batch.runs)
+            if progress is not None:
+                progress(done, total)
     return out
+
+
+# --- sweeps into a store, on a backend ---------------------------------------------------------

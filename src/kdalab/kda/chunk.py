@@ -29,7 +29,8 @@ import math
 
 import torch
 
-from kdalab.arith import FP32, FP64, Format, get_accumulation, get_format, quantize
+from kdalab import params
+from kdalab.arith import FP32, FP64, Format, get_format, quantize
 from kdalab.kda.gate import Prepared, prepare_inputs
 from kdalab.kda.inverse import INVERSES, exact_inverse, forward_substitution, neumann_inverse
 from kdalab.kda.recipe import Recipe, get_recipe
@@ -48,16 +49,16 @@ def _ew(x: torch.Tensor, fmt: Format) -> torch.Tensor:
     return quantize(x, fmt)
 
 
+_INVERT = {
+    "neumann": lambda l, r: neumann_inverse(l, r.inverse_accumulation, r.inverse_format).inverse,
+    "forward_substitution": lambda l, r: forward_substitution(l, r.inverse_accumulation,
+                                                              r.inverse_format),
+    "exact": lambda l, r: exact_inverse(l),
+}
+
+
 def _invert(l: torch.Tensor, inverse: str, recipe: Recipe) -> torch.Tensor:
-    if inverse == "neumann":
-        inv = neumann_inverse(l, recipe.inverse_accumulation, recipe.inverse_format).inverse
-    elif inverse == "forward_substitution":
-        inv = forward_substitution(l, recipe.inverse_accumulation, recipe.inverse_format)
-    elif inverse == "exact":
-        inv = exact_inverse(l)
-    else:
-        raise ValueError(f"inverse must be one of {', '.join(INVERSES)}, got {inverse!r}")
-    return quantize(inv, recipe.inv_format)
+    return quantize(_INVERT[inverse](l, recipe), recipe.inv_format)
 
 
 _INTRA_ELEMENTS = 1 << 23  # elements of a [.., C, C, K] per-pair block processed at once
@@ -84,18 +85,16 @@ def chunk_core(
     state: torch.Tensor | None,
     *,
     chunk_size: int,
-    tiles: TileScaling | str,
+    tiles: TileScaling,
     inverse: str,
     recipe: Recipe,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chunked forward on core-layout tensors ``[N, HV, T, ·]`` (see :class:`Prepared`).
+    """The chunked forward on core-layout tensors ``[N, HV, T, ·]`` (see :class:`Prepared`), with
+    typed options (as :func:`forward_prepared` checks them).
 
     ``log_decay`` is base 2 when ``recipe.exp2_ftz``. Returns ``o [N, HV, T, V]`` (work format
     values) and the final state ``[N, HV, K, V]`` in the state format.
     """
-    tiles = get_tiles(tiles)
-    if inverse not in INVERSES:
-        raise ValueError(f"inverse must be one of {', '.join(INVERSES)}, got {inverse!r}")
     c = int(chunk_size)
     n, hv, t, kd = q.shape
     vd = v.shape[-1]
@@ -114,7 +113,7 @@ def chunk_core(
     # G from each chunk's start, in the gate format, summed as the recipe's kernel sums it
     g = recipe.scalar_ops.cumsum_along(chunks(log_decay.to(gdt)), -2)
     bc = chunks(beta.to(gdt), width=False)
-    acc = get_accumulation(recipe.matmul_accumulation)
+    acc = recipe.matmul_accumulation
     op_fmt, work = recipe.operand_format, recipe.work_format
     scale_t = torch.tensor(scale, dtype=torch.float64, device=q.device)
 
@@ -162,12 +161,9 @@ def chunk_core(
         dec = decay_state[:, :, i]
         if recipe.state_update == "fma":  # one fp32 rounding of ds + s·dec, then the state format
             s = quantize(quantize(ds.double() + s.double() * dec.double(), FP32), sfmt)
-        elif recipe.state_update == "mul_add":
+        else:  # "mul_add"
             sd = _cdt(sfmt)
             s = _ew(_ew(s.to(sd) * dec.to(sd), sfmt).to(sd) + ds.to(sd), sfmt)
-        else:
-            raise ValueError(f"recipe.state_update must be 'fma' or 'mul_add', got "
-                             f"{recipe.state_update!r}")
     o = torch.stack(outs, dim=2).reshape(n, hv, nc * c, vd)[:, :, :t]
     return o, s
 
@@ -183,19 +179,18 @@ def prepare_for_recipe(q, k, v, g, beta, *, recipe: Recipe | str = "flashkda",
         scalar_ops=recipe.scalar_ops, **kwargs)
 
 
-def _check_options(chunk_size, tiles, inverse, recipe):
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+def _options(chunk_size, tiles, inverse, recipe):
+    """The chunked forward's options, parsed once (ValueError naming the argument)."""
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
         raise ValueError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    tiles = get_tiles(tiles)
-    if inverse not in INVERSES:
-        raise ValueError(f"inverse must be one of {', '.join(INVERSES)}, got {inverse!r}")
-    return tiles, get_recipe(recipe)
+    return (params.integer(chunk_size, "chunk_size", 1), get_tiles(tiles),
+            params.choice(inverse, "inverse", INVERSES), get_recipe(recipe))
 
 
 def forward_prepared(prep: Prepared, *, chunk_size: int = 16, tiles="chunk_start",
                      inverse: str = "neumann", recipe: Recipe | str = "flashkda"):
     """The chunked forward on prepared inputs; ``(o [N, HV, T, V], S [N, HV, K, V])`` raw."""
-    tiles, recipe = _check_options(chunk_size, tiles, inverse, recipe)
+    chunk_size, tiles, inverse, recipe = _options(chunk_size, tiles, inverse, recipe)
     return chunk_core(prep.q, prep.k, prep.v, prep.log_decay, prep.beta, prep.scale, prep.state,
                       chunk_size=chunk_size, tiles=tiles, inverse=inverse, recipe=recipe)
 
@@ -234,14 +229,14 @@ def forward(
     one), the final state in the recipe's state format; the fp64 recipe returns float64.
     Bad arguments raise ``ValueError`` naming the argument.
     """
-    tiles, recipe = _check_options(chunk_size, tiles, inverse, recipe)
+    chunk_size, tiles, inverse, recipe = _options(chunk_size, tiles, inverse, recipe)
     prep = prepare_for_recipe(
         q, k, v, g, beta, recipe=recipe, scale=scale, A_log=A_log, dt_bias=dt_bias,
         lower_bound=lower_bound, gate=gate, beta_is_logits=beta_is_logits,
         use_qk_l2norm=use_qk_l2norm, initial_state=initial_state, cu_seqlens=cu_seqlens,
         state_layout=state_layout)
-    o, s = forward_prepared(prep, chunk_size=chunk_size, tiles=tiles, inverse=inverse,
-                            recipe=recipe)
+    o, s = chunk_core(prep.q, prep.k, prep.v, prep.log_decay, prep.beta, prep.scale, prep.state,
+                      chunk_size=chunk_size, tiles=tiles, inverse=inverse, recipe=recipe)
     out_fmt = recipe.output_format if recipe.output_format is not None else _format_of(v.dtype)
     o = quantize(prep.unpack(o), out_fmt)
     s = quantize(s, recipe.state_format)

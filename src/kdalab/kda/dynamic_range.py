@@ -33,31 +33,21 @@ Conventions (the ones the measurement in :mod:`kdalab.experiments.dynamic_range`
   "finite" means *not saturated*: the value does not lie past the rounding interval of the largest
   finite number (448 for e4m3, i.e. exp(x) ≥ 464 is a failure even though the cast returns 448).
 
-Thresholds on the value v = exp(x) of a factor (round to nearest even; ties cannot occur for
-exp of a rational non-zero x, which is transcendental):
-
-* overflow ⇔ v ≥ max + ½ulp(max)        (fp32 stage: 2¹²⁸(1 − 2⁻²⁵); bf16: 2¹²⁸(1 − 2⁻⁹))
-* zero     ⇔ v < 2⁻¹²⁶(1 − 2⁻²⁴)        (fp32 FTZ stage: below it, fl32(v) < 2⁻¹²⁶)
-             v ≤ ½·smallest subnormal    (cast to a format with subnormals)
-             v < tiny − ½·smallest subn. (cast to a format without subnormals)
-* normal   ⇔ v ≥ tiny − ½·smallest subnormal (rounds up to the smallest normal)
-
-With the kernel path the factor is rounded twice (float32, then the format); this moves the
-composite thresholds by at most 2⁻²⁴ relative (≤ 6·10⁻⁸ in x), and the float32 rounding of
-x·log₂e moves x by at most 2⁻²⁴ relative too. :class:`SafeChunk` reports the margin of the
-answer from its threshold so a user can see when that matters (never in kdalab's swept grid).
+The thresholds on a factor's value (overflow at max + ½ulp, zero at the FTZ stage's or the
+format's rounding edge, normal at tiny − ½·smallest subnormal) and the margin the answer keeps from
+them are derived in docs/dynamic-range.md ("Derivation"); :class:`SafeChunk` reports that margin
+so a user sees when the float32 roundings of the kernel path could move the answer by one.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from decimal import Decimal
+from fractions import Fraction
 
-import torch
-
-from kdalab.arith import FP32, Format, get_accumulation, get_format, quantize, torch_cast
-from kdalab.arith import exp2_ftz as _exp2_ftz
-from kdalab.kda.recipe import Recipe, get_recipe
+from kdalab import params
+from kdalab.arith import FP32, Format, get_format
 
 __all__ = [
     "BOUNDARIES",
@@ -71,10 +61,7 @@ __all__ = [
     "scale_limits",
     "safe_chunk",
     "weakest_lower_bound",
-    "check_boundary",
-    "check_lower_bound",
-    "PerPairL",
-    "per_pair_l",
+    "count_text",
 ]
 
 BOUNDARIES = ("start", "midpoint", "end", "per_pair")
@@ -82,40 +69,16 @@ LN2 = math.log(2.0)
 LOG2E = math.log2(math.e)
 
 
-def check_boundary(boundary: str) -> str:
-    if boundary not in BOUNDARIES:
-        raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, got {boundary!r}")
-    return boundary
-
-
-def check_lower_bound(lower_bound: float) -> float:
-    try:
-        lb = float(lower_bound)
-    except (TypeError, ValueError):
-        raise ValueError(f"lower_bound must be a negative number, got {lower_bound!r}") from None
-    if not math.isfinite(lb) or not lb < 0:
-        raise ValueError("lower_bound must be a finite number < 0 (log-decay g ∈ "
-                         f"(lower_bound, 0)), got {lower_bound!r}")
-    return lb
-
-
 def exposed_steps(chunk: int, boundary: str) -> int:
     """k(C): the largest |G_i − G_b| a C-token chunk exposes, in steps at the bound."""
-    check_boundary(boundary)
-    if int(chunk) != chunk or chunk < 1:
-        raise ValueError(f"chunk must be an integer >= 1, got {chunk!r}")
-    chunk = int(chunk)
     return {"start": chunk, "midpoint": chunk // 2, "end": chunk - 1,
             "per_pair": chunk - 1}[boundary]
 
 
 def chunk_for_steps(steps: int | None, boundary: str) -> int | None:
     """The largest C with k(C) ≤ ``steps`` (None: unbounded). Inverse of :func:`exposed_steps`."""
-    check_boundary(boundary)
     if steps is None:
         return None
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
     return {"start": steps, "midpoint": 2 * steps + 1, "end": steps + 1,
             "per_pair": steps + 1}[boundary]
 
@@ -212,16 +175,18 @@ def scale_limits(fmt: Format | str | tuple[int, int], exp2_ftz: bool = True) -> 
 
 
 def _steps_below(x: float, lb: float) -> int:
-    """The largest integer k ≥ 0 with k·|lb| < x."""
-    q = x / abs(lb)
-    if not math.isfinite(q):
-        raise ValueError(f"lower_bound {lb!r} is too close to 0 to count steps")
-    k = math.floor(q)
-    while k > 0 and k * abs(lb) >= x:
-        k -= 1
-    while (k + 1) * abs(lb) < x:
-        k += 1
-    return max(k, 0)
+    """The largest integer k ≥ 0 with k·|lb| < x, in closed form and exact arithmetic (the two
+    floats as fractions): bounded time for every finite lb, also where x/|lb| is past 2⁵³ and a
+    float search would never move (lb = −1e−22 gives k ≈ 8.7·10²³)."""
+    return max(math.ceil(Fraction(x) / Fraction(-lb)) - 1, 0)
+
+
+def count_text(n: int | None) -> str:
+    """An exact count as text: in full below 10¹⁵, else as ``8.733654e+23`` (Decimal: no float
+    overflow for any size)."""
+    if n is None:
+        return "unbounded"
+    return str(n) if abs(n) < 10**15 else format(Decimal(n), ".6e")
 
 
 def _format_info(fmt: Format) -> dict:
@@ -299,9 +264,9 @@ def safe_chunk(fmt: Format | str | tuple[int, int], lower_bound: float, boundary
     suffix flushes its subnormals). ``lower_bound`` < 0. ``boundary``: start, midpoint, end or
     per_pair. ``exp2_ftz``: factors via float32 exp2 with flush-to-zero, then cast (the kernels).
     """
-    fmt = get_format(fmt)
-    lb = check_lower_bound(lower_bound)
-    boundary = check_boundary(boundary)
+    fmt = params.scale_format(fmt, "fmt")
+    lb = params.lower_bound(lower_bound)
+    boundary = params.choice(boundary, "boundary", BOUNDARIES)
     limits = scale_limits(fmt, exp2_ftz)
     x_over, x_zero, x_sub = limits.overflow.x, limits.zero.x, limits.subnormal.x
     per_pair = boundary == "per_pair"
@@ -314,8 +279,10 @@ def safe_chunk(fmt: Format | str | tuple[int, int], lower_bound: float, boundary
     c_norm = chunk_for_steps(k_all_n, boundary)
 
     # margin: how far the answer's span and the next span are from the decisive threshold
+    # (exact: k·|lb| may be far past float range in k)
     def _margin(k: int, x: float) -> float:
-        return min(abs(x - k * abs(lb)), abs((k + 1) * abs(lb) - x)) / x
+        xf, af = Fraction(x), Fraction(-lb)
+        return float(min(abs(xf - k * af), abs((k + 1) * af - xf)) / xf)
 
     margins = [_margin(k_nz, x_zero), _margin(k_nor, x_sub)]
     if k_fin is not None:
@@ -341,24 +308,28 @@ def safe_chunk(fmt: Format | str | tuple[int, int], lower_bound: float, boundary
         t = limits.overflow
         lines.append(
             f"Overflow (decided by {t.stage}): exp(x) ≥ {t.formula} ⇔ x ≥ {t.x:.6f}; "
-            f"k·{a:g} < {t.x:.4f} ⇔ k ≤ {k_fin} ⇒ C ≤ {chunk_for_steps(k_fin, boundary)}.")
+            f"k·{a:g} < {t.x:.4f} ⇔ k ≤ {count_text(k_fin)} ⇒ "
+            f"C ≤ {count_text(chunk_for_steps(k_fin, boundary))}.")
     t = limits.zero
     lines.append(
         f"Zero (decided by {t.stage}): exp(−x) below {t.formula} ⇔ x > {t.x:.6f}; "
-        f"k·{a:g} < {t.x:.4f} ⇔ k ≤ {k_nz} ⇒ C ≤ {chunk_for_steps(k_nz, boundary)}.")
+        f"k·{a:g} < {t.x:.4f} ⇔ k ≤ {count_text(k_nz)} ⇒ "
+        f"C ≤ {count_text(chunk_for_steps(k_nz, boundary))}.")
     t = limits.subnormal
     lines.append(
         f"Normal (decided by {t.stage}): exp(−x) ≥ {t.formula} ⇔ x < {t.x:.6f}; "
-        f"k ≤ {k_nor} ⇒ C ≤ {chunk_for_steps(k_nor, boundary)}.")
+        f"k ≤ {count_text(k_nor)} ⇒ C ≤ {count_text(chunk_for_steps(k_nor, boundary))}.")
     if c_all == 0:
         lines.append(f"Answer: no chunk length is safe (even C = 1 exposes exp(±{a:g})).")
     else:
         nxt = c_all + 1
+        k_nxt = exposed_steps(nxt, boundary)
+        span, span_nxt = float(k_all * Fraction(a)), float(k_nxt * Fraction(a))
         lines.append(
-            f"Answer: C ≤ {c_all} (span {k_all}·{a:g} = {k_all * a:g}); C = {nxt} exposes "
-            f"{exposed_steps(nxt, boundary)}·{a:g} = {exposed_steps(nxt, boundary) * a:g}.")
+            f"Answer: C ≤ {count_text(c_all)} (span {count_text(k_all)}·{a:g} = {span:g}); "
+            f"C = {count_text(nxt)} exposes {count_text(k_nxt)}·{a:g} = {span_nxt:g}.")
         if c_norm != c_all:
-            lines.append(f"All factors normal only for C ≤ {c_norm}.")
+            lines.append(f"All factors normal only for C ≤ {count_text(c_norm)}.")
     if per_pair:
         lines.append("Per pair, a zero factor is exp(G_i − G_j) itself below the zero threshold: "
                      "flushing it changes L_ij by less than that times β_i·|k_i·k_j| "
@@ -403,8 +374,9 @@ def weakest_lower_bound(fmt: Format | str | tuple[int, int], chunk: int,
                         boundary: str = "start", *, exp2_ftz: bool = True) -> WeakestBound:
     """The infimum of the lower bounds for which a ``chunk``-token chunk is safe (see
     :class:`WeakestBound`)."""
-    fmt = get_format(fmt)
-    boundary = check_boundary(boundary)
+    fmt = params.scale_format(fmt, "fmt")
+    boundary = params.choice(boundary, "boundary", BOUNDARIES)
+    chunk = params.integer(chunk, "chunk", 1)
     k = exposed_steps(chunk, boundary)
     limits = scale_limits(fmt, exp2_ftz)
     xs = [limits.zero.x] + ([] if boundary == "per_pair" else [limits.overflow.x])
@@ -414,50 +386,12 @@ def weakest_lower_bound(fmt: Format | str | tuple[int, int], chunk: int,
         lines.append("No factor other than exp(0) = 1 is formed: every lower bound is safe.")
         return WeakestBound(fmt, bool(exp2_ftz), int(chunk), boundary, 0, None, None, lines)
     x, x_n = min(xs), min(xn)
-    lb, lb_n = -x / k, -x_n / k
-    lines.append(f"Need k·|lb| < {x:.6f} (finite and non-zero) ⇒ lb > −{x:.6f}/{k} = {lb:.6f}.")
-    lines.append(f"Need k·|lb| < {x_n:.6f} (all normal) ⇒ lb > {lb_n:.6f}.")
+    lb, lb_n = -float(Fraction(x) / k), -float(Fraction(x_n) / k)  # exact, then rounded
+    if lb_n == 0.0:
+        raise ValueError(f"chunk: {count_text(chunk)} tokens span {count_text(k)} steps, which "
+                         f"only a lower bound closer to 0 than −{x_n:.6g}/{count_text(k)} keeps "
+                         "safe, and float64 holds none: refused")
+    lines.append(f"Need k·|lb| < {x:.6f} (finite and non-zero) ⇒ lb > −{x:.6f}/{count_text(k)} "
+                 f"= {lb:.6g}.")
+    lines.append(f"Need k·|lb| < {x_n:.6f} (all normal) ⇒ lb > {lb_n:.6g}.")
     return WeakestBound(fmt, bool(exp2_ftz), int(chunk), boundary, k, lb, lb_n, lines)
-
-
-@dataclass(frozen=True)
-class PerPairL:
-    """L built with the decay formed per pair, and the factors it used."""
-
-    l: torch.Tensor  # [..., C, C] in recipe.l_format (β applied, strictly lower)
-    scales: torch.Tensor  # exp(G_i − G_j) in recipe.scale_format, [..., C, C, X]; 1 for i < j
-
-
-def per_pair_l(keys: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
-               recipe: Recipe | str = "seed") -> PerPairL:
-    """L with exp(G_i − G_j) (i ≥ j, never above 1) formed for every pair: no split exponent.
-
-    Each factor follows the recipe's scale path (exp2 in float32 with FTZ, cast to
-    ``scale_format``), so its only failure is underflow. Scalar decay (``log_decay [..., C]``):
-    k_i·k_j by the recipe's GEMM accumulation, times the factor in float32. Per-channel decay
-    (``[..., C, D]``): Σ_d k_id·k_jd·s_ijd in float32 (no GEMM possible). Then stored in
-    ``l_format``, strict lower triangle, times β as :func:`kdalab.kda.intra.kernel_l` does.
-    """
-    recipe = get_recipe(recipe)
-    if keys.dim() < 2:
-        raise ValueError(f"keys must be [..., C, D], got shape {tuple(keys.shape)}")
-    per_channel = log_decay.dim() == keys.dim() and log_decay.shape[-2:] == keys.shape[-2:]
-    if not per_channel and log_decay.shape[-1] != keys.shape[-2]:
-        raise ValueError(f"log_decay must be [..., C] or [..., C, D], got {tuple(log_decay.shape)}")
-    g = log_decay.double().cumsum(-2) if per_channel else log_decay.double().cumsum(-1)[..., None]
-    diff = (g.unsqueeze(-2) - g.unsqueeze(-3)).clamp(max=0.0)  # [..., i, j, X] = G_i − G_j
-    if recipe.exp2_ftz:
-        s = _exp2_ftz(diff * LOG2E)
-    else:
-        s = torch.exp(diff)
-    s = quantize(s, recipe.scale_format)
-    k = keys.float()
-    if per_channel:
-        l = (k.unsqueeze(-2) * k.unsqueeze(-3) * s.float()).sum(-1)  # float32
-    else:
-        dots = get_accumulation(recipe.l_accumulation).matmul(keys, keys.transpose(-1, -2))
-        l = quantize(dots.double() * s[..., 0].double(), FP32)  # one float32 multiply
-    l = torch.tril(quantize(l, recipe.l_format), diagonal=-1)
-    b = torch_cast(beta.double(), recipe.beta_format)
-    l = quantize(l.double() * b.unsqueeze(-1), recipe.l_format)
-    return PerPairL(l=l, scales=s)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kdalab import params
 from kdalab.arith import FP32, FP64, Format, exp2_ftz, get_format, quantize
 from kdalab.arith.scalar import TORCH_OPS, ScalarOps
 
@@ -104,19 +105,28 @@ def log_decay(
     (float64 or float32 arithmetic). ``ftz`` applies to exp2 of ``A_log`` on the base-2 path;
     ``ops`` computes the float32 sigmoid and exp2.
     """
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {', '.join(GATES)}, got {gate!r}")
+    gate, lower_bound, fmt = _gate_options(gate, lower_bound, fmt)
+    return _log_decay(g, gate, A_log, dt_bias, lower_bound, fmt, base2, ftz, ops)
+
+
+def _gate_options(gate, lower_bound, fmt) -> tuple[str, float | None, Format]:
+    """The gate's options, parsed once (ValueError naming the argument)."""
+    gate = params.choice(gate, "gate", GATES)
+    if gate == "lower_bound" or lower_bound is not None:
+        lower_bound = params.lower_bound(lower_bound)
     fmt = get_format(fmt)
     if fmt not in (FP64, FP32):
-        raise ValueError(f"fmt: the gate is computed in fp64 or fp32, got {fmt.name}")
+        raise ValueError(f"gate_format: the gate is computed in fp64 or fp32, got {fmt.name}")
+    return gate, lower_bound, fmt
+
+
+def _log_decay(g, gate: str, A_log, dt_bias, lower_bound: float | None, fmt: Format,
+               base2: bool, ftz: bool, ops: ScalarOps = TORCH_OPS) -> torch.Tensor:
     dt = torch.float64 if fmt == FP64 else torch.float32
     heads, width = g.shape[-2], g.shape[-1]
     x = g.to(dt)
     if gate == "precomputed":
         return x * LOG2E if base2 else x
-    if gate == "lower_bound":
-        if lower_bound is None or not (float(lower_bound) < 0) or math.isinf(float(lower_bound)):
-            raise ValueError(f"lower_bound must be a finite number < 0, got {lower_bound}")
     if dt_bias is not None:
         x = x + _head_view(dt_bias, heads, width, "dt_bias").to(dt)
     a = None
@@ -131,7 +141,7 @@ def log_decay(
     if gate == "lower_bound":
         if a is not None:
             x = a * x
-        lb = float(lower_bound) * LOG2E if base2 else float(lower_bound)
+        lb = lower_bound * LOG2E if base2 else lower_bound
         lb_t = torch.tensor(lb, dtype=dt, device=x.device)  # the constant rounded to dt first
         return lb_t * (ops.sigmoid_f32(x) if dt == torch.float32 else torch.sigmoid(x))
     out = -F.softplus(x)
@@ -252,11 +262,7 @@ def prepare_inputs(
                          f"{kd}], got {tuple(g.shape)}")
     if beta.shape != (b, t, hv):
         raise ValueError(f"beta must be [B, T, HV] = {(b, t, hv)}, got {tuple(beta.shape)}")
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {', '.join(GATES)}, got {gate!r}")
-    if gate == "lower_bound" or lower_bound is not None:
-        if lower_bound is None or not float(lower_bound) < 0 or math.isinf(float(lower_bound)):
-            raise ValueError(f"lower_bound must be a finite number < 0, got {lower_bound}")
+    gate, lower_bound, gfmt = _gate_options(gate, lower_bound, gate_format)
     if state_layout not in ("KV", "VK"):
         raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
     if scale is None:
@@ -288,9 +294,7 @@ def prepare_inputs(
     # Arithmetic.
     if input_format is not None:
         q, k, v = (quantize(x, input_format) for x in (q, k, v))
-    gfmt = get_format(gate_format)
-    ld = log_decay(g, gate=gate, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
-                   fmt=gfmt, base2=base2, ftz=ftz, ops=scalar_ops)
+    ld = _log_decay(g, gate, A_log, dt_bias, lower_bound, gfmt, base2, ftz, scalar_ops)
     bt = beta_activation(beta, is_logits=beta_is_logits, fmt=gfmt, ops=scalar_ops)
     if use_qk_l2norm:
         back = input_format if input_format is not None else None

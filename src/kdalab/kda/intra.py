@@ -21,11 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import get_accumulation, quantize, torch_cast
+from kdalab.arith import FP32, exp2_ftz, quantize, torch_cast
+from kdalab.arith.linalg import matmul64
 from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.kda.tiles import decay_factor, operand
 
-__all__ = ["LOG2E", "BOUNDARIES", "stable_l", "kernel_l", "KernelL", "boundary_log_decay"]
+__all__ = ["LOG2E", "BOUNDARIES", "stable_l", "kernel_l", "KernelL", "boundary_log_decay",
+           "split_factors", "per_pair_l", "PerPairL"]
 
 LOG2E = math.log2(math.e)
 BOUNDARIES = ("start", "midpoint", "end")
@@ -56,7 +58,7 @@ def stable_l(keys: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor) ->
     k = keys.double()
     g = _cumulative(log_decay, keys)
     if g.shape[-1] == 1:
-        dots = k @ k.transpose(-1, -2)
+        dots = matmul64(k, k.transpose(-1, -2))
         ratio = torch.exp((g - g.transpose(-1, -2)).clamp(max=0.0))
         l = dots * ratio * beta.double().unsqueeze(-1)
     else:  # per-channel decay: Σ_d k_id k_jd exp(G_id − G_jd)
@@ -78,6 +80,15 @@ def boundary_log_decay(g: torch.Tensor, boundary: str) -> torch.Tensor:
     if boundary == "end":
         return g[..., -1:, :]
     raise ValueError(f"boundary must be one of {', '.join(BOUNDARIES)}, got {boundary!r}")
+
+
+def split_factors(rel: torch.Tensor, recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor]:
+    """exp(G_i − G_b) and exp(G_b − G_i) for ``rel`` = G_i − G_b (natural log, float64), along the
+    recipe's scale path: the base-2 exponent rel·log₂e with exp2 and FTZ in float32, or exp
+    rounded once; rounded to ``scale_format``. The factors the kernels' L is built from."""
+    if recipe.exp2_ftz:
+        rel = rel * LOG2E  # the kernels' base-2 exponent
+    return decay_factor(rel, recipe), decay_factor(-rel, recipe)
 
 
 @dataclass(frozen=True)
@@ -106,17 +117,56 @@ def kernel_l(
     _check(keys, log_decay, beta)
     recipe = get_recipe(recipe)
     g = _cumulative(log_decay, keys)
-    rel = g - boundary_log_decay(g, boundary)  # G_i − G_b, float64
-    if recipe.exp2_ftz:
-        rel = rel * LOG2E  # the kernels' base-2 exponent
-    decay = decay_factor(rel, recipe)
-    inv_decay = decay_factor(-rel, recipe)
+    decay, inv_decay = split_factors(g - boundary_log_decay(g, boundary), recipe)
     # The scaled operands: one rounding of the exact product to the operand format.
     k_decayed = operand(keys, decay, recipe.operand_format)
     k_inverse = operand(keys, inv_decay, recipe.operand_format)
-    acc = get_accumulation(recipe.l_accumulation)
+    acc = recipe.l_accumulation
     l = quantize(acc.matmul(k_decayed, k_inverse.transpose(-1, -2)), recipe.l_format)
     l = torch.tril(l, diagonal=-1)
     b = torch_cast(beta.double(), recipe.beta_format)  # the seed's beta.half() on float64
     l = quantize(l.double() * b.unsqueeze(-1), recipe.l_format)
     return KernelL(l=l, decay=decay, inv_decay=inv_decay)
+
+
+@dataclass(frozen=True)
+class PerPairL:
+    """L built with the decay formed per pair, and the factors it used."""
+
+    l: torch.Tensor  # [..., C, C] in recipe.l_format (β applied, strictly lower)
+    scales: torch.Tensor  # exp(G_i − G_j) in recipe.scale_format, [..., C, C, X]; 1 for i < j
+
+
+def per_pair_l(keys: torch.Tensor, log_decay: torch.Tensor, beta: torch.Tensor,
+               recipe: Recipe | str = "seed") -> PerPairL:
+    """L with exp(G_i − G_j) (i ≥ j, never above 1) formed for every pair: no split exponent.
+
+    Each factor follows the recipe's scale path (exp2 in float32 with FTZ, cast to
+    ``scale_format``), so its only failure is underflow. Scalar decay (``log_decay [..., C]``):
+    k_i·k_j by the recipe's GEMM accumulation, times the factor in float32. Per-channel decay
+    (``[..., C, D]``): Σ_d k_id·k_jd·s_ijd in float32 (no GEMM possible). Then stored in
+    ``l_format``, strict lower triangle, times β as :func:`kdalab.kda.intra.kernel_l` does.
+    """
+    recipe = get_recipe(recipe)
+    if keys.dim() < 2:
+        raise ValueError(f"keys must be [..., C, D], got shape {tuple(keys.shape)}")
+    per_channel = log_decay.dim() == keys.dim() and log_decay.shape[-2:] == keys.shape[-2:]
+    if not per_channel and log_decay.shape[-1] != keys.shape[-2]:
+        raise ValueError(f"log_decay must be [..., C] or [..., C, D], got {tuple(log_decay.shape)}")
+    g = log_decay.double().cumsum(-2) if per_channel else log_decay.double().cumsum(-1)[..., None]
+    diff = (g.unsqueeze(-2) - g.unsqueeze(-3)).clamp(max=0.0)  # [..., i, j, X] = G_i − G_j
+    if recipe.exp2_ftz:
+        s = exp2_ftz(diff * LOG2E)
+    else:
+        s = torch.exp(diff)
+    s = quantize(s, recipe.scale_format)
+    k = keys.float()
+    if per_channel:
+        l = (k.unsqueeze(-2) * k.unsqueeze(-3) * s.float()).sum(-1)  # float32
+    else:
+        dots = recipe.l_accumulation.matmul(keys, keys.transpose(-1, -2))
+        l = quantize(dots.double() * s[..., 0].double(), FP32)  # one float32 multiply
+    l = torch.tril(quantize(l, recipe.l_format), diagonal=-1)
+    b = torch_cast(beta.double(), recipe.beta_format)
+    l = quantize(l.double() * b.unsqueeze(-1), recipe.l_format)
+    return PerPairL(l=l, scales=s)

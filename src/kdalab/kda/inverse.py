@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import Format, get_accumulation, get_format, quantize
-from kdalab.arith.accumulate import AccumulationModel
+from kdalab.arith import AccumulationModel, Format, get_accumulation, get_format, quantize
+from kdalab.arith.linalg import inv64
 
 __all__ = ["exact_inverse", "neumann_inverse", "NeumannResult", "forward_substitution",
            "neumann_factor_count", "INVERSES"]
@@ -34,7 +34,7 @@ def exact_inverse(l: torch.Tensor) -> torch.Tensor:
     """``torch.linalg.inv(I + L)`` in float64 (LAPACK), as the seed's gold result."""
     _check_square(l)
     eye = torch.eye(l.shape[-1], dtype=torch.float64, device=l.device)
-    return torch.linalg.inv(eye + l.double())
+    return inv64(eye + l.double())
 
 
 def neumann_factor_count(chunk: int) -> int:

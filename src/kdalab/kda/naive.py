@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from kdalab.arith import FP64
+from kdalab.arith.linalg import matmul64
 from kdalab.kda.gate import Prepared, prepare_inputs
 
 __all__ = ["recurrent_kda", "recurrent_core", "reference_forward"]
@@ -35,9 +36,9 @@ def recurrent_core(q, k, v, log_decay, beta, scale: float, state=None):
     for i in range(t):
         k_i = k[:, :, i].unsqueeze(-2)  # [N, HV, 1, K]
         s = s * torch.exp(g[:, :, i]).unsqueeze(-1)
-        pred = k_i @ s  # [N, HV, 1, V]
+        pred = matmul64(k_i, s)  # [N, HV, 1, V]
         s = s + k_i.transpose(-1, -2) * (b[:, :, i, None, None] * (v[:, :, i].unsqueeze(-2) - pred))
-        o[:, :, i] = (q[:, :, i].unsqueeze(-2) @ s).squeeze(-2)
+        o[:, :, i] = matmul64(q[:, :, i].unsqueeze(-2), s).squeeze(-2)
     return o, s
 
 

@@ -32,14 +32,28 @@ Fields used by the whole chunked forward (``kdalab.kda.chunk``; defaults are Fla
                         (:class:`~kdalab.arith.scalar.ScalarOps`: ``torch``, ``sm90``); a name
                         or the value
 ``output_format``       format of o (bf16); None: the input's dtype
-``default_chunk``       the chunk size the recipe's kernel uses (informational: 16 / 64)
+
+A recipe is a typed value: formats are :class:`~kdalab.arith.Format` values and accumulations
+:class:`~kdalab.arith.AccumulationModel` values (given by name, they are looked up once, when the
+recipe is made).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, fields, replace
 
-from kdalab.arith.formats import BF16, FP16, FP32, FP64, TF32, Format, get_format
+from kdalab import params
+from kdalab.arith import (
+    BF16,
+    FP16,
+    FP32,
+    FP64,
+    TF32,
+    AccumulationModel,
+    Format,
+    get_accumulation,
+    get_format,
+)
 from kdalab.arith.scalar import SM90_OPS, TORCH_OPS, ScalarOps, get_scalar_ops
 
 __all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLA", "FP32_RECIPE", "FP64_RECIPE",
@@ -52,33 +66,42 @@ class Recipe:
     scale_format: Format = BF16
     exp2_ftz: bool = True
     operand_format: Format = BF16
-    l_accumulation: str = "fp32"
+    l_accumulation: AccumulationModel = "fp32"
     l_format: Format = FP16
     beta_format: Format = FP16
-    inverse_accumulation: str = "fp16-seq"
+    inverse_accumulation: AccumulationModel = "fp16-seq"
     inverse_format: Format = FP16
     input_format: Format | None = BF16
     gate_format: Format = FP32
     l2norm_lanes: int | None = 16
     mqk_format: Format = BF16
     inv_format: Format = BF16
-    matmul_accumulation: str = "fp32"
+    matmul_accumulation: AccumulationModel = "fp32"
     work_format: Format = BF16
     state_format: Format = BF16
     state_operand_format: Format = BF16
     state_update: str = "fma"
     output_format: Format | None = BF16
     scalar_ops: ScalarOps = TORCH_OPS
-    default_chunk: int = 16
-    extras: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name.endswith("_format") and value is not None:
+                value = get_format(value)
+            elif f.name.endswith("_accumulation"):
+                try:  # looked up only: a GPU model is checked for its device when it runs
+                    value = get_accumulation(value)
+                except ValueError as exc:
+                    raise ValueError(f"{f.name}: {exc}") from None
+            elif f.name == "scalar_ops":
+                value = get_scalar_ops(value)
+            object.__setattr__(self, f.name, value)
+        params.choice(self.state_update, "state_update", ("fma", "mul_add"))
 
     def with_(self, **changes) -> Recipe:
-        """A copy with some fields changed (formats may be given by name)."""
-        for key, value in list(changes.items()):
-            if key.endswith("_format") and isinstance(value, str):
-                changes[key] = get_format(value)
-            elif key == "scalar_ops":
-                changes[key] = get_scalar_ops(value)
+        """A copy with some fields changed (formats, accumulations and scalar ops may be given
+        by name)."""
         return replace(self, **changes)
 
 
@@ -106,7 +129,7 @@ FLA = Recipe(
     "fla", scale_format=FP32, exp2_ftz=False, operand_format=TF32, l_accumulation="fp32",
     l_format=FP32, beta_format=FP32, inverse_accumulation="fp32", inverse_format=FP32,
     input_format=None, l2norm_lanes=None, state_format=FP32, state_update="mul_add",
-    output_format=None, default_chunk=64,
+    output_format=None,
 )
 FP32_RECIPE = Recipe(
     "fp32", scale_format=FP32, exp2_ftz=False, operand_format=FP32, l_accumulation="fp32",

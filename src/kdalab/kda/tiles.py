@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import Format, get_accumulation, get_format, quantize
+from kdalab.arith import Format, exp2_ftz, get_accumulation, get_format, quantize
 from kdalab.kda.recipe import Recipe
 
 __all__ = ["TileScaling", "TILES", "get_tiles", "decay_factor", "operand", "decayed_scores"]
@@ -87,12 +87,11 @@ def get_tiles(spec: str | TileScaling) -> TileScaling:
 
 _HALF = (torch.bfloat16, torch.float16)
 
-def decay_factor(rel: torch.Tensor, recipe: Recipe,
-                 fmt: Format | str | None = None) -> torch.Tensor:
+def decay_factor(rel: torch.Tensor, recipe: Recipe, fmt: Format | None = None) -> torch.Tensor:
     """exp(rel) as the recipe computes it: exp2 with FTZ of a base-2 exponent in float32 (by the
     recipe's scalar ops), or the correctly rounded exp; rounded to ``fmt`` (default
     ``scale_format``)."""
-    fmt = get_format(fmt) if fmt is not None else recipe.scale_format
+    fmt = recipe.scale_format if fmt is None else fmt
     if recipe.exp2_ftz:
         y = recipe.scalar_ops.exp2_f32(rel)  # rel is base 2 (the gate folded log2 e in)
     else:
@@ -117,7 +116,7 @@ def _left(a, factor, recipe: Recipe, post_scale):
 
 def _split_gram(a, b, g, gb, recipe: Recipe, post_scale):
     """[..., R, K] × [..., S, K] through one boundary gb [..., 1, K]."""
-    acc = get_accumulation(recipe.l_accumulation)
+    acc = recipe.l_accumulation
     left = _left(a, decay_factor(g[0] - gb, recipe), recipe, post_scale)
     right = operand(b, decay_factor(gb - g[1], recipe), recipe.operand_format)
     return acc.matmul(left, right.transpose(-1, -2))
@@ -125,7 +124,7 @@ def _split_gram(a, b, g, gb, recipe: Recipe, post_scale):
 
 def _pair_gram(a, b, ga, gb, recipe: Recipe, post_scale):
     """Every pair with its own factor exp(min(G_i − G_j, 0)): [..., R, S]."""
-    acc = get_accumulation(recipe.l_accumulation)
+    acc = recipe.l_accumulation
     rel = (ga.unsqueeze(-2) - gb.unsqueeze(-3)).clamp(max=0)  # [..., R, S, K]
     left = _left(a.unsqueeze(-2), decay_factor(rel, recipe), recipe, post_scale)
     right = quantize(b, recipe.operand_format).unsqueeze(-3)  # [..., 1, S, K]

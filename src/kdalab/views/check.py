@@ -1,15 +1,12 @@
 """Views of a ``kdalab check`` run, drawn from its records (and the run's description) only: the
 terminal table (kernel × case, failures highlighted), the error plot (per case per kernel, the
-bf16 floor and the thresholds drawn), a Markdown report and one self-contained HTML report with
-the plot embedded."""
+bf16 floor and the thresholds drawn); the Markdown and HTML reports are in
+:mod:`kdalab.views.check_report`."""
 
 from __future__ import annotations
 
-import base64
-import html
 import io
 import math
-from pathlib import Path
 
 import matplotlib
 
@@ -21,7 +18,7 @@ import pandas as pd  # noqa: E402
 from kdalab.views.tables import fmt_sci  # noqa: E402
 
 __all__ = ["kernels_of", "cases_of", "summary", "cell_text", "terminal_table", "notes",
-           "plot_check", "markdown_report", "html_report", "write_check_views"]
+           "plot_check"]
 
 _STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "skipped": "·", "excluded": "·"}
 
@@ -241,200 +238,3 @@ def plot_check(records) -> bytes:
 
 
 # -- reports --------------------------------------------------------------------------------
-
-def _meta_lines(meta: dict) -> list[tuple[str, str]]:
-    keys = [("command", "command"), ("date", "date (UTC)"), ("device_name", "device"),
-            ("suite", "suite"), ("versions", "versions"), ("thresholds", "thresholds"),
-            ("elapsed_s", "elapsed")]
-    out = []
-    for key, label in keys:
-        if key not in meta:
-            continue
-        value = meta[key]
-        if isinstance(value, dict):
-            value = ", ".join(f"{k} {v}" for k, v in value.items())
-        elif key == "elapsed_s":
-            value = f"{value:.1f} s"
-        out.append((label, str(value)))
-    return out
-
-
-def _summary_cells(row: dict) -> list[str]:
-    out = []
-    for key, value in row.items():
-        if isinstance(value, float):
-            value = (f"{100 * value:.2f}%" if key == "lowest identical"
-                     else f"{value:.2f}" if key.startswith("median") and value >= 0.1
-                     else fmt_sci(value))
-        out.append(str(value))
-    return out
-
-
-def _verdict(df: pd.DataFrame) -> str:
-    count = df["status"].value_counts()
-    failed, skipped = int(count.get("fail", 0)), int(count.get("skipped", 0))
-    passed, unsupported = int(count.get("pass", 0)), int(count.get("unsupported", 0))
-    word = "FAIL" if failed or skipped else "PASS"
-    extra = f", {skipped} not run after a crash" if skipped else ""
-    if count.get("excluded", 0):
-        unsupported_text = f"{unsupported} unsupported, {int(count['excluded'])} excluded"
-    else:
-        unsupported_text = f"{unsupported} unsupported"
-    return (f"{word}: {passed} of {passed + failed + skipped} supported (kernel, case) pairs "
-            f"meet the thresholds; {failed} fail{extra}, {unsupported_text}")
-
-
-def _md_escape(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def markdown_report(records, meta: dict, image: str | None = "errors.png") -> str:
-    """The report as Markdown (the plot linked as ``image``)."""
-    df = _frame(records)
-    fidelity = _mode(df) == "fidelity"
-    kernels, cases = kernels_of(df), cases_of(df)
-    lines = ["# kdalab check", ""]
-    lines += [f"- **{label}:** {_md_escape(value)}" for label, value in _meta_lines(meta)]
-    lines += ["", f"**{_verdict(df)}**", ""]
-    s = summary(df)
-    lines += ["| " + " | ".join(s.columns) + " |", "|" + "---|" * len(s.columns)]
-    lines += ["| " + " | ".join(_summary_cells(r)) + " |" for r in s.to_dict("records")]
-    what = ("identical output bits / worst relative difference, against "
-            f"`{df['against'].iloc[0]}`" if fidelity else
-            "output / final-state relative error against the fp64 recurrence")
-    lines += ["", f"## Cases ({what}; ✓ pass, ✗ fail, – unsupported)", ""]
-    head = ["case"] + ([] if fidelity else ["bf16 floor"]) + [f"`{k}`" for k in kernels]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for case in cases:
-        c = df[df["case"] == case].set_index("kernel")
-        row = [f"`{case}`"] + ([] if fidelity else [fmt_sci(_case_floor(df, case))])
-        for kernel in kernels:
-            if kernel not in c.index:
-                row.append("")
-                continue
-            rec = c.loc[kernel].to_dict()
-            text = f"{_STATUS_MARK[rec['status']]} {cell_text(rec)}"
-            row.append(f"**{text}**" if rec["status"] == "fail" else text)
-        lines.append("| " + " | ".join(row) + " |")
-    found = notes(df)
-    if found:
-        lines += ["", "## Failures and unsupported cases", ""]
-        lines += [f"- {_md_escape(n)}" for n in found]
-    if image:
-        lines += ["", f"![errors per case and kernel]({image})"]
-    lines += ["", "## What the cases are", "", "| case | family | shape | options | about |",
-              "|---|---|---|---|---|"]
-    for case in cases:
-        r = df[df["case"] == case].iloc[0].to_dict()
-        lines.append(f"| `{case}` | {r['family']} | {_shape(r)} | {_options(r)} | "
-                     f"{_md_escape(str(r['about']))} |")
-    return "\n".join(lines) + "\n"
-
-
-def _shape(r: dict) -> str:
-    seq = (f"seqlens [{r['seqlens']}]" if r["seqlens"] else f"B={r['batch']}, T={r['T']}")
-    return f"{seq}, H={r['heads']}, K={r['K']}, V={r['V']}"
-
-
-def _options(r: dict) -> str:
-    bits = [f"lb {r['lower_bound']:g}", f"h0 {r['initial_state']}"]
-    if r["state_scale"] != 1:
-        bits.append(f"h0 × {r['state_scale']:g}")
-    if r["v_scale"] != 1:
-        bits.append(f"v × {r['v_scale']:g}")
-    if r["prenormalized"]:
-        bits.append("pre-normalized q/k")
-    if r["poison"]:
-        bits.append(f"poison {r['poison']}")
-    return ", ".join(bits)
-
-
-_CSS = """
-body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
-table { border-collapse: collapse; margin: 1em 0; font-size: 0.9em; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; }
-th { background: #f3f3f3; }
-td.num { text-align: right; font-family: ui-monospace, monospace; white-space: nowrap; }
-td.pass { background: #eef8ee; } td.fail { background: #fbdada; font-weight: bold; }
-td.unsupported, td.skipped, td.excluded { background: #f6f6f6; color: #888; }
-.verdict-pass { color: #176b17; } .verdict-fail { color: #b00; }
-img { max-width: 100%; }
-code { font-size: 0.95em; }
-"""
-
-
-def html_report(records, meta: dict, png: bytes | None = None) -> str:
-    """One self-contained HTML page: meta, verdict, summary, the kernel × case table (failures
-    red; the full message of each cell as its tooltip), the plot embedded, the notes and what
-    the cases are."""
-    df = _frame(records)
-    fidelity = _mode(df) == "fidelity"
-    kernels, cases = kernels_of(df), cases_of(df)
-    e = html.escape
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kdalab check</title>"
-             f"<style>{_CSS}</style></head><body><h1>kdalab check</h1><ul>"]
-    parts += [f"<li><b>{e(label)}:</b> {e(value)}</li>" for label, value in _meta_lines(meta)]
-    verdict = _verdict(df)
-    cls = "verdict-fail" if verdict.startswith("FAIL") else "verdict-pass"
-    parts.append(f"</ul><h2 class='{cls}'>{e(verdict)}</h2>")
-    s = summary(df)
-    parts.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in s.columns) + "</tr>")
-    for r in s.to_dict("records"):
-        parts.append("<tr>" + "".join(f"<td class='num'>{e(v)}</td>" for v in _summary_cells(r))
-                     + "</tr>")
-    parts.append("</table>")
-    what = ("identical output bits / worst relative difference against "
-            f"<code>{e(str(df['against'].iloc[0]))}</code>" if fidelity else
-            "output / final-state relative error against the fp64 token recurrence")
-    parts.append(f"<h2>Cases</h2><p>{what}. ✓ pass, ✗ fail, – unsupported (hover a cell for "
-                 f"its message).</p><table><tr><th>case</th>")
-    if not fidelity:
-        parts.append("<th>bf16 floor</th>")
-    parts += [f"<th><code>{e(k)}</code></th>" for k in kernels]
-    parts.append("</tr>")
-    for case in cases:
-        c = df[df["case"] == case].set_index("kernel")
-        about = str(df[df["case"] == case]["about"].iloc[0])
-        parts.append(f"<tr><td title='{e(about)}'><code>{e(case)}</code></td>")
-        if not fidelity:
-            parts.append(f"<td class='num'>{e(fmt_sci(_case_floor(df, case)))}</td>")
-        for kernel in kernels:
-            if kernel not in c.index:
-                parts.append("<td></td>")
-                continue
-            rec = c.loc[kernel].to_dict()
-            text = f"{_STATUS_MARK[rec['status']]} {cell_text(rec)}"
-            tip = rec["message"] or rec["status"]
-            parts.append(f"<td class='num {rec['status']}' title='{e(str(tip))}'>{e(text)}</td>")
-        parts.append("</tr>")
-    parts.append("</table>")
-    if png is not None:
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(f"<h2>Errors per case and kernel</h2><img alt='errors per case and "
-                     f"kernel' src='data:image/png;base64,{data}'>")
-    found = notes(df)
-    if found:
-        parts.append("<h2>Failures and unsupported cases</h2><ul>")
-        parts += [f"<li>{e(n)}</li>" for n in found]
-        parts.append("</ul>")
-    parts.append("<h2>What the cases are</h2><table><tr><th>case</th><th>family</th>"
-                 "<th>shape</th><th>options</th><th>about</th></tr>")
-    for case in cases:
-        r = df[df["case"] == case].iloc[0].to_dict()
-        parts.append(f"<tr><td><code>{e(case)}</code></td><td>{e(r['family'])}</td>"
-                     f"<td>{e(_shape(r))}</td><td>{e(_options(r))}</td>"
-                     f"<td>{e(str(r['about']))}</td></tr>")
-    parts.append("</table></body></html>\n")
-    return "".join(parts)
-
-
-def write_check_views(records, meta: dict, out: str | Path) -> list[Path]:
-    """``report.md``, ``report.html`` (self-contained) and ``errors.png`` in ``out``."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    png = plot_check(records)
-    paths = [out / "errors.png", out / "report.md", out / "report.html"]
-    paths[0].write_bytes(png)
-    paths[1].write_text(markdown_report(records, meta), encoding="utf-8")
-    paths[2].write_text(html_report(records, meta, png), encoding="utf-8")
-    return paths

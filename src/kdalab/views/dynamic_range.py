@@ -1,6 +1,7 @@
 """Views of the dynamic-range records: phase-diagram heatmaps with the calculator's boundary drawn
-over the measurements, error heatmaps, and tables (Markdown and CSV). Drawn from records only; the
-overlaid line is :func:`kdalab.kda.dynamic_range.safe_chunk`, computed, never typed in."""
+over the measurements, error heatmaps, and tables (Markdown and CSV). Drawn from records only: the
+sweep's, and the calculator's answers as records (:mod:`kdalab.experiments.limits`); the overlaid
+line is read from those, never typed in or computed here."""
 
 from __future__ import annotations
 
@@ -15,11 +16,16 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
-from kdalab.kda.dynamic_range import safe_chunk  # noqa: E402
+from kdalab.experiments.limits import (  # noqa: E402
+    TABLE_LOWER_BOUNDS,
+    agreement,
+    error_summary,
+    measured_limits,
+)
+from kdalab.views.tables import markdown_table  # noqa: E402
 
-__all__ = ["status_codes", "measured_limits", "agreement_table", "calculator_table",
-           "plot_phase_diagram", "plot_error_heatmap", "write_views", "diagonal_tile_tables",
-           "write_diagonal_tile_views"]
+__all__ = ["status_codes", "calculator_table", "plot_phase_diagram", "plot_error_heatmap",
+           "write_views"]
 
 STATUS = ["all normal", "subnormal factors", "zero factors", "non-finite / saturated",
           "zero and non-finite"]
@@ -41,12 +47,19 @@ def _edges(values: np.ndarray) -> np.ndarray:
     return 2 ** np.concatenate([[first], mid, [last]])
 
 
-def _overlay(ax, lbs: list[float], fmt: str, boundary: str, ftz: bool, cmax: float) -> None:
+def _calculator_lookup(calculator) -> dict:
+    df = pd.DataFrame(calculator)
+    return {(r.format, bool(r.exp2_ftz), r.boundary, float(r.lower_bound)):
+            (r.max_chunk, r.max_chunk_normal) for r in df.itertuples(index=False)}
+
+
+def _overlay(ax, answers: dict, lbs: list[float], fmt: str, boundary: str, ftz: bool,
+             cmax: float) -> None:
     xs, xn, ys = [], [], []
     for i, lb in enumerate(lbs):
-        sc = safe_chunk(fmt, lb, boundary, exp2_ftz=ftz)
-        mc = cmax * 1.5 if sc.max_chunk is None else sc.max_chunk + 0.5
-        mn = cmax * 1.5 if sc.max_chunk_normal is None else sc.max_chunk_normal + 0.5
+        max_chunk, max_normal = answers[(fmt, bool(ftz), boundary, float(lb))]
+        mc = cmax * 1.5 if pd.isna(max_chunk) else max_chunk + 0.5
+        mn = cmax * 1.5 if pd.isna(max_normal) else max_normal + 0.5
         xs += [mc, mc]
         xn += [mn, mn]
         ys += [i - 0.5, i + 0.5]
@@ -70,10 +83,10 @@ def _matrix(sub: pd.DataFrame, column: str, lbs, chunks, agg="max") -> np.ndarra
     return piv.to_numpy(dtype=float)
 
 
-def _dress_panel(ax, lbs, fmt, boundary, exp2_ftz, chunks, xe, *, first_row, first_col,
-                 last_row) -> None:
+def _dress_panel(ax, answers, lbs, fmt, boundary, exp2_ftz, chunks, xe, *, first_row,
+                 first_col, last_row) -> None:
     """The calculator's line, axes scales and limits, and the labels of a grid's edge panels."""
-    _overlay(ax, lbs, fmt, boundary, exp2_ftz, chunks.max())
+    _overlay(ax, answers, lbs, fmt, boundary, exp2_ftz, chunks.max())
     ax.set_xscale("log", base=2)
     ax.set_xlim(xe[0], xe[-1])
     ax.set_ylim(len(lbs) - 0.5, -0.5)
@@ -88,9 +101,10 @@ def _dress_panel(ax, lbs, fmt, boundary, exp2_ftz, chunks, xe, *, first_row, fir
         ax.set_xlabel("chunk C")
 
 
-def plot_phase_diagram(records: list[dict] | pd.DataFrame, *, family: str = "floor",
+def plot_phase_diagram(records: list[dict] | pd.DataFrame, calculator, *, family: str = "floor",
                        exp2_ftz: bool = True):
     """Rows: formats; columns: boundaries; cells: the worst status over the family's runs."""
+    answers = _calculator_lookup(calculator)
     df = pd.DataFrame(records)
     df = df[(df["family"] == family) & (df["exp2_ftz"] == exp2_ftz)].copy()
     if df.empty:
@@ -109,7 +123,7 @@ def plot_phase_diagram(records: list[dict] | pd.DataFrame, *, family: str = "flo
                         chunks)
             ax.pcolormesh(xe, np.arange(len(lbs) + 1) - 0.5, np.ma.masked_invalid(m),
                           cmap=cmap, norm=norm, rasterized=True)
-            _dress_panel(ax, lbs, fmt, b, exp2_ftz, chunks, xe, first_row=r == 0,
+            _dress_panel(ax, answers, lbs, fmt, b, exp2_ftz, chunks, xe, first_row=r == 0,
                          first_col=c == 0, last_row=r == len(formats) - 1)
     handles = [plt.Rectangle((0, 0), 1, 1, color=col) for col in _COLORS]
     line = plt.Line2D([], [], color="black", lw=1.6)
@@ -123,9 +137,10 @@ def plot_phase_diagram(records: list[dict] | pd.DataFrame, *, family: str = "flo
     return fig
 
 
-def plot_error_heatmap(records: list[dict] | pd.DataFrame, column: str, *,
+def plot_error_heatmap(records: list[dict] | pd.DataFrame, calculator, column: str, *,
                        family: str = "floor", exp2_ftz: bool = True):
     """log10 of ``column`` (median over seeds); non-finite cells black."""
+    answers = _calculator_lookup(calculator)
     df = pd.DataFrame(records)
     df = df[(df["family"] == family) & (df["exp2_ftz"] == exp2_ftz)].copy()
     if df.empty:
@@ -152,7 +167,7 @@ def plot_error_heatmap(records: list[dict] | pd.DataFrame, column: str, *,
             z[bad > 0] = np.nan
             mesh = ax.pcolormesh(xe, np.arange(len(lbs) + 1) - 0.5, np.ma.masked_invalid(z),
                                  cmap=cmap, vmin=lo, vmax=hi, rasterized=True)
-            _dress_panel(ax, lbs, fmt, b, exp2_ftz, chunks, xe, first_row=r == 0,
+            _dress_panel(ax, answers, lbs, fmt, b, exp2_ftz, chunks, xe, first_row=r == 0,
                          first_col=c == 0, last_row=r == len(formats) - 1)
     fig.suptitle(f"log10 {column}, {family} inputs (black: non-finite; line: calculator "
                  "max_chunk)", fontsize=11)
@@ -163,99 +178,21 @@ def plot_error_heatmap(records: list[dict] | pd.DataFrame, column: str, *,
     return fig
 
 
-def measured_limits(records: list[dict] | pd.DataFrame, family: str = "floor") -> pd.DataFrame:
-    """Per (format, exp2 path, boundary, lower bound): the largest swept C up to which every
-    chunk's factors were finite and non-zero (``measured``), and all normal, next to the
-    calculator's answers clipped to the grid."""
-    df = pd.DataFrame(records)
-    df = df[df["family"] == family]
-    rows = []
-    for (fmt, ftz, b, lb), sub in df.groupby(["format", "exp2_ftz", "boundary", "lower_bound"],
-                                             sort=False):
-        sub = sub.groupby("chunk")[["scales_ok", "scales_normal"]].min().sort_index()
-        chunks = sub.index.to_numpy()
-
-        def first_fail(col):
-            bad = chunks[sub[col].to_numpy() == 0]
-            good = chunks[chunks < bad.min()] if len(bad) else chunks
-            return int(good.max()) if len(good) else 0
-
-        sc = safe_chunk(fmt, lb, b, exp2_ftz=bool(ftz))
-
-        def clip(v):  # the calculator's answer as the grid can see it
-            v = math.inf if v is None else v
-            inside = chunks[chunks <= v]
-            return int(inside.max()) if len(inside) else 0
-
-        m, mn = first_fail("scales_ok"), first_fail("scales_normal")
-        rows.append({"format": fmt, "exp2_ftz": bool(ftz), "boundary": b, "lower_bound": lb,
-                     "measured_max_chunk": m, "calculator_max_chunk": sc.max_chunk,
-                     "measured_max_chunk_normal": mn,
-                     "calculator_max_chunk_normal": sc.max_chunk_normal,
-                     "calculator_in_grid": clip(sc.max_chunk),
-                     "agree": clip(sc.max_chunk) == m and clip(sc.max_chunk_normal) == mn,
-                     "guarantee_holds": m >= clip(sc.max_chunk)})
-    return pd.DataFrame(rows)
-
-
-def agreement_table(records) -> pd.DataFrame:
-    """Worst case: measured limit == calculator (``agree``); model-like: every chunk up to the
-    calculator's limit was measured safe (``model_like_holds``), and the median ratio of the
-    measured model-like limit to the calculator's."""
-    lim = measured_limits(records)
-    out = lim.groupby(["format", "exp2_ftz", "boundary"], as_index=False, sort=False).agg(
-        cases=("agree", "size"), agree=("agree", "sum"))
-    if "model_like" in set(pd.DataFrame(records)["family"]):
-        ml = measured_limits(records, family="model_like")
-        ml = ml[ml["calculator_in_grid"] > 0]
-        ml["ratio"] = ml["measured_max_chunk"] / ml["calculator_in_grid"]
-        agg = ml.groupby(["format", "exp2_ftz", "boundary"], as_index=False, sort=False).agg(
-            model_like_holds=("guarantee_holds", "sum"),
-            model_like_cases=("guarantee_holds", "size"),
-            model_like_ratio_median=("ratio", "median"))
-        out = out.merge(agg, on=["format", "exp2_ftz", "boundary"], how="left")
-    return out
-
-
-def calculator_table(lower_bounds=(-1, -2, -3, -5, -8, -10, -20),
-                     formats=("bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2"),
-                     boundaries=("start", "midpoint", "end", "per_pair"),
+def calculator_table(calculator, lower_bounds=TABLE_LOWER_BOUNDS,
                      exp2_ftz: bool = True) -> pd.DataFrame:
-    """The calculator's max_chunk (and max_chunk_normal where it differs) over a grid."""
+    """The calculator's max_chunk (and max_chunk_normal where it differs), one row per (format,
+    boundary), one column per lower bound."""
+    df = pd.DataFrame(calculator)
+    df = df[(df["exp2_ftz"] == exp2_ftz) & df["lower_bound"].isin(lower_bounds)]
     rows = []
-    for fmt in formats:
-        for b in boundaries:
-            row = {"format": fmt, "boundary": b}
-            for lb in lower_bounds:
-                sc = safe_chunk(fmt, lb, b, exp2_ftz=exp2_ftz)
-                a = "∞" if sc.max_chunk is None else str(sc.max_chunk)
-                n = "∞" if sc.max_chunk_normal is None else str(sc.max_chunk_normal)
-                row[f"{lb:g}"] = a if a == n else f"{a} ({n})"
-            rows.append(row)
+    for (fmt, b), sub in df.groupby(["format", "boundary"], sort=False):
+        row = {"format": fmt, "boundary": b}
+        for r in sub.sort_values("lower_bound", ascending=False).itertuples(index=False):
+            a = "∞" if pd.isna(r.max_chunk) else str(int(r.max_chunk))
+            n = "∞" if pd.isna(r.max_chunk_normal) else str(int(r.max_chunk_normal))
+            row[f"{r.lower_bound:g}"] = a if a == n else f"{a} ({n})"
+        rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _markdown(frame: pd.DataFrame) -> str:
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(str(c) for c in cols) + " |",
-             "|" + "|".join("---" for _ in cols) + "|"]
-    for row in frame.itertuples(index=False):
-        cells = []
-        for v in row:
-            cells.append(f"{v:.3g}" if isinstance(v, float) else str(v))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _error_summary(records) -> pd.DataFrame:
-    """Median L / INV error at the chunk sizes of the seed's table, bf16 and lower bound −5."""
-    df = pd.DataFrame(records)
-    out = df[(df["lower_bound"] == -5.0) & (df["chunk"].isin([8, 16, 17, 18, 19, 32, 64, 128]))]
-    if out.empty:
-        return out
-    return out.groupby(["family", "format", "exp2_ftz", "boundary", "chunk"], as_index=False).agg(
-        overflow=("overflow", "max"), zero=("zero", "max"),
-        l_rel_rmse=("l_rel_rmse", "median"), inv_rel_rmse=("inv_rel_rmse", "median"))
 
 
 def _save(fig, folder: Path, stem: str) -> list[Path]:
@@ -268,8 +205,9 @@ def _save(fig, folder: Path, stem: str) -> list[Path]:
     return paths
 
 
-def write_views(records: list[dict], out: str | Path) -> list[Path]:
-    """All figures and tables of a dynamic-range run folder."""
+def write_views(records: list[dict], calculator: list[dict], out: str | Path) -> list[Path]:
+    """All figures and tables of a dynamic-range run folder, from its records and the
+    calculator's."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
@@ -279,88 +217,26 @@ def write_views(records: list[dict], out: str | Path) -> list[Path]:
     for ftz in sorted(df["exp2_ftz"].unique(), reverse=True):
         tag = "" if ftz else "-noftz"
         for family in sorted(df["family"].unique()):
-            paths += _save(plot_phase_diagram(df, family=family, exp2_ftz=bool(ftz)), folder,
-                           f"phase-{family}{tag}")
+            paths += _save(plot_phase_diagram(df, calculator, family=family,
+                                              exp2_ftz=bool(ftz)), folder, f"phase-{family}{tag}")
             for col in ("l_rel_rmse", "inv_rel_rmse"):
-                paths += _save(plot_error_heatmap(df, col, family=family, exp2_ftz=bool(ftz)),
+                paths += _save(plot_error_heatmap(df, calculator, col, family=family,
+                                                  exp2_ftz=bool(ftz)),
                                folder, f"{col.split('_')[0]}-error-{family}{tag}")
-    lim = measured_limits(df)
-    agree = agreement_table(df)
-    calc = calculator_table()
-    errs = _error_summary(df)
+    lim = measured_limits(df, calculator)
+    agree = agreement(df, calculator)
+    calc = calculator_table(calculator)
+    errs = error_summary(df)
     for name, frame in (("measured-limits", lim), ("agreement", agree),
                         ("calculator", calc), ("errors-lb-5", errs)):
         frame.to_csv(folder / f"{name}.csv", index=False)
         paths.append(folder / f"{name}.csv")
     md = ["# Dynamic range: tables", "",
           "## Calculator: max_chunk (max_chunk_normal where it differs), exp2 FTZ path", "",
-          _markdown(calc), "## Worst case: measured vs calculator", "", _markdown(agree)]
+          markdown_table(calc), "## Worst case: measured vs calculator", "",
+          markdown_table(agree)]
     if not errs.empty:
-        md += ["## Errors at lower bound −5 (median over seeds)", "", _markdown(errs)]
+        md += ["## Errors at lower bound −5 (median over seeds)", "", markdown_table(errs)]
     (folder / "tables.md").write_text("\n".join(md), encoding="utf-8")
     paths.append(folder / "tables.md")
-    return paths
-
-
-# --- the diagonal-tile study -----------------------------------------------------------------
-
-def diagonal_tile_tables(records: list[dict]) -> dict[str, pd.DataFrame]:
-    """Work per chunk (counted) and error (median over seeds) per strategy and lower bound."""
-    df = pd.DataFrame(records)
-    work = (df.groupby(["chunk", "strategy"], sort=False, as_index=False)
-            [["exps", "scalings", "gemm_macs", "dot_macs"]].first())
-    work["gemm_share"] = work["gemm_macs"] / (work["gemm_macs"] + work["dot_macs"])
-    err = df.groupby(["family", "chunk", "strategy", "lower_bound"], sort=False,
-                     as_index=False).agg(rel_rmse=("rel_rmse", "median"),
-                                         nonfinite=("nonfinite_entries", "max"),
-                                         lost=("lost_entries", "max"))
-    wide = err.pivot_table(index=["family", "chunk", "strategy"], columns="lower_bound",
-                           values="rel_rmse", aggfunc="first", sort=False)
-    wide = wide[sorted(wide.columns, reverse=True)]
-    wide.columns = [f"lb {c:g}" for c in wide.columns]
-    return {"work": work, "errors": err, "errors_wide": wide.reset_index()}
-
-
-def write_diagonal_tile_views(records: list[dict], out: str | Path) -> list[Path]:
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    tabs = diagonal_tile_tables(records)
-    paths = []
-    for name, frame in tabs.items():
-        frame.to_csv(folder / f"diagonal-{name}.csv", index=False)
-        paths.append(folder / f"diagonal-{name}.csv")
-    md = ["# Diagonal tile study", "", "## Work per chunk (counted)", "",
-          _markdown(tabs["work"]), "## rel RMSE of P vs float64 per-pair (median over seeds; "
-          "inf: non-finite entries)", "", _markdown(tabs["errors_wide"])]
-    (folder / "diagonal-tables.md").write_text("\n".join(md), encoding="utf-8")
-    paths.append(folder / "diagonal-tables.md")
-    # error vs lower bound, one panel per chunk
-    df = tabs["errors"]
-    fams = list(dict.fromkeys(df["family"]))
-    chunks = sorted(df["chunk"].unique())
-    fig, axes = plt.subplots(len(fams), len(chunks), squeeze=False, sharey=True,
-                             figsize=(3.6 * len(chunks), 3.0 * len(fams)))
-    for r, fam in enumerate(fams):
-        for c, ch in enumerate(chunks):
-            ax = axes[r, c]
-            sub = df[(df["family"] == fam) & (df["chunk"] == ch)]
-            for strat, s in sub.groupby("strategy", sort=False):
-                s = s.sort_values("lower_bound")
-                x = -s["lower_bound"].to_numpy()
-                y = s["rel_rmse"].to_numpy(dtype=float)
-                fin = np.isfinite(y)
-                line, = ax.plot(x[fin], y[fin], marker="o", label=strat)
-                if (~fin).any():
-                    ax.scatter(x[~fin], np.ones((~fin).sum()), marker="x", s=50,
-                               color=line.get_color(), transform=ax.get_xaxis_transform(),
-                               clip_on=False)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_title(f"{fam}, C = {ch}")
-            ax.set_xlabel("|lower bound|")
-            if c == 0:
-                ax.set_ylabel("rel RMSE of P (x on top: non-finite)")
-    axes[0, -1].legend(fontsize=7)
-    fig.tight_layout()
-    paths += _save(fig, folder, "diagonal-error")
     return paths

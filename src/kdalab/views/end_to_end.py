@@ -15,10 +15,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from kdalab.experiments.end_to_end import summarize  # noqa: E402
 from kdalab.views.plots import plot_series_with_nonfinite, save_figure  # noqa: E402
-from kdalab.views.tables import fmt_sci  # noqa: E402
+from kdalab.views.tables import fmt_sci, markdown_table  # noqa: E402
 
-__all__ = ["summarize_e2e", "e2e_table", "write_e2e_views", "plot_error_vs_chunk_e2e",
+__all__ = ["e2e_table", "write_e2e_views", "plot_error_vs_chunk_e2e",
            "plot_gate_chunk_heatmaps", "GATE_ORDER"]
 
 _FAMILY_ORDER = ("model_like", "saturated", "weak_decay_correlated", "long")
@@ -29,27 +30,6 @@ def GATE_ORDER(gates) -> list[str]:
     def key(g):
         return (1, 0.0) if g == "unbounded" else (0, -float(g.split("=")[1]))
     return sorted(set(gates), key=key)
-
-
-def _worst(s: pd.Series) -> float:
-    return float(s.max()) if len(s) else math.nan
-
-
-def summarize_e2e(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
-    """One row per (family, gate, variant, chunk): median and worst errors over seeds, finite
-    fraction, and ``shown_o``/``shown_state`` = the median, or inf where any run is non-finite."""
-    df = pd.DataFrame(records) if not isinstance(records, pd.DataFrame) else records
-    keys = ["family", "gate", "variant", "recipe", "tiles", "inverse", "chunk"]
-    g = df.groupby(keys, sort=False)
-    out = g.agg(o_median=("o_rel_rmse", "median"), o_worst=("o_rel_rmse", _worst),
-                state_median=("state_rel_rmse", "median"),
-                state_worst=("state_rel_rmse", _worst),
-                finite_fraction=("finite", "mean"), runs=("finite", "size"),
-                log_decay_mean=("log_decay_mean", "mean")).reset_index()
-    all_finite = out["finite_fraction"] == 1.0
-    out["shown_o"] = np.where(all_finite, out["o_median"], math.inf)
-    out["shown_state"] = np.where(all_finite, out["state_median"], math.inf)
-    return out
 
 
 def e2e_table(summary: pd.DataFrame, value: str = "shown_o") -> pd.DataFrame:
@@ -65,15 +45,6 @@ def e2e_table(summary: pd.DataFrame, value: str = "shown_o") -> pd.DataFrame:
     return t.sort_values(["_f", "_g", "variant"]).drop(columns=["_f", "_g"]).reset_index(drop=True)
 
 
-def _markdown(frame: pd.DataFrame) -> str:
-    cols = list(frame.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in frame.itertuples(index=False):
-        lines.append("| " + " | ".join(fmt_sci(v) if isinstance(v, float) else str(v)
-                                       for v in row) + " |")
-    return "\n".join(lines) + "\n"
-
-
 def plot_error_vs_chunk_e2e(summary: pd.DataFrame, folder, *, gate: str = "lb=-5",
                             value: str = "shown_o", stem: str | None = None) -> list[Path]:
     """Error against chunk size, one panel per family, one line per variant, for one gate."""
@@ -84,9 +55,11 @@ def plot_error_vs_chunk_e2e(summary: pd.DataFrame, folder, *, gate: str = "lb=-5
     fig, axes = plt.subplots(1, len(fams), figsize=(5.4 * len(fams), 4.6), squeeze=False)
     for ax, fam in zip(axes[0], fams):
         s_f = sub[sub["family"] == fam]
-        for variant, s in s_f.groupby("variant", sort=False):
+        groups = list(s_f.groupby("variant", sort=False))
+        for slot, (variant, s) in enumerate(groups):
             s = s.sort_values("chunk")
-            plot_series_with_nonfinite(ax, s["chunk"], s[value], label=variant)
+            plot_series_with_nonfinite(ax, s["chunk"], s[value], label=variant, slot=slot,
+                                       slots=len(groups))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(sorted(s_f["chunk"].unique()))
@@ -158,7 +131,7 @@ def write_e2e_views(records: list[dict] | pd.DataFrame, folder) -> tuple[list[Pa
     """Every view into ``folder``; returns the paths and the output-error table."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    summary = summarize_e2e(records)
+    summary = summarize(records)
     paths = []
     summary.to_csv(folder / "e2e_summary.csv", index=False)
     paths.append(folder / "e2e_summary.csv")
@@ -169,7 +142,7 @@ def write_e2e_views(records: list[dict] | pd.DataFrame, folder) -> tuple[list[Pa
         tab.to_csv(folder / f"{name}.csv", index=False)
         (folder / f"{name}.md").write_text(
             f"## {title} relative RMSE vs fp64 recurrent (median over seeds; ∞ where any run "
-            f"is non-finite)\n\n" + _markdown(tab), encoding="utf-8")
+            f"is non-finite)\n\n" + markdown_table(tab, fmt_sci), encoding="utf-8")
         paths += [folder / f"{name}.csv", folder / f"{name}.md"]
     gates = GATE_ORDER(summary["gate"])
     for gate in [g for g in ("lb=-5", "unbounded") if g in gates] or gates[:1]:

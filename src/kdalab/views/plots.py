@@ -1,5 +1,6 @@
-"""Plots drawn from records. Non-finite values are drawn as markers on the top edge of the axes
-(labelled), never dropped."""
+"""Plots drawn from records. Non-finite values are drawn as markers on the top edge of the axes,
+never dropped; markers of different series at the same x sit side by side, not on each other.
+Series with identical data are drawn once, with a combined label."""
 
 from __future__ import annotations
 
@@ -12,10 +13,18 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.transforms import offset_copy  # noqa: E402
 
-from kdalab.experiments.aggregate import summarize  # noqa: E402
+from kdalab.experiments.families import FAMILIES  # noqa: E402
 
 __all__ = ["plot_error_vs_chunk", "save_figure", "plot_series_with_nonfinite"]
+
+#: horizontal distance between the non-finite markers of neighbouring series, in points
+MARKER_STEP_PT = 4.0
+#: one marker shape per configuration, drawn smaller for each later one: where two lines
+#: coincide, the later one's markers sit visibly inside the earlier one's
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
 def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
@@ -23,51 +32,80 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{stem}.png", folder / f"{stem}.svg"]
     fig.savefig(paths[0], dpi=130, bbox_inches="tight")
-    fig.savefig(paths[1], bbox_inches="tight")
+    # the tight box of the drawing just made: the SVG is rendered once instead of twice
+    fig.savefig(paths[1], bbox_inches=fig.get_tightbbox().padded(0.1))
     plt.close(fig)
     return paths
 
 
-def plot_series_with_nonfinite(ax, x, y, *, label: str, **kw) -> None:
-    """Plot finite points as a line; non-finite ones as 'x' markers pinned to the top edge."""
+def plot_series_with_nonfinite(ax, x, y, *, label: str, slot: int = 0, slots: int = 1,
+                               **kw) -> None:
+    """Finite points as a line, with the ``slot``'s marker (shape and size: coinciding series
+    stay visible); non-finite ones as 'x' markers pinned to the top edge, shifted sideways by
+    the slot so that markers at one x stay apart."""
     x = np.asarray(x, dtype=float)
     y = np.asarray(y, dtype=float)
     finite = np.isfinite(y) & (y > 0)
-    line, = ax.plot(x[finite], y[finite], marker="o", label=label, **kw)
+    kw.setdefault("marker", MARKERS[slot % len(MARKERS)])
+    kw.setdefault("markersize", max(3.0, 7.0 - 1.2 * slot))
+    line, = ax.plot(x[finite], y[finite], label=label, zorder=2 + slot, **kw)
     bad = ~np.isfinite(y)
     if bad.any():
-        ax.scatter(x[bad], np.ones(bad.sum()), marker="x", s=60, color=line.get_color(),
-                   transform=ax.get_xaxis_transform(), clip_on=False, zorder=5,
-                   label=f"{label}: non-finite")
+        shift = (slot - (slots - 1) / 2) * MARKER_STEP_PT
+        where = offset_copy(ax.get_xaxis_transform(), fig=ax.figure, x=shift, y=0, units="points")
+        ax.scatter(x[bad], np.ones(bad.sum()), marker="x", s=40, color=line.get_color(),
+                   transform=where, clip_on=False, zorder=5, label="_nolegend_")
 
 
-def plot_error_vs_chunk(records: list[dict] | pd.DataFrame, folder: str | Path,
+def _series_key(s: pd.DataFrame) -> tuple:
+    """The data a configuration draws, as a hashable value (identical series share it)."""
+    columns = ("chunk", "inv_total_rel_rmse_median", "inv_stable_l_rel_rmse_median")
+    return tuple(s[c].to_numpy(dtype=float).tobytes() for c in columns)
+
+
+def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
                         stem: str = "error_vs_chunk") -> list[Path]:
-    """Median INV total and INV power error against chunk size, one panel per family, one line per
-    (accumulation, lower bound, dim)."""
-    summary = summarize(records)
-    from kdalab.experiments.families import FAMILIES
-
+    """Median INV total (solid) and INV power (dashed) error against chunk size, one panel per
+    family, one colour per (accumulation, lower bound, dim). Configurations whose two series are
+    identical (e.g. fp16-seq and fp16-once where no sum rounds differently) are drawn once, their
+    names joined by '='. Drawn from the records' aggregates
+    (:func:`kdalab.experiments.aggregate.summarize`)."""
     present = set(summary["family"])
     families = [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
-    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(5.2 * max(len(families), 1), 4.2),
+    fig, axes = plt.subplots(1, max(len(families), 1), figsize=(5.2 * max(len(families), 1), 4.4),
                              squeeze=False)
-    def key(acc, lb, d):  # NaN (no lower bound) never equals itself: use a label instead
-        return (acc, "none" if math.isnan(lb) else lb, d)
-
-    configs = [key(*k) for k in
-               summary.groupby(["accumulation", "lower_bound", "dim"], dropna=False).groups]
-    colors = plt.get_cmap("tab20" if len(configs) > 10 else "tab10")
+    series: list[tuple[str, pd.DataFrame]] = []  # (label, rows) per distinct configuration
+    for (acc, lb, d), s in summary.groupby(["accumulation", "lower_bound", "dim"], dropna=False,
+                                          sort=True):
+        tag = f"d={d}" + ("" if math.isnan(lb) or lb == -5.0 else f", lb={lb:g}")
+        series.append((acc, tag, s.sort_values("chunk")))
+    tags = list(dict.fromkeys(tag for _, tag, _ in series))
+    accs = list(dict.fromkeys(acc for acc, _, _ in series))
+    colors = plt.get_cmap("tab20" if len(accs) * len(tags) > 10 else "tab10")
+    legend: dict[str, tuple] = {}  # label -> (colour, marker)
     for ax, fam in zip(axes[0], families):
+        drawn: dict[tuple, list[str]] = {}
+        groups: dict[tuple, tuple[str, pd.DataFrame]] = {}
+        for acc, tag, s in series:
+            rows = s[s["family"] == fam]
+            if rows.empty:
+                continue
+            key = (tag, _series_key(rows))
+            drawn.setdefault(key, []).append(acc)
+            groups.setdefault(key, (tag, rows))
+        for slot, (key, names) in enumerate(drawn.items()):
+            tag, rows = groups[key]
+            label = f"{' = '.join(names)}, {tag}"
+            color, _ = legend.setdefault(label, (colors(len(legend) % colors.N),
+                                                 MARKERS[len(legend) % len(MARKERS)]))
+            marker = legend[label][1]
+            plot_series_with_nonfinite(ax, rows["chunk"], rows["inv_total_rel_rmse_median"],
+                                       label=label, color=color, marker=marker, slot=slot,
+                                       slots=len(drawn))
+            plot_series_with_nonfinite(ax, rows["chunk"], rows["inv_stable_l_rel_rmse_median"],
+                                       label="_nolegend_", linestyle="--", color=color,
+                                       marker=marker, slot=slot, slots=len(drawn))
         g = summary[summary["family"] == fam]
-        for (acc, lb, d), s in g.groupby(["accumulation", "lower_bound", "dim"], dropna=False):
-            s = s.sort_values("chunk")
-            tag = f"{acc}, d={d}" + ("" if math.isnan(lb) or lb == -5.0 else f", lb={lb:g}")
-            color = colors(configs.index(key(acc, lb, d)) % colors.N)  # one per configuration
-            plot_series_with_nonfinite(ax, s["chunk"], s["inv_total_rel_rmse_median"],
-                                       label=f"INV total ({tag})", color=color)
-            plot_series_with_nonfinite(ax, s["chunk"], s["inv_stable_l_rel_rmse_median"],
-                                       label=f"INV power ({tag})", linestyle="--", color=color)
         ax.set_yscale("log")
         lo, hi = float(g["chunk"].min()), float(g["chunk"].max())
         pad = max(1.0, 0.04 * (hi - lo))
@@ -77,8 +115,13 @@ def plot_error_vs_chunk(records: list[dict] | pd.DataFrame, folder: str | Path,
         ax.set_title(fam)
         ax.axvline(16, color="grey", linewidth=0.8, linestyle=":")
         ax.grid(True, which="both", alpha=0.3)
-        # legends go under the panels, where they hide no data
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1,
-                  frameon=False)
+    handles = [Line2D([], [], color=c, marker=m, label=lab) for lab, (c, m) in legend.items()]
+    handles += [Line2D([], [], color="black", label="INV total"),
+                Line2D([], [], color="black", linestyle="--", label="INV power"),
+                Line2D([], [], color="black", marker="x", linestyle="", label="non-finite")]
+    # under the panels, where it hides no data
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=min(4, len(handles)), fontsize=8, frameon=False)
     fig.suptitle("(I + L)^-1 error against chunk size (x on the top edge: non-finite)")
+    fig.tight_layout()
     return save_figure(fig, folder, stem)

@@ -1,4 +1,4 @@
-"""Tables drawn from records: the seed document's three tables, and a generic summary table.
+"""Tables drawn from records: the seed document's three tables, and any frame as Markdown.
 
 Every table comes from stored records through :func:`kdalab.experiments.aggregate.summarize`;
 nothing is typed by hand.
@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kdalab.experiments.aggregate import summarize
-
 __all__ = ["SeedTable", "seed_tables", "fmt_sci", "fmt_percent", "to_markdown",
-           "write_seed_tables", "summary_table"]
+           "write_seed_tables", "markdown_table"]
 
 
 def fmt_sci(x: float) -> str:
@@ -70,9 +68,9 @@ _LAYOUTS = {
 }
 
 
-def seed_tables(records: list[dict] | pd.DataFrame, dim: int | None = None) -> list[SeedTable]:
-    """The seed's three tables (one per family, per accumulation model and lower bound)."""
-    summary = summarize(records)
+def seed_tables(summary: pd.DataFrame, dim: int | None = None) -> list[SeedTable]:
+    """The seed's three tables (one per family, per accumulation model and lower bound), drawn
+    from the records' aggregates (:func:`kdalab.experiments.aggregate.summarize`)."""
     tables = []
     if summary.empty:
         return tables
@@ -118,5 +116,11 @@ def write_seed_tables(tables: list[SeedTable], folder: str | Path) -> list[Path]
     return paths
 
 
-def summary_table(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
-    return summarize(records)
+def markdown_table(frame: pd.DataFrame, fmt_float=lambda v: f"{v:.3g}") -> str:
+    """``frame`` as a Markdown table; floats through ``fmt_float``."""
+    cols = [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(fmt_float(v) if isinstance(v, float) else str(v)
+                                       for v in row) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""``kdalab sweep`` as a whole process (start-up, sweep, store, views) against the seed's own
+per-run loop timed in this process, and the Ray backend's throughput on 1, 2, … GPUs.
+
+Whole process (prints per-run times and their ratio to the seed loop)::
+
+    python benchmarks/bench_sweep_whole.py whole --device cpu --accumulation fp16-seq \\
+        --chunks 2-64:2 --seeds 0-31                   # CPU target: >= 5x the seed loop
+    python benchmarks/bench_sweep_whole.py whole --device cpu --accumulation h200 \\
+        --chunks 2-64:2 --seeds 0-7                    # target: <= 10x the seed loop's time
+    python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \\
+        --chunks 2-64 --seeds 0-499                    # H200: >= 60x, <= 8 s (94,500 runs)
+
+The command runs as a subprocess (``python -c 'from kdalab.cli import main; main()' sweep …``,
+what the ``kdalab`` script runs), timed from its start to its exit, ``--repeat`` times into
+fresh folders (the first run also pays cold caches: CuPy's kernel compilation, the page cache).
+The seed loop (``benchmarks/seed_baseline.py``: ``seed_make_inputs`` + ``seed_run_one``, its CPU
+fallback on the CPU, one ``cublasGemmEx`` per product on CUDA) runs on ``--seed-sample`` seeds
+of every (family, chunk) cell, one intra-op thread on the CPU as the command uses, so its mean
+is the per-run time of the same mix of chunk sizes. ``--breakdown`` also times the phases
+in this process (imports, sweep into the store, views).
+
+Ray (``pip install 'kdalab[ray]'``)::
+
+    python3 benchmarks/bench_sweep_whole.py ray --device cuda --accumulation h200 \\
+        --chunks 2-64 --seeds 0-1999 --gpus 1,2
+
+runs the sweep in this process on the local backend, then on a local Ray cluster limited to
+each number of GPUs (a warm-up sweep first starts the workers), each into its own store;
+prints runs/s and the speed-up over 1 GPU, and checks that every store holds the local
+backend's records bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+CLI = "import sys; from kdalab.cli import main; sys.argv[0] = 'kdalab'; main()"
+
+
+def _axes(args) -> list[str]:
+    return ["--families", args.families, "--chunks", args.chunks, "--seeds", args.seeds,
+            "--dims", str(args.dim), "--accumulation", args.accumulation,
+            "--device", args.device]
+
+
+def _plan(args):
+    from kdalab.experiments.sweep import SweepConfig, SweepPlan
+
+    return SweepPlan.of(SweepConfig.parse({
+        "families": args.families, "chunks": args.chunks, "seeds": args.seeds,
+        "dims": args.dim, "accumulations": args.accumulation, "device": args.device}))
+
+
+def seed_loop_ms(args) -> tuple[float, int]:
+    """Mean ms per run of the seed's own loop over ``--seed-sample`` seeds of every cell."""
+    import torch
+    from seed_baseline import seed_make_inputs, seed_run_one
+
+    from kdalab import params
+
+    device = torch.device(args.device)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    plan = _plan(args)
+    seeds = params.int_list(args.seeds, "seeds")[: args.seed_sample]
+    cells = [(c, d, fam) for c, d, pairs in plan.cells for fam, _ in pairs]
+
+    def one(chunk, dim, family, seed):
+        keys, g, beta = seed_make_inputs(family, chunk, dim, seed)
+        seed_run_one(keys.to(device), g.to(device), beta.to(device))
+
+    one(*cells[0], seeds[0])  # warm-up (cuBLAS handle, first kernels)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for cell in cells:
+        for s in seeds:
+            one(*cell, s)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    torch.set_num_threads(before)
+    n = len(cells) * len(seeds)
+    return 1e3 * elapsed / n, n
+
+
+def whole(args) -> None:
+    n_runs = len(_plan(args))
+    print(f"whole process: {n_runs} runs ({args.families}; chunks {args.chunks}; seeds "
+          f"{args.seeds}; dim {args.dim}), {args.accumulation} on {args.device}; python "
+          f"{platform.python_version()}, {os.cpu_count()} CPUs, "
+          f"load {os.getloadavg()[0]:.1f}", flush=True)
+    env = dict(os.environ)
+    src = str(HERE.parent / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    walls = []
+    root = Path(args.out or tempfile.mkdtemp(prefix="bench_sweep_"))
+    for i in range(args.repeat):
+        out = root / f"run{i}"
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        res = subprocess.run([sys.executable, "-c", CLI, "sweep", *_axes(args), "--out",
+                              str(out), "--quiet"], env=env, capture_output=True, text=True)
+        walls.append(time.perf_counter() - t0)
+        if res.returncode != 0:
+            raise SystemExit(f"kdalab sweep failed ({res.returncode}):\n{res.stderr}")
+        print(f"  kdalab sweep, run {i + 1}: {walls[-1]:.2f} s = "
+              f"{1e3 * walls[-1] / n_runs:.4f} ms per run", flush=True)
+    seed_ms, sampled = seed_loop_ms(args)
+    best = min(walls)
+    per_run = 1e3 * best / n_runs
+    print(f"  seed loop ({sampled} runs sampled, same cells): {seed_ms:.4f} ms per run")
+    print(f"RESULT whole {args.accumulation} {args.device}: best {best:.2f} s for {n_runs} "
+          f"runs, {per_run:.4f} ms/run; seed loop {seed_ms:.4f} ms/run; "
+          f"speed-up {seed_ms / per_run:.1f}x (the command's time is "
+          f"{per_run / seed_ms:.2f}x the seed's)")
+    if args.breakdown:
+        breakdown(args, root / "breakdown")
+    if not args.out:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def breakdown(args, out: Path) -> None:
+    """The command's phases, timed in this process (imports are already warm here: only the
+    kdalab CLI modules' own first import is measured)."""
+    t0 = time.perf_counter()
+    from kdalab.cli.common import draw_views
+    from kdalab.experiments.backends import open_store, run_into_store
+    t1 = time.perf_counter()
+    plan = _plan(args)
+    shutil.rmtree(out, ignore_errors=True)
+    with open_store(plan, out) as store:
+        t2 = time.perf_counter()
+        run_into_store(plan, store)
+        store.flush()
+        t3 = time.perf_counter()
+        draw_views(store, show=False)
+        t4 = time.perf_counter()
+    print(f"  breakdown: imports {t1 - t0:.2f} s, open store {t2 - t1:.2f} s, sweep into the "
+          f"store {t3 - t2:.2f} s ({1e3 * (t3 - t2) / len(plan):.4f} ms/run), views "
+          f"{t4 - t3:.2f} s", flush=True)
+
+
+def ray_throughput(args) -> None:
+    import ray
+
+    from kdalab.experiments.backends import open_store, run_into_store
+    from kdalab.experiments.runstore import RunStore, identical
+    from kdalab.experiments.sweep import SweepConfig, SweepPlan
+
+    plan = _plan(args)
+    warm = SweepPlan.of(SweepConfig.parse({
+        "families": args.families, "chunks": args.chunks, "seeds": "0-15",
+        "dims": args.dim, "accumulations": args.accumulation, "device": args.device}))
+    root = Path(args.out or tempfile.mkdtemp(prefix="bench_ray_"))
+    print(f"ray: {len(plan)} runs, {args.accumulation} on {args.device}; ray "
+          f"{ray.__version__}", flush=True)
+
+    def timed(name: str, backend: str) -> float:
+        folder = root / name
+        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(root / "warm", ignore_errors=True)
+        with open_store(warm, root / "warm") as store:  # start the workers and their pools
+            run_into_store(warm, store, backend=backend)
+        t0 = time.perf_counter()
+        with open_store(plan, folder) as store:
+            run_into_store(plan, store, backend=backend)
+        elapsed = time.perf_counter() - t0
+        print(f"  {name}: {elapsed:.2f} s, {len(plan) / elapsed:,.0f} runs/s", flush=True)
+        return elapsed
+
+    times = {"local": timed("local", "local")}
+    gpu = args.device.startswith("cuda")
+    for n in [int(g) for g in args.gpus.split(",")]:
+        t0 = time.perf_counter()
+        ray.init(num_gpus=n if gpu else 0, num_cpus=None if gpu else n,
+                 include_dashboard=False, configure_logging=False)
+        print(f"  ray cluster with {n} {'GPU' if gpu else 'CPU'}(s) up in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+        times[f"ray{n}"] = timed(f"ray{n}", "ray")
+        ray.shutdown()
+    local = RunStore.read_only(root / "local").read()
+    same = {name: identical(RunStore.read_only(root / name).read(), local)
+            for name in times if name != "local"}
+    base = next((times[k] for k in times if k.startswith("ray")), None)
+    print("RESULT ray: " + "; ".join(
+        f"{k} {len(plan) / v:,.0f} runs/s" + (f" ({base / v:.2f}x ray 1)" if base else "")
+        for k, v in times.items()) + f"; records identical to local: {same}")
+    if not args.out:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["whole", "ray"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--accumulation", default="fp16-seq")
+    p.add_argument("--families", default="floor,weak_decay_correlated,model_like")
+    p.add_argument("--chunks", default="2-64:2")
+    p.add_argument("--seeds", default="0-31")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--seed-sample", type=int, default=4,
+                   help="seeds of each cell timed in the seed loop (default 4)")
+    p.add_argument("--repeat", type=int, default=2, help="whole-process runs (default 2)")
+    p.add_argument("--breakdown", action="store_true", help="also time the phases")
+    p.add_argument("--gpus", default="1,2", help="ray: cluster sizes to time (GPUs, or CPUs "
+                   "with --device cpu)")
+    p.add_argument("--out", help="keep the stores here (default: a temporary folder)")
+    args = p.parse_args()
+    whole(args) if args.mode == "whole" else ray_throughput(args)
+
+
+if __name__ == "__main__":
+    main()

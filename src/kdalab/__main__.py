@@ -1,0 +1,5 @@
+"""``python -m kdalab``: the command line."""
+
+from kdalab.cli import main
+
+main()

@@ -1,0 +1,175 @@
+"""``kdalab sweep``: a declarative sweep of the inverse experiment, from options and/or TOML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kdalab.cli.app import app, console, prose
+from kdalab.cli.options import FAMILIES, accumulation_help
+
+_DEFAULT_OUT = Path("results/sweep")
+
+
+@app.command(
+    short_help="A declarative sweep of the inverse experiment (options or TOML).",
+    help=prose("""Run a declarative sweep of the inverse experiment: families × chunk
+sizes × seeds × dims × accumulation models (× lower bounds for the families that use one),
+batched.
+
+The records go to a store in --out as they are computed (Parquet parts keyed by run, and a
+manifest of the sweep): a sweep that is stopped or killed keeps every finished part, and
+--resume completes it with exactly the records of an uninterrupted run. A folder holding another
+sweep (or files that are not a sweep's) is refused unless --force. The seed's tables per
+configuration, summary.csv and a plot are drawn once, at the end, from the stored records;
+--redraw draws them again. --backend ray runs the batches as Ray tasks on every GPU (or CPU) of
+this machine, or of the cluster at --address; the records are the same bit for bit.
+
+CONFIG is a TOML file whose keys are the options' names (dashes or underscores; plural forms
+work too), e.g. chunks = "4-16:4", lower-bound = [-5, -2], out = "results/x". Options given on
+the command line override the file."""))
+def sweep(
+    config: Annotated[Optional[Path], typer.Argument(
+        help="TOML file with the sweep (keys as the options)", show_default=False)] = None,
+    families: Annotated[Optional[str], typer.Option(
+        help=f"Input families: {', '.join(FAMILIES)}",
+        show_default=",".join(FAMILIES))] = None,
+    chunks: Annotated[Optional[str], typer.Option(
+        help="Chunk sizes: '4,12,16', '2-64' or '8-64:8'", show_default="8,16,32")] = None,
+    seeds: Annotated[Optional[str], typer.Option(
+        help="Seeds: '3-8' or '0,1,2'", show_default="0-2")] = None,
+    dims: Annotated[Optional[str], typer.Option(
+        help="Head dimensions: '64,128'", show_default="128")] = None,
+    accumulation: Annotated[Optional[str], typer.Option(
+        help=accumulation_help("One or more accumulation models, comma-separated"),
+        show_default="fp16-seq")] = None,
+    lower_bound: Annotated[Optional[str], typer.Option(
+        help="Lower bound(s) of the log-decay, each a finite number < 0, comma-separated",
+        show_default="-5")] = None,
+    device: Annotated[Optional[str], typer.Option(
+        help="cpu, cuda or cuda:N", show_default="cpu")] = None,
+    out: Annotated[Optional[Path], typer.Option(
+        help="The sweep's folder (records, tables, plots)",
+        show_default=str(_DEFAULT_OUT))] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue the sweep stored in --out: its runs are kept, the rest run "
+        "(with no sweep options: the stored sweep's own)")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace what --out holds (another sweep, or an earlier kdalab's "
+        "records)")] = False,
+    backend: Annotated[str, typer.Option(
+        help="local (this process) or ray (Ray tasks on every GPU or CPU; pip install "
+        "'kdalab[ray]')")] = "local",
+    address: Annotated[Optional[str], typer.Option(
+        help="The Ray cluster to join (host:port or auto)",
+        show_default="a new one on this machine")] = None,
+    json: Annotated[bool, typer.Option(
+        "--json", help="Also export every record to records.json")] = False,
+    redraw: Annotated[Optional[Path], typer.Option(
+        help="Draw the tables and plots again from the records stored in this folder",
+        show_default=False)] = None,
+    quiet: Annotated[bool, typer.Option(
+        "--quiet", help="No progress or tables on the terminal")] = False,
+) -> None:
+    from kdalab import params
+    from kdalab.cli.common import run_into_folder
+    from kdalab.experiments.backends import check_backend
+    from kdalab.experiments.sweep import option_field, read_sweep_file
+
+    given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
+             "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
+    if redraw is not None:
+        extra = [k for k, v in given.items() if v is not None] + [
+            k for k, v in (("CONFIG", config), ("--out", out), ("--resume", resume),
+                           ("--force", force)) if v]
+        if extra:
+            raise ValueError(f"--redraw draws from the stored records: it takes no "
+                             f"{', '.join(extra)}")
+        _redraw(Path(redraw), json, quiet)
+        return
+    check_backend(backend, address)
+
+    data: dict = {}
+    labels: dict = {}
+    out_label = "--out"
+    if config is not None:
+        path = params.config_file(config, "config")
+        for key, value in read_sweep_file(path).items():
+            if option_field(key) == "out":
+                out, out_label = (value, f"{path.name}: {key}") if out is None else (out, "--out")
+                continue
+            data[key], labels[key] = value, f"{path.name}: {key}"
+    for option, value in given.items():
+        if value is None:
+            continue
+        for key in [k for k in data if option_field(k) == option_field(option)]:
+            del data[key]  # the command line overrides the file
+        data[option], labels[option] = value, option
+    out = params.output_folder(_DEFAULT_OUT if out is None else out, out_label)
+    if resume and all(option_field(k) == "device" for k in data):  # the sweep stored in --out
+        plan = _stored_plan(out, device)
+    else:
+        plan = _plan(data, labels, backend, address)
+    paths = run_into_folder(plan, out, resume=resume, force=force, backend=backend,
+                            address=address, quiet=quiet, json_export=json)
+    if not quiet:
+        console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+
+
+def _plan(data: dict, labels: dict, backend: str, address: str | None):
+    """The sweep's plan. Joining a Ray cluster, ``--device cuda`` needs GPUs on its workers,
+    not here: the options are checked as for the CPU and the plan runs on the workers' CUDA."""
+    import dataclasses
+
+    from kdalab.experiments.sweep import SweepConfig, SweepPlan, option_field
+
+    device_keys = [k for k in data if option_field(k) == "device"]
+    requested = str(data[device_keys[0]]).strip() if device_keys else ""
+    if backend == "ray" and address is not None and requested.startswith("cuda"):
+        import re
+
+        if not re.fullmatch(r"cuda(:\d+)?", requested):
+            raise ValueError(f"{labels[device_keys[0]]} must be cpu, cuda or cuda:N; got "
+                             f"{requested!r}")
+        plan = SweepPlan.of(SweepConfig.parse({**data, device_keys[0]: "cpu"}, labels))
+        return dataclasses.replace(plan, device="cuda")
+    return SweepPlan.of(SweepConfig.parse(data, labels))
+
+
+def _stored_plan(out: Path, device: str | None):
+    """The plan of the sweep stored in ``out`` (``--resume`` without sweep options)."""
+    from kdalab.experiments.backends import STORE_KIND
+    from kdalab.experiments.runstore import RunStore, StoreError
+    from kdalab.experiments.sweep import SweepPlan
+
+    try:
+        manifest = RunStore.read_only(out).manifest
+    except StoreError as exc:
+        raise ValueError(f"--resume: {exc}; give the sweep's options to start it") from None
+    if manifest.kind != STORE_KIND:
+        raise ValueError(f"--resume: {out} holds a {manifest.kind}, not an inverse sweep")
+    return SweepPlan.from_identity(manifest.config, device)
+
+
+def _redraw(folder: Path, json_export: bool, quiet: bool) -> None:
+    from kdalab.cli.common import draw_views, export_json
+    from kdalab.experiments.runstore import RunStore, StoreError
+
+    try:
+        store = RunStore.read_only(folder, lock=True)
+    except StoreError as exc:
+        raise ValueError(f"--redraw: {exc}") from None
+    with store:
+        stored = int(store.done.sum())
+        if not quiet and not store.complete:
+            console.print(f"{folder} holds {stored} of {store.runs} runs ('kdalab sweep --out "
+                          f"{folder} --resume' completes it); drawing from those",
+                          highlight=False)
+        paths = draw_views(store, show=not quiet)
+        if json_export:
+            paths.append(export_json(store, folder / "records.json"))
+    if not quiet:
+        console.print(f"wrote {len(paths)} files to {folder}/ from {stored} stored runs",
+                      highlight=False)

@@ -1,0 +1,383 @@
+"""The draw engine: the inputs of a batch of runs, each bit-identical to the seed document's
+per-run ``make_inputs``, drawn as fast as the machine allows.
+
+Each run draws from its own ``torch.Generator(device="cpu").manual_seed(seed)`` in the seed's
+order (keys, gate, β: what its :class:`~kdalab.experiments.families.Family` says). Those draws
+are per run by nature; they run on a few threads, or in draw processes (spawned once, writing
+into one shared-memory block) for large CUDA sweeps. Everything else is done once per batch: the
+sigmoids (torch's CPU sigmoid splits a tensor between a vectorized and a scalar loop whose last
+bits differ; :func:`_sigmoid_rows` reproduces each run's own split, calibrated at run time),
+g = lower_bound · sigmoid, the families' constants, and one copy to the device.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+
+import torch
+
+from kdalab.experiments.families import FAMILIES, Family, get_family
+from kdalab.experiments.runs import Run
+
+__all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch", "cuda_draw_processes",
+           "draw_processes_running", "MAX_DEFAULT_WORKERS", "MAX_CUDA_PROCESSES",
+           "PROCESS_MIN_RUNS"]
+
+
+@dataclass(frozen=True)
+class ChunkInputs:
+    keys: torch.Tensor  # [..., C, D] bfloat16
+    log_decay: torch.Tensor  # [..., C] float64
+    beta: torch.Tensor  # [..., C] float64
+
+
+def make_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float = -5.0,
+                device: str | torch.device = "cpu") -> ChunkInputs:
+    """One chunk's inputs for ``family``, drawn exactly as the seed document's ``make_inputs``."""
+    run = Run.checked(family, chunk, seed, dim, lower_bound)
+    batch = make_inputs_batch([run], device, workers=1)
+    return ChunkInputs(batch.keys[0], batch.log_decay[0], batch.beta[0])
+
+
+def _draw_run(gen: torch.Generator, family: Family, seed: int, scratch: torch.Tensor,
+              keys: torch.Tensor, gate: torch.Tensor, beta: torch.Tensor) -> None:
+    """The random draws of one run, in the seed's order, into the run's rows: ``keys`` [C, D]
+    bfloat16 (normalized as the seed does, per run), ``gate`` [C] (families with a random gate)
+    and ``beta`` [C] (families with a random β) as unsigmoided normal samples (float64; the
+    sigmoids are done for the whole batch). ``scratch`` is a [C, D] float64 workspace.
+
+    ``gen`` is reseeded: ``manual_seed`` resets the whole CPU generator (Mersenne Twister state
+    and cached Box-Muller sample), so a reused generator draws what a fresh one would. Each
+    draw has the seed's own size (torch's CPU normal sampler takes different paths below and
+    above 16 values). The keys are normalized here, per run (small tensors: torch runs them
+    without intra-op threads, which matters on draw threads), in a small reused workspace.
+    """
+    chunk = keys.shape[0]
+    gen.manual_seed(seed)
+    k = scratch[:1] if family.shared_key else scratch
+    torch.randn(k.shape, dtype=torch.float64, generator=gen, out=k)
+    # copy_ rounds float64 as the seed's keys.to(bfloat16) does (through float32); a shared
+    # key fills every step
+    keys.copy_(k.div_(torch.linalg.vector_norm(k, 2, -1, keepdim=True)))  # = k.norm(dim=-1, …)
+    if family.random_gate:
+        torch.randn(chunk, dtype=torch.float64, generator=gen, out=gate)
+    if family.random_beta:
+        torch.randn(chunk, dtype=torch.float64, generator=gen, out=beta)
+
+
+def _draw_runs(families: Sequence[str], seeds: Sequence[int], keys: torch.Tensor,
+               raw_gate: torch.Tensor, raw_beta: torch.Tensor) -> None:
+    """:func:`_draw_run` for each run, into row ``i`` of ``keys`` [n, C, D], ``raw_gate``
+    and ``raw_beta`` [n, C], with one generator and workspace for all of them."""
+    gen = torch.Generator(device="cpu")
+    scratch = torch.empty(keys.shape[1:], dtype=torch.float64)
+    for i, (family, seed) in enumerate(zip(families, seeds)):
+        _draw_run(gen, FAMILIES[family], seed, scratch, keys[i], raw_gate[i], raw_beta[i])
+
+
+_SIGMOID_UNIT: list = []  # [block] once calibrated; [None] if the split does not reproduce
+_SIGMOID_SLICE = 16384  # a multiple of every block tried, half torch's grain size
+
+
+def _sigmoid_split(x: torch.Tensor, unit: int) -> torch.Tensor:
+    """sigmoid of each row of ``x`` [n, C] as torch computes it on that row alone: its CPU
+    kernel takes the first ``unit``·⌊C/unit⌋ values through the vectorized loop and the rest
+    through the scalar one, whose results differ in the last bit. Here the vectorized part is
+    computed for all rows at once (one flat tensor whose length is a multiple of ``unit``) and
+    the tail through a strided view (TensorIterator's scalar loop)."""
+    n, chunk = x.shape
+    full = (chunk // unit) * unit
+    out = torch.empty_like(x)
+    if full:
+        flat = x[:, :full].reshape(-1)
+        pad = (-flat.numel()) % unit
+        flat = torch.cat([flat, flat.new_zeros(pad)]) if pad else flat
+        # slices a multiple of ``unit`` long and below torch's parallel grain (32768): a
+        # longer call is split across intra-op threads at arbitrary points, and each split's
+        # tail goes through the scalar loop
+        vec = torch.cat([torch.sigmoid(flat[i : i + _SIGMOID_SLICE])
+                         for i in range(0, flat.numel(), _SIGMOID_SLICE)])
+        out[:, :full] = vec[: n * full].view(n, full)
+    if full < chunk:
+        strided = torch.empty(n, chunk - full, 2, dtype=x.dtype)
+        strided[..., 0] = x[:, full:]
+        out[:, full:] = torch.sigmoid(strided[..., 0])
+    return out
+
+
+def _sigmoid_unit() -> int | None:
+    """The block of torch's vectorized CPU sigmoid on float64 (16 with AVX-512, measured),
+    found by comparing row-by-row sigmoid with :func:`_sigmoid_split` on random rows of every
+    length 1…40; None (= compute row by row) if no block reproduces all of them."""
+    if not _SIGMOID_UNIT:
+        gen = torch.Generator().manual_seed(12345)
+        rows = [torch.randn(5, c, dtype=torch.float64, generator=gen) * 4 for c in range(1, 41)]
+        found = None
+        for unit in (1, 2, 4, 8, 16, 32, 64):
+            if all(torch.equal(_sigmoid_split(x, unit), torch.stack([torch.sigmoid(r.clone())
+                                                                     for r in x]))
+                   for x in rows):
+                found = unit
+                break
+        _SIGMOID_UNIT.append(found)
+    return _SIGMOID_UNIT[0]
+
+
+def _sigmoid_rows(x: torch.Tensor) -> torch.Tensor:
+    """Row-by-row torch.sigmoid of ``x`` [n, C], bit for bit, batched where calibrated."""
+    unit = _sigmoid_unit()
+    if unit is None:
+        return torch.stack([torch.sigmoid(r.clone()) for r in x]) if len(x) else x.clone()
+    return _sigmoid_split(x, unit)
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}  # reused: starting threads per batch costs
+_POOLS_LOCK = threading.Lock()
+
+
+def _cores() -> int:
+    """The cores this process may run on (a container's share, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+#: Draw threads by default. torch releases the GIL while it samples (measured), yet on the
+#: H200 host (16 vCPUs) the draws scaled only to 2 threads and got slower beyond
+#: (docs/BENCHMARKS.md), so two.
+MAX_DEFAULT_WORKERS = 2
+
+
+def _default_workers(n: int) -> int:
+    return max(1, min(n, _cores(), MAX_DEFAULT_WORKERS))
+
+
+#: Draw processes for a CUDA sweep: the cores less 4 (the main thread, the draw-ahead thread,
+#: CUDA's own threads), at most this many, none if fewer than 2 would be left. On the H200 host
+#: (16 vCPUs) run_sweep took 0.095 / 0.083 ms per run on 1 / 2 draw threads and 0.059 / 0.043 /
+#: 0.033 / 0.029 on 2 / 4 / 8 / 12 processes (docs/BENCHMARKS.md).
+MAX_CUDA_PROCESSES = 12
+#: run_sweep on CUDA draws in processes by default from this many runs on, or once they are
+#: running: starting them costs seconds (each imports torch; about 1 s for 2 on a 2-core VM),
+#: which the ~0.05 ms per run they save on the H200 host repays only over tens of thousands of
+#: runs.
+PROCESS_MIN_RUNS = 50_000
+
+
+def _spawnable() -> bool:
+    """Whether spawned processes can start: they re-import ``__main__`` from its file, which
+    fails for code read from stdin (``python - <script``)."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return path is None or os.path.exists(path)
+
+
+def cuda_draw_processes() -> int:
+    """Draw processes for a CUDA sweep on this machine (0: draw on threads)."""
+    if not _spawnable():
+        return 0
+    processes = min(MAX_CUDA_PROCESSES, _cores() - 4)
+    return processes if processes >= 2 else 0
+
+
+def draw_processes_running() -> bool:
+    """Whether draw processes were started in this process (they stay until it exits)."""
+    return bool(_PROCESS_POOLS)
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    with _POOLS_LOCK:
+        if workers not in _POOLS:
+            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="kdalab-draw")
+        return _POOLS[workers]
+
+
+_PROCESS_POOLS: dict[int, ProcessPoolExecutor] = {}
+_BLOCK_LOCK = threading.Lock()  # one batch at a time through the shared block
+_BLOCK: list = []  # [SharedMemory, uint8 view] of the parent, grown on demand
+_ATTACHED: dict = {}  # a draw process's attached block: name -> (SharedMemory, uint8 view)
+
+
+def _init_draw_process() -> None:
+    torch.set_num_threads(1)  # a draw process runs small tensors; no intra-op threads
+
+
+def _block_layout(n: int, chunk: int, dim: int) -> tuple[int, int]:
+    """Bytes of the keys [n, C, D] bf16 (padded to 8) and of each float64 [n, C] array."""
+    kb = n * chunk * dim * 2
+    return kb + (-kb) % 8, n * chunk * 8
+
+
+def _block_bytes(n: int, chunk: int, dim: int) -> int:
+    kb, fb = _block_layout(n, chunk, dim)
+    return kb + 2 * fb
+
+
+def _block_views(buf: torch.Tensor, n: int, chunk: int, dim: int):
+    """keys [n, C, D] bf16, raw gate and raw beta [n, C] float64 laid out in ``buf``."""
+    kb, fb = _block_layout(n, chunk, dim)
+    keys = buf[:kb].view(torch.bfloat16)[: n * chunk * dim].view(n, chunk, dim)
+    gate = buf[kb : kb + fb].view(torch.float64).view(n, chunk)
+    beta = buf[kb + fb : kb + 2 * fb].view(torch.float64).view(n, chunk)
+    return keys, gate, beta
+
+
+def _attach(name: str) -> torch.Tensor:
+    """The parent's shared block in a draw process (attached once per block)."""
+    if name not in _ATTACHED:
+        from multiprocessing import shared_memory
+
+        for old in list(_ATTACHED):
+            shm, view = _ATTACHED.pop(old)
+            del view
+            shm.close()
+        shm = shared_memory.SharedMemory(name=name)
+        _ATTACHED[name] = (shm, torch.frombuffer(shm.buf, dtype=torch.uint8))
+    return _ATTACHED[name][1]
+
+
+def _draw_slice(name: str, n: int, chunk: int, dim: int, lo: int, families: list,
+                seeds: list) -> None:
+    """A draw process's task: :func:`_draw_run` for runs ``lo``… of a batch of ``n``, written
+    into the parent's shared block ``name``."""
+    hi = lo + len(seeds)
+    keys, raw_gate, raw_beta = _block_views(_attach(name), n, chunk, dim)
+    _draw_runs(families, seeds, keys[lo:hi], raw_gate[lo:hi], raw_beta[lo:hi])
+
+
+def _parent_block(nbytes: int):
+    """The parent's shared block, at least ``nbytes`` (replaced by a larger one if needed)."""
+    from multiprocessing import shared_memory
+
+    if _BLOCK and _BLOCK[0].size >= nbytes:
+        return _BLOCK
+    _free_block()
+    shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1 << 20))
+    _BLOCK[:] = [shm, torch.frombuffer(shm.buf, dtype=torch.uint8)]
+    return _BLOCK
+
+
+def _free_block() -> None:
+    if _BLOCK:
+        shm, view = _BLOCK
+        _BLOCK.clear()
+        del view
+        shm.close()
+        shm.unlink()
+
+
+atexit.register(_free_block)
+
+
+def _process_pool(processes: int) -> ProcessPoolExecutor:
+    """``processes`` draw processes, started once (spawned: safe after CUDA is initialized)
+    and reused."""
+    with _POOLS_LOCK:
+        if processes not in _PROCESS_POOLS:
+            import multiprocessing
+
+            _PROCESS_POOLS[processes] = ProcessPoolExecutor(
+                processes, mp_context=multiprocessing.get_context("spawn"),
+                initializer=_init_draw_process)
+        return _PROCESS_POOLS[processes]
+
+
+def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, seeds: list,
+                       keys: torch.Tensor, raw_gate: torch.Tensor,
+                       raw_beta: torch.Tensor) -> None:
+    n = len(seeds)
+    edges = [n * w // processes for w in range(processes + 1)]
+    pool = _process_pool(processes)
+    with _BLOCK_LOCK:
+        shm, buf = _parent_block(_block_bytes(n, chunk, dim))
+        try:
+            tasks = [pool.submit(_draw_slice, shm.name, n, chunk, dim, lo, families[lo:hi],
+                                 seeds[lo:hi]) for lo, hi in zip(edges, edges[1:])]
+            for task in tasks:
+                task.result()
+        except BrokenProcessPool as exc:  # a draw process died: start afresh next time
+            with _POOLS_LOCK:
+                _PROCESS_POOLS.pop(processes, None)
+            raise RuntimeError(f"a draw process died ({exc}); the next call starts new ones "
+                               "(processes=0 draws on threads instead)") from exc
+        k, g, b = _block_views(buf, n, chunk, dim)
+        keys.copy_(k)
+        raw_gate.copy_(g)
+        raw_beta.copy_(b)
+
+
+def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
+                      workers: int | None = None, processes: int | None = None) -> ChunkInputs:
+    """The inputs of runs of one chunk size and dim, stacked: keys [B, C, D], log_decay and
+    beta [B, C]; run ``i`` equal bit for bit to the seed's ``make_inputs`` of ``runs[i]``.
+
+    ``runs`` are :class:`~kdalab.experiments.runs.Run` values (as made by
+    :meth:`~kdalab.experiments.runs.Run.checked` or ``plan_runs``: not checked again here).
+    The random draws and the key normalization are per run (each with its own seeded
+    generator, on ``workers`` threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no
+    threads; or, with ``processes`` ≥ 1, in that many draw processes, spawned once and
+    reused, which write into a shared-memory block: no GIL between them (``None`` = 0;
+    :func:`~kdalab.experiments.sweep.run_sweep` chooses them for large CUDA sweeps). Spawned
+    processes import the caller's ``__main__``: a script that draws through them needs the
+    ``if __name__ == "__main__":`` guard). The rest is done once for the batch and equals
+    the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`
+    reproduces torch's per-tensor split between its vectorized and scalar loops),
+    g = lower_bound · sigmoid and the constants. Each tensor then goes to ``device`` in one
+    copy (from pinned memory, without waiting, on CUDA).
+    """
+    if not runs:
+        raise ValueError("make_inputs_batch needs at least one run")
+    chunk, dim = runs[0].chunk, runs[0].dim
+    if any(r.chunk != chunk or r.dim != dim for r in runs):
+        raise ValueError("make_inputs_batch needs runs of one chunk size and one dim")
+    fams = [get_family(r.family) for r in runs]
+    families = [f.name for f in fams]
+    seeds = [r.seed for r in runs]
+    # a family without a lower bound has a fixed log-decay: the −5 placeholder is overwritten
+    lower_bounds = [-5.0 if r.lower_bound is None else r.lower_bound for r in runs]
+    n = len(runs)
+    device = torch.device(device)
+    pin = device.type == "cuda"
+    keys = torch.empty(n, chunk, dim, dtype=torch.bfloat16, pin_memory=pin)
+    raw_gate = torch.zeros(n, chunk, dtype=torch.float64)
+    raw_beta = torch.zeros(n, chunk, dtype=torch.float64)
+
+    def draw(lo: int, hi: int) -> None:
+        _draw_runs(families[lo:hi], seeds[lo:hi], keys[lo:hi], raw_gate[lo:hi],
+                   raw_beta[lo:hi])
+
+    workers = _default_workers(n) if workers is None else max(1, min(int(workers), n))
+    processes = min(0 if processes is None else int(processes), n)
+    if processes < 0:
+        raise ValueError(f"processes must be >= 0, got {processes}")
+    if processes >= 1:
+        _draw_in_processes(processes, chunk, dim, families, seeds, keys, raw_gate, raw_beta)
+    elif workers == 1:
+        draw(0, n)
+    else:
+        edges = [n * w // workers for w in range(workers + 1)]
+        for f in [_pool(workers).submit(draw, lo, hi) for lo, hi in zip(edges, edges[1:])]:
+            f.result()
+    random_gate = torch.tensor([f.random_gate for f in fams])
+    gate = torch.where(random_gate[:, None], _sigmoid_rows(raw_gate), 1.0)  # else g = lb · 1
+    log_decay = torch.empty(n, chunk, dtype=torch.float64, pin_memory=pin)
+    torch.mul(torch.tensor(lower_bounds, dtype=torch.float64)[:, None], gate, out=log_decay)
+    beta = torch.empty(n, chunk, dtype=torch.float64, pin_memory=pin)
+    beta.copy_(_sigmoid_rows(raw_beta))
+    for f in {f for f in fams if f.log_decay is not None or not f.random_beta}:
+        rows = torch.tensor([g is f for g in fams])[:, None]
+        if f.log_decay is not None:
+            log_decay.masked_fill_(rows, f.log_decay)
+        if not f.random_beta:
+            beta.masked_fill_(rows, f.beta)
+    if device.type == "cpu":
+        return ChunkInputs(keys, log_decay, beta)
+    return ChunkInputs(*(t.to(device, non_blocking=pin) for t in (keys, log_decay, beta)))

@@ -1,0 +1,280 @@
+"""Typed values from what a user gives: the one parse of every parameter, for the command line,
+TOML files and the Python API alike.
+
+Each validator takes the raw value (text, a number, a list, or the typed value itself) and the
+name of the argument as the user wrote it (``--lower-bound`` on the command line, ``lower-bound``
+in a TOML file, ``lower_bound`` in Python), and returns the typed value or raises ``ValueError``
+with one message: ``<argument> <what is wrong>; <what is accepted>``. Below the edge nothing
+parses or checks these again.
+
+Lists share one grammar: items separated by commas, each an integer ``16``, a range ``3-8``
+(inclusive) or a stepped range ``36-64:4``; a Python list or tuple of such items works too.
+
+The module imports neither torch nor the layers at import time (the command line must start fast);
+the validators of models, formats and devices import them when called.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kdalab.errors import Unavailable
+
+if TYPE_CHECKING:
+    from kdalab.arith import AccumulationModel, Format
+
+__all__ = ["integer", "int_list", "float_list", "name_list", "choice", "choices",
+           "lower_bound", "lower_bounds", "accumulation", "accumulations", "scale_format",
+           "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP"]
+
+INT_LIST_HELP = "integers like '4,12,16', ranges like '3-8' or stepped ranges like '36-64:4'"
+_ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+)(?::(\d+))?)?$")
+
+
+def _plain(value) -> str:
+    """How a given value is quoted in a message: numbers as written, other text in quotes."""
+    if isinstance(value, str):
+        try:
+            float(value)
+            return value.strip()
+        except ValueError:
+            return repr(value)
+    return str(value)
+
+
+def integer(value, name: str, minimum: int | None = None) -> int:
+    """An integer (``"16"`` or ``16``), at least ``minimum``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        out = int(value) if isinstance(value, int) else int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {_plain(value)}") from None
+    if minimum is not None and out < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {out}")
+    return out
+
+
+def _items(value, name: str) -> list:
+    if isinstance(value, str):
+        items = [t.strip() for t in value.split(",")]
+        if any(not t for t in items):
+            raise ValueError(f"{name} has an empty item in {value!r}; expected a comma-separated "
+                             "list")
+        return items
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, Iterable):
+        return list(value)
+    raise ValueError(f"{name} must be a list, got {_plain(value)}")
+
+
+def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
+    """Integers in the list grammar (see the module doc), duplicates dropped, order kept."""
+    out: list[int] = []
+    for item in _items(value, name):
+        if isinstance(item, bool) or not isinstance(item, (int, str)):
+            raise ValueError(f"{name} must hold {INT_LIST_HELP}; got {item!r}")
+        if isinstance(item, int):
+            out.append(item)
+            continue
+        m = _ITEM.match(item)
+        lo, hi, step = (None, None, None) if m is None else m.groups()
+        if m is None or (hi is not None and int(hi) < int(lo)) or step == "0" or (
+                step is not None and int(step) < 1):
+            raise ValueError(f"{name}: cannot read {item!r}; expected {INT_LIST_HELP}")
+        out.extend([int(lo)] if hi is None else range(int(lo), int(hi) + 1, int(step or 1)))
+    if not out:
+        raise ValueError(f"{name} is empty; expected {INT_LIST_HELP}")
+    for v in out:
+        if minimum is not None and v < minimum:
+            raise ValueError(f"{name} must be integers >= {minimum}, got {v}")
+    return tuple(dict.fromkeys(out))
+
+
+def float_list(value, name: str) -> tuple[float, ...]:
+    """Numbers, comma-separated (or a list)."""
+    out = []
+    for item in _items(value, name):
+        try:
+            if isinstance(item, bool):
+                raise ValueError
+            out.append(float(item))
+        except (TypeError, ValueError):
+            raise ValueError(f"{name}: cannot read {_plain(item)} as a number") from None
+    if not out:
+        raise ValueError(f"{name} is empty; expected comma-separated numbers")
+    return tuple(out)
+
+
+def name_list(value, name: str) -> tuple[str, ...]:
+    """Names, comma-separated (or a list); duplicates dropped, order kept."""
+    out = [str(i).strip() for i in _items(value, name)]
+    if not out or any(not i for i in out):
+        raise ValueError(f"{name} is empty; expected comma-separated names")
+    return tuple(dict.fromkeys(out))
+
+
+def choice(value, name: str, options: Iterable[str]) -> str:
+    """One of ``options``."""
+    options = list(options)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(options)}; got {_plain(value)}")
+    return value
+
+
+def choices(value, name: str, options: Iterable[str]) -> tuple[str, ...]:
+    """A list of names, each one of ``options``."""
+    options = list(options)
+    return tuple(choice(v, name, options) for v in name_list(value, name))
+
+
+def lower_bound(value, name: str = "lower_bound") -> float:
+    """The gate's lower bound: a finite number < 0 (the log-decay lies in (lower_bound, 0))."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        lb = float(value)
+    except (TypeError, ValueError):
+        lb = math.nan
+    if not (math.isfinite(lb) and lb < 0):
+        raise ValueError(f"{name} must be a finite number < 0 (the log-decay lies in "
+                         f"(lower_bound, 0)), got {_plain(value)}")
+    return lb
+
+
+_UNBOUNDED = ("unbounded", "none")
+
+
+def lower_bounds(value, name: str = "lower_bounds", *,
+                 unbounded: bool = False) -> tuple[float | None, ...]:
+    """Lower bounds, comma-separated (or a list); with ``unbounded``, the word ``unbounded``
+    (or None) stands for the gate without a bound."""
+    out: list[float | None] = []
+    for item in _items(value, name):
+        if unbounded and (item is None or str(item).strip().lower() in _UNBOUNDED):
+            out.append(None)
+        elif isinstance(item, str) and not unbounded and item.lower() in _UNBOUNDED:
+            raise ValueError(f"{name}: this study needs a bound; got {item!r}")
+        elif not unbounded:
+            out.append(lower_bound(item, name))
+        else:
+            try:
+                out.append(lower_bound(item, name))
+            except ValueError:
+                raise ValueError(f"{name} must be a finite number < 0 or 'unbounded' (the "
+                                 f"log-decay lies in (lower_bound, 0)), got {_plain(item)}"
+                                 ) from None
+    return tuple(dict.fromkeys(out))
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def accumulation(value, name: str = "accumulation",
+                 device_type: str | None = None) -> AccumulationModel:
+    """A registered accumulation model (by name, or the model itself). A model that needs CUDA
+    raises :class:`~kdalab.errors.Unavailable` without a CUDA device, and ``ValueError`` when
+    ``device_type`` is given and is not ``"cuda"``."""
+    from kdalab.arith import get_accumulation
+
+    try:
+        model = get_accumulation(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+    if model.needs_cuda:
+        twin = getattr(model, "cpu_twin", None)
+        emulation = f" (its CPU emulation is {twin!r})" if twin else ""
+        if not _cuda_available():
+            raise Unavailable(f"{name}: {model.name!r} is the GPU's own arithmetic and needs a "
+                              f"CUDA device; none is available here{emulation}")
+        if device_type is not None and device_type != "cuda":
+            raise ValueError(f"{name}: {model.name!r} runs on CUDA tensors only; use device "
+                             f"cuda{emulation}")
+    return model
+
+
+def accumulations(value, name: str = "accumulations",
+                  device_type: str | None = None) -> tuple[AccumulationModel, ...]:
+    """Accumulation models, comma-separated names (or a list of names or models)."""
+    items = name_list(value, name) if isinstance(value, str) else tuple(_items(value, name))
+    if not items:
+        raise ValueError(f"{name} is empty; expected accumulation model names")
+    return tuple(dict.fromkeys(accumulation(v, name, device_type) for v in items))
+
+
+def scale_format(value, name: str = "format") -> Format:
+    """A floating-point format: a name (bf16, fp16, fp32, fp8_e4m3, fp8_e5m2, …), ``eXmY``,
+    ``"X,Y"`` or ``(X, Y)`` (exponent and fraction bits); a ``-ftz`` suffix flushes subnormals."""
+    from kdalab.arith import get_format
+
+    spec = value
+    if isinstance(value, str):
+        bits = value.replace(" ", "").split(",")
+        if len(bits) == 2 and all(b.isdigit() for b in bits):
+            spec = (int(bits[0]), int(bits[1]))
+    try:
+        return get_format(spec)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def device(value, name: str = "device") -> str:
+    """``cpu``, ``cuda`` or ``cuda:N``; a CUDA device must exist here
+    (:class:`~kdalab.errors.Unavailable` otherwise)."""
+    text = str(value).strip()
+    if text != "cpu" and not re.fullmatch(r"cuda(:\d+)?", text):
+        raise ValueError(f"{name} must be cpu, cuda or cuda:N; got {_plain(value)}")
+    if text.startswith("cuda") and not _cuda_available():
+        raise Unavailable(f"{name} {text}: no CUDA device is available on this machine; use "
+                          "cpu")
+    return text
+
+
+def output_folder(value, name: str = "out") -> Path:
+    """A folder to write into: created if missing; an existing file or a place that cannot be
+    written is refused."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{name}: {str(path)!r} is a file; expected a folder (created if "
+                         "missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot create the folder {str(path)!r} "
+                         f"({exc.strerror or exc})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: cannot write into {str(path)!r} (permission denied)")
+    return path
+
+
+def config_file(value, name: str = "config") -> Path:
+    """An existing, readable file."""
+    path = Path(value)
+    if not path.exists():
+        raise ValueError(f"{name}: no such file {str(path)!r}")
+    if path.is_dir():
+        raise ValueError(f"{name}: {str(path)!r} is a folder; expected a file")
+    if not os.access(path, os.R_OK):
+        raise ValueError(f"{name}: cannot read {str(path)!r} (permission denied)")
+    return path
+
+
+def renamed(exc: Exception, names: dict[str, str]) -> Exception:
+    """``exc``, a validator's error about a field, with the argument named as the user wrote it
+    (a message starting with a field of ``names`` starts with its label instead): a config
+    object checks its fields once, and the edge that filled them from options or a file says
+    which option or key was wrong."""
+    text = str(exc)
+    for field in sorted(names, key=len, reverse=True):
+        if text.startswith(field):
+            return type(exc)(names[field] + text[len(field):])
+    return exc
