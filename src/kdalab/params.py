@@ -28,7 +28,7 @@ from kdalab.errors import Unavailable
 if TYPE_CHECKING:
     from kdalab.arith import AccumulationModel, Format
 
-__all__ = ["integer", "int_list", "float_list", "name_list", "choice", "choices",
+__all__ = ["integer", "int_list", "name_list", "choice", "choices",
            "lower_bound", "lower_bounds", "accumulation", "accumulations", "scale_format",
            "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP"]
 
@@ -95,21 +95,6 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
         if minimum is not None and v < minimum:
             raise ValueError(f"{name} must be integers >= {minimum}, got {v}")
     return tuple(dict.fromkeys(out))
-
-
-def float_list(value, name: str) -> tuple[float, ...]:
-    """Numbers, comma-separated (or a list)."""
-    out = []
-    for item in _items(value, name):
-        try:
-            if isinstance(item, bool):
-                raise ValueError
-            out.append(float(item))
-        except (TypeError, ValueError):
-            raise ValueError(f"{name}: cannot read {_plain(item)} as a number") from None
-    if not out:
-        raise ValueError(f"{name} is empty; expected comma-separated numbers")
-    return tuple(out)
 
 
 def name_list(value, name: str) -> tuple[str, ...]:

@@ -35,6 +35,23 @@ from kdalab.cli.app import (  # noqa: F401
 __all__ = ["main", "app"]
 
 
+def _click_exceptions():
+    """click's exceptions: vendored by typer >= 0.26 (typer._click), click's own before."""
+    try:
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
+    except ImportError:  # an older typer, on click itself (a device with its own packages)
+        from click.exceptions import ClickException
+
+        try:
+            from click.exceptions import NoArgsIsHelpError
+        except ImportError:  # click < 8.2 shows the help itself and exits 0
+
+            class NoArgsIsHelpError(ClickException):
+                pass
+
+    return ClickException, NoArgsIsHelpError
+
+
 def _on_sigint(signum, frame):
     raise Interrupted()
 
@@ -73,10 +90,9 @@ def _error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``) and exit."""
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
-
     from kdalab.errors import Unavailable
 
+    ClickException, NoArgsIsHelpError = _click_exceptions()
     args = sys.argv[1:] if argv is None else list(argv)
     STATE.debug = "--debug" in args
     STATE.kept.clear()

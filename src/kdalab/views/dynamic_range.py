@@ -228,7 +228,8 @@ def write_views(records: list[dict], calculator: list[dict], out: str | Path) ->
     calc = calculator_table(calculator)
     errs = error_summary(df)
     for name, frame in (("measured-limits", lim), ("agreement", agree),
-                        ("calculator", calc), ("errors-lb-5", errs)):
+                        ("calculator", calc), ("calculator-answers", pd.DataFrame(calculator)),
+                        ("errors-lb-5", errs)):
         frame.to_csv(folder / f"{name}.csv", index=False)
         paths.append(folder / f"{name}.csv")
     md = ["# Dynamic range: tables", "",
