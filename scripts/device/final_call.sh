@@ -1,54 +1,75 @@
 #!/usr/bin/env bash
-# Device call 2 of session 4: every figure of the session's issues in one call.
-# Carry .whl and .peers (fla-core wheel, FlashKDA source and its carried build, fla's
-# autotuning choices). Two lanes when the machine has two GPUs (nvidia-h200-x2):
-#   lane A, GPU 0 (the timings): fla's configurations compiled in parallel, then fla's
-#     autotuning shape by shape on an idle GPU, then the grid (kdalab, fla, FlashKDA, same
-#     process) and the accuracy table;
-#   lane B, GPU 1 (no timing of the kernels): every GPU test, then `kdalab check` on the full
-#     suite; then the sweep engine's whole-command benchmark.
-# With one GPU the lanes run one after the other (FINAL_LANES=A or B picks one).
-#   bash scripts/device/final_call.sh
+# Device call 2 of session 4 (kind nvidia-h200-x2): the session's figures, in two parts (two
+# commands on the warm machine). Carry .whl, .peers and .whl-ray (fla-core; FlashKDA's carried
+# build with its package; fla's autotuning choices; Ray trimmed, scripts/device/trim_ray_wheel.py).
+#   FINAL_PART=1: two lanes at once —
+#     lane A, GPU 0 (the timings): fla's configurations compiled in parallel, fla's autotuning
+#       shape by shape on an otherwise idle GPU, then the grid (kdalab, fla, FlashKDA, one
+#       process: benchmarks/bench_kernel.py --grid);
+#     lane B, GPU 1 (nothing timed): the tanh.approx tables for the flashkda model, every GPU
+#       test (gpu_tests.sh), then `kdalab check` on the full suite (check_h200.sh).
+#   FINAL_PART=2: the accuracy table (GPU 0) beside the 94,500-run sweep as a whole process
+#     against the seed loop (GPU 1), then the sweep through Ray on 1 and 2 GPUs.
+# With one GPU the lanes run one after the other.
 set -o pipefail
 source scripts/device/peers.sh
 export COLUMNS=200
 ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 mkdir -p /tmp/final
-lane_a() {
+gpu_b=$(( ngpu > 1 ? 1 : 0 ))
+both() {  # run lane functions $1 and $2, at once on two GPUs
+    if [ "$ngpu" -gt 1 ]; then
+        $2 > "/tmp/final/$2.log" 2>&1 &
+        local pid=$!
+        $1 2>&1 | tee "/tmp/final/$1.log"
+        wait $pid
+        tail -n 40 "/tmp/final/$2.log"
+    else
+        $1 2>&1 | tee "/tmp/final/$1.log"
+        $2 2>&1 | tee "/tmp/final/$2.log"
+    fi
+}
+lane_a1() {
     export CUDA_VISIBLE_DEVICES=0
     timeout 300 python3 benchmarks/bench_kernel.py --warm-peers --jobs 10 2>&1 | grep -v skipped
     peers_save_autotune
-    timeout 240 python3 benchmarks/bench_kernel.py --grid --json /tmp/final/grid.json
-    timeout 90 python3 benchmarks/bench_kernel.py --accuracy --json /tmp/final/accuracy.json
+    timeout 230 python3 benchmarks/bench_kernel.py --grid --json /tmp/final/grid.json
 }
-lane_b() {
-    export CUDA_VISIBLE_DEVICES=$(( ngpu > 1 ? 1 : 0 ))
-    # the tanh.approx tables FlashKDA's gate needs, every binade (the flashkda helper's)
-    mkdir -p /tmp/sweeps && timeout 150 python3 scripts/device/flashkda_golden.py \
+lane_b1() {
+    export CUDA_VISIBLE_DEVICES=$gpu_b
+    mkdir -p /tmp/sweeps && timeout 120 python3 scripts/device/flashkda_golden.py \
         --out /tmp/sweeps --only-sweeps 2>&1 | tail -n 5
     tar cf "$OUT/sweeps.tar" -C /tmp sweeps
-    OUT=/tmp/final timeout 240 bash scripts/device/gpu_tests.sh
-    # fla's autotuning here is kept out of the shared cache: lane A's choices stay its own
-    OUT=/tmp/final FLA_CACHE_RESULTS=0 CHECK_BUDGET=260 bash scripts/device/check_h200.sh
-    if [ -f scripts/device/sweep_h200.sh ]; then
-        OUT=/tmp/final timeout 150 bash scripts/device/sweep_h200.sh
-    fi
+    OUT=/tmp/final timeout 260 bash scripts/device/gpu_tests.sh
+    # fla's autotuning here stays out of the shared cache: lane A's choices are its own
+    # (CHECK_PEERS=0: this shell has the peers already; a second install into /tmp/site
+    # would replace files lane A is importing)
+    OUT=/tmp/final CHECK_PEERS=0 FLA_CACHE_RESULTS=0 CHECK_BUDGET=190 \
+        bash scripts/device/check_h200.sh
 }
-lanes=${FINAL_LANES:-AB}
-if [ "$ngpu" -gt 1 ] && [ "$lanes" = AB ]; then
-    lane_b > /tmp/final/lane_b.log 2>&1 &
-    pid_b=$!
-    lane_a 2>&1 | tee /tmp/final/lane_a.log
-    wait $pid_b
-    tail -n 60 /tmp/final/lane_b.log
+lane_a2() {
+    export CUDA_VISIBLE_DEVICES=0
+    timeout 120 python3 benchmarks/bench_kernel.py --accuracy --json /tmp/final/accuracy.json
+}
+lane_b2() {
+    export CUDA_VISIBLE_DEVICES=$gpu_b
+    timeout 200 python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \
+        --chunks 2-64 --seeds 0-499 --seed-sample 4 --repeat 2 --breakdown
+}
+part=${FINAL_PART:-1}
+if [ "$part" = 1 ]; then
+    both lane_a1 lane_b1
+    [ -f /tmp/final/check.tar.gz ] && mv /tmp/final/check.tar.gz "$OUT/"
 else
-    case $lanes in *A*) lane_a 2>&1 | tee /tmp/final/lane_a.log ;; esac
-    case $lanes in *B*) lane_b 2>&1 | tee /tmp/final/lane_b.log ;; esac
+    both lane_a2 lane_b2
+    if [ "$ngpu" -gt 1 ] && ls .whl-ray/ray-*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl-ray/*.whl
+        timeout 260 python3 benchmarks/bench_sweep_whole.py ray --device cuda \
+            --accumulation h200 --chunks 2-64 --seeds 0-999 --gpus 1,2 2>&1 \
+            | tee /tmp/final/ray.log | tail -n 12
+    fi
 fi
-if [ "$ngpu" -gt 1 ] && [ -f scripts/device/ray_2gpu.sh ]; then
-    OUT=/tmp/final timeout 150 bash scripts/device/ray_2gpu.sh 2>&1 | tee /tmp/final/ray.log | tail -n 15
-fi
-[ -f /tmp/final/check.tar.gz ] && mv /tmp/final/check.tar.gz "$OUT/"
-tar czf "$OUT/final.tar.gz" -C /tmp final
+tar czf "$OUT/final$part.tar.gz" -C /tmp final
 ls -la "$OUT"

@@ -4,7 +4,8 @@
 #   * the carried wheels in .whl/ (fla-core, and whatever else a call needs) -> /tmp/site;
 #   * FlashKDA, built from the carried source tarball .peers/flashkda-*-src.tar.xz
 #     (MIT; CUTLASS inside; nothing of it is committed), or taken from a carried build
-#     .peers/flash_kda_build.tar.xz (the extension module a previous call built, left in $OUT);
+#     .peers/flash_kda_build.tar.xz (the extension module a previous call built, left in $OUT,
+#     with the flash_kda package beside it: then the source need not travel);
 #     with PEERS_BUILD=background the build runs in the background: call peers_wait before
 #     using flash_kda;
 #   * PYTHONPATH = src (kdalab) : /tmp/site : FlashKDA's folder;  FLASHKDA_SRC = that folder
@@ -33,8 +34,9 @@ peers_save_autotune() {  # the autotuners' choices only (small), for the next ca
 }
 
 export FLASHKDA_SRC=/tmp/flashkda-src/flashkda
-if [ ! -d "$FLASHKDA_SRC" ]; then
-    mkdir -p /tmp/flashkda-src && tar xf .peers/flashkda-*-src.tar.xz -C /tmp/flashkda-src
+mkdir -p "$FLASHKDA_SRC"
+if [ ! -f "$FLASHKDA_SRC/setup.py" ] && ls .peers/flashkda-*-src.tar.xz >/dev/null 2>&1; then
+    tar xf .peers/flashkda-*-src.tar.xz -C /tmp/flashkda-src
 fi
 for b in .peers/flash_kda_build.tar .peers/flash_kda_build.tar.xz; do
     [ -f "$b" ] && tar xf "$b" -C "$FLASHKDA_SRC"
@@ -50,7 +52,7 @@ _peers_build() {
     if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
         echo "peers: FlashKDA built in $(( $(date +%s) - t0 )) s"
         if [ -n "${OUT:-}" ]; then  # xz: the module is 17 MB, a returned file at most 16 MiB
-            (cd "$FLASHKDA_SRC" && tar cf - flash_kda_C*.so | xz -T0 -6 > "$OUT/flash_kda_build.tar.xz") \
+            (cd "$FLASHKDA_SRC" && tar cf - flash_kda_C*.so flash_kda | xz -T0 -6 > "$OUT/flash_kda_build.tar.xz") \
                 && echo "peers: build -> \$OUT/flash_kda_build.tar.xz ($(du -h "$OUT/flash_kda_build.tar.xz" | cut -f1))"
         fi
     else
@@ -61,6 +63,8 @@ _peers_build() {
 PEERS_BUILD_PID=
 if (cd /tmp && python3 -c "import flash_kda" 2>/dev/null); then
     echo "peers: flash_kda importable (carried build)"
+elif [ ! -f "$FLASHKDA_SRC/setup.py" ]; then
+    echo "peers: FlashKDA neither carried built nor as source (skipped)"
 elif [ "${PEERS_BUILD:-}" = background ]; then
     _peers_build &
     PEERS_BUILD_PID=$!
