@@ -248,24 +248,24 @@ def test_bad_config_raises_value_error(kw, match):
 def test_varlen_tables_cached_per_tensor():
     # validated and tabled once per cu_seqlens object (a host read each time would cost a
     # device sync per call); an in-place change or another T is validated afresh
-    from kdalab.kernels.chunk_kda import _varlen_sequences
+    from kdalab.kernels.sequences import varlen_sequences
 
     cu = torch.tensor([0, 5, 20, 37])
-    first = _varlen_sequences(cu, 37)
-    assert _varlen_sequences(cu, 37) is first
+    first = varlen_sequences(cu, 37)
+    assert varlen_sequences(cu, 37) is first
     assert torch.equal(first.cu32, cu.int()) and first.num_chunks == 1 + 1 + 2
     assert first.n_chunks == (1, 1, 2)
     assert torch.equal(first.chunk_table,
                        torch.tensor([[0, 0], [1, 0], [2, 0], [2, 1]], dtype=torch.int32))
     assert torch.equal(first.chunk_offsets, torch.tensor([0, 1, 2], dtype=torch.int32))
     assert first.segments(1) is first.segments(1)  # segment tables cached too
-    other = _varlen_sequences(cu.clone(), 37)  # an equal tensor: its own entry, same tables
+    other = varlen_sequences(cu.clone(), 37)  # an equal tensor: its own entry, same tables
     assert other is not first and torch.equal(other.chunk_table, first.chunk_table)
     with pytest.raises(ValueError, match="cu_seqlens"):
-        _varlen_sequences(cu, 40)
+        varlen_sequences(cu, 40)
     cu[2] = 40  # in place: the version counter moves, the tensor is checked again
     with pytest.raises(ValueError, match="cu_seqlens"):
-        _varlen_sequences(cu, 37)
+        varlen_sequences(cu, 37)
 
 
 def test_fp16_products_need_l2norm():

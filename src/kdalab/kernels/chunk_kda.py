@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import weakref
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +17,8 @@ import torch
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
-from .plan import CHUNK, LaunchPlan, plan_launch, segment_table
+from .plan import LaunchPlan, plan_launch
+from .sequences import Sequences, fixed_sequences, varlen_sequences
 
 _SUPPORTED_DIMS = (16, 32, 64, 128, 256)
 _INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -94,92 +94,7 @@ def _check_tensor(name, x, ndim, dtypes=_INPUT_DTYPES):
         raise ValueError(f"{name} has dtype {x.dtype}; expected one of {dtypes}")
 
 
-class _Sequences:
-    """Where the sequences are, and the tables the kernels read, for one (cu_seqlens, T) or
-    fixed-length (B, T): built once, then cached (building them reads the host)."""
-
-    def __init__(self, device, starts: torch.Tensor, ends: torch.Tensor, varlen: bool,
-                 cu32: torch.Tensor | None):
-        n_chunks = (ends - starts + CHUNK - 1) // CHUNK
-        self.n_chunks = tuple(int(c) for c in n_chunks)
-        self.num_seqs = len(self.n_chunks)
-        self.num_chunks = sum(self.n_chunks)
-        offsets = torch.cumsum(n_chunks, 0) - n_chunks
-        self.starts, self.ends, self.chunk_starts = starts, ends, offsets
-        self.device = device
-        self.cu32 = cu32
-        if varlen:
-            seq = torch.repeat_interleave(torch.arange(self.num_seqs), n_chunks)
-            local = torch.arange(self.num_chunks) - offsets[seq]
-            table = torch.stack([seq, local], dim=1).to(torch.int32)
-            self.chunk_table = table.to(device)
-            self.chunk_offsets = offsets.to(torch.int32).to(device)
-            # the serial pass takes the sequences longest first (kernels/indexing.py)
-            order = torch.argsort(-n_chunks, stable=True)
-            self.seq_order = order.to(torch.int32).to(device)
-        else:
-            self.chunk_table = self.chunk_offsets = self.seq_order = None
-        self._segments: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
-        self.plans: dict[tuple, LaunchPlan] = {}
-
-    def segments(self, segment_chunks: int):
-        """(segment table, seg_offsets, segment count) on the device, per segment length."""
-        hit = self._segments.get(segment_chunks)
-        if hit is None:
-            table, offs = segment_table(self.starts, self.ends, self.chunk_starts,
-                                        segment_chunks)
-            hit = (table.to(self.device), offs.to(self.device), table.shape[0])
-            self._segments[segment_chunks] = hit
-        return hit
-
-
-#: cu_seqlens id -> (weak ref, version, T, _Sequences); fixed length (device, B, T) -> _Sequences
-_VARLEN_CACHE: dict[int, tuple] = {}
-_FIXED_CACHE: dict[tuple, _Sequences] = {}
-_CACHE_SIZE = 16
-
-
-def _remember(cache: dict, key, value):
-    if len(cache) >= _CACHE_SIZE:
-        cache.pop(next(iter(cache)))
-    cache[key] = value
-
-
-def _varlen_sequences(cu_seqlens: torch.Tensor, T: int) -> _Sequences:
-    """Validated ``cu_seqlens`` and its tables, cached per tensor.
-
-    Validating ``cu_seqlens`` reads it on the host: a device-to-host sync, which cost a varlen
-    call about 0.5 ms of idle GPU (measured on the H200, docs/BENCHMARKS.md). Like fla (its
-    ``tensor_cache``), the result is kept for the tensor object: a call with the same,
-    unmodified ``cu_seqlens`` (same object, same in-place version counter) reuses it.
-    """
-    key = id(cu_seqlens)
-    hit = _VARLEN_CACHE.get(key)
-    if hit is not None:
-        ref, version, t, seqs = hit
-        if ref() is cu_seqlens and version == cu_seqlens._version and t == T:
-            return seqs
-    cs = cu_seqlens.detach().to("cpu", torch.int64)
-    if int(cs[0]) != 0 or int(cs[-1]) != T or bool((cs[1:] < cs[:-1]).any()):
-        raise ValueError(f"cu_seqlens must start at 0, end at T={T} and be non-decreasing, "
-                         f"got {cs.tolist()[:8]}{' ...' if len(cs) > 8 else ''}")
-    cu32 = cu_seqlens.detach().to(torch.int32).contiguous()
-    seqs = _Sequences(cu_seqlens.device, cs[:-1], cs[1:], True, cu32)
-    _remember(_VARLEN_CACHE, key, (weakref.ref(cu_seqlens), cu_seqlens._version, T, seqs))
-    return seqs
-
-
-def _fixed_sequences(device: torch.device, B: int, T: int) -> _Sequences:
-    key = (device, B, T)
-    seqs = _FIXED_CACHE.get(key)
-    if seqs is None:
-        starts = torch.arange(B, dtype=torch.int64) * T
-        seqs = _Sequences(device, starts, starts + T, False, None)
-        _remember(_FIXED_CACHE, key, seqs)
-    return seqs
-
-
-def _plan(seqs: _Sequences, H: int, K: int, V: int, config: KernelConfig) -> LaunchPlan:
+def _plan(seqs: Sequences, H: int, K: int, V: int, config: KernelConfig) -> LaunchPlan:
     key = (H, K, V, config)
     plan = seqs.plans.get(key)
     if plan is None:
@@ -253,10 +168,10 @@ def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_s
     return B, T, H, K, V, num_seqs
 
 
-def _sequences(cu_seqlens, device, B, T) -> _Sequences:
+def _sequences(cu_seqlens, device, B, T) -> Sequences:
     """The validated sequence tables (cu_seqlens' contents checked here), then the device."""
-    seqs = (_varlen_sequences(cu_seqlens, T) if cu_seqlens is not None
-            else _fixed_sequences(device, B, T))
+    seqs = (varlen_sequences(cu_seqlens, T) if cu_seqlens is not None
+            else fixed_sequences(device, B, T))
     if device.type != "cuda" and not _interpreting():
         raise RuntimeError(
             "kdalab.kernels.chunk_kda_fwd runs Triton kernels: it needs CUDA tensors, "
