@@ -345,6 +345,7 @@ def test_the_seed_documents_76_printed_values(h200_records):
     document's three tables as the document prints them (tests/data/seed_tables.json: the 76
     values, transcribed); the seed code's CPU fallback (fp16-seq) does not (the document's
     numbers were measured on an H200)."""
+    from kdalab.experiments.aggregate import summarize
     from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
     from kdalab.views.tables import seed_tables
 
@@ -353,7 +354,7 @@ def test_the_seed_documents_76_printed_values(h200_records):
 
     def printed(records) -> dict:
         out = {}
-        for t in seed_tables(records):
+        for t in seed_tables(summarize(records)):
             cols = list(t.frame.columns)
             out[t.name] = {"columns": cols,
                            "rows": [[t.formatters[c](row[c]) for c in cols]
