@@ -34,12 +34,11 @@ LOG2E = math.log2(math.e)
 
 
 @triton.jit
-def load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, lower_bound, H,
+def load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, o_k, lower_bound, H,
               K: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
     """Base-2 log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) * log2(e)`` of a
-    block of token rows of head ``i_h``, zero in padded rows (``r_ok`` false), so that a
-    cumulative sum ends at the last real row's."""
-    o_k = tl.arange(0, K)
+    block of token rows and key columns ``o_k`` of head ``i_h``, zero in padded rows
+    (``r_ok`` false), so that a cumulative sum ends at the last real row's."""
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
     m2 = r_ok[:, None]
     x = tl.load(g_ptr + offs, mask=m2, other=0.0).to(tl.float32)
@@ -97,8 +96,8 @@ def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r
     sequence) of head ``i_h``: returns W, QG, KEND [BT, K], AINV, MQK [BT, BT] (zero in the
     rows and columns of padded tokens) and GAMMA [K], in fp32."""
     o_r = tl.arange(0, BT)
-    gate2 = load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, lower_bound, H, K,
-                      HAS_A_LOG, HAS_DT_BIAS)
+    gate2 = load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, tl.arange(0, K),
+                      lower_bound, H, K, HAS_A_LOG, HAS_DT_BIAS)
     g2 = tl.cumsum(gate2, axis=0)  # base-2 cumulative log-decay
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     qv, kv, b = load_qkb(q_ptr, k_ptr, beta_ptr, rows, r_ok, i_h, H, K, USE_L2NORM, BETA_LOGITS)
@@ -124,15 +123,14 @@ def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r
 
 
 @triton.jit
-def prepare_and_store(i_c, ok, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h,
                       H, K: tl.constexpr, BT: tl.constexpr,
                       HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                       USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, MASKED: tl.constexpr):
-    """Stage 1 of global chunk ``i_c`` of head ``i_h``; with ``MASKED``, stores only if
-    ``ok`` (a repeated chunk past the end computes, but writes nothing)."""
+                      IS_VARLEN: tl.constexpr):
+    """Stage 1 of global chunk ``i_c`` of head ``i_h``, all K columns at once."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT, IS_VARLEN)
@@ -144,20 +142,89 @@ def prepare_and_store(i_c, ok, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias
         lower_bound, H, K, BT, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS)
     base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
     o_cc = o_r[:, None] * BT + o_r[None, :]
-    if MASKED:  # tensor masks: the interpreter rejects scalar ones
-        m2 = (r_ok & ((o_r * 0 + ok.to(tl.int32)) > 0))[:, None]
-        m_cc = (o_cc * 0 + ok.to(tl.int32)) > 0
-        m_k = (o_k * 0 + ok.to(tl.int32)) > 0
-    else:
-        m2 = r_ok[:, None]
-        m_cc = o_cc >= 0
-        m_k = o_k >= 0
+    m2 = r_ok[:, None]
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
     tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
-    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=m_cc)
-    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty), mask=m_cc)
-    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, gamma, mask=m_k)
+    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
+    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
+    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, gamma)
+
+
+@triton.jit
+def prepare_and_store_split(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+                            w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                            chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h,
+                            H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                            HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                            USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
+                            IS_VARLEN: tl.constexpr):
+    """Stage 1 of chunk ``i_c`` of head ``i_h`` in blocks of ``BK`` key columns: the same
+    algebra as ``prepare_chunk`` with a fraction of its registers (more programs an SM).
+
+    The L2 norms factor out of every product: with r the rows' 1/|x|,
+    L = diag(β r_k) ((Γ⊙K)(K/Γ)ᵀ) diag(r_k), MQK = diag(scale r_q) ((Γ⊙Q)(K/Γ)ᵀ) diag(r_k),
+    W = (AINV diag(r_k)) (Γ⊙K). So a first pass over the column blocks accumulates the two
+    16 × 16 products of raw operands and the rows' sums of squares; a second pass (its loads
+    hit L2) forms W, QG, KEND block by block."""
+    o_r = tl.arange(0, BT)
+    i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT, IS_VARLEN)
+    rows = bos + i_t * BT + o_r
+    r_ok = rows < eos
+    m2 = r_ok[:, None]
+    b = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
+    if BETA_LOGITS:
+        b = tl.sigmoid(b)
+    b = tl.where(r_ok, b, 0.0)
+    acc_l = tl.zeros([BT, BT], dtype=tl.float32)
+    acc_m = tl.zeros([BT, BT], dtype=tl.float32)
+    ssq_q = tl.zeros([BT], dtype=tl.float32)
+    ssq_k = tl.zeros([BT], dtype=tl.float32)
+    for kb in tl.static_range(K // BK):
+        o_k = kb * BK + tl.arange(0, BK)
+        offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+        g2 = tl.cumsum(load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, o_k,
+                                 lower_bound, H, K, HAS_A_LOG, HAS_DT_BIAS), axis=0)
+        qv = tl.load(q_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        kv = tl.load(k_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        if USE_L2NORM:
+            ssq_q += tl.sum(qv * qv, axis=1)
+            ssq_k += tl.sum(kv * kv, axis=1)
+        decay = tl.exp2(g2)
+        kit = tl.trans(kv * tl.exp2(-g2))
+        acc_l = tl.dot(kv * decay, kit, acc_l, input_precision="tf32")
+        acc_m = tl.dot(qv * decay, kit, acc_m, input_precision="tf32")
+    if USE_L2NORM:
+        rq = tl.rsqrt(ssq_q + 1e-6)
+        rk = tl.rsqrt(ssq_k + 1e-6)
+    else:
+        rq = tl.full([BT], 1.0, tl.float32)
+        rk = tl.full([BT], 1.0, tl.float32)
+    sq = scale * rq
+    L = tl.where(o_r[:, None] > o_r[None, :], acc_l * (b * rk)[:, None] * rk[None, :], 0.0)
+    mqk = tl.where(o_r[:, None] >= o_r[None, :], acc_m * sq[:, None] * rk[None, :], 0.0)
+    ainv = neumann_inverse16(L, BT) * b[None, :]
+    ainv_k = ainv * rk[None, :]
+    base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
+    o_cc = o_r[:, None] * BT + o_r[None, :]
+    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
+    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
+    for kb in tl.static_range(K // BK):
+        o_k = kb * BK + tl.arange(0, BK)
+        offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+        g2 = tl.cumsum(load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, o_k,
+                                 lower_bound, H, K, HAS_A_LOG, HAS_DT_BIAS), axis=0)
+        g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
+        qv = tl.load(q_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        kv = tl.load(k_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+        decay = tl.exp2(g2)
+        w = tl.dot(ainv_k, kv * decay, input_precision="tf32")
+        tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
+        tl.store(qg_ptr + offs, (qv * decay * sq[:, None]).to(qg_ptr.dtype.element_ty),
+                 mask=m2)
+        kend = kv * tl.exp2(g2_last[None, :] - g2) * rk[:, None]
+        tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
+        tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
 
 
 @triton.jit
@@ -169,30 +236,25 @@ def chunk_kda_prepare_kernel(
     H, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    CHUNKS: tl.constexpr, LOOP_STAGES: tl.constexpr,
+    BK: tl.constexpr,
 ):
     i_h = tl.program_id(1)
-    if CHUNKS == 1:
-        prepare_and_store(tl.program_id(0), True, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr,
+    if BK < K:
+        prepare_and_store_split(tl.program_id(0), q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr,
+                                dt_bias_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
+                                gamma_ptr, chunk_table_ptr, cu_seqlens_ptr, T, scale,
+                                lower_bound, i_h, H, K, BT, BK, HAS_A_LOG, HAS_DT_BIAS,
+                                USE_L2NORM, BETA_LOGITS, IS_VARLEN)
+    else:
+        prepare_and_store(tl.program_id(0), q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr,
                           dt_bias_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                           chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h, H, K, BT,
-                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, False)
-    else:
-        # CHUNKS consecutive chunks per program (a pipelined loop: the next chunk's loads are
-        # in flight while this one computes); the last program repeats the last chunk, masked
-        for j in tl.range(0, CHUNKS, num_stages=LOOP_STAGES):
-            i_c = tl.program_id(0) * CHUNKS + j
-            prepare_and_store(tl.minimum(i_c, num_chunks - 1), i_c < num_chunks, q_ptr, k_ptr,
-                              g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr, qg_ptr, kend_ptr,
-                              ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr, cu_seqlens_ptr, T,
-                              scale, lower_bound, i_h, H, K, BT, HAS_A_LOG, HAS_DT_BIAS,
-                              USE_L2NORM, BETA_LOGITS, IS_VARLEN, True)
+                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN)
 
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, chunks_per_program=1,
-    loop_stages=1,
+    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, block_k,
 ):
     """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma): W, QG, KEND like q, AINV and
     MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are normalized, else
@@ -210,7 +272,7 @@ def chunk_kda_prepare(
     if num_chunks == 0:
         return w, qg, kend, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    chunk_kda_prepare_kernel[(-(-num_chunks // chunks_per_program), H)](
+    chunk_kda_prepare_kernel[(num_chunks, H)](
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
@@ -221,7 +283,6 @@ def chunk_kda_prepare(
         H=H, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=cu_seqlens is not None, CHUNKS=chunks_per_program, LOOP_STAGES=loop_stages,
-        num_warps=num_warps,
+        IS_VARLEN=cu_seqlens is not None, BK=block_k, num_warps=num_warps,
     )
     return w, qg, kend, ainv, mqk, gamma
