@@ -191,12 +191,7 @@ def explore_configs(shape):
         if 2 * L <= n_chunks:
             configs[f"L{L}"] = KernelConfig(segment_chunks=L)
     configs.update({
-        "prep_all_w2": KernelConfig(prepare_block_k=128, prepare_warps=2),
-        "prep_bk32_w1": KernelConfig(prepare_block_k=32, prepare_warps=1),
-        "prep_bk32_w4": KernelConfig(prepare_block_k=32, prepare_warps=4),
-        "prep_bk16_w2": KernelConfig(prepare_block_k=16, prepare_warps=2),
-        "prep_bk64_w2": KernelConfig(prepare_block_k=64, prepare_warps=2),
-        "prep_bk64_w4": KernelConfig(prepare_block_k=64, prepare_warps=4),
+        "prep_w4": KernelConfig(prepare_warps=4),
         "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     })
     return configs

@@ -171,11 +171,9 @@ def test_plan_splits_long_sequences_with_few_heads(T, H):
 
 def test_plan_keeps_given_values():
     plan = plan_launch([100], 4, 64, 64, 132, block_v=32, num_warps=2, prepare_warps=8,
-                       prepare_block_k=16, segment_chunks=7)
-    assert (plan.block_v, plan.num_warps, plan.prepare_warps, plan.prepare_block_k,
-            plan.segment_chunks) == (32, 2, 8, 16, 7)
-    # a block wider than K is all of K
-    assert plan_launch([100], 4, 64, 64, 132, prepare_block_k=256).prepare_block_k == 64
+                       segment_chunks=7)
+    assert (plan.block_v, plan.num_warps, plan.prepare_warps,
+            plan.segment_chunks) == (32, 2, 8, 7)
 
 
 def test_segment_table_varlen():
@@ -238,7 +236,6 @@ def test_bad_arguments_raise_value_error(mutate, match):
 @pytest.mark.parametrize("kw,match", [
     (dict(dot="bf16"), "config.dot"), (dict(block_v=48), "config.block_v"),
     (dict(num_warps=3), "config.num_warps"), (dict(prepare_warps=32), "config.prepare_warps"),
-    (dict(prepare_block_k=48), "config.prepare_block_k"),
     (dict(segment_chunks=-1), "config.segment_chunks"),
     (dict(segment_chunks=2.5), "config.segment_chunks"),
 ])
@@ -374,32 +371,13 @@ def test_interp_options_off():
 @pytest.mark.parametrize("config", [
     KernelConfig(block_v=16), KernelConfig(block_v=32, num_warps=2),
     KernelConfig(block_v=128, num_warps=8), KernelConfig(prepare_warps=2),
-    KernelConfig(prepare_block_k=64), KernelConfig(prepare_block_k=16, prepare_warps=1),
     TF32_CONFIG, KernelConfig(dot="tf32", block_v=32)],
-    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "prepare_all_k", "prepare_bk16_w1",
-         "tf32", "tf32_bv32"])
+    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "tf32", "tf32_bv32"])
 def test_interp_launch_shapes(config):
     # every launch shape the plan may choose computes the same function
     eo, es = _run("weak_decay_correlated", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
                   cu_seqlens=[0, 30, 83], config=config)
     assert eo < TOL_FP32 and es < TOL_FP32, (eo, es)
-
-
-@interp
-@pytest.mark.parametrize("l2", [True, False])
-def test_interp_prepare_blocks_equal_all_columns(l2):
-    # stage 1 in blocks of key columns (the norms applied after the products) against all
-    # columns at once (the norms before): the same algebra, summed in another order, so equal
-    # to fp32 rounding: 1e-5 relative covers a few ulps (6e-8) through the recurrence's
-    # 83 steps. Fixed length with a ragged tail, and varlen with an empty sequence.
-    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 83, 2, 64, seed=2)
-    for cu in (None, torch.tensor([0, 5, 21, 21, 70, 83])):
-        out = [chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias,
-                             cu_seqlens=cu, output_final_state=True, use_qk_l2norm=l2,
-                             config=KernelConfig(prepare_block_k=bk, segment_chunks=0))
-               for bk in (64, 32, 16)]
-        for o, s in out[1:]:
-            assert _err(o, out[0][0]) < 1e-5 and _err(s, out[0][1]) < 1e-5
 
 
 @interp
@@ -615,11 +593,8 @@ def test_gpu_layouts_without_and_with_state(layout, state_dtype):
 @pytest.mark.parametrize("config", [KernelConfig(block_v=32), KernelConfig(block_v=16),
                                     KernelConfig(block_v=128, num_warps=8),
                                     KernelConfig(prepare_warps=4),
-                                    KernelConfig(prepare_block_k=128),
-                                    KernelConfig(prepare_block_k=64, prepare_warps=4),
                                     TF32_CONFIG],
-                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "prepare_all_k",
-                              "prepare_bk64_w4", "tf32"])
+                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "tf32"])
 def test_gpu_launch_shapes(config):
     for family in FAMILIES:
         eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config,

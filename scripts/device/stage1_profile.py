@@ -11,7 +11,7 @@ from bench_kernel import SHAPES, make_inputs, run_kdalab  # noqa: E402
 from kdalab.kernels import KernelConfig  # noqa: E402
 
 x = make_inputs(SHAPES[sys.argv[1]])
-cfg = KernelConfig(prepare_block_k=128)
+cfg = KernelConfig()
 for _ in range(3):
     run_kdalab(x, cfg)
 torch.cuda.synchronize()

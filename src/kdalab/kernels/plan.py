@@ -64,22 +64,21 @@ MIN_GAIN = 0.85
 @dataclass(frozen=True)
 class LaunchPlan:
     """What ``chunk_kda_fwd`` launches: the recurrent stage's value block and warps, stage 1's
-    warps and key columns a step, the segment length in chunks (0: one serial pass per
+    warps, the segment length in chunks (0: one serial pass per
     sequence), and the model's estimate of the recurrent stage (µs)."""
 
     block_v: int
     num_warps: int
     prepare_warps: int
-    prepare_block_k: int
     segment_chunks: int
     estimate_us: float = float("nan")
 
 
-def default_prepare(K: int) -> tuple[int, int]:
-    """Stage 1's (warps, key columns a step). K >= 64: 2 warps, blocks of 32 columns (104
-    registers, 9 programs an SM, against 255 and 4 with all 128 columns at once; H200
-    figures in docs/kernels.md). K <= 32: all columns at once on 4 warps."""
-    return (4, K) if K <= 32 else (2, 32)
+def default_prepare_warps(K: int) -> int:
+    """Stage 1's warps: 2 at K = 128 (measured fastest on the H200: 0.53 ms against 0.68 on 4
+    and 1.43 on 8 warps at H = 64, T = 8192; 255 registers, no spills), 4 for K <= 64, 8 for
+    K = 256 (not measured: fewer would spill)."""
+    return 4 if K <= 64 else 2 if K == 128 else 8
 
 
 def _step(cost: StepCost, programs: int, sms: int, summary: bool) -> float:
@@ -148,7 +147,7 @@ def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None):
 
 def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
                 block_v: int | None = None, num_warps: int | None = None,
-                prepare_warps: int | None = None, prepare_block_k: int | None = None,
+                prepare_warps: int | None = None,
                 segment_chunks: int | None = None) -> LaunchPlan:
     """The launch plan for sequences of ``n_chunks`` chunks (16 tokens) each, ``H`` heads,
     head dims K and V, on a GPU of ``sms`` multiprocessors. Given values are kept; ``None``
@@ -157,9 +156,7 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
     if segment_chunks and K > 128:
         raise ValueError(f"config.segment_chunks={segment_chunks}: the sequence-parallel pass "
                          f"needs K <= 128, got K={K}")
-    pw, pk = default_prepare(K)
-    pw = prepare_warps or pw
-    pk = min(prepare_block_k or pk, K)
+    pw = prepare_warps or default_prepare_warps(K)
     costs = _candidates(K, V, block_v, num_warps)
     if K > 128 or (segment_chunks is not None):
         lengths = [0 if K > 128 else segment_chunks or 0]
@@ -176,7 +173,7 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
             if best is None or t < best[0]:
                 best = (t, cost, L)
     t, cost, L = best
-    return LaunchPlan(cost.block_v, cost.num_warps, pw, pk, L, t)
+    return LaunchPlan(cost.block_v, cost.num_warps, pw, L, t)
 
 
 def segment_table(seq_starts: torch.Tensor, seq_ends: torch.Tensor, chunk_starts: torch.Tensor,
