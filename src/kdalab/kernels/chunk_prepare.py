@@ -106,21 +106,22 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
                              HAS_A_LOG, HAS_DT_BIAS), axis=0)  # base-2 cumulative log-decay
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
-    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
-    decay = tl.exp2(g2)
-    qd = l2_normalize(q_raw, USE_L2NORM) * decay * scale
-    tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     kv = l2_normalize(k_raw, USE_L2NORM)
-    kd = kv * decay
     kend = kv * tl.exp2(g2_last[None, :] - g2)
     tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
+
+    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
+    decay = tl.exp2(g2)
     kit = tl.trans(kv * tl.exp2(-g2))
-    L = tl.dot(kd, kit, input_precision="tf32")
-    L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
+    qd = l2_normalize(q_raw, USE_L2NORM) * decay * scale
+    tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
     o_cc = o_r[:, None] * BT + o_r[None, :]
     mqk = tl.where(o_r[:, None] >= o_r[None, :], tl.dot(qd, kit, input_precision="tf32"), 0.0)
     tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
+    kd = kv * decay
+    L = tl.dot(kd, kit, input_precision="tf32")
+    L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
 
     ainv = neumann_inverse16(L, BT) * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
