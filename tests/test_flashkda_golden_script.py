@@ -195,11 +195,14 @@ def test_dry_run_with_instructions_packs_every_file(script, tmp_path, monkeypatc
                                                   "sm90_tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
-    dest = tmp_path / "data"
-    assert tables.main([str(out), "--dest", str(dest)]) == 0
+    dest, checks = tmp_path / "data", tmp_path / "checks.npz"
+    assert tables.main([str(out), "--dest", str(dest), "--checks", str(checks)]) == 0
     with np.load(dest / "sm90_tanh.npz") as z:
-        assert {"summary_json", "d0", "b0", "bf16_in", "bf16_sigmoid"} <= set(z.files)
-        assert not any(k.startswith(("s", "w")) for k in z.files if k != "summary_json")
+        assert {"summary_json", "d0", "b0"} <= set(z.files)
+        assert not any(k.startswith(("s", "w", "bf")) for k in z.files if k != "summary_json")
+    with np.load(checks) as z:
+        assert sorted(z.files) == ["bf16_in", "bf16_sigmoid", "bf16_tanh", "ex2_edge_in",
+                                   "ex2_edge_out"]
     only = tmp_path / "only"
     assert script.main(["--device", "cpu", "--out", str(only), "--only-sweeps"],
                        ins=CpuInstr(script)) == 0

@@ -3,11 +3,13 @@
 The tables here are made from known stand-in functions in the device script's format (a tanh
 that ignores the low 12 input bits, an exp2 and an rsqrt off the correctly rounded one by an ulp
 in a pattern), so the models must return the stand-ins bit for bit on any input; without tables
-they are the correctly rounded functions."""
+they are the correctly rounded functions. With the package's tables (the H200's, 2026-11-30) they
+must return what the H200 returned on the inputs of ``tests/data/flashkda/sm90_checks.npz``."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from kdalab.arith import sm90
 from kdalab.arith.scalar import SM90_OPS, TORCH_OPS, get_scalar_ops, sequential_cumsum
 
 FRAC = 1 << 23
+CHECKS = Path(__file__).parent / "data" / "flashkda" / "sm90_checks.npz"
 
 
 def _bits(x):
@@ -190,3 +193,37 @@ def test_tanh_tables_as_bit_differences(tables, tmp_path, monkeypatch):
     finally:
         monkeypatch.undo()
         sm90.reload()
+
+
+@pytest.fixture()
+def package_tables(monkeypatch):
+    monkeypatch.delenv("KDALAB_SM90_DATA", raising=False)
+    sm90.reload()
+    yield
+    monkeypatch.undo()
+    sm90.reload()
+
+
+def _same(got, want):
+    """Bit for bit, NaN for NaN (whatever its payload)."""
+    nan = torch.isnan(want)
+    return torch.equal(torch.isnan(got), nan) and torch.equal(_bits(got[~nan]), _bits(want[~nan]))
+
+
+def test_package_tables_are_the_h200s(package_tables):
+    """The package's tables cover every input (tanh on whole binades 2⁻⁴⁰ ≤ |x| < 2⁹, beyond that
+    x or 1 as measured at its ends), and reproduce the run's own outputs elsewhere: tanh.approx
+    and FlashKDA's sigmoid on every bf16 input (all exponents, subnormals — not flushed —, inf,
+    NaN), ex2.approx on 4,097 inputs in [−130, −120] (its flush to zero)."""
+    assert set(sm90.measured().values()) == {"measured"}, sm90.measured()
+    with np.load(CHECKS) as z:
+        c = {k: torch.from_numpy(z[k]) for k in z.files}
+    x = c["bf16_in"]
+    b = _bits(x) & 0xFFFFFFFF
+    assert bool((b & 0xFFFF == 0).all()) and len((b >> 16).unique()) == 65536  # every bf16
+    assert (x.abs() < 2.0**-126).sum() > 200 and torch.isinf(x).sum() == 2  # the hard ones
+    assert _same(sm90.tanh_approx(x), c["bf16_tanh"])
+    assert _same(sm90.sigmoid_tanh(x), c["bf16_sigmoid"])
+    assert _same(sm90.ex2_approx_ftz(c["ex2_edge_in"]), c["ex2_edge_out"])
+    tiny = (x.abs() < 2.0**-126) & (x != 0)
+    assert torch.equal(c["bf16_tanh"][tiny], x[tiny])  # why the model does not flush them

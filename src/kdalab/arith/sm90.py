@@ -21,21 +21,23 @@ below are the H200's answers, read from them:
 
 * ``tanh``: per binade 2^e ≤ |x| < 2^(e+1) either the table of outputs at the inputs whose low
   ``n`` significand bits are zero (the measurement shows the output ignores those bits: n = 2..6
-  between 2⁻⁸ and 8), or ``|x|`` itself (|x| < 2⁻⁹), or 1 (|x| ≥ 8); odd in x;
+  between 2⁻⁸ and 8), or ``|x|`` itself (below 2⁻⁸, subnormals included: they are not flushed),
+  or 1 (from 8 up, inf included); odd in x;
 * ``ex2``: y = 2^w · F[j], with F the measured outputs at j·2⁻²³ (j < 2²³) and (w, j) from |x|
   truncated to 23 fraction bits, the fraction's ones' complement for negative x
   (:func:`ex2_approx_ftz`); results below 2⁻¹²⁶ flushed to zero;
-* ``rsqrt``: y(4^m·x) = 2^−m·y(x), with y measured on [1, 4).
-
-* FlashKDA's sigmoid ``fma(tanh.approx(x·½), ½, ½)`` (:func:`sigmoid_tanh`): measured on every
-  bf16 input (β is bf16) and, where ``$KDALAB_SM90_POINTS`` names a file of measured points, on
-  those; elsewhere computed from ``tanh``.
+* ``rsqrt``: y(4^m·x) = 2^−m·y(x), with y measured on [1, 4);
+* FlashKDA's sigmoid ``fma(tanh.approx(x·½), ½, ½)`` (:func:`sigmoid_tanh`) from ``tanh``.
 
 Inputs the measurement does not cover fall back to the correctly rounded function, as does
-everything when no tables are present. :func:`measured` says what is covered. The H200 run of
-2026-11-30 (docs/flashkda.md) measured ``ex2`` and ``rsqrt`` completely; ``tanh`` exactly only
-for |x| < 2⁻⁵ and |x| ≥ 8 (between, it ignores just 2–5 low input bits, and the run kept
-samples, not the 6.3 million-entry tables).
+everything when no tables are present; :func:`measured` says what is covered. The H200 run of
+2026-11-30 19:00 UTC (docs/flashkda.md) measured all three on every input of whole binades:
+``tanh`` for 2⁻⁴⁰ ≤ |x| < 2⁹ (both signs; 6,684,672 table entries for 2⁻⁸ ≤ |x| < 8), ``ex2``'s
+2²³ fractions and ``rsqrt`` on [1, 4), with the structure each model assumes checked on whole
+binades (ex2: 2⁻³⁰ ≤ |x| < 2⁷; rsqrt: 2⁻⁴⁰ ≤ x < 2⁴¹). Beyond those binades the models extend
+the measured pattern; the run's outputs on every bf16 input (tanh and the sigmoid; every
+exponent, subnormals and inf included) and on 4,097 inputs of ex2 around its flush to zero agree
+with them bit for bit (``tests/test_sm90.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import json
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -100,8 +103,24 @@ def _ftz_input(x: torch.Tensor) -> torch.Tensor:
 
 # --- tanh.approx.f32 -------------------------------------------------------------------------
 
+_X, _ONE, _TABLE, _ROUNDED = range(4)  # how a binade's outputs are had
+
+
+class _TanhModel(NamedTuple):
+    """Per binade e (index e − lo + 1; index 0: every binade below the measured ones, the last:
+    every binade above, inf included) how the output is had, the table's offset in ``table``
+    and the low input bits it ignores."""
+
+    lo: int
+    how: torch.Tensor
+    offset: torch.Tensor
+    shift: torch.Tensor
+    table: torch.Tensor
+    rounded: list[str]
+
+
 @lru_cache(maxsize=None)
-def _tanh_tables():
+def _tanh_tables() -> _TanhModel | None:
     arrays = _open("tanh")
     if arrays is None:
         return None
@@ -109,11 +128,30 @@ def _tanh_tables():
     binades = {int(e): info for e, info in summ["binades"].items()}
     if not all(info["odd"] for info in binades.values()):
         raise ValueError("tanh.approx measurement: not odd in x; the model assumes it is")
-    tables = {e: (info["invariant_low_bits"], _table(arrays, e))
-              for e, info in binades.items() if info.get("stored") == "table"}
-    for e, (n, tab) in tables.items():
-        _check_size(f"tanh.approx table of binade {e}", tab, _FRAC >> n)
-    return binades, tables
+    lo, hi = min(binades), max(binades)
+    how, offset, shift, tables, rounded, pos = [], [], [], [], [], 0
+    for e in range(lo - 1, hi + 2):  # lo − 1: every binade below; hi + 1: every one above
+        info = binades.get(min(max(e, lo), hi), {})  # beyond: the pattern at the ends
+        n, off = 0, 0
+        if info.get("all_equal_x") and e <= hi:
+            how.append(_X)
+        elif info.get("all_one") and e >= lo:
+            how.append(_ONE)
+        elif info.get("stored") == "table" and lo <= e <= hi:
+            n, off = info["invariant_low_bits"], pos
+            tab = _table(arrays, e)
+            _check_size(f"tanh.approx table of binade {e}", tab, _FRAC >> n)
+            how.append(_TABLE)
+            tables.append(tab)
+            pos += len(tab)
+        else:
+            how.append(_ROUNDED)
+            rounded.append(f"below {lo}" if e < lo else f"above {hi}" if e > hi else str(e))
+        offset.append(off)
+        shift.append(n)
+    table = torch.cat(tables) if tables else torch.zeros(1)
+    return _TanhModel(lo, torch.tensor(how), torch.tensor(offset), torch.tensor(shift), table,
+                      rounded)
 
 
 def _table(arrays: dict, e: int) -> torch.Tensor:
@@ -129,77 +167,33 @@ def _table(arrays: dict, e: int) -> torch.Tensor:
 
 def tanh_approx(x: torch.Tensor) -> torch.Tensor:
     """``tanh.approx.f32`` of float32 ``x`` (module doc: measured tables, else correctly
-    rounded)."""
-    x = _ftz_input(x)
-    y = torch.tanh(x.double()).float()
+    rounded). Subnormal inputs are not flushed: the H200 returns them as they are."""
+    x = x.float()
     t = _tanh_tables()
     if t is None:
-        return y
-    binades, tables = t
+        return torch.tanh(x.double()).float()
+    dev = x.device
     ax = x.abs()
     b = _bits(ax)
-    e = (b >> 23) - 127
-    m = b & (_FRAC - 1)
-    out = y.abs()
-    lo, hi = min(binades), max(binades)
-    if binades[lo]["all_equal_x"]:
-        out = torch.where(e < lo, ax, out)
-    if binades[hi]["all_one"]:
-        out = torch.where((e > hi) & (ax != 0), torch.ones_like(out), out)
-    for ev, info in binades.items():
-        sel = e == ev
-        if info["all_equal_x"]:
-            out = torch.where(sel, ax, out)
-        elif info["all_one"]:
-            out = torch.where(sel, torch.ones_like(out), out)
-        elif ev in tables:
-            n, tab = tables[ev]
-            idx = torch.where(sel, m >> n, torch.zeros_like(m))
-            out = torch.where(sel, tab.to(x.device)[idx], out)
+    i = ((b >> 23) - 127 - t.lo + 1).clamp(0, len(t.how) - 1)
+    how = t.how.to(dev)[i]
+    idx = t.offset.to(dev)[i] + ((b & (_FRAC - 1)) >> t.shift.to(dev)[i])
+    out = t.table.to(dev)[torch.where(how == _TABLE, idx, torch.zeros_like(idx))]
+    out = torch.where(how == _X, ax, torch.where(how == _ONE, torch.ones_like(ax), out))
+    if bool((how == _ROUNDED).any()):
+        out = torch.where(how == _ROUNDED, torch.tanh(ax.double()).float(), out)
     out = torch.where(torch.isnan(x), x, out)
     return torch.copysign(out, x)
 
 
 # --- FlashKDA's sigmoid ----------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
-def _sigmoid_points():
-    """Measured (x bits, sigmoid bits), sorted by x: every bf16 input (the tanh file), and the
-    points in ``$KDALAB_SM90_POINTS`` (an npz of ``x_bits``, ``sigmoid_bits``) if set."""
-    keys, vals = [], []
-    arrays = _open("tanh")
-    if arrays is not None and "bf16_in" in arrays:
-        keys.append(arrays["bf16_in"].view(np.int32))
-        vals.append(arrays["bf16_sigmoid"].view(np.int32))
-    extra = os.environ.get("KDALAB_SM90_POINTS")
-    if extra:
-        with np.load(extra) as z:
-            keys.append(z["x_bits"].astype(np.int32))
-            vals.append(z["sigmoid_bits"].astype(np.int32))
-    if not keys:
-        return None
-    k, v = np.concatenate(keys), np.concatenate(vals)
-    keep = ~np.isnan(k.view(np.float32))
-    k, v = k[keep], v[keep]
-    order = np.argsort(k, kind="stable")
-    return torch.from_numpy(k[order]), torch.from_numpy(v[order])
-
-
 def sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
     """FlashKDA's sigmoid of float32 ``x`` on the H200: ``fma(tanh.approx(x·½), ½, ½)``
-    (``utils.cuh:50-53``). Measured outputs where there are any (every bf16 input; the points of
-    ``$KDALAB_SM90_POINTS``), else computed with :func:`tanh_approx`."""
+    (``utils.cuh:50-53``), with :func:`tanh_approx`."""
     x = x.float()
     half = torch.tensor(0.5, dtype=torch.float32, device=x.device)
-    y = (tanh_approx(x * half).double() * 0.5 + 0.5).float()  # one rounding: exact in float64
-    pts = _sigmoid_points()
-    if pts is None:
-        return y
-    keys, vals = (t.to(x.device) for t in pts)
-    xb = x.contiguous().view(torch.int32)
-    pos = torch.searchsorted(keys, xb.reshape(-1)).clamp(max=len(keys) - 1).reshape(xb.shape)
-    hit = keys[pos] == xb
-    return torch.where(hit, vals[pos].view(torch.float32), y)
+    return (tanh_approx(x * half).double() * 0.5 + 0.5).float()  # one rounding: exact in f64
 
 
 # --- ex2.approx.ftz.f32 ----------------------------------------------------------------------
@@ -231,7 +225,7 @@ def ex2_approx_ftz(x: torch.Tensor) -> torch.Tensor:
     t = _ex2_tables()
     if t is None:
         return exp2_ftz(x)
-    frac = t[0].to(x.device).double()
+    frac = t[0].to(x.device)
     x64 = x.double()
     fin = torch.isfinite(x64)
     tt = torch.trunc(torch.where(fin, x64.abs(), torch.zeros_like(x64)).clamp(max=300.0)
@@ -241,7 +235,7 @@ def ex2_approx_ftz(x: torch.Tensor) -> torch.Tensor:
     neg = x64 < 0
     w = torch.where(neg, torch.where(f == 0, -i, -i - 1), i)
     j = torch.where(neg & (f != 0), _FRAC - 1 - f, torch.where(neg, torch.zeros_like(f), f))
-    y = (frac[j] * torch.exp2(w)).float()
+    y = (frac[j].double() * torch.exp2(w)).float()
     y = torch.where(fin, y, torch.exp2(x64).float())  # 2^inf = inf, 2^-inf = 0, nan
     return torch.where(y.abs() < _TINY, torch.zeros_like(y), y)
 
@@ -286,7 +280,7 @@ def rsqrt_approx_ftz(x: torch.Tensor) -> torch.Tensor:
 
 def reload() -> None:
     """Read the tables again (after ``$KDALAB_SM90_DATA`` or the files changed)."""
-    for f in (_tanh_tables, _sigmoid_points, _ex2_tables, _rsqrt_tables):
+    for f in (_tanh_tables, _ex2_tables, _rsqrt_tables):
         f.cache_clear()
 
 
@@ -304,14 +298,9 @@ def _measured() -> dict[str, str]:
     if t is None:
         out["tanh.approx.f32"] = "correctly rounded tanh (no measurement)"
     else:
-        binades, tables = t
-        rest = sorted(e for e, i in binades.items()
-                      if not (i["all_equal_x"] or i["all_one"] or e in tables))
-        out["tanh.approx.f32"] = ("measured" if not rest else
-                                  f"measured except binades {rest} (correctly rounded there)")
-    pts = _sigmoid_points()
-    out["sigmoid (tanh.approx form)"] = ("from tanh.approx" if pts is None else
-                                        f"measured at {len(pts[0])} inputs, else from tanh.approx")
+        out["tanh.approx.f32"] = ("measured" if not t.rounded else
+                                  f"measured except binades {', '.join(t.rounded)} (correctly "
+                                  "rounded there)")
     t = _ex2_tables()
     if t is None:
         out["ex2.approx.ftz.f32"] = "correctly rounded exp2, FTZ (no measurement)"
