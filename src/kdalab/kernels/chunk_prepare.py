@@ -1,8 +1,9 @@
 """Stage 1 of the Triton KDA forward: everything that is parallel over tokens.
 
 One program handles one 16-token chunk of one head. It fuses the gate
-(``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``), the within-chunk cumulative sum, the L2 normalization of q and k, the β sigmoid, the scaled-operand GEMMs for
-``L`` and the causal q·k scores, and the fp32 Neumann inverse
+(``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``), the within-chunk cumulative sum,
+the L2 normalization of q and k, the β sigmoid, the scaled-operand GEMMs for ``L`` and the
+causal q·k scores, and the fp32 Neumann inverse
 ``(I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8)``. It writes the per-chunk operands
 that the recurrent stage (``chunk_recurrent.py``) needs and nothing it can rebuild:
 

@@ -76,8 +76,8 @@ class LaunchPlan:
 
 def default_prepare_warps(K: int) -> int:
     """Stage 1's warps: 2 at K = 128 (measured fastest on the H200: 0.43 ms against 0.60 on 4
-    warps at H = 64, T = 8192, stage 1 alone; 1.43 on 8 warps before; no spills), 4 for K <= 64, 8 for
-    K = 256 (not measured: fewer would spill)."""
+    warps at H = 64, T = 8192, stage 1 alone; 1.43 on 8 warps before; no spills), 4 for
+    K <= 64, 8 for K = 256 (not measured: fewer would spill)."""
     return 4 if K <= 64 else 2 if K == 128 else 8
 
 
