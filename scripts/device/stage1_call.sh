@@ -10,7 +10,8 @@
 #   STAGE1_CALL=4 (nothing carried): QG stored before K is normalized (182 registers against
 #     231: 5 programs an SM against 4) against call 3's kernel (the copy at
 #     kernels/_stage1_old.py): stage1_ab.py only.
-#   STAGE1_CALL=5 (nothing carried): the committed stage 1 under ptxas register caps.
+#   STAGE1_CALL=5: stage 1 under ptxas register caps (no gain; the cap and this branch are gone,
+#     the script is at commit f722297).
 # (Call 2 is stage1_profile.sh: Nsight Compute.)
 set -o pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=200
@@ -20,10 +21,6 @@ if [ "${STAGE1_CALL:-3}" = 1 ]; then
     timeout 330 python3 benchmarks/bench_kernel.py --explore \
         --shapes T8192_H64,B8_T4096_H32_state,varlen1024x8_H64,T1024_H16,T8192_H96,varlen6_H64 \
         --json "$OUT/explore.json" 2>&1 | grep -v '^{'
-elif [ "${STAGE1_CALL:-3}" = 5 ]; then
-    timeout 200 python3 scripts/device/stage1_ab.py --max-registers 128,168,192 \
-        T8192_H64,B8_T4096_H32_state,varlen1024x8_H64,T8192_H96,T1024_H16
-    exit 0
 else
     timeout 200 python3 scripts/device/stage1_ab.py \
         T8192_H64,B8_T4096_H32_state,varlen1024x8_H64,varlen6_H64,T8192_H96,T1024_H16

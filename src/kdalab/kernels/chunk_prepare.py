@@ -147,13 +147,12 @@ def chunk_kda_prepare_kernel(
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, max_registers=None,
+    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps,
 ):
     """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma): W, QG, KEND like q, AINV and
     MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are normalized, else
     fp32), GAMMA [num_chunks, H, K] fp32.
 
-    ``max_registers``: ptxas's register cap per thread (None: its own choice).
     ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
     variable-length input (None for fixed length).
     """
@@ -178,6 +177,5 @@ def chunk_kda_prepare(
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
         IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,
-        **({"maxnreg": max_registers} if max_registers else {}),
     )
     return w, qg, kend, ainv, mqk, gamma
