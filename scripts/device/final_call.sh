@@ -10,6 +10,8 @@
 #       test (gpu_tests.sh), then `kdalab check` on the full suite (check_h200.sh).
 #   FINAL_PART=2: the accuracy table (GPU 0) beside the 94,500-run sweep as a whole process
 #     against the seed loop (GPU 1), then the sweep through Ray on 1 and 2 GPUs.
+#   FINAL_PART=grid (session 5, kind nvidia-h200, carry .whl and .peers): lane A alone, the
+#     kernel grid after stage 1's new load order.
 # With one GPU the lanes run one after the other.
 set -o pipefail
 source scripts/device/peers.sh
@@ -58,7 +60,10 @@ lane_b2() {
         --chunks 2-64 --seeds 0-499 --seed-sample 4 --repeat 2 --breakdown
 }
 part=${FINAL_PART:-1}
-if [ "$part" = 1 ]; then
+if [ "$part" = grid ]; then
+    lane_a1 2>&1 | tee /tmp/final/lane_a1.log | grep -v '^{"shape'
+    cp /tmp/final/grid.json "$OUT/"
+elif [ "$part" = 1 ]; then
     both lane_a1 lane_b1
     [ -f /tmp/final/check.tar.gz ] && mv /tmp/final/check.tar.gz "$OUT/"
 else
