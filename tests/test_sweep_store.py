@@ -163,7 +163,7 @@ def _ray_task_pids() -> list[int]:
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if cmdline.read_bytes().startswith(b"ray::kdalab_task"):
+            if cmdline.read_bytes().startswith(b"ray::KdalabWorker.run"):
                 pids.append(int(cmdline.parent.name))
         except OSError:
             pass
