@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -192,6 +193,44 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         loop_stages=2 if plan.prepare_chunks > 1 else 1)
 
 
+class _Call(NamedTuple):
+    H: int
+    K: int
+    V: int
+    num_seqs: int
+    seqs: Sequences
+    plan: LaunchPlan
+    dot: str
+    v: torch.Tensor
+    initial_state: torch.Tensor | None
+    ops: tuple
+
+
+def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, cu_seqlens,
+           state_layout, config, use_qk_l2norm, beta_is_logits) -> _Call:
+    """What both entry points do first: validate, find the sequences and the plan, make the
+    inputs contiguous and run stage 1."""
+    B, T, H, K, V, num_seqs = _validate(q, k, v, g, beta, initial_state, A_log, dt_bias,
+                                        lower_bound, cu_seqlens, state_layout, config,
+                                        use_qk_l2norm)
+    if scale is None:
+        scale = K ** -0.5
+    seqs = _sequences(cu_seqlens, q.device, B, T)
+    plan = _plan(seqs, H, K, V, config)
+    dot = config.dot if config.dot != "auto" else ("fp16" if use_qk_l2norm else "tf32")
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if A_log is not None:
+        A_log = A_log.contiguous()
+    if dt_bias is not None:
+        dt_bias = dt_bias.reshape(H * K).contiguous()
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
+                  lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+                  beta_is_logits=beta_is_logits, plan=plan)
+    return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
+
+
 def chunk_kda_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -229,27 +268,10 @@ def chunk_kda_fwd(
     the host): NaN or inf in a sequence's inputs propagates to that sequence's outputs and
     final state (for the heads it reaches) and leaves the others untouched.
     """
-    B, T, H, K, V, num_seqs = _validate(q, k, v, g, beta, initial_state, A_log, dt_bias,
-                                        lower_bound, cu_seqlens, state_layout, config,
-                                        use_qk_l2norm)
-    if scale is None:
-        scale = K ** -0.5
-    device = q.device
-    seqs = _sequences(cu_seqlens, device, B, T)
-    plan = _plan(seqs, H, K, V, config)
-    dot = config.dot if config.dot != "auto" else ("fp16" if use_qk_l2norm else "tf32")
-
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    if A_log is not None:
-        A_log = A_log.contiguous()
-    if dt_bias is not None:
-        dt_bias = dt_bias.reshape(H * K).contiguous()
-    if initial_state is not None:
-        initial_state = initial_state.contiguous()
-
-    ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
-                  lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-                  beta_is_logits=beta_is_logits, plan=plan)
+    c = _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound,
+               cu_seqlens, state_layout, config, use_qk_l2norm, beta_is_logits)
+    H, K, V, num_seqs, seqs, plan, dot = c.H, c.K, c.V, c.num_seqs, c.seqs, c.plan, c.dot
+    v, initial_state, ops, device = c.v, c.initial_state, c.ops, c.v.device
     final_state = None
     if output_final_state:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
@@ -302,22 +324,10 @@ def chunk_kda_transition(
     (context parallelism): each shard's (M, R), a prefix combine, then ``chunk_kda_fwd`` from
     the true start state. Arguments as ``chunk_kda_fwd`` (no state, no outputs).
     """
-    B, T, H, K, V, num_seqs = _validate(q, k, v, g, beta, None, A_log, dt_bias, lower_bound,
-                                        cu_seqlens, "KV", config, use_qk_l2norm)
-    if scale is None:
-        scale = K ** -0.5
-    device = q.device
-    seqs = _sequences(cu_seqlens, device, B, T)
-    plan = _plan(seqs, H, K, V, dataclasses.replace(config, segment_chunks=0))
-    dot = config.dot if config.dot != "auto" else ("fp16" if use_qk_l2norm else "tf32")
-    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
-    if A_log is not None:
-        A_log = A_log.contiguous()
-    if dt_bias is not None:
-        dt_bias = dt_bias.reshape(H * K).contiguous()
-    ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
-                  lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-                  beta_is_logits=beta_is_logits, plan=plan)
+    c = _front(q, k, v, g, beta, None, A_log, dt_bias, scale, lower_bound, cu_seqlens, "KV",
+               dataclasses.replace(config, segment_chunks=0), use_qk_l2norm, beta_is_logits)
+    H, K, V, num_seqs, seqs, plan, dot = c.H, c.K, c.V, c.num_seqs, c.seqs, c.plan, c.dot
+    v, ops, device = c.v, c.ops, c.v.device
     # one segment per sequence: the segment length covers the longest sequence
     table, _, n_segs = seqs.segments(max(1, max(seqs.n_chunks, default=1)))
     summary = torch.empty(n_segs, H, V + K, K, device=device, dtype=torch.float32)
