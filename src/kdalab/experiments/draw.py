@@ -166,16 +166,14 @@ def _default_workers(n: int) -> int:
 #: 0.033 / 0.029 on 2 / 4 / 8 / 12 processes (docs/BENCHMARKS.md).
 MAX_CUDA_PROCESSES = 12
 #: run_sweep on CUDA draws in processes by default from this many runs on, or once they are
-#: running: starting them costs seconds (each imports torch; about 1 s for 2 on a 2-core VM),
-#: which the ~0.05 ms per run they save on the H200 host repays only over tens of thousands of
-#: runs.
+#: running: starting them costs seconds, which the ~0.05 ms per run they save on the H200 host
+#: repays only over tens of thousands of runs.
 PROCESS_MIN_RUNS = 50_000
 
 
 def _spawnable() -> bool:
     """Whether draw processes can start: they re-import ``__main__`` from its file (spawned or
-    forked from the fork server alike), which fails for code read from stdin
-    (``python - <script``)."""
+    forked from the fork server alike), which fails for code read from stdin."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     return path is None or os.path.exists(path)
@@ -215,11 +213,6 @@ def _block_layout(n: int, chunk: int, dim: int) -> tuple[int, int]:
     """Bytes of the keys [n, C, D] bf16 (padded to 8) and of each float64 [n, C] array."""
     kb = n * chunk * dim * 2
     return kb + (-kb) % 8, n * chunk * 8
-
-
-def _block_bytes(n: int, chunk: int, dim: int) -> int:
-    kb, fb = _block_layout(n, chunk, dim)
-    return kb + 2 * fb
 
 
 def _block_views(buf: torch.Tensor, n: int, chunk: int, dim: int):
@@ -280,9 +273,8 @@ atexit.register(_free_block)
 
 def _draw_context():
     """How draw processes start: forked from a fork server that imported this module (and so
-    torch) once, where there is one (Linux); else spawned. Neither inherits CUDA. On the dev VM
-    (2 cores), 8 spawned processes took 14.9 s to start, each importing torch, and 6.3 s to
-    exit, each finalizing it; 8 forked from the server 2.9 s and 0.04 s (docs/sweeps.md)."""
+    torch) once, where there is one (Linux), else spawned; neither inherits CUDA. On the dev VM,
+    8 spawned processes took 14.9 s to start and 6.3 s to exit; forked 2.9 s and 0.04 s."""
     import multiprocessing
 
     if "forkserver" not in multiprocessing.get_all_start_methods():
@@ -323,7 +315,8 @@ def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, see
     edges = [n * w // processes for w in range(processes + 1)]
     pool = _process_pool(processes)
     with _BLOCK_LOCK:
-        shm, buf = _parent_block(_block_bytes(n, chunk, dim))
+        kb, fb = _block_layout(n, chunk, dim)
+        shm, buf = _parent_block(kb + 2 * fb)
         try:
             tasks = [pool.submit(_draw_slice, shm.name, n, chunk, dim, lo, families[lo:hi],
                                  seeds[lo:hi]) for lo, hi in zip(edges, edges[1:])]
@@ -334,10 +327,8 @@ def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, see
                 _PROCESS_POOLS.pop(processes, None)
             raise RuntimeError(f"a draw process died ({exc}); the next call starts new ones "
                                "(processes=0 draws on threads instead)") from exc
-        k, g, b = _block_views(buf, n, chunk, dim)
-        keys.copy_(k)
-        raw_gate.copy_(g)
-        raw_beta.copy_(b)
+        for out, drawn in zip((keys, raw_gate, raw_beta), _block_views(buf, n, chunk, dim)):
+            out.copy_(drawn)
 
 
 def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",

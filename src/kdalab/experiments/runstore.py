@@ -356,8 +356,14 @@ class RunStore:
         """Collect the parts written, waiting until at most ``keep`` are still being written
         (a failed write raises here)."""
         while self._writing and (len(self._writing) > keep or self._writing[0][1].done()):
-            group, future = self._writing.popleft()
-            self.parts.setdefault(group, []).append(future.result())
+            group, future = self._writing[0]
+            try:
+                path = future.result()
+            except Exception:  # raised once; an interrupt (^C) while waiting keeps the part
+                self._writing.popleft()
+                raise
+            self._writing.popleft()
+            self.parts.setdefault(group, []).append(path)
 
     def set_views(self, paths: Sequence[Path]) -> None:
         """Record the view files drawn from the records (replaced on the next drawing)."""

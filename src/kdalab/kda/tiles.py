@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.arith import Format, exp2_ftz, get_accumulation, get_format, quantize
+from kdalab.arith import Format, quantize
 from kdalab.kda.recipe import Recipe
 
 __all__ = ["TileScaling", "TILES", "get_tiles", "decay_factor", "operand", "decayed_scores"]
