@@ -88,6 +88,12 @@ for shard, got in ray_map(where, range(16), gpu=True):
     seen.append(got)
     time.sleep(0.2 * (len(seen) % 2))  # a driver slow to collect: Ray tasks then swap GPUs
 print(sorted(set(seen)))
+# clusters started anew in this driver (same size: the actors' key; another size: they are
+# replaced) run on their own actors, not on the first cluster's
+for gpus in (2, 1):
+    ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, configure_logging=False)
+    print(len({got for _, got in ray_map(where, range(4), gpu=True)}))
 """
 
 
@@ -102,6 +108,8 @@ def test_each_gpu_worker_keeps_its_gpu():
     res = subprocess.run([sys.executable, "-c", _PINNED], capture_output=True, text=True,
                          timeout=300)
     assert res.returncode == 0, res.stderr
-    seen = ast.literal_eval(res.stdout.strip().splitlines()[-1])
+    *_, line, again, smaller = res.stdout.strip().splitlines()
+    assert (again, smaller) == ("2", "1"), res.stdout  # workers: 2 GPUs, then 1
+    seen = ast.literal_eval(line)
     assert all(first == now for _, first, now in seen), seen
     assert sorted(now for _, _, now in seen) == ["0", "1"], seen

@@ -110,10 +110,18 @@ class KdalabWorker:
 _WORKERS: list = []
 
 
+def _session(ray) -> tuple[str, str]:
+    """This driver's connection: its job and its node. A cluster started anew after
+    ``ray.shutdown()`` numbers its jobs from 1 again, so the job alone would take the dead
+    cluster's actors for this one's; its node is new."""
+    context = ray.get_runtime_context()
+    return context.get_job_id(), context.get_node_id()
+
+
 def _workers(ray, slots: int, gpu: bool, setup: tuple | None, concurrency: int) -> list:
     """``slots`` actors, one GPU (or one CPU) each, reused while the key is the same (a second
     sweep in this driver finds them warm); other actors of this driver are stopped first."""
-    key = (ray.get_runtime_context().get_job_id(), slots, gpu, setup, concurrency)
+    key = (_session(ray), slots, gpu, setup, concurrency)
     if _WORKERS and _WORKERS[0][0] == key:
         return _WORKERS[0][1]
     _stop_workers(ray)
@@ -127,8 +135,8 @@ def _workers(ray, slots: int, gpu: bool, setup: tuple | None, concurrency: int) 
 
 def _stop_workers(ray) -> None:
     if _WORKERS:
-        (job, *_), handles = _WORKERS.pop()
-        if ray.is_initialized() and job == ray.get_runtime_context().get_job_id():
+        (session, *_), handles = _WORKERS.pop()
+        if ray.is_initialized() and session == _session(ray):  # else they died with it
             for handle in handles:
                 ray.kill(handle)
 
