@@ -192,30 +192,36 @@ def explore_configs(shape):
             configs[f"L{L}"] = KernelConfig(segment_chunks=L)
     configs.update({
         "prep_w4": KernelConfig(prepare_warps=4),
-        "prep_w4_c4": KernelConfig(prepare_warps=4, prepare_chunks=4),
-        "prep_w2_c2": KernelConfig(prepare_warps=2, prepare_chunks=2),
         "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     })
     return configs
 
 
-def parts(x, config):
-    """Stage 1, and each pass of stage 2, timed alone (the plan's chosen path and config)."""
+def _stage1_fn(x, config):
+    """Stage 1 alone for inputs ``x`` under ``config``: (its function, the sequences, plan)."""
     from kdalab.kernels import chunk_kda as ck
-    from kdalab.kernels.chunk_combine import chunk_kda_combine
-    from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent
 
     q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
     B, T, H, K = q.shape
-    V = v.shape[-1]
     seqs = ck._sequences(x["cu"], q.device, B, T)
-    plan = ck._plan(seqs, H, K, V, config)
+    plan = ck._plan(seqs, H, K, v.shape[-1], config)
     dt_bias = x["dt_bias"].reshape(H * K)
 
     def s1():
         return ck._stage1(q, k, g, beta, x["A_log"], dt_bias, seqs, H, K, scale=K ** -0.5,
                           lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
                           plan=plan)
+    return s1, seqs, plan
+
+
+def parts(x, config):
+    """Stage 1, and each pass of stage 2, timed alone (the plan's chosen path and config)."""
+    from kdalab.kernels.chunk_combine import chunk_kda_combine
+    from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent
+
+    q, v = x["q"], x["v"]
+    H, K, V = q.shape[2], q.shape[3], v.shape[-1]
+    s1, seqs, plan = _stage1_fn(x, config)
     ops = s1()
     ht = torch.empty_like(x["h0"]) if x["state"] else None
     launch = dict(initial_state=x["h0"], final_state=ht, state_vk=True, cu_seqlens=seqs.cu32,
@@ -245,10 +251,13 @@ def explore(names):
         shape = SHAPES[name]
         x = make_inputs(shape)
         row = dict(shape=name, ms={})
+        row["stage1_ms"] = {}
         for cname, cfg in explore_configs(shape).items():
             try:
                 run_kdalab(x, cfg)
                 row["ms"][cname] = bench(lambda cfg=cfg: run_kdalab(x, cfg))
+                if cname == "plan" or cname.startswith("prep"):
+                    row["stage1_ms"][cname] = bench(_stage1_fn(x, cfg)[0])
             except Exception as exc:  # noqa: BLE001 - e.g. a launch shape out of resources
                 row["ms"][cname] = f"{type(exc).__name__}: {exc}"[:200]
         try:
@@ -263,6 +272,8 @@ def explore(names):
         cells = " ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}=ERR"
                          for k, v in r["ms"].items())
         print(f"{r['shape']:22s} best={r['best']}: {cells}")
+        print(f"{'':22s} stage 1: " + " ".join(f"{k}={v:.3f}"
+                                                for k, v in r["stage1_ms"].items()))
     return rows
 
 

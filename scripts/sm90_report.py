@@ -124,10 +124,8 @@ def kdalab_rows(only: str | None = None):
                 scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
               BETA_LOGITS=True, IS_VARLEN=False)
-    for nw, chunks in ((2, 1), (4, 1), (2, 4), (4, 4)):
-        yield timed(chunk_kda_prepare_kernel, prep,
-                    dict(ce, CHUNKS=chunks, LOOP_STAGES=2 if chunks > 1 else 1), num_warps=nw,
-                    label=f"stage 1 w{nw} chunks{chunks}")
+    for nw in (2, 4):
+        yield timed(chunk_kda_prepare_kernel, prep, ce, num_warps=nw, label=f"stage 1 w{nw}")
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",

@@ -171,9 +171,9 @@ def test_plan_splits_long_sequences_with_few_heads(T, H):
 
 def test_plan_keeps_given_values():
     plan = plan_launch([100], 4, 64, 64, 132, block_v=32, num_warps=2, prepare_warps=8,
-                       prepare_chunks=4, segment_chunks=7)
-    assert (plan.block_v, plan.num_warps, plan.prepare_warps, plan.prepare_chunks,
-            plan.segment_chunks) == (32, 2, 8, 4, 7)
+                       segment_chunks=7)
+    assert (plan.block_v, plan.num_warps, plan.prepare_warps,
+            plan.segment_chunks) == (32, 2, 8, 7)
 
 
 def test_segment_table_varlen():
@@ -236,7 +236,6 @@ def test_bad_arguments_raise_value_error(mutate, match):
 @pytest.mark.parametrize("kw,match", [
     (dict(dot="bf16"), "config.dot"), (dict(block_v=48), "config.block_v"),
     (dict(num_warps=3), "config.num_warps"), (dict(prepare_warps=32), "config.prepare_warps"),
-    (dict(prepare_chunks=3), "config.prepare_chunks"),
     (dict(segment_chunks=-1), "config.segment_chunks"),
     (dict(segment_chunks=2.5), "config.segment_chunks"),
 ])
@@ -372,26 +371,13 @@ def test_interp_options_off():
 @pytest.mark.parametrize("config", [
     KernelConfig(block_v=16), KernelConfig(block_v=32, num_warps=2),
     KernelConfig(block_v=128, num_warps=8), KernelConfig(prepare_warps=2),
-    KernelConfig(prepare_chunks=4), TF32_CONFIG, KernelConfig(dot="tf32", block_v=32)],
-    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "prepare_chunks4", "tf32", "tf32_bv32"])
+    TF32_CONFIG, KernelConfig(dot="tf32", block_v=32)],
+    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "tf32", "tf32_bv32"])
 def test_interp_launch_shapes(config):
     # every launch shape the plan may choose computes the same function
     eo, es = _run("weak_decay_correlated", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
                   cu_seqlens=[0, 30, 83], config=config)
     assert eo < TOL_FP32 and es < TOL_FP32, (eo, es)
-
-
-@interp
-def test_interp_prepare_chunks_is_bit_identical():
-    # several chunks per stage-1 program only changes which program computes a chunk: the same
-    # arithmetic per chunk, so the same bits (fixed length with a ragged tail, and varlen)
-    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 83, 2, 32, seed=2)
-    for cu in (None, torch.tensor([0, 5, 21, 21, 70, 83])):
-        out = [chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias,
-                             cu_seqlens=cu, output_final_state=True,
-                             config=KernelConfig(prepare_chunks=c, segment_chunks=0))
-               for c in (1, 4)]
-        assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
 
 
 @interp
@@ -607,9 +593,8 @@ def test_gpu_layouts_without_and_with_state(layout, state_dtype):
 @pytest.mark.parametrize("config", [KernelConfig(block_v=32), KernelConfig(block_v=16),
                                     KernelConfig(block_v=128, num_warps=8),
                                     KernelConfig(prepare_warps=4),
-                                    KernelConfig(prepare_chunks=4), TF32_CONFIG],
-                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "prepare_chunks4",
-                              "tf32"])
+                                    TF32_CONFIG],
+                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "tf32"])
 def test_gpu_launch_shapes(config):
     for family in FAMILIES:
         eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config,

@@ -2,10 +2,16 @@
 # Every GPU test of the suite (tests marked `gpu`), on the device machine, from the repository
 # root; fails on any failure, error or skip (a GPU test that skips on a GPU machine is a bug).
 #   bash scripts/device/gpu_tests.sh [extra pytest args]
-# Writes $OUT/gpu_tests.xml (JUnit) when $OUT is set.
+# Writes $OUT/gpu_tests.xml (JUnit) when $OUT is set. Needs fla-core (the test extra):
+# installed, or its wheel carried in .whl/.
 set -o pipefail
 export PYTHONUNBUFFERED=1
-export PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+# the test extra's fla-core (tests compare against its naive recurrence): from the carried .whl/
+if ! python3 -c "import fla" 2>/dev/null && ls .whl/fla_core-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+        .whl/fla_core-*.whl
+fi
 report=${OUT:-/tmp}/gpu_tests.xml
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_tests.sh: no CUDA device')" || exit 2
 python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs --junitxml="$report" tests "$@"

@@ -36,23 +36,21 @@ class KernelConfig:
     accumulation; only with L2-normalized q, k; guarded: a program whose state leaves fp16's
     range is recomputed with tf32 products), ``"tf32"``, or ``"auto"`` (fp16 where allowed,
     else tf32). ``block_v``, ``num_warps``: the recurrent programs' value columns and warps;
-    ``prepare_warps``, ``prepare_chunks``: stage 1's warps and chunks per program (a pipelined
-    loop over consecutive chunks); ``segment_chunks``: the sequence-parallel state pass's
-    segment length in 16-token chunks (0: a serial pass per sequence).
+    ``prepare_warps``: stage 1's warps; ``segment_chunks``: the sequence-parallel state
+    pass's segment length in 16-token chunks (0: a serial pass per sequence).
     """
 
     dot: str = "auto"
     block_v: int | None = None
     num_warps: int | None = None
     prepare_warps: int | None = None
-    prepare_chunks: int | None = None
     segment_chunks: int | None = None
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
             raise ValueError(f"config.dot must be 'auto', 'fp16' or 'tf32', got {self.dot!r}")
         checks = (("block_v", (16, 32, 64, 128)), ("num_warps", (1, 2, 4, 8)),
-                  ("prepare_warps", (1, 2, 4, 8, 16)), ("prepare_chunks", (1, 2, 4, 8, 16)))
+                  ("prepare_warps", (1, 2, 4, 8, 16)))
         for name, allowed in checks:
             value = getattr(self, name)
             if value is not None and value not in allowed:
@@ -102,7 +100,6 @@ def _plan(seqs: Sequences, H: int, K: int, V: int, config: KernelConfig) -> Laun
         plan = plan_launch(seqs.n_chunks, H, K, V, _sm_count(seqs.device),
                            block_v=config.block_v, num_warps=config.num_warps,
                            prepare_warps=config.prepare_warps,
-                           prepare_chunks=config.prepare_chunks,
                            segment_chunks=config.segment_chunks)
         seqs.plans[key] = plan
     return plan
@@ -189,8 +186,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, chunks_per_program=plan.prepare_chunks,
-        loop_stages=2 if plan.prepare_chunks > 1 else 1)
+        num_warps=plan.prepare_warps)
 
 
 class _Call(NamedTuple):

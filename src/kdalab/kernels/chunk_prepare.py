@@ -34,42 +34,27 @@ LOG2E = math.log2(math.e)
 
 
 @triton.jit
-def load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, lower_bound, H,
-              K: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
-    """Base-2 log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) * log2(e)`` of a
-    block of token rows of head ``i_h``, zero in padded rows (``r_ok`` false), so that a
-    cumulative sum ends at the last real row's."""
-    o_k = tl.arange(0, K)
-    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    m2 = r_ok[:, None]
-    x = tl.load(g_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+def gate_log2(x, a_log_ptr, dt_bias_ptr, r_ok, i_h, o_k, lower_bound,
+              HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+    """Base-2 log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) * log2(e)`` of
+    the gate tile ``x`` (token rows, key columns ``o_k``) of head ``i_h``, zero in padded rows
+    (``r_ok`` false), so that a cumulative sum ends at the last real row's."""
+    x = x.to(tl.float32)
     if HAS_DT_BIAS:
-        x += tl.load(dt_bias_ptr + i_h * K + o_k).to(tl.float32)[None, :]
+        x += tl.load(dt_bias_ptr + i_h * o_k.shape[0] + o_k).to(tl.float32)[None, :]
     if HAS_A_LOG:
         x *= tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
-    gate = lower_bound * tl.sigmoid(x)
-    gate = tl.where(m2, gate, 0.0)
+    gate = tl.where(r_ok[:, None], lower_bound * tl.sigmoid(x), 0.0)
     return gate * 1.4426950408889634
 
 
 @triton.jit
-def load_qkb(q_ptr, k_ptr, beta_ptr, rows, r_ok, i_h, H, K: tl.constexpr,
-             USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr):
-    """q and k (L2-normalized with ``USE_L2NORM``) and β (sigmoid of logits with
-    ``BETA_LOGITS``) of the same rows, zero in padded rows."""
-    o_k = tl.arange(0, K)
-    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    m2 = r_ok[:, None]
-    qv = tl.load(q_ptr + offs, mask=m2, other=0.0).to(tl.float32)
-    kv = tl.load(k_ptr + offs, mask=m2, other=0.0).to(tl.float32)
+def l2_normalize(x, USE_L2NORM: tl.constexpr):
+    """Rows of ``x`` in fp32, times ``rsqrt(sum x^2 + 1e-6)`` with ``USE_L2NORM``."""
+    x = x.to(tl.float32)
     if USE_L2NORM:
-        qv = qv * tl.rsqrt(tl.sum(qv * qv, axis=1) + 1e-6)[:, None]
-        kv = kv * tl.rsqrt(tl.sum(kv * kv, axis=1) + 1e-6)[:, None]
-    b = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
-    if BETA_LOGITS:
-        b = tl.sigmoid(b)
-    b = tl.where(r_ok, b, 0.0)
-    return qv, kv, b
+        x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+    return x
 
 
 @triton.jit
@@ -89,75 +74,58 @@ def neumann_inverse16(L, BT: tl.constexpr):
 
 
 @triton.jit
-def prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h,
-                  scale, lower_bound, H, K: tl.constexpr, BT: tl.constexpr,
-                  HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                  USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr):
-    """One chunk's stage-1 algebra for the token rows ``rows`` (``r_ok``: inside the
-    sequence) of head ``i_h``: returns W, QG, KEND [BT, K], AINV, MQK [BT, BT] (zero in the
-    rows and columns of padded tokens) and GAMMA [K], in fp32."""
-    o_r = tl.arange(0, BT)
-    gate2 = load_gate(g_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, lower_bound, H, K,
-                      HAS_A_LOG, HAS_DT_BIAS)
-    g2 = tl.cumsum(gate2, axis=0)  # base-2 cumulative log-decay
-    g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
-    qv, kv, b = load_qkb(q_ptr, k_ptr, beta_ptr, rows, r_ok, i_h, H, K, USE_L2NORM, BETA_LOGITS)
-
-    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
-    decay = tl.exp2(g2)
-    kd = kv * decay
-    qd = qv * decay * scale
-    ki = kv * tl.exp2(-g2)
-    kit = tl.trans(ki)
-    lower = o_r[:, None] > o_r[None, :]
-    causal = o_r[:, None] >= o_r[None, :]
-    L = tl.dot(kd, kit, input_precision="tf32")
-    L = tl.where(lower, L * b[:, None], 0.0)
-    mqk = tl.dot(qd, kit, input_precision="tf32")
-    mqk = tl.where(causal, mqk, 0.0)
-
-    inv = neumann_inverse16(L, BT)
-    ainv = inv * b[None, :]
-    w = tl.dot(ainv, kd, input_precision="tf32")
-    kend = kv * tl.exp2(g2_last[None, :] - g2)
-    return w, qd, kend, ainv, mqk, tl.exp2(g2_last)
-
-
-@triton.jit
-def prepare_and_store(i_c, ok, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h,
                       H, K: tl.constexpr, BT: tl.constexpr,
                       HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                       USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, MASKED: tl.constexpr):
-    """Stage 1 of global chunk ``i_c`` of head ``i_h``; with ``MASKED``, stores only if
-    ``ok`` (a repeated chunk past the end computes, but writes nothing)."""
+                      IS_VARLEN: tl.constexpr):
+    """Stage 1 of global chunk ``i_c`` of head ``i_h`` (token rows past the sequence's end
+    are zero in every product, and not stored).
+
+    Every load is issued first, so that their latencies overlap, and each operand is stored
+    as soon as it is formed, so that few [BT, K] tiles are live at once (KEND and QG are gone
+    before the inverse)."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT, IS_VARLEN)
     rows = bos + i_t * BT + o_r
     r_ok = rows < eos
+    m2 = r_ok[:, None]
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    w, qd, kend, ainv, mqk, gamma = prepare_chunk(
-        q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, rows, r_ok, i_h, scale,
-        lower_bound, H, K, BT, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS)
+    g_raw = tl.load(g_ptr + offs, mask=m2, other=0.0)
+    k_raw = tl.load(k_ptr + offs, mask=m2, other=0.0)
+    q_raw = tl.load(q_ptr + offs, mask=m2, other=0.0)
+    b = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
+    if BETA_LOGITS:
+        b = tl.sigmoid(b)
+    b = tl.where(r_ok, b, 0.0)
+
+    g2 = tl.cumsum(gate_log2(g_raw, a_log_ptr, dt_bias_ptr, r_ok, i_h, o_k, lower_bound,
+                             HAS_A_LOG, HAS_DT_BIAS), axis=0)  # base-2 cumulative log-decay
+    g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
+    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
+    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
+    decay = tl.exp2(g2)
+    qd = l2_normalize(q_raw, USE_L2NORM) * decay * scale
+    tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
+    kv = l2_normalize(k_raw, USE_L2NORM)
+    kd = kv * decay
+    kend = kv * tl.exp2(g2_last[None, :] - g2)
+    tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
+    kit = tl.trans(kv * tl.exp2(-g2))
+    L = tl.dot(kd, kit, input_precision="tf32")
+    L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
     base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
     o_cc = o_r[:, None] * BT + o_r[None, :]
-    if MASKED:  # tensor masks: the interpreter rejects scalar ones
-        m2 = (r_ok & ((o_r * 0 + ok.to(tl.int32)) > 0))[:, None]
-        m_cc = (o_cc * 0 + ok.to(tl.int32)) > 0
-        m_k = (o_k * 0 + ok.to(tl.int32)) > 0
-    else:
-        m2 = r_ok[:, None]
-        m_cc = o_cc >= 0
-        m_k = o_k >= 0
+    mqk = tl.where(o_r[:, None] >= o_r[None, :], tl.dot(qd, kit, input_precision="tf32"), 0.0)
+    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
+
+    ainv = neumann_inverse16(L, BT) * b[None, :]
+    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
+    w = tl.dot(ainv, kd, input_precision="tf32")
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
-    tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
-    tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
-    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=m_cc)
-    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty), mask=m_cc)
-    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, gamma, mask=m_k)
 
 
 @triton.jit
@@ -169,30 +137,16 @@ def chunk_kda_prepare_kernel(
     H, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    CHUNKS: tl.constexpr, LOOP_STAGES: tl.constexpr,
 ):
-    i_h = tl.program_id(1)
-    if CHUNKS == 1:
-        prepare_and_store(tl.program_id(0), True, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr,
-                          dt_bias_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                          chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h, H, K, BT,
-                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, False)
-    else:
-        # CHUNKS consecutive chunks per program (a pipelined loop: the next chunk's loads are
-        # in flight while this one computes); the last program repeats the last chunk, masked
-        for j in tl.range(0, CHUNKS, num_stages=LOOP_STAGES):
-            i_c = tl.program_id(0) * CHUNKS + j
-            prepare_and_store(tl.minimum(i_c, num_chunks - 1), i_c < num_chunks, q_ptr, k_ptr,
-                              g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr, qg_ptr, kend_ptr,
-                              ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr, cu_seqlens_ptr, T,
-                              scale, lower_bound, i_h, H, K, BT, HAS_A_LOG, HAS_DT_BIAS,
-                              USE_L2NORM, BETA_LOGITS, IS_VARLEN, True)
+    prepare_and_store(tl.program_id(0), q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+                      w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
+                      cu_seqlens_ptr, T, scale, lower_bound, tl.program_id(1), H, K, BT,
+                      HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN)
 
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, chunks_per_program=1,
-    loop_stages=1,
+    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps,
 ):
     """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma): W, QG, KEND like q, AINV and
     MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are normalized, else
@@ -210,7 +164,7 @@ def chunk_kda_prepare(
     if num_chunks == 0:
         return w, qg, kend, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    chunk_kda_prepare_kernel[(-(-num_chunks // chunks_per_program), H)](
+    chunk_kda_prepare_kernel[(num_chunks, H)](
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
@@ -221,7 +175,6 @@ def chunk_kda_prepare(
         H=H, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=cu_seqlens is not None, CHUNKS=chunks_per_program, LOOP_STAGES=loop_stages,
-        num_warps=num_warps,
+        IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,
     )
     return w, qg, kend, ainv, mqk, gamma

@@ -64,13 +64,12 @@ MIN_GAIN = 0.85
 @dataclass(frozen=True)
 class LaunchPlan:
     """What ``chunk_kda_fwd`` launches: the recurrent stage's value block and warps, stage 1's
-    warps and chunks per program, the segment length in chunks (0: one serial pass per
+    warps, the segment length in chunks (0: one serial pass per
     sequence), and the model's estimate of the recurrent stage (µs)."""
 
     block_v: int
     num_warps: int
     prepare_warps: int
-    prepare_chunks: int
     segment_chunks: int
     estimate_us: float = float("nan")
 
@@ -148,7 +147,7 @@ def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None):
 
 def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
                 block_v: int | None = None, num_warps: int | None = None,
-                prepare_warps: int | None = None, prepare_chunks: int | None = None,
+                prepare_warps: int | None = None,
                 segment_chunks: int | None = None) -> LaunchPlan:
     """The launch plan for sequences of ``n_chunks`` chunks (16 tokens) each, ``H`` heads,
     head dims K and V, on a GPU of ``sms`` multiprocessors. Given values are kept; ``None``
@@ -158,7 +157,6 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
         raise ValueError(f"config.segment_chunks={segment_chunks}: the sequence-parallel pass "
                          f"needs K <= 128, got K={K}")
     pw = prepare_warps or default_prepare_warps(K)
-    pc = prepare_chunks or 1
     costs = _candidates(K, V, block_v, num_warps)
     if K > 128 or (segment_chunks is not None):
         lengths = [0 if K > 128 else segment_chunks or 0]
@@ -175,7 +173,7 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
             if best is None or t < best[0]:
                 best = (t, cost, L)
     t, cost, L = best
-    return LaunchPlan(cost.block_v, cost.num_warps, pw, pc, L, t)
+    return LaunchPlan(cost.block_v, cost.num_warps, pw, L, t)
 
 
 def segment_table(seq_starts: torch.Tensor, seq_ends: torch.Tensor, chunk_starts: torch.Tensor,
