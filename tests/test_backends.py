@@ -70,3 +70,46 @@ def test_a_killed_worker_is_retried_and_nothing_is_lost_or_doubled(local_ray, tm
 def test_no_gpu_in_the_cluster_is_a_clear_error(local_ray):
     with pytest.raises(ValueError, match="has no GPU"):
         list(ray_map(square_rows, _shards(), gpu=True))
+
+
+_PINNED = """
+import os, sys, time
+import ray
+from kdalab.experiments.backends import ray_map
+
+def where(shard):
+    first = globals().setdefault("_first", os.environ.get("CUDA_VISIBLE_DEVICES"))
+    time.sleep(0.05 * (shard % 3))
+    return os.getpid(), first, os.environ.get("CUDA_VISIBLE_DEVICES")
+
+ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, configure_logging=False)
+seen = []
+for shard, got in ray_map(where, range(16), gpu=True):
+    seen.append(got)
+    time.sleep(0.2 * (len(seen) % 2))  # a driver slow to collect: Ray tasks then swap GPUs
+print(sorted(set(seen)))
+# clusters started anew in this driver (same size: the actors' key; another size: they are
+# replaced) run on their own actors, not on the first cluster's
+for gpus in (2, 1):
+    ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=gpus, include_dashboard=False, configure_logging=False)
+    print(len({got for _, got in ray_map(where, range(4), gpu=True)}))
+"""
+
+
+def test_each_gpu_worker_keeps_its_gpu():
+    """On a Ray cluster of 2 (declared) GPUs, every shard of a worker sees the GPU it started
+    on (CUDA stays on the device it first found), and the two workers have a GPU each. Ray
+    tasks in this test's place swapped GPUs between reused workers (docs/sweeps.md)."""
+    pytest.importorskip("ray")
+    import ast
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-c", _PINNED], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr
+    *_, line, again, smaller = res.stdout.strip().splitlines()
+    assert (again, smaller) == ("2", "1"), res.stdout  # workers: 2 GPUs, then 1
+    seen = ast.literal_eval(line)
+    assert all(first == now for _, first, now in seen), seen
+    assert sorted(now for _, _, now in seen) == ["0", "1"], seen

@@ -41,6 +41,26 @@ def test_batch_equals_the_seed_per_run_draws(chunk, draw):
             assert _same(o, w), r
 
 
+def test_draw_processes_started_ahead_draw_the_same_bits():
+    """Draw processes started in the background before the first draw (as a sweep does while
+    it initializes CUDA) are the ones that draw, forked from the fork server on Linux, and the
+    inputs equal the threads' bit for bit."""
+    from kdalab.experiments import draw
+
+    draw.start_draw_processes(3)
+    draw.start_draw_processes(3)  # a second call while they start adds none
+    runs = [Run.checked(f, 9, s, 16, -5.0 if FAMILIES[f].uses_lower_bound else None)
+            for f in FAMILIES for s in range(5)]
+    got = make_inputs_batch(runs, processes=3)
+    want = make_inputs_batch(runs, workers=1)
+    for g, w in zip((got.keys, got.log_decay, got.beta), (want.keys, want.log_decay, want.beta)):
+        assert _same(g, w)
+    pool = draw._PROCESS_POOLS[3]
+    assert len(pool._processes) == 3
+    if sys.platform == "linux":
+        assert pool._mp_context.get_start_method() == "forkserver"
+
+
 def test_batch_checks_its_runs():
     with pytest.raises(ValueError, match="one chunk size"):
         make_inputs_batch([Run.checked("floor", 4, 0, 8, -5.0),

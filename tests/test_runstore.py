@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,6 +142,93 @@ def test_views_are_tracked_and_replaced(tmp_path):
         store.remove_views()
         assert not old.exists()
 
+
+
+def test_parts_are_written_off_the_caller_at_most_four_at_once_and_flush_waits(tmp_path,
+                                                                              monkeypatch):
+    """The writer thread writes parts while the caller goes on; with PARTS_WRITING parts in
+    its hands the next append waits for one; flush returns once every record is on disk."""
+    real, gate = runstore._write_part, threading.Event()
+
+    def held(parts_dir, name, table):
+        assert gate.wait(30)
+        return real(parts_dir, name, table)
+
+    monkeypatch.setattr(runstore, "_write_part", held)
+    monkeypatch.setattr(runstore, "PART_ROWS", PER_RUN)  # a part per run appended
+    parts = tmp_path / "parts"
+    store = open_store(tmp_path)
+    for run in range(runstore.PARTS_WRITING):
+        store.append(records([run]), "g0")  # returns at once: the writer holds the parts
+    assert not list(parts.glob("*.parquet")) and store.done[: runstore.PARTS_WRITING].all()
+    fifth = threading.Thread(target=store.append, args=(records([9]), "g0"))
+    fifth.start()
+    fifth.join(0.3)
+    assert fifth.is_alive()  # waits for the writer: at most PARTS_WRITING parts in hand
+    gate.set()
+    fifth.join(30)
+    store.append(records([10, 11]), "g0")
+    store.flush()
+    assert len(list(parts.glob("*.parquet"))) == runstore.PARTS_WRITING + 2
+    assert not list(parts.glob(".*.tmp"))
+    assert RunStore.read_only(tmp_path).read().equals(records([0, 1, 2, 3, 9, 10, 11]))
+    store.close()
+
+
+def test_an_interrupted_writer_keeps_every_appended_record(tmp_path, monkeypatch):
+    """An exception (here ^C) in the caller while parts are still being written: closing the
+    store writes and waits for every record appended."""
+    real = runstore._write_part
+
+    def slow(parts_dir, name, table):
+        time.sleep(0.02)
+        return real(parts_dir, name, table)
+
+    monkeypatch.setattr(runstore, "_write_part", slow)
+    monkeypatch.setattr(runstore, "PART_ROWS", 4)
+    with pytest.raises(KeyboardInterrupt):
+        with open_store(tmp_path) as store:
+            fill(store, range(25), batch=3)
+            raise KeyboardInterrupt
+    back = RunStore.read_only(tmp_path)
+    assert int(back.done.sum()) == 25 and back.read().equals(records(range(25)))
+    with open_store(tmp_path, resume=True) as store:
+        fill(store, range(RUNS))
+    assert RunStore.read_only(tmp_path).read().equals(records(range(RUNS)))
+
+
+def test_a_failed_part_write_raises_in_the_caller_and_resume_completes(tmp_path, monkeypatch):
+    """A part the writer thread fails to write (a full disk) raises in the caller, at its
+    next append, or at flush or close; the store is released, keeps the parts written, and a
+    resume computes the lost runs again."""
+    real, calls = runstore._write_part, []
+
+    def failing(parts_dir, name, table):
+        calls.append(name)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(parts_dir, name, table)
+
+    monkeypatch.setattr(runstore, "_write_part", failing)
+    monkeypatch.setattr(runstore, "PART_ROWS", 3 * PER_RUN)  # a part per append of 3 runs
+    with pytest.raises(OSError, match="No space left"):
+        with open_store(tmp_path) as store:
+            fill(store, range(RUNS), batch=3)
+    with open_store(tmp_path, resume=True) as store:
+        kept = np.flatnonzero(store.done).tolist()  # what was appended, but the lost part
+        assert kept[:3] == [0, 1, 2] and kept[3:] == list(range(6, kept[-1] + 1))
+        fill(store, range(RUNS))
+    assert RunStore.read_only(tmp_path).read().equals(records(range(RUNS)))
+    # the last write fails: flush (and close, which releases the store) raise it
+    calls.clear()
+    monkeypatch.setattr(runstore, "PART_ROWS", 10 * RUNS)
+    with open_store(tmp_path / "other") as store:
+        store.append(records([0]), "g0")
+        store.append(records([1]), "g1")
+        with pytest.raises(OSError, match="No space left"):
+            store.flush()
+    with open_store(tmp_path / "other", resume=True) as store:
+        assert store.done[:2].tolist() == [True, False]
 
 WRITER = r"""
 import sys, time, numpy as np

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from kdalab.experiments.aggregate import summarize
+from kdalab.experiments.aggregate import GROUP_KEYS, summarize
 from kdalab.experiments.store import RecordWriter, read_records
 from kdalab.experiments.sweep import (
     SweepConfig,
@@ -157,3 +158,53 @@ def test_seed_tables_from_records():
     assert "| 16 | L^8 |" in md
     s = summarize(recs)
     assert set(s["chunk"]) == {8, 16} and (s["runs"] == 1).all()
+
+
+def _bits(frame: pd.DataFrame) -> list:
+    return [(c, frame[c].dtype, frame[c].to_numpy().tobytes() if frame[c].dtype.kind in "fiub"
+             else frame[c].tolist()) for c in frame.columns]
+
+
+def test_summarize_is_the_per_configuration_numpy_statistics_bit_for_bit():
+    """summarize (one groupby per statistic) against a loop over configurations with numpy's
+    NaN-propagating median and max: a NaN among a configuration's values makes its median
+    and maximum NaN; float32 values are summarized in float64; a None lower bound is a group."""
+    rng = np.random.default_rng(3)
+    n = 400
+    medians = ["l_rel_rmse", "inv_total_rel_rmse", "inv_neumann_only_rel_rmse",
+               "inv_stable_l_rel_rmse", "inverse_residual", "kernel_power_max",
+               "stable_l_power_max"]
+    df = pd.DataFrame({
+        "family": rng.choice(["floor", "model_like"], n),
+        "lower_bound": rng.choice(np.array([None, -5.0, -2.0], dtype=object), n),
+        "chunk": rng.choice([2, 3, 8, 17], n), "dim": rng.choice([16, 32], n),
+        "accumulation": rng.choice(["fp16-seq", "h200"], n),
+        "inv_finite": rng.random(n) < 0.7, "l_finite": rng.random(n) < 0.5,
+        **{k: rng.integers(0, 60, n) for k in ["decay_zeros", "inv_decay_nonfinite",
+                                               "highest_power", "stable_l_highest_power"]}})
+    for i, m in enumerate(medians):
+        v = rng.standard_normal(n) * 10.0 ** rng.integers(-30, 30, n)
+        v[rng.random(n) < 0.03] = np.nan
+        v[rng.random(n) < 0.02] = np.inf
+        df[m] = v.astype(np.float32) if i % 3 == 0 else v
+    rows = []
+    for key, g in df.assign(lower_bound=df["lower_bound"].astype(float)).groupby(
+            GROUP_KEYS, dropna=False, sort=True):
+        row = dict(zip(GROUP_KEYS, key), runs=len(g),
+                   inv_finite_fraction=float(g["inv_finite"].mean()),
+                   l_finite_fraction=float(g["l_finite"].mean()))
+        for k in ["decay_zeros", "inv_decay_nonfinite"]:
+            row[f"{k}_max"] = int(g[k].max())
+        for k in ["highest_power", "stable_l_highest_power"]:
+            row[k] = int(g[k].max())
+        for m in medians:
+            row[f"{m}_median"] = float(np.median(g[m].to_numpy(dtype=float)))
+        for m in ["kernel_power_max", "stable_l_power_max"]:
+            row[f"{m}_max"] = float(np.max(g[m].to_numpy(dtype=float)))
+        rows.append(row)
+    want = pd.DataFrame(rows)
+    got = summarize(df)
+    assert _bits(got) == _bits(want)
+    assert got["l_rel_rmse_median"].isna().any() and got["l_rel_rmse_median"].notna().any()
+    assert got["lower_bound"].isna().any()  # the None lower bound's rows
+    assert _bits(summarize(df.to_dict("records"))) == _bits(want)

@@ -99,6 +99,22 @@ def test_resume_without_options_continues_the_stored_sweep(tmp_path):
     assert identical(stored(out), stored(whole))
 
 
+def test_summarize_store_reads_groups_in_runs_and_gives_the_summary_of_all(tmp_path,
+                                                                           monkeypatch):
+    from kdalab.experiments import aggregate
+
+    cfg = SweepConfig.parse({"families": "floor,model_like", "chunks": "2,3,8", "seeds": "0-3",
+                             "dims": "16", "accumulations": "fp16-seq,fp32"})
+    plan = SweepPlan.of(cfg)
+    with open_store(plan, tmp_path / "s") as store:
+        run_into_store(plan, store)
+    store = RunStore.read_only(tmp_path / "s")
+    want = aggregate.summarize(store.read().to_pandas())
+    for rows in (1, 20, 1 << 20):  # a summary per group, per few groups, of all at once
+        monkeypatch.setattr(aggregate, "SUMMARY_ROWS", rows)
+        got = aggregate.summarize_store(store)
+        assert got.equals(want) and len(got) == 2 * 3 * 2
+
 def test_redraw_replaces_the_views_from_the_stored_records(tmp_path):
     out = tmp_path / "s"
     assert sweep("--out", str(out)).exit_code == 0
@@ -163,7 +179,7 @@ def _ray_task_pids() -> list[int]:
     pids = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if cmdline.read_bytes().startswith(b"ray::kdalab_task"):
+            if cmdline.read_bytes().startswith(b"ray::KdalabWorker.run"):
                 pids.append(int(cmdline.parent.name))
         except OSError:
             pass

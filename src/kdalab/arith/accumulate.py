@@ -25,7 +25,7 @@ from typing import ClassVar
 import torch
 
 from kdalab.arith.formats import FP16, round_to
-from kdalab.arith.linalg import matmul64
+from kdalab.arith.linalg import lead_shape, matmul64
 from kdalab.arith.registry import register
 
 __all__ = ["TensorOps", "Fp64Accumulation", "Fp32Accumulation", "Fp16SequentialAccumulation",
@@ -86,7 +86,7 @@ def _fp16_seq_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     product is ±0, which leaves the accumulator as it is, except that −0 + (+0) is +0: the
     outputs that end as −0 are computed again with every step."""
     a32, b32 = a.float(), b.float()
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = lead_shape(a.shape[:-2], b.shape[:-2])
     a32, b32 = a32.expand(lead + a32.shape[-2:]), b32.expand(lead + b32.shape[-2:])
     m, k, n = a32.shape[-2], a32.shape[-1], b32.shape[-1]
     out = torch.zeros(lead + (m, n), dtype=torch.float16, device=a.device)

@@ -13,9 +13,17 @@ odd size runs per matrix. Even sizes and CUDA tensors take torch's batched calls
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-__all__ = ["matmul64", "inv64"]
+__all__ = ["matmul64", "inv64", "lead_shape"]
+
+
+def lead_shape(*shapes) -> torch.Size:
+    """The broadcast of leading shapes, as ``torch.broadcast_shapes`` gives it. Not that
+    function itself: its first call imports sympy (torch's symbolic shapes), about 0.9 s of a
+    sweep's start-up on the dev VM."""
+    return torch.Size(np.broadcast_shapes(*(tuple(s) for s in shapes)))
 
 
 def _odd(m: int, n: int) -> bool:
@@ -36,7 +44,7 @@ def matmul64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     m, n = a.shape[-2], b.shape[-1]
     if a.device.type != "cpu" or not _odd(m, n) or (a.dim() == 2 and b.dim() == 2):
         return torch.matmul(a, b)
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = lead_shape(a.shape[:-2], b.shape[:-2])
     a3 = a.expand(lead + a.shape[-2:]).reshape((-1,) + a.shape[-2:])
     b3 = b.expand(lead + b.shape[-2:]).reshape((-1,) + b.shape[-2:])
     out = _aligned_empty(a3.shape[0], m, n)

@@ -66,6 +66,7 @@ import torch
 
 from kdalab.arith.accumulate import check_operands
 from kdalab.arith.formats import BF16, FP16, FP32, Format, pow2
+from kdalab.arith.linalg import lead_shape
 from kdalab.arith.registry import register
 
 __all__ = [
@@ -186,8 +187,8 @@ def tc_block(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None, in_fmt: F
         raise ValueError(f"tc_block: K must be <= {BLOCK_K}, got {k_dim}")
     if out_fmt not in (FP16, FP32):
         raise ValueError(f"tc_block: output format must be fp16 or fp32, got {out_fmt.name}")
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2],
-                                  c.shape[:-2] if c is not None else ())
+    lead = lead_shape(a.shape[:-2], b.shape[:-2],
+                      c.shape[:-2] if c is not None else ())
     m, n = a.shape[-2], b.shape[-1]
     a, b = a.expand(lead + a.shape[-2:]), b.expand(lead + b.shape[-2:])
     if c is not None:
@@ -270,7 +271,7 @@ def _nonfinite_fallback(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> 
 def tc_chain(a: torch.Tensor, b: torch.Tensor, in_fmt: Format, out_fmt: Format,
              block: int = BLOCK_K) -> torch.Tensor:
     """Chained blocks over K (zero-padded), the accumulator in ``out_fmt`` between blocks."""
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = lead_shape(a.shape[:-2], b.shape[:-2])
     a = a.expand(lead + a.shape[-2:])
     b = b.expand(lead + b.shape[-2:])
     af, bf = _finite(a), _finite(b)
@@ -322,7 +323,7 @@ def gemmex_16f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     kind, size = gemmex_algorithm(m, k, n)
     if kind in ("block", "chain"):
         return tc_chain(a, b, FP16, FP16)
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = lead_shape(a.shape[:-2], b.shape[:-2])
     a = a.expand(lead + a.shape[-2:])
     b = b.expand(lead + b.shape[-2:])
     af, bf = _finite(a), _finite(b)
@@ -406,7 +407,7 @@ def sgemm_h200(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     a32 = a.float()
     b32 = b.float()
-    lead = torch.broadcast_shapes(a32.shape[:-2], b32.shape[:-2])
+    lead = lead_shape(a32.shape[:-2], b32.shape[:-2])
     a32 = a32.expand(lead + a32.shape[-2:])
     b32 = b32.expand(lead + b32.shape[-2:])
     m, k, n = a32.shape[-2], a32.shape[-1], b32.shape[-1]

@@ -1,4 +1,4 @@
-"""Where a sweep's work runs: in this process (``local``, the default) or as Ray tasks (``ray``),
+"""Where a sweep's work runs: in this process (``local``, the default) or on Ray (``ray``),
 its records going to its store (:func:`open_store`, :func:`run_into_store`; docs/sweeps.md).
 
 The sweep cuts its pending runs into batches, and for Ray into *shards* of batches, and maps a
@@ -6,13 +6,13 @@ function over them; whichever backend runs a shard, its result is the same (reco
 the run only), so the store receives the same records bit for bit.
 
 ``ray``: ``ray.init()`` starts a local cluster on this machine, or joins the one at
-``address`` (``"auto"`` or ``"host:port"``). A GPU shard asks for one GPU, so every GPU of the
-machine or cluster works at once (Ray sets each worker's ``CUDA_VISIBLE_DEVICES``); a CPU shard
-asks for one CPU. A bounded number of shards is in flight (twice the slots), so memory stays
-bounded however many shards the sweep has, and results are handed back as they complete. A
-task whose worker dies (killed, out of memory, a lost node) is retried by Ray
-(``max_retries``); the driver receives each shard's result once, so nothing is lost or doubled.
-Ray is optional: ``pip install 'kdalab[ray]'``.
+``address`` (``"auto"`` or ``"host:port"``). The shards are run by actors, one per GPU (a GPU
+sweep) or per CPU of the cluster (:class:`KdalabWorker`: a GPU actor keeps its GPU for its
+lifetime, and starts its draw processes and CUDA once, all actors at once). Each actor has two
+shards in hand, so memory stays bounded however many shards the sweep has, and results are
+handed back as they complete. A shard whose actor dies (killed, out of memory, a lost node)
+is rerun on the restarted actor (``RAY_MAX_RETRIES``); the driver receives each shard's result
+once, so nothing is lost or doubled. Ray is optional: ``pip install 'kdalab[ray]'``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from kdalab import params
-from kdalab.experiments.draw import MAX_CUDA_PROCESSES
+from kdalab.experiments.draw import MAX_CUDA_PROCESSES, start_draw_processes
 from kdalab.experiments.plan import Batch, SweepPlan
 from kdalab.experiments.sweep import (
     DEFAULT_MAX_BATCH,
@@ -35,7 +35,7 @@ from kdalab.experiments.sweep import (
 from kdalab.kda.recipe import get_recipe
 
 __all__ = ["BACKENDS", "check_backend", "ray_map", "ray_cluster", "RAY_MAX_RETRIES", "STORE_KIND",
-           "open_store", "run_into_store", "run_shard"]
+           "KdalabWorker", "open_store", "run_into_store", "run_shard", "warm_worker"]
 
 BACKENDS = ("local", "ray")
 #: How often Ray reruns a shard whose worker died before giving up on the sweep.
@@ -84,20 +84,78 @@ def ray_cluster(address: str | None = None, num_cpus: int | None = None) -> tupl
     return int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
 
 
-def kdalab_task(fn: Callable, shard):
-    """A shard run on a Ray worker (its process is titled ``ray::kdalab_task`` meanwhile)."""
-    return fn(shard)
+class KdalabWorker:
+    """A Ray actor that runs shards (its process is titled ``ray::KdalabWorker.run`` while it
+    does): one per GPU (or CPU) of the cluster, up for as long as the driver.
+
+    Actors, not tasks, because an actor's GPU is its own for its lifetime. Ray reuses a task's
+    worker process for later tasks, each leased on whichever GPU is free then, and sets
+    ``CUDA_VISIBLE_DEVICES`` anew, but CUDA, once initialized in a process, stays on the
+    device it found: on a local Ray with 2 (declared) GPUs and a driver slow to collect, 24 of
+    40 tasks ran in a worker whose ``CUDA_VISIBLE_DEVICES`` had changed since its first task
+    (docs/sweeps.md), so two workers could compute on one GPU while the other idled. And the
+    costs of a start (importing torch, CUDA's context, the draw processes, the first kernels)
+    are paid once per actor, by all actors at once, in ``setup``."""
+
+    def __init__(self, setup: tuple | None = None):
+        if setup is not None:
+            setup[0](*setup[1:])
+
+    def run(self, fn: Callable, shard):
+        return fn(shard)
+
+
+#: The actors of this driver: (key, handles); one set at a time, since they hold the
+#: cluster's GPUs or CPUs for as long as they live.
+_WORKERS: list = []
+
+
+def _session(ray) -> tuple[str, str]:
+    """This driver's connection: its job and its node. A cluster started anew after
+    ``ray.shutdown()`` numbers its jobs from 1 again, so the job alone would take the dead
+    cluster's actors for this one's; its node is new."""
+    context = ray.get_runtime_context()
+    return context.get_job_id(), context.get_node_id()
+
+
+def _workers(ray, slots: int, gpu: bool, setup: tuple | None, concurrency: int) -> list:
+    """``slots`` actors, one GPU (or one CPU) each, reused while the key is the same (a second
+    sweep in this driver finds them warm); other actors of this driver are stopped first."""
+    key = (_session(ray), slots, gpu, setup, concurrency)
+    if _WORKERS and _WORKERS[0][0] == key:
+        return _WORKERS[0][1]
+    _stop_workers(ray)
+    remote = ray.remote(KdalabWorker).options(
+        num_gpus=1 if gpu else 0, num_cpus=1, max_concurrency=concurrency,
+        max_restarts=RAY_MAX_RETRIES, max_task_retries=RAY_MAX_RETRIES)
+    handles = [remote.remote(setup) for _ in range(slots)]
+    _WORKERS[:] = [(key, handles)]
+    return handles
+
+
+def _stop_workers(ray) -> None:
+    if _WORKERS:
+        (session, *_), handles = _WORKERS.pop()
+        if ray.is_initialized() and session == _session(ray):  # else they died with it
+            for handle in handles:
+                ray.kill(handle)
 
 
 def ray_map(fn: Callable, shards: Iterable, *, gpu: bool = False, address: str | None = None,
-            num_cpus: int | None = None, in_flight: int | None = None) -> Iterator[tuple]:
-    """``(shard, fn(shard))`` for every shard, as the Ray tasks complete (any order).
+            num_cpus: int | None = None, setup: tuple | None = None, concurrency: int = 1,
+            in_flight: int = 2) -> Iterator[tuple]:
+    """``(shard, fn(shard))`` for every shard, as they complete (any order), computed by one
+    :class:`KdalabWorker` actor per GPU of the cluster (``gpu``) or per CPU.
 
     ``fn`` (a function or a ``functools.partial`` of one) is pickled once; the workers must
-    be able to import its module (an installed package). ``gpu``: each task asks for one GPU.
-    ``num_cpus`` sizes a local cluster started here (default: the machine's); ``in_flight``
-    bounds the tasks submitted and not yet collected (default twice the cluster's slots).
-    Shards are drawn from ``shards`` lazily.
+    be able to import its module (an installed package). ``setup``: ``(function, *args)``,
+    called once by each actor when it starts (hashable: actors are reused across calls with
+    the same one). ``concurrency``: shards an actor runs at once (threads). ``in_flight``:
+    shards handed to an actor and not yet collected, so that it never waits for the driver.
+    ``num_cpus`` sizes a local cluster started here (default: the machine's). Shards are
+    drawn from ``shards`` lazily, each to the actor with the fewest in hand. A shard whose
+    actor dies (killed, out of memory, a lost node) is rerun on the restarted actor, up to
+    :data:`RAY_MAX_RETRIES` times; an exception raised by ``fn`` is not retried.
     """
     ray = _init(address, num_cpus)
     cpus, gpus = ray_cluster(address, num_cpus)
@@ -105,31 +163,33 @@ def ray_map(fn: Callable, shards: Iterable, *, gpu: bool = False, address: str |
     if slots < 1:
         where = f"the Ray cluster at {address}" if address else "this machine's Ray cluster"
         raise ValueError(f"{where} has no {'GPU' if gpu else 'CPU'} to run on")
-    in_flight = in_flight or 2 * slots
-    remote = ray.remote(kdalab_task).options(num_gpus=1 if gpu else 0, num_cpus=1,
-                                        max_retries=RAY_MAX_RETRIES, retry_exceptions=False)
-    fn_ref = ray.put(fn)  # pickled once, not once per task
-    pending: dict = {}
+    workers = _workers(ray, slots, gpu, setup, concurrency)
+    fn_ref = ray.put(fn)  # pickled once, not once per shard
+    in_hand = [0] * len(workers)
+    pending: dict = {}  # ref -> (shard, worker)
     source = iter(shards)
     exhausted = False
     try:
         while True:
-            while not exhausted and len(pending) < in_flight:
+            while not exhausted and min(in_hand) < in_flight:
                 try:
                     shard = next(source)
                 except StopIteration:
                     exhausted = True
                     break
-                pending[remote.remote(fn_ref, shard)] = shard
+                w = in_hand.index(min(in_hand))
+                pending[workers[w].run.remote(fn_ref, shard)] = (shard, w)
+                in_hand[w] += 1
             if not pending:
                 return
             ready, _ = ray.wait(list(pending), num_returns=1)
             for ref in ready:
-                shard = pending.pop(ref)
+                shard, w = pending.pop(ref)
+                in_hand[w] -= 1
                 yield shard, ray.get(ref)
-    finally:  # an error or an interrupt: stop what is still queued
-        for ref in pending:
-            ray.cancel(ref, force=True)
+    finally:  # an error or an interrupt: stop the work still in hand
+        if pending:
+            _stop_workers(ray)
 
 
 # --- a sweep's plan into its store ------------------------------------------------------------
@@ -168,6 +228,7 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
 
     if backend == "local":
         processes = default_draw_processes(pending, device)
+        start_draw_processes(processes)  # they start while CUDA initializes
         with _cpu_threads(device, threads):
             for batch, table in iter_batch_tables(batches, plan.accumulations,
                                                   recipe=plan.recipe, device=device,
@@ -183,12 +244,17 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
     # about four shards per slot, so the last ones finish together; CPU shards of one batch
     shard_runs = max(max_batch, min(16 * max_batch, -(-pending // (4 * slots)))) if gpu \
         else max_batch
-    # the draw processes a GPU task may start: the node's cores shared by its GPUs
+    # the draw processes a GPU worker may start: the node's cores shared by its GPUs
     processes = min(MAX_CUDA_PROCESSES, cpus // max(gpus, 1) - 4) if gpu else 0
-    work = partial(run_shard, accumulations=[m.name for m in plan.accumulations],
-                   recipe=plan.recipe.name, device=device.type,
-                   processes=processes if processes >= 2 else 0)
-    for _, results in ray_map(work, _shards(batches, shard_runs), gpu=gpu, address=address):
+    processes = processes if processes >= 2 else 0
+    names = tuple(m.name for m in plan.accumulations)
+    work = partial(run_shard, accumulations=list(names), recipe=plan.recipe.name,
+                   device=device.type, processes=processes)
+    # a GPU worker runs two shards at once: the GPU computes one while the other starts or
+    # ends (their draws take turns through the draw processes)
+    setup = (warm_worker, device.type, processes, names, plan.recipe.name) if gpu else None
+    for _, results in ray_map(work, _shards(batches, shard_runs), gpu=gpu, address=address,
+                              setup=setup, concurrency=2 if gpu else 1):
         for batch, table in results:
             stored(batch, table)
     return pending
@@ -209,10 +275,25 @@ def _shards(batches: Iterable[Batch], shard_runs: int) -> Iterator[list[Batch]]:
 
 def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str, device: str,
               processes: int = 0) -> list[tuple[Batch, object]]:
-    """A Ray task: the records of a shard's batches, pipelined as in the local backend, on one
-    intra-op thread on the CPU (Ray gives each task one CPU)."""
+    """A Ray worker's shard: the records of its batches, pipelined as in the local backend, on
+    one intra-op thread (Ray gives each worker one CPU)."""
     dev = torch.device(device)
     models = params.accumulations(accumulations, "accumulations", dev.type)
     with _cpu_threads(dev, 1):
         return list(iter_batch_tables(shard, models, recipe=get_recipe(recipe), device=dev,
                                       processes=processes))
+
+
+def warm_worker(device: str, processes: int, accumulations: tuple[str, ...],
+                recipe: str) -> None:
+    """A GPU worker's start: its draw processes start, and meanwhile one small batch
+    initializes CUDA, its libraries and kdalab's kernels, so that no shard pays for them."""
+    from kdalab.experiments.inverse import launch_group
+    from kdalab.experiments.runs import Run
+
+    start_draw_processes(processes)
+    dev = torch.device(device)
+    models = params.accumulations(list(accumulations), "accumulations", dev.type)
+    with _cpu_threads(dev, 1):
+        launch_group([Run("floor", -5.0, 16, 0, 16)], models, recipe=get_recipe(recipe),
+                     device=dev, workers=1).table()

@@ -3,7 +3,7 @@ per-run ``make_inputs``, drawn as fast as the machine allows.
 
 Each run draws from its own ``torch.Generator(device="cpu").manual_seed(seed)`` in the seed's
 order (keys, gate, β: what its :class:`~kdalab.experiments.families.Family` says). Those draws
-are per run by nature; they run on a few threads, or in draw processes (spawned once, writing
+are per run by nature; they run on a few threads, or in draw processes (started once, writing
 into one shared-memory block) for large CUDA sweeps. Everything else is done once per batch: the
 sigmoids (torch's CPU sigmoid splits a tensor between a vectorized and a scalar loop whose last
 bits differ; :func:`_sigmoid_rows` reproduces each run's own split, calibrated at run time),
@@ -27,8 +27,8 @@ from kdalab.experiments.families import FAMILIES, Family, get_family
 from kdalab.experiments.runs import Run
 
 __all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch", "cuda_draw_processes",
-           "draw_processes_running", "MAX_DEFAULT_WORKERS", "MAX_CUDA_PROCESSES",
-           "PROCESS_MIN_RUNS"]
+           "draw_processes_running", "start_draw_processes", "MAX_DEFAULT_WORKERS",
+           "MAX_CUDA_PROCESSES", "PROCESS_MIN_RUNS"]
 
 
 @dataclass(frozen=True)
@@ -166,15 +166,14 @@ def _default_workers(n: int) -> int:
 #: 0.033 / 0.029 on 2 / 4 / 8 / 12 processes (docs/BENCHMARKS.md).
 MAX_CUDA_PROCESSES = 12
 #: run_sweep on CUDA draws in processes by default from this many runs on, or once they are
-#: running: starting them costs seconds (each imports torch; about 1 s for 2 on a 2-core VM),
-#: which the ~0.05 ms per run they save on the H200 host repays only over tens of thousands of
-#: runs.
+#: running: starting them costs seconds, which the ~0.05 ms per run they save on the H200 host
+#: repays only over tens of thousands of runs.
 PROCESS_MIN_RUNS = 50_000
 
 
 def _spawnable() -> bool:
-    """Whether spawned processes can start: they re-import ``__main__`` from its file, which
-    fails for code read from stdin (``python - <script``)."""
+    """Whether draw processes can start: they re-import ``__main__`` from its file (spawned or
+    forked from the fork server alike), which fails for code read from stdin."""
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     return path is None or os.path.exists(path)
@@ -214,11 +213,6 @@ def _block_layout(n: int, chunk: int, dim: int) -> tuple[int, int]:
     """Bytes of the keys [n, C, D] bf16 (padded to 8) and of each float64 [n, C] array."""
     kb = n * chunk * dim * 2
     return kb + (-kb) % 8, n * chunk * 8
-
-
-def _block_bytes(n: int, chunk: int, dim: int) -> int:
-    kb, fb = _block_layout(n, chunk, dim)
-    return kb + 2 * fb
 
 
 def _block_views(buf: torch.Tensor, n: int, chunk: int, dim: int):
@@ -277,17 +271,41 @@ def _free_block() -> None:
 atexit.register(_free_block)
 
 
+def _draw_context():
+    """How draw processes start: forked from a fork server that imported this module (and so
+    torch) once, where there is one (Linux), else spawned; neither inherits CUDA. On the dev VM,
+    8 spawned processes took 14.9 s to start and 6.3 s to exit; forked 2.9 s and 0.04 s."""
+    import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])  # no effect once the server runs
+    return context
+
+
 def _process_pool(processes: int) -> ProcessPoolExecutor:
-    """``processes`` draw processes, started once (spawned: safe after CUDA is initialized)
-    and reused."""
+    """``processes`` draw processes, started once (:func:`_draw_context`) and reused."""
     with _POOLS_LOCK:
         if processes not in _PROCESS_POOLS:
-            import multiprocessing
-
             _PROCESS_POOLS[processes] = ProcessPoolExecutor(
-                processes, mp_context=multiprocessing.get_context("spawn"),
-                initializer=_init_draw_process)
+                processes, mp_context=_draw_context(), initializer=_init_draw_process)
         return _PROCESS_POOLS[processes]
+
+
+def start_draw_processes(processes: int) -> None:
+    """Start ``processes`` draw processes in the background and return at once: they start
+    while the caller goes on (importing, initializing CUDA), and the first draw waits only
+    for what is not up yet. Nothing if they are running (or ``processes`` < 1)."""
+    if processes < 1 or processes in _PROCESS_POOLS:
+        return
+
+    def start() -> None:
+        pool = _process_pool(processes)
+        for _ in range(processes):  # each task that finds no idle process starts one
+            pool.submit(_init_draw_process)
+
+    threading.Thread(target=start, name="kdalab-draw-start", daemon=True).start()
 
 
 def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, seeds: list,
@@ -297,7 +315,8 @@ def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, see
     edges = [n * w // processes for w in range(processes + 1)]
     pool = _process_pool(processes)
     with _BLOCK_LOCK:
-        shm, buf = _parent_block(_block_bytes(n, chunk, dim))
+        kb, fb = _block_layout(n, chunk, dim)
+        shm, buf = _parent_block(kb + 2 * fb)
         try:
             tasks = [pool.submit(_draw_slice, shm.name, n, chunk, dim, lo, families[lo:hi],
                                  seeds[lo:hi]) for lo, hi in zip(edges, edges[1:])]
@@ -308,10 +327,8 @@ def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, see
                 _PROCESS_POOLS.pop(processes, None)
             raise RuntimeError(f"a draw process died ({exc}); the next call starts new ones "
                                "(processes=0 draws on threads instead)") from exc
-        k, g, b = _block_views(buf, n, chunk, dim)
-        keys.copy_(k)
-        raw_gate.copy_(g)
-        raw_beta.copy_(b)
+        for out, drawn in zip((keys, raw_gate, raw_beta), _block_views(buf, n, chunk, dim)):
+            out.copy_(drawn)
 
 
 def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
@@ -323,9 +340,9 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     :meth:`~kdalab.experiments.runs.Run.checked` or ``plan_runs``: not checked again here).
     The random draws and the key normalization are per run (each with its own seeded
     generator, on ``workers`` threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no
-    threads; or, with ``processes`` ≥ 1, in that many draw processes, spawned once and
+    threads; or, with ``processes`` ≥ 1, in that many draw processes, started once and
     reused, which write into a shared-memory block: no GIL between them (``None`` = 0;
-    :func:`~kdalab.experiments.sweep.run_sweep` chooses them for large CUDA sweeps). Spawned
+    :func:`~kdalab.experiments.sweep.run_sweep` chooses them for large CUDA sweeps). Draw
     processes import the caller's ``__main__``: a script that draws through them needs the
     ``if __name__ == "__main__":`` guard). The rest is done once for the batch and equals
     the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`

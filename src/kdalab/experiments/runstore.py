@@ -11,14 +11,14 @@ Layout of a store folder::
                            group is one (chunk, dim)), so views aggregate one group at a time
     .lock                  held (flock) while a process writes the store
 
-**Safety.** A part is written to a hidden temporary file, flushed to disk and renamed: it is in
-the store whole or not at all. The manifest is replaced the same way. Opening a store to
-resume deletes temporary files, reads every part's ``run`` column (page checksums verified)
-and drops a part that does not read (torn), holds a run twice, or repeats a run of an earlier
-part; those runs are computed again. So ``kill -9`` at any moment followed by a resume gives
-exactly the records of an uninterrupted sweep. Records are read back in run order (``run``,
-then the order the records of one run were appended), whatever order the parts were written
-in.
+**Safety.** A part is written (by a writer thread, while the sweep goes on) to a hidden
+temporary file, flushed to disk and renamed: it is in the store whole or not at all. The
+manifest is replaced the same way. Opening a store to resume deletes temporary files, reads
+every part's ``run`` column (page checksums verified) and drops a part that does not read
+(torn), holds a run twice, or repeats a run of an earlier part; those runs are computed again.
+So ``kill -9`` at any moment followed by a resume gives exactly the records of an
+uninterrupted sweep. Records are read back in run order (``run``, then the order the records
+of one run were appended), whatever order the parts were written in.
 
 **Identity.** The fingerprint hashes the kind, the configuration and the record schema. A
 folder holding a different sweep, records of another kdalab version, or files that are not a
@@ -39,7 +39,9 @@ import hashlib
 import json
 import os
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +62,8 @@ LEGACY_FILES = ("records.jsonl", "records.json", "records.parquet")
 #: or after PART_SECONDS: a kill loses at most that much work, and parts stay few.
 PART_ROWS = 65_536
 PART_SECONDS = 5.0
+#: Parts handed to the writer thread and not yet on disk, at most (then appending waits).
+PARTS_WRITING = 4
 
 
 class StoreError(ValueError):
@@ -174,6 +178,8 @@ class RunStore:
         self._buffers: dict[str, list[pa.Table]] = {}
         self._buffered_rows: dict[str, int] = {}
         self._last_flush = time.monotonic()
+        self._writer: ThreadPoolExecutor | None = None  # writes the parts, off the caller
+        self._writing: deque[tuple[str, Future]] = deque()  # (group, part being written)
         self._scan()
 
     # --- opening -----------------------------------------------------------------------
@@ -305,7 +311,8 @@ class RunStore:
         return bool(self.done.all())
 
     def append(self, table: pa.Table, group: str) -> None:
-        """Add the records of some runs (all records of each); written out in parts."""
+        """Add the records of some runs (all records of each); written out in parts, by a
+        writer thread (the caller goes on computing meanwhile)."""
         if not self.writable:
             raise StoreError(f"{self.folder}: the store is open read-only")
         if not table.schema.equals(self.schema):
@@ -318,32 +325,45 @@ class RunStore:
         self._buffers.setdefault(group, []).append(table)
         self._buffered_rows[group] = self._buffered_rows.get(group, 0) + table.num_rows
         if self._buffered_rows[group] >= PART_ROWS:
-            self._flush_group(group)
+            self._hand_off(group)
         if time.monotonic() - self._last_flush >= PART_SECONDS:
-            self.flush()
+            for name in list(self._buffers):
+                self._hand_off(name)
+            self._last_flush = time.monotonic()
+        self._written(PARTS_WRITING)
 
     def flush(self) -> None:
+        """Write every record appended, and wait until it is on disk."""
         for group in list(self._buffers):
-            self._flush_group(group)
+            self._hand_off(group)
         self._last_flush = time.monotonic()
+        self._written(0)
 
-    def _flush_group(self, group: str) -> None:
+    def _hand_off(self, group: str) -> None:
+        """A group's buffered records to the writer thread, as the next part."""
         tables = self._buffers.pop(group, None)
         self._buffered_rows.pop(group, None)
         if not tables:
             return
-        table = pa.concat_tables(tables)
         name = _part_name(group, self._seq)
         self._seq += 1
-        parts_dir = self.folder / PARTS
-        tmp = parts_dir / f".{name}.tmp"
-        pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        final = parts_dir / name
-        os.replace(tmp, final)
-        _fsync_dir(parts_dir)
-        self.parts.setdefault(group, []).append(final)
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="kdalab-parts")
+        self._writing.append((group, self._writer.submit(
+            _write_part, self.folder / PARTS, name, pa.concat_tables(tables))))
+
+    def _written(self, keep: int) -> None:
+        """Collect the parts written, waiting until at most ``keep`` are still being written
+        (a failed write raises here)."""
+        while self._writing and (len(self._writing) > keep or self._writing[0][1].done()):
+            group, future = self._writing[0]
+            try:
+                path = future.result()
+            except Exception:  # raised once; an interrupt (^C) while waiting keeps the part
+                self._writing.popleft()
+                raise
+            self._writing.popleft()
+            self.parts.setdefault(group, []).append(path)
 
     def set_views(self, paths: Sequence[Path]) -> None:
         """Record the view files drawn from the records (replaced on the next drawing)."""
@@ -361,6 +381,9 @@ class RunStore:
             if self.writable:
                 self.flush()
         finally:
+            if self._writer is not None:
+                self._writer.shutdown(wait=True)  # a part being written is finished
+                self._writer = None
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -374,10 +397,12 @@ class RunStore:
 
     # --- reading -----------------------------------------------------------------------
     def groups(self) -> list[str]:
+        self._written(0)
         return sorted(set(self.parts) | set(self._buffers))
 
     def read_group(self, group: str, columns: Sequence[str] | None = None) -> pa.Table:
         """A group's records in run order (``columns``: a subset, read from disk alone)."""
+        self._written(0)
         cols = None if columns is None else list(dict.fromkeys(["run", *columns]))
         tables = [pq.read_table(p, columns=cols) for p in self.parts.get(group, [])]
         if self._buffers.get(group):
@@ -404,6 +429,19 @@ class RunStore:
             empty = self.schema.empty_table()
             return empty if columns is None else empty.select(list(columns))
         return pa.concat_tables(tables)
+
+
+def _write_part(parts_dir: Path, name: str, table: pa.Table) -> Path:
+    """Write a part atomically: a hidden temporary file, flushed to disk, then renamed (and the
+    folder flushed): the part is in the store whole or not at all."""
+    tmp = parts_dir / f".{name}.tmp"
+    pq.write_table(table, tmp, compression="zstd", write_page_checksum=True)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    final = parts_dir / name
+    os.replace(tmp, final)
+    _fsync_dir(parts_dir)
+    return final
 
 
 def identical(a: pa.Table, b: pa.Table) -> bool:

@@ -211,19 +211,20 @@ def default_draw_processes(n_runs: int, device: torch.device) -> int:
 
 
 def _cpu_threads(device: torch.device, threads: int | None):
-    """Run with ``threads`` intra-op threads on the CPU (default 1), restored afterwards.
+    """Run with ``threads`` intra-op threads (default 1), restored afterwards, whatever the
+    device: a sweep's CPU tensors are small, and intra-op threads only wait for each other.
 
-    One thread by default: a sweep's tensors are small, and with two threads on a 2-core
-    machine whose other core was busy, 768 runs took 205 s instead of 4.2 s (OpenMP waits for
-    the descheduled thread at every operation; docs/BENCHMARKS.md). Cores are used by Ray
-    workers instead (``--backend ray``), one thread each."""
+    On the CPU, with two threads on a 2-core machine whose other core was busy, 768 runs took
+    205 s instead of 4.2 s (OpenMP waits for the descheduled thread at every operation;
+    docs/BENCHMARKS.md); cores are used by Ray workers instead (``--backend ray``), one thread
+    each. On CUDA the CPU's share (copies, sigmoids, records) runs beside a dozen draw
+    processes: on the H200 host the local backend, on torch's default threads, took 0.049 ms
+    per run where a Ray worker running the same pipeline on one thread (Ray sets
+    ``OMP_NUM_THREADS``), and writing no parts, took 0.030 (docs/sweeps.md)."""
     from contextlib import contextmanager
 
     @contextmanager
     def scope():
-        if device.type != "cpu":
-            yield
-            return
         before = torch.get_num_threads()
         torch.set_num_threads(threads or 1)
         try:
@@ -303,7 +304,7 @@ def run_sweep(
     Records never depend on the choice. ``max_batch``: runs per batch (default
     :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches stay in cache;
     4096 on CUDA, where each batch costs a few hundred kernel launches). ``threads``: torch's
-    intra-op threads on the CPU during the sweep (default 1, see :func:`_cpu_threads`).
+    intra-op threads during the sweep (default 1, see :func:`_cpu_threads`).
     Pipelined on CUDA (:func:`iter_batch_tables`). For sweeps kept on disk, resumable and
     run on Ray, see :func:`kdalab.experiments.backends.run_into_store`.
     """

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from kdalab.arith.linalg import lead_shape
 from kdalab.errors import Unavailable
 
 __all__ = ["GpuUnavailable", "require_cuda", "batched"]
@@ -37,7 +38,7 @@ def require_cuda(what: str = "this operation") -> None:
 def batched(a: torch.Tensor, b: torch.Tensor):
     """The leading shape, and ``a`` and ``b`` broadcast and flattened to contiguous
     ``[batch, M, K]`` and ``[batch, K, N]``."""
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = lead_shape(a.shape[:-2], b.shape[:-2])
     a = a.expand(lead + a.shape[-2:]).reshape((-1,) + a.shape[-2:]).contiguous()
     b = b.expand(lead + b.shape[-2:]).reshape((-1,) + b.shape[-2:]).contiguous()
     return lead, a, b
