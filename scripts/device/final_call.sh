@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Device call 2 of session 4 (kind nvidia-h200-x2): the session's figures, in two parts (two
-# commands on the warm machine). Carry .whl, .peers and .whl-ray (fla-core; FlashKDA's carried
-# build with its package; fla's autotuning choices; Ray trimmed, scripts/device/trim_ray_wheel.py).
+# commands on the warm machine). Carry .whl and .peers (fla-core; FlashKDA's carried build with its
+# package; fla's autotuning choices).
 #   FINAL_PART=1: two lanes at once —
 #     lane A, GPU 0 (the timings): fla's configurations compiled in parallel, fla's autotuning
 #       shape by shape on an otherwise idle GPU, then the grid (kdalab, fla, FlashKDA, one
 #       process: benchmarks/bench_kernel.py --grid);
 #     lane B, GPU 1 (nothing timed): the tanh.approx tables for the flashkda model, every GPU
 #       test (gpu_tests.sh), then `kdalab check` on the full suite (check_h200.sh).
-#   FINAL_PART=2: the accuracy table (GPU 0) beside the 94,500-run sweep as a whole process
-#     against the seed loop (GPU 1), then the sweep through Ray on 1 and 2 GPUs.
+#   (FINAL_PART=2, the accuracy table beside the sweep's figures, is superseded by
+#   stage1_call.sh, which runs the accuracy table, and sweep_remeasure.sh.)
 #   FINAL_PART=grid (session 5, kind nvidia-h200, carry .whl and .peers): lane A alone, the
 #     kernel grid after stage 1's new load order.
 # With one GPU the lanes run one after the other.
@@ -50,15 +50,6 @@ lane_b1() {
     OUT=/tmp/final CHECK_PEERS=0 FLA_CACHE_RESULTS=0 CHECK_BUDGET=190 \
         bash scripts/device/check_h200.sh
 }
-lane_a2() {
-    export CUDA_VISIBLE_DEVICES=0
-    timeout 120 python3 benchmarks/bench_kernel.py --accuracy --json /tmp/final/accuracy.json
-}
-lane_b2() {
-    export CUDA_VISIBLE_DEVICES=$gpu_b
-    timeout 200 python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \
-        --chunks 2-64 --seeds 0-499 --seed-sample 4 --repeat 2 --breakdown
-}
 part=${FINAL_PART:-1}
 if [ "$part" = grid ]; then
     lane_a1 2>&1 | tee /tmp/final/lane_a1.log | grep -v '^{"shape'
@@ -67,14 +58,8 @@ elif [ "$part" = 1 ]; then
     both lane_a1 lane_b1
     [ -f /tmp/final/check.tar.gz ] && mv /tmp/final/check.tar.gz "$OUT/"
 else
-    both lane_a2 lane_b2
-    if [ "$ngpu" -gt 1 ] && ls .whl-ray/ray-*.whl >/dev/null 2>&1; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-            --target /tmp/site .whl-ray/*.whl
-        timeout 260 python3 benchmarks/bench_sweep_whole.py ray --device cuda \
-            --accumulation h200 --chunks 2-64 --seeds 0-999 --gpus 1,2 2>&1 \
-            | tee /tmp/final/ray.log | tail -n 12
-    fi
+    echo "final_call.sh: FINAL_PART must be 1 or grid" >&2
+    exit 2
 fi
 tar czf "$OUT/final$part.tar.gz" -C /tmp final
 ls -la "$OUT"
