@@ -6,9 +6,10 @@ L2 norm and β sigmoid in its kernel; FlashKDA's ``flash_kda.fwd`` (built from i
 scripts/device/peers.sh). A missing peer is reported as skipped. Every shape is bf16, K = V
 = 128, model-like random inputs (normal q, k, v, g, β logits; A_log, dt_bias uniform).
 
-    python benchmarks/bench_kernel.py --grid [--shapes a,b] [--json out.json]
-        the issue's grid: median ms (triton.testing.do_bench) of kdalab, fla, FlashKDA, each
-        ratio against the best peer, the geometric mean
+    python benchmarks/bench_kernel.py --grid [--shapes a,b | --extra] [--json out.json]
+        the issue's grid (or, with --extra, the shapes beyond it): median ms
+        (triton.testing.do_bench) of kdalab, fla, FlashKDA, each ratio against the best peer,
+        the geometric mean
     python benchmarks/bench_kernel.py --explore [--shapes a,b]
         kdalab's launch choices per shape (the plan, serial, segment lengths, stage-1 and
         stage-2 launch shapes), and the parts (stage 1, the passes, the combine) to calibrate
@@ -56,7 +57,18 @@ GRID = [
     ("T131072_H8", 1, 131072, 8, None, False),
     ("T524288_H4", 1, 524288, 4, None, False),
 ]
-SHAPES = {s[0]: s for s in GRID}
+#: beyond the grid (``--extra``): shapes the plan's constants were not measured on — short
+#: prompts with few heads, many short sequences, a mixed varlen batch, longer prompts
+EXTRA = [
+    ("T2048_H32", 1, 2048, 32, None, False),
+    ("T4096_H8_state", 1, 4096, 8, None, True),
+    ("B16_T1024_H32", 16, 1024, 32, None, False),
+    ("B2_T16384_H16", 2, 16384, 16, None, False),
+    ("varlen512x16_H64", 1, 8192, 64, [512] * 16, False),
+    ("varlen_mixed_H16", 1, 36638, 16, [37, 8000, 1, 600, 25000, 3000], False),
+    ("T262144_H8", 1, 262144, 8, None, False),
+]
+SHAPES = {s[0]: s for s in GRID + EXTRA}
 
 
 def make_inputs(shape, seed=0):
@@ -398,10 +410,15 @@ def main():
     ap.add_argument("--jobs", type=int, default=1,
                     help="--warm-peers: compile fla's configurations in this many processes")
     ap.add_argument("--compile-only", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated grid names")
+    ap.add_argument("--shapes", default=None,
+                    help="comma-separated shape names (default: the grid; with --extra, the "
+                         "shapes beyond it)")
+    ap.add_argument("--extra", action="store_true",
+                    help="the shapes beyond the grid (EXTRA) instead of the grid")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    names = args.shapes.split(",")
+    names = (args.shapes.split(",") if args.shapes
+             else [e[0] for e in (EXTRA if args.extra else GRID)])
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
