@@ -27,13 +27,24 @@ MARKER_STEP_PT = 4.0
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
+#: the PNG's resolution, dots per inch
+PNG_DPI = 130
+
+
 def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
+    """``fig`` as ``stem``.png and ``stem``.svg in ``folder``, both cut to the figure's tight
+    box (padded by :rc:`savefig.pad_inches`). The box is measured once, at the PNG's resolution,
+    on the renderer that laid the figure out (its text metrics cached), and each format is then
+    drawn once: ``bbox_inches="tight"`` would lay every text out again per format."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{stem}.png", folder / f"{stem}.svg"]
-    fig.savefig(paths[0], dpi=130, bbox_inches="tight")
-    # the tight box of the drawing just made: the SVG is rendered once instead of twice
-    fig.savefig(paths[1], bbox_inches=fig.get_tightbbox().padded(0.1))
+    fig.set_dpi(PNG_DPI)
+    box = fig.get_tightbbox(fig.canvas.get_renderer()).padded(
+        matplotlib.rcParams["savefig.pad_inches"])
+    fig.set_layout_engine(None)  # laid out already: no layout pass again in savefig
+    fig.savefig(paths[0], dpi=PNG_DPI, bbox_inches=box)
+    fig.savefig(paths[1], bbox_inches=box)
     plt.close(fig)
     return paths
 
@@ -73,7 +84,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
     present = set(summary["family"])
     families = [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
     fig, axes = plt.subplots(1, max(len(families), 1), figsize=(5.2 * max(len(families), 1), 4.4),
-                             squeeze=False)
+                             squeeze=False, dpi=PNG_DPI)  # laid out as the PNG is drawn
     series: list[tuple[str, pd.DataFrame]] = []  # (label, rows) per distinct configuration
     for (acc, lb, d), s in summary.groupby(["accumulation", "lower_bound", "dim"], dropna=False,
                                           sort=True):
