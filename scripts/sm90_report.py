@@ -120,7 +120,7 @@ def kdalab_rows(only: str | None = None):
     prep = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", w_ptr="*fp16", qg_ptr="*fp16",
                 kend_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32",
-                chunk_table_ptr="*i32", cu_seqlens_ptr="*i32", T="i32", num_chunks="i32",
+                chunk_table_ptr="*i32", cu_seqlens_ptr="*i32", T="i32",
                 scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
               BETA_LOGITS=True, IS_VARLEN=False)

@@ -21,8 +21,6 @@ finite in fp32 (limit e^88.7) and the diagonal tile is one dense GEMM.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -30,7 +28,6 @@ import triton.language as tl
 from .indexing import chunk_of_program
 
 CHUNK = 16
-LOG2E = math.log2(math.e)
 
 
 @triton.jit
@@ -134,7 +131,7 @@ def chunk_kda_prepare_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     chunk_table_ptr, cu_seqlens_ptr,
-    T, num_chunks, scale, lower_bound,
+    T, scale, lower_bound,
     H, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
@@ -172,7 +169,7 @@ def chunk_kda_prepare(
         w, qg, kend, ainv, mqk, gamma,
         chunk_table if chunk_table is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,
-        T, num_chunks, float(scale), float(lower_bound),
+        T, float(scale), float(lower_bound),
         H=H, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
