@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from kdalab.experiments.families import FAMILIES, Family, get_family
+from kdalab.experiments.keystream import STREAMS, reusable
 from kdalab.experiments.runs import Run
 
 __all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch", "cuda_draw_processes",
@@ -74,12 +75,55 @@ def _draw_run(gen: torch.Generator, family: Family, seed: int, scratch: torch.Te
 
 def _draw_runs(families: Sequence[str], seeds: Sequence[int], keys: torch.Tensor,
                raw_gate: torch.Tensor, raw_beta: torch.Tensor) -> None:
-    """:func:`_draw_run` for each run, into row ``i`` of ``keys`` [n, C, D], ``raw_gate``
-    and ``raw_beta`` [n, C], with one generator and workspace for all of them."""
+    """The draws of each run, into row ``i`` of ``keys`` [n, C, D], ``raw_gate`` and
+    ``raw_beta`` [n, C]: :func:`_draw_run` per run, or, where keys are prefixes of longer
+    chunks' (:func:`~kdalab.experiments.keystream.reusable`), per *stream*: runs of one seed
+    whose keys end at the same row (C rows, or 1 for a shared key) make the same draws after
+    their keys (the first is the gate of a family with a random gate, else its β), so each
+    stream's keys come from :data:`~kdalab.experiments.keystream.STREAMS` and its draws are
+    made once, then gathered into the runs' rows."""
     gen = torch.Generator(device="cpu")
-    scratch = torch.empty(keys.shape[1:], dtype=torch.float64)
-    for i, (family, seed) in enumerate(zip(families, seeds)):
-        _draw_run(gen, FAMILIES[family], seed, scratch, keys[i], raw_gate[i], raw_beta[i])
+    chunk, dim = keys.shape[1:]
+    fams = [FAMILIES[f] for f in families]
+    if not reusable(dim):
+        scratch = torch.empty(keys.shape[1:], dtype=torch.float64)
+        for i, (fam, seed) in enumerate(zip(fams, seeds)):
+            _draw_run(gen, fam, seed, scratch, keys[i], raw_gate[i], raw_beta[i])
+        return
+    # streams by where their keys end: {end: {seed: index among that end's streams}}
+    by_end: dict[int, dict[int, int]] = {}
+    where = []  # (end, index) of each run
+    for fam, seed in zip(fams, seeds):
+        ends = by_end.setdefault(1 if fam.shared_key else chunk, {})
+        where.append((1 if fam.shared_key else chunk, ends.setdefault(seed, len(ends))))
+    offset, n_streams = {}, 0
+    for end, ends in by_end.items():
+        offset[end], n_streams = n_streams, n_streams + len(ends)
+    stream = [offset[end] + i for end, i in where]
+    draws_after = [0] * n_streams  # draws each stream makes after its keys
+    for fam, s in zip(fams, stream):
+        draws_after[s] = max(draws_after[s], fam.random_gate + fam.random_beta)
+    # every stream's keys, then each run's by one gather (index_select copies whole rows)
+    stream_keys = torch.empty(n_streams, chunk, dim, dtype=torch.bfloat16)
+    # draws[d·S + s] is stream s's draw d after its keys; the last row stays zero
+    draws = torch.zeros(2 * n_streams + 1, chunk, dtype=torch.float64)
+    for end, ends in by_end.items():
+        got, states = STREAMS.keys(list(ends), dim, end, gen)
+        stream_keys[offset[end] : offset[end] + len(ends)] = got  # a shared key fills C rows
+        for s, state in enumerate(states, offset[end]):
+            if draws_after[s]:
+                gen.set_state(state)
+                for d in range(draws_after[s]):
+                    torch.randn(chunk, dtype=torch.float64, generator=gen,
+                                out=draws[d * n_streams + s])
+    torch.index_select(stream_keys, 0, torch.tensor(stream), out=keys)
+    # the gate is a stream's first draw; β its first or, after a gate, its second
+    none = 2 * n_streams
+    gate = [s if f.random_gate else none for f, s in zip(fams, stream)]
+    beta = [f.random_gate * n_streams + s if f.random_beta else none
+            for f, s in zip(fams, stream)]
+    torch.index_select(draws, 0, torch.tensor(gate), out=raw_gate)
+    torch.index_select(draws, 0, torch.tensor(beta), out=raw_beta)
 
 
 _SIGMOID_UNIT: list = []  # [block] once calibrated; [None] if the split does not reproduce
