@@ -2,13 +2,13 @@
 """Where a large CUDA sweep's time goes, phase by phase, in one process (run on a GPU).
 
     PYTHONPATH=$PWD/src python3 benchmarks/bench_sweep_phases.py \\
-        [--chunks 2-64] [--seeds 0-499] [--accumulation h200] [--processes 0,4,12]
+        [--chunks 2-64] [--seeds 0-499] [--accumulation h200] [--draws t1,t2,p12]
 
 The plan is ``kdalab sweep``'s (3 families × chunks × seeds, dim 128, by default the issue's
 94,500 runs). Each phase is timed on its own, after a warm-up sweep of a few seeds:
 
 * **draws**: every batch's inputs (``make_inputs_batch`` onto the GPU) with the key streams
-  and draw processes started afresh, for each ``--processes`` value (0 = one draw thread);
+  and draw processes started afresh, for each ``--draws`` setting (threads or processes);
 * **GPU and records**: every batch launched and its records built from inputs drawn
   beforehand (kept on the GPU), i.e. the sweep without its draws;
 * **sweep into a store**: ``run_into_store`` as the command runs it (draws, GPU, records,
@@ -42,7 +42,8 @@ def main() -> None:
     p.add_argument("--chunks", default="2-64")
     p.add_argument("--seeds", default="0-499")
     p.add_argument("--accumulation", default="h200")
-    p.add_argument("--processes", default="0,4,12")
+    p.add_argument("--draws", default="t1,t2,p12",
+                   help="draw settings to time: tN = N draw threads, pN = N draw processes")
     args = p.parse_args()
 
     import torch
@@ -74,17 +75,18 @@ def main() -> None:
         run_into_store(plan_of("0-1"), store)
     torch.set_num_threads(1)
 
-    for processes in [int(x) for x in args.processes.split(",")]:
+    for spec in args.draws.split(","):
         _fresh_draws()
+        workers, processes = (int(spec[1:]), 0) if spec[0] == "t" else (1, int(spec[1:]))
         if processes:
             draw.start_draw_processes(processes)
             time.sleep(3)  # started, as a sweep starts them while CUDA initializes
         t0 = time.perf_counter()
         for b in batches:
-            draw.make_inputs_batch(b.runs, device, 1, processes)
+            draw.make_inputs_batch(b.runs, device, workers, processes)
         torch.cuda.synchronize()
-        line(f"draws, {processes or 'no'} draw processes"
-             f"{' (1 thread)' if not processes else ''}", time.perf_counter() - t0)
+        line(f"draws, {f'{processes} draw processes' if processes else f'{workers} thread(s)'}",
+             time.perf_counter() - t0)
 
     _fresh_draws()
     inputs = [draw.make_inputs_batch(b.runs, device, 1) for b in batches]

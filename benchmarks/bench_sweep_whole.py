@@ -105,6 +105,7 @@ def whole(args) -> None:
     env = dict(os.environ)
     src = str(HERE.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
+    env["KDALAB_TIMELINE"] = "1"  # the command's phases on stderr (docs/sweeps.md)
     walls = []
     root = Path(args.out or tempfile.mkdtemp(prefix="bench_sweep_"))
     for i in range(args.repeat):
@@ -118,6 +119,8 @@ def whole(args) -> None:
             raise SystemExit(f"kdalab sweep failed ({res.returncode}):\n{res.stderr}")
         print(f"  kdalab sweep, run {i + 1}: {walls[-1]:.2f} s = "
               f"{1e3 * walls[-1] / n_runs:.4f} ms per run", flush=True)
+        marks = [line for line in res.stderr.splitlines() if line.startswith("timeline")]
+        print("    " + "\n    ".join(marks), flush=True)
     seed_ms, sampled = seed_loop_ms(args)
     best = min(walls)
     per_run = 1e3 * best / n_runs

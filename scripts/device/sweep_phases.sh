@@ -16,3 +16,7 @@ done
 timeout 300 python3 benchmarks/bench_sweep_phases.py ${PHASES_ARGS:-}
 timeout 200 python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \
     --chunks 2-64 --seeds 0-499 --seed-sample 4 --repeat ${REPEAT:-3}
+python3 -X importtime -c "import torch" 2> /tmp/importtime.txt
+echo "torch's imports, slowest by own time, then by cumulative time (us):"
+sed 's/^import time: *//' /tmp/importtime.txt | sort -t'|' -k1 -n -r | head -12
+sed 's/^import time: *//' /tmp/importtime.txt | sort -t'|' -k2 -n -r | head -20

@@ -29,6 +29,7 @@ from kdalab.cli.app import (  # noqa: F401
     OutputClosed,
     app,
     err_console,
+    mark,
     run_app,
 )
 
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ClickException, NoArgsIsHelpError = _click_exceptions()
     args = sys.argv[1:] if argv is None else list(argv)
+    mark("command line read")
     STATE.debug = "--debug" in args
     STATE.kept.clear()
     STATE.resume = ""
@@ -133,4 +135,5 @@ def main(argv: list[str] | None = None) -> None:
         closed = True
     if closed:  # nothing more may reach the pipe, not even Python's flush at exit
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    mark(f"exit {code}")
     sys.exit(code)

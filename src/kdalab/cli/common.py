@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from kdalab.cli.app import STATE, console
+from kdalab.cli.app import STATE, console, mark
 from kdalab.cli.progress import WeightedProgress, drawing
 
 __all__ = ["labelled", "run_into_folder", "draw_views", "export_json", "print_table"]
@@ -47,7 +47,15 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
     total = sum(k * sum(record_cost(c, d, n) for n in names)
                 for k, (c, d, _) in zip(runs_per_cell, plan.cells))
     t0 = time.perf_counter()
+    first = []
+
+    def advance(batch) -> None:
+        if not first:
+            first.append(mark("first batch stored"))
+        bar.advance(len(batch.runs), weight(batch))
+
     with open_store(plan, out, resume=resume, force=force) as store:
+        mark("store open")
         before = int(store.done.sum())
         if before and not quiet:
             console.print(f"resuming: {before} of {store.runs} runs already stored in {out}/",
@@ -56,8 +64,9 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
             with WeightedProgress("runs", store.runs, total, quiet) as bar:
                 bar.advance(before, total * before / max(store.runs, 1))
                 ran = run_into_store(plan, store, backend=backend, address=address,
-                                     progress=lambda batch: bar.advance(len(batch.runs),
-                                                                        weight(batch)))
+                                     progress=advance)
+            store.flush()
+            mark("swept: every record on disk")
         except BaseException:
             store.close()  # what was computed is on disk before anything is said
             STATE.kept.append(f"{int(store.done.sum())} of {store.runs} runs stored in {out}")
@@ -68,6 +77,7 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
                           f"{time.perf_counter() - t0:.1f} s; {store.runs} runs stored in "
                           f"{out}/", highlight=False)
         paths = draw_views(store, show=not quiet)
+        mark("views drawn")
         if json_export:
             paths.append(export_json(store, out / "records.json"))
     return paths

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, prose
+from kdalab.cli.app import app, console, mark, prose
 from kdalab.cli.options import FAMILIES, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
@@ -112,6 +112,7 @@ def sweep(
         plan = _stored_plan(out, device)
     else:
         plan = _plan(data, labels, backend, address)
+    mark(f"planned: {len(plan)} runs")
     paths = run_into_folder(plan, out, resume=resume, force=force, backend=backend,
                             address=address, quiet=quiet, json_export=json)
     if not quiet:

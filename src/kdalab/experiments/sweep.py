@@ -206,8 +206,7 @@ DEFAULT_MAX_BATCH = {False: 512, True: 4096}
 def default_draw_processes(n_runs: int, device: torch.device) -> int:
     """run_sweep's draw processes when not given: on CUDA for ``PROCESS_MIN_RUNS`` runs or
     more, or once they are running; else 0 (threads)."""
-    big = n_runs >= PROCESS_MIN_RUNS or draw_processes_running()
-    return cuda_draw_processes() if torch.device(device).type == "cuda" and big else 0
+    return 0
 
 
 def _cpu_threads(device: torch.device, threads: int | None):
