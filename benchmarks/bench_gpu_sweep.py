@@ -2,13 +2,12 @@
 """kdalab's batched GPU sweep vs the seed's per-run loop, same runs, same process (run on a GPU).
 
     PYTHONPATH=$PWD/src python3 benchmarks/bench_gpu_sweep.py \\
-        [--seeds 256] [--loop-runs 96] [--workers N] [--max-batch 512] [--profile] [--out DIR]
+        [--seeds 256] [--loop-runs 96] [--max-batch 512] [--profile] [--out DIR]
     python benchmarks/bench_gpu_sweep.py --cpu [--seeds 16]     # CPU models' sweep speed, no GPU
 
 Runs: the seed document's table configurations (3 families, their chunk sizes), seeds 0..S−1,
-dim 128. *Batched*: kdalab's own ``run_sweep(device="cuda")`` — inputs drawn in CPU draw
-processes (``--processes``, default ``cuda_draw_processes()``: 12 on a 16-core host; started in
-the warm-up sweep, as run_sweep starts them for large sweeps), every stage one launch per
+dim 128. *Batched*: kdalab's own ``run_sweep(device="cuda")`` — inputs drawn on the CPU (each
+seed's keys once for every chunk size, kdalab.experiments.keystream), every stage one launch per
 batch, batches pipelined, records built — timed whole, median of 3 after a warm-up, for the
 Neumann models ``gpu-h200`` (== CPU ``h200``), ``gpu-h200-mma`` and ``cublas-16f``, each with
 its own hardware's L (``gpu-h200-sgemm``; ``cublas-32f`` for ``cublas-16f``). *Per-run loop*: the
@@ -19,10 +18,10 @@ Also checks that kdalab's batched ``kernel_l`` + ``neumann_inverse`` give the lo
 inverse bit for bit, and writes every run's L and inverse bits with the records' metrics
 (``gpu_sweep_bits.npz``; tests/test_tensorcore.py reads a subset).
 
-``--profile`` splits ``run_sweep``'s time on the device: input draws alone (1 thread and
-``--workers``), the queued GPU work alone with the inputs drawn beforehand (CPU queueing time,
-and the GPU's own time measured behind a sleep kernel), record building, and lists the host
-synchronizations of one short sweep (``torch.cuda.set_sync_debug_mode("warn")``).
+``--profile`` splits ``run_sweep``'s time on the device: input draws alone, the queued GPU
+work alone with the inputs drawn beforehand (CPU queueing time, and the GPU's own time
+measured behind a sleep kernel), record building, and lists the host synchronizations of one
+short sweep (``torch.cuda.set_sync_debug_mode("warn")``).
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ import cublas_models  # noqa: E402,F401  (registers cublas-16f, cublas-32f: benc
 from seed_baseline import seed_make_inputs, seed_run_one  # noqa: E402  (benchmarks/)
 
 from kdalab.arith.gpu import require_cuda  # noqa: E402
-from kdalab.experiments.draw import cuda_draw_processes, make_inputs_batch  # noqa: E402
+from kdalab.experiments.draw import make_inputs_batch  # noqa: E402
 from kdalab.experiments.inverse import launch_group  # noqa: E402
 from kdalab.experiments.sweep import (  # noqa: E402
     DEFAULT_MAX_BATCH,
@@ -65,10 +64,10 @@ MODELS = (("gpu-h200 (= h200)", "gpu-h200"),
           ("gpu-h200-mma (FlashKDA mma.sync)", "gpu-h200-mma"),
           ("cublas-16f (strided batched; L by cublas-32f)", "cublas-16f"))
 
-def batched_inverses(specs, device, workers=None):
+def batched_inverses(specs, device):
     """Kernel L and its Neumann inverse for runs of one chunk size, via kdalab on ``device``
     (L by h200-sgemm, Neumann by h200, or their GPU twins)."""
-    inp = make_inputs_batch(specs, device, workers)
+    inp = make_inputs_batch(specs, device)
     cpu = torch.device(device).type == "cpu"
     recipe = SEED.with_(name="seed-h200", l_accumulation="h200-sgemm") if cpu else GPU_RECIPE
     kl = kernel_l(inp.keys, inp.log_decay, inp.beta, recipe)
@@ -94,9 +93,9 @@ def _time(fn, reps=3):
     return sorted(times)[len(times) // 2], times
 
 
-def cpu_models(seeds: int, workers: int | None = None) -> None:
-    """run_sweep on the CPU: the H200 models against fp16-seq and fp16-once, 1 thread, best of 4
-    (input draws on ``workers`` threads)."""
+def cpu_models(seeds: int) -> None:
+    """run_sweep on the CPU: the H200 models against fp16-seq and fp16-once, 1 thread, best of
+    4."""
     from kdalab.experiments.sweep import seed_reproduction_runs
 
     torch.set_num_threads(1)
@@ -105,12 +104,12 @@ def cpu_models(seeds: int, workers: int | None = None) -> None:
     cfg = [("fp16-seq", "seed"), ("fp16-once", "seed"), ("h200", "seed"), ("h200-mma", "seed"),
            ("h200", h200_l)]
     for m, r in cfg:
-        run_sweep(runs[:16], [m], recipe=r, workers=workers)
+        run_sweep(runs[:16], [m], recipe=r)
     best: dict = {}
     for _ in range(4):
         for m, r in cfg:
             t0 = time.perf_counter()
-            run_sweep(runs, [m], recipe=r, workers=workers)
+            run_sweep(runs, [m], recipe=r)
             key = m + ("" if r == "seed" else " + L by h200-sgemm")
             best[key] = min(best.get(key, math.inf), time.perf_counter() - t0)
     print(f"{len(runs)} runs (seed tables, {seeds} seeds), CPU, 1 thread, best of 4")
@@ -119,9 +118,8 @@ def cpu_models(seeds: int, workers: int | None = None) -> None:
 
 
 def sweep(runs, model, args):
-    processes = cuda_draw_processes() if args.processes is None else args.processes
-    return run_sweep(runs, [model], recipe=GPU_RECIPE, device=DEVICE, workers=args.workers,
-                     processes=processes, max_batch=args.max_batch)
+    return run_sweep(runs, [model], recipe=GPU_RECIPE, device=DEVICE,
+                     max_batch=args.max_batch)
 
 
 def profile(runs, model, args, result):
@@ -137,26 +135,17 @@ def profile(runs, model, args, result):
         prof[label] = seconds
         print(f"  {label:<52} {seconds:8.3f} s {1e3 * seconds / n:8.4f} ms/run {note}")
 
-    def draws(workers, processes=0):
+    def draws():
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        out = [make_inputs_batch(b, dev, workers, processes) for b in batches]
+        out = [make_inputs_batch(b, dev) for b in batches]
         torch.cuda.synchronize()
         return out, time.perf_counter() - t0
 
-    for p in (1, 2, 4, 8, 12):  # draw processes: no GIL between them
-        if p <= (os.cpu_count() or 1):
-            draws(1, p)  # spawns the processes
-            line(f"input draws alone, {p} process(es)", draws(1, p)[1])
-
-    workers_label = (f"input draws alone, workers={args.workers or 'default'}, "
-                     f"processes={'default' if args.processes is None else args.processes}")
-    for w in sorted({1, 2, 4, 8, os.cpu_count() or 1}):
-        draws(w)
-        line(f"input draws alone, {w} thread(s)", draws(w)[1])
-    draws(args.workers, args.processes)
-    inputs, t = draws(args.workers, args.processes)
-    line(workers_label, t)
+    draws_label = "input draws alone (key streams kept from a first pass)"
+    draws()
+    inputs, t = draws()
+    line(draws_label, t)
 
     def launch_all():
         return [launch_group(b, [model], recipe=GPU_RECIPE, device=dev, inputs=i)
@@ -188,8 +177,8 @@ def profile(runs, model, args, result):
     records = [p.collect() for p in pending]
     line("record building (with the copies back)", time.perf_counter() - t0,
          f"({sum(map(len, records))} records)")
-    line("sum: draws (workers) + GPU work + records",
-         prof[workers_label] + t_done + prof["record building (with the copies back)"])
+    line("sum: draws + GPU work + records",
+         prof[draws_label] + t_done + prof["record building (with the copies back)"])
 
     # run_sweep whole, by batch size (fewer batches: less queueing; more: more overlap)
     for mb in (256, 512, 1024, 4096):
@@ -197,17 +186,6 @@ def profile(runs, model, args, result):
         sweep(runs, model, timed)
         t, _ = _time(lambda: sweep(runs, model, timed))
         line(f"run_sweep whole, max_batch={mb}", t)
-    for w in (1, 2, 8):  # and by draw threads
-        timed = argparse.Namespace(**{**vars(args), "workers": w, "processes": 0})
-        sweep(runs, model, timed)
-        t, _ = _time(lambda: sweep(runs, model, timed))
-        line(f"run_sweep whole, max_batch={args.max_batch}, workers={w}", t)
-    for p in (2, 4, 8, 12):  # and by draw processes
-        if p <= (os.cpu_count() or 1):
-            timed = argparse.Namespace(**{**vars(args), "processes": p})
-            sweep(runs, model, timed)
-            t, _ = _time(lambda: sweep(runs, model, timed))
-            line(f"run_sweep whole, max_batch={args.max_batch}, processes={p}", t)
 
     try:  # the kernels and CPU-side operations that take the time (torch.profiler)
         from torch.profiler import ProfilerActivity
@@ -248,7 +226,7 @@ def profile(runs, model, args, result):
         warnings.showwarning = note
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            run_sweep(short, [model], recipe=GPU_RECIPE, device=dev, workers=args.workers,
+            run_sweep(short, [model], recipe=GPU_RECIPE, device=dev,
                       max_batch=64)  # returns after its last copy back: nothing left running
         finally:
             torch.cuda.set_sync_debug_mode(0)
@@ -265,11 +243,6 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=256)
     p.add_argument("--loop-runs", type=int, default=96)
-    p.add_argument("--workers", type=int, default=None,
-                   help="threads for the input draws (default: run_sweep's)")
-    p.add_argument("--processes", type=int, default=None,
-                   help="draw processes (default: cuda_draw_processes(), started in the "
-                        "warm-up sweep; 0 = threads)")
     p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH[True],
                    help="run_sweep's max_batch (default: its CUDA default)")
     p.add_argument("--profile", action="store_true", help="also split run_sweep's time")
@@ -277,7 +250,7 @@ def main() -> None:
     p.add_argument("--cpu", action="store_true", help="time the CPU models' sweeps instead")
     args = p.parse_args()
     if args.cpu:
-        cpu_models(args.seeds if args.seeds != 256 else 16, args.workers)
+        cpu_models(args.seeds if args.seeds != 256 else 16)
         return
     require_cuda("benchmarks/bench_gpu_sweep.py")
     dev = DEVICE
@@ -289,7 +262,7 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")
     result = {"runs": len(runs), "device": torch.cuda.get_device_name(0),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-              "workers": args.workers, "max_batch": args.max_batch}
+              "max_batch": args.max_batch}
 
     # warm-up: every chunk size through every path (first calls compile and allocate)
     warm = list({r.chunk: r for r in runs}.values())
@@ -333,7 +306,7 @@ def main() -> None:
     by_chunk: dict = {}
     for s in runs:
         by_chunk.setdefault(s.chunk, []).append(s)
-    bits = {c: (specs, batched_inverses(specs, dev, args.workers))
+    bits = {c: (specs, batched_inverses(specs, dev))
             for c, specs in sorted(by_chunk.items())}
     index = {s: inv[i] for specs, (_, inv) in bits.values() for i, s in enumerate(specs)}
     same = sum(_bits_equal(index[s], inv) for s, inv in zip(loop_runs, loop_invs))

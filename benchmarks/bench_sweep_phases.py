@@ -2,13 +2,13 @@
 """Where a large CUDA sweep's time goes, phase by phase, in one process (run on a GPU).
 
     PYTHONPATH=$PWD/src python3 benchmarks/bench_sweep_phases.py \\
-        [--chunks 2-64] [--seeds 0-499] [--accumulation h200] [--draws t1,t2,p12]
+        [--chunks 2-64] [--seeds 0-499] [--accumulation h200]
 
 The plan is ``kdalab sweep``'s (3 families × chunks × seeds, dim 128, by default the issue's
 94,500 runs). Each phase is timed on its own, after a warm-up sweep of a few seeds:
 
-* **draws**: every batch's inputs (``make_inputs_batch`` onto the GPU) with the key streams
-  and draw processes started afresh, for each ``--draws`` setting (threads or processes);
+* **draws**: every batch's inputs (``make_inputs_batch`` onto the GPU), the key streams
+  started afresh;
 * **GPU and records**: every batch launched and its records built from inputs drawn
   beforehand (kept on the GPU), i.e. the sweep without its draws;
 * **sweep into a store**: ``run_into_store`` as the command runs it (draws, GPU, records,
@@ -20,6 +20,7 @@ Prints one line per phase, in seconds and ms per run.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 import time
@@ -27,14 +28,10 @@ from pathlib import Path
 
 
 def _fresh_draws() -> None:
-    """No key streams and no draw processes: the next draw starts as a new process's does."""
-    from kdalab.experiments import draw
+    """No key streams: the next draw starts as a new process's does."""
     from kdalab.experiments.keystream import STREAMS
 
     STREAMS.clear()
-    for pool in list(draw._PROCESS_POOLS.values()):
-        pool.shutdown(wait=True)
-    draw._PROCESS_POOLS.clear()
 
 
 def main() -> None:
@@ -42,8 +39,6 @@ def main() -> None:
     p.add_argument("--chunks", default="2-64")
     p.add_argument("--seeds", default="0-499")
     p.add_argument("--accumulation", default="h200")
-    p.add_argument("--draws", default="t1,t2,p12",
-                   help="draw settings to time: tN = N draw threads, pN = N draw processes")
     args = p.parse_args()
 
     import torch
@@ -65,7 +60,7 @@ def main() -> None:
     batches = list(plan.batches(DEFAULT_MAX_BATCH[True]))
     device = torch.device("cuda", 0)
     print(f"{n} runs in {len(batches)} batches, {args.accumulation}; torch {torch.__version__}, "
-          f"{draw._cores()} cores", flush=True)
+          f"{len(os.sched_getaffinity(0))} cores", flush=True)
 
     def line(name: str, seconds: float) -> None:
         print(f"  {name}: {seconds:.3f} s = {1e3 * seconds / n:.4f} ms/run", flush=True)
@@ -75,21 +70,15 @@ def main() -> None:
         run_into_store(plan_of("0-1"), store)
     torch.set_num_threads(1)
 
-    for spec in args.draws.split(","):
-        _fresh_draws()
-        workers, processes = (int(spec[1:]), 0) if spec[0] == "t" else (1, int(spec[1:]))
-        if processes:
-            draw.start_draw_processes(processes)
-            time.sleep(3)  # started, as a sweep starts them while CUDA initializes
-        t0 = time.perf_counter()
-        for b in batches:
-            draw.make_inputs_batch(b.runs, device, workers, processes)
-        torch.cuda.synchronize()
-        line(f"draws, {f'{processes} draw processes' if processes else f'{workers} thread(s)'}",
-             time.perf_counter() - t0)
+    _fresh_draws()
+    t0 = time.perf_counter()
+    for b in batches:
+        draw.make_inputs_batch(b.runs, device)
+    torch.cuda.synchronize()
+    line("draws, key streams started afresh", time.perf_counter() - t0)
 
     _fresh_draws()
-    inputs = [draw.make_inputs_batch(b.runs, device, 1) for b in batches]
+    inputs = [draw.make_inputs_batch(b.runs, device) for b in batches]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for b, x in zip(batches, inputs):

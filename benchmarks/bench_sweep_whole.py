@@ -11,7 +11,7 @@ Whole process (prints per-run times and their ratio to the seed loop)::
     python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \\
         --chunks 2-64 --seeds 0-499                    # H200: >= 60x, <= 8 s (94,500 runs)
 
-The command runs as a subprocess (``python -c 'from kdalab.cli import main; main()' sweep …``,
+The command runs as a subprocess (``python -c 'from kdalab.cli import run; run()' sweep …``,
 what the ``kdalab`` script runs), timed from its start to its exit, ``--repeat`` times into
 fresh folders (the first run also pays cold caches: CuPy's kernel compilation, the page cache).
 The seed loop (``benchmarks/seed_baseline.py``: ``seed_make_inputs`` + ``seed_run_one``, its CPU
@@ -46,7 +46,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-CLI = "import sys; from kdalab.cli import main; sys.argv[0] = 'kdalab'; main()"
+CLI = "import sys; from kdalab.cli import run; sys.argv[0] = 'kdalab'; run()"
 
 
 def _axes(args) -> list[str]:

@@ -190,6 +190,25 @@ def test_version_and_python_m_kdalab():
         assert command in res.stdout
 
 
+def test_the_script_leaves_at_once_with_everything_written(tmp_path):
+    """``kdalab`` / ``python -m kdalab`` end the process without Python's teardown once done
+    (cli._leave): the exit code, the whole output, the store and its views are all there, and
+    the atexit handlers still ran."""
+    out = tmp_path / "sw"
+    res = kdalab("sweep", "--chunks", "3,5", "--seeds", "0-1", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    views = json.loads((out / "manifest.json").read_text())["views"]
+    assert len(views) == 9 and all((out / v).exists() for v in views)
+    assert "".join(res.stdout.split()).endswith(f"wrote9filesto{out}/"), res.stdout
+    res = kdalab("sweep", "--chunks", "0")
+    assert res.returncode == 2 and res.stderr.startswith("error: --chunks") and res.stdout == ""
+    code = ("import atexit, sys; from kdalab.cli import run\n"
+            "atexit.register(lambda: print('atexit ran', flush=True))\n"
+            "sys.argv = ['kdalab', '--version']; run()")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV)
+    assert res.returncode == 0 and res.stdout.endswith("atexit ran\n"), res
+
+
 def test_help_starts_without_the_heavy_layers():
     """--help, --version and every mistake before a command runs must not import torch (about 1
     s), numpy, pandas or matplotlib. (The times are measured in benchmarks/bench_cli.py.)"""

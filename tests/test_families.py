@@ -20,16 +20,27 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+@pytest.fixture
+def streams(request, monkeypatch):
+    """The key streams' state before a draw: none kept, or kept with a budget so small that
+    every batch evicts (``evicting``)."""
+    from kdalab.experiments import keystream
+
+    monkeypatch.setattr(keystream.STREAMS, "budget", 1 if request.param == "evicting" else
+                        keystream.DEFAULT_BUDGET)
+    keystream.STREAMS.clear()
+    yield request.param
+    keystream.STREAMS.clear()
+
+
+@pytest.mark.parametrize("streams", ["kept", "evicting"], indirect=True)
 @pytest.mark.parametrize("chunk", [1, 5, 16, 17, 48])
-@pytest.mark.parametrize("draw", [dict(workers=1), dict(workers=3), dict(processes=2)],
-                         ids=["1_thread", "3_threads", "2_processes"])
-def test_batch_equals_the_seed_per_run_draws(chunk, draw):
-    # (the chunk sizes in this order also grow the draw processes' shared block)
-    dim = 128 if chunk != 5 else 7
+def test_batch_equals_the_seed_per_run_draws(chunk, streams):
+    dim = 128 if chunk != 5 else 7  # 7: not a multiple of 16, drawn per run
     runs = [Run.checked(f, chunk, s, dim, lb)
             for f in FAMILIES for s in range(6) for lb in (-5.0, -0.7)]
     runs = list(dict.fromkeys(runs))  # families without a lower bound run once
-    batch = make_inputs_batch(runs, **draw)
+    batch = make_inputs_batch(runs)
     assert batch.keys.shape == (len(runs), chunk, dim)
     for i, r in enumerate(runs):
         lb = -5.0 if r.lower_bound is None else r.lower_bound
@@ -41,24 +52,32 @@ def test_batch_equals_the_seed_per_run_draws(chunk, draw):
             assert _same(o, w), r
 
 
-def test_draw_processes_started_ahead_draw_the_same_bits():
-    """Draw processes started in the background before the first draw (as a sweep does while
-    it initializes CUDA) are the ones that draw, forked from the fork server on Linux, and the
-    inputs equal the threads' bit for bit."""
-    from kdalab.experiments import draw
+@pytest.mark.parametrize("streams", ["kept", "evicting"], indirect=True)
+@pytest.mark.parametrize("order", ["growing", "shrinking", "shuffled"])
+@pytest.mark.parametrize("dim", [16, 128])
+def test_key_streams_serve_every_chunk_size_in_any_order(dim, order, streams):
+    """A seed's keys are drawn once and served to every chunk size (keystream.py): batches of
+    chunks 1…64 (at dim 128; 1…24 at 16) in growing, shrinking and shuffled order, runs
+    shuffled within a batch, all equal the seed's per-run make_inputs bit for bit — whether
+    the streams are extended, cut shorter (a skip from the first row) or evicted and drawn
+    again."""
+    import random
 
-    draw.start_draw_processes(3)
-    draw.start_draw_processes(3)  # a second call while they start adds none
-    runs = [Run.checked(f, 9, s, 16, -5.0 if FAMILIES[f].uses_lower_bound else None)
-            for f in FAMILIES for s in range(5)]
-    got = make_inputs_batch(runs, processes=3)
-    want = make_inputs_batch(runs, workers=1)
-    for g, w in zip((got.keys, got.log_decay, got.beta), (want.keys, want.log_decay, want.beta)):
-        assert _same(g, w)
-    pool = draw._PROCESS_POOLS[3]
-    assert len(pool._processes) == 3
-    if sys.platform == "linux":
-        assert pool._mp_context.get_start_method() == "forkserver"
+    chunks = list(range(1, 65 if dim == 128 else 25))
+    if order == "shrinking":
+        chunks.reverse()
+    elif order == "shuffled":
+        random.Random(dim).shuffle(chunks)
+    for chunk in chunks:
+        runs = list(dict.fromkeys(Run.checked(f, chunk, s, dim, lb) for f in FAMILIES
+                                  for s in (0, 11) for lb in (-5.0, -0.7)))
+        random.Random(chunk).shuffle(runs)
+        batch = make_inputs_batch(runs)
+        for i, r in enumerate(runs):
+            lb = -5.0 if r.lower_bound is None else r.lower_bound
+            want = seed_make_inputs(r.family, chunk, dim, r.seed, lb)
+            for w, g in zip(want, (batch.keys[i], batch.log_decay[i], batch.beta[i])):
+                assert _same(g, w), (r, order)
 
 
 def test_batch_checks_its_runs():
@@ -69,8 +88,6 @@ def test_batch_checks_its_runs():
         make_inputs_batch([])
     with pytest.raises(ValueError, match="lower_bound"):
         make_inputs("floor", 4, 8, 0, 1.0)
-    with pytest.raises(ValueError, match="processes"):
-        make_inputs_batch([Run.checked("floor", 4, 0, 8, -5.0)], processes=-1)
 
 
 def test_batched_sigmoid_equals_per_run_on_large_batches():
@@ -89,17 +106,3 @@ def test_batched_sigmoid_equals_per_run_on_large_batches():
                                                               for r in x]))
     finally:
         torch.set_num_threads(threads)
-
-
-
-def test_sweep_chooses_draw_processes_for_large_cuda_sweeps(monkeypatch):
-    from kdalab.experiments import sweep
-
-    monkeypatch.setattr(sweep, "cuda_draw_processes", lambda: 12)
-    monkeypatch.setattr(sweep, "draw_processes_running", lambda: False)
-    cuda = torch.device("cuda")
-    assert sweep.default_draw_processes(10**6, torch.device("cpu")) == 0
-    assert sweep.default_draw_processes(sweep.PROCESS_MIN_RUNS - 1, cuda) == 0
-    assert sweep.default_draw_processes(sweep.PROCESS_MIN_RUNS, cuda) == 12
-    monkeypatch.setattr(sweep, "draw_processes_running", lambda: True)
-    assert sweep.default_draw_processes(48, cuda) == 12

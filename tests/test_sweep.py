@@ -73,23 +73,31 @@ def _by_run(records: list[dict]) -> str:
     return json.dumps(sorted(records, key=key), sort_keys=True)
 
 
-@pytest.mark.parametrize("threads,max_batch,draw", [
-    (1, 3, dict(workers=1)), (2, 7, dict(workers=3)), (2, None, dict(processes=2)),
-    (1, 1, dict(processes=2))], ids=["1thread-batch3", "2threads-batch7-3drawthreads",
-                                     "2threads-2drawprocs", "1thread-batch1-2drawprocs"])
-def test_records_do_not_depend_on_batching_threads_or_draw_processes(threads, max_batch, draw):
+@pytest.mark.parametrize("threads,max_batch,streams", [
+    (1, 3, "cleared"), (2, 7, "cleared"), (2, None, "kept"), (1, 1, "evicting")],
+    ids=["1thread-batch3", "2threads-batch7", "2threads-streams-kept", "1thread-batch1-evicting"])
+def test_records_do_not_depend_on_batching_threads_or_key_streams(threads, max_batch, streams,
+                                                                  monkeypatch):
     """The same configuration gives bit-identical records whatever the batch size, the number of
-    torch threads and how the inputs are drawn (threads or processes), for every kind of model."""
+    torch threads and what the key streams hold (nothing, the reference's streams, or nothing
+    kept from one batch to the next), for every kind of model."""
+    from kdalab.experiments import keystream
+
     cfg = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
                       chunks=(4, 12, 17), seeds="0-3", dims=(32,),
                       accumulations=("fp16-seq", "fp16-once", "fp32", "h200"),
                       lower_bounds=(-5.0, -1.0))
+    keystream.STREAMS.clear()
     reference = run_sweep(cfg.runs(), cfg.accumulations)
     assert len(reference) == (2 * 2 + 1) * 3 * 4 * 4
+    if streams != "kept":
+        keystream.STREAMS.clear()
+    if streams == "evicting":
+        monkeypatch.setattr(keystream.STREAMS, "budget", 1)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        again = run_sweep(cfg.runs(), cfg.accumulations, max_batch=max_batch, **draw)
+        again = run_sweep(cfg.runs(), cfg.accumulations, max_batch=max_batch)
     finally:
         torch.set_num_threads(before)
     assert _by_run(again) == _by_run(reference)
@@ -141,7 +149,7 @@ def test_pipelined_sweep_keeps_order_and_records(monkeypatch):
     plain = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4)
     monkeypatch.setattr(sweep, "_pipelined", lambda device: True)
     sunk, seen = [], []
-    piped = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4, workers=2,
+    piped = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4,
                       sink=lambda recs: sunk.extend(recs),
                       progress=lambda done, total: seen.append((done, total)))
     assert json.dumps(piped) == json.dumps(plain) == json.dumps(sunk)

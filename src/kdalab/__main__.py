@@ -1,5 +1,5 @@
 """``python -m kdalab``: the command line."""
 
-from kdalab.cli import main
+from kdalab.cli import run
 
-main()
+run()

@@ -8,7 +8,7 @@ the run only), so the store receives the same records bit for bit.
 ``ray``: ``ray.init()`` starts a local cluster on this machine, or joins the one at
 ``address`` (``"auto"`` or ``"host:port"``). The shards are run by actors, one per GPU (a GPU
 sweep) or per CPU of the cluster (:class:`KdalabWorker`: a GPU actor keeps its GPU for its
-lifetime, and starts its draw processes and CUDA once, all actors at once). Each actor has two
+lifetime, and starts CUDA once, all actors at once). Each actor has two
 shards in hand, so memory stays bounded however many shards the sweep has, and results are
 handed back as they complete. A shard whose actor dies (killed, out of memory, a lost node)
 is rerun on the restarted actor (``RAY_MAX_RETRIES``); the driver receives each shard's result
@@ -24,12 +24,10 @@ from typing import Any
 import torch
 
 from kdalab import params
-from kdalab.experiments.draw import MAX_CUDA_PROCESSES, start_draw_processes
 from kdalab.experiments.plan import Batch, SweepPlan
 from kdalab.experiments.sweep import (
     DEFAULT_MAX_BATCH,
     _cpu_threads,
-    default_draw_processes,
     iter_batch_tables,
 )
 from kdalab.kda.recipe import get_recipe
@@ -94,7 +92,7 @@ class KdalabWorker:
     device it found: on a local Ray with 2 (declared) GPUs and a driver slow to collect, 24 of
     40 tasks ran in a worker whose ``CUDA_VISIBLE_DEVICES`` had changed since its first task
     (docs/sweeps.md), so two workers could compute on one GPU while the other idled. And the
-    costs of a start (importing torch, CUDA's context, the draw processes, the first kernels)
+    costs of a start (importing torch, CUDA's context, the first kernels)
     are paid once per actor, by all actors at once, in ``setup``."""
 
     def __init__(self, setup: tuple | None = None):
@@ -227,12 +225,9 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
             progress(batch)
 
     if backend == "local":
-        processes = default_draw_processes(pending, device)
-        start_draw_processes(processes)  # they start while CUDA initializes
         with _cpu_threads(device, threads):
             for batch, table in iter_batch_tables(batches, plan.accumulations,
-                                                  recipe=plan.recipe, device=device,
-                                                  processes=processes):
+                                                  recipe=plan.recipe, device=device):
                 stored(batch, table)
         return pending
     from functools import partial
@@ -244,15 +239,12 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
     # about four shards per slot, so the last ones finish together; CPU shards of one batch
     shard_runs = max(max_batch, min(16 * max_batch, -(-pending // (4 * slots)))) if gpu \
         else max_batch
-    # the draw processes a GPU worker may start: the node's cores shared by its GPUs
-    processes = min(MAX_CUDA_PROCESSES, cpus // max(gpus, 1) - 4) if gpu else 0
-    processes = processes if processes >= 2 else 0
     names = tuple(m.name for m in plan.accumulations)
     work = partial(run_shard, accumulations=list(names), recipe=plan.recipe.name,
-                   device=device.type, processes=processes)
+                   device=device.type)
     # a GPU worker runs two shards at once: the GPU computes one while the other starts or
-    # ends (their draws take turns through the draw processes)
-    setup = (warm_worker, device.type, processes, names, plan.recipe.name) if gpu else None
+    # ends
+    setup = (warm_worker, device.type, names, plan.recipe.name) if gpu else None
     for _, results in ray_map(work, _shards(batches, shard_runs), gpu=gpu, address=address,
                               setup=setup, concurrency=2 if gpu else 1):
         for batch, table in results:
@@ -273,27 +265,24 @@ def _shards(batches: Iterable[Batch], shard_runs: int) -> Iterator[list[Batch]]:
         yield shard
 
 
-def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str, device: str,
-              processes: int = 0) -> list[tuple[Batch, object]]:
+def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str,
+              device: str) -> list[tuple[Batch, object]]:
     """A Ray worker's shard: the records of its batches, pipelined as in the local backend, on
     one intra-op thread (Ray gives each worker one CPU)."""
     dev = torch.device(device)
     models = params.accumulations(accumulations, "accumulations", dev.type)
     with _cpu_threads(dev, 1):
-        return list(iter_batch_tables(shard, models, recipe=get_recipe(recipe), device=dev,
-                                      processes=processes))
+        return list(iter_batch_tables(shard, models, recipe=get_recipe(recipe), device=dev))
 
 
-def warm_worker(device: str, processes: int, accumulations: tuple[str, ...],
-                recipe: str) -> None:
-    """A GPU worker's start: its draw processes start, and meanwhile one small batch
-    initializes CUDA, its libraries and kdalab's kernels, so that no shard pays for them."""
+def warm_worker(device: str, accumulations: tuple[str, ...], recipe: str) -> None:
+    """A GPU worker's start: one small batch initializes CUDA, its libraries and kdalab's
+    kernels, so that no shard pays for them."""
     from kdalab.experiments.inverse import launch_group
     from kdalab.experiments.runs import Run
 
-    start_draw_processes(processes)
     dev = torch.device(device)
     models = params.accumulations(list(accumulations), "accumulations", dev.type)
     with _cpu_threads(dev, 1):
         launch_group([Run("floor", -5.0, 16, 0, 16)], models, recipe=get_recipe(recipe),
-                     device=dev, workers=1).table()
+                     device=dev).table()

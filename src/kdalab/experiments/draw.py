@@ -3,8 +3,9 @@ per-run ``make_inputs``, drawn as fast as the machine allows.
 
 Each run draws from its own ``torch.Generator(device="cpu").manual_seed(seed)`` in the seed's
 order (keys, gate, β: what its :class:`~kdalab.experiments.families.Family` says). Those draws
-are per run by nature; they run on a few threads, or in draw processes (started once, writing
-into one shared-memory block) for large CUDA sweeps. Everything else is done once per batch: the
+are per run by nature, but a seed's keys are drawn once for every chunk size
+(:mod:`kdalab.experiments.keystream`) and runs that share a stream share its draws. Everything
+else is done once per batch: the
 sigmoids (torch's CPU sigmoid splits a tensor between a vectorized and a scalar loop whose last
 bits differ; :func:`_sigmoid_rows` reproduces each run's own split, calibrated at run time),
 g = lower_bound · sigmoid, the families' constants, and one copy to the device.
@@ -12,13 +13,7 @@ g = lower_bound · sigmoid, the families' constants, and one copy to the device.
 
 from __future__ import annotations
 
-import atexit
-import os
-import sys
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 
 import torch
@@ -27,9 +22,7 @@ from kdalab.experiments.families import FAMILIES, Family, get_family
 from kdalab.experiments.keystream import STREAMS, reusable
 from kdalab.experiments.runs import Run
 
-__all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch", "cuda_draw_processes",
-           "draw_processes_running", "start_draw_processes", "MAX_DEFAULT_WORKERS",
-           "MAX_CUDA_PROCESSES", "PROCESS_MIN_RUNS"]
+__all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch"]
 
 
 @dataclass(frozen=True)
@@ -43,7 +36,7 @@ def make_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float
                 device: str | torch.device = "cpu") -> ChunkInputs:
     """One chunk's inputs for ``family``, drawn exactly as the seed document's ``make_inputs``."""
     run = Run.checked(family, chunk, seed, dim, lower_bound)
-    batch = make_inputs_batch([run], device, workers=1)
+    batch = make_inputs_batch([run], device)
     return ChunkInputs(batch.keys[0], batch.log_decay[0], batch.beta[0])
 
 
@@ -182,217 +175,20 @@ def _sigmoid_rows(x: torch.Tensor) -> torch.Tensor:
     return _sigmoid_split(x, unit)
 
 
-_POOLS: dict[int, ThreadPoolExecutor] = {}  # reused: starting threads per batch costs
-_POOLS_LOCK = threading.Lock()
-
-
-def _cores() -> int:
-    """The cores this process may run on (a container's share, not the host's count)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-#: Draw threads by default. torch releases the GIL while it samples (measured), yet on the
-#: H200 host (16 vCPUs) the draws scaled only to 2 threads and got slower beyond
-#: (docs/BENCHMARKS.md), so two.
-MAX_DEFAULT_WORKERS = 2
-
-
-def _default_workers(n: int) -> int:
-    return max(1, min(n, _cores(), MAX_DEFAULT_WORKERS))
-
-
-#: Draw processes for a CUDA sweep: the cores less 4 (the main thread, the draw-ahead thread,
-#: CUDA's own threads), at most this many, none if fewer than 2 would be left. On the H200 host
-#: (16 vCPUs) run_sweep took 0.095 / 0.083 ms per run on 1 / 2 draw threads and 0.059 / 0.043 /
-#: 0.033 / 0.029 on 2 / 4 / 8 / 12 processes (docs/BENCHMARKS.md).
-MAX_CUDA_PROCESSES = 12
-#: run_sweep on CUDA draws in processes by default from this many runs on, or once they are
-#: running: starting them costs seconds, which the ~0.05 ms per run they save on the H200 host
-#: repays only over tens of thousands of runs.
-PROCESS_MIN_RUNS = 50_000
-
-
-def _spawnable() -> bool:
-    """Whether draw processes can start: they re-import ``__main__`` from its file (spawned or
-    forked from the fork server alike), which fails for code read from stdin."""
-    main = sys.modules.get("__main__")
-    path = getattr(main, "__file__", None)
-    return path is None or os.path.exists(path)
-
-
-def cuda_draw_processes() -> int:
-    """Draw processes for a CUDA sweep on this machine (0: draw on threads)."""
-    if not _spawnable():
-        return 0
-    processes = min(MAX_CUDA_PROCESSES, _cores() - 4)
-    return processes if processes >= 2 else 0
-
-
-def draw_processes_running() -> bool:
-    """Whether draw processes were started in this process (they stay until it exits)."""
-    return bool(_PROCESS_POOLS)
-
-
-def _pool(workers: int) -> ThreadPoolExecutor:
-    with _POOLS_LOCK:
-        if workers not in _POOLS:
-            _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="kdalab-draw")
-        return _POOLS[workers]
-
-
-_PROCESS_POOLS: dict[int, ProcessPoolExecutor] = {}
-_BLOCK_LOCK = threading.Lock()  # one batch at a time through the shared block
-_BLOCK: list = []  # [SharedMemory, uint8 view] of the parent, grown on demand
-_ATTACHED: dict = {}  # a draw process's attached block: name -> (SharedMemory, uint8 view)
-
-
-def _init_draw_process() -> None:
-    torch.set_num_threads(1)  # a draw process runs small tensors; no intra-op threads
-
-
-def _block_layout(n: int, chunk: int, dim: int) -> tuple[int, int]:
-    """Bytes of the keys [n, C, D] bf16 (padded to 8) and of each float64 [n, C] array."""
-    kb = n * chunk * dim * 2
-    return kb + (-kb) % 8, n * chunk * 8
-
-
-def _block_views(buf: torch.Tensor, n: int, chunk: int, dim: int):
-    """keys [n, C, D] bf16, raw gate and raw beta [n, C] float64 laid out in ``buf``."""
-    kb, fb = _block_layout(n, chunk, dim)
-    keys = buf[:kb].view(torch.bfloat16)[: n * chunk * dim].view(n, chunk, dim)
-    gate = buf[kb : kb + fb].view(torch.float64).view(n, chunk)
-    beta = buf[kb + fb : kb + 2 * fb].view(torch.float64).view(n, chunk)
-    return keys, gate, beta
-
-
-def _attach(name: str) -> torch.Tensor:
-    """The parent's shared block in a draw process (attached once per block)."""
-    if name not in _ATTACHED:
-        from multiprocessing import shared_memory
-
-        for old in list(_ATTACHED):
-            shm, view = _ATTACHED.pop(old)
-            del view
-            shm.close()
-        shm = shared_memory.SharedMemory(name=name)
-        _ATTACHED[name] = (shm, torch.frombuffer(shm.buf, dtype=torch.uint8))
-    return _ATTACHED[name][1]
-
-
-def _draw_slice(name: str, n: int, chunk: int, dim: int, lo: int, families: list,
-                seeds: list) -> None:
-    """A draw process's task: :func:`_draw_run` for runs ``lo``… of a batch of ``n``, written
-    into the parent's shared block ``name``."""
-    hi = lo + len(seeds)
-    keys, raw_gate, raw_beta = _block_views(_attach(name), n, chunk, dim)
-    _draw_runs(families, seeds, keys[lo:hi], raw_gate[lo:hi], raw_beta[lo:hi])
-
-
-def _parent_block(nbytes: int):
-    """The parent's shared block, at least ``nbytes`` (replaced by a larger one if needed)."""
-    from multiprocessing import shared_memory
-
-    if _BLOCK and _BLOCK[0].size >= nbytes:
-        return _BLOCK
-    _free_block()
-    shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1 << 20))
-    _BLOCK[:] = [shm, torch.frombuffer(shm.buf, dtype=torch.uint8)]
-    return _BLOCK
-
-
-def _free_block() -> None:
-    if _BLOCK:
-        shm, view = _BLOCK
-        _BLOCK.clear()
-        del view
-        shm.close()
-        shm.unlink()
-
-
-atexit.register(_free_block)
-
-
-def _draw_context():
-    """How draw processes start: forked from a fork server that imported this module (and so
-    torch) once, where there is one (Linux), else spawned; neither inherits CUDA. On the dev VM,
-    8 spawned processes took 14.9 s to start and 6.3 s to exit; forked 2.9 s and 0.04 s."""
-    import multiprocessing
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("spawn")
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])  # no effect once the server runs
-    return context
-
-
-def _process_pool(processes: int) -> ProcessPoolExecutor:
-    """``processes`` draw processes, started once (:func:`_draw_context`) and reused."""
-    with _POOLS_LOCK:
-        if processes not in _PROCESS_POOLS:
-            _PROCESS_POOLS[processes] = ProcessPoolExecutor(
-                processes, mp_context=_draw_context(), initializer=_init_draw_process)
-        return _PROCESS_POOLS[processes]
-
-
-def start_draw_processes(processes: int) -> None:
-    """Start ``processes`` draw processes in the background and return at once: they start
-    while the caller goes on (importing, initializing CUDA), and the first draw waits only
-    for what is not up yet. Nothing if they are running (or ``processes`` < 1)."""
-    if processes < 1 or processes in _PROCESS_POOLS:
-        return
-
-    def start() -> None:
-        pool = _process_pool(processes)
-        for _ in range(processes):  # each task that finds no idle process starts one
-            pool.submit(_init_draw_process)
-
-    threading.Thread(target=start, name="kdalab-draw-start", daemon=True).start()
-
-
-def _draw_in_processes(processes: int, chunk: int, dim: int, families: list, seeds: list,
-                       keys: torch.Tensor, raw_gate: torch.Tensor,
-                       raw_beta: torch.Tensor) -> None:
-    n = len(seeds)
-    edges = [n * w // processes for w in range(processes + 1)]
-    pool = _process_pool(processes)
-    with _BLOCK_LOCK:
-        kb, fb = _block_layout(n, chunk, dim)
-        shm, buf = _parent_block(kb + 2 * fb)
-        try:
-            tasks = [pool.submit(_draw_slice, shm.name, n, chunk, dim, lo, families[lo:hi],
-                                 seeds[lo:hi]) for lo, hi in zip(edges, edges[1:])]
-            for task in tasks:
-                task.result()
-        except BrokenProcessPool as exc:  # a draw process died: start afresh next time
-            with _POOLS_LOCK:
-                _PROCESS_POOLS.pop(processes, None)
-            raise RuntimeError(f"a draw process died ({exc}); the next call starts new ones "
-                               "(processes=0 draws on threads instead)") from exc
-        for out, drawn in zip((keys, raw_gate, raw_beta), _block_views(buf, n, chunk, dim)):
-            out.copy_(drawn)
-
-
-def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
-                      workers: int | None = None, processes: int | None = None) -> ChunkInputs:
+def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu") -> ChunkInputs:
     """The inputs of runs of one chunk size and dim, stacked: keys [B, C, D], log_decay and
     beta [B, C]; run ``i`` equal bit for bit to the seed's ``make_inputs`` of ``runs[i]``.
 
     ``runs`` are :class:`~kdalab.experiments.runs.Run` values (as made by
     :meth:`~kdalab.experiments.runs.Run.checked` or ``plan_runs``: not checked again here).
-    The random draws and the key normalization are per run (each with its own seeded
-    generator, on ``workers`` threads; default :data:`MAX_DEFAULT_WORKERS` at most, 1 = no
-    threads; or, with ``processes`` ≥ 1, in that many draw processes, started once and
-    reused, which write into a shared-memory block: no GIL between them (``None`` = 0;
-    :func:`~kdalab.experiments.sweep.run_sweep` chooses them for large CUDA sweeps). Draw
-    processes import the caller's ``__main__``: a script that draws through them needs the
-    ``if __name__ == "__main__":`` guard). The rest is done once for the batch and equals
-    the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`
+    The random draws are each run's own (:func:`_draw_runs`: per key stream where the keys of
+    one seed serve every chunk size, else per run); the rest is done once for the batch and
+    equals the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`
     reproduces torch's per-tensor split between its vectorized and scalar loops),
     g = lower_bound · sigmoid and the constants. Each tensor then goes to ``device`` in one
-    copy (from pinned memory, without waiting, on CUDA).
+    copy (from pinned memory, without waiting, on CUDA). Draws run in the calling thread:
+    with the key streams, draw threads and draw processes were both slower on the H200 host
+    (docs/BENCHMARKS.md).
     """
     if not runs:
         raise ValueError("make_inputs_batch needs at least one run")
@@ -411,22 +207,7 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu",
     raw_gate = torch.zeros(n, chunk, dtype=torch.float64)
     raw_beta = torch.zeros(n, chunk, dtype=torch.float64)
 
-    def draw(lo: int, hi: int) -> None:
-        _draw_runs(families[lo:hi], seeds[lo:hi], keys[lo:hi], raw_gate[lo:hi],
-                   raw_beta[lo:hi])
-
-    workers = _default_workers(n) if workers is None else max(1, min(int(workers), n))
-    processes = min(0 if processes is None else int(processes), n)
-    if processes < 0:
-        raise ValueError(f"processes must be >= 0, got {processes}")
-    if processes >= 1:
-        _draw_in_processes(processes, chunk, dim, families, seeds, keys, raw_gate, raw_beta)
-    elif workers == 1:
-        draw(0, n)
-    else:
-        edges = [n * w // workers for w in range(workers + 1)]
-        for f in [_pool(workers).submit(draw, lo, hi) for lo, hi in zip(edges, edges[1:])]:
-            f.result()
+    _draw_runs(families, seeds, keys, raw_gate, raw_beta)
     random_gate = torch.tensor([f.random_gate for f in fams])
     gate = torch.where(random_gate[:, None], _sigmoid_rows(raw_gate), 1.0)  # else g = lb · 1
     log_decay = torch.empty(n, chunk, dtype=torch.float64, pin_memory=pin)

@@ -66,13 +66,11 @@ def run_group(
     *,
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
-    workers: int | None = None,
 ) -> list[dict]:
     """Run runs that share (chunk, dim) as one batch; one record per run and accumulation model."""
     if not specs:
         return []
-    return launch_group(specs, accumulations, recipe=recipe, device=device,
-                        workers=workers).collect()
+    return launch_group(specs, accumulations, recipe=recipe, device=device).collect()
 
 
 @dataclass
@@ -142,14 +140,11 @@ def launch_group(
     *,
     recipe: Recipe | str = "seed",
     device: str | torch.device = "cpu",
-    workers: int | None = None,
-    processes: int | None = None,
     inputs: ChunkInputs | None = None,
 ) -> PendingGroup:
     """Queue a group's work on ``device`` and return without waiting for it (on CUDA no step
     here waits for the GPU). ``inputs``: the group's inputs if already drawn
-    (:func:`~kdalab.experiments.draw.make_inputs_batch`), else drawn here on ``workers``
-    threads or ``processes`` draw processes."""
+    (:func:`~kdalab.experiments.draw.make_inputs_batch`), else drawn here."""
     if not specs:
         raise ValueError("launch_group needs at least one run")
     chunk, dim = specs[0].chunk, specs[0].dim
@@ -167,7 +162,7 @@ def launch_group(
         plans.append((model.name, on_device(model, device.type), l_acc))
 
     if inputs is None:
-        inputs = make_inputs_batch(specs, device, workers, processes)
+        inputs = make_inputs_batch(specs, device)
     keys, log_decay, beta = inputs.keys, inputs.log_decay, inputs.beta
 
     eye = torch.eye(chunk, dtype=torch.float64, device=device)

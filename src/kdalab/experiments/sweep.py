@@ -29,13 +29,7 @@ import torch
 from kdalab import params
 from kdalab.arith import AccumulationModel
 from kdalab.errors import Unavailable
-from kdalab.experiments.draw import (
-    PROCESS_MIN_RUNS,
-    ChunkInputs,
-    cuda_draw_processes,
-    draw_processes_running,
-    make_inputs_batch,
-)
+from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
 from kdalab.experiments.families import FAMILIES, get_family
 from kdalab.experiments.inverse import PendingGroup, launch_group
 from kdalab.experiments.plan import SEED_TABLE_CHUNKS, Batch, SweepPlan, group_label
@@ -203,12 +197,6 @@ def _pipelined(device: torch.device) -> bool:
 DEFAULT_MAX_BATCH = {False: 512, True: 4096}
 
 
-def default_draw_processes(n_runs: int, device: torch.device) -> int:
-    """run_sweep's draw processes when not given: on CUDA for ``PROCESS_MIN_RUNS`` runs or
-    more, or once they are running; else 0 (threads)."""
-    return 0
-
-
 def _cpu_threads(device: torch.device, threads: int | None):
     """Run with ``threads`` intra-op threads (default 1), restored afterwards, whatever the
     device: a sweep's CPU tensors are small, and intra-op threads only wait for each other.
@@ -216,10 +204,9 @@ def _cpu_threads(device: torch.device, threads: int | None):
     On the CPU, with two threads on a 2-core machine whose other core was busy, 768 runs took
     205 s instead of 4.2 s (OpenMP waits for the descheduled thread at every operation;
     docs/BENCHMARKS.md); cores are used by Ray workers instead (``--backend ray``), one thread
-    each. On CUDA the CPU's share (copies, sigmoids, records) runs beside a dozen draw
-    processes: on the H200 host the local backend, on torch's default threads, took 0.049 ms
-    per run where a Ray worker running the same pipeline on one thread (Ray sets
-    ``OMP_NUM_THREADS``), and writing no parts, took 0.030 (docs/sweeps.md)."""
+    each. On CUDA the CPU's share (draws, copies, sigmoids, records) is small tensors too: on
+    the H200 host the local backend, on torch's default threads, took 0.049 ms per run where a
+    Ray worker running the same pipeline on one thread took 0.030 (docs/sweeps.md)."""
     from contextlib import contextmanager
 
     @contextmanager
@@ -235,8 +222,8 @@ def _cpu_threads(device: torch.device, threads: int | None):
 
 
 def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
-                      *, recipe: Recipe, device: torch.device, workers: int | None = None,
-                      processes: int | None = None) -> Iterator[tuple[Batch, object]]:
+                      *, recipe: Recipe, device: torch.device
+                      ) -> Iterator[tuple[Batch, object]]:
     """``(batch, records)`` for each batch in order, the records an Arrow table
     (:func:`~kdalab.experiments.inverse.record_schema`).
 
@@ -249,7 +236,7 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
 
     def launch(batch: Batch, inputs: ChunkInputs | None = None) -> PendingGroup:
         return launch_group(batch.runs, accumulations, recipe=recipe, device=device,
-                            workers=workers, processes=processes, inputs=inputs)
+                            inputs=inputs)
 
     source = iter(batches)
     if not _pipelined(device):
@@ -257,8 +244,7 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
             yield batch, launch(batch).table(batch.index)
         return
     with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
-        draw = lambda batch: ahead.submit(  # noqa: E731
-            make_inputs_batch, batch.runs, device, workers, processes)
+        draw = lambda batch: ahead.submit(make_inputs_batch, batch.runs, device)  # noqa: E731
         batch = next(source, None)
         next_inputs = draw(batch) if batch is not None else None
         pending = None
@@ -288,19 +274,13 @@ def run_sweep(
     sink: Callable[[list[dict]], None] | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_batch: int | None = None,
-    workers: int | None = None,
-    processes: int | None = None,
     threads: int | None = None,
 ) -> list[dict]:
     """Run ``runs`` batched by (chunk, dim); return all records (in a fixed order).
 
     ``sink`` receives each batch's records as soon as they exist; ``progress(done, total)`` is
     called after each batch. Records do not depend on batching (tested), only on the run.
-    ``workers`` / ``processes``: threads or processes for the input draws (see
-    :func:`~kdalab.experiments.draw.make_inputs_batch`); ``processes=None`` draws in
-    processes on CUDA for sweeps of ``draw.PROCESS_MIN_RUNS`` runs or more, or once draw
-    processes are running (``draw.cuda_draw_processes()`` of them), else on threads.
-    Records never depend on the choice. ``max_batch``: runs per batch (default
+    ``max_batch``: runs per batch (default
     :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches stay in cache;
     4096 on CUDA, where each batch costs a few hundred kernel launches). ``threads``: torch's
     intra-op threads during the sweep (default 1, see :func:`_cpu_threads`).
@@ -314,13 +294,10 @@ def run_sweep(
         max_batch = DEFAULT_MAX_BATCH[device.type == "cuda"]
     batches = [Batch(group_label(b[0].chunk, b[0].dim), np.arange(len(b)), b)
                for b in plan_batches(runs, max_batch)]
-    if processes is None:
-        processes = default_draw_processes(len(runs), device)
     total, done = len(runs), 0
     out: list[dict] = []
     with _cpu_threads(device, threads):
-        for batch, table in iter_batch_tables(batches, models, recipe=recipe, device=device,
-                                              workers=workers, processes=processes):
+        for batch, table in iter_batch_tables(batches, models, recipe=recipe, device=device):
             records = table.drop_columns(["run"]).to_pylist()
             if sink is not None:
                 sink(records)
