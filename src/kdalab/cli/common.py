@@ -11,7 +11,8 @@ from pathlib import Path
 from kdalab.cli.app import STATE, console, mark
 from kdalab.cli.progress import WeightedProgress, drawing
 
-__all__ = ["labelled", "run_into_folder", "draw_views", "export_json", "print_table"]
+__all__ = ["labelled", "run_into_folder", "draw_views", "export_json", "print_table",
+           "start_helpers"]
 
 
 def labelled(cls, raw: dict, names: dict):
@@ -84,33 +85,58 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
 
 
 def draw_views(store, *, show: bool = True) -> list[Path]:
-    """The inverse experiment's views, drawn once from the stored records' aggregates (read one
-    group at a time): the seed's tables (printed unless ``show`` is False, and as Markdown and
+    """The inverse experiment's views, drawn once from the stored records' aggregates
+    (:func:`~kdalab.views.sweep_views.draw_sweep_views`, by the views worker if the command
+    started one): the seed's tables (printed unless ``show`` is False, and as Markdown and
     CSV), every aggregate (``summary.csv``) and the error plot. The previous drawing's files are
     removed first, so no stale table survives; the new ones are listed in the manifest."""
     if store.writable:
         store.flush()  # the records on disk before anything is drawn from them
     with drawing(quiet=not show):
-        from kdalab.experiments.aggregate import summarize_store
-        from kdalab.views.plots import plot_error_vs_chunk
-        from kdalab.views.tables import seed_tables, write_seed_tables
-
-        summary = summarize_store(store)
         store.remove_views()
-        tables = seed_tables(summary)
-        paths = write_seed_tables(tables, store.folder)
-        summary_csv = store.folder / "summary.csv"  # every aggregate, one row per configuration
-        summary.to_csv(summary_csv, index=False)
-        paths.append(summary_csv)
-        if not summary.empty:
-            paths += plot_error_vs_chunk(summary, store.folder)
+        paths, text = _drawn(store)
         store.set_views(paths)
     if show:
-        for t in tables:
-            print_table(t.title, list(t.frame.columns),
-                        [[t.formatters[c](row[c]) for c in t.frame.columns]
-                         for row in t.frame.to_dict("records")])
+        for title, columns, rows in text:
+            print_table(title, columns, rows)
     return paths
+
+
+def start_helpers(*, draw_servers: bool = False) -> None:
+    """Start the helper processes a sweep will use (:mod:`kdalab.experiments.helper`), before
+    this process imports torch: the views worker (unless matplotlib is loaded here already, as
+    in a test session) and, for a CUDA sweep, the draw servers. ``KDALAB_NO_HELPERS=1``
+    starts none (everything then runs in this process: the same files and records)."""
+    import os
+    import sys
+
+    from kdalab.experiments import helper
+
+    if os.environ.get("KDALAB_NO_HELPERS", "") not in ("", "0"):
+        return
+    if "matplotlib" not in sys.modules:
+        helper.start_early(helper.VIEWS_WORKER)
+    if draw_servers:
+        helper.start_early(helper.DRAW_SERVER, helper.draw_servers())
+    mark("helpers started")
+
+
+def _drawn(store):
+    """The views drawn by the views worker started early, or here if there is none or it
+    fails."""
+    from kdalab.experiments.helper import VIEWS_WORKER, HelperError, take_early
+
+    for worker in take_early(VIEWS_WORKER):
+        try:
+            paths, text = worker.request(str(store.folder))
+            return [Path(p) for p in paths], text
+        except HelperError:
+            pass  # drawn here instead, the same files
+        finally:
+            worker.close()
+    from kdalab.views.sweep_views import draw_sweep_views
+
+    return draw_sweep_views(store)
 
 
 def export_json(store, path: Path) -> Path:

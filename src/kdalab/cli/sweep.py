@@ -73,6 +73,10 @@ def sweep(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
+    from kdalab.cli.common import start_helpers
+
+    if redraw is None:  # they import while this process does (torch: seconds)
+        start_helpers(draw_servers=backend == "local" and _on_cuda(device, config))
     from kdalab import params
     from kdalab.cli.common import run_into_folder
     from kdalab.experiments.backends import check_backend
@@ -117,6 +121,24 @@ def sweep(
                             address=address, quiet=quiet, json_export=json)
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+
+
+def _on_cuda(device: str | None, config: Path | None) -> bool:
+    """Whether the sweep asks for CUDA (by --device, else its TOML file), read before the
+    options are checked: a guess for starting the draw servers early, never an error."""
+    if device is None and config is not None:
+        import tomllib
+
+        try:
+            with open(config, "rb") as fh:
+                data = tomllib.load(fh)
+            data = data.get("sweep", data)
+            device = next((str(v) for k, v in data.items()
+                           if k.strip().lstrip("-").replace("-", "_") in ("device", "devices")),
+                          None)
+        except (OSError, ValueError, AttributeError):
+            return False
+    return device is not None and device.strip().startswith("cuda")
 
 
 def _plan(data: dict, labels: dict, backend: str, address: str | None):

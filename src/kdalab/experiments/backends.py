@@ -225,10 +225,21 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
             progress(batch)
 
     if backend == "local":
-        with _cpu_threads(device, threads):
-            for batch, table in iter_batch_tables(batches, plan.accumulations,
-                                                  recipe=plan.recipe, device=device):
-                stored(batch, table)
+        from kdalab.experiments import drawserver
+
+        servers = drawserver.take()  # started by the command, if it did
+        if servers is not None and (device.type != "cuda" or pending < drawserver.MIN_RUNS):
+            servers.close()
+            servers = None
+        try:
+            with _cpu_threads(device, threads):
+                for batch, table in iter_batch_tables(batches, plan.accumulations,
+                                                      recipe=plan.recipe, device=device,
+                                                      servers=servers):
+                    stored(batch, table)
+        finally:
+            if servers is not None:
+                servers.close()
         return pending
     from functools import partial
 

@@ -222,14 +222,16 @@ def _cpu_threads(device: torch.device, threads: int | None):
 
 
 def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
-                      *, recipe: Recipe, device: torch.device
+                      *, recipe: Recipe, device: torch.device, servers=None
                       ) -> Iterator[tuple[Batch, object]]:
     """``(batch, records)`` for each batch in order, the records an Arrow table
     (:func:`~kdalab.experiments.inverse.record_schema`).
 
-    On CUDA the batches are pipelined: while the GPU computes batch n, the CPU draws the inputs
-    of batch n+1 (on a helper thread) and queues its work, then builds batch n's records; the
-    only wait for the GPU is each batch's one copy of its metrics back.
+    On CUDA the batches are pipelined: while the GPU computes batch n, the inputs of the next
+    are drawn (on a helper thread, or by ``servers``, a
+    :class:`~kdalab.experiments.drawserver.DrawServers`, two batches ahead) and this thread
+    queues batch n+1's work, then builds batch n's records; the only wait for the GPU is each
+    batch's one copy of its metrics back.
     """
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
         device = torch.device("cuda", torch.cuda.current_device())
@@ -243,26 +245,58 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
         for batch in source:
             yield batch, launch(batch).table(batch.index)
         return
-    with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
-        draw = lambda batch: ahead.submit(make_inputs_batch, batch.runs, device)  # noqa: E731
-        batch = next(source, None)
-        next_inputs = draw(batch) if batch is not None else None
-        pending = None
-        try:
-            while batch is not None:
-                inputs = next_inputs.result()
-                following = next(source, None)
-                if following is not None:
-                    next_inputs = draw(following)
-                launched = (batch, launch(batch, inputs))
-                if pending is not None:
-                    yield pending[0], pending[1].table(pending[0].index)
-                pending, batch = launched, following
+    if servers is not None:
+        inputs_of = _served(source, servers, device)
+    else:
+        inputs_of = _drawn_ahead(source, device)
+    pending = None
+    try:
+        for batch, inputs in inputs_of:
+            launched = (batch, launch(batch, inputs))
             if pending is not None:
                 yield pending[0], pending[1].table(pending[0].index)
+            pending = launched
+        if pending is not None:
+            yield pending[0], pending[1].table(pending[0].index)
+    finally:
+        inputs_of.close()
+
+
+def _drawn_ahead(source: Iterator[Batch], device: torch.device):
+    """``(batch, inputs)`` in order, batch n+1's inputs drawn on a thread meanwhile."""
+    with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
+        batch = next(source, None)
+        drawn = ahead.submit(make_inputs_batch, batch.runs, device) if batch else None
+        try:
+            while batch is not None:
+                inputs = drawn.result()
+                following = next(source, None)
+                drawn = (ahead.submit(make_inputs_batch, following.runs, device)
+                         if following is not None else None)
+                yield batch, inputs
+                batch = following
         finally:
-            if next_inputs is not None:
-                next_inputs.cancel()
+            if drawn is not None:
+                drawn.cancel()
+
+
+def _served(source: Iterator[Batch], servers, device: torch.device, ahead: int = 2):
+    """``(batch, inputs)`` in order, drawn by ``servers`` with ``ahead`` batches in flight."""
+    from collections import deque
+
+    window: deque[Batch] = deque()
+    for batch in source:
+        servers.submit(batch.runs)
+        window.append(batch)
+        if len(window) == ahead:
+            break
+    while window:
+        inputs = servers.result(device)
+        following = next(source, None)
+        if following is not None:
+            servers.submit(following.runs)
+            window.append(following)
+        yield window.popleft(), inputs
 
 
 def run_sweep(

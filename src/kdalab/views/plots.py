@@ -35,7 +35,8 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
     """``fig`` as ``stem``.png and ``stem``.svg in ``folder``, both cut to the figure's tight
     box (padded by :rc:`savefig.pad_inches`). The box is measured once, at the PNG's resolution,
     on the renderer that laid the figure out (its text metrics cached), and each format is then
-    drawn once: ``bbox_inches="tight"`` would lay every text out again per format."""
+    drawn once: ``bbox_inches="tight"`` would lay every text out again per format. Both files
+    are the same bytes for the same data."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     paths = [folder / f"{stem}.png", folder / f"{stem}.svg"]
@@ -44,7 +45,9 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
         matplotlib.rcParams["savefig.pad_inches"])
     fig.set_layout_engine(None)  # laid out already: no layout pass again in savefig
     fig.savefig(paths[0], dpi=PNG_DPI, bbox_inches=box)
-    fig.savefig(paths[1], bbox_inches=box)
+    # the same SVG bytes for the same data: no date, ids salted with a constant
+    with matplotlib.rc_context({"svg.hashsalt": "kdalab"}):
+        fig.savefig(paths[1], bbox_inches=box, metadata={"Date": None})
     plt.close(fig)
     return paths
 

@@ -1,0 +1,194 @@
+"""Draw servers: a large CUDA sweep's input draws in helper processes, started as the command
+begins, so that they import torch while it does and then draw beside it.
+
+In one process a sweep's draws (CPU work: a few torch calls per seed and batch) and its GPU
+queueing and records take turns on the interpreter lock; on the H200 host the 94,500-run
+sweep's draws alone took 1.4–1.9 s of its 3.1–3.3 s (docs/BENCHMARKS.md). :class:`DrawServers`
+runs them in ``processes`` helpers (:mod:`kdalab.experiments.helper`): seed ``s`` is always
+drawn by server ``s mod processes``, so each server's key streams
+(:mod:`kdalab.experiments.keystream`) serve its seeds at every chunk size. A batch is sent to
+every server at once (its runs split by seed), each writes its runs' inputs, drawn by the same
+:func:`~kdalab.experiments.draw.make_inputs_batch`, into one shared-memory block, and the
+batch is gathered from there in run order (one ``index_select`` per tensor). Two batches are in
+flight, so the servers draw the next while this process queues the GPU's work. If a server
+fails, the draws come back to this process: the inputs are the same bits either way
+(tests/test_sweep_store.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import torch
+
+from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
+from kdalab.experiments.helper import DRAW_SERVER, Helper, HelperError, take_early
+
+__all__ = ["DrawServers", "take", "MIN_RUNS"]
+
+#: Below this many runs a sweep draws in its own process (and closes servers started early).
+MIN_RUNS = 20_000
+
+
+def _layout(n: int, chunk: int, dim: int) -> tuple[int, int]:
+    """Bytes of keys [n, C, D] bfloat16 (padded to 8) and of each float64 [n, C] tensor."""
+    kb = n * chunk * dim * 2
+    return kb + (-kb) % 8, n * chunk * 8
+
+
+def _views(buf: torch.Tensor, n: int, chunk: int, dim: int):
+    """keys [n, C, D], log_decay and beta [n, C] laid out in the uint8 tensor ``buf``."""
+    kb, fb = _layout(n, chunk, dim)
+    keys = buf[:kb].view(torch.bfloat16)[: n * chunk * dim].view(n, chunk, dim)
+    log_decay = buf[kb : kb + fb].view(torch.float64).view(n, chunk)
+    beta = buf[kb + fb : kb + 2 * fb].view(torch.float64).view(n, chunk)
+    return keys, log_decay, beta
+
+
+class _Block:
+    """A shared-memory block of this process, attached by the servers by name."""
+
+    def __init__(self, nbytes: int) -> None:
+        from multiprocessing import shared_memory
+
+        self.shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1 << 20))
+        self.buf = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
+
+    def free(self) -> None:
+        del self.buf
+        self.shm.close()
+        self.shm.unlink()
+
+
+@dataclass
+class _Pending:
+    runs: list
+    block: _Block | None  # None: drawn here when its result is asked for
+    perm: torch.Tensor | None = None
+
+
+class DrawServers:
+    """Draw servers (see the module), each a :class:`~kdalab.experiments.helper.Helper` of
+    this module: :meth:`submit` a batch's runs, then take its :meth:`result` (in submission
+    order). For one sweep: :meth:`close` after it."""
+
+    def __init__(self, helpers: list[Helper]) -> None:
+        self._helpers = helpers
+        self._free: list[_Block] = []
+        self._blocks: list[_Block] = []
+        self._pending: deque[_Pending] = deque()
+        self.failed: str | None = None
+
+    def __len__(self) -> int:
+        return len(self._helpers)
+
+    def submit(self, runs: list) -> None:
+        if self.failed is not None:
+            self._pending.append(_Pending(runs, None))
+            return
+        n, chunk, dim = len(runs), runs[0].chunk, runs[0].dim
+        kb, fb = _layout(n, chunk, dim)
+        block = next((b for b in self._free if b.shm.size >= kb + 2 * fb), None)
+        if block is None:
+            block = _Block(kb + 2 * fb)
+            self._blocks.append(block)
+        else:
+            self._free.remove(block)
+        parts: list[list[int]] = [[] for _ in self._helpers]
+        for i, r in enumerate(runs):
+            parts[r.seed % len(parts)].append(i)
+        order, lo = [], 0
+        try:
+            for helper, part in zip(self._helpers, parts):
+                helper.send(block.shm.name, n, chunk, dim, lo, [runs[i] for i in part])
+                order += part
+                lo += len(part)
+        except HelperError as exc:
+            self._fail(exc)
+            self._free.append(block)
+            self._pending.append(_Pending(runs, None))
+            return
+        perm = torch.empty(n, dtype=torch.long)
+        perm[torch.tensor(order, dtype=torch.long)] = torch.arange(n)
+        self._pending.append(_Pending(runs, block, perm))
+
+    def result(self, device: torch.device) -> ChunkInputs:
+        """The inputs of the oldest batch submitted, on ``device``: bit for bit
+        ``make_inputs_batch(runs, device)``."""
+        p = self._pending.popleft()
+        if p.block is not None and self.failed is None:
+            try:
+                for helper in self._helpers:
+                    helper.receive()
+            except HelperError as exc:
+                self._fail(exc)
+        if p.block is None or self.failed is not None:
+            if p.block is not None:
+                self._free.append(p.block)
+            return make_inputs_batch(p.runs, device)
+        n, chunk, dim = len(p.runs), p.runs[0].chunk, p.runs[0].dim
+        pin = device.type == "cuda"
+        out = []
+        for drawn in _views(p.block.buf, n, chunk, dim):
+            t = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=pin)
+            torch.index_select(drawn, 0, p.perm, out=t)
+            out.append(t if device.type == "cpu" else t.to(device, non_blocking=pin))
+        self._free.append(p.block)
+        return ChunkInputs(*out)
+
+    def _fail(self, exc: HelperError) -> None:
+        """Stop using the servers: every batch from now on is drawn in this process."""
+        self.failed = str(exc)
+        for helper in self._helpers:
+            helper.close()
+
+    def close(self) -> None:
+        for helper in self._helpers:
+            helper.close()
+        for block in self._blocks:
+            block.free()
+        self._blocks.clear()
+        self._free.clear()
+
+
+def take() -> DrawServers | None:
+    """The draw servers a command started early (:func:`~kdalab.experiments.helper.start_early`
+    of :data:`~kdalab.experiments.helper.DRAW_SERVER`), or None."""
+    helpers = take_early(DRAW_SERVER)
+    return DrawServers(helpers) if helpers else None
+
+
+# --- in the server -------------------------------------------------------------------------
+
+_ATTACHED: dict = {}  # name -> (SharedMemory, uint8 tensor)
+
+
+def _attach(name: str) -> torch.Tensor:
+    if name not in _ATTACHED:
+        from multiprocessing import resource_tracker, shared_memory
+
+        shm = shared_memory.SharedMemory(name=name)
+        try:  # the parent owns the block: this process must not unlink it at its exit
+            resource_tracker.unregister(shm._name, "shared_memory")
+        except Exception:  # noqa: BLE001
+            pass
+        _ATTACHED[name] = (shm, torch.frombuffer(shm.buf, dtype=torch.uint8))
+    return _ATTACHED[name][1]
+
+
+def _draw(block: str, n: int, chunk: int, dim: int, lo: int, runs: list) -> int:
+    """A server's request: the inputs of ``runs`` into rows lo… of the batch's block."""
+    if runs:
+        drawn = make_inputs_batch(runs)
+        for out, x in zip(_views(_attach(block), n, chunk, dim),
+                          (drawn.keys, drawn.log_decay, drawn.beta)):
+            out[lo : lo + len(runs)] = x
+    return len(runs)
+
+
+if __name__ == "__main__":
+    from kdalab.experiments.helper import serve
+
+    torch.set_num_threads(1)
+    serve(_draw)
