@@ -5,14 +5,14 @@
         [--chunks 2-64] [--seeds 0-499] [--accumulation h200]
 
 The plan is ``kdalab sweep``'s (3 families × chunks × seeds, dim 128, by default the issue's
-94,500 runs). Each phase is timed on its own, after a warm-up sweep of a few seeds:
+94,500 runs). The helpers are started first and torch imported, as the command does; then:
 
-* **draws**: every batch's inputs (``make_inputs_batch`` onto the GPU), the key streams
-  started afresh;
-* **GPU and records**: every batch launched and its records built from inputs drawn
-  beforehand (kept on the GPU), i.e. the sweep without its draws;
-* **sweep into a store**: ``run_into_store`` as the command runs it (draws, GPU, records,
-  Parquet parts), into a fresh folder, then the store's **views**.
+* the sweep into a fresh store, **cold** (the first kernels of each shape), with the draw
+  servers, as the command runs it, and its views (the views worker);
+* the same **warm**, drawn in this process, then warm with new draw servers;
+* each sweep's time split by where the driver spends it (waiting for the servers, draws on
+  the helper thread, GPU work queued, records with the wait for the GPU, store appends);
+* **draws alone** and **GPU and records alone** (inputs drawn beforehand).
 
 Prints one line per phase, in seconds and ms per run.
 """
@@ -34,6 +34,20 @@ def _fresh_draws() -> None:
     STREAMS.clear()
 
 
+def _timed(owner, name: str, label: str, spent: dict) -> None:
+    """Wrap ``owner.name`` to add its time to ``spent[label]`` (any thread)."""
+    inner = getattr(owner, name)
+
+    def wrapper(*args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kw)
+        finally:
+            spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
+
+    setattr(owner, name, wrapper)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--chunks", default="2-64")
@@ -41,10 +55,20 @@ def main() -> None:
     p.add_argument("--accumulation", default="h200")
     args = p.parse_args()
 
+    from kdalab.cli.common import start_helpers
+
+    t_start = time.perf_counter()
+    start_helpers(draw_servers=True)  # as `kdalab sweep --device cuda` does, before torch
     import torch
 
+    t_torch = time.perf_counter()
+    torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    t_cuda = time.perf_counter()
+
     from kdalab.cli.common import draw_views
-    from kdalab.experiments import draw
+    from kdalab.experiments import draw, drawserver, helper, inverse, runstore
+    from kdalab.experiments import sweep as sweep_module
     from kdalab.experiments.backends import open_store, run_into_store
     from kdalab.experiments.inverse import launch_group
     from kdalab.experiments.sweep import DEFAULT_MAX_BATCH, SweepConfig, SweepPlan
@@ -60,43 +84,55 @@ def main() -> None:
     batches = list(plan.batches(DEFAULT_MAX_BATCH[True]))
     device = torch.device("cuda", 0)
     print(f"{n} runs in {len(batches)} batches, {args.accumulation}; torch {torch.__version__}, "
-          f"{len(os.sched_getaffinity(0))} cores", flush=True)
+          f"{len(os.sched_getaffinity(0))} cores; import torch {t_torch - t_start:.2f} s, "
+          f"CUDA init {t_cuda - t_torch:.2f} s", flush=True)
 
     def line(name: str, seconds: float) -> None:
         print(f"  {name}: {seconds:.3f} s = {1e3 * seconds / n:.4f} ms/run", flush=True)
 
-    root = Path(tempfile.mkdtemp(prefix="bench_phases_"))
-    with open_store(plan_of("0-1"), root / "warm") as store:  # CUDA, cuBLAS, kernels
-        run_into_store(plan_of("0-1"), store)
-    torch.set_num_threads(1)
+    spent: dict = {}
+    _timed(drawserver.DrawServers, "submit", "sending batches to the draw servers", spent)
+    _timed(drawserver.DrawServers, "result", "waiting for the draw servers", spent)
+    _timed(sweep_module, "make_inputs_batch", "draws here (helper thread)", spent)
+    _timed(sweep_module, "launch_group", "GPU work queued", spent)
+    _timed(inverse.PendingGroup, "table", "records (with the wait for the GPU)", spent)
+    _timed(runstore.RunStore, "append", "store appends", spent)
 
+    def sweep_into(folder: Path, name: str) -> None:
+        spent.clear()
+        with open_store(plan, folder) as store:
+            t0 = time.perf_counter()
+            run_into_store(plan, store)
+            store.flush()
+            line(name, time.perf_counter() - t0)
+            for label, seconds in spent.items():
+                print(f"      {label}: {seconds:.3f} s", flush=True)
+            t0 = time.perf_counter()
+            draw_views(store, show=False)
+            line("    then its views", time.perf_counter() - t0)
+
+    root = Path(tempfile.mkdtemp(prefix="bench_phases_"))
+    sweep_into(root / "cold", "sweep into a store, cold (as the command: draw servers)")
+    sweep_into(root / "warm", "the same again, warm, drawn in this process")
+    helper.start_early(helper.DRAW_SERVER, helper.draw_servers())
+    time.sleep(8)  # the servers import torch
+    sweep_into(root / "warm2", "the same again, warm, draw servers")
+
+    torch.set_num_threads(1)
     _fresh_draws()
     t0 = time.perf_counter()
     for b in batches:
         draw.make_inputs_batch(b.runs, device)
     torch.cuda.synchronize()
-    line("draws, key streams started afresh", time.perf_counter() - t0)
+    line("draws alone, key streams started afresh", time.perf_counter() - t0)
 
-    _fresh_draws()
     inputs = [draw.make_inputs_batch(b.runs, device) for b in batches]
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for b, x in zip(batches, inputs):
         launch_group(b.runs, plan.accumulations, recipe=plan.recipe, device=device,
                      inputs=x).table(b.index)
-    line("GPU and records, inputs drawn beforehand", time.perf_counter() - t0)
-    del inputs
-
-    _fresh_draws()
-    folder = root / "sweep"
-    with open_store(plan, folder) as store:
-        t0 = time.perf_counter()
-        run_into_store(plan, store)
-        store.flush()
-        line("sweep into a store (the command's default)", time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        draw_views(store, show=False)
-        line("views", time.perf_counter() - t0)
+    line("GPU and records alone, inputs drawn beforehand", time.perf_counter() - t0)
     shutil.rmtree(root, ignore_errors=True)
 
 

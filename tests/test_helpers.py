@@ -83,7 +83,7 @@ def test_a_dead_draw_server_hands_its_draws_back(pipelined):
             got.append((b.group, t))
             if i == 1:
                 servers._helpers[1]._proc.kill()
-        assert servers.failed is not None and "died" in servers.failed
+        assert servers.failed is not None and ("died" in servers.failed or "gone" in servers.failed)
     finally:
         servers.close()
     assert _same(got, want)
@@ -93,7 +93,7 @@ def test_a_helper_reports_its_failures():
     worker = Helper(DRAW_SERVER)
     try:
         with pytest.raises(HelperError, match="failed:(.|\n)*Traceback"):
-            worker.request("no-such-block", 1, 4, 16, 0, [("not a run",)])
+            worker.request("no-such-block", 1, 4, 16, 0, ("not", "packed", "runs"))
         # it goes on serving after a failed request
         with pytest.raises(HelperError, match="failed"):
             worker.request()

@@ -246,7 +246,11 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
             yield batch, launch(batch).table(batch.index)
         return
     if servers is not None:
-        inputs_of = _served(source, servers, device)
+        def warm() -> None:  # CUDA's libraries and kernels, while the servers draw
+            launch_group([Run("floor", -5.0, 16, 0, 16)], accumulations, recipe=recipe,
+                         device=device).table()
+
+        inputs_of = _served(source, servers, device, warm)
     else:
         inputs_of = _drawn_ahead(source, device)
     pending = None
@@ -280,8 +284,11 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
                 drawn.cancel()
 
 
-def _served(source: Iterator[Batch], servers, device: torch.device, ahead: int = 2):
-    """``(batch, inputs)`` in order, drawn by ``servers`` with ``ahead`` batches in flight."""
+def _served(source: Iterator[Batch], servers, device: torch.device,
+            warm: Callable[[], None] | None = None, ahead: int = 2):
+    """``(batch, inputs)`` in order, drawn by ``servers`` with ``ahead`` batches in flight;
+    ``warm()`` runs once the first are sent (the first kernels' loading, cuBLAS's start, …
+    overlap the first draws)."""
     from collections import deque
 
     window: deque[Batch] = deque()
@@ -290,6 +297,8 @@ def _served(source: Iterator[Batch], servers, device: torch.device, ahead: int =
         window.append(batch)
         if len(window) == ahead:
             break
+    if warm is not None and window:
+        warm()
     while window:
         inputs = servers.result(device)
         following = next(source, None)
