@@ -97,26 +97,41 @@ def main() -> None:
     _timed(sweep_module, "launch_group", "GPU work queued", spent)
     _timed(inverse.PendingGroup, "table", "records (with the wait for the GPU)", spent)
     _timed(runstore.RunStore, "append", "store appends", spent)
+    _timed(runstore.RunStore, "flush", "store flush (the last parts on disk)", spent)
+    _timed(runstore, "_write_part", "parts written (writer thread)", spent)
 
-    def sweep_into(folder: Path, name: str) -> None:
+    def sweep_into(folder: Path, name: str, profile: bool = False) -> None:
+        import cProfile
+        import pstats
+
         spent.clear()
+        prof = cProfile.Profile() if profile else None
         with open_store(plan, folder) as store:
             t0 = time.perf_counter()
+            if prof:
+                prof.enable()
             run_into_store(plan, store)
             store.flush()
+            if prof:
+                prof.disable()
             line(name, time.perf_counter() - t0)
             for label, seconds in spent.items():
                 print(f"      {label}: {seconds:.3f} s", flush=True)
             t0 = time.perf_counter()
             draw_views(store, show=False)
             line("    then its views", time.perf_counter() - t0)
+        if prof:
+            stats = pstats.Stats(prof)
+            stats.sort_stats("tottime").print_stats(18)
+            stats.sort_stats("cumulative").print_stats(30)
 
     root = Path(tempfile.mkdtemp(prefix="bench_phases_"))
     sweep_into(root / "cold", "sweep into a store, cold (as the command: draw servers)")
     sweep_into(root / "warm", "the same again, warm, drawn in this process")
     helper.start_early(helper.DRAW_SERVER, helper.draw_servers())
     time.sleep(8)  # the servers import torch
-    sweep_into(root / "warm2", "the same again, warm, draw servers")
+    sweep_into(root / "warm2", "the same again, warm, draw servers (under cProfile)",
+               profile=True)
 
     torch.set_num_threads(1)
     _fresh_draws()
