@@ -24,7 +24,7 @@ import torch
 
 from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
 from kdalab.experiments.families import FAMILIES
-from kdalab.experiments.helper import DRAW_SERVER, Helper, HelperError, take_early
+from kdalab.experiments.helper import DRAW_SERVER, Helper, HelperError, close_all, take_early
 from kdalab.experiments.runs import Run
 
 __all__ = ["DrawServers", "take", "MIN_RUNS"]
@@ -152,12 +152,10 @@ class DrawServers:
     def _fail(self, exc: HelperError) -> None:
         """Stop using the servers: every batch from now on is drawn in this process."""
         self.failed = str(exc)
-        for helper in self._helpers:
-            helper.close()
+        close_all(self._helpers)
 
     def close(self) -> None:
-        for helper in self._helpers:
-            helper.close()
+        close_all(self._helpers)
         for block in self._blocks:
             block.free()
         self._blocks.clear()
