@@ -2,7 +2,8 @@
 it begins, so that pandas, pyarrow and matplotlib (about 1 s of imports) load while the sweep
 imports torch and runs; at the end it draws the views of the sweep's store
 (:func:`~kdalab.views.sweep_views.draw_sweep_views`, the same code as in the command's own
-process, so the same files) and hands back the files and the tables' text."""
+process, so the same files; the plot's SVG drawn in a forked copy while the PNG is drawn) and
+hands back the files and the tables' text."""
 
 from __future__ import annotations
 
@@ -19,5 +20,7 @@ def _draw(folder: str):
 
 if __name__ == "__main__":
     from kdalab.experiments.helper import serve
+    from kdalab.views import plots
 
+    plots.FORK_FORMATS = True  # the PNG and the SVG drawn at once
     serve(_draw)
