@@ -95,9 +95,9 @@ def _fp16_seq_torch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     steps = _active_steps(a32, b32) if sparse else [(kk, 0, m, 0, n) for kk in range(k)]
     for kk, r0, r1, c0, c1 in steps:
         acc = out[..., r0:r1, c0:c1]
-        step = a32[..., r0:r1, kk, None] * b32[..., None, kk, c0:c1]
-        step += acc  # float32 + the fp16 accumulator's value: exact, then one rounding
-        acc.copy_(step)
+        # the fp16 accumulator's value + the product, in float32 (the product of two fp16
+        # values is exact in float32, fused or not), then rounded to fp16
+        acc.copy_(torch.addcmul(acc, a32[..., r0:r1, kk, None], b32[..., None, kk, c0:c1]))
     if sparse:
         negative_zero = (out == 0) & torch.signbit(out)
         if bool(negative_zero.any()):
