@@ -151,3 +151,26 @@ def test_helpers_start_only_where_they_help(monkeypatch):
     monkeypatch.delenv("KDALAB_NO_HELPERS")
     start_helpers(draw_servers=True)
     assert started == [DRAW_SERVER]
+
+
+@pytest.mark.gpu
+def test_a_cuda_sweep_with_draw_servers_stores_the_records_drawn_here(tmp_path):
+    """The command's path on CUDA: draw servers started early, a sweep above MIN_RUNS into its
+    store, against the same sweep drawn in this process (KDALAB_NO_HELPERS's path)."""
+    from kdalab.experiments import drawserver
+    from kdalab.experiments.backends import open_store, run_into_store
+    from kdalab.experiments.runstore import RunStore, identical
+
+    plan = SweepPlan.of(SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
+                                    chunks="2-8", seeds="0-999", accumulations=("h200",),
+                                    device="cuda"))
+    assert len(plan) >= drawserver.MIN_RUNS
+    tables = []
+    for served in (True, False):
+        if served:
+            helper.start_early(DRAW_SERVER, 2)
+        with open_store(plan, tmp_path / str(served)) as store:
+            run_into_store(plan, store)
+        assert helper.DRAW_SERVER not in helper._EARLY  # taken (and closed) by the sweep
+        tables.append(RunStore.read_only(tmp_path / str(served)).read())
+    assert identical(*tables)
