@@ -48,11 +48,11 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
     total = sum(k * sum(record_cost(c, d, n) for n in names)
                 for k, (c, d, _) in zip(runs_per_cell, plan.cells))
     t0 = time.perf_counter()
-    first = []
+    first = [True]
 
     def advance(batch) -> None:
-        if not first:
-            first.append(mark("first batch stored"))
+        if first.pop() if first else False:
+            mark("first batch stored")
         bar.advance(len(batch.runs), weight(batch))
 
     with open_store(plan, out, resume=resume, force=force) as store:

@@ -229,7 +229,7 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
 
         servers = drawserver.take()  # started by the command, if it did
         if servers is not None and (device.type != "cuda" or pending < drawserver.MIN_RUNS):
-            servers.close()
+            servers.close(kill=True)  # not needed: they may still be importing
             servers = None
         try:
             with _cpu_threads(device, threads):

@@ -152,10 +152,11 @@ class DrawServers:
     def _fail(self, exc: HelperError) -> None:
         """Stop using the servers: every batch from now on is drawn in this process."""
         self.failed = str(exc)
-        close_all(self._helpers)
+        close_all(self._helpers, kill=True)
 
-    def close(self) -> None:
-        close_all(self._helpers)
+    def close(self, kill: bool = False) -> None:
+        """End the servers (``kill``: at once, e.g. never used) and free the blocks."""
+        close_all(self._helpers, kill=kill)
         for block in self._blocks:
             block.free()
         self._blocks.clear()

@@ -85,10 +85,13 @@ class Helper:
     def alive(self) -> bool:
         return self._proc.poll() is None
 
-    def close(self, wait: bool = True) -> None:
+    def close(self, wait: bool = True, kill: bool = False) -> None:
         """End the helper: its stdin closed, on which it leaves at once (:func:`serve`);
         killed if it has not within 2 s. ``wait=False``: only close its stdin (then
-        :meth:`close` again to reap it)."""
+        :meth:`close` again to reap it). ``kill``: end it at once (a helper never used may
+        still be importing, and reads its stdin only then)."""
+        if kill and self._proc.poll() is None:
+            self._proc.kill()
         if self._proc.stdin and not self._proc.stdin.closed:
             try:
                 self._proc.stdin.close()
@@ -105,10 +108,10 @@ class Helper:
             self._proc.stdout.close()
 
 
-def close_all(helpers: list[Helper]) -> None:
-    """End ``helpers`` together (each told first, then each reaped)."""
+def close_all(helpers: list[Helper], kill: bool = False) -> None:
+    """End ``helpers`` together (each told first, then each reaped; ``kill``: at once)."""
     for helper in helpers:
-        helper.close(wait=False)
+        helper.close(wait=False, kill=kill)
     for helper in helpers:
         helper.close()
 
@@ -133,8 +136,8 @@ def take_early(module: str) -> list[Helper]:
 
 
 @atexit.register
-def _close_early() -> None:
-    close_all([h for helpers in _EARLY.values() for h in helpers])
+def _close_early() -> None:  # started, never used (a mistake in the options): killed
+    close_all([h for helpers in _EARLY.values() for h in helpers], kill=True)
     _EARLY.clear()
 
 
