@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -30,7 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["integer", "int_list", "name_list", "choice", "choices",
            "lower_bound", "lower_bounds", "accumulation", "accumulations", "scale_format",
-           "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP"]
+           "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP", "option_field",
+           "read_sweep_file"]
 
 INT_LIST_HELP = "integers like '4,12,16', ranges like '3-8' or stepped ranges like '36-64:4'"
 _ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+)(?::(\d+))?)?$")
@@ -263,3 +265,30 @@ def renamed(exc: Exception, names: dict[str, str]) -> Exception:
         if text.startswith(field):
             return type(exc)(names[field] + text[len(field):])
     return exc
+
+
+# --- sweep files: keys spelled as the command's options (no torch: read before it loads) ---
+
+#: every spelling a sweep's key may take (option names, singular or plural) -> the field
+_KEYS = {"family": "families", "chunk": "chunks", "seed": "seeds", "dim": "dims",
+         "accumulation": "accumulations", "lower_bound": "lower_bounds"}
+
+
+def option_field(key: str) -> str:
+    """The field a sweep key names: ``--lower-bound``, ``lower-bound`` and ``lower_bounds`` all
+    name ``lower_bounds``."""
+    name = key.strip().lstrip("-").replace("-", "_")
+    return _KEYS.get(name, name)
+
+
+def read_sweep_file(path: str | Path, name: str = "config") -> dict:
+    """The keys of a TOML sweep file (its ``[sweep]`` table, if it has one), as written."""
+    path = config_file(path, name)
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{name}: malformed TOML in {str(path)!r}: {exc}") from None
+    if "sweep" in data and isinstance(data["sweep"], dict):
+        data = data["sweep"]
+    return data

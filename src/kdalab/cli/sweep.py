@@ -126,16 +126,12 @@ def sweep(
 def _on_cuda(device: str | None, config: Path | None) -> bool:
     """Whether the sweep asks for CUDA (by --device, else its TOML file), read before the
     options are checked: a guess for starting the draw servers early, never an error."""
-    if device is None and config is not None:
-        import tomllib
+    from kdalab.params import option_field, read_sweep_file  # no torch
 
+    if device is None and config is not None:
         try:
-            with open(config, "rb") as fh:
-                data = tomllib.load(fh)
-            data = data.get("sweep", data)
-            device = next((str(v) for k, v in data.items()
-                           if k.strip().lstrip("-").replace("-", "_") in ("device", "devices")),
-                          None)
+            device = next((str(v) for k, v in read_sweep_file(config).items()
+                           if option_field(k) == "device"), None)
         except (OSError, ValueError, AttributeError):
             return False
     return device is not None and device.strip().startswith("cuda")

@@ -84,9 +84,6 @@ class KeyStreams:
         with self._lock:
             self._slabs.clear()
 
-    def __len__(self) -> int:
-        return sum(len(slab.seeds) for slab in self._slabs.values())
-
     def keys(self, seeds: list[int], dim: int, end: int,
              gen: torch.Generator) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """The first ``end`` normalized key rows of each seed at ``dim`` (bfloat16

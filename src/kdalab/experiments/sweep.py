@@ -17,11 +17,9 @@ command's options (dashes or underscores; plural field names work too)::
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,22 +33,11 @@ from kdalab.experiments.inverse import PendingGroup, launch_group
 from kdalab.experiments.plan import SEED_TABLE_CHUNKS, Batch, SweepPlan, group_label
 from kdalab.experiments.runs import Run
 from kdalab.kda.recipe import Recipe, get_recipe
+from kdalab.params import option_field, read_sweep_file
 
 __all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "read_sweep_file", "plan_runs", "plan_batches",
            "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "record_cost",
            "option_field", "SweepPlan", "Batch", "iter_batch_tables", "group_label"]
-
-#: every spelling a sweep's key may take (option names, singular or plural) -> the field
-_KEYS = {"family": "families", "chunk": "chunks", "seed": "seeds", "dim": "dims",
-         "accumulation": "accumulations", "lower_bound": "lower_bounds"}
-
-
-def option_field(key: str) -> str:
-    """The field a sweep key names: ``--lower-bound``, ``lower-bound`` and ``lower_bounds`` all
-    name ``lower_bounds``."""
-    name = key.strip().lstrip("-").replace("-", "_")
-    return _KEYS.get(name, name)
-
 
 @dataclass(frozen=True)
 class SweepConfig:
@@ -115,19 +102,6 @@ class SweepConfig:
                 "accumulations": [m.name for m in self.accumulations],
                 "lower_bounds": list(self.lower_bounds), "recipe": self.recipe.name,
                 "device": self.device}
-
-
-def read_sweep_file(path: str | Path, name: str = "config") -> dict:
-    """The keys of a TOML sweep file (its ``[sweep]`` table, if it has one), as written."""
-    path = params.config_file(path, name)
-    try:
-        with open(path, "rb") as fh:
-            data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{name}: malformed TOML in {str(path)!r}: {exc}") from None
-    if "sweep" in data and isinstance(data["sweep"], dict):
-        data = data["sweep"]
-    return data
 
 
 def plan_runs(families: Sequence[str], chunks: Sequence[int], seeds: Sequence[int],

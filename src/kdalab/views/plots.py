@@ -54,8 +54,8 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
         with matplotlib.rc_context({"svg.hashsalt": "kdalab"}):
             fig.savefig(paths[1], bbox_inches=box, metadata={"Date": None})
 
-    child = os.fork() if FORK_FORMATS and hasattr(os, "fork") else 0
-    if child == 0 and FORK_FORMATS and hasattr(os, "fork"):  # the SVG, in a forked copy
+    child = os.fork() if FORK_FORMATS and hasattr(os, "fork") else None
+    if child == 0:  # the SVG, in the forked copy
         code = 1
         try:
             svg()
@@ -63,11 +63,7 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
         finally:
             os._exit(code)
     fig.savefig(paths[0], dpi=PNG_DPI, bbox_inches=box)
-    if child:
-        _, status = os.waitpid(child, 0)
-        if status != 0:  # drawn here after all
-            svg()
-    else:
+    if child is None or os.waitpid(child, 0)[1] != 0:  # not forked, or drawn here after all
         svg()
     plt.close(fig)
     return paths
