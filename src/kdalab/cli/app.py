@@ -9,39 +9,16 @@ answer without loading them.
 from __future__ import annotations
 
 import textwrap
-import time
 from dataclasses import dataclass, field
 from typing import Annotated
 
 import typer
 from rich.console import Console
 
+from kdalab.timeline import mark
+
 __all__ = ["app", "run_app", "console", "err_console", "prose", "STATE", "version", "Interrupted",
            "OutputClosed", "mark"]
-
-
-def _since_start() -> float:
-    """Seconds since this process started (Linux: from /proc, 10 ms ticks; elsewhere since
-    this module was imported)."""
-    import os
-    import time
-
-    try:
-        with open("/proc/self/stat") as fh:
-            started = int(fh.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-        return time.clock_gettime(time.CLOCK_BOOTTIME) - started
-    except (OSError, ValueError, IndexError, AttributeError):
-        return time.perf_counter() - _IMPORTED
-
-
-def mark(what: str) -> None:
-    """With ``KDALAB_TIMELINE`` set, ``timeline <seconds since the process started> <what>`` on
-    stderr: where a command's time goes (docs/sweeps.md, "Where the time goes")."""
-    import os
-    import sys
-
-    if os.environ.get("KDALAB_TIMELINE"):
-        print(f"timeline {_since_start():7.3f} s  {what}", file=sys.stderr, flush=True)
 
 
 class Interrupted(BaseException):
@@ -63,7 +40,6 @@ class State:
 
 
 STATE = State()
-_IMPORTED = time.perf_counter()
 
 
 def prose(text: str) -> str:

@@ -94,6 +94,7 @@ def draw_views(store, *, show: bool = True) -> list[Path]:
         store.flush()  # the records on disk before anything is drawn from them
     with drawing(quiet=not show):
         store.remove_views()
+        mark("views asked for")
         paths, text = _drawn(store)
         store.set_views(paths)
     if show:

@@ -82,6 +82,7 @@ def sweep(
     from kdalab.experiments.backends import check_backend
     from kdalab.experiments.sweep import option_field, read_sweep_file
 
+    mark("kdalab and torch imported")
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
     if redraw is not None:

@@ -34,6 +34,7 @@ from kdalab.experiments.plan import SEED_TABLE_CHUNKS, Batch, SweepPlan, group_l
 from kdalab.experiments.runs import Run
 from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.params import option_field, read_sweep_file
+from kdalab.timeline import mark
 
 __all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "read_sweep_file", "plan_runs", "plan_batches",
            "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "record_cost",
@@ -266,6 +267,7 @@ def _served(source: Iterator[Batch], servers, device: torch.device,
     from collections import deque
 
     window: deque[Batch] = deque()
+    first = True
     for batch in source:
         servers.submit(batch.runs)
         window.append(batch)
@@ -273,8 +275,12 @@ def _served(source: Iterator[Batch], servers, device: torch.device,
             break
     if warm is not None and window:
         warm()
+        mark("CUDA warmed up")
     while window:
         inputs = servers.result(device)
+        if first:
+            mark("first inputs served")
+            first = False
         following = next(source, None)
         if following is not None:
             servers.submit(following.runs)
