@@ -45,9 +45,11 @@ def reproduce(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
+    from kdalab import cudastart
     from kdalab.cli.common import start_helpers
 
     start_helpers()  # the views worker imports while this process does
+    cudastart.start(device)  # and CUDA starts (--device cuda)
     from kdalab import params
 
     seed_list = params.int_list(seeds, "--seeds", minimum=0)

@@ -73,10 +73,15 @@ def sweep(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
+    from kdalab import cudastart
     from kdalab.cli.common import start_helpers
 
-    if redraw is None:  # they import while this process does (torch: seconds)
-        start_helpers(draw_servers=backend == "local" and _on_cuda(device, config))
+    if redraw is None and backend == "local":  # they import while this process does (torch:
+        requested = _requested_device(device, config)  # seconds), CUDA starts meanwhile too
+        start_helpers(draw_servers=cudastart.ordinal(requested) is not None)
+        cudastart.start(requested)
+    elif redraw is None:
+        start_helpers()
     from kdalab import params
     from kdalab.cli.common import run_into_folder
     from kdalab.experiments.backends import check_backend
@@ -124,9 +129,10 @@ def sweep(
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
 
 
-def _on_cuda(device: str | None, config: Path | None) -> bool:
-    """Whether the sweep asks for CUDA (by --device, else its TOML file), read before the
-    options are checked: a guess for starting the draw servers early, never an error."""
+def _requested_device(device: str | None, config: Path | None) -> str | None:
+    """The device the sweep asks for (by --device, else its TOML file), read before the
+    options are checked: a guess for starting the draw servers and CUDA early, never an
+    error."""
     from kdalab.params import option_field, read_sweep_file  # no torch
 
     if device is None and config is not None:
@@ -134,8 +140,8 @@ def _on_cuda(device: str | None, config: Path | None) -> bool:
             device = next((str(v) for k, v in read_sweep_file(config).items()
                            if option_field(k) == "device"), None)
         except (OSError, ValueError, AttributeError):
-            return False
-    return device is not None and device.strip().startswith("cuda")
+            return None
+    return device
 
 
 def _plan(data: dict, labels: dict, backend: str, address: str | None):
