@@ -50,15 +50,47 @@ def _plan() -> SweepPlan:
                                     accumulations=("fp16-seq", "fp32")))
 
 
+def _ready(servers, timeout: float = 120.0):
+    """``servers`` once every one has finished its imports."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not servers.ready():
+        assert servers.failed is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    return servers
+
+
 def test_draw_servers_give_the_records_drawn_here(pipelined):
     from kdalab.experiments.drawserver import DrawServers
 
     plan = _plan()
     want = _tables(plan)
-    servers = DrawServers([Helper(DRAW_SERVER) for _ in range(2)])
+    servers = _ready(DrawServers([Helper(DRAW_SERVER) for _ in range(2)]))
     try:
         got = _tables(plan, servers)
         assert servers.failed is None
+        assert servers.served == len(list(plan.batches(7)))  # every batch by the servers
+    finally:
+        servers.close()
+    assert _same(got, want)
+
+
+def test_batches_before_the_servers_are_ready_are_drawn_here(pipelined, monkeypatch):
+    """Servers still importing: the first batches are drawn in this process, the rest by the
+    servers once they are ready, and the records are the same."""
+    from kdalab.experiments.drawserver import DrawServers
+
+    plan = _plan()
+    want = _tables(plan)
+    servers = _ready(DrawServers([Helper(DRAW_SERVER) for _ in range(2)]))
+    asked = []
+    ready = servers.ready
+    monkeypatch.setattr(servers, "ready", lambda: asked.append(1) or (len(asked) > 3 and ready()))
+    try:
+        got = _tables(plan, servers)
+        assert servers.failed is None
+        assert servers.served == len(list(plan.batches(7))) - 3
     finally:
         servers.close()
     assert _same(got, want)
@@ -74,7 +106,7 @@ def test_a_dead_draw_server_hands_its_draws_back(pipelined):
 
     plan = _plan()
     want = _tables(plan)
-    servers = DrawServers([Helper(DRAW_SERVER) for _ in range(2)])
+    servers = _ready(DrawServers([Helper(DRAW_SERVER) for _ in range(2)]))
     got = []
     try:
         for i, (b, t) in enumerate(iter_batch_tables(
@@ -84,6 +116,7 @@ def test_a_dead_draw_server_hands_its_draws_back(pipelined):
             if i == 1:
                 servers._helpers[1]._proc.kill()
         assert servers.failed is not None and ("died" in servers.failed or "gone" in servers.failed)
+        assert 0 < servers.served < len(got)
     finally:
         servers.close()
     assert _same(got, want)
@@ -154,12 +187,25 @@ def test_helpers_start_only_where_they_help(monkeypatch):
 
 
 @pytest.mark.gpu
-def test_a_cuda_sweep_with_draw_servers_stores_the_records_drawn_here(tmp_path):
+def test_a_cuda_sweep_with_draw_servers_stores_the_records_drawn_here(tmp_path, monkeypatch):
     """The command's path on CUDA: draw servers started early, a sweep above MIN_RUNS into its
-    store, against the same sweep drawn in this process (KDALAB_NO_HELPERS's path)."""
+    store (the servers awaited, so that they draw every batch), against the same sweep drawn in
+    this process (KDALAB_NO_HELPERS's path)."""
     from kdalab.experiments import drawserver
     from kdalab.experiments.backends import open_store, run_into_store
     from kdalab.experiments.runstore import RunStore, identical
+    from kdalab.experiments.sweep import DEFAULT_MAX_BATCH
+
+    taken = []
+    take = drawserver.take
+
+    def ready_servers():
+        servers = take()
+        if servers is not None:
+            taken.append(_ready(servers))
+        return servers
+
+    monkeypatch.setattr(drawserver, "take", ready_servers)
 
     plan = SweepPlan.of(SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
                                     chunks="2-8", seeds="0-999", accumulations=("h200",),
@@ -173,4 +219,5 @@ def test_a_cuda_sweep_with_draw_servers_stores_the_records_drawn_here(tmp_path):
             run_into_store(plan, store)
         assert helper.DRAW_SERVER not in helper._EARLY  # taken (and closed) by the sweep
         tables.append(RunStore.read_only(tmp_path / str(served)).read())
+    assert len(taken) == 1 and taken[0].served == len(list(plan.batches(DEFAULT_MAX_BATCH[True])))
     assert identical(*tables)

@@ -81,9 +81,21 @@ class DrawServers:
         self._blocks: list[_Block] = []
         self._pending: deque[_Pending] = deque()
         self.failed: str | None = None
+        self.served = 0  # batches drawn by the servers
 
     def __len__(self) -> int:
         return len(self._helpers)
+
+    def ready(self) -> bool:
+        """Whether every server has finished its imports (never waits). A server that died
+        stops the servers' use, as in :meth:`submit` (False from then on)."""
+        if self.failed is not None:
+            return False
+        try:
+            return all([helper.ready() for helper in self._helpers])
+        except HelperError as exc:
+            self._fail(exc)
+            return False
 
     def submit(self, runs: list) -> None:
         if self.failed is not None:
@@ -147,6 +159,7 @@ class DrawServers:
             torch.index_select(drawn, 0, p.perm, out=t)
             out.append(t if device.type == "cpu" else t.to(device, non_blocking=pin))
         self._free.append(p.block)
+        self.served += 1
         return ChunkInputs(*out)
 
     def _fail(self, exc: HelperError) -> None:

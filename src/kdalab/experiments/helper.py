@@ -77,6 +77,22 @@ class Helper:
             raise HelperError(f"{self.module} failed:\n{value}")
         return value
 
+    def ready(self) -> bool:
+        """Whether the helper has finished its imports and serves (never waits); raises
+        :class:`HelperError` if it died."""
+        if not self._ready:
+            import select
+
+            if not select.select([self._proc.stdout], [], [], 0)[0]:
+                return False
+            try:  # one small message, written at once: all here when any of it is
+                self._ready = pickle.load(self._proc.stdout) == ("ready",)
+            except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
+                raise HelperError(f"{self.module} died (exit {self._proc.poll()})") from exc
+            if not self._ready:
+                raise HelperError(f"{self.module} did not say it was ready")
+        return True
+
     def request(self, *request):
         self.send(*request)
         return self.receive()

@@ -221,7 +221,7 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
             yield batch, launch(batch).table(batch.index)
         return
     if servers is not None:
-        def warm() -> None:  # CUDA's libraries and kernels, while the servers draw
+        def warm() -> None:  # CUDA's libraries and kernels, while the servers import
             launch_group([Run("floor", -5.0, 16, 0, 16)], accumulations, recipe=recipe,
                          device=device).table()
 
@@ -261,30 +261,37 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
 
 def _served(source: Iterator[Batch], servers, device: torch.device,
             warm: Callable[[], None] | None = None, ahead: int = 2):
-    """``(batch, inputs)`` in order, drawn by ``servers`` with ``ahead`` batches in flight;
-    ``warm()`` runs once the first are sent (the first kernels' loading, cuBLAS's start, …
-    overlap the first draws)."""
+    """``(batch, inputs)`` in order, drawn by ``servers`` with ``ahead`` batches in flight.
+    ``warm()`` runs first (CUDA's libraries and first kernels), while the servers import; the
+    batches before every server is ready are drawn here (the same bits: a batch's inputs
+    depend only on its runs), so that the GPU never waits for the servers' start."""
     from collections import deque
 
-    window: deque[Batch] = deque()
-    first = True
-    for batch in source:
-        servers.submit(batch.runs)
-        window.append(batch)
-        if len(window) == ahead:
-            break
-    if warm is not None and window:
+    if warm is not None:
         warm()
         mark("CUDA warmed up")
+    batch = None
+    for batch in source:
+        if servers.ready():
+            break
+        yield batch, make_inputs_batch(batch.runs, device)
+        batch = None
+    if batch is None:
+        return
+    mark("draw servers ready")
+    window: deque[Batch] = deque()
+
+    def send(following: Batch) -> None:
+        servers.submit(following.runs)
+        window.append(following)
+
+    send(batch)
+    while len(window) < ahead and (batch := next(source, None)) is not None:
+        send(batch)
     while window:
         inputs = servers.result(device)
-        if first:
-            mark("first inputs served")
-            first = False
-        following = next(source, None)
-        if following is not None:
-            servers.submit(following.runs)
-            window.append(following)
+        if (following := next(source, None)) is not None:
+            send(following)
         yield window.popleft(), inputs
 
 
