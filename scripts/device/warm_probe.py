@@ -2,6 +2,7 @@
 """Where the CUDA sweep's warm-up and its views go (issue 15), each in a fresh process.
 
     python3 scripts/device/warm_probe.py warm            # CUDA's first work, step by step
+    python3 scripts/device/warm_probe.py profile         # the warm-up batch under cProfile
     python3 scripts/device/warm_probe.py views FOLDER    # the views of a stored sweep, by step
 
 ``warm``: CUDA started on a thread while torch imports (as ``kdalab sweep`` does), then each
@@ -61,6 +62,31 @@ def warm() -> None:
         t = step(label, t)
 
 
+def profile() -> None:
+    """The sweep's warm-up batch under cProfile, after the libraries' first uses."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from kdalab.arith.gpu import mma
+    from kdalab.experiments.inverse import launch_group
+    from kdalab.experiments.runs import Run
+
+    torch.zeros(1, device="cuda")
+    mma._module()
+    a = torch.randn(8, 16, 16, device="cuda")
+    torch.linalg.inv_ex((a @ a).double())
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    launch_group([Run("floor", -5.0, 16, 0, 16)], ["h200"], device="cuda").table()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(40)
+
+
 def views(folder: str) -> None:
     from kdalab.experiments.aggregate import summarize_store
     from kdalab.experiments.runstore import RunStore
@@ -81,4 +107,4 @@ def views(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    warm() if sys.argv[1] == "warm" else views(sys.argv[2])
+    {"warm": warm, "profile": profile, "views": views}[sys.argv[1]](*sys.argv[2:])
