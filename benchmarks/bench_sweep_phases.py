@@ -9,7 +9,8 @@ The plan is ``kdalab sweep``'s (3 families × chunks × seeds, dim 128, by defau
 
 * the sweep into a fresh store, **cold** (the first kernels of each shape), with the draw
   servers, as the command runs it, and its views (the views worker);
-* the same **warm**, drawn in this process, then warm with new draw servers;
+* the same **warm**, drawn in this process, then warm with new draw servers (ready before it
+  starts), their blocks page-locked and not (``drawserver.PAGE_LOCK``), then under cProfile;
 * each sweep's time split by where the driver spends it (waiting for the servers, draws on
   the helper thread, GPU work queued, records with the wait for the GPU, store appends);
 * **draws alone** and **GPU and records alone** (inputs drawn beforehand).
@@ -128,8 +129,20 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench_phases_"))
     sweep_into(root / "cold", "sweep into a store, cold (as the command: draw servers)")
     sweep_into(root / "warm", "the same again, warm, drawn in this process")
-    helper.start_early(helper.DRAW_SERVER, helper.draw_servers())
-    time.sleep(8)  # the servers import torch
+    def servers_ready() -> None:  # started, and awaited: they import torch
+        helper.start_early(helper.DRAW_SERVER, helper.draw_servers())
+        servers = drawserver.take(True)
+        while not servers.ready():
+            time.sleep(0.05)
+        helper._EARLY[helper.DRAW_SERVER] = servers._helpers  # as the command leaves them
+
+    for lock in (True, False):
+        drawserver.PAGE_LOCK = lock
+        servers_ready()
+        sweep_into(root / f"warm-lock{lock}", "the same again, warm, draw servers ready, "
+                   + ("blocks page-locked" if lock else "copied into page-locked memory"))
+    drawserver.PAGE_LOCK = True
+    servers_ready()
     sweep_into(root / "warm2", "the same again, warm, draw servers (under cProfile)",
                profile=True)
 

@@ -18,7 +18,8 @@ The seed loop (``benchmarks/seed_baseline.py``: ``seed_make_inputs`` + ``seed_ru
 fallback on the CPU, one ``cublasGemmEx`` per product on CUDA) runs on ``--seed-sample`` seeds
 of every (family, chunk) cell, one intra-op thread on the CPU as the command uses, so its mean
 is the per-run time of the same mix of chunk sizes. ``--breakdown`` also times the phases
-in this process (imports, sweep into the store, views).
+in this process (imports, sweep into the store, views); ``--prelude CODE`` runs CODE in the
+command's process first (to time a variant against the default in the same call).
 
 Ray (``pip install 'kdalab[ray]'``)::
 
@@ -112,7 +113,8 @@ def whole(args) -> None:
         out = root / f"run{i}"
         shutil.rmtree(out, ignore_errors=True)
         t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-c", CLI, "sweep", *_axes(args), "--out",
+        res = subprocess.run([sys.executable, "-c", args.prelude + "\n" + CLI, "sweep",
+                              *_axes(args), "--out",
                               str(out), "--quiet"], env=env, capture_output=True, text=True)
         walls.append(time.perf_counter() - t0)
         if res.returncode != 0:
@@ -222,6 +224,9 @@ def main() -> None:
                    help="seeds of each cell timed in the seed loop (default 4)")
     p.add_argument("--repeat", type=int, default=2, help="whole-process runs (default 2)")
     p.add_argument("--breakdown", action="store_true", help="also time the phases")
+    p.add_argument("--prelude", default="", help="whole: Python run in the command's process "
+                   "before it starts (an A/B switch, e.g. 'from kdalab.experiments import "
+                   "drawserver; drawserver.PAGE_LOCK = False')")
     p.add_argument("--gpus", default="1,2", help="ray: cluster sizes to time (GPUs, or CPUs "
                    "with --device cpu)")
     p.add_argument("--out", help="keep the stores here (default: a temporary folder)")

@@ -199,8 +199,8 @@ def test_a_cuda_sweep_with_draw_servers_stores_the_records_drawn_here(tmp_path, 
     taken = []
     take = drawserver.take
 
-    def ready_servers():
-        servers = take()
+    def ready_servers(*args):
+        servers = take(*args)
         if servers is not None:
             taken.append(_ready(servers))
         return servers

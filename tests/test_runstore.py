@@ -54,6 +54,28 @@ def test_records_come_back_in_run_order(tmp_path):
     assert manifest["kdalab_version"] == runstore.kdalab_version()
 
 
+def test_groups_read_ahead_come_back_as_read_one_by_one(tmp_path):
+    """iter_groups reads the next groups on threads: the same groups, in order, with the same
+    records as one at a time, also with the last records still buffered, and when the
+    reader stops early."""
+    with open_store(tmp_path) as store:
+        for i in range(0, RUNS, 3):  # a group per three runs: 14 groups, several parts each
+            store.append(records(range(i, min(i + 3, RUNS))), group=f"g{i // 3:02d}")
+            if i % 9 == 0:
+                store.flush()
+        one_by_one = [(g, t) for g, t in store.iter_groups(ahead=0)]
+        assert len(one_by_one) == 14
+        for ahead in (1, 3, 8, 32):
+            got = list(store.iter_groups(ahead=ahead))
+            assert [g for g, _ in got] == [g for g, _ in one_by_one]
+            assert all(a.equals(b) for (_, a), (_, b) in zip(got, one_by_one))
+        assert [g for g, _ in store.iter_groups(["value"], ahead=4)] == store.groups()
+        early = store.iter_groups(ahead=4)
+        assert next(early)[0] == "g00"
+        early.close()  # the threads' reads are waited for, nothing is left running
+    assert not [t for t in threading.enumerate() if t.name.startswith("kdalab-read")]
+
+
 def test_resume_keeps_stored_runs_and_completes(tmp_path):
     with open_store(tmp_path) as store:
         fill(store, range(15))

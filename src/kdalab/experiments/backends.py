@@ -227,7 +227,7 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
     if backend == "local":
         from kdalab.experiments import drawserver
 
-        servers = drawserver.take()  # started by the command, if it did
+        servers = drawserver.take(device.type == "cuda")  # started by the command, if it did
         if servers is not None and (device.type != "cuda" or pending < drawserver.MIN_RUNS):
             servers.close(kill=True)  # not needed: they may still be importing
             servers = None

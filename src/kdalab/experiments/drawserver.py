@@ -8,11 +8,11 @@ runs them in ``processes`` helpers (:mod:`kdalab.experiments.helper`): seed ``s`
 drawn by server ``s mod processes``, so each server's key streams
 (:mod:`kdalab.experiments.keystream`) serve its seeds at every chunk size. A batch is sent to
 every server at once (its runs split by seed), each writes its runs' inputs, drawn by the same
-:func:`~kdalab.experiments.draw.make_inputs_batch`, into one shared-memory block, and the
-batch is gathered from there in run order (one ``index_select`` per tensor). Two batches are in
-flight, so the servers draw the next while this process queues the GPU's work. If a server
-fails, the draws come back to this process: the inputs are the same bits either way
-(tests/test_sweep_store.py).
+:func:`~kdalab.experiments.draw.make_inputs_batch`, into their rows of one shared-memory
+block, which on CUDA is page-locked once (``cudaHostRegister``) so that the batch goes to the
+GPU straight from it, with no copy here. Two batches are in flight, so the servers draw the
+next while this process queues the GPU's work. If a server fails, the draws come back to this
+process: the inputs are the same bits either way (tests/test_helpers.py).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ __all__ = ["DrawServers", "take", "MIN_RUNS"]
 
 #: Below this many runs a sweep draws in its own process (and closes servers started early).
 MIN_RUNS = 20_000
+#: On CUDA, page-lock the shared blocks so that the GPU copies the draws straight from them
+#: (else each batch is copied here into page-locked memory first)
+PAGE_LOCK = True
 
 
 def _layout(n: int, chunk: int, dim: int) -> tuple[int, int]:
@@ -49,15 +52,29 @@ def _views(buf: torch.Tensor, n: int, chunk: int, dim: int):
 
 
 class _Block:
-    """A shared-memory block of this process, attached by the servers by name."""
+    """A shared-memory block of this process, attached by the servers by name. On CUDA it is
+    page-locked (the GPU copies from it directly) and remembers the copies made from it:
+    :meth:`wait` before the servers write into it again."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, cuda: bool = False) -> None:
         from multiprocessing import shared_memory
 
         self.shm = shared_memory.SharedMemory(create=True, size=max(nbytes, 1 << 20))
         self.buf = torch.frombuffer(self.shm.buf, dtype=torch.uint8)
+        self.locked = cuda and PAGE_LOCK and int(torch.cuda.cudart().cudaHostRegister(
+            self.buf.data_ptr(), self.buf.numel(), 0)) == 0
+        self.copied: torch.cuda.Event | None = None
+
+    def wait(self) -> None:
+        """Until the GPU has copied what it was asked to from this block."""
+        if self.copied is not None:
+            self.copied.synchronize()
+            self.copied = None
 
     def free(self) -> None:
+        self.wait()
+        if self.locked:
+            torch.cuda.cudart().cudaHostUnregister(self.buf.data_ptr())
         del self.buf
         self.shm.close()
         self.shm.unlink()
@@ -67,7 +84,6 @@ class _Block:
 class _Pending:
     runs: list
     block: _Block | None  # None: drawn here when its result is asked for
-    perm: torch.Tensor | None = None
 
 
 class DrawServers:
@@ -75,8 +91,9 @@ class DrawServers:
     this module: :meth:`submit` a batch's runs, then take its :meth:`result` (in submission
     order). For one sweep: :meth:`close` after it."""
 
-    def __init__(self, helpers: list[Helper]) -> None:
+    def __init__(self, helpers: list[Helper], cuda: bool = False) -> None:
         self._helpers = helpers
+        self._cuda = cuda  # blocks page-locked, results copied to the GPU from them
         self._free: list[_Block] = []
         self._blocks: list[_Block] = []
         self._pending: deque[_Pending] = deque()
@@ -104,23 +121,20 @@ class DrawServers:
         n, chunk, dim = len(runs), runs[0].chunk, runs[0].dim
         kb, fb = _layout(n, chunk, dim)
         block = self._block(kb + 2 * fb)
-        parts: list[list[int]] = [[] for _ in self._helpers]
-        for i, r in enumerate(runs):
-            parts[r.seed % len(parts)].append(i)
-        order, lo = [], 0
+        import numpy as np
+
+        seeds = np.fromiter((r.seed for r in runs), np.int64, n) % len(self._helpers)
         try:
-            for helper, part in zip(self._helpers, parts):
-                helper.send(block.shm.name, n, chunk, dim, lo, _packed([runs[i] for i in part]))
-                order += part
-                lo += len(part)
+            for server, helper in enumerate(self._helpers):
+                rows = np.flatnonzero(seeds == server)  # this server's runs: their rows
+                helper.send(block.shm.name, n, chunk, dim, rows,
+                            _packed([runs[i] for i in rows.tolist()]))
         except HelperError as exc:
             self._fail(exc)
             self._free.append(block)
             self._pending.append(_Pending(runs, None))
             return
-        perm = torch.empty(n, dtype=torch.long)
-        perm[torch.tensor(order, dtype=torch.long)] = torch.arange(n)
-        self._pending.append(_Pending(runs, block, perm))
+        self._pending.append(_Pending(runs, block))
 
     def _block(self, nbytes: int) -> _Block:
         """A free block of at least ``nbytes``; a new one is twice as large as asked (a
@@ -128,12 +142,13 @@ class DrawServers:
         block = next((b for b in self._free if b.shm.size >= nbytes), None)
         if block is not None:
             self._free.remove(block)
+            block.wait()  # the GPU's copy of its last batch is done
             return block
         for small in self._free:
             self._blocks.remove(small)
             small.free()
         self._free.clear()
-        block = _Block(2 * nbytes)
+        block = _Block(2 * nbytes, self._cuda)
         self._blocks.append(block)
         return block
 
@@ -152,12 +167,18 @@ class DrawServers:
                 self._free.append(p.block)
             return make_inputs_batch(p.runs, device)
         n, chunk, dim = len(p.runs), p.runs[0].chunk, p.runs[0].dim
-        pin = device.type == "cuda"
-        out = []
-        for drawn in _views(p.block.buf, n, chunk, dim):
-            t = torch.empty(drawn.shape, dtype=drawn.dtype, pin_memory=pin)
-            torch.index_select(drawn, 0, p.perm, out=t)
-            out.append(t if device.type == "cpu" else t.to(device, non_blocking=pin))
+        drawn = _views(p.block.buf, n, chunk, dim)
+        if p.block.locked and device.type == "cuda":  # straight from the block, no copy here
+            out = [x.to(device, non_blocking=True) for x in drawn]
+            p.block.copied = torch.cuda.Event()
+            p.block.copied.record(torch.cuda.current_stream(device))
+        else:  # a copy here (page-locked for the GPU): the block is written again
+            pin = device.type == "cuda"
+            out = []
+            for x in drawn:
+                t = torch.empty(x.shape, dtype=x.dtype, pin_memory=pin)
+                t.copy_(x)
+                out.append(t.to(device, non_blocking=True) if pin else t)
         self._free.append(p.block)
         self.served += 1
         return ChunkInputs(*out)
@@ -176,11 +197,12 @@ class DrawServers:
         self._free.clear()
 
 
-def take() -> DrawServers | None:
+def take(cuda: bool = False) -> DrawServers | None:
     """The draw servers a command started early (:func:`~kdalab.experiments.helper.start_early`
-    of :data:`~kdalab.experiments.helper.DRAW_SERVER`), or None."""
+    of :data:`~kdalab.experiments.helper.DRAW_SERVER`), or None; ``cuda``: for a sweep on
+    CUDA (its blocks page-locked)."""
     helpers = take_early(DRAW_SERVER)
-    return DrawServers(helpers) if helpers else None
+    return DrawServers(helpers, cuda) if helpers else None
 
 
 def _packed(runs: list) -> tuple:
@@ -218,15 +240,16 @@ def _attach(name: str) -> torch.Tensor:
     return _ATTACHED[name][1]
 
 
-def _draw(block: str, n: int, chunk: int, dim: int, lo: int, packed: tuple) -> int:
-    """A server's request: the inputs of the runs ``packed`` into rows lo… of the batch's
+def _draw(block: str, n: int, chunk: int, dim: int, rows, packed: tuple) -> int:
+    """A server's request: the inputs of the runs ``packed`` into their ``rows`` of the batch's
     block."""
     runs = _unpacked(packed, chunk, dim)
     if runs:
         drawn = make_inputs_batch(runs)
+        index = torch.from_numpy(rows)
         for out, x in zip(_views(_attach(block), n, chunk, dim),
                           (drawn.keys, drawn.log_decay, drawn.beta)):
-            out[lo : lo + len(runs)] = x
+            out.index_copy_(0, index, x)
     return len(runs)
 
 

@@ -64,6 +64,8 @@ PART_ROWS = 65_536
 PART_SECONDS = 5.0
 #: Parts handed to the writer thread and not yet on disk, at most (then appending waits).
 PARTS_WRITING = 4
+#: groups :meth:`RunStore.iter_groups` reads ahead, on as many threads
+READ_AHEAD = 8
 
 
 class StoreError(ValueError):
@@ -289,7 +291,7 @@ class RunStore:
             pf = pq.ParquetFile(path, page_checksum_verification=True)
             if not pf.schema_arrow.equals(self.schema):
                 return None
-            runs = pf.read(columns=["run"]).column(0).to_numpy()
+            runs = _int64s(pf.read(columns=["run"]).column(0))
         except (OSError, pa.ArrowException, ValueError):
             return None
         if len(runs) == 0:
@@ -318,7 +320,7 @@ class RunStore:
         if not table.schema.equals(self.schema):
             raise ValueError(f"records do not match the store's schema: {table.schema} vs "
                              f"{self.schema}")
-        runs = np.unique(table.column("run").to_numpy())
+        runs = np.unique(_int64s(table.column("run")))
         if len(runs) and (runs.min() < 0 or runs.max() >= self.runs or self.done[runs].any()):
             raise ValueError("records of runs already stored (or outside the sweep) appended")
         self.done[runs] = True
@@ -403,6 +405,9 @@ class RunStore:
     def read_group(self, group: str, columns: Sequence[str] | None = None) -> pa.Table:
         """A group's records in run order (``columns``: a subset, read from disk alone)."""
         self._written(0)
+        return self._read_group(group, columns)
+
+    def _read_group(self, group: str, columns: Sequence[str] | None) -> pa.Table:
         cols = None if columns is None else list(dict.fromkeys(["run", *columns]))
         tables = [pq.read_table(p, columns=cols) for p in self.parts.get(group, [])]
         if self._buffers.get(group):
@@ -411,16 +416,40 @@ class RunStore:
             return self.schema.empty_table() if cols is None else \
                 self.schema.empty_table().select(cols)
         table = pa.concat_tables(tables)
-        order = np.argsort(table.column("run").to_numpy(), kind="stable")
-        table = table.take(pa.array(order))
+        order = np.argsort(_int64s(table.column("run")), kind="stable")
+        table = table.take(pa.Array.from_buffers(pa.int64(), len(order),
+                                                 [None, pa.py_buffer(order.astype(np.int64))]))
         if columns is not None and "run" not in columns:
             table = table.drop_columns(["run"])
         return table
 
-    def iter_groups(self, columns: Sequence[str] | None = None) -> Iterator[tuple[str, pa.Table]]:
-        """(group, records) for each group in label order; memory: one group at a time."""
-        for group in self.groups():
-            yield group, self.read_group(group, columns)
+    def iter_groups(self, columns: Sequence[str] | None = None,
+                    ahead: int = READ_AHEAD) -> Iterator[tuple[str, pa.Table]]:
+        """(group, records) for each group in label order, the next ``ahead`` groups read
+        meanwhile on threads (pyarrow reads and decodes without the GIL: a store's many small
+        parts read several at a time); memory: the groups yielded and read ahead."""
+        self._written(0)
+        groups = self.groups()
+        if ahead < 1 or len(groups) < 2:
+            for group in groups:
+                yield group, self._read_group(group, columns)
+            return
+        from collections import deque
+
+        pending = iter(groups)
+        window: deque = deque()
+        with ThreadPoolExecutor(min(ahead, len(groups)), thread_name_prefix="kdalab-read") as pool:
+            def read_next() -> None:
+                group = next(pending, None)
+                if group is not None:
+                    window.append((group, pool.submit(self._read_group, group, columns)))
+
+            for _ in range(ahead):
+                read_next()
+            while window:
+                group, table = window.popleft()
+                read_next()
+                yield group, table.result()
 
     def read(self, columns: Sequence[str] | None = None) -> pa.Table:
         """All records, groups in label order and runs in order within each."""
@@ -429,6 +458,17 @@ class RunStore:
             empty = self.schema.empty_table()
             return empty if columns is None else empty.select(list(columns))
         return pa.concat_tables(tables)
+
+
+def _int64s(column: pa.ChunkedArray) -> np.ndarray:
+    """An int64 column without nulls (the runs' indices) as NumPy, read from its buffers:
+    pyarrow's own ``to_numpy`` imports pandas (0.4 s on the H200 host), which a sweep's process
+    otherwise never needs (its views are drawn by the views worker)."""
+    if column.null_count or column.type != pa.int64():
+        raise StoreError(f"run indices must be int64 without nulls, not {column.type}")
+    parts = [np.frombuffer(c.buffers()[1], dtype=np.int64, count=len(c), offset=8 * c.offset)
+             for c in column.chunks]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
 
 
 def _write_part(parts_dir: Path, name: str, table: pa.Table) -> Path:
