@@ -4,7 +4,6 @@
     python3 scripts/device/warm_probe.py warm            # CUDA's first work, step by step
     python3 scripts/device/warm_probe.py profile         # the warm-up batch under cProfile
     python3 scripts/device/warm_probe.py views FOLDER    # the views of a stored sweep, by step
-    python3 scripts/device/warm_probe.py views FOLDER 1  # the same after the worker's warm-up
 
 ``warm``: CUDA started on a thread while torch imports (as ``kdalab sweep`` does), then each
 library's first use timed on its own: the first tensor, CuPy's import and kdalab's NVRTC
@@ -88,7 +87,7 @@ def profile() -> None:
     stats.sort_stats("cumulative").print_stats(40)
 
 
-def views(folder: str, warmed: str = "") -> None:
+def views(folder: str) -> None:
     from kdalab.experiments.aggregate import summarize_store
     from kdalab.experiments.runstore import RunStore
     from kdalab.views import plots
@@ -96,11 +95,6 @@ def views(folder: str, warmed: str = "") -> None:
 
     plots.FORK_FORMATS = True
     t = step("imports (pandas, pyarrow, matplotlib)", T0)
-    if warmed:
-        from kdalab.views.worker import warm
-
-        warm()
-        t = step("the worker's warm-up drawing", t)
     for _ in range(2):
         store = RunStore.read_only(folder)
         summary = summarize_store(store)

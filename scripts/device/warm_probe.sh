@@ -9,8 +9,4 @@ for i in 1 2; do echo "warm-up, process $i"; python3 scripts/device/warm_probe.p
 out=$(mktemp -d)/sweep
 KDALAB_TIMELINE=1 python3 -m kdalab sweep --device cuda --accumulation h200 --chunks 2-64 \
     --seeds 0-499 --out "$out" --quiet
-for i in 1 2 3; do
-    echo "views, process $i"; python3 scripts/device/warm_probe.py views "$out"
-    echo "views after the worker's warm-up, process $i"
-    python3 scripts/device/warm_probe.py views "$out" 1
-done
+for i in 1 2; do echo "views, process $i"; python3 scripts/device/warm_probe.py views "$out"; done
