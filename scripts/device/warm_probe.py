@@ -3,6 +3,7 @@
 
     python3 scripts/device/warm_probe.py warm            # CUDA's first work, step by step
     python3 scripts/device/warm_probe.py profile         # the warm-up batch under cProfile
+    python3 scripts/device/warm_probe.py profile-cold    # the same with nothing warmed first
     python3 scripts/device/warm_probe.py views FOLDER    # the views of a stored sweep, by step
 
 ``warm``: CUDA started on a thread while torch imports (as ``kdalab sweep`` does), then each
@@ -87,6 +88,34 @@ def profile() -> None:
     stats.sort_stats("cumulative").print_stats(40)
 
 
+def profile_cold() -> None:
+    """The command's warm-up from cold (CUDA started on a thread while torch imports, nothing
+    else first) under cProfile: every library's first use inside it."""
+    import cProfile
+    import pstats
+
+    from kdalab import cudastart
+
+    cudastart.start("cuda")
+    import torch
+
+    from kdalab.experiments.inverse import launch_group
+    from kdalab.experiments.runs import Run
+    from kdalab.params import accumulations
+
+    models = accumulations(["h200"], "accumulations", "cuda")
+    step("imports", T0)
+    prof = cProfile.Profile()
+    t = time.perf_counter()
+    prof.enable()
+    launch_group([Run("floor", -5.0, 16, 0, 16)], models, device=torch.device("cuda", 0)).table()
+    prof.disable()
+    step("the warm-up batch from cold", t)
+    stats = pstats.Stats(prof)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(45)
+
+
 def views(folder: str) -> None:
     from kdalab.experiments.aggregate import summarize_store
     from kdalab.experiments.runstore import RunStore
@@ -107,4 +136,4 @@ def views(folder: str) -> None:
 
 
 if __name__ == "__main__":
-    {"warm": warm, "profile": profile, "views": views}[sys.argv[1]](*sys.argv[2:])
+    {"warm": warm, "profile": profile, "profile-cold": profile_cold, "views": views}[sys.argv[1]](*sys.argv[2:])
