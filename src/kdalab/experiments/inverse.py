@@ -131,14 +131,16 @@ class PendingGroup:
 
 
 def _column(values, type_, valid=None):
-    """A numeric Arrow array over ``values`` (cast to ``type_``'s NumPy type), null where
-    ``valid`` is False. Built from the buffers: ``pa.array`` on NumPy data imports pandas
-    (pyarrow's check for pandas objects), 0.4 s of the CUDA sweep's first batch on the H200
-    host, where nothing else of the command's own process needs it."""
+    """A float64 or int64 Arrow array over ``values`` (cast to that NumPy type), null where
+    ``valid`` is False. Built from the buffers: ``pa.array`` on NumPy data, and on some
+    pyarrow versions ``DataType.to_pandas_dtype``, import pandas (pyarrow's check for pandas
+    objects), 0.4–0.55 s of the CUDA sweep's first batch on the H200 host, where nothing else
+    of the command's own process needs it."""
     import numpy as np
     import pyarrow as pa
 
-    data = np.ascontiguousarray(values, dtype=type_.to_pandas_dtype())
+    data = np.ascontiguousarray(values, dtype={pa.float64(): np.float64,
+                                               pa.int64(): np.int64}[type_])
     bitmap = None
     if valid is not None and not np.all(valid):
         data = np.where(valid, data, 0).astype(data.dtype)  # null slots hold 0, as pa.array's
