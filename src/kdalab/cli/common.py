@@ -103,16 +103,11 @@ def draw_views(store, *, show: bool = True) -> list[Path]:
     return paths
 
 
-#: On CUDA, start the views worker once torch is imported, not with the draw servers
-LATE_VIEWS = False
-
-
-def start_helpers(*, draw_servers: bool = False, views: bool = True) -> None:
+def start_helpers(*, draw_servers: bool = False) -> None:
     """Start the helper processes a sweep will use (:mod:`kdalab.experiments.helper`), before
-    this process imports torch: the views worker (unless ``views`` is False, or matplotlib is
-    loaded here already, as in a test session) and, for a CUDA sweep, the draw servers; each
-    at most once. ``KDALAB_NO_HELPERS=1`` starts none (everything then runs in this process:
-    the same files and records)."""
+    this process imports torch: the views worker (unless matplotlib is loaded here already, as
+    in a test session) and, for a CUDA sweep, the draw servers. ``KDALAB_NO_HELPERS=1``
+    starts none (everything then runs in this process: the same files and records)."""
     import os
     import sys
 
@@ -120,7 +115,7 @@ def start_helpers(*, draw_servers: bool = False, views: bool = True) -> None:
 
     if os.environ.get("KDALAB_NO_HELPERS", "") not in ("", "0"):
         return
-    if views and "matplotlib" not in sys.modules:
+    if "matplotlib" not in sys.modules:
         helper.start_early(helper.VIEWS_WORKER)
     if draw_servers:
         helper.start_early(helper.DRAW_SERVER, helper.draw_servers())

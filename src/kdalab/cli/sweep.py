@@ -74,15 +74,11 @@ def sweep(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
     from kdalab import cudastart
-    from kdalab.cli import common
     from kdalab.cli.common import start_helpers
 
-    late_views = False
     if redraw is None and backend == "local":  # they import while this process does (torch:
         requested = _requested_device(device, config)  # seconds), CUDA starts meanwhile too
-        cuda = cudastart.ordinal(requested) is not None
-        late_views = cuda and common.LATE_VIEWS
-        start_helpers(draw_servers=cuda, views=not late_views)
+        start_helpers(draw_servers=cudastart.ordinal(requested) is not None)
         cudastart.start(requested)
     elif redraw is None:
         start_helpers()
@@ -92,8 +88,6 @@ def sweep(
     from kdalab.experiments.sweep import option_field, read_sweep_file
 
     mark("kdalab and torch imported")
-    if late_views:
-        start_helpers()
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
     if redraw is not None:
