@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, prose
+from kdalab.cli.app import app, console, heavy_imports, prose
 from kdalab.cli.options import accumulation_help
 
 
@@ -56,11 +56,11 @@ def reproduce(
     chunk_list = params.int_list(chunks, "--chunks", minimum=1) if chunks is not None else None
     dim = params.integer(dim, "--dim", 1)
     device = params.device(device, "--device")
+    with heavy_imports():  # torch
+        from kdalab.cli.common import run_into_folder
+        from kdalab.experiments.sweep import SweepPlan
     model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
     out = params.output_folder(out, "--out")
-
-    from kdalab.cli.common import run_into_folder
-    from kdalab.experiments.sweep import SweepPlan
 
     plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
     paths = run_into_folder(plan, out, resume=resume, force=force, quiet=quiet,

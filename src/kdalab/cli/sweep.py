@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, mark, prose
+from kdalab.cli.app import app, console, heavy_imports, mark, prose
 from kdalab.cli.options import FAMILIES, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
@@ -82,11 +82,11 @@ def sweep(
         cudastart.start(requested)
     elif redraw is None:
         start_helpers()
-    from kdalab import params
-    from kdalab.cli.common import run_into_folder
-    from kdalab.experiments.backends import check_backend
-    from kdalab.experiments.sweep import option_field, read_sweep_file
-
+    with heavy_imports():
+        from kdalab import params
+        from kdalab.cli.common import run_into_folder
+        from kdalab.experiments.backends import check_backend
+        from kdalab.experiments.sweep import option_field, read_sweep_file
     mark("kdalab and torch imported")
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
