@@ -11,17 +11,23 @@ import pytest
 SRC = Path(__file__).parents[1] / "src"
 PACKAGE = SRC / "kdalab"
 #: arith -> kda -> experiments -> views / cli; kernels stand alone. A module may import its own
-#: layer and the layers listed for it (kdalab.errors and kdalab.params sit below every layer).
+#: layer and the layers listed for it (kdalab.errors and kdalab.params sit below every layer,
+#: kdalab.timeline, the phase marks, below every layer that marks; kdalab.cudastart, CUDA's
+#: start while torch imports, is the command line's and imports nothing of kdalab's).
+BELOW = {"errors", "params", "timeline"}
 ALLOWED = {
     "arith": {"arith", "errors"},
-    "kda": {"arith", "kda", "errors", "params"},
-    "experiments": {"arith", "kda", "experiments", "errors", "params"},
-    "check": {"arith", "kda", "experiments", "check", "errors", "params", "kernels"},
-    "views": {"experiments", "check", "views", "errors", "params"},  # views draw: no arithmetic
-    "cli": {"arith", "kda", "experiments", "check", "views", "cli", "errors", "params", "kernels"},
+    "kda": {"arith", "kda"} | BELOW,
+    "experiments": {"arith", "kda", "experiments"} | BELOW,
+    "check": {"arith", "kda", "experiments", "check", "kernels"} | BELOW,
+    "views": {"experiments", "check", "views"} | BELOW,  # views draw: no arithmetic
+    "cli": {"arith", "kda", "experiments", "check", "views", "cli", "kernels", "cudastart"}
+    | BELOW,
     "kernels": {"kernels"},
     "params": {"arith", "errors"},
     "errors": set(),
+    "timeline": set(),
+    "cudastart": set(),
     "__main__": {"cli"},  # python -m kdalab
 }
 
