@@ -4,7 +4,7 @@ A CUDA process's first kernel waits for the driver (``cuInit``) and the device's
 context: about 0.3 s on the H200 host, after torch's import of about 3 s. Both are driver calls
 that torch's runtime would make anyway, and ctypes releases the GIL while a foreign function
 runs, so a thread can make them while the main thread imports torch; torch then finds the
-primary context made and retains it too (docs/sweeps.md, "Where the time goes"; measured in
+primary context made and retains it too (docs/sweeps.md, "Helper processes"; measured in
 docs/BENCHMARKS.md). Imports nothing of kdalab's or torch's.
 
 What runs is only ``cuInit(0)``, ``cuDeviceGet`` and ``cuDevicePrimaryCtxRetain``, the same
