@@ -190,6 +190,17 @@ def test_version_and_python_m_kdalab():
         assert command in res.stdout
 
 
+def test_cuda_start_reads_the_device_option_and_never_fails():
+    """CUDA's early start (kdalab.cudastart) only for a CUDA device's name; its driver calls
+    fail silently where there is no driver or no such device (torch then says so)."""
+    from kdalab import cudastart
+
+    got = [cudastart.ordinal(d) for d in ("cuda", " cuda:3 ", "cpu", None, "cudax", "cuda:")]
+    assert got == [0, 3, None, None, None, None]
+    assert cudastart.start("cpu") is False
+    cudastart._retain(10_000)  # no such device (or no driver): returns, raises nothing
+
+
 def test_heavy_imports_run_without_the_collector_and_freeze_what_they_made():
     """The first import of torch runs with the cyclic collector off; its objects are frozen
     after it and the collector is on again. With torch loaded already (this test session) the
