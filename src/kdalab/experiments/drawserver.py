@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
@@ -121,8 +122,6 @@ class DrawServers:
         n, chunk, dim = len(runs), runs[0].chunk, runs[0].dim
         kb, fb = _layout(n, chunk, dim)
         block = self._block(kb + 2 * fb)
-        import numpy as np
-
         seeds = np.fromiter((r.seed for r in runs), np.int64, n) % len(self._helpers)
         try:
             for server, helper in enumerate(self._helpers):
@@ -207,8 +206,6 @@ def take(cuda: bool = False) -> DrawServers | None:
 
 def _packed(runs: list) -> tuple:
     """Runs as a few flat arrays (pickled in microseconds, where a list of tuples takes ms)."""
-    import numpy as np
-
     codes = {name: i for i, name in enumerate(FAMILIES)}
     return (np.fromiter((codes[r.family] for r in runs), np.int8, len(runs)),
             np.fromiter((r.seed for r in runs), np.int64, len(runs)),
