@@ -67,9 +67,9 @@ class Helper:
 
     def receive(self):
         """The answer to the oldest request not yet received (waits for it)."""
+        if not self._ready:  # the helper says so once its imports are done
+            self._take_ready()
         try:
-            if not self._ready:  # the helper says so once its imports are done
-                self._ready = pickle.load(self._proc.stdout) == ("ready",)
             status, value = pickle.load(self._proc.stdout)
         except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
             raise HelperError(f"{self.module} died (exit {self._proc.poll()})") from exc
@@ -85,13 +85,18 @@ class Helper:
 
             if not select.select([self._proc.stdout], [], [], 0)[0]:
                 return False
-            try:  # one small message, written at once: all here when any of it is
-                self._ready = pickle.load(self._proc.stdout) == ("ready",)
-            except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
-                raise HelperError(f"{self.module} died (exit {self._proc.poll()})") from exc
-            if not self._ready:
-                raise HelperError(f"{self.module} did not say it was ready")
+            self._take_ready()  # one small message, written at once: all here when any is
         return True
+
+    def _take_ready(self) -> None:
+        """Read the helper's ``ready`` (waits for it)."""
+        try:
+            said = pickle.load(self._proc.stdout)
+        except (EOFError, OSError, pickle.UnpicklingError, ValueError) as exc:
+            raise HelperError(f"{self.module} died (exit {self._proc.poll()})") from exc
+        if said != ("ready",):
+            raise HelperError(f"{self.module} did not say it was ready")
+        self._ready = True
 
     def request(self, *request):
         self.send(*request)

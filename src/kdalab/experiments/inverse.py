@@ -36,6 +36,7 @@ from kdalab.arith import (
     torch_cast,
 )
 from kdalab.arith.linalg import inv64, matmul64
+from kdalab.experiments import arrow
 from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
 from kdalab.experiments.runs import Run
 from kdalab.kda.intra import kernel_l, stable_l
@@ -89,7 +90,7 @@ class PendingGroup:
         """The group's records as an Arrow table of :func:`record_schema` (``run``: each run's
         index in its sweep, ``runs``; default 0…): one per run and accumulation model, the
         models in order, each over the runs in order. One device→host copy; built as columns
-        from their buffers (:func:`_column`, :func:`_strings`)."""
+        from their buffers (:mod:`kdalab.experiments.arrow`: no pandas)."""
         import numpy as np
         import pyarrow as pa
 
@@ -103,14 +104,14 @@ class PendingGroup:
         models = np.repeat(np.arange(m), n)
         columns: dict = {
             "run": np.tile(index, m),
-            "family": _strings(np.tile(np.array([codes[f] for f in family]), m), names),
-            "lower_bound": _column(np.tile(bounds, m), pa.float64(),
+            "family": arrow.strings(np.tile(np.array([codes[f] for f in family]), m), names),
+            "lower_bound": arrow.column(np.tile(bounds, m), pa.float64(),
                                    valid=np.tile([b is not None for b in lower_bound], m)),
             "chunk": np.tile(np.asarray(chunk, dtype=np.int64), m),
             "seed": np.tile(np.asarray(seed, dtype=np.int64), m),
             "dim": np.tile(np.asarray(dim, dtype=np.int64), m),
-            "accumulation": _strings(models, [name for name, *_ in self.plans]),
-            "l_accumulation": _strings(models, [l_acc for _, l_acc, *_ in self.plans]),
+            "accumulation": arrow.strings(models, [name for name, *_ in self.plans]),
+            "l_accumulation": arrow.strings(models, [l_acc for _, l_acc, *_ in self.plans]),
         }
         tensor = {key: values[:, i].reshape(-1) for i, key in enumerate(_TENSOR_METRICS)}
         for key in METRIC_KEYS:
@@ -122,49 +123,12 @@ class PendingGroup:
                 columns[key] = tensor[key]
         schema = record_schema()
         return pa.Table.from_arrays(
-            [c if isinstance(c, pa.Array) else _column(c, f.type)
+            [c if isinstance(c, pa.Array) else arrow.column(c, f.type)
              for f, c in zip(schema, (columns[f.name] for f in schema))], schema=schema)
 
     def collect(self) -> list[dict]:
         """The records as dicts (:meth:`table`'s rows without ``run``)."""
         return self.table().drop_columns(["run"]).to_pylist()
-
-
-def _column(values, type_, valid=None):
-    """A float64 or int64 Arrow array over ``values`` (cast to that NumPy type), null where
-    ``valid`` is False. Built from the buffers: ``pa.array`` on NumPy data, and on some
-    pyarrow versions ``DataType.to_pandas_dtype``, import pandas (pyarrow's check for pandas
-    objects), 0.4–0.55 s of the CUDA sweep's first batch on the H200 host, where nothing else
-    of the command's own process needs it."""
-    import numpy as np
-    import pyarrow as pa
-
-    data = np.ascontiguousarray(values, dtype={pa.float64(): np.float64,
-                                               pa.int64(): np.int64}[type_])
-    bitmap = None
-    if valid is not None and not np.all(valid):
-        data = np.where(valid, data, 0).astype(data.dtype)  # null slots hold 0, as pa.array's
-        bitmap = pa.py_buffer(np.packbits(np.asarray(valid, dtype=bool), bitorder="little"))
-    return pa.Array.from_buffers(type_, len(data), [bitmap, pa.py_buffer(data)])
-
-
-def _strings(codes, names: Sequence[str]):
-    """An Arrow string array of ``names[codes[i]]`` (from its buffers, as :func:`_column`)."""
-    import numpy as np
-    import pyarrow as pa
-
-    encoded = [name.encode() for name in names]
-    sizes = np.array([len(e) for e in encoded], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    lengths = sizes[codes]
-    offsets = np.zeros(len(codes) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    if offsets[-1] >= 2**31:
-        raise ValueError("too many records in one table for 32-bit string offsets")
-    pool = np.frombuffer(b"".join(encoded) or b"\0", dtype=np.uint8)
-    take = np.repeat(starts[codes] - offsets[:-1], lengths) + np.arange(offsets[-1])
-    return pa.Array.from_buffers(pa.string(), len(codes), [
-        None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(pool[take])])
 
 
 def record_schema():

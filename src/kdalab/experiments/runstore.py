@@ -49,6 +49,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from kdalab.experiments import arrow
+
 __all__ = ["StoreError", "Manifest", "RunStore", "fingerprint", "kdalab_version", "identical",
            "STORE_FORMAT", "LEGACY_FILES"]
 
@@ -417,8 +419,7 @@ class RunStore:
                 self.schema.empty_table().select(cols)
         table = pa.concat_tables(tables)
         order = np.argsort(_int64s(table.column("run")), kind="stable")
-        table = table.take(pa.Array.from_buffers(pa.int64(), len(order),
-                                                 [None, pa.py_buffer(order.astype(np.int64))]))
+        table = table.take(arrow.column(order, pa.int64()))
         if columns is not None and "run" not in columns:
             table = table.drop_columns(["run"])
         return table
@@ -460,15 +461,12 @@ class RunStore:
         return pa.concat_tables(tables)
 
 
-def _int64s(column: pa.ChunkedArray) -> np.ndarray:
-    """An int64 column without nulls (the runs' indices) as NumPy, read from its buffers:
-    pyarrow's own ``to_numpy`` imports pandas (0.4 s on the H200 host), which a sweep's process
-    otherwise never needs (its views are drawn by the views worker)."""
-    if column.null_count or column.type != pa.int64():
-        raise StoreError(f"run indices must be int64 without nulls, not {column.type}")
-    parts = [np.frombuffer(c.buffers()[1], dtype=np.int64, count=len(c), offset=8 * c.offset)
-             for c in column.chunks]
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+def _int64s(values: pa.ChunkedArray) -> np.ndarray:
+    """Run indices as NumPy (:func:`kdalab.experiments.arrow.int64s`: no pandas)."""
+    try:
+        return arrow.int64s(values)
+    except ValueError as exc:
+        raise StoreError(f"run indices: {exc}") from None
 
 
 def _write_part(parts_dir: Path, name: str, table: pa.Table) -> Path:
