@@ -1,0 +1,1 @@
+"""Where a study's batches run: in this process, or on Ray."""

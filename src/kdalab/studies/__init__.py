@@ -1,0 +1,1 @@
+"""The studies: each is config -> plan -> batches -> records, with its aggregates beside it."""
