@@ -5,18 +5,15 @@ Two comparisons, both over all 48 runs:
 1. **kdalab against the seed's own code, run here in the same process** (benchmarks/
    seed_baseline.py: the seed's ``make_inputs``, ``kernel_l``, CPU ``fp16_accum_mm`` and
    ``run_one``): every input tensor, the kernel's fp16 L, its fp16 Neumann inverse and all 13
-   metrics, bit for bit. This holds on any machine.
+   metrics, bit for bit. Both run on the same CPU code paths, so this holds on any machine.
 
 2. **kdalab against the stored runs** (tests/data/seed_runs.json: the seed's code run on another
-   machine). Those depend on one platform-dependent operation, torch's float64 ``sigmoid``
-   (the families' gate and β): its vectorized CPU kernel gives another last bit for some inputs on
-   some CPUs (found on an AVX2 AMD EPYC: one element of ``model_like`` C = 8 seed 1). So for each
-   run the test asks first whether the seed's code, run here, reproduces the stored record. Where
-   it does, the platform's sigmoid agrees with the one that made the record, and kdalab must equal
-   the record bit for bit. Where it does not, the difference must be the sigmoid's alone: moving
-   one sigmoid output by one ulp must make the seed's code reproduce the stored record exactly;
-   the test says so in a warning (``SigmoidDiffers``). Runs that use no sigmoid
-   (weak_decay_correlated) must match on every machine, so the comparison is never skipped.
+   machine). Counts, flags and powers (ints) and the fp16 power maxima are compared exactly, and
+   so is which metrics are non-finite. The fp64 metrics (relative RMSEs, the residual) are
+   compared within ``FP64_RTOL``: they come out of float64 reductions (norms, matmuls,
+   ``torch.linalg.inv``, RMS means) and torch's vectorized float64 ``sigmoid``, whose rounding
+   order depends on the CPU's vector width (AVX2, AVX-512, scalar) and MKL's code path, so their
+   last bits differ between CPUs (docs/inverse-experiment.md, "CPU portability").
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ import pytest
 import torch
 
 from kdalab.experiments.draw import make_inputs
-from kdalab.experiments.inverse import METRIC_KEYS
+from kdalab.experiments.inverse import INT_METRICS, METRIC_KEYS
 from kdalab.experiments.runs import Run
 from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
 from kdalab.kda.intra import kernel_l
@@ -45,16 +42,31 @@ from seed_baseline import (  # noqa: E402  (the seed document's code)
     seed_make_inputs,
     seed_neumann,
     seed_run_one,
+    seed_stable_l,
 )
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_runs.json").read_text())["cpu"]
 FAMILY = {case: family for family, case in SEED_CASES.items()}
-#: more differing runs than this is not a last-bit sigmoid difference: fail instead of searching
-MAX_SIGMOID_RUNS = 12
+
+#: Metrics compared bit for bit on every CPU: counts and flags, the highest Neumann power formed,
+#: and the largest power's magnitude, an fp16 value read off an fp16 matrix.
+EXACT_METRICS = INT_METRICS | {"highest_power", "stable_l_highest_power", "kernel_power_max",
+                               "stable_l_power_max"}
+#: The fp64 metrics, compared within FP64_RTOL.
+FP64_METRICS = tuple(k for k in METRIC_KEYS if k not in EXACT_METRICS)
+#: Relative tolerance of the fp64 metrics. A float64 dot product of n terms, summed in another
+#: order, moves by up to about n·u relative (u = 2^-53 ≈ 1.1e-16): n = 128 (key dim) or up to
+#: 48·48 (the RMS means) gives 1.4e-14 .. 2.6e-13, and a one-ulp change of one sigmoid output
+#: (torch's vectorized float64 sigmoid differs from its scalar loop in the last bit) reaches the
+#: metrics through the fp64 reference inverse. Measured on this suite's 48 runs under ATen's
+#: default, AVX2 and AVX-512 paths and MKL's SSE4.2 and CBWR=COMPATIBLE paths: at most 4.3e-13
+#: relative. 1e-10 leaves more than 200× headroom and stays five decades below the smallest
+#: change of any fp16 intermediate: one fp16 ulp of one L element moves l_rel_rmse by ~1e-5.
+FP64_RTOL = 1e-10
 
 
-class SigmoidDiffers(UserWarning):
-    """This machine's float64 torch.sigmoid differs from the one that made the stored runs."""
+class FP32ProductDiffers(UserWarning):
+    """This machine's fp32 product of the kernel's L rounds one element to the other fp16."""
 
 
 def _key(run) -> tuple:
@@ -75,6 +87,38 @@ def _same(a, b) -> bool:
 
 def _differences(mine: dict, gold: dict) -> list[str]:
     return [f"{k}: {mine[k]!r} vs {gold[k]!r}" for k in METRIC_KEYS if not _same(mine[k], gold[k])]
+
+
+def _close(a: float, b, rtol: float = FP64_RTOL) -> bool:
+    """Within ``rtol`` relative where both are finite; the same value (inf, nan) where not."""
+    b = float(b) if isinstance(b, str) else b
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return _same(a, b)
+    return abs(a - b) <= rtol * abs(b)
+
+
+def _portable_differences(mine: dict, gold: dict) -> list[str]:
+    """What differs beyond what another CPU may change: exact metrics not bit for bit, fp64
+    metrics beyond FP64_RTOL (or finite on one side only)."""
+    out = [f"{k}: {mine[k]!r} vs {gold[k]!r}" for k in sorted(EXACT_METRICS)
+           if not _same(mine[k], gold[k])]
+    return out + [f"{k}: {mine[k]!r} vs {gold[k]!r} (rel. {_rel(mine[k], gold[k]):.2e})"
+                  for k in FP64_METRICS if not _close(mine[k], gold[k])]
+
+
+def _rel(a: float, b) -> float:
+    b = float(b) if isinstance(b, str) else b
+    return abs(a - b) / abs(b) if b else math.inf
+
+
+def _one_l_element_bound(run: Run) -> float:
+    """The most that l_rel_rmse (‖L_kernel − L_ref‖_F / ‖L_ref‖_F) moves when one element of the
+    fp16 L rounds to its neighbour: one fp16 ulp of L's largest element over ‖L_ref‖_F."""
+    inputs = seed_make_inputs(run.family, run.chunk, run.dim, run.seed)
+    l_kernel = seed_kernel_l(*inputs)[0].double()
+    largest = l_kernel.abs().max().item()
+    ulp = 2.0 ** (math.floor(math.log2(largest)) - 10)  # fp16: 10 fraction bits
+    return ulp / seed_stable_l(*inputs).norm().item()
 
 
 @pytest.fixture(scope="module")
@@ -118,59 +162,39 @@ def test_inputs_l_and_inverse_equal_the_seed_code_bit_for_bit(run):
     assert bool(same.all())
 
 
-def _one_ulp_explanation(run: Run, gold: dict) -> str | None:
-    """The one sigmoid output (call, element, direction) whose one-ulp move makes the seed's code
-    give ``gold`` exactly; None if there is none. Elements where torch's vectorized and scalar
-    loops disagree on this machine are tried first (that is where CPUs differ)."""
-    gen = torch.Generator().manual_seed(run.seed)
-    torch.randn(run.chunk, run.dim, dtype=torch.float64, generator=gen)  # the keys
-    calls = 2 if run.family == "model_like" else 1
-    raw = [torch.randn(run.chunk, dtype=torch.float64, generator=gen) for _ in range(calls)]
-    candidates = []
-    for call, x in enumerate(raw):
-        scalar = torch.stack([torch.sigmoid(x[i:i + 1])[0] for i in range(len(x))])
-        suspect = (torch.sigmoid(x) != scalar).tolist()
-        candidates += [(not suspect[i], call, i) for i in range(len(x))]
-    for _, call, i in sorted(candidates):
-        for direction in (1.0, -1.0):
-            seen = []
-
-            def sigmoid(x, call=call, i=i, direction=direction):
-                y = torch.sigmoid(x)
-                if len(seen) == call:
-                    y = y.clone()
-                    y[i] = torch.nextafter(y[i], torch.tensor(direction * math.inf,
-                                                              dtype=y.dtype))
-                seen.append(call)
-                return y
-
-            inputs = seed_make_inputs(run.family, run.chunk, run.dim, run.seed, sigmoid=sigmoid)
-            if not _differences(seed_run_one(*inputs)[1], gold):
-                what = ("gate", "beta")[call] if run.family == "model_like" else "beta"
-                return f"{what} sigmoid element {i}, {'+' if direction > 0 else '-'}1 ulp"
-    return None
-
-
-def test_every_metric_equals_the_stored_golden_runs(kdalab_records, seed_code_records):
-    agree, differ = [], []
+def test_every_metric_equals_the_stored_golden_runs(kdalab_records):
+    """Exact metrics bit for bit, fp64 metrics within FP64_RTOL, on every run. One more
+    difference is allowed, and named in a warning: l_rel_rmse alone may move by one fp16 ulp of
+    one L element, because the kernel's L is an fp32 product (MKL's sgemm, whose summation order
+    is CPU-dependent) rounded to fp16, and an element lying next to an fp16 rounding midpoint
+    can round the other way (seen under MKL_CBWR=COMPATIBLE: weak_decay_correlated C = 48)."""
+    failures = {}
     for gold in GOLDEN:
-        key = _gold_key(gold)
-        (agree if not _differences(seed_code_records[key], gold) else differ).append(gold)
-    # where this machine reproduces the stored record, kdalab gives it bit for bit
-    mismatches = {_gold_key(g): _differences(kdalab_records[_gold_key(g)], g) for g in agree}
-    assert {k: v for k, v in mismatches.items() if v} == {}
-    assert all(_gold_key(g)[0] != "weak_decay_correlated" for g in differ)  # no sigmoid there
-    assert len(differ) <= MAX_SIGMOID_RUNS, [_gold_key(g) for g in differ]
-    # elsewhere the platform's sigmoid is the only difference: one ulp of one output
-    for gold in differ:
-        family, chunk, seed = _gold_key(gold)
-        why = _one_ulp_explanation(Run(family, -5.0, chunk, seed, 128), gold)
-        assert why is not None, (f"{family} C={chunk} seed {seed} differs from the stored run "
-                                 "and no one-ulp change of a sigmoid output explains it")
-        warnings.warn(SigmoidDiffers(
-            f"{family} C={chunk} seed {seed}: this machine's float64 torch.sigmoid differs from "
-            f"the stored run's platform ({why}); compared with the seed's code run here instead"))
-    assert len(agree) + len(differ) == 48 and len(agree) >= 48 - MAX_SIGMOID_RUNS
+        family, chunk, seed = key = _gold_key(gold)
+        diffs = _portable_differences(kdalab_records[key], gold)
+        if [d.split(":")[0] for d in diffs] == ["l_rel_rmse"]:
+            run = Run(family, None if family == "weak_decay_correlated" else -5.0, chunk, seed,
+                      128)
+            moved = abs(kdalab_records[key]["l_rel_rmse"] - gold["l_rel_rmse"])
+            if moved <= _one_l_element_bound(run):
+                warnings.warn(FP32ProductDiffers(f"{key}: {diffs[0]}"))
+                continue
+        if diffs:
+            failures[key] = diffs
+    assert failures == {}
+
+
+def test_the_portable_comparison_can_fail():
+    gold = GOLDEN[0]
+    assert _portable_differences(dict(gold), gold) == []
+    noise = dict(gold, l_rel_rmse=gold["l_rel_rmse"] * (1 + 1e-13))
+    assert _portable_differences(noise, gold) == []
+    for key, value in (("l_rel_rmse", gold["l_rel_rmse"] * (1 + 1e-8)),
+                       ("inverse_residual", math.inf), ("highest_power", gold["highest_power"] + 1),
+                       ("l_finite", float(gold["l_finite"])),
+                       ("kernel_power_max", gold["kernel_power_max"] * (1 + 1e-12))):
+        assert [d.split(":")[0] for d in _portable_differences(dict(gold, **{key: value}),
+                                                               gold)] == [key]
 
 
 def test_records_do_not_depend_on_batching(kdalab_records):
