@@ -32,9 +32,14 @@ if TYPE_CHECKING:
 __all__ = ["integer", "int_list", "name_list", "choice", "choices",
            "lower_bound", "lower_bounds", "accumulation", "accumulations", "scale_format",
            "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP", "option_field",
-           "read_sweep_file"]
+           "read_sweep_file", "user_path", "run_count", "MAX_ITEMS", "MAX_RUNS"]
 
 INT_LIST_HELP = "integers like '4,12,16', ranges like '3-8' or stepped ranges like '36-64:4'"
+#: The most items one list may hold, and the most runs one sweep may plan. A list is counted
+#: before it is built, so '0-99999999999' is refused at once instead of filling the memory; a
+#: million seeds is already days of CPU time, and ten million runs are about 10 GB of records.
+MAX_ITEMS = 1_000_000
+MAX_RUNS = 10_000_000
 _ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+)(?::(\d+))?)?$")
 
 
@@ -90,7 +95,12 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
         if m is None or (hi is not None and int(hi) < int(lo)) or step == "0" or (
                 step is not None and int(step) < 1):
             raise ValueError(f"{name}: cannot read {item!r}; expected {INT_LIST_HELP}")
-        out.extend([int(lo)] if hi is None else range(int(lo), int(hi) + 1, int(step or 1)))
+        items = range(int(lo), int(lo) + 1) if hi is None else range(int(lo), int(hi) + 1,
+                                                                      int(step or 1))
+        if len(out) + len(items) > MAX_ITEMS:
+            raise ValueError(f"{name}: {value!r} holds more than {MAX_ITEMS:,} items "
+                             f"({len(out) + len(items):,}); one list holds at most {MAX_ITEMS:,}")
+        out.extend(items)
     if not out:
         raise ValueError(f"{name} is empty; expected {INT_LIST_HELP}")
     for v in out:
@@ -226,10 +236,31 @@ def device(value, name: str = "device") -> str:
     return text
 
 
+def user_path(value, name: str) -> Path:
+    """A path as the user wrote it (text or a path), ``~`` expanded; empty text is refused."""
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name} must be a path (text), got {_plain(value)}")
+    text = os.fspath(value)
+    if not text.strip():
+        raise ValueError(f"{name} is empty; expected a path")
+    return Path(text).expanduser()
+
+
+def run_count(counts: Iterable[int], name: str = "--seeds") -> int:
+    """The product of a plan's axis lengths, refused above :data:`MAX_RUNS` (``name``: the
+    option to shorten, named in the message)."""
+    total = math.prod(counts)
+    if total > MAX_RUNS:
+        raise ValueError(f"{name}: the sweep would plan {total:,} runs; one sweep runs at most "
+                         f"{MAX_RUNS:,} (fewer seeds, chunks, dims or families, or several "
+                         "sweeps)")
+    return total
+
+
 def output_folder(value, name: str = "out") -> Path:
-    """A folder to write into: created if missing; an existing file or a place that cannot be
-    written is refused."""
-    path = Path(value)
+    """A folder to write into (``~`` expanded): created if missing; an existing file or a place
+    that cannot be written is refused."""
+    path = user_path(value, name)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name}: {str(path)!r} is a file; expected a folder (created if "
                          "missing)")
@@ -244,8 +275,8 @@ def output_folder(value, name: str = "out") -> Path:
 
 
 def config_file(value, name: str = "config") -> Path:
-    """An existing, readable file."""
-    path = Path(value)
+    """An existing, readable file (``~`` expanded)."""
+    path = user_path(value, name)
     if not path.exists():
         raise ValueError(f"{name}: no such file {str(path)!r}")
     if path.is_dir():

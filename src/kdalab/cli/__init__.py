@@ -1,11 +1,35 @@
 """kdalab's command line, and its one error boundary (:func:`main`).
 
-Every expected failure ends in one line on stderr, ``error: <what, which argument, what is
-accepted>``, and exit code 2: a bad option, value, path or config file (``ValueError`` from
-:mod:`kdalab.params`, click's usage errors) and a request this machine cannot serve
-(:class:`kdalab.errors.Unavailable`). Ctrl-C says what was kept and how to go on, exit code 130.
-A closed output pipe (``kdalab … | head``) ends quietly. Anything else is a bug: its traceback is
-shown, exit code 1. ``--debug`` shows the traceback of every error.
+What a command does, and what the boundary makes of it (every command, ``check`` included):
+
+* **A mistake** — a bad option, value, path or config key, a request this machine cannot
+  serve: the command *raises* ``ValueError`` (the validators of :mod:`kdalab.params` raise it,
+  naming the argument as the user wrote it: ``--seeds``, ``sweep.toml: out``) or a
+  :mod:`kdalab.errors` type (:class:`~kdalab.errors.Unavailable`); click's usage errors (an
+  unknown option, a missing value, a wrong type) arrive the same way, and so does an
+  ``OSError`` about a file (permission denied, no space left). The boundary prints one line on
+  stderr, ``error: <message>``, and exits with code 2. A command never prints its own
+  ``error:`` line and never exits by itself for a mistake.
+* **A verdict** — ``check`` finding a failing case: the command returns the exit code (an int)
+  or raises ``typer.Exit(code)``; the boundary exits with it.
+* **Ctrl-C** — SIGINT raises :class:`~kdalab.cli.app.Interrupted` (a BaseException) wherever the
+  command is; commands do not catch it or KeyboardInterrupt to report it. A command that writes
+  wraps its writing in ``try: … except BaseException:`` that appends to ``STATE.kept`` one phrase
+  per thing kept (``"20 records kept in out/records.jsonl"``), sets ``STATE.resume`` to how to go
+  on (``"'kdalab check --redraw --out out' draws the report from them"``), and re-raises:
+  :func:`kdalab.cli.progress.record_file` does it for a record file,
+  :func:`kdalab.cli.common.run_into_folder` for a store. The boundary prints
+  ``interrupted: <STATE.kept joined by '; '>; <STATE.resume>`` and exits with code 130; when a
+  command declared nothing it says ``interrupted: nothing was kept``, so a command that writes
+  must declare what it kept.
+* **A closed stdout** (``kdalab … | head``) ends quietly, exit code 0.
+* **Anything else is a bug**: its traceback, exit code 1. ``--debug`` shows the traceback of
+  every error.
+
+The boundary also expands ``~`` in every argument that starts with it (``--out '~/x'`` and
+``--out=~/x``, which the shell leaves alone; TOML values are expanded by :mod:`kdalab.params`),
+and when stdout or stderr is not a terminal (a pipe, a CI log) it never folds a line at the
+console's width, so paths stay whole.
 
 Each command lives in its own module and registers on ``app`` when imported here.
 """
@@ -28,6 +52,7 @@ from kdalab.cli.app import (  # noqa: F401
     Interrupted,
     OutputClosed,
     app,
+    console,
     err_console,
     mark,
     run_app,
@@ -80,22 +105,52 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+def _expand_home(args: list[str]) -> list[str]:
+    """``~`` expanded where an argument or an ``--option=`` value starts with it."""
+    out = []
+    for arg in args:
+        if arg.startswith("~"):
+            arg = os.path.expanduser(arg)
+        elif arg.startswith("--") and "=~" in arg:
+            option, _, value = arg.partition("=")
+            arg = f"{option}={os.path.expanduser(value)}"
+        out.append(arg)
+    return out
+
+
+def _no_folding() -> None:
+    """Consoles that do not write to a terminal never fold a line (rich folds at 80 columns
+    when it cannot ask a terminal for its width)."""
+    for c in (console, err_console):
+        if not c.is_terminal:
+            c.soft_wrap = True
+
+
+def _os_message(exc: OSError) -> str:
+    what = exc.strerror or str(exc)
+    where = " -> ".join(repr(str(f)) for f in (exc.filename, exc.filename2) if f)
+    return f"{what}: {where}" if where else what
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
 def _error(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {_one_line(message)}", highlight=False,
+    from rich.markup import escape
+
+    err_console.print(f"[bold red]error:[/] {escape(_one_line(message))}", highlight=False,
                       soft_wrap=True, markup=True)
 
 
 def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
     """Run the command line with ``argv`` (default: ``sys.argv[1:]``) and exit (SystemExit;
     with ``leave_now``, the process ends at once: :func:`_leave`)."""
-    from kdalab.errors import Unavailable
+    from kdalab.errors import KdalabError
 
     ClickException, NoArgsIsHelpError = _click_exceptions()
-    args = sys.argv[1:] if argv is None else list(argv)
+    args = _expand_home(sys.argv[1:] if argv is None else list(argv))
+    _no_folding()
     mark("command line read")
     STATE.debug = "--debug" in args
     STATE.kept.clear()
@@ -112,21 +167,34 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
         hint = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) else ""
         _error(exc.format_message() + hint)
         code = exc.exit_code if exc.exit_code else 2
-    except (ValueError, Unavailable) as exc:
+    except (ValueError, KdalabError) as exc:
         if STATE.debug:
             err_console.print_exception()
         _error(str(exc))
         code = 2
-    except Interrupted:
+    except (Interrupted, KeyboardInterrupt):
         if STATE.debug:
             err_console.print_exception()
-        kept = "; ".join(STATE.kept) if STATE.kept else "nothing was written"
+        kept = "; ".join(STATE.kept) if STATE.kept else "nothing was kept"
         how = f"; {STATE.resume}" if STATE.resume else ""
-        err_console.print(f"interrupted: {kept}{how}", highlight=False, soft_wrap=True)
+        err_console.print(f"interrupted: {kept}{how}", highlight=False, soft_wrap=True,
+                          markup=False)
         code = 130
-    except (OutputClosed, BrokenPipeError):
+    except (OutputClosed, BrokenPipeError):  # before ConnectionError, BrokenPipeError's base
         closed = True  # the reader went away (`kdalab … | head`): stop writing, quietly
         code = 0
+    except ConnectionError as exc:  # a Ray cluster (--address) or another server not reached
+        if STATE.debug:
+            err_console.print_exception()
+        hint = ("; is a Ray cluster running there ('ray start --head'), or leave out --address"
+                if any(a.startswith("--address") for a in args) else "")
+        _error(f"cannot connect: {_os_message(exc)}{hint}")
+        code = 2
+    except OSError as exc:  # a file of the user's: permission denied, no space left, …
+        if STATE.debug:
+            err_console.print_exception()
+        _error(_os_message(exc))
+        code = 2
     finally:
         signal.signal(signal.SIGINT, previous)
         sys.stdout = real_stdout

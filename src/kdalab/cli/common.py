@@ -11,7 +11,7 @@ from pathlib import Path
 from kdalab.cli.app import STATE, console, mark
 from kdalab.cli.progress import WeightedProgress, drawing
 
-__all__ = ["labelled", "run_into_folder", "draw_views", "export_json", "print_table",
+__all__ = ["labelled", "run_into_folder", "reach_ray", "draw_views", "export_json", "print_table",
            "start_helpers"]
 
 
@@ -37,6 +37,7 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
     continue (``again``, with ``{out}``)."""
     from kdalab.experiments.backends import open_store, run_into_store
     from kdalab.experiments.sweep import record_cost
+    from kdalab.params import MAX_RUNS
 
     names = [m.name for m in plan.accumulations]
 
@@ -45,6 +46,10 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
         return len(batch.runs) * sum(record_cost(run.chunk, run.dim, n) for n in names)
 
     runs_per_cell = [len(pairs) * len(plan.seeds) for _, _, pairs in plan.cells]
+    if sum(runs_per_cell) > MAX_RUNS:  # refused before the store or a batch is made
+        raise ValueError(f"--seeds: the sweep would plan {sum(runs_per_cell):,} runs; one "
+                         f"sweep runs at most {MAX_RUNS:,} (fewer seeds, chunks, dims or "
+                         "families, or several sweeps)")
     total = sum(k * sum(record_cost(c, d, n) for n in names)
                 for k, (c, d, _) in zip(runs_per_cell, plan.cells))
     t0 = time.perf_counter()
@@ -55,6 +60,8 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
             mark("first batch stored")
         bar.advance(len(batch.runs), weight(batch))
 
+    if backend == "ray" and address not in (None, "auto"):
+        reach_ray(address)
     with open_store(plan, out, resume=resume, force=force) as store:
         mark("store open")
         before = int(store.done.sum())
@@ -82,6 +89,28 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
         if json_export:
             paths.append(export_json(store, out / "records.json"))
     return paths
+
+
+#: How long a Ray cluster's address may take to accept a connection (Ray itself retries for
+#: minutes, printing a warning every few seconds, before it gives up).
+RAY_CONNECT_TIMEOUT_S = 10.0
+
+
+def reach_ray(address: str, timeout: float = RAY_CONNECT_TIMEOUT_S) -> None:
+    """ValueError with a hint unless the Ray cluster at ``address`` (``host:port``, or a
+    ``ray://`` client address) accepts a TCP connection within ``timeout`` seconds."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"--address must be host:port (or auto), got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ValueError(f"--address {address}: no Ray cluster answers there within "
+                         f"{timeout:g} s ({exc.strerror or exc}); start one with 'ray start "
+                         "--head' and give the address it prints, or leave out --address to "
+                         "run on this machine") from None
 
 
 def draw_views(store, *, show: bool = True) -> list[Path]:
