@@ -120,6 +120,25 @@ MISTAKES = [
     (["run", "end-to-end", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
     (["run", "end-to-end", "--redraw", "--out", "{tmp}/empty"], "--out: no records in"),
     (["run", "bogus"], "No such command 'bogus'"),
+    # what a newcomer met (issue 21), and its kin
+    (["sweep", "--seeds", "0-99999999999"], "--seeds: '0-99999999999' holds more than 1,000,000"),
+    (["reproduce", "--seeds", "0-99999999"], "--seeds: '0-99999999' holds more than 1,000,000"),
+    (["sweep", "--seeds", "0-999999", "--chunks", "2-64"], "--seeds: the sweep would plan"),
+    (["sweep", "{out_int_toml}"], "out-int.toml: out must be a path (text), got 5"),
+    (["sweep", "{out_empty_toml}"], "out-empty.toml: out is empty; expected a path"),
+    (["sweep", "{out_file_toml}"], "out-file.toml: out: "),
+    (["sweep", "{huge_toml}"], "huge.toml: seeds: '0-99999999999' holds more than"),
+    (["sweep", "{chunks_float_toml}"], "chunks-float.toml: chunks must hold integers"),
+    (["sweep", "{chunks_empty_toml}"], "chunks-empty.toml: chunks is empty"),
+    (["sweep", "--seeds", "0", "--chunks", "4", "--out", "{foreign}"], "--force"),
+    (["reproduce", "--seeds", "0", "--chunks", "4", "--out", "{foreign}"], "--force"),
+    (["sweep", "{tmp}/no-such.toml"], "config: no such file"),
+    (["sweep", "{tmp}"], "is a folder; expected a file"),
+    (["sweep", "--seeds", "0-10:0"], "--seeds: cannot read '0-10:0'"),
+    (["sweep", "--redraw", "{file}"], "--redraw"),
+    (["reproduce", "--dim", "abc"], "Invalid value for '--dim'"),
+    (["sweep", "--backend", "ray", "--address", "127.0.0.1:1", "--seeds", "0", "--chunks", "4"],
+     "no Ray cluster answers there"),
 ]
 if torch.cuda.is_available():
     MISTAKES += [(["reproduce", "--accumulation", "gpu-h200", "--device", "cpu"],
@@ -141,7 +160,17 @@ def files(tmp_path) -> dict:
     (tmp_path / "c2.toml").write_text("chunkz = [4]\n")
     (tmp_path / "c3.toml").write_text("lower-bound = 0.5\n")
     (tmp_path / "empty").mkdir()
+    tomls = {"out_int_toml": "out = 5", "out_empty_toml": "out = ''",
+             "out_file_toml": f"out = '{tmp_path / 'a-file'}'",
+             "huge_toml": "seeds = '0-99999999999'",
+             "chunks_float_toml": "chunks = 3.5", "chunks_empty_toml": "chunks = []"}
+    for key, text in tomls.items():
+        (tmp_path / (key[:-5].replace("_", "-") + ".toml")).write_text(text + "\n")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "thesis.tex").write_text("not kdalab's")
     return {"file": str(tmp_path / "a-file"), "tmp": str(tmp_path),
+            "foreign": str(tmp_path / "foreign"),
+            **{key: str(tmp_path / (key[:-5].replace("_", "-") + ".toml")) for key in tomls},
             "bad_toml": str(tmp_path / "c1.toml"), "unknown_key_toml": str(tmp_path / "c2.toml"),
             "bad_value_toml": str(tmp_path / "c3.toml")}
 
@@ -149,14 +178,55 @@ def files(tmp_path) -> dict:
 @pytest.mark.parametrize("args,message", MISTAKES, ids=[" ".join(a)[:60] for a, _ in MISTAKES])
 def test_every_mistake_is_one_line_and_exit_2(args, message, files, tmp_path, capsys):
     args = [a.format(**files) for a in args]
-    if "--out" not in args and args[0] != "safe-chunk":
-        args += ["--out", str(tmp_path / "out")]
+    if "--out" not in args and args[0] != "safe-chunk" and "/out-" not in args[-1]:
+        args += ["--out", str(tmp_path / "out")]  # (a TOML file's own out is the mistake)
     code, out, err = cli(capsys, *args)
     lines = err.strip("\n").splitlines()
     assert code == 2, (code, out, err)
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert message.format(**files) in lines[0], lines[0]
     assert "Traceback" not in err + out
+
+
+def test_a_mistake_through_the_script_is_one_line_without_traceback(tmp_path):
+    p = kdalab("sweep", "--seeds", "0-99999999999", "--out", str(tmp_path / "o"), timeout=120)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith("error: ")
+    assert "Traceback" not in p.stderr
+
+
+def test_home_expands_in_options_and_toml(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    small = ["--seeds", "0", "--chunks", "4", "--dims", "8", "--families", "floor", "--quiet"]
+    assert cli(capsys, "sweep", "--out", "~/a", *small)[0] == 0
+    assert cli(capsys, "sweep", "--out=~/b", *small)[0] == 0
+    (tmp_path / "c.toml").write_text("out = '~/c'\n")
+    assert cli(capsys, "sweep", "c.toml", *small)[0] == 0
+    for name in "abc":
+        assert (tmp_path / "home" / name / "manifest.json").exists(), name
+    assert not (tmp_path / "~").exists()
+
+
+def test_output_is_not_folded_through_a_pipe(tmp_path):
+    out = tmp_path / ("a-folder-with-a-rather-long-name-" * 4) / "sweep"
+    p = kdalab("sweep", "--seeds", "0", "--chunks", "4", "--dims", "8", "--families", "floor",
+               "--out", str(out), timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert f"wrote 5 files to {out}/" in p.stdout.splitlines()
+    again = kdalab("sweep", "--seeds", "0", "--chunks", "4", "--dims", "8", "--families",
+                   "floor", "--out", str(out), timeout=300)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and str(out) in again.stderr
+
+
+def test_an_interrupt_claims_nothing_a_command_did_not_declare(monkeypatch, capsys):
+    import kdalab.cli as boundary
+
+    def interrupted(*a, **kw):
+        raise boundary.Interrupted()
+
+    monkeypatch.setattr(boundary, "app", interrupted)
+    code, _, err = cli(capsys, "sweep")
+    assert code == 130 and err.strip() == "interrupted: nothing was kept"
 
 
 def test_debug_shows_the_traceback_of_an_expected_error(capsys, tmp_path):
