@@ -2,7 +2,7 @@
 
 The vectors under tests/data/tensorcore/ were run on an NVIDIA H200 (torch 2.11+cu130, cuBLAS 13.1,
 2026-11-29) by scripts/device/tensorcore_characterize.py and tensorcore_verify.py and packed by
-tensorcore_pack.py: inputs and outputs as raw bits. Comparisons are on bits (NaN payloads aside:
+tensorcore_pack.py (all three in git at commit 386f211): inputs and outputs as raw bits. Comparisons are on bits (NaN payloads aside:
 the GPU's canonical NaN is 0x7fff / 0x7fffffff). GPU tests at the end skip without CUDA.
 """
 
@@ -524,7 +524,8 @@ def test_cuda_pipeline_equals_cpu_emulation():
 def test_rounding_on_cuda_equals_the_cpu():
     """round_to to fp16, bf16 and fp32 on CUDA equals the CPU bit for bit (they scale by powers of
     two built from their bit pattern: torch.ldexp on CUDA goes through pow and was found inexact
-    for 157,555 of 10^6 scalings, scripts/device/tensorcore_diag.py)."""
+    for 157,555 of 10^6 scalings, scripts/device/tensorcore_diag.py
+    at commit 386f211)."""
     from kdalab.arith import BF16, FP16, FP32, round_to
 
     gen = torch.Generator().manual_seed(5)
