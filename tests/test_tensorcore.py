@@ -2,8 +2,9 @@
 
 The vectors under tests/data/tensorcore/ were run on an NVIDIA H200 (torch 2.11+cu130, cuBLAS 13.1,
 2026-11-29) by scripts/device/tensorcore_characterize.py and tensorcore_verify.py and packed by
-tensorcore_pack.py (all three in git at commit 386f211): inputs and outputs as raw bits. Comparisons are on bits (NaN payloads aside:
-the GPU's canonical NaN is 0x7fff / 0x7fffffff). GPU tests at the end skip without CUDA.
+tensorcore_pack.py (all three in git at commit 386f211): inputs and outputs as raw bits.
+Comparisons are on bits (NaN payloads aside: the GPU's canonical NaN is 0x7fff / 0x7fffffff). GPU
+tests at the end skip without CUDA.
 """
 
 from __future__ import annotations

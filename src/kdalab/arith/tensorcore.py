@@ -2,8 +2,9 @@
 models.
 
 How the H200 computes (established on the device with
-``scripts/device/tensorcore_characterize.py`` at commit 386f211, the method of Khattak & Mikaitis, *Accurate Models of NVIDIA Tensor Cores*, arXiv 2512.07004;
-details and numbers in ``docs/tensor-cores.md``):
+``scripts/device/tensorcore_characterize.py`` at commit 386f211, the method of Khattak &
+Mikaitis, *Accurate Models of NVIDIA Tensor Cores*, arXiv 2512.07004; details and numbers in
+``docs/tensor-cores.md``):
 
 **One Tensor-Core block** (``mma.sync.m16n8k16``; :func:`tc_block`) computes ``c + Σ a_k·b_k`` over
 up to 16 products at once:
