@@ -194,7 +194,7 @@ def test_chains_equal_blocks_of_the_definition():
 def test_sgemm_exact_steps_are_never_claimed_wrongly():
     """sgemm_h200 adds a step in float32 when _exact_steps proves every product exact; the
     proof must never hold where a product is inexact (operands spanning fp32's subnormals)."""
-    from kdalab.arith.tensorcore import _exact_steps, _fma_fp32
+    from kdalab.arith.sgemm import _exact_steps, _fma_fp32
 
     gen = torch.Generator().manual_seed(3)
     claimed = 0

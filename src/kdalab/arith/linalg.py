@@ -21,8 +21,8 @@ __all__ = ["matmul64", "inv64", "lead_shape"]
 
 def lead_shape(*shapes) -> torch.Size:
     """The broadcast of leading shapes, as ``torch.broadcast_shapes`` gives it. Not that
-    function itself: its first call imports sympy (torch's symbolic shapes), about 0.9 s of a
-    sweep's start-up on the dev VM."""
+    function itself: its first call imports sympy (torch's symbolic shapes), a large share of a
+    sweep's start-up."""
     return torch.Size(np.broadcast_shapes(*(tuple(s) for s in shapes)))
 
 

@@ -30,8 +30,8 @@ below are the H200's answers, read from them:
 * FlashKDA's sigmoid ``fma(tanh.approx(x·½), ½, ½)`` (:func:`sigmoid_tanh`) from ``tanh``.
 
 Inputs the measurement does not cover fall back to the correctly rounded function, as does
-everything when no tables are present; :func:`measured` says what is covered. The H200 run of
-2026-11-30 19:00 UTC (docs/flashkda.md) measured all three on every input of whole binades:
+everything when no tables are present; :func:`measured` says what is covered. The H200 run of the
+golden data (docs/flashkda.md) measured all three on every input of whole binades:
 ``tanh`` for 2⁻⁴⁰ ≤ |x| < 2⁹ (both signs; 6,684,672 table entries for 2⁻⁸ ≤ |x| < 8), ``ex2``'s
 2²³ fractions and ``rsqrt`` on [1, 4), with the structure each model assumes checked on whole
 binades (ex2: 2⁻³⁰ ≤ |x| < 2⁷; rsqrt: 2⁻⁴⁰ ≤ x < 2⁴¹). Beyond those binades the models extend

@@ -213,8 +213,7 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
 def _leave(code: int) -> None:
     """Exit without tearing the interpreter down: once the output is flushed and every file
     closed, Python's finalization (each module of torch, pandas and matplotlib, CUDA's
-    context) only costs time: 0.6 s after ``import torch`` alone, 1.2 s after a sweep on the
-    dev VM, 1 s on the H200 host (docs/BENCHMARKS.md). The atexit handlers still run (Ray's
+    context) only costs time, about a second after a sweep. The atexit handlers still run (Ray's
     shutdown, multiprocessing's cleanup). Returns (for a normal exit) if a thread that Python
     would wait for is still running."""
     import atexit

@@ -134,7 +134,7 @@ def gemmex_16f_dispatch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def sgemm_gpu(a: torch.Tensor, b: torch.Tensor, slice_: int = 32) -> torch.Tensor:
     """cuBLAS fp32 GEMM's measured summation order (see
-    :func:`kdalab.arith.tensorcore.sgemm_h200`), one launch."""
+    :func:`kdalab.arith.sgemm.sgemm_h200`), one launch."""
     import cupy
 
     lead, a3, b3 = batched(a.float(), b.float())
