@@ -103,3 +103,25 @@ def test_paths(tmp_path):
         params.config_file(tmp_path, "config")
     with pytest.raises(ValueError, match="no such file"):
         params.config_file(tmp_path / "nope.toml", "config")
+
+
+def test_paths_expand_home_and_refuse_what_is_no_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert params.output_folder("~/x", "out") == tmp_path / "x" and (tmp_path / "x").is_dir()
+    (tmp_path / "c.toml").write_text("")
+    assert params.config_file("~/c.toml") == tmp_path / "c.toml"
+    for bad, message in ((5, r"out must be a path \(text\), got 5"), (True, "must be a path"),
+                         (["a"], "must be a path"), ("", "out is empty"), ("  ", "out is empty")):
+        with pytest.raises(ValueError, match=message):
+            params.output_folder(bad, "out")
+
+
+def test_lists_and_sweeps_are_counted_before_they_are_built():
+    assert len(params.int_list(f"0-{params.MAX_ITEMS - 1}", "--seeds")) == params.MAX_ITEMS
+    for huge in ("0-99999999999", f"0-{params.MAX_ITEMS}", f"0-{params.MAX_ITEMS // 2},"
+                 f"{params.MAX_ITEMS}-{2 * params.MAX_ITEMS}"):
+        with pytest.raises(ValueError, match="--seeds: .* holds more than 1,000,000 items"):
+            params.int_list(huge, "--seeds")
+    assert params.run_count([3, 10, 1000]) == 30_000
+    with pytest.raises(ValueError, match="--seeds: the sweep would plan 30,000,000 runs"):
+        params.run_count([3, 10, 1_000_000])
