@@ -229,6 +229,34 @@ def test_an_interrupt_claims_nothing_a_command_did_not_declare(monkeypatch, caps
     assert code == 130 and err.strip() == "interrupted: nothing was kept"
 
 
+@pytest.mark.parametrize("error", [
+    MemoryError(),
+    RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                 "allocate memory: you tried to allocate 80000000000 bytes. Error code 12"),
+])
+def test_out_of_memory_is_one_line(error, monkeypatch, tmp_path, capsys):
+    import kdalab.experiments.backends as backends
+
+    def too_big(*a, **kw):
+        raise error
+
+    monkeypatch.setattr(backends, "iter_batch_tables", too_big)
+    code, _, err = cli(capsys, "sweep", "--chunks", "4", "--seeds", "0", "--dims", "8",
+                       "--out", str(tmp_path))
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: out of memory"), err
+
+
+def test_a_runtime_error_that_is_no_memory_error_keeps_its_traceback(monkeypatch, tmp_path):
+    import kdalab.experiments.backends as backends
+
+    def broken(*a, **kw):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(backends, "iter_batch_tables", broken)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out", str(tmp_path)])
+
+
 def test_debug_shows_the_traceback_of_an_expected_error(capsys, tmp_path):
     code, _, err = cli(capsys, "--debug", "sweep", "--seeds", "-1", "--out", str(tmp_path))
     assert code == 2 and "Traceback" in err and err.rstrip().splitlines()[-1].startswith("error:")

@@ -22,6 +22,8 @@ What a command does, and what the boundary makes of it (every command, ``check``
   ``interrupted: <STATE.kept joined by '; '>; <STATE.resume>`` and exits with code 130; when a
   command declared nothing it says ``interrupted: nothing was kept``, so a command that writes
   must declare what it kept.
+* **Out of memory** (a MemoryError, torch's failed allocation on the CPU or the GPU): one
+  ``error:`` line saying how much was asked for, exit code 2.
 * **A closed stdout** (``kdalab … | head``) ends quietly, exit code 0.
 * **Anything else is a bug**: its traceback, exit code 1. ``--debug`` shows the traceback of
   every error.
@@ -132,6 +134,26 @@ def _os_message(exc: OSError) -> str:
     return f"{what}: {where}" if where else what
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """A request too large for this machine's memory (CPU or GPU), not a bug."""
+    return isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError" or (
+        "can't allocate memory" in str(exc))
+
+
+def _memory_message(exc: BaseException) -> str:
+    import re
+
+    size = re.search(r"allocate (\d+) bytes", str(exc)) or re.search(
+        r"allocate ([\d.]+ [KMGT]iB)", str(exc))
+    what = ""
+    if size:
+        n = size.group(1)
+        what = f" (it asked for {int(n) / 2**30:.1f} GiB at once)" if n.isdigit() else (
+            f" (it asked for {n} at once)")
+    return (f"out of memory{what}: the request is too large for this machine; ask for smaller "
+            "chunks, dims or fewer runs")
+
+
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
@@ -189,6 +211,13 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
         hint = ("; is a Ray cluster running there ('ray start --head'), or leave out --address"
                 if any(a.startswith("--address") for a in args) else "")
         _error(f"cannot connect: {_os_message(exc)}{hint}")
+        code = 2
+    except (MemoryError, RuntimeError) as exc:
+        if not _out_of_memory(exc):
+            raise  # a bug: its traceback
+        if STATE.debug:
+            err_console.print_exception()
+        _error(_memory_message(exc))
         code = 2
     except OSError as exc:  # a file of the user's: permission denied, no space left, …
         if STATE.debug:
