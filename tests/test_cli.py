@@ -133,6 +133,8 @@ MISTAKES = [
     (["sweep", "--seeds", "0", "--chunks", "4", "--out", "{foreign}"], "--force"),
     (["reproduce", "--seeds", "0", "--chunks", "4", "--out", "{foreign}"], "--force"),
     (["sweep", "{tmp}/no-such.toml"], "config: no such file"),
+    (["sweep", "{acc_int_toml}"], "acc-int.toml: accumulation must name an accumulation model"),
+    (["sweep", "{binary_toml}"], "is not a TOML file (not UTF-8 text)"),
     (["sweep", "{tmp}"], "is a folder; expected a file"),
     (["sweep", "--seeds", "0-10:0"], "--seeds: cannot read '0-10:0'"),
     (["sweep", "--redraw", "{file}"], "--redraw"),
@@ -163,9 +165,11 @@ def files(tmp_path) -> dict:
     tomls = {"out_int_toml": "out = 5", "out_empty_toml": "out = ''",
              "out_file_toml": f"out = '{tmp_path / 'a-file'}'",
              "huge_toml": "seeds = '0-99999999999'",
-             "chunks_float_toml": "chunks = 3.5", "chunks_empty_toml": "chunks = []"}
+             "chunks_float_toml": "chunks = 3.5", "chunks_empty_toml": "chunks = []",
+             "acc_int_toml": "accumulation = [1, 2]", "binary_toml": "\udcff\udcfe"}
     for key, text in tomls.items():
-        (tmp_path / (key[:-5].replace("_", "-") + ".toml")).write_text(text + "\n")
+        (tmp_path / (key[:-5].replace("_", "-") + ".toml")).write_text(
+            text + "\n", errors="surrogateescape")
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "thesis.tex").write_text("not kdalab's")
     return {"file": str(tmp_path / "a-file"), "tmp": str(tmp_path),

@@ -183,6 +183,8 @@ def accumulation(value, name: str = "accumulation",
     ``device_type`` is given and is not ``"cuda"``."""
     from kdalab.arith import get_accumulation
 
+    if not isinstance(value, str) and not hasattr(value, "matmul"):
+        raise ValueError(f"{name} must name an accumulation model, got {_plain(value)}")
     try:
         model = get_accumulation(value)
     except ValueError as exc:
@@ -320,6 +322,8 @@ def read_sweep_file(path: str | Path, name: str = "config") -> dict:
             data = tomllib.load(fh)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{name}: malformed TOML in {str(path)!r}: {exc}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{name}: {str(path)!r} is not a TOML file (not UTF-8 text)") from None
     if "sweep" in data and isinstance(data["sweep"], dict):
         data = data["sweep"]
     return data
