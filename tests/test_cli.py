@@ -190,41 +190,6 @@ def test_version_and_python_m_kdalab():
         assert command in res.stdout
 
 
-def test_cuda_start_reads_the_device_option_and_never_fails():
-    """CUDA's early start (kdalab.cudastart) only for a CUDA device's name; its driver calls
-    fail silently where there is no driver or no such device (torch then says so)."""
-    from kdalab import cudastart
-
-    got = [cudastart.ordinal(d) for d in ("cuda", " cuda:3 ", "cpu", None, "cudax", "cuda:")]
-    assert got == [0, 3, None, None, None, None]
-    assert cudastart.start("cpu") is False
-    cudastart._retain(10_000)  # no such device (or no driver): returns, raises nothing
-
-
-def test_heavy_imports_run_without_the_collector_and_freeze_what_they_made():
-    """The first import of torch runs with the cyclic collector off; its objects are frozen
-    after it and the collector is on again. With torch loaded already (this test session) the
-    context changes nothing."""
-    import gc
-
-    code = ("import gc, sys; from kdalab.cli.app import heavy_imports\n"
-            "with heavy_imports():\n"
-            "    off = not gc.isenabled()\n"
-            "    import torch\n"
-            "print(off, gc.isenabled(), gc.get_freeze_count() > 10_000)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["True", "True", "True"]
-
-    from kdalab.cli.app import heavy_imports
-
-    frozen = gc.get_freeze_count()
-    with heavy_imports():
-        assert gc.isenabled()
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
-
-
 def test_the_script_leaves_at_once_with_everything_written(tmp_path):
     """``kdalab`` / ``python -m kdalab`` end the process without Python's teardown once done
     (cli._leave): the exit code, the whole output, the store and its views are all there, and

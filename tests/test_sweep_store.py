@@ -166,26 +166,6 @@ def test_kill_9_mid_sweep_then_resume_gives_the_uninterrupted_records(tmp_path):
     assert identical(stored(out), stored(whole))
 
 
-def test_the_sweeps_own_process_imports_neither_pandas_nor_matplotlib(tmp_path):
-    """`kdalab sweep` as a process: its records are built and stored without pandas (pyarrow's
-    ``pa.array`` and ``to_numpy`` on NumPy data import it, 0.4 s on the H200 host) and its
-    views drawn by the views worker, so this process never imports either (``-X importtime``
-    lists every module it imports)."""
-    out = tmp_path / "s"
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "kdalab", "sweep", *AXES,
-                          "--out", str(out), "--quiet"], capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    imported = {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert {"torch", "pyarrow", "kdalab.experiments.runstore"} <= imported  # this process's list
-    assert not {"pandas", "matplotlib"} & imported
-    assert (out / "error_vs_chunk.png").is_file() and (out / "summary.csv").is_file()
-    assert RunStore.read_only(out).complete
-
-
-# --- the Ray backend ------------------------------------------------------------------------
-
 def test_ray_backend_stores_the_local_records_bit_for_bit(local_ray, tmp_path):
     assert sweep("--out", str(tmp_path / "local")).exit_code == 0
     res = sweep("--out", str(tmp_path / "ray"), "--backend", "ray")

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, heavy_imports, mark, prose
+from kdalab.cli.app import app, console, prose
 from kdalab.cli.options import FAMILIES, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
@@ -73,21 +73,11 @@ def sweep(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
-    from kdalab import cudastart
-    from kdalab.cli.common import start_helpers
+    from kdalab import params
+    from kdalab.cli.stored import run_into_folder
+    from kdalab.experiments.backends import check_backend
+    from kdalab.experiments.sweep import option_field, read_sweep_file
 
-    if redraw is None and backend == "local":  # they import while this process does (torch:
-        requested = _requested_device(device, config)  # seconds), CUDA starts meanwhile too
-        start_helpers(draw_servers=cudastart.ordinal(requested) is not None)
-        cudastart.start(requested)
-    elif redraw is None:
-        start_helpers()
-    with heavy_imports():
-        from kdalab import params
-        from kdalab.cli.common import run_into_folder
-        from kdalab.experiments.backends import check_backend
-        from kdalab.experiments.sweep import option_field, read_sweep_file
-    mark("kdalab and torch imported")
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
     if redraw is not None:
@@ -122,26 +112,10 @@ def sweep(
         plan = _stored_plan(out, device)
     else:
         plan = _plan(data, labels, backend, address)
-    mark(f"planned: {len(plan)} runs")
     paths = run_into_folder(plan, out, resume=resume, force=force, backend=backend,
                             address=address, quiet=quiet, json_export=json)
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
-
-
-def _requested_device(device: str | None, config: Path | None) -> str | None:
-    """The device the sweep asks for (by --device, else its TOML file), read before the
-    options are checked: a guess for starting the draw servers and CUDA early, never an
-    error."""
-    from kdalab.params import option_field, read_sweep_file  # no torch
-
-    if device is None and config is not None:
-        try:
-            device = next((str(v) for k, v in read_sweep_file(config).items()
-                           if option_field(k) == "device"), None)
-        except (OSError, ValueError, AttributeError):
-            return None
-    return device
 
 
 def _plan(data: dict, labels: dict, backend: str, address: str | None):
@@ -180,7 +154,7 @@ def _stored_plan(out: Path, device: str | None):
 
 
 def _redraw(folder: Path, json_export: bool, quiet: bool) -> None:
-    from kdalab.cli.common import draw_views, export_json
+    from kdalab.cli.stored import draw_views, export_json
     from kdalab.experiments.runstore import RunStore, StoreError
 
     try:

@@ -225,21 +225,10 @@ def run_into_store(plan: SweepPlan, store, *, backend: str = "local",
             progress(batch)
 
     if backend == "local":
-        from kdalab.experiments import drawserver
-
-        servers = drawserver.take(device.type == "cuda")  # started by the command, if it did
-        if servers is not None and (device.type != "cuda" or pending < drawserver.MIN_RUNS):
-            servers.close(kill=True)  # not needed: they may still be importing
-            servers = None
-        try:
-            with _cpu_threads(device, threads):
-                for batch, table in iter_batch_tables(batches, plan.accumulations,
-                                                      recipe=plan.recipe, device=device,
-                                                      servers=servers):
-                    stored(batch, table)
-        finally:
-            if servers is not None:
-                servers.close()
+        with _cpu_threads(device, threads):
+            for batch, table in iter_batch_tables(batches, plan.accumulations,
+                                                  recipe=plan.recipe, device=device):
+                stored(batch, table)
         return pending
     from functools import partial
 

@@ -49,8 +49,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from kdalab.experiments import arrow
-
 __all__ = ["StoreError", "Manifest", "RunStore", "fingerprint", "kdalab_version", "identical",
            "STORE_FORMAT", "LEGACY_FILES"]
 
@@ -419,7 +417,7 @@ class RunStore:
                 self.schema.empty_table().select(cols)
         table = pa.concat_tables(tables)
         order = np.argsort(_int64s(table.column("run")), kind="stable")
-        table = table.take(arrow.column(order, pa.int64()))
+        table = table.take(pa.array(order))
         if columns is not None and "run" not in columns:
             table = table.drop_columns(["run"])
         return table
@@ -462,11 +460,10 @@ class RunStore:
 
 
 def _int64s(values: pa.ChunkedArray) -> np.ndarray:
-    """Run indices as NumPy (:func:`kdalab.experiments.arrow.int64s`: no pandas)."""
-    try:
-        return arrow.int64s(values)
-    except ValueError as exc:
-        raise StoreError(f"run indices: {exc}") from None
+    """Run indices as NumPy (an int64 column without nulls, else a StoreError)."""
+    if values.null_count or values.type != pa.int64():
+        raise StoreError(f"run indices: expected int64 without nulls, not {values.type}")
+    return values.to_numpy()
 
 
 def _write_part(parts_dir: Path, name: str, table: pa.Table) -> Path:

@@ -34,7 +34,6 @@ from kdalab.experiments.plan import SEED_TABLE_CHUNKS, Batch, SweepPlan, group_l
 from kdalab.experiments.runs import Run
 from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.params import option_field, read_sweep_file
-from kdalab.timeline import mark
 
 __all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "read_sweep_file", "plan_runs", "plan_batches",
            "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "record_cost",
@@ -197,16 +196,14 @@ def _cpu_threads(device: torch.device, threads: int | None):
 
 
 def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
-                      *, recipe: Recipe, device: torch.device, servers=None
+                      *, recipe: Recipe, device: torch.device
                       ) -> Iterator[tuple[Batch, object]]:
     """``(batch, records)`` for each batch in order, the records an Arrow table
     (:func:`~kdalab.experiments.inverse.record_schema`).
 
     On CUDA the batches are pipelined: while the GPU computes batch n, the inputs of the next
-    are drawn (on a helper thread, or by ``servers``, a
-    :class:`~kdalab.experiments.drawserver.DrawServers`, two batches ahead) and this thread
-    queues batch n+1's work, then builds batch n's records; the only wait for the GPU is each
-    batch's one copy of its metrics back.
+    are drawn on a thread and this thread queues batch n+1's work, then builds batch n's
+    records; the only wait for the GPU is each batch's one copy of its metrics back.
     """
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
         device = torch.device("cuda", torch.cuda.current_device())
@@ -220,14 +217,7 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
         for batch in source:
             yield batch, launch(batch).table(batch.index)
         return
-    if servers is not None:
-        def warm() -> None:  # CUDA's libraries and kernels, while the servers import
-            launch_group([Run("floor", -5.0, 16, 0, 16)], accumulations, recipe=recipe,
-                         device=device).table()
-
-        inputs_of = _served(source, servers, device, warm)
-    else:
-        inputs_of = _drawn_ahead(source, device)
+    inputs_of = _drawn_ahead(source, device)
     pending = None
     try:
         for batch, inputs in inputs_of:
@@ -257,42 +247,6 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
         finally:
             if drawn is not None:
                 drawn.cancel()
-
-
-def _served(source: Iterator[Batch], servers, device: torch.device,
-            warm: Callable[[], None] | None = None, ahead: int = 2):
-    """``(batch, inputs)`` in order, drawn by ``servers`` with ``ahead`` batches in flight.
-    ``warm()`` runs first (CUDA's libraries and first kernels), while the servers import; the
-    batches before every server is ready are drawn here (the same bits: a batch's inputs
-    depend only on its runs), so that the GPU never waits for the servers' start."""
-    from collections import deque
-
-    if warm is not None:
-        warm()
-        mark("CUDA warmed up")
-    batch = None
-    for batch in source:
-        if servers.ready():
-            break
-        yield batch, make_inputs_batch(batch.runs, device)
-        batch = None
-    if batch is None:
-        return
-    mark("draw servers ready")
-    window: deque[Batch] = deque()
-
-    def send(following: Batch) -> None:
-        servers.submit(following.runs)
-        window.append(following)
-
-    send(batch)
-    while len(window) < ahead and (batch := next(source, None)) is not None:
-        send(batch)
-    while window:
-        inputs = servers.result(device)
-        if (following := next(source, None)) is not None:
-            send(following)
-        yield window.popleft(), inputs
 
 
 def run_sweep(

@@ -5,7 +5,6 @@ Series with identical data are drawn once, with a combined label."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import matplotlib
@@ -30,10 +29,6 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 #: the PNG's resolution, dots per inch
 PNG_DPI = 130
-#: draw the SVG in a forked copy of this process while this one draws the PNG (each format
-#: takes 0.4–0.5 s): set by the views worker (kdalab.views.worker), a process of one thread
-#: that only draws; never in a command's own process (CUDA, threads)
-FORK_FORMATS = False
 
 
 def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
@@ -50,21 +45,10 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
         matplotlib.rcParams["savefig.pad_inches"])
     fig.set_layout_engine(None)  # laid out already: no layout pass again in savefig
 
-    def svg() -> None:  # the same bytes for the same data: no date, ids salted with a constant
-        with matplotlib.rc_context({"svg.hashsalt": "kdalab"}):
-            fig.savefig(paths[1], bbox_inches=box, metadata={"Date": None})
-
-    child = os.fork() if FORK_FORMATS and hasattr(os, "fork") else None
-    if child == 0:  # the SVG, in the forked copy
-        code = 1
-        try:
-            svg()
-            code = 0
-        finally:
-            os._exit(code)
     fig.savefig(paths[0], dpi=PNG_DPI, bbox_inches=box)
-    if child is None or os.waitpid(child, 0)[1] != 0:  # not forked, or drawn here after all
-        svg()
+    # the same bytes for the same data: no date, ids salted with a constant
+    with matplotlib.rc_context({"svg.hashsalt": "kdalab"}):
+        fig.savefig(paths[1], bbox_inches=box, metadata={"Date": None})
     plt.close(fig)
     return paths
 
