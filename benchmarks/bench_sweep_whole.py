@@ -57,7 +57,7 @@ def _axes(args) -> list[str]:
 
 
 def _plan(args):
-    from kdalab.experiments.sweep import SweepConfig, SweepPlan
+    from kdalab.studies.sweep import SweepConfig, SweepPlan
 
     return SweepPlan.of(SweepConfig.parse({
         "families": args.families, "chunks": args.chunks, "seeds": args.seeds,
@@ -142,7 +142,7 @@ def breakdown(args, out: Path) -> None:
     kdalab CLI modules' own first import is measured)."""
     t0 = time.perf_counter()
     from kdalab.cli.common import draw_views
-    from kdalab.experiments.backends import open_store, run_into_store
+    from kdalab.runner import open_store, run_into_store
     t1 = time.perf_counter()
     plan = _plan(args)
     shutil.rmtree(out, ignore_errors=True)
@@ -161,9 +161,9 @@ def breakdown(args, out: Path) -> None:
 def ray_throughput(args) -> None:
     import ray
 
-    from kdalab.experiments.backends import open_store, run_into_store
-    from kdalab.experiments.runstore import RunStore, identical
-    from kdalab.experiments.sweep import SweepConfig, SweepPlan
+    from kdalab.records import RunStore, identical
+    from kdalab.runner import open_store, run_into_store
+    from kdalab.studies.sweep import SweepConfig, SweepPlan
 
     plan = _plan(args)
     gpu = args.device.startswith("cuda")

@@ -165,12 +165,12 @@ def test_debug_shows_the_traceback_of_an_expected_error(capsys, tmp_path):
 
 
 def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path, capsys):
-    import kdalab.experiments.backends as backends
+    import kdalab.studies.plan as plan
 
     def broken(*a, **kw):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(backends, "iter_batch_tables", broken)
+    monkeypatch.setattr(plan, "iter_batch_tables", broken)
     with pytest.raises(ZeroDivisionError):
         main(["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out", str(tmp_path)])
 
@@ -244,10 +244,10 @@ def test_help_shows_defaults_choices_and_flowing_text(capsys):
 def test_the_help_lists_every_model_and_family_the_layers_define():
     from kdalab.arith import available_accumulations, get_accumulation
     from kdalab.cli import options
-    from kdalab.experiments.diagonal_tile import STRATEGIES
-    from kdalab.experiments.end_to_end import E2E_FAMILIES
-    from kdalab.experiments.families import FAMILIES
+    from kdalab.inputs.families import FAMILIES
     from kdalab.kda.dynamic_range import BOUNDARIES
+    from kdalab.studies.diagonal_tile import STRATEGIES
+    from kdalab.studies.end_to_end import E2E_FAMILIES
 
     names = available_accumulations()
     assert list(options.ACCUMULATIONS) == [n for n in names if not get_accumulation(n).needs_cuda]
@@ -302,13 +302,13 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
 def test_ctrl_c_keeps_the_records_and_says_how_to_go_on(tmp_path):
     """Ctrl-C: every stored part is kept, the boundary says how many runs and how to continue
     (exit 130), and --resume then completes the sweep."""
-    from kdalab.experiments.runstore import RunStore
+    from kdalab.records import RunStore
 
     out = tmp_path / "sweep"
     args = ["sweep", "--chunks", "4-64:4", "--seeds", "0-63", "--dims", "16", "--out", str(out)]
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from kdalab.experiments import "
-                          "runstore; runstore.PART_SECONDS = 0.05; from kdalab.cli import main; "
-                          "main()", *args],
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from kdalab.records import writer; "
+                          "writer.PART_SECONDS = 0.05; from kdalab.cli import main; main()",
+                          *args],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and p.poll() is None:

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kdalab.cli import app
-from kdalab.experiments.end_to_end import QUICK, StudyConfig, Variant, run_study
-from kdalab.experiments.store import read_records
+from kdalab.records.legacy import read_records
+from kdalab.studies.end_to_end import QUICK, StudyConfig, Variant, run_study
 
 TINY = replace(QUICK, families=("model_like", "saturated"), lower_bounds=(-2.0, -10.0, None),
                chunks=(8, 16), length=32, dim=16,

@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from kdalab.experiments.aggregate import GROUP_KEYS, summarize
-from kdalab.experiments.store import RecordWriter, read_records
-from kdalab.experiments.sweep import (
+from kdalab.records.legacy import RecordWriter, read_records
+from kdalab.studies.aggregate import GROUP_KEYS, summarize
+from kdalab.studies.sweep import (
     SweepConfig,
     read_sweep_file,
     run_sweep,
@@ -81,7 +81,7 @@ def test_records_do_not_depend_on_batching_threads_or_key_streams(threads, max_b
     """The same configuration gives bit-identical records whatever the batch size, the number of
     torch threads and what the key streams hold (nothing, the reference's streams, or nothing
     kept from one batch to the next), for every kind of model."""
-    from kdalab.experiments import keystream
+    from kdalab.inputs import keystream
 
     cfg = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
                       chunks=(4, 12, 17), seeds="0-3", dims=(32,),
@@ -119,9 +119,9 @@ def test_store_roundtrip_nonfinite(tmp_path):
 @pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
 def test_interrupted_sweep_keeps_written_records(tmp_path, monkeypatch, pipelined):
     # (pipelined: the CUDA pipeline, forced on the CPU)
-    import kdalab.experiments.sweep as sweep
+    import kdalab.studies.plan as plan
 
-    monkeypatch.setattr(sweep, "_pipelined", lambda device: pipelined)
+    monkeypatch.setattr(plan, "_pipelined", lambda device: pipelined)
     runs = SweepConfig(families=("floor",), chunks=(4, 8, 12), seeds=(0, 1)).runs()
     calls = []
 
@@ -142,12 +142,12 @@ def test_interrupted_sweep_keeps_written_records(tmp_path, monkeypatch, pipeline
 
 def test_pipelined_sweep_keeps_order_and_records(monkeypatch):
     # The CUDA pipeline (next batch drawn and queued before this one is collected), run on CPU.
-    import kdalab.experiments.sweep as sweep
+    import kdalab.studies.plan as plan
 
     runs = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
                        chunks=(3, 8), seeds=(0, 1, 2, 3, 4), dims=(16,)).runs()
     plain = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4)
-    monkeypatch.setattr(sweep, "_pipelined", lambda device: True)
+    monkeypatch.setattr(plan, "_pipelined", lambda device: True)
     sunk, seen = [], []
     piped = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4,
                       sink=lambda recs: sunk.extend(recs),

@@ -35,8 +35,8 @@ for fmt in (FP16, BF16, FP32):
 y = torch.tensor(rng.uniform(-80, 80, 1 << 20))
 res["exp2_f32_cuda_vs_cpu"] = int((exp2_f32(y) != exp2_f32(y.cuda()).cpu()).sum())
 
-from kdalab.experiments.draw import make_inputs  # noqa: E402
-from kdalab.experiments.sweep import plan_runs  # noqa: E402
+from kdalab.inputs.draw import make_inputs  # noqa: E402
+from kdalab.studies.sweep import plan_runs  # noqa: E402
 from kdalab.kda.intra import kernel_l  # noqa: E402
 from kdalab.kda.recipe import SEED  # noqa: E402
 

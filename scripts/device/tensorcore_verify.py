@@ -256,7 +256,7 @@ def sgemm():
 
 @section
 def sweep_bits():
-    from kdalab.experiments.sweep import SEED_TABLE_CHUNKS, plan_runs
+    from kdalab.studies.sweep import SEED_TABLE_CHUNKS, plan_runs
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     from bench_gpu_sweep import batched_inverses
 
@@ -275,8 +275,8 @@ def sweep_bits():
 @section
 def golden_on_gpu():
     """The lead's run_group on CUDA with the GPU twins, against the golden h200 records."""
-    from kdalab.experiments.inverse import METRIC_KEYS, run_group
-    from kdalab.experiments.sweep import seed_reproduction_runs
+    from kdalab.studies.inverse import METRIC_KEYS, run_group
+    from kdalab.studies.sweep import seed_reproduction_runs
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
     from bench_gpu_sweep import GPU_RECIPE
 

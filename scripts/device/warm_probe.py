@@ -54,10 +54,10 @@ def warm() -> None:
     eye = torch.eye(64, device="cuda", dtype=torch.float64)
     torch.linalg.inv_ex(eye + 0.01 * a.double())[0].sum().item()
     t = step("batched linalg.inv_ex float64", t)
-    from kdalab.experiments.inverse import launch_group
-    from kdalab.experiments.runs import Run
+    from kdalab.studies.inverse import launch_group
+    from kdalab.inputs.runs import Run
 
-    t = step("kdalab.experiments.inverse imported", t)
+    t = step("kdalab.studies.inverse imported", t)
     for label in ("the sweep's warm-up batch", "the same again"):
         launch_group([Run("floor", -5.0, 16, 0, 16)], ["h200"], device="cuda").table()
         t = step(label, t)
@@ -71,8 +71,8 @@ def profile() -> None:
     import torch
 
     from kdalab.arith.gpu import mma
-    from kdalab.experiments.inverse import launch_group
-    from kdalab.experiments.runs import Run
+    from kdalab.studies.inverse import launch_group
+    from kdalab.inputs.runs import Run
 
     torch.zeros(1, device="cuda")
     mma._module()
@@ -99,8 +99,8 @@ def profile_cold() -> None:
     cudastart.start("cuda")
     import torch
 
-    from kdalab.experiments.inverse import launch_group
-    from kdalab.experiments.runs import Run
+    from kdalab.studies.inverse import launch_group
+    from kdalab.inputs.runs import Run
     from kdalab.params import accumulations
 
     models = accumulations(["h200"], "accumulations", "cuda")
@@ -117,8 +117,8 @@ def profile_cold() -> None:
 
 
 def views(folder: str) -> None:
-    from kdalab.experiments.aggregate import summarize_store
-    from kdalab.experiments.runstore import RunStore
+    from kdalab.studies.aggregate import summarize_store
+    from kdalab.records import RunStore
     from kdalab.views import plots
     from kdalab.views.tables import seed_tables, write_seed_tables
 

@@ -111,7 +111,7 @@ def run_dynamic_range(
     from kdalab import params
     from kdalab.cli.common import labelled
     from kdalab.cli.progress import WeightedProgress, drawing, record_file
-    from kdalab.experiments.dynamic_range import SweepGrid, calculator, run_chunk
+    from kdalab.studies.dynamic_range import SweepGrid, calculator, run_chunk
 
     names = {"lower_bounds": "--lower-bounds", "chunks": "--chunks", "formats": "--formats",
              "boundaries": "--boundaries", "exp2_ftz": "--ftz", "model_seeds": "--model-seeds",
@@ -172,13 +172,13 @@ def run_diagonal_tile(
     out = params.output_folder(out, "--out")
     t0 = time.perf_counter()
     with drawing("running the study", quiet=quiet):
-        from kdalab.experiments.diagonal_tile import run_study
+        from kdalab.studies.diagonal_tile import run_study
 
         records = run_study(**kw)
     with record_file(out, "run the same command again") as writer:
         writer.write(records)
     with drawing(quiet=quiet):
-        from kdalab.experiments.diagonal_tile import summarize
+        from kdalab.studies.diagonal_tile import summarize
         from kdalab.views.diagonal_tile import write_diagonal_tile_views
 
         paths = write_diagonal_tile_views(records, out)

@@ -61,7 +61,7 @@ def end_to_end(
     from kdalab.cli.progress import WeightedProgress, drawing, record_file
 
     if redraw:
-        from kdalab.experiments.store import read_records
+        from kdalab.records.legacy import read_records
 
         folder = Path(out)
         try:
@@ -76,7 +76,7 @@ def end_to_end(
             console.print(f"{len(records)} records → wrote {len(paths)} files to {folder}/",
                           highlight=False)
         return
-    from kdalab.experiments.end_to_end import FULL, QUICK, cell_cost, run_study
+    from kdalab.studies.end_to_end import FULL, QUICK, cell_cost, run_study
 
     device = params.device(device, "--device")
     base = QUICK if quick else FULL

@@ -52,7 +52,7 @@ def reproduce(
     dim = params.integer(dim, "--dim", 1)
     device = params.device(device, "--device")
     from kdalab.cli.stored import run_into_folder
-    from kdalab.experiments.sweep import SweepPlan
+    from kdalab.studies.sweep import SweepPlan
 
     model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
     out = params.output_folder(out, "--out")

@@ -20,8 +20,8 @@ def run_into_folder(plan, out: Path, *, resume: bool = False, force: bool = Fals
     """Run ``plan`` into the store in ``out`` with a cost-weighted progress bar, then draw the
     views once from the stored records; return the files written. Interrupted, every finished
     part is kept and the boundary says how to continue (``again``, with ``{out}``)."""
-    from kdalab.experiments.backends import open_store, run_into_store
-    from kdalab.experiments.sweep import record_cost
+    from kdalab.runner import open_store, run_into_store
+    from kdalab.studies.sweep import record_cost
 
     names = [m.name for m in plan.accumulations]
 
@@ -85,7 +85,7 @@ def export_json(store, path: Path) -> Path:
     the strings "inf", "-inf", "nan"); written whole or not at all."""
     import json
 
-    from kdalab.experiments.store import encode_record
+    from kdalab.records.legacy import encode_record
 
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:

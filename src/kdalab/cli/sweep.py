@@ -75,8 +75,8 @@ def sweep(
 ) -> None:
     from kdalab import params
     from kdalab.cli.stored import run_into_folder
-    from kdalab.experiments.backends import check_backend
-    from kdalab.experiments.sweep import option_field, read_sweep_file
+    from kdalab.runner import check_backend
+    from kdalab.studies.sweep import option_field, read_sweep_file
 
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
@@ -123,7 +123,7 @@ def _plan(data: dict, labels: dict, backend: str, address: str | None):
     not here: the options are checked as for the CPU and the plan runs on the workers' CUDA."""
     import dataclasses
 
-    from kdalab.experiments.sweep import SweepConfig, SweepPlan, option_field
+    from kdalab.studies.sweep import SweepConfig, SweepPlan, option_field
 
     device_keys = [k for k in data if option_field(k) == "device"]
     requested = str(data[device_keys[0]]).strip() if device_keys else ""
@@ -140,9 +140,9 @@ def _plan(data: dict, labels: dict, backend: str, address: str | None):
 
 def _stored_plan(out: Path, device: str | None):
     """The plan of the sweep stored in ``out`` (``--resume`` without sweep options)."""
-    from kdalab.experiments.backends import STORE_KIND
-    from kdalab.experiments.runstore import RunStore, StoreError
-    from kdalab.experiments.sweep import SweepPlan
+    from kdalab.records import RunStore, StoreError
+    from kdalab.studies.plan import STORE_KIND
+    from kdalab.studies.sweep import SweepPlan
 
     try:
         manifest = RunStore.read_only(out).manifest
@@ -155,7 +155,7 @@ def _stored_plan(out: Path, device: str | None):
 
 def _redraw(folder: Path, json_export: bool, quiet: bool) -> None:
     from kdalab.cli.stored import draw_views, export_json
-    from kdalab.experiments.runstore import RunStore, StoreError
+    from kdalab.records import RunStore, StoreError
 
     try:
         store = RunStore.read_only(folder, lock=True)

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from kdalab.experiments.diagonal_tile import summarize  # noqa: E402
+from kdalab.studies.diagonal_tile import summarize  # noqa: E402
 from kdalab.views.plots import plot_series_with_nonfinite, save_figure  # noqa: E402
 from kdalab.views.tables import markdown_table  # noqa: E402
 

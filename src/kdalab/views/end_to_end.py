@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kdalab.experiments.end_to_end import summarize  # noqa: E402
+from kdalab.studies.end_to_end import summarize  # noqa: E402
 from kdalab.views.plots import plot_series_with_nonfinite, save_figure  # noqa: E402
 from kdalab.views.tables import fmt_sci, markdown_table  # noqa: E402
 

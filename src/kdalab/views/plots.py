@@ -16,7 +16,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import offset_copy  # noqa: E402
 
-from kdalab.experiments.families import FAMILIES  # noqa: E402
+from kdalab.inputs.families import FAMILIES  # noqa: E402
 
 __all__ = ["plot_error_vs_chunk", "save_figure", "plot_series_with_nonfinite"]
 
@@ -84,7 +84,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
     family, one colour per (accumulation, lower bound, dim). Configurations whose two series are
     identical (e.g. fp16-seq and fp16-once where no sum rounds differently) are drawn once, their
     names joined by '='. Drawn from the records' aggregates
-    (:func:`kdalab.experiments.aggregate.summarize`)."""
+    (:func:`kdalab.studies.aggregate.summarize`)."""
     present = set(summary["family"])
     families = [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
     fig, axes = plt.subplots(1, max(len(families), 1), figsize=(5.2 * max(len(families), 1), 4.4),

@@ -36,8 +36,8 @@ from kdalab.arith import (
     torch_cast,
 )
 from kdalab.arith.linalg import inv64, matmul64
-from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
-from kdalab.experiments.runs import Run
+from kdalab.inputs.draw import ChunkInputs, make_inputs_batch
+from kdalab.inputs.runs import Run
 from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import Recipe, get_recipe
@@ -160,7 +160,7 @@ def launch_group(
 ) -> PendingGroup:
     """Queue a group's work on ``device`` and return without waiting for it (on CUDA no step
     here waits for the GPU). ``inputs``: the group's inputs if already drawn
-    (:func:`~kdalab.experiments.draw.make_inputs_batch`), else drawn here."""
+    (:func:`~kdalab.inputs.draw.make_inputs_batch`), else drawn here."""
     if not specs:
         raise ValueError("launch_group needs at least one run")
     chunk, dim = specs[0].chunk, specs[0].dim

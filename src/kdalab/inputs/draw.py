@@ -2,9 +2,9 @@
 per-run ``make_inputs``, drawn as fast as the machine allows.
 
 Each run draws from its own ``torch.Generator(device="cpu").manual_seed(seed)`` in the seed's
-order (keys, gate, β: what its :class:`~kdalab.experiments.families.Family` says). Those draws
+order (keys, gate, β: what its :class:`~kdalab.inputs.families.Family` says). Those draws
 are per run by nature, but a seed's keys are drawn once for every chunk size
-(:mod:`kdalab.experiments.keystream`) and runs that share a stream share its draws. Everything
+(:mod:`kdalab.inputs.keystream`) and runs that share a stream share its draws. Everything
 else is done once per batch: the
 sigmoids (torch's CPU sigmoid splits a tensor between a vectorized and a scalar loop whose last
 bits differ; :func:`_sigmoid_rows` reproduces each run's own split, calibrated at run time),
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.experiments.families import FAMILIES, Family, get_family
-from kdalab.experiments.keystream import STREAMS, reusable
-from kdalab.experiments.runs import Run
+from kdalab.inputs.families import FAMILIES, Family, get_family
+from kdalab.inputs.keystream import STREAMS, reusable
+from kdalab.inputs.runs import Run
 
 __all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch"]
 
@@ -70,10 +70,10 @@ def _draw_runs(families: Sequence[str], seeds: Sequence[int], keys: torch.Tensor
                raw_gate: torch.Tensor, raw_beta: torch.Tensor) -> None:
     """The draws of each run, into row ``i`` of ``keys`` [n, C, D], ``raw_gate`` and
     ``raw_beta`` [n, C]: :func:`_draw_run` per run, or, where keys are prefixes of longer
-    chunks' (:func:`~kdalab.experiments.keystream.reusable`), per *stream*: runs of one seed
+    chunks' (:func:`~kdalab.inputs.keystream.reusable`), per *stream*: runs of one seed
     whose keys end at the same row (C rows, or 1 for a shared key) make the same draws after
     their keys (the first is the gate of a family with a random gate, else its β), so each
-    stream's keys come from :data:`~kdalab.experiments.keystream.STREAMS` and its draws are
+    stream's keys come from :data:`~kdalab.inputs.keystream.STREAMS` and its draws are
     made once, then gathered into the runs' rows."""
     gen = torch.Generator(device="cpu")
     chunk, dim = keys.shape[1:]
@@ -179,8 +179,8 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu") -> Chu
     """The inputs of runs of one chunk size and dim, stacked: keys [B, C, D], log_decay and
     beta [B, C]; run ``i`` equal bit for bit to the seed's ``make_inputs`` of ``runs[i]``.
 
-    ``runs`` are :class:`~kdalab.experiments.runs.Run` values (as made by
-    :meth:`~kdalab.experiments.runs.Run.checked` or ``plan_runs``: not checked again here).
+    ``runs`` are :class:`~kdalab.inputs.runs.Run` values (as made by
+    :meth:`~kdalab.inputs.runs.Run.checked` or ``plan_runs``: not checked again here).
     The random draws are each run's own (:func:`_draw_runs`: per key stream where the keys of
     one seed serve every chunk size, else per run); the rest is done once for the batch and
     equals the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`

@@ -69,7 +69,7 @@ SUMMARY_ROWS = 1 << 20
 
 
 def summarize_store(store) -> pd.DataFrame:
-    """:func:`summarize` of a :class:`~kdalab.experiments.runstore.RunStore`'s records, read
+    """:func:`summarize` of a :class:`~kdalab.records.RunStore`'s records, read
     one group at a time and only the columns it needs (memory: about :data:`SUMMARY_ROWS`
     records, whatever the sweep's size). Groups hold whole (chunk, dim) cells, so the rows are
     those of ``summarize(all records)``."""

@@ -20,7 +20,7 @@ inv_finite, inv_rel_rmse  fp16 Neumann inverse of the kernel's L against the exa
 ==================  ==============================================================================
 
 Families: ``floor`` (worst case: every step at the bound, seed 0) and ``model_like``
-(g = lb·sigmoid(N(0,1))), drawn by :func:`kdalab.experiments.draw.make_inputs`. Only the scale
+(g = lb·sigmoid(N(0,1))), drawn by :func:`kdalab.inputs.draw.make_inputs`. Only the scale
 format and the exp2 path vary; the rest of the recipe is the seed's (bf16 operands, fp32-accumulated
 GEMM, fp16 L, fp16 Neumann inverse under ``inverse_accumulation``).
 """
@@ -35,12 +35,12 @@ import torch
 from kdalab import params
 from kdalab.arith import AccumulationModel, Format, rel_rmse
 from kdalab.arith.linalg import inv64
-from kdalab.experiments.draw import make_inputs
-from kdalab.experiments.limits import TABLE_LOWER_BOUNDS, calculator_records
+from kdalab.inputs.draw import make_inputs
 from kdalab.kda.dynamic_range import BOUNDARIES
 from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, split_factors, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
+from kdalab.studies.limits import TABLE_LOWER_BOUNDS, calculator_records
 
 __all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "DEFAULT_CHUNKS", "SweepGrid", "run_chunk",
            "run_sweep", "calculator", "count_scales", "worst_case_scale_table"]

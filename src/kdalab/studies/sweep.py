@@ -2,7 +2,7 @@
 
 A :class:`SweepConfig` names families × chunk sizes × seeds × dims × accumulation models (× lower
 bounds for the families that use one). :func:`run_sweep` groups the runs by (chunk, dim), runs each
-group as one batch (:func:`kdalab.experiments.inverse.launch_group`) and hands every group's
+group as one batch (:func:`kdalab.studies.inverse.launch_group`) and hands every group's
 records to a sink as soon as they exist. Configurations load from TOML, the keys spelled as the
 command's options (dashes or underscores; plural field names work too)::
 
@@ -17,8 +17,7 @@ command's options (dashes or underscores; plural field names work too)::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -27,17 +26,24 @@ import torch
 from kdalab import params
 from kdalab.arith import AccumulationModel
 from kdalab.errors import Unavailable
-from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
-from kdalab.experiments.families import FAMILIES, get_family
-from kdalab.experiments.inverse import PendingGroup, launch_group
-from kdalab.experiments.plan import SEED_TABLE_CHUNKS, Batch, SweepPlan, group_label
-from kdalab.experiments.runs import Run
+from kdalab.inputs.families import FAMILIES, get_family
+from kdalab.inputs.runs import Run
 from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.params import option_field, read_sweep_file
+from kdalab.studies.plan import (
+    DEFAULT_MAX_BATCH,
+    SEED_TABLE_CHUNKS,
+    Batch,
+    SweepPlan,
+    cpu_threads,
+    group_label,
+    iter_batch_tables,
+)
 
 __all__ = ["DEFAULT_MAX_BATCH", "SweepConfig", "read_sweep_file", "plan_runs", "plan_batches",
            "run_sweep", "SEED_TABLE_CHUNKS", "seed_reproduction_runs", "record_cost",
            "option_field", "SweepPlan", "Batch", "iter_batch_tables", "group_label"]
+
 
 @dataclass(frozen=True)
 class SweepConfig:
@@ -162,93 +168,6 @@ def plan_batches(runs: Sequence[Run], max_batch: int = 512) -> list[list[Run]]:
             for start in range(0, len(specs), max_batch)]
 
 
-def _pipelined(device: torch.device) -> bool:
-    return device.type == "cuda"
-
-
-#: run_sweep's batch size by device (False: CPU, True: CUDA); 4096 measured fastest of
-#: 256/512/1024/4096 on the H200 (docs/BENCHMARKS.md).
-DEFAULT_MAX_BATCH = {False: 512, True: 4096}
-
-
-def _cpu_threads(device: torch.device, threads: int | None):
-    """Run with ``threads`` intra-op threads (default 1), restored afterwards, whatever the
-    device: a sweep's CPU tensors are small, and intra-op threads only wait for each other.
-
-    On the CPU, with two threads on a 2-core machine whose other core was busy, 768 runs took
-    205 s instead of 4.2 s (OpenMP waits for the descheduled thread at every operation;
-    docs/BENCHMARKS.md); cores are used by Ray workers instead (``--backend ray``), one thread
-    each. On CUDA the CPU's share (draws, copies, sigmoids, records) is small tensors too: on
-    the H200 host the local backend, on torch's default threads, took 0.049 ms per run where a
-    Ray worker running the same pipeline on one thread took 0.030 (docs/sweeps.md)."""
-    from contextlib import contextmanager
-
-    @contextmanager
-    def scope():
-        before = torch.get_num_threads()
-        torch.set_num_threads(threads or 1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
-    return scope()
-
-
-def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
-                      *, recipe: Recipe, device: torch.device
-                      ) -> Iterator[tuple[Batch, object]]:
-    """``(batch, records)`` for each batch in order, the records an Arrow table
-    (:func:`~kdalab.experiments.inverse.record_schema`).
-
-    On CUDA the batches are pipelined: while the GPU computes batch n, the inputs of the next
-    are drawn on a thread and this thread queues batch n+1's work, then builds batch n's
-    records; the only wait for the GPU is each batch's one copy of its metrics back.
-    """
-    if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
-        device = torch.device("cuda", torch.cuda.current_device())
-
-    def launch(batch: Batch, inputs: ChunkInputs | None = None) -> PendingGroup:
-        return launch_group(batch.runs, accumulations, recipe=recipe, device=device,
-                            inputs=inputs)
-
-    source = iter(batches)
-    if not _pipelined(device):
-        for batch in source:
-            yield batch, launch(batch).table(batch.index)
-        return
-    inputs_of = _drawn_ahead(source, device)
-    pending = None
-    try:
-        for batch, inputs in inputs_of:
-            launched = (batch, launch(batch, inputs))
-            if pending is not None:
-                yield pending[0], pending[1].table(pending[0].index)
-            pending = launched
-        if pending is not None:
-            yield pending[0], pending[1].table(pending[0].index)
-    finally:
-        inputs_of.close()
-
-
-def _drawn_ahead(source: Iterator[Batch], device: torch.device):
-    """``(batch, inputs)`` in order, batch n+1's inputs drawn on a thread meanwhile."""
-    with ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead") as ahead:
-        batch = next(source, None)
-        drawn = ahead.submit(make_inputs_batch, batch.runs, device) if batch else None
-        try:
-            while batch is not None:
-                inputs = drawn.result()
-                following = next(source, None)
-                drawn = (ahead.submit(make_inputs_batch, following.runs, device)
-                         if following is not None else None)
-                yield batch, inputs
-                batch = following
-        finally:
-            if drawn is not None:
-                drawn.cancel()
-
-
 def run_sweep(
     runs: Sequence[Run],
     accumulations: Sequence[str | AccumulationModel],
@@ -267,9 +186,9 @@ def run_sweep(
     ``max_batch``: runs per batch (default
     :data:`DEFAULT_MAX_BATCH` for the device: 512 on the CPU, where small batches stay in cache;
     4096 on CUDA, where each batch costs a few hundred kernel launches). ``threads``: torch's
-    intra-op threads during the sweep (default 1, see :func:`_cpu_threads`).
+    intra-op threads during the sweep (default 1, see :func:`~kdalab.studies.plan.cpu_threads`).
     Pipelined on CUDA (:func:`iter_batch_tables`). For sweeps kept on disk, resumable and
-    run on Ray, see :func:`kdalab.experiments.backends.run_into_store`.
+    run on Ray, see :func:`kdalab.runner.run_into_store`.
     """
     device = torch.device(params.device(device))
     models = params.accumulations(accumulations, "accumulations", device.type)
@@ -280,7 +199,7 @@ def run_sweep(
                for b in plan_batches(runs, max_batch)]
     total, done = len(runs), 0
     out: list[dict] = []
-    with _cpu_threads(device, threads):
+    with cpu_threads(device, threads):
         for batch, table in iter_batch_tables(batches, models, recipe=recipe, device=device):
             records = table.drop_columns(["run"]).to_pylist()
             if sink is not None:
