@@ -118,7 +118,8 @@ MISTAKES = [
     (["run", "end-to-end", "--families", "gaussian"], "--families must be one of model_like"),
     (["run", "end-to-end", "--dim", "0"], "--dim must be an integer >= 1, got 0"),
     (["run", "end-to-end", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
-    (["run", "end-to-end", "--redraw", "--out", "{tmp}/empty"], "--out: no records in"),
+    (["run", "end-to-end", "--redraw", "--out", "{tmp}/empty"],
+     "--redraw: {tmp}/empty holds no kdalab store"),
     (["run", "bogus"], "No such command 'bogus'"),
 ]
 if torch.cuda.is_available():

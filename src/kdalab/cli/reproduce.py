@@ -46,20 +46,18 @@ def reproduce(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
     from kdalab import params
+    from kdalab.cli.sweep import run_plan
+    from kdalab.studies.sweep import SweepPlan
 
     seed_list = params.int_list(seeds, "--seeds", minimum=0)
     chunk_list = params.int_list(chunks, "--chunks", minimum=1) if chunks is not None else None
     dim = params.integer(dim, "--dim", 1)
     device = params.device(device, "--device")
-    from kdalab.cli.stored import run_into_folder
-    from kdalab.studies.sweep import SweepPlan
-
     model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
     out = params.output_folder(out, "--out")
 
     plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
-    paths = run_into_folder(plan, out, resume=resume, force=force, quiet=quiet,
-                            json_export=json,
-                            again="kdalab reproduce (the same options) --out {out} --resume")
+    paths = run_plan(plan, out, resume=resume, force=force, quiet=quiet, json_export=json,
+                     again="kdalab reproduce (the same options) --out {out} --resume")
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)

@@ -74,7 +74,6 @@ def sweep(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
     from kdalab import params
-    from kdalab.cli.stored import run_into_folder
     from kdalab.runner import check_backend
     from kdalab.studies.sweep import option_field, read_sweep_file
 
@@ -112,10 +111,40 @@ def sweep(
         plan = _stored_plan(out, device)
     else:
         plan = _plan(data, labels, backend, address)
-    paths = run_into_folder(plan, out, resume=resume, force=force, backend=backend,
-                            address=address, quiet=quiet, json_export=json)
+    paths = run_plan(plan, out, resume=resume, force=force, backend=backend, address=address,
+                     quiet=quiet, json_export=json)
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+
+
+def run_plan(plan, out: Path, *, resume: bool = False, force: bool = False,
+             backend: str = "local", address: str | None = None, quiet: bool = False,
+             json_export: bool = False, again: str = "kdalab sweep --out {out} --resume"
+             ) -> list[Path]:
+    """An inverse sweep's ``plan`` into its store in ``out`` (progress weighted by each run's
+    estimated cost), then its views (and ``records.json`` with ``json_export``); ``sweep`` and
+    ``reproduce`` alike."""
+    from kdalab.cli.stored import export_json, run_into_folder, sweep_views
+    from kdalab.studies.sweep import record_cost
+
+    names = [m.name for m in plan.accumulations]
+
+    def weight(batch) -> float:
+        run = batch.runs[0]
+        return len(batch.runs) * sum(record_cost(run.chunk, run.dim, n) for n in names)
+
+    total = sum(len(pairs) * len(plan.seeds) * sum(record_cost(c, d, n) for n in names)
+                for c, d, pairs in plan.cells)
+    paths, _, _ = run_into_folder(
+        plan, out, draw=sweep_views, again=again, resume=resume, force=force,
+        backend=backend, address=address, quiet=quiet, weight=weight, total=total,
+        summary=lambda ran, seconds: f"{ran} runs × {len(names)} accumulation model(s) in "
+                                     f"{seconds:.1f} s; {len(plan)} runs stored in {out}/")
+    if json_export:
+        from kdalab.records import StoreReader
+
+        paths.append(export_json(StoreReader.read_only(out), out / "records.json"))
+    return paths
 
 
 def _plan(data: dict, labels: dict, backend: str, address: str | None):
@@ -154,22 +183,13 @@ def _stored_plan(out: Path, device: str | None):
 
 
 def _redraw(folder: Path, json_export: bool, quiet: bool) -> None:
-    from kdalab.cli.stored import draw_views, export_json
-    from kdalab.records import RunStore, StoreError
+    from kdalab.cli.stored import export_json, redraw_folder, sweep_views
+    from kdalab.records import StoreReader
+    from kdalab.studies.plan import STORE_KIND
 
-    try:
-        store = RunStore.read_only(folder, lock=True)
-    except StoreError as exc:
-        raise ValueError(f"--redraw: {exc}") from None
-    with store:
-        stored = int(store.done.sum())
-        if not quiet and not store.complete:
-            console.print(f"{folder} holds {stored} of {store.runs} runs ('kdalab sweep --out "
-                          f"{folder} --resume' completes it); drawing from those",
-                          highlight=False)
-        paths = draw_views(store, show=not quiet)
-        if json_export:
-            paths.append(export_json(store, folder / "records.json"))
+    paths, stored = redraw_folder(folder, STORE_KIND, sweep_views, quiet=quiet)
+    if json_export:
+        paths.append(export_json(StoreReader.read_only(folder), folder / "records.json"))
     if not quiet:
         console.print(f"wrote {len(paths)} files to {folder}/ from {stored} stored runs",
                       highlight=False)
