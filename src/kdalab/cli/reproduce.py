@@ -54,9 +54,12 @@ def reproduce(
     dim = params.integer(dim, "--dim", 1)
     device = params.device(device, "--device")
     model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
-    out = params.output_folder(out, "--out")
 
-    plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
+    try:
+        plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
+    except ValueError as exc:
+        raise params.renamed(exc, {"chunks": "--chunks"}) from None
+    out = params.output_folder(out, "--out")
     paths = run_plan(plan, out, resume=resume, force=force, quiet=quiet, json_export=json,
                      again="kdalab reproduce (the same options) --out {out} --resume")
     if not quiet:

@@ -106,11 +106,16 @@ def sweep(
         for key in [k for k in data if option_field(k) == option_field(option)]:
             del data[key]  # the command line overrides the file
         data[option], labels[option] = value, option
-    out = params.output_folder(_DEFAULT_OUT if out is None else out, out_label)
+    out = Path(_DEFAULT_OUT if out is None else out)
     if resume and all(option_field(k) == "device" for k in data):  # the sweep stored in --out
         plan = _stored_plan(out, device)
     else:
         plan = _plan(data, labels, backend, address)
+    if backend == "ray":  # the cluster joined (or started) before anything is written
+        from kdalab.runner.ray import ray_cluster
+
+        ray_cluster(address)
+    out = params.output_folder(out, out_label)
     paths = run_plan(plan, out, resume=resume, force=force, backend=backend, address=address,
                      quiet=quiet, json_export=json)
     if not quiet:

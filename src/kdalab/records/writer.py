@@ -60,6 +60,9 @@ class RunStore(StoreReader):
         self._last_flush = time.monotonic()
         self._writer: ThreadPoolExecutor | None = None  # writes the parts, off the caller
         self._writing: deque[tuple[str, Future]] = deque()  # (group, part being written)
+        # (this open wrote the manifest, and made the folder): a start that stores nothing
+        # leaves nothing behind (close)
+        self._started = (False, False)
 
     @classmethod
     def open(cls, folder: str | Path, *, kind: str, config: dict, runs: int,
@@ -75,6 +78,7 @@ class RunStore(StoreReader):
         fresh = Manifest.new(kind, config, runs, records_per_run, schema)
         if not force:  # refused before anything is created in the folder
             _refusal(folder, fresh)
+        made = not folder.exists()
         try:
             folder.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -83,6 +87,7 @@ class RunStore(StoreReader):
         try:
             manifest = _claim(folder, fresh, force)
             store = cls(folder, manifest, schema, lock_fd=lock_fd)
+            store._started = (manifest is fresh, made)
             if store.done.any() and not (resume or force):
                 raise StoreError(
                     f"{folder} already holds {int(store.done.sum())} of {runs} runs of this "
@@ -170,11 +175,28 @@ class RunStore(StoreReader):
             if self._writer is not None:
                 self._writer.shutdown(wait=True)  # a part being written is finished
                 self._writer = None
-            if self._lock_fd is not None:
+            if self._lock_fd is not None and self._started[0] and not self.done.any():
+                self._undo_start()
+            elif self._lock_fd is not None:
                 self._set_state("complete" if self.complete else "interrupted")
             super().close()
 
+    def _undo_start(self) -> None:
+        """Remove what this open made, as nothing was stored: no manifest without parts."""
+        clear(self.folder)
+        _rmdir(self.folder / PARTS)
+        if self._started[1]:  # the folder too, made by this open
+            (self.folder / LOCK).unlink(missing_ok=True)
+            _rmdir(self.folder)
+
     # every appended record is complete, so it is kept on an error or an interrupt too
+
+
+def _rmdir(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not empty: what else is there stays
+        pass
 
 
 def _refusal(folder: Path, fresh: Manifest) -> None:

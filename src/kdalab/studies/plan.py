@@ -3,6 +3,8 @@ batches cut from the runs not yet stored (see docs/sweeps.md)."""
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -22,6 +24,7 @@ from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.studies.inverse import PendingGroup, launch_group, record_schema
 
 __all__ = ["SEED_TABLE_CHUNKS", "SweepPlan", "Batch", "group_label", "DEFAULT_MAX_BATCH",
+           "check_memory", "run_bytes",
            "STORE_KIND", "cpu_threads", "iter_batch_tables", "run_shard", "warm_worker"]
 
 #: The store kind of the inverse sweep (``kdalab sweep`` and ``kdalab reproduce``).
@@ -33,6 +36,46 @@ SEED_TABLE_CHUNKS = {
     "weak_decay_correlated": (8, 16, 17, 24, 32, 48),
     "model_like": (8, 16, 32, 48),
 }
+
+
+#: C×C float64 matrices a run holds at the pipeline's peak, per accumulation model (an upper
+#: estimate: L and its references, the inverses, the Neumann powers and their products)
+MATRICES_PER_RUN = 24
+#: the share of the device's memory one batch may take
+MEMORY_SHARE = 0.5
+
+
+def run_bytes(chunk: int, dim: int, models: int) -> int:
+    """Bytes one run of a (chunk, dim) cell takes at the pipeline's peak (an estimate)."""
+    return 8 * chunk * (MATRICES_PER_RUN * max(models, 1) * chunk + 4 * dim)
+
+
+def memory_budget(device: str) -> int:
+    """Bytes a batch may take on ``device``: a share of the GPU's memory, or of this machine's
+    (its physical memory where the system says it, else 8 GiB)."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        total = torch.cuda.get_device_properties(dev.index or 0).total_memory
+    else:
+        try:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            total = 8 << 30
+    return int(MEMORY_SHARE * total)
+
+
+def check_memory(chunks: Sequence[int], dims: Sequence[int], models: int, device: str,
+                 name: str = "chunks") -> None:
+    """A ValueError naming ``name`` if one run of the largest chunk size would not fit the
+    device's memory budget (:func:`memory_budget`): said before any work or folder is made."""
+    budget = memory_budget(device)
+    chunk, dim = max(chunks), max(dims)
+    need = run_bytes(chunk, dim, models)
+    if need > budget:
+        largest = int(math.isqrt(budget // (8 * MATRICES_PER_RUN * max(models, 1))))
+        raise ValueError(f"{name}: a chunk of {chunk} needs about {need / 2**30:,.0f} GiB per run "
+                         f"(C×C float64 matrices), more than {device}'s budget of "
+                         f"{budget / 2**30:,.0f} GiB; choose chunk sizes up to about {largest}")
 
 
 @dataclass(frozen=True)
@@ -108,11 +151,11 @@ class SweepPlan:
                 by_cell.setdefault(c, []).append((fam, lb))
         dim = params.integer(dim, "dim", 1)
         device = params.device(device)
+        models = params.accumulations(accumulations, "accumulations", torch.device(device).type)
+        check_memory(list(by_cell), [dim], len(models), device)
         return cls(tuple((c, dim, tuple(p)) for c, p in sorted(by_cell.items())),
-                   params.int_list(seeds, "seeds", minimum=0),
-                   params.accumulations(accumulations, "accumulations",
-                                        torch.device(device).type),
-                   get_recipe("seed"), device)
+                   params.int_list(seeds, "seeds", minimum=0), models, get_recipe("seed"),
+                   device)
 
     def identity(self) -> dict:
         """The plan as JSON data: a store's configuration (its fingerprint hashes it). The
@@ -154,16 +197,20 @@ class SweepPlan:
     def batches(self, max_batch: int | None = None,
                 done: np.ndarray | None = None) -> Iterator[Batch]:
         """The runs not ``done`` (a bool array over the indices), cut into batches of at most
-        ``max_batch`` runs of one cell (default :data:`DEFAULT_MAX_BATCH` for the device), in
-        index order; generated lazily."""
+        ``max_batch`` runs of one cell (default :data:`DEFAULT_MAX_BATCH` for the device; fewer
+        where the runs are large: :func:`memory_budget`), in index order; generated lazily."""
         max_batch = max_batch or DEFAULT_MAX_BATCH[self.gpu]
+        budget = memory_budget(self.device)
         offsets, n_seeds = self._offsets, len(self.seeds)
         for (chunk, dim, pairs), lo in zip(self.cells, offsets):
             index = np.arange(lo, lo + len(pairs) * n_seeds, dtype=np.int64)
             if done is not None:
                 index = index[~done[index]]
-            for start in range(0, len(index), max_batch):
-                part = index[start : start + max_batch]
+            # large chunks: fewer runs per batch, within the memory budget
+            step = max(1, min(max_batch,
+                              budget // run_bytes(chunk, dim, len(self.accumulations))))
+            for start in range(0, len(index), step):
+                part = index[start : start + step]
                 pair, seed = np.divmod(part - lo, n_seeds)
                 runs = [Run(pairs[p][0], pairs[p][1], chunk, self.seeds[s], dim)
                         for p, s in zip(pair.tolist(), seed.tolist())]

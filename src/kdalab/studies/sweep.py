@@ -35,6 +35,7 @@ from kdalab.studies.plan import (
     SEED_TABLE_CHUNKS,
     Batch,
     SweepPlan,
+    check_memory,
     cpu_threads,
     group_label,
     iter_batch_tables,
@@ -75,6 +76,7 @@ class SweepConfig:
         }
         for name, value in typed.items():
             object.__setattr__(self, name, value)
+        check_memory(self.chunks, self.dims, len(self.accumulations), device)
 
     @classmethod
     def parse(cls, data: Mapping[str, object],

@@ -18,7 +18,7 @@ from matplotlib.transforms import offset_copy  # noqa: E402
 
 from kdalab.inputs.families import FAMILIES  # noqa: E402
 
-__all__ = ["plot_error_vs_chunk", "save_figure", "plot_series_with_nonfinite"]
+__all__ = ["plot_error_vs_chunk", "save_figure", "plot_series_with_nonfinite", "log_errors"]
 
 #: horizontal distance between the non-finite markers of neighbouring series, in points
 MARKER_STEP_PT = 4.0
@@ -72,6 +72,21 @@ def plot_series_with_nonfinite(ax, x, y, *, label: str, slot: int = 0, slots: in
                    transform=where, clip_on=False, zorder=5, label="_nolegend_")
 
 
+def log_errors(ax) -> bool:
+    """A log-scaled error axis where the panel holds a finite non-zero error; else (every error
+    non-finite or exactly 0: nothing a log axis can place) a linear axis without ticks and a
+    note saying so, the non-finite markers still on its top edge. Returns whether it is log."""
+    drawn = [np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()]
+    if any(len(y) and (np.isfinite(y) & (y > 0)).any() for y in drawn):
+        ax.set_yscale("log")
+        return True
+    ax.set_ylim(0.0, 1.0)
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, "no finite non-zero error to draw\n(x on the top edge: non-finite)",
+            transform=ax.transAxes, ha="center", va="center", fontsize=8, color="dimgrey")
+    return False
+
+
 def _series_key(s: pd.DataFrame) -> tuple:
     """The data a configuration draws, as a hashable value (identical series share it)."""
     columns = ("chunk", "inv_total_rel_rmse_median", "inv_stable_l_rel_rmse_median")
@@ -121,7 +136,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
                                        label="_nolegend_", linestyle="--", color=color,
                                        marker=marker, slot=slot, slots=len(drawn))
         g = summary[summary["family"] == fam]
-        ax.set_yscale("log")
+        log_errors(ax)
         lo, hi = float(g["chunk"].min()), float(g["chunk"].max())
         pad = max(1.0, 0.04 * (hi - lo))
         ax.set_xlim(lo - pad, hi + pad)  # non-finite markers don't widen the axes themselves
