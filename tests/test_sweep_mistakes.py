@@ -63,7 +63,8 @@ def test_end_to_end_with_only_non_finite_panels_writes_every_file(tmp_path, caps
     out = tmp_path / "e2e"
     code, _, err = cli(capsys, "run", "end-to-end", "--quick", "--variants",
                        "flashkda/chunk_start/neumann", "--chunks", "16", "--families",
-                       "model_like,saturated", "--out", str(out), "--quiet")
+                       "saturated", "--lower-bounds", "-5,unbounded", "--out", str(out),
+                       "--quiet")
     assert code == 0, err
     assert _views_all_there(out) == 15  # 5 tables, 5 plots in PNG and SVG
     # the unbounded gate's panels hold only non-finite errors: drawn, with a note
@@ -97,21 +98,24 @@ def test_redraw_of_another_tools_folder_is_one_line(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command", [
-    ["run", "end-to-end", "--quick", "--families", "model_like", "--chunks", "8"],
-    ["run", "diagonal-tile", "--chunks", "2"],
-    ["run", "dynamic-range", "--chunks", "2", "--lower-bounds", "-1", "--formats", "bf16"],
-])
-def test_the_studies_refuse_a_foreign_folder_unless_forced(command, tmp_path, capsys):
+    ["run", "end-to-end", "--quick"], ["run", "dynamic-range"], ["run", "diagonal-tile"],
+    ["sweep"], ["reproduce"]])
+def test_a_foreign_folder_is_refused(command, tmp_path, capsys):
     (tmp_path / "report.md").write_text("someone else's")
     code, _, err = cli(capsys, *command, "--out", str(tmp_path), "--quiet")
     one_error(code, err, f"{tmp_path} is not empty and holds no kdalab store")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
-    code, _, err = cli(capsys, *command, "--out", str(tmp_path), "--quiet", "--force")
+
+
+def test_force_writes_beside_foreign_files_and_a_rerun_needs_resume(tmp_path, capsys):
+    command = ["run", "diagonal-tile", "--chunks", "2", "--out", str(tmp_path), "--quiet"]
+    (tmp_path / "report.md").write_text("someone else's")
+    code, _, err = cli(capsys, *command, "--force")
     assert code == 0, err
     assert (tmp_path / "report.md").read_text() == "someone else's"
-    code, _, err = cli(capsys, *command, "--out", str(tmp_path), "--quiet")
+    code, _, err = cli(capsys, *command)
     one_error(code, err, f"{tmp_path} already holds")  # its own records: --resume or --force
-    code, _, err = cli(capsys, *command, "--out", str(tmp_path), "--quiet", "--resume")
+    code, _, err = cli(capsys, *command, "--resume")
     assert code == 0, err
 
 
