@@ -74,7 +74,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     # click's plain help: it reflows paragraphs to the terminal and needs no Markdown renderer
-    # (rich's help panels cost about 0.3 s of imports and drawing on every --help)
+    # (rich's help panels cost imports and drawing on every --help)
     rich_markup_mode=None,
 )
 run_app = typer.Typer(

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from kdalab.cli.app import STATE, console
+from kdalab.cli.app import STATE, console, mark
 from kdalab.cli.progress import WeightedProgress, drawing
 
 __all__ = ["run_into_folder", "redraw_folder", "draw_views", "export_json"]
@@ -36,6 +36,7 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
         total = float(len(study))
     t0 = time.perf_counter()
     with open_store(study, out, resume=resume, force=force) as store:
+        mark("store open")
         before = int(store.done.sum())
         if before and not quiet:
             console.print(f"resuming: {before} of {store.runs} {noun} already stored in {out}/",
@@ -46,6 +47,7 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
                 ran = run_into_store(study, store, backend=backend, address=address,
                                      progress=lambda b: bar.advance(len(b.index), weight(b)))
             store.flush()
+            mark("every record on disk")
         except BaseException:
             store.close()  # what was computed is on disk before anything is said
             STATE.kept.append(f"{int(store.done.sum())} of {store.runs} {noun} stored in {out}")
@@ -55,6 +57,7 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
         if summary is not None and not quiet:
             console.print(summary(ran, elapsed), highlight=False)
         paths = draw_views(store, draw, show=not quiet)
+        mark("views drawn")
     return paths, ran, elapsed
 
 

@@ -187,8 +187,7 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu") -> Chu
     reproduces torch's per-tensor split between its vectorized and scalar loops),
     g = lower_bound · sigmoid and the constants. Each tensor then goes to ``device`` in one
     copy (from pinned memory, without waiting, on CUDA). Draws run in the calling thread:
-    with the key streams, draw threads and draw processes were both slower on the H200 host
-    (docs/BENCHMARKS.md).
+    with the key streams, draw threads and draw processes measured slower (docs/sweeps.md).
     """
     if not runs:
         raise ValueError("make_inputs_batch needs at least one run")

@@ -272,12 +272,11 @@ def cpu_threads(device: torch.device, threads: int | None):
     """Run with ``threads`` intra-op threads (default 1), restored afterwards, whatever the
     device: a sweep's CPU tensors are small, and intra-op threads only wait for each other.
 
-    On the CPU, with two threads on a 2-core machine whose other core was busy, 768 runs took
-    205 s instead of 4.2 s (OpenMP waits for the descheduled thread at every operation;
-    docs/BENCHMARKS.md); cores are used by Ray workers instead (``--backend ray``), one thread
-    each. On CUDA the CPU's share (draws, copies, sigmoids, records) is small tensors too: on
-    the H200 host the local backend, on torch's default threads, took 0.049 ms per run where a
-    Ray worker running the same pipeline on one thread took 0.030 (docs/sweeps.md)."""
+    With two threads on a machine whose other core is busy, OpenMP waits for the descheduled
+    thread at every operation (docs/BENCHMARKS.md has the figures); cores are used by Ray
+    workers instead (``--backend ray``), one thread each. On CUDA the CPU's share (draws,
+    copies, sigmoids, records) is small tensors too, and one thread measured faster than
+    torch's default (docs/sweeps.md)."""
     @contextmanager
     def scope():
         before = torch.get_num_threads()

@@ -142,10 +142,10 @@ def seed_reproduction_runs(seeds: Sequence[int] = (0, 1, 2), dim: int = 128,
 
 def record_cost(chunk: int, dim: int, accumulation: str) -> float:
     """A rough cost of one record (one run under one model) in CPU milliseconds, for progress
-    estimates only. Fitted to `run_sweep` on the dev VM (1 thread, dim 128, C = 8…64): about
-    0.4 ms per run for the draws, L and the references, then per model ~0.08·C (fp16-seq),
-    ~0.03·C (fp32, fp64), ~8e-5·C³ (fp16-once's exact limbs) and ~1e-4·C³ (the Tensor-Core
-    emulation: about 25 ms at C = 64); the GPU's models cost little per run."""
+    estimates only, fitted to `run_sweep` on one CPU thread (dim 128, C = 8…64): a fixed part
+    per run for the draws, L and the references, then per model a term linear in C (fp16-seq,
+    fp32, fp64) or cubic in C (fp16-once's exact limbs, the Tensor-Core emulation); the GPU's
+    models cost little per run."""
     if accumulation.startswith("h200"):
         model = 1e-4 * chunk**3
     elif accumulation == "fp16-once":

@@ -161,8 +161,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
 #: right, top (the title and the panels' titles) and bottom (the tick labels and x label; the
 #: legend hangs below the figure and the saved box takes it in). ``tight_layout`` measured
 #: 0.77 / 0.15 / 0.68 / 0.58 in for these texts; fixed, with room for wider tick labels
-#: (10⁻¹²), since its layout pass is work the tight box then does again (the plot took
-#: 0.74–1.27 s instead of 0.97–1.64 s in fresh processes on the dev VM). The saved figure is
+#: (10⁻¹²), since its layout pass is work the tight box then does again. The saved figure is
 #: cut to its tight box, so the outer margins never show as blank space.
 PANEL_MARGINS_IN = {"left": 0.85, "right": 0.15, "top": 0.70, "bottom": 0.60}
 #: the axis labels' distance from the axes, inches (past the widest tick labels: 10⁻¹²)
