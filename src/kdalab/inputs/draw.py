@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
+from kdalab import params
 from kdalab.inputs.families import FAMILIES, Family, get_family
 from kdalab.inputs.keystream import STREAMS, reusable
 from kdalab.inputs.runs import Run
 
-__all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch"]
+__all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch", "per_channel_inputs"]
 
 
 @dataclass(frozen=True)
@@ -222,3 +223,19 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu") -> Chu
     if device.type == "cpu":
         return ChunkInputs(keys, log_decay, beta)
     return ChunkInputs(*(t.to(device, non_blocking=pin) for t in (keys, log_decay, beta)))
+
+
+def per_channel_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float):
+    """The per-channel variant of ``floor`` and ``model_like`` (the diagonal-tile study's):
+    keys (bf16, unit norm) and log-decay [C, D]; ``floor`` puts every step and channel at the
+    bound, ``model_like`` draws g = lb·sigmoid(N(0, 1)) per step and channel."""
+    params.choice(family, "family", ("floor", "model_like"))
+    gen = torch.Generator().manual_seed(int(seed))
+    keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
+    keys = (keys / keys.norm(dim=-1, keepdim=True)).to(torch.bfloat16)
+    if family == "floor":
+        g = torch.full((chunk, dim), float(lower_bound), dtype=torch.float64)
+    else:
+        g = float(lower_bound) * torch.sigmoid(torch.randn(chunk, dim, dtype=torch.float64,
+                                                           generator=gen))
+    return keys, g

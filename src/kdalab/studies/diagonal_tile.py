@@ -38,13 +38,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kdalab import params
 from kdalab.arith import rel_rmse
+from kdalab.inputs.draw import per_channel_inputs
 from kdalab.kda.intra import LOG2E
 from kdalab.kda.recipe import SEED, Recipe
 from kdalab.kda.tiles import decayed_scores, get_tiles
 from kdalab.studies.cells import CellStudy
 
-__all__ = ["STRATEGIES", "DiagonalTileStudy", "WorkCounter", "per_channel_inputs",
-           "reference_scores", "run_study", "count_work", "summarize"]
+__all__ = ["STRATEGIES", "DiagonalTileStudy", "WorkCounter", "reference_scores", "run_study",
+           "count_work", "summarize"]
 
 #: chunk_start / midpoint: one dense tile through a fixed boundary; per_pair: every pair;
 #: secondary*: 16-token tiles, off-diagonal through fla's shared boundary, the diagonal tiles per
@@ -91,21 +92,6 @@ class Work:
     scalings: int
     gemm_macs: int
     dot_macs: int
-
-
-def per_channel_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float):
-    """Keys (bf16, unit norm) and per-channel log-decay [C, D]: ``floor`` puts every step and
-    channel at the bound, ``model_like`` draws g = lb·sigmoid(N(0, 1)) per step and channel."""
-    params.choice(family, "family", ("floor", "model_like"))
-    gen = torch.Generator().manual_seed(int(seed))
-    keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
-    keys = (keys / keys.norm(dim=-1, keepdim=True)).to(torch.bfloat16)
-    if family == "floor":
-        g = torch.full((chunk, dim), float(lower_bound), dtype=torch.float64)
-    else:
-        g = float(lower_bound) * torch.sigmoid(torch.randn(chunk, dim, dtype=torch.float64,
-                                                           generator=gen))
-    return keys, g
 
 
 def reference_scores(keys: torch.Tensor, log_decay: torch.Tensor) -> torch.Tensor:
