@@ -183,6 +183,11 @@ class SweepPlan:
         except (KeyError, TypeError) as exc:
             raise ValueError(f"the store's configuration is not a sweep's ({exc})") from None
 
+    def runs(self) -> list[Run]:
+        """Every run, in index order (a list: for small plans and tests)."""
+        return [Run(f, lb, c, s, d) for c, d, pairs in self.cells for f, lb in pairs
+                for s in self.seeds]
+
     @property
     def _offsets(self) -> list[int]:
         out, total = [], 0

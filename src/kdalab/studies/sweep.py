@@ -102,7 +102,8 @@ class SweepConfig:
             raise params.renamed(exc, names) from None
 
     def runs(self) -> list[Run]:
-        return plan_runs(self.families, self.chunks, self.seeds, self.dims, self.lower_bounds)
+        """Every run of the sweep, in its plan's order (:meth:`SweepPlan.runs`)."""
+        return SweepPlan.of(self).runs()
 
     def as_dict(self) -> dict:
         return {"families": list(self.families), "chunks": list(self.chunks),
@@ -115,29 +116,16 @@ class SweepConfig:
 def plan_runs(families: Sequence[str], chunks: Sequence[int], seeds: Sequence[int],
               dims: Sequence[int], lower_bounds: Sequence[float]) -> list[Run]:
     """The product of the axes (each checked once), without duplicates (families that ignore
-    the lower bound run once)."""
-    fams = [get_family(f, "families") for f in families]
-    chunks = params.int_list(chunks, "chunks", minimum=1)
-    seeds = params.int_list(seeds, "seeds", minimum=0)
-    dims = params.int_list(dims, "dims", minimum=1)
-    lower_bounds = params.lower_bounds(lower_bounds, "lower_bounds")
-    seen: dict[Run, None] = {}
-    for fam in fams:
-        for lb in (lower_bounds if fam.uses_lower_bound else (None,)):
-            for c in chunks:
-                for d in dims:
-                    for s in seeds:
-                        seen.setdefault(Run(fam.name, lb, c, s, d), None)
-    return list(seen)
+    the lower bound run once), in the plan's order."""
+    return SweepConfig(families=families, chunks=chunks, seeds=seeds, dims=dims,
+                       lower_bounds=lower_bounds).runs()
 
 
 def seed_reproduction_runs(seeds: Sequence[int] = (0, 1, 2), dim: int = 128,
                            chunks: Sequence[int] | None = None) -> list[Run]:
-    """The runs behind the seed document's three tables (or all families at ``chunks``)."""
-    runs: list[Run] = []
-    for fam, fam_chunks in SEED_TABLE_CHUNKS.items():
-        runs += plan_runs([fam], chunks or fam_chunks, seeds, [dim], [-5.0])
-    return runs
+    """The runs behind the seed document's three tables (or all families at ``chunks``):
+    :meth:`SweepPlan.seed_tables`' runs."""
+    return SweepPlan.seed_tables(seeds, dim, chunks, ["fp16-seq"]).runs()
 
 
 def record_cost(chunk: int, dim: int, accumulation: str) -> float:
@@ -158,8 +146,9 @@ def record_cost(chunk: int, dim: int, accumulation: str) -> float:
 
 
 def plan_batches(runs: Sequence[Run], max_batch: int = 512) -> list[list[Run]]:
-    """The batches :func:`run_sweep` runs, in its order: runs grouped by (chunk, dim), sorted,
-    each group cut into batches of at most ``max_batch``."""
+    """The batches :func:`run_sweep` runs, for a list of runs of any shape (a
+    :class:`SweepPlan` cuts its own): runs grouped by (chunk, dim), sorted, each group cut
+    into batches of at most ``max_batch``."""
     if max_batch < 1:
         raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     groups: dict[tuple[int, int], list[Run]] = {}
