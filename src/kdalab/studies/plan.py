@@ -1,5 +1,7 @@
-"""A sweep's plan: the runs of a sweep in canonical order, indexed without being listed, and the
-batches cut from the runs not yet stored (see docs/sweeps.md)."""
+"""The inverse sweep as a study (:class:`kdalab.runner.Study`): its plan (the runs in canonical
+order, indexed without being listed; the batches cut from the runs not yet stored, within a
+memory budget) and how a batch becomes records, pipelined on CUDA, in this process or on a Ray
+worker (see docs/sweeps.md)."""
 
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.studies.inverse import PendingGroup, launch_group, record_schema
 
 __all__ = ["SEED_TABLE_CHUNKS", "SweepPlan", "Batch", "group_label", "DEFAULT_MAX_BATCH",
-           "check_memory", "run_bytes",
-           "STORE_KIND", "cpu_threads", "iter_batch_tables", "run_shard", "warm_worker"]
+           "check_memory", "run_bytes", "STORE_KIND", "cpu_threads", "iter_batch_tables",
+           "run_shard", "warm_worker"]
 
 #: The store kind of the inverse sweep (``kdalab sweep`` and ``kdalab reproduce``).
 STORE_KIND = "inverse-sweep"
