@@ -7,7 +7,7 @@
 
 Runs: the seed document's table configurations (3 families, their chunk sizes), seeds 0..S−1,
 dim 128. *Batched*: kdalab's own ``run_sweep(device="cuda")`` — inputs drawn on the CPU (each
-seed's keys once for every chunk size, kdalab.experiments.keystream), every stage one launch per
+seed's keys once for every chunk size, kdalab.inputs.keystream), every stage one launch per
 batch, batches pipelined, records built — timed whole, median of 3 after a warm-up, for the
 Neumann models ``gpu-h200`` (== CPU ``h200``), ``gpu-h200-mma`` and ``cublas-16f``, each with
 its own hardware's L (``gpu-h200-sgemm``; ``cublas-32f`` for ``cublas-16f``). *Per-run loop*: the
@@ -44,18 +44,18 @@ import cublas_models  # noqa: E402,F401  (registers cublas-16f, cublas-32f: benc
 from seed_baseline import seed_make_inputs, seed_run_one  # noqa: E402  (benchmarks/)
 
 from kdalab.arith.gpu import require_cuda  # noqa: E402
-from kdalab.experiments.draw import make_inputs_batch  # noqa: E402
-from kdalab.experiments.inverse import launch_group  # noqa: E402
-from kdalab.experiments.sweep import (  # noqa: E402
+from kdalab.inputs.draw import make_inputs_batch  # noqa: E402
+from kdalab.kda.intra import kernel_l  # noqa: E402
+from kdalab.kda.inverse import neumann_inverse  # noqa: E402
+from kdalab.kda.recipe import SEED  # noqa: E402
+from kdalab.studies.inverse import launch_group  # noqa: E402
+from kdalab.studies.sweep import (  # noqa: E402
     DEFAULT_MAX_BATCH,
     SEED_TABLE_CHUNKS,
     plan_batches,
     plan_runs,
     run_sweep,
 )
-from kdalab.kda.intra import kernel_l  # noqa: E402
-from kdalab.kda.inverse import neumann_inverse  # noqa: E402
-from kdalab.kda.recipe import SEED  # noqa: E402
 
 DEVICE = "cuda"
 GPU_RECIPE = SEED.with_(name="seed-h200-gpu", l_accumulation="gpu-h200-sgemm")
@@ -96,7 +96,7 @@ def _time(fn, reps=3):
 def cpu_models(seeds: int) -> None:
     """run_sweep on the CPU: the H200 models against fp16-seq and fp16-once, 1 thread, best of
     4."""
-    from kdalab.experiments.sweep import seed_reproduction_runs
+    from kdalab.studies.sweep import seed_reproduction_runs
 
     torch.set_num_threads(1)
     runs = seed_reproduction_runs(seeds=range(seeds))
@@ -320,7 +320,7 @@ def main() -> None:
     # bits of every run for the CPU comparison (tests/test_tensorcore.py reads a subset)
     import numpy as np
 
-    from kdalab.experiments.inverse import METRIC_KEYS
+    from kdalab.studies.inverse import METRIC_KEYS
 
     metrics = {(r["family"], r["chunk"], r["seed"]): r for r in records}
     skip = ("highest_power", "stable_l_highest_power")

@@ -327,8 +327,8 @@ def overhead(names=("T1024_H16", "varlen1024x8_H64")):
 def accuracy():
     """o and final-state error vs the fp64 token recurrence (T = 8192, H = 16, random state),
     serial and sequence-parallel paths, fla alongside."""
-    from kdalab.experiments.end_to_end import study_inputs
     from kdalab.kda import reference_forward
+    from kdalab.studies.end_to_end import study_inputs
 
     fla = load_fla()
     rows = []

@@ -1,7 +1,7 @@
 """Batched sweep vs a per-run loop over the same code, per accumulation model.
 
 3 families × C = 2, 4, …, 64 × 32 seeds (3,072 runs), dim 128, on the CPU. Both variants call
-``kdalab.experiments.sweep.run_sweep``: once with every run (batched by chunk size), and once per
+``kdalab.studies.sweep.run_sweep``: once with every run (batched by chunk size), and once per
 run. Prints runs/s of each and their ratio; also checks that both give identical records.
 
     python benchmarks/bench_sweep.py [--models fp16-seq,fp16-once,fp32,fp64] [--seeds 32]
@@ -17,8 +17,8 @@ import time
 import torch
 
 from kdalab.arith import available_accumulations
-from kdalab.experiments.families import FAMILIES
-from kdalab.experiments.sweep import plan_runs, run_sweep
+from kdalab.inputs.families import FAMILIES
+from kdalab.studies.sweep import plan_runs, run_sweep
 
 
 def main() -> None:

@@ -20,6 +20,11 @@ of every (family, chunk) cell, one intra-op thread on the CPU as the command use
 is the per-run time of the same mix of chunk sizes. ``--breakdown`` also times the phases
 in this process (imports, sweep into the store, views); ``--prelude CODE`` runs CODE in the
 command's process first (to time a variant against the default in the same call).
+``--json PATH`` writes the result (docs/BENCHMARKS.md's schema): the command's best time, its
+ms per run, the seed loop's ms per run and their ratio.
+
+The command is the plain one: everything in its own process (docs/sweeps.md says why the
+start-up helpers went).
 
 Ray (``pip install 'kdalab[ray]'``)::
 
@@ -36,6 +41,8 @@ bit.
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import platform
 import shutil
@@ -57,7 +64,7 @@ def _axes(args) -> list[str]:
 
 
 def _plan(args):
-    from kdalab.experiments.sweep import SweepConfig, SweepPlan
+    from kdalab.studies.sweep import SweepConfig, SweepPlan
 
     return SweepPlan.of(SweepConfig.parse({
         "families": args.families, "chunks": args.chunks, "seeds": args.seeds,
@@ -131,18 +138,48 @@ def whole(args) -> None:
           f"runs, {per_run:.4f} ms/run; seed loop {seed_ms:.4f} ms/run; "
           f"speed-up {seed_ms / per_run:.1f}x (the command's time is "
           f"{per_run / seed_ms:.2f}x the seed's)")
+    if args.json:
+        write_json(args, [
+            {"target": f"kdalab sweep ({n_runs} runs, {args.accumulation}), whole process",
+             "value": round(best, 3), "unit": "s", "note": f"best of {len(walls)}"},
+            {"target": "kdalab sweep, whole process, per run", "value": round(per_run, 5),
+             "unit": "ms"},
+            {"target": "seed loop, per run (same cells)", "value": round(seed_ms, 5),
+             "unit": "ms", "note": f"{sampled} runs sampled"},
+            {"target": "speed-up of the whole command over the seed loop",
+             "value": round(seed_ms / per_run, 2), "unit": "x"}])
     if args.breakdown:
         breakdown(args, root / "breakdown")
     if not args.out:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def write_json(args, rows: list[dict]) -> None:
+    """The result as docs/BENCHMARKS.md's JSON: benchmark, device, date, commit, command, rows."""
+    device = platform.processor() or platform.machine()
+    if args.device.startswith("cuda"):
+        import torch
+
+        device = torch.cuda.get_device_name(torch.device(args.device))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE,
+                                capture_output=True, text=True).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    result = {"benchmark": "bench_sweep_whole", "device": device,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "commit": commit, "command": " ".join(["python3", *sys.argv]), "rows": rows}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.json}")
+
+
 def breakdown(args, out: Path) -> None:
     """The command's phases, timed in this process (imports are already warm here: only the
     kdalab CLI modules' own first import is measured)."""
     t0 = time.perf_counter()
-    from kdalab.cli.common import draw_views
-    from kdalab.experiments.backends import open_store, run_into_store
+    from kdalab.cli.stored import draw_views, sweep_views
+    from kdalab.runner import open_store, run_into_store
     t1 = time.perf_counter()
     plan = _plan(args)
     shutil.rmtree(out, ignore_errors=True)
@@ -151,7 +188,7 @@ def breakdown(args, out: Path) -> None:
         run_into_store(plan, store)
         store.flush()
         t3 = time.perf_counter()
-        draw_views(store, show=False)
+        draw_views(store, sweep_views, show=False)
         t4 = time.perf_counter()
     print(f"  breakdown: imports {t1 - t0:.2f} s, open store {t2 - t1:.2f} s, sweep into the "
           f"store {t3 - t2:.2f} s ({1e3 * (t3 - t2) / len(plan):.4f} ms/run), views "
@@ -161,9 +198,9 @@ def breakdown(args, out: Path) -> None:
 def ray_throughput(args) -> None:
     import ray
 
-    from kdalab.experiments.backends import open_store, run_into_store
-    from kdalab.experiments.runstore import RunStore, identical
-    from kdalab.experiments.sweep import SweepConfig, SweepPlan
+    from kdalab.records import RunStore, identical
+    from kdalab.runner import open_store, run_into_store
+    from kdalab.studies.sweep import SweepConfig, SweepPlan
 
     plan = _plan(args)
     gpu = args.device.startswith("cuda")
@@ -225,8 +262,9 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=2, help="whole-process runs (default 2)")
     p.add_argument("--breakdown", action="store_true", help="also time the phases")
     p.add_argument("--prelude", default="", help="whole: Python run in the command's process "
-                   "before it starts (an A/B switch, e.g. 'from kdalab.experiments import "
-                   "drawserver; drawserver.PAGE_LOCK = False')")
+                   "before it starts (an A/B switch, e.g. 'from kdalab.studies import plan; "
+                   "plan.DEFAULT_MAX_BATCH[True] = 1024')")
+    p.add_argument("--json", help="whole: write the result as JSON (docs/BENCHMARKS.md)")
     p.add_argument("--gpus", default="1,2", help="ray: cluster sizes to time (GPUs, or CPUs "
                    "with --device cpu)")
     p.add_argument("--out", help="keep the stores here (default: a temporary folder)")

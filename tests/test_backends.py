@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdalab.experiments.backends import check_backend, ray_map
+from kdalab.runner.ray import check_backend, ray_map
 
 
 def test_backend_names_are_checked():
@@ -75,7 +75,7 @@ def test_no_gpu_in_the_cluster_is_a_clear_error(local_ray):
 _PINNED = """
 import os, sys, time
 import ray
-from kdalab.experiments.backends import ray_map
+from kdalab.runner.ray import ray_map
 
 def where(shard):
     first = globals().setdefault("_first", os.environ.get("CUDA_VISIBLE_DEVICES"))

@@ -30,8 +30,8 @@ from kdalab.check import (
 )
 from kdalab.check.cases import FULL, QUICK, Case
 from kdalab.cli import app
-from kdalab.experiments.store import read_records
 from kdalab.kda import RECIPES, reference_forward
+from kdalab.records.legacy import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()

@@ -118,7 +118,8 @@ MISTAKES = [
     (["run", "end-to-end", "--families", "gaussian"], "--families must be one of model_like"),
     (["run", "end-to-end", "--dim", "0"], "--dim must be an integer >= 1, got 0"),
     (["run", "end-to-end", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
-    (["run", "end-to-end", "--redraw", "--out", "{tmp}/empty"], "--out: no records in"),
+    (["run", "end-to-end", "--redraw", "--out", "{tmp}/empty"],
+     "--redraw: {tmp}/empty holds no kdalab store"),
     (["run", "bogus"], "No such command 'bogus'"),
     # what a newcomer met (issue 21), and its kin
     (["sweep", "--seeds", "0-99999999999"], "--seeds: '0-99999999999' holds more than 1,000,000"),
@@ -267,12 +268,12 @@ def test_debug_shows_the_traceback_of_an_expected_error(capsys, tmp_path):
 
 
 def test_an_unexpected_error_keeps_its_traceback(monkeypatch, tmp_path, capsys):
-    import kdalab.experiments.backends as backends
+    import kdalab.studies.plan as plan
 
     def broken(*a, **kw):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(backends, "iter_batch_tables", broken)
+    monkeypatch.setattr(plan, "iter_batch_tables", broken)
     with pytest.raises(ZeroDivisionError):
         main(["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out", str(tmp_path)])
 
@@ -290,41 +291,6 @@ def test_version_and_python_m_kdalab():
     assert res.returncode == 0
     for command in ("reproduce", "sweep", "safe-chunk", "run"):
         assert command in res.stdout
-
-
-def test_cuda_start_reads_the_device_option_and_never_fails():
-    """CUDA's early start (kdalab.cudastart) only for a CUDA device's name; its driver calls
-    fail silently where there is no driver or no such device (torch then says so)."""
-    from kdalab import cudastart
-
-    got = [cudastart.ordinal(d) for d in ("cuda", " cuda:3 ", "cpu", None, "cudax", "cuda:")]
-    assert got == [0, 3, None, None, None, None]
-    assert cudastart.start("cpu") is False
-    cudastart._retain(10_000)  # no such device (or no driver): returns, raises nothing
-
-
-def test_heavy_imports_run_without_the_collector_and_freeze_what_they_made():
-    """The first import of torch runs with the cyclic collector off; its objects are frozen
-    after it and the collector is on again. With torch loaded already (this test session) the
-    context changes nothing."""
-    import gc
-
-    code = ("import gc, sys; from kdalab.cli.app import heavy_imports\n"
-            "with heavy_imports():\n"
-            "    off = not gc.isenabled()\n"
-            "    import torch\n"
-            "print(off, gc.isenabled(), gc.get_freeze_count() > 10_000)")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=300)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.split() == ["True", "True", "True"]
-
-    from kdalab.cli.app import heavy_imports
-
-    frozen = gc.get_freeze_count()
-    with heavy_imports():
-        assert gc.isenabled()
-    assert gc.isenabled() and gc.get_freeze_count() == frozen
 
 
 def test_the_script_leaves_at_once_with_everything_written(tmp_path):
@@ -381,10 +347,10 @@ def test_help_shows_defaults_choices_and_flowing_text(capsys):
 def test_the_help_lists_every_model_and_family_the_layers_define():
     from kdalab.arith import available_accumulations, get_accumulation
     from kdalab.cli import options
-    from kdalab.experiments.diagonal_tile import STRATEGIES
-    from kdalab.experiments.end_to_end import E2E_FAMILIES
-    from kdalab.experiments.families import FAMILIES
+    from kdalab.inputs.families import FAMILIES
     from kdalab.kda.dynamic_range import BOUNDARIES
+    from kdalab.studies.diagonal_tile import STRATEGIES
+    from kdalab.studies.end_to_end import E2E_FAMILIES
 
     names = available_accumulations()
     assert list(options.ACCUMULATIONS) == [n for n in names if not get_accumulation(n).needs_cuda]
@@ -439,13 +405,13 @@ def test_a_closed_pipe_ends_quietly(tmp_path):
 def test_ctrl_c_keeps_the_records_and_says_how_to_go_on(tmp_path):
     """Ctrl-C: every stored part is kept, the boundary says how many runs and how to continue
     (exit 130), and --resume then completes the sweep."""
-    from kdalab.experiments.runstore import RunStore
+    from kdalab.records import RunStore
 
     out = tmp_path / "sweep"
     args = ["sweep", "--chunks", "4-64:4", "--seeds", "0-63", "--dims", "16", "--out", str(out)]
-    p = subprocess.Popen([sys.executable, "-c", "import sys; from kdalab.experiments import "
-                          "runstore; runstore.PART_SECONDS = 0.05; from kdalab.cli import main; "
-                          "main()", *args],
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from kdalab.records import writer; "
+                          "writer.PART_SECONDS = 0.05; from kdalab.cli import main; main()",
+                          *args],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV, text=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and p.poll() is None:

@@ -14,16 +14,7 @@ from typer.testing import CliRunner
 
 from kdalab.arith import get_format
 from kdalab.cli import app
-from kdalab.experiments.draw import make_inputs
-from kdalab.experiments.dynamic_range import (
-    DEFAULT_FORMATS,
-    DEFAULT_LOWER_BOUNDS,
-    SweepGrid,
-    _scale_counts,
-    calculator,
-    run_sweep,
-    worst_case_scale_table,
-)
+from kdalab.inputs.draw import make_inputs
 from kdalab.kda.dynamic_range import (
     BOUNDARIES,
     exposed_steps,
@@ -33,6 +24,15 @@ from kdalab.kda.dynamic_range import (
 )
 from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, stable_l
 from kdalab.kda.recipe import SEED
+from kdalab.studies.dynamic_range import (
+    DEFAULT_FORMATS,
+    DEFAULT_LOWER_BOUNDS,
+    SweepGrid,
+    _scale_counts,
+    calculator,
+    run_sweep,
+    worst_case_scale_table,
+)
 
 runner = CliRunner()
 
@@ -278,7 +278,7 @@ def test_cli_run_dynamic_range_small(tmp_path):
                               "--lower-bounds", "-1,-5", "--formats", "bf16,fp16",
                               "--model-seeds", "0", "--dim", "4", "--quiet"])
     assert res.exit_code == 0, res.output
-    assert (tmp_path / "records.parquet").exists()
+    assert (tmp_path / "manifest.json").exists() and list(tmp_path.glob("parts/*.parquet"))
     assert list(tmp_path.glob("*.png")) and list(tmp_path.glob("*.svg"))
     # the calculator's answers drawn over the measurements are in the run folder's tables
     assert "max_chunk" in (tmp_path / "measured-limits.csv").read_text().splitlines()[0] or \
@@ -288,7 +288,7 @@ def test_cli_run_dynamic_range_small(tmp_path):
 # --- the diagonal-tile study ----------------------------------------------------------------------
 
 def test_diagonal_tile_counts_and_errors():
-    from kdalab.experiments.diagonal_tile import count_work, run_study
+    from kdalab.studies.diagonal_tile import count_work, run_study
 
     d = 8
     # one dense 16×16 tile: 2·C·D factors, C²·D GEMM multiply-adds, no scalar work

@@ -8,8 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from kdalab.cli import app
-from kdalab.experiments.end_to_end import QUICK, StudyConfig, Variant, run_study
-from kdalab.experiments.store import read_records
+from kdalab.records import StoreReader
+from kdalab.studies.end_to_end import QUICK, StudyConfig, Variant, run_study
 
 TINY = replace(QUICK, families=("model_like", "saturated"), lower_bounds=(-2.0, -10.0, None),
                chunks=(8, 16), length=32, dim=16,
@@ -62,10 +62,10 @@ def test_cli_quick_writes_records_tables_and_plots(tmp_path):
         "run", "end-to-end", "--quick", "--families", "model_like,long", "--chunks", "8,64",
         "--lower-bounds", "-5,unbounded", "--long-length", "64", "--quiet", "--out", str(out)])
     assert res.exit_code == 0, res.output
-    recs = read_records(out)
+    recs = StoreReader.read_only(out, kind="end-to-end").records()
     assert len(recs) == 2 * 2 * 2 * len(QUICK.variants)
     for name in ("e2e_output_table.md", "e2e_output_table.csv", "e2e_state_table.md",
                  "e2e_summary.csv", "e2e_gate_chunk.png", "e2e_gate_chunk.svg",
-                 "e2e_output_vs_chunk_lbm5.png", "records.parquet", "config.json"):
+                 "e2e_output_vs_chunk_lbm5.png", "manifest.json"):
         assert (out / name).exists(), name
     assert "∞" in (out / "e2e_output_table.md").read_text()  # chunk_start at C = 64 overflows

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdalab.experiments.draw import make_inputs, make_inputs_batch
-from kdalab.experiments.families import FAMILIES
-from kdalab.experiments.runs import Run
+from kdalab.inputs.draw import make_inputs, make_inputs_batch
+from kdalab.inputs.families import FAMILIES
+from kdalab.inputs.runs import Run
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from seed_baseline import seed_make_inputs  # noqa: E402  (the seed document's code)
@@ -24,7 +24,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 def streams(request, monkeypatch):
     """The key streams' state before a draw: none kept, or kept with a budget so small that
     every batch evicts (``evicting``)."""
-    from kdalab.experiments import keystream
+    from kdalab.inputs import keystream
 
     monkeypatch.setattr(keystream.STREAMS, "budget", 1 if request.param == "evicting" else
                         keystream.DEFAULT_BUDGET)
@@ -94,7 +94,7 @@ def test_batched_sigmoid_equals_per_run_on_large_batches():
     # Above torch's parallel grain (32768 values) its CPU sigmoid splits a call across threads
     # at arbitrary points, and each split's tail takes the scalar loop: the batched sigmoid must
     # still equal torch.sigmoid on each run's own tensor (found with n = 2101 at 2 threads).
-    from kdalab.experiments.draw import _sigmoid_rows
+    from kdalab.inputs.draw import _sigmoid_rows
 
     threads = torch.get_num_threads()
     torch.set_num_threads(2)

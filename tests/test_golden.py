@@ -27,13 +27,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdalab.experiments.draw import make_inputs
-from kdalab.experiments.inverse import INT_METRICS, METRIC_KEYS
-from kdalab.experiments.runs import Run
-from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
+from kdalab.inputs.draw import make_inputs
+from kdalab.inputs.runs import Run
 from kdalab.kda.intra import kernel_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED
+from kdalab.studies.inverse import INT_METRICS, METRIC_KEYS
+from kdalab.studies.sweep import run_sweep, seed_reproduction_runs
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 from seed_baseline import (  # noqa: E402  (the seed document's code)

@@ -24,7 +24,6 @@ import torch
 pytest.importorskip("triton")
 
 from kdalab.arith import rel_rmse  # noqa: E402
-from kdalab.experiments.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 from kdalab.kda import reference_forward  # noqa: E402
 from kdalab.kernels import (  # noqa: E402
     DEFAULT_CONFIG,
@@ -34,6 +33,7 @@ from kdalab.kernels import (  # noqa: E402
     chunk_kda_transition,
 )
 from kdalab.kernels.plan import plan_launch, segment_table  # noqa: E402
+from kdalab.studies.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 HAS_CUDA = torch.cuda.is_available()

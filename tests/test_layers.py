@@ -10,24 +10,31 @@ import pytest
 
 SRC = Path(__file__).parents[1] / "src"
 PACKAGE = SRC / "kdalab"
-#: arith -> kda -> experiments -> views / cli; kernels stand alone. A module may import its own
-#: layer and the layers listed for it (kdalab.errors and kdalab.params sit below every layer,
-#: kdalab.timeline, the phase marks, below every layer that marks; kdalab.cudastart, CUDA's
-#: start while torch imports, is the command line's and imports nothing of kdalab's).
+#: arith -> kda -> inputs / records -> studies / runner -> check -> hunt -> views -> cli;
+#: kernels, compat and peers stand alone. A module may import its own layer and the layers
+#: listed for it (kdalab.errors and kdalab.params sit below every layer, kdalab.timeline, the
+#: phase marks, below every layer that marks).
 BELOW = {"errors", "params", "timeline"}
 ALLOWED = {
     "arith": {"arith", "errors"},
     "kda": {"arith", "kda"} | BELOW,
-    "experiments": {"arith", "kda", "experiments"} | BELOW,
-    "check": {"arith", "kda", "experiments", "check", "kernels"} | BELOW,
-    "views": {"experiments", "check", "views"} | BELOW,  # views draw: no arithmetic
-    "cli": {"arith", "kda", "experiments", "check", "views", "cli", "kernels", "cudastart"}
-    | BELOW,
+    "inputs": {"arith", "kda", "inputs"} | BELOW,
+    "records": {"records"} | BELOW,
+    "studies": {"arith", "kda", "inputs", "records", "studies"} | BELOW,
+    "runner": {"records", "runner"} | BELOW,
+    "check": {"arith", "kda", "inputs", "records", "studies", "runner", "check", "kernels",
+              "peers"} | BELOW,
+    "hunt": {"arith", "kda", "inputs", "records", "studies", "runner", "check", "hunt",
+             "kernels", "peers"} | BELOW,
+    "views": {"inputs", "records", "studies", "check", "hunt", "views"} | BELOW,  # no arithmetic
+    "cli": {"arith", "kda", "inputs", "records", "studies", "runner", "check", "hunt", "views",
+            "cli", "kernels", "peers"} | BELOW,
     "kernels": {"kernels"},
+    "compat": {"kernels", "compat"},
+    "peers": {"peers"},
     "params": {"arith", "errors"},
     "errors": set(),
     "timeline": set(),
-    "cudastart": set(),
     "__main__": {"cli"},  # python -m kdalab
 }
 

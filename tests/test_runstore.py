@@ -15,8 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kdalab.experiments import runstore
-from kdalab.experiments.runstore import RunStore, StoreError
+from kdalab.records import RunStore, StoreError, identity
+from kdalab.records import writer as runstore
 
 SCHEMA = pa.schema([("run", pa.int64()), ("name", pa.string()), ("value", pa.float64())])
 RUNS = 40
@@ -51,7 +51,7 @@ def test_records_come_back_in_run_order(tmp_path):
     assert back.read(["value"]).column_names == ["value"]
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["runs"] == RUNS and manifest["fingerprint"].startswith("sha256:")
-    assert manifest["kdalab_version"] == runstore.kdalab_version()
+    assert manifest["kdalab_version"] == identity.kdalab_version()
 
 
 def test_groups_read_ahead_come_back_as_read_one_by_one(tmp_path):
@@ -90,7 +90,7 @@ def test_resume_keeps_stored_runs_and_completes(tmp_path):
 def test_a_different_sweep_or_foreign_folder_is_refused(tmp_path):
     with open_store(tmp_path) as store:
         fill(store, range(5))
-    with pytest.raises(StoreError, match="holds a different sweep .*--force"):
+    with pytest.raises(StoreError, match="holds other records .*--force"):
         open_store(tmp_path, config={"a": 2}, resume=True)
     with open_store(tmp_path, config={"a": 2}, force=True) as store:
         assert not store.done.any()
@@ -112,7 +112,7 @@ def test_a_different_sweep_or_foreign_folder_is_refused(tmp_path):
 def test_another_kdalab_version_is_refused(tmp_path, monkeypatch):
     with open_store(tmp_path) as store:
         fill(store, range(5))
-    monkeypatch.setattr(runstore, "kdalab_version", lambda: "9.9.9")
+    monkeypatch.setattr(identity, "kdalab_version", lambda: "9.9.9")
     with pytest.raises(StoreError, match="written by kdalab .* this is 9.9.9"):
         open_store(tmp_path, resume=True)
 
@@ -255,7 +255,7 @@ def test_a_failed_part_write_raises_in_the_caller_and_resume_completes(tmp_path,
 WRITER = r"""
 import sys, time, numpy as np
 sys.path.insert(0, {tests!r})
-from kdalab.experiments import runstore
+from kdalab.records import writer as runstore
 from test_runstore import open_store, records, RUNS
 runstore.PART_ROWS = 6          # many small parts: many moments to be killed in
 with open_store({folder!r}, resume=True) as store:
@@ -302,7 +302,7 @@ def test_kill_9_at_any_moment_then_resume_gives_exactly_the_records(tmp_path):
 
 
 def test_identical_compares_bits():
-    from kdalab.experiments.runstore import identical
+    from kdalab.records import identical
 
     t = pa.table({"run": [0, 1], "x": [float("nan"), 0.0]})
     assert identical(t, pa.table({"run": [0, 1], "x": [float("nan"), 0.0]}))

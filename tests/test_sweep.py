@@ -10,10 +10,10 @@ import pandas as pd
 import pytest
 import torch
 
-from kdalab.experiments.aggregate import GROUP_KEYS, summarize
-from kdalab.experiments.store import RecordWriter, read_records
-from kdalab.experiments.sweep import (
+from kdalab.studies.aggregate import GROUP_KEYS, summarize
+from kdalab.studies.sweep import (
     SweepConfig,
+    SweepPlan,
     read_sweep_file,
     run_sweep,
     seed_reproduction_runs,
@@ -81,7 +81,7 @@ def test_records_do_not_depend_on_batching_threads_or_key_streams(threads, max_b
     """The same configuration gives bit-identical records whatever the batch size, the number of
     torch threads and what the key streams hold (nothing, the reference's streams, or nothing
     kept from one batch to the next), for every kind of model."""
-    from kdalab.experiments import keystream
+    from kdalab.inputs import keystream
 
     cfg = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
                       chunks=(4, 12, 17), seeds="0-3", dims=(32,),
@@ -105,49 +105,58 @@ def test_records_do_not_depend_on_batching_threads_or_key_streams(threads, max_b
 
 
 def test_store_roundtrip_nonfinite(tmp_path):
+    import pyarrow as pa
+
+    from kdalab.cli.stored import export_json
+    from kdalab.records import RunStore, StoreReader, records_table
+
+    schema = pa.schema([("run", pa.int64()), ("a", pa.int64()), ("x", pa.float64()),
+                        ("y", pa.float64()), ("z", pa.float64()), ("lb", pa.float64())])
     recs = [{"a": 1, "x": math.inf, "y": -math.inf, "z": math.nan, "lb": None}]
-    with RecordWriter(tmp_path) as w:
-        w.write(recs)
-    text = (tmp_path / "records.json").read_text()
-    assert '"inf"' in text and '"-inf"' in text and '"nan"' in text
-    back = read_records(tmp_path)[0]
+    with RunStore.open(tmp_path, kind="t", config={}, runs=1, records_per_run=1,
+                       schema=schema) as store:
+        store.append(records_table(recs, schema, [0]), "g")
+    back = StoreReader.read_only(tmp_path).records()[0]
     assert back["x"] == math.inf and back["y"] == -math.inf and math.isnan(back["z"])
-    df = pd.read_parquet(tmp_path / "records.parquet")
+    assert back["lb"] is None
+    text = export_json(StoreReader.read_only(tmp_path), tmp_path / "records.json").read_text()
+    assert '"inf"' in text and '"-inf"' in text and '"nan"' in text
+    df = pd.read_parquet(tmp_path / "parts")
     assert df["x"].iloc[0] == math.inf
 
 
 @pytest.mark.parametrize("pipelined", [False, True], ids=["plain", "pipelined"])
 def test_interrupted_sweep_keeps_written_records(tmp_path, monkeypatch, pipelined):
     # (pipelined: the CUDA pipeline, forced on the CPU)
-    import kdalab.experiments.sweep as sweep
+    import kdalab.studies.plan as plan
+    from kdalab.records import StoreReader
+    from kdalab.runner import open_store, run_into_store
 
-    monkeypatch.setattr(sweep, "_pipelined", lambda device: pipelined)
-    runs = SweepConfig(families=("floor",), chunks=(4, 8, 12), seeds=(0, 1)).runs()
+    monkeypatch.setattr(plan, "_pipelined", lambda device: pipelined)
+    study = SweepPlan.of(SweepConfig(families=("floor",), chunks=(4, 8, 12), seeds=(0, 1)))
     calls = []
 
-    def sink(records):
-        writer.write(records)
-        calls.append(len(records))
+    def progress(batch):
+        calls.append(batch)
         if len(calls) == 2:
             raise KeyboardInterrupt
 
-    writer = RecordWriter(tmp_path)
     with pytest.raises(KeyboardInterrupt):
-        with writer:
-            run_sweep(runs, ["fp16-seq"], sink=sink)
-    kept = read_records(tmp_path)
-    assert len(kept) == 4 and not (tmp_path / "records.json").exists()
-    assert {r["chunk"] for r in kept} == {4, 8}
+        with open_store(study, tmp_path) as store:
+            run_into_store(study, store, progress=progress)
+    kept = StoreReader.read_only(tmp_path)
+    assert kept.manifest.state == "interrupted" and int(kept.done.sum()) == 4
+    assert {r["chunk"] for r in kept.records()} == {4, 8}
 
 
 def test_pipelined_sweep_keeps_order_and_records(monkeypatch):
     # The CUDA pipeline (next batch drawn and queued before this one is collected), run on CPU.
-    import kdalab.experiments.sweep as sweep
+    import kdalab.studies.plan as plan
 
     runs = SweepConfig(families=("floor", "weak_decay_correlated", "model_like"),
                        chunks=(3, 8), seeds=(0, 1, 2, 3, 4), dims=(16,)).runs()
     plain = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4)
-    monkeypatch.setattr(sweep, "_pipelined", lambda device: True)
+    monkeypatch.setattr(plan, "_pipelined", lambda device: True)
     sunk, seen = [], []
     piped = run_sweep(runs, ["fp16-seq", "fp32"], max_batch=4,
                       sink=lambda recs: sunk.extend(recs),

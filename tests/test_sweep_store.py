@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from kdalab.cli import main
-from kdalab.experiments.backends import open_store, run_into_store
-from kdalab.experiments.runstore import RunStore, identical
-from kdalab.experiments.sweep import SweepConfig, SweepPlan, iter_batch_tables
+from kdalab.records import RunStore, identical
+from kdalab.runner import open_store, run_into_store
+from kdalab.studies.sweep import SweepConfig, SweepPlan, iter_batch_tables
 
 
 class Result:
@@ -71,7 +71,7 @@ def test_a_store_is_never_overwritten_silently(tmp_path):
     assert again.exit_code == 2 and "already holds 45 of 45 runs" in said(again)
     other = runner.invoke(app, ["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8",
                                 "--out", out, "--quiet"])
-    assert other.exit_code == 2 and "holds a different sweep" in said(other)
+    assert other.exit_code == 2 and "holds other records" in said(other)
     assert "--force" in said(other) and identical(stored(out), first)
     assert runner.invoke(app, ["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8",
                                "--out", out, "--quiet", "--force"]).exit_code == 0
@@ -101,7 +101,7 @@ def test_resume_without_options_continues_the_stored_sweep(tmp_path):
 
 def test_summarize_store_reads_groups_in_runs_and_gives_the_summary_of_all(tmp_path,
                                                                            monkeypatch):
-    from kdalab.experiments import aggregate
+    from kdalab.studies import aggregate
 
     cfg = SweepConfig.parse({"families": "floor,model_like", "chunks": "2,3,8", "seeds": "0-3",
                              "dims": "16", "accumulations": "fp16-seq,fp32"})
@@ -129,7 +129,7 @@ def test_redraw_replaces_the_views_from_the_stored_records(tmp_path):
     assert bad.exit_code == 2 and "holds no kdalab store" in said(bad)
 
 
-KILLABLE = ("import sys; from kdalab.experiments import runstore; runstore.PART_SECONDS = 0.02; "
+KILLABLE = ("import sys; from kdalab.records import writer; writer.PART_SECONDS = 0.02; "
             "from kdalab.cli import main; sys.argv[0] = 'kdalab'; main()")
 
 
@@ -165,26 +165,6 @@ def test_kill_9_mid_sweep_then_resume_gives_the_uninterrupted_records(tmp_path):
     assert runner.invoke(app, ["sweep", *axes, "--out", str(whole), "--quiet"]).exit_code == 0
     assert identical(stored(out), stored(whole))
 
-
-def test_the_sweeps_own_process_imports_neither_pandas_nor_matplotlib(tmp_path):
-    """`kdalab sweep` as a process: its records are built and stored without pandas (pyarrow's
-    ``pa.array`` and ``to_numpy`` on NumPy data import it, 0.4 s on the H200 host) and its
-    views drawn by the views worker, so this process never imports either (``-X importtime``
-    lists every module it imports)."""
-    out = tmp_path / "s"
-    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "kdalab", "sweep", *AXES,
-                          "--out", str(out), "--quiet"], capture_output=True, text=True,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr[-3000:]
-    imported = {line.rsplit("|", 1)[1].strip() for line in res.stderr.splitlines()
-                if line.startswith("import time:")}
-    assert {"torch", "pyarrow", "kdalab.experiments.runstore"} <= imported  # this process's list
-    assert not {"pandas", "matplotlib"} & imported
-    assert (out / "error_vs_chunk.png").is_file() and (out / "summary.csv").is_file()
-    assert RunStore.read_only(out).complete
-
-
-# --- the Ray backend ------------------------------------------------------------------------
 
 def test_ray_backend_stores_the_local_records_bit_for_bit(local_ray, tmp_path):
     assert sweep("--out", str(tmp_path / "local")).exit_code == 0

@@ -308,7 +308,7 @@ GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_runs.json").read_tex
 def h200_records():
     """The runs exactly as `kdalab reproduce --accumulation h200` makes them: the pipeline builds
     L with the H200's SGEMM order (`fp32_companion`) because the inverse runs on an H200 model."""
-    from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
+    from kdalab.studies.sweep import run_sweep, seed_reproduction_runs
 
     recs = run_sweep(seed_reproduction_runs(), ["h200"])
     assert {r["l_accumulation"] for r in recs} == {"h200-sgemm"}
@@ -325,7 +325,7 @@ def test_golden_h200_runs_reproduced(h200_records):
     """Every metric of the 48 golden H200 runs. Integer and fp16-derived metrics are equal; the
     float64 metrics differ only by the GPU's float64 summation order in the reference (stable L,
     its inverse, the RMS sums): relative differences below 1e-10 (measured: 7e-12 at most)."""
-    from kdalab.experiments.inverse import METRIC_KEYS
+    from kdalab.studies.inverse import METRIC_KEYS
 
     assert len(h200_records) == len(GOLDEN) == 48
     exact_keys = ("decay_zeros", "inv_decay_nonfinite", "l_finite", "inv_finite",
@@ -346,8 +346,8 @@ def test_the_seed_documents_76_printed_values(h200_records):
     document's three tables as the document prints them (tests/data/seed_tables.json: the 76
     values, transcribed); the seed code's CPU fallback (fp16-seq) does not (the document's
     numbers were measured on an H200)."""
-    from kdalab.experiments.aggregate import summarize
-    from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
+    from kdalab.studies.aggregate import summarize
+    from kdalab.studies.sweep import run_sweep, seed_reproduction_runs
     from kdalab.views.tables import seed_tables
 
     published = json.loads((Path(__file__).parent / "data" / "seed_tables.json").read_text())
@@ -374,11 +374,11 @@ def test_the_seed_documents_76_printed_values(h200_records):
 
 def test_golden_h200_kernel_inverse_bits():
     """The kernel's fp16 L and Neumann inverse, CPU emulation vs the H200 (seed code on the GPU)."""
-    from kdalab.experiments.draw import make_inputs
-    from kdalab.experiments.sweep import seed_reproduction_runs
+    from kdalab.inputs.draw import make_inputs
     from kdalab.kda.intra import kernel_l
     from kdalab.kda.inverse import neumann_inverse
     from kdalab.kda.recipe import SEED
+    from kdalab.studies.sweep import seed_reproduction_runs
 
     d = _load("seed_runs_h200.npz")
     recipe = SEED.with_(name="seed-h200", l_accumulation="h200-sgemm")
@@ -419,11 +419,11 @@ def test_gpu_sweep_bits_equal_cpu_emulation():
     exactly those). The CPU side is the library's path, as the benchmark's ``batched_inverses``
     runs it: batched draws, ``kernel_l`` with L by ``h200-sgemm``, Neumann by ``h200``.
     """
-    from kdalab.experiments.draw import make_inputs_batch
-    from kdalab.experiments.sweep import plan_runs
+    from kdalab.inputs.draw import make_inputs_batch
     from kdalab.kda.intra import kernel_l
     from kdalab.kda.inverse import neumann_inverse
     from kdalab.kda.recipe import SEED
+    from kdalab.studies.sweep import plan_runs
 
     recipe = SEED.with_(name="seed-h200", l_accumulation="h200-sgemm")
     d = _load("v4_gpu_sweep_bits.npz")
@@ -483,12 +483,12 @@ def test_cuda_pipeline_equals_cpu_emulation():
     relative (their fp64 references sum in each device's own order; measured on the H200 at
     most 1.6e-11)."""
     from kdalab.arith import FP16, torch_cast
-    from kdalab.experiments.draw import make_inputs_batch
-    from kdalab.experiments.inverse import METRIC_KEYS
-    from kdalab.experiments.sweep import run_sweep, seed_reproduction_runs
+    from kdalab.inputs.draw import make_inputs_batch
     from kdalab.kda.intra import kernel_l, stable_l
     from kdalab.kda.inverse import neumann_inverse
     from kdalab.kda.recipe import SEED
+    from kdalab.studies.inverse import METRIC_KEYS
+    from kdalab.studies.sweep import run_sweep, seed_reproduction_runs
 
     runs = seed_reproduction_runs()
     for chunk in sorted({r.chunk for r in runs}):

@@ -1,5 +1,5 @@
-"""``KDALAB_TIMELINE=1``: where a command's time goes, as marks on stderr (docs/sweeps.md,
-"Helper processes"). Imports nothing of kdalab's: any layer may mark its phases."""
+"""``KDALAB_TIMELINE=1``: where a command's time goes, as marks on stderr (docs/sweeps.md).
+Imports nothing of kdalab's: any layer may mark its phases."""
 
 from __future__ import annotations
 
@@ -25,6 +25,6 @@ def _since_start() -> float:
 
 def mark(what: str) -> None:
     """With ``KDALAB_TIMELINE`` set, ``timeline <seconds since the process started> <what>`` on
-    stderr: where a command's time goes (docs/sweeps.md, "Helper processes")."""
+    stderr: where a command's time goes (docs/sweeps.md)."""
     if os.environ.get("KDALAB_TIMELINE"):
         print(f"timeline {_since_start():7.3f} s  {what}", file=sys.stderr, flush=True)

@@ -1,11 +1,11 @@
-"""The check's one door to the record store (``kdalab.experiments.store``): every record of a
+"""The check's one door to the record store (``kdalab.records.legacy``): every record of a
 check run is written and read back through these two functions."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from kdalab.experiments.store import RecordWriter, read_records
+from kdalab.records.legacy import RecordWriter, read_records
 
 __all__ = ["writer", "read"]
 

@@ -18,7 +18,7 @@ What a command does, and what the boundary makes of it (every command, ``check``
   per thing kept (``"20 records kept in out/records.jsonl"``), sets ``STATE.resume`` to how to go
   on (``"'kdalab check --redraw --out out' draws the report from them"``), and re-raises:
   :func:`kdalab.cli.progress.record_file` does it for a record file,
-  :func:`kdalab.cli.common.run_into_folder` for a store. The boundary prints
+  :func:`kdalab.cli.stored.run_into_folder` for a store. The boundary prints
   ``interrupted: <STATE.kept joined by '; '>; <STATE.resume>`` and exits with code 130; when a
   command declared nothing it says ``interrupted: nothing was kept``, so a command that writes
   must declare what it kept.

@@ -9,7 +9,6 @@ answer without loading them.
 from __future__ import annotations
 
 import textwrap
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -19,7 +18,7 @@ from rich.console import Console
 from kdalab.timeline import mark
 
 __all__ = ["app", "run_app", "console", "err_console", "prose", "STATE", "version", "Interrupted",
-           "OutputClosed", "mark", "heavy_imports"]
+           "OutputClosed", "mark"]
 
 
 class Interrupted(BaseException):
@@ -41,32 +40,6 @@ class State:
 
 
 STATE = State()
-
-
-@contextmanager
-def heavy_imports():
-    """Around a command's imports of torch and the rest: Python's cyclic garbage collector off
-    while they run (each collection walks every object torch has made so far: the ``sweep``
-    command's imports took a median 2.44 s instead of 2.92 s on the dev VM; on the H200 host no
-    difference showed beyond its noise, docs/BENCHMARKS.md), then the objects they
-    made frozen (:func:`gc.freeze`: module-level, never garbage, and no later collection walks
-    them again) and the collector on again, as it was. Where torch is loaded already (a
-    second command in one process, as in the tests) it does nothing: nothing to speed up, and
-    freezing would keep whatever garbage the process holds at that moment."""
-    import gc
-    import sys
-
-    if "torch" in sys.modules:
-        yield
-        return
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was_on:
-            gc.enable()
 
 
 def prose(text: str) -> str:
@@ -101,7 +74,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
     # click's plain help: it reflows paragraphs to the terminal and needs no Markdown renderer
-    # (rich's help panels cost about 0.3 s of imports and drawing on every --help)
+    # (rich's help panels cost imports and drawing on every --help)
     rich_markup_mode=None,
 )
 run_app = typer.Typer(

@@ -4,7 +4,6 @@ diagram) and ``kdalab run diagonal-tile`` (dense diagonal tiles against per-pair
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -105,14 +104,27 @@ def run_dynamic_range(
     dim: Annotated[int, typer.Option(help="Head dimension")] = 32,
     inverse_accumulation: Annotated[str, typer.Option(
         help="Accumulation model of the fp16 Neumann inverse")] = "fp32",
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Keep the chunk sizes already stored in --out and run the rest")]
+    = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace what --out holds")] = False,
+    redraw: Annotated[bool, typer.Option(
+        help="Run nothing: redraw the views from the records already in --out")] = False,
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress on the terminal")] = False,
 ) -> None:
     from kdalab import params
     from kdalab.cli.common import labelled
-    from kdalab.cli.progress import WeightedProgress, drawing, record_file
-    from kdalab.experiments.dynamic_range import SweepGrid, calculator, run_chunk
+    from kdalab.cli.stored import redraw_folder, run_into_folder
+    from kdalab.studies.dynamic_range import DynamicRangeStudy, SweepGrid
 
+    if redraw:
+        folder = params.output_folder(out, "--out")
+        paths, _ = redraw_folder(folder, DynamicRangeStudy.kind, _dynamic_range_views,
+                                 quiet=quiet)
+        if not quiet:
+            console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
+        return
     names = {"lower_bounds": "--lower-bounds", "chunks": "--chunks", "formats": "--formats",
              "boundaries": "--boundaries", "exp2_ftz": "--ftz", "model_seeds": "--model-seeds",
              "dim": "--dim", "inverse_accumulation": "--inverse-accumulation"}
@@ -120,28 +132,27 @@ def run_dynamic_range(
            "model_seeds": model_seeds, "dim": dim, "inverse_accumulation": inverse_accumulation}
     if lower_bounds is not None:
         raw["lower_bounds"] = lower_bounds
-    grid = labelled(SweepGrid, raw, names)
+    study = DynamicRangeStudy(labelled(SweepGrid, raw, names))
     out = params.output_folder(out, "--out")
-    t0 = time.perf_counter()
-    weights = {c: float(c * c) for c in grid.chunks}  # per_pair and the inverse grow like C²…C³
-    records: list[dict] = []
-    with record_file(out, "run the same command again to redo the sweep (it starts afresh)") \
-            as writer, WeightedProgress("chunk sizes", len(grid.chunks), sum(weights.values()),
-                                        quiet) as bar:
-        for c in grid.chunks:
-            recs = run_chunk(grid, c)
-            writer.write(recs)
-            records.extend(recs)
-            bar.advance(1, weights[c])
-    elapsed = time.perf_counter() - t0
-    with drawing(quiet=quiet):
-        from kdalab.views.dynamic_range import write_views
-
-        calc = calculator(grid)
-        paths = write_views(records, calc, out)
+    paths, _, _ = run_into_folder(
+        study, out, draw=_dynamic_range_views, resume=resume, force=force, quiet=quiet,
+        noun="chunk sizes", again="kdalab run dynamic-range (the same options) --out {out} "
+                                  "--resume",
+        weight=lambda batch: sum(study.cost(k) for k in batch.keys),
+        total=sum(study.cost(k) for k in study.keys()),
+        summary=lambda ran, seconds: f"{ran * study.records_per_run} records in "
+                                     f"{seconds:.1f} s (sweep)")
     if not quiet:
-        console.print(f"{len(records)} records in {elapsed:.1f} s (sweep); views: "
-                      f"{len(paths)} files in {out}/", highlight=False)
+        console.print(f"views: {len(paths)} files in {out}/", highlight=False)
+
+
+def _dynamic_range_views(store, show: bool) -> list[Path]:
+    from kdalab.studies.dynamic_range import SweepGrid, calculator
+    from kdalab.views.dynamic_range import write_views
+
+    grid = SweepGrid(**{k: tuple(v) if isinstance(v, list) else v
+                        for k, v in store.manifest.config.items()})
+    return write_views(store.records(), calculator(grid), store.folder)
 
 
 @run_app.command(
@@ -158,34 +169,52 @@ def run_diagonal_tile(
     strategies: Annotated[str, typer.Option(
         help=f"Tile strategies: {', '.join(STRATEGIES)}")] = ",".join(STRATEGIES),
     dim: Annotated[int, typer.Option(help="Head dimension")] = 64,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Keep the chunk sizes already stored in --out and run the rest")]
+    = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace what --out holds")] = False,
+    redraw: Annotated[bool, typer.Option(
+        help="Run nothing: redraw the views from the records already in --out")] = False,
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No tables on the terminal")] = False,
 ) -> None:
     from kdalab import params
-    from kdalab.cli.progress import drawing, record_file
+    from kdalab.cli.stored import redraw_folder, run_into_folder
+    from kdalab.studies.diagonal_tile import DiagonalTileStudy
 
-    kw = dict(chunks=params.int_list(chunks, "--chunks", minimum=1),
-              strategies=params.choices(strategies, "--strategies", STRATEGIES),
-              lower_bounds=params.lower_bounds(lower_bounds, "--lower-bounds"),
-              seeds=params.int_list(seeds, "--seeds", minimum=0),
-              dim=params.integer(dim, "--dim", 1))
+    if redraw:
+        folder = params.output_folder(out, "--out")
+        paths, _ = redraw_folder(folder, DiagonalTileStudy.kind, _diagonal_tile_views,
+                                 quiet=quiet)
+        if not quiet:
+            console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
+        return
+    study = DiagonalTileStudy(
+        chunks=params.int_list(chunks, "--chunks", minimum=1),
+        strategies=params.choices(strategies, "--strategies", STRATEGIES),
+        lower_bounds=params.lower_bounds(lower_bounds, "--lower-bounds"),
+        seeds=params.int_list(seeds, "--seeds", minimum=0),
+        dim=params.integer(dim, "--dim", 1))
     out = params.output_folder(out, "--out")
-    t0 = time.perf_counter()
-    with drawing("running the study", quiet=quiet):
-        from kdalab.experiments.diagonal_tile import run_study
-
-        records = run_study(**kw)
-    with record_file(out, "run the same command again") as writer:
-        writer.write(records)
-    with drawing(quiet=quiet):
-        from kdalab.experiments.diagonal_tile import summarize
-        from kdalab.views.diagonal_tile import write_diagonal_tile_views
-
-        paths = write_diagonal_tile_views(records, out)
+    paths, _, _ = run_into_folder(
+        study, out, draw=_diagonal_tile_views, resume=resume, force=force, quiet=quiet,
+        noun="chunk sizes", again="kdalab run diagonal-tile (the same options) --out {out} "
+                                  "--resume",
+        summary=lambda ran, seconds: f"{ran * study.records_per_run} records in "
+                                     f"{seconds:.1f} s")
     if not quiet:
-        from kdalab.cli.common import print_table
-        from kdalab.views.tables import fmt_sci
+        console.print(f"{len(paths)} files in {out}/", highlight=False)
 
+
+def _diagonal_tile_views(store, show: bool) -> list[Path]:
+    from kdalab.cli.common import print_table
+    from kdalab.studies.diagonal_tile import summarize
+    from kdalab.views.diagonal_tile import write_diagonal_tile_views
+    from kdalab.views.tables import fmt_sci
+
+    records = store.records()
+    paths = write_diagonal_tile_views(records, store.folder)
+    if show:
         tabs = summarize(records)
         for title, frame in (("Work per chunk (counted)", tabs["work"]),
                              ("rel RMSE of P vs float64 per pair (median over seeds; ∞: "
@@ -193,5 +222,4 @@ def run_diagonal_tile(
             print_table(title, [str(c) for c in frame.columns],
                         [[fmt_sci(v) if isinstance(v, float) else str(v) for v in row]
                          for row in frame.itertuples(index=False)])
-        console.print(f"{len(records)} records in {time.perf_counter() - t0:.1f} s; "
-                      f"{len(paths)} files in {out}/", highlight=False)
+    return paths

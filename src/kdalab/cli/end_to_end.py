@@ -3,8 +3,6 @@ recurrent reference, over families, lower bounds, chunk sizes, recipes and tile 
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -18,9 +16,10 @@ from kdalab.cli.options import E2E_FAMILIES
     "end-to-end",
     short_help="The layer's output and state error against fp64, per recipe and chunk.",
     help=prose("""Output and final-state relative error of the chunked
-forward against the fp64 recurrent reference. Writes records (records.jsonl, .json, .parquet),
-tables (CSV, Markdown) and plots (PNG, SVG) to --out; records are appended as each cell
-finishes, so an interrupted study keeps them (--redraw draws the views from them)."""))
+forward against the fp64 recurrent reference. The records go to a store in --out as each cell
+finishes (Parquet parts keyed by cell, and a manifest): an interrupted study keeps them and
+--resume completes it; a folder holding anything else is refused unless --force. Tables (CSV,
+Markdown) and plots (PNG, SVG) are drawn from the stored records; --redraw draws them again."""))
 def end_to_end(
     quick: Annotated[bool, typer.Option(
         help="A small study (seconds): dim 32, T 64/256, 4 gates, chunks 8,16,64, 4 variants")]
@@ -50,6 +49,10 @@ def end_to_end(
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/end-to-end"),
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Keep the cells already stored in --out and run the rest")] = False,
+    force: Annotated[bool, typer.Option(
+        "--force", help="Replace what --out holds")] = False,
     redraw: Annotated[bool, typer.Option(
         help="Run nothing: redraw the tables and plots from the records already in --out")]
     = False,
@@ -58,25 +61,16 @@ def end_to_end(
 
     from kdalab import params
     from kdalab.cli.common import labelled
-    from kdalab.cli.progress import WeightedProgress, drawing, record_file
+    from kdalab.cli.stored import redraw_folder, run_into_folder
 
     if redraw:
-        from kdalab.experiments.store import read_records
-
-        folder = Path(out)
-        try:
-            records = read_records(folder)
-        except FileNotFoundError:
-            raise ValueError(f"--out: no records in {str(folder)!r} to redraw") from None
-        with drawing(quiet=quiet):
-            from kdalab.views.end_to_end import write_e2e_views
-
-            paths, _ = write_e2e_views(records, folder)
+        folder = params.output_folder(out, "--out")
+        paths, stored = redraw_folder(folder, "end-to-end", _views, quiet=quiet)
         if not quiet:
-            console.print(f"{len(records)} records → wrote {len(paths)} files to {folder}/",
+            console.print(f"{stored} cells → wrote {len(paths)} files to {folder}/",
                           highlight=False)
         return
-    from kdalab.experiments.end_to_end import FULL, QUICK, cell_cost, run_study
+    from kdalab.studies.end_to_end import FULL, QUICK, EndToEndStudy
 
     device = params.device(device, "--device")
     base = QUICK if quick else FULL
@@ -87,24 +81,20 @@ def end_to_end(
     names = {k: "--" + k.replace("_", "-") for k in given}
     cfg = labelled(lambda **kw: replace(base, **kw), changes, names)
     out = params.output_folder(out, "--out")
-    (out / "config.json").write_text(json.dumps(cfg.as_dict(), indent=1) + "\n")
-
-    costs = {key: cell_cost(cfg, *key) for key in cfg.cell_keys()}
-    t0 = time.perf_counter()
-    with record_file(out, f"'kdalab run end-to-end --redraw --out {out}' draws the views from "
-                          "them; running the same command again starts afresh") as writer, \
-            WeightedProgress("cells", cfg.cells(), sum(costs.values()), quiet) as bar:
-        def sink(cell: list[dict]) -> None:
-            writer.write(cell)
-            r = cell[0]
-            bar.advance(1, costs[(r["family"], r["variant"], r["chunk"])])
-
-        records = run_study(cfg, sink=sink, device=device)
-    elapsed = time.perf_counter() - t0
-    with drawing(quiet=quiet):
-        from kdalab.views.end_to_end import write_e2e_views
-
-        paths, _ = write_e2e_views(records, out)
+    study = EndToEndStudy(cfg, device)
+    paths, _, _ = run_into_folder(
+        study, out, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",
+        again="kdalab run end-to-end (the same options) --out {out} --resume",
+        weight=lambda batch: sum(study.cost(k) for k in batch.keys),
+        total=sum(study.cost(k) for k in study.keys()),
+        summary=lambda ran, seconds: f"{ran} cells × {study.records_per_run} records in "
+                                     f"{seconds:.1f} s")
     if not quiet:
-        console.print(f"{cfg.cells()} cells → {len(records)} records in {elapsed:.1f} s; "
-                      f"wrote {len(paths) + 4} files to {out}/", highlight=False)
+        console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+
+
+def _views(store, show: bool) -> list[Path]:
+    from kdalab.views.end_to_end import write_e2e_views
+
+    paths, _ = write_e2e_views(store.records(), store.folder)
+    return paths

@@ -63,9 +63,9 @@ def drawing(what: str = "drawing tables and plots", quiet: bool = False) -> Iter
 
 @contextmanager
 def record_file(out: Path, resume_hint: str) -> Iterator:
-    """A :class:`~kdalab.experiments.store.RecordWriter` on ``out``; if the command is
+    """A :class:`~kdalab.records.legacy.RecordWriter` on ``out``; if the command is
     interrupted, the boundary says how many records it kept and ``resume_hint``."""
-    from kdalab.experiments.store import RecordWriter
+    from kdalab.records.legacy import RecordWriter
 
     writer = RecordWriter(out)
     try:

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, heavy_imports, prose
+from kdalab.cli.app import app, console, prose
 from kdalab.cli.options import accumulation_help
 
 
@@ -45,26 +45,22 @@ def reproduce(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
-    from kdalab import cudastart
-    from kdalab.cli.common import start_helpers
-
-    start_helpers()  # the views worker imports while this process does
-    cudastart.start(device)  # and CUDA starts (--device cuda)
     from kdalab import params
+    from kdalab.cli.sweep import run_plan
+    from kdalab.studies.sweep import SweepPlan
 
     seed_list = params.int_list(seeds, "--seeds", minimum=0)
     chunk_list = params.int_list(chunks, "--chunks", minimum=1) if chunks is not None else None
     dim = params.integer(dim, "--dim", 1)
     device = params.device(device, "--device")
-    with heavy_imports():  # torch
-        from kdalab.cli.common import run_into_folder
-        from kdalab.experiments.sweep import SweepPlan
     model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
-    out = params.output_folder(out, "--out")
 
-    plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
-    paths = run_into_folder(plan, out, resume=resume, force=force, quiet=quiet,
-                            json_export=json,
-                            again="kdalab reproduce (the same options) --out {out} --resume")
+    try:
+        plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
+    except ValueError as exc:
+        raise params.renamed(exc, {"chunks": "--chunks"}) from None
+    out = params.output_folder(out, "--out")
+    paths = run_plan(plan, out, resume=resume, force=force, quiet=quiet, json_export=json,
+                     again="kdalab reproduce (the same options) --out {out} --resume")
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, heavy_imports, mark, prose
+from kdalab.cli.app import app, console, prose
 from kdalab.cli.options import FAMILIES, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
@@ -73,21 +73,10 @@ def sweep(
     quiet: Annotated[bool, typer.Option(
         "--quiet", help="No progress or tables on the terminal")] = False,
 ) -> None:
-    from kdalab import cudastart
-    from kdalab.cli.common import start_helpers
+    from kdalab import params
+    from kdalab.runner import check_backend
+    from kdalab.studies.sweep import option_field, read_sweep_file
 
-    if redraw is None and backend == "local":  # they import while this process does (torch:
-        requested = _requested_device(device, config)  # seconds), CUDA starts meanwhile too
-        start_helpers(draw_servers=cudastart.ordinal(requested) is not None)
-        cudastart.start(requested)
-    elif redraw is None:
-        start_helpers()
-    with heavy_imports():
-        from kdalab import params
-        from kdalab.cli.common import run_into_folder
-        from kdalab.experiments.backends import check_backend
-        from kdalab.experiments.sweep import option_field, read_sweep_file
-    mark("kdalab and torch imported")
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
     if redraw is not None:
@@ -117,31 +106,50 @@ def sweep(
         for key in [k for k in data if option_field(k) == option_field(option)]:
             del data[key]  # the command line overrides the file
         data[option], labels[option] = value, option
-    out = params.output_folder(_DEFAULT_OUT if out is None else out, out_label)
+    out = Path(_DEFAULT_OUT if out is None else out)
     if resume and all(option_field(k) == "device" for k in data):  # the sweep stored in --out
         plan = _stored_plan(out, device)
     else:
         plan = _plan(data, labels, backend, address)
-    mark(f"planned: {len(plan)} runs")
-    paths = run_into_folder(plan, out, resume=resume, force=force, backend=backend,
-                            address=address, quiet=quiet, json_export=json)
+    if backend == "ray":  # the cluster joined (or started) before anything is written
+        from kdalab.runner.ray import ray_cluster
+
+        ray_cluster(address)
+    out = params.output_folder(out, out_label)
+    paths = run_plan(plan, out, resume=resume, force=force, backend=backend, address=address,
+                     quiet=quiet, json_export=json)
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
 
 
-def _requested_device(device: str | None, config: Path | None) -> str | None:
-    """The device the sweep asks for (by --device, else its TOML file), read before the
-    options are checked: a guess for starting the draw servers and CUDA early, never an
-    error."""
-    from kdalab.params import option_field, read_sweep_file  # no torch
+def run_plan(plan, out: Path, *, resume: bool = False, force: bool = False,
+             backend: str = "local", address: str | None = None, quiet: bool = False,
+             json_export: bool = False, again: str = "kdalab sweep --out {out} --resume"
+             ) -> list[Path]:
+    """An inverse sweep's ``plan`` into its store in ``out`` (progress weighted by each run's
+    estimated cost), then its views (and ``records.json`` with ``json_export``); ``sweep`` and
+    ``reproduce`` alike."""
+    from kdalab.cli.stored import export_json, run_into_folder, sweep_views
+    from kdalab.studies.sweep import record_cost
 
-    if device is None and config is not None:
-        try:
-            device = next((str(v) for k, v in read_sweep_file(config).items()
-                           if option_field(k) == "device"), None)
-        except (OSError, ValueError, AttributeError):
-            return None
-    return device
+    names = [m.name for m in plan.accumulations]
+
+    def weight(batch) -> float:
+        run = batch.runs[0]
+        return len(batch.runs) * sum(record_cost(run.chunk, run.dim, n) for n in names)
+
+    total = sum(len(pairs) * len(plan.seeds) * sum(record_cost(c, d, n) for n in names)
+                for c, d, pairs in plan.cells)
+    paths, _, _ = run_into_folder(
+        plan, out, draw=sweep_views, again=again, resume=resume, force=force,
+        backend=backend, address=address, quiet=quiet, weight=weight, total=total,
+        summary=lambda ran, seconds: f"{ran} runs × {len(names)} accumulation model(s) in "
+                                     f"{seconds:.1f} s; {len(plan)} runs stored in {out}/")
+    if json_export:
+        from kdalab.records import StoreReader
+
+        paths.append(export_json(StoreReader.read_only(out), out / "records.json"))
+    return paths
 
 
 def _plan(data: dict, labels: dict, backend: str, address: str | None):
@@ -149,7 +157,7 @@ def _plan(data: dict, labels: dict, backend: str, address: str | None):
     not here: the options are checked as for the CPU and the plan runs on the workers' CUDA."""
     import dataclasses
 
-    from kdalab.experiments.sweep import SweepConfig, SweepPlan, option_field
+    from kdalab.studies.sweep import SweepConfig, SweepPlan, option_field
 
     device_keys = [k for k in data if option_field(k) == "device"]
     requested = str(data[device_keys[0]]).strip() if device_keys else ""
@@ -166,9 +174,9 @@ def _plan(data: dict, labels: dict, backend: str, address: str | None):
 
 def _stored_plan(out: Path, device: str | None):
     """The plan of the sweep stored in ``out`` (``--resume`` without sweep options)."""
-    from kdalab.experiments.backends import STORE_KIND
-    from kdalab.experiments.runstore import RunStore, StoreError
-    from kdalab.experiments.sweep import SweepPlan
+    from kdalab.records import RunStore, StoreError
+    from kdalab.studies.plan import STORE_KIND
+    from kdalab.studies.sweep import SweepPlan
 
     try:
         manifest = RunStore.read_only(out).manifest
@@ -180,22 +188,13 @@ def _stored_plan(out: Path, device: str | None):
 
 
 def _redraw(folder: Path, json_export: bool, quiet: bool) -> None:
-    from kdalab.cli.common import draw_views, export_json
-    from kdalab.experiments.runstore import RunStore, StoreError
+    from kdalab.cli.stored import export_json, redraw_folder, sweep_views
+    from kdalab.records import StoreReader
+    from kdalab.studies.plan import STORE_KIND
 
-    try:
-        store = RunStore.read_only(folder, lock=True)
-    except StoreError as exc:
-        raise ValueError(f"--redraw: {exc}") from None
-    with store:
-        stored = int(store.done.sum())
-        if not quiet and not store.complete:
-            console.print(f"{folder} holds {stored} of {store.runs} runs ('kdalab sweep --out "
-                          f"{folder} --resume' completes it); drawing from those",
-                          highlight=False)
-        paths = draw_views(store, show=not quiet)
-        if json_export:
-            paths.append(export_json(store, folder / "records.json"))
+    paths, stored = redraw_folder(folder, STORE_KIND, sweep_views, quiet=quiet)
+    if json_export:
+        paths.append(export_json(StoreReader.read_only(folder), folder / "records.json"))
     if not quiet:
         console.print(f"wrote {len(paths)} files to {folder}/ from {stored} stored runs",
                       highlight=False)

@@ -7,7 +7,7 @@ answers, in closed form from a :class:`~kdalab.arith.formats.Format`'s constants
 chunk length C whose factors all stay finite and non-zero (and, separately, all normal), for a
 lower bound ``lb`` on the per-step log-decay and a boundary G_b.
 
-Conventions (the ones the measurement in :mod:`kdalab.experiments.dynamic_range` uses):
+Conventions (the ones the measurement in :mod:`kdalab.studies.dynamic_range` uses):
 
 * **Lower bound.** The gate keeps g ∈ (lb, 0), an open interval. The worst case puts every step *at*
   the bound, g = lb (the seed's ``floor_e-5`` family), so G_i = i·lb (1-based i). An answer safe for

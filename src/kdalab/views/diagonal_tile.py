@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FixedLocator, NullLocator  # noqa: E402
 
-from kdalab.experiments.diagonal_tile import summarize  # noqa: E402
-from kdalab.views.plots import plot_series_with_nonfinite, save_figure  # noqa: E402
+from kdalab.studies.diagonal_tile import summarize  # noqa: E402
+from kdalab.views.plots import log_errors, plot_series_with_nonfinite, save_figure  # noqa: E402
 from kdalab.views.tables import markdown_table  # noqa: E402
 
 __all__ = ["write_diagonal_tile_views"]
@@ -36,7 +36,7 @@ def plot_error_vs_lower_bound(errors, folder: Path):
                                            s["rel_rmse"].to_numpy(dtype=float), label=strat,
                                            slot=slot, slots=len(groups))
             ax.set_xscale("log")
-            ax.set_yscale("log")
+            log_errors(ax)
             # one labelled tick per swept bound, none in between (log axes label their minor
             # ticks too, which overlap)
             ax.xaxis.set_major_locator(FixedLocator(bounds))

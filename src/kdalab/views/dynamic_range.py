@@ -1,6 +1,6 @@
 """Views of the dynamic-range records: phase-diagram heatmaps with the calculator's boundary drawn
 over the measurements, error heatmaps, and tables (Markdown and CSV). Drawn from records only: the
-sweep's, and the calculator's answers as records (:mod:`kdalab.experiments.limits`); the overlaid
+sweep's, and the calculator's answers as records (:mod:`kdalab.studies.limits`); the overlaid
 line is read from those, never typed in or computed here."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.colors import BoundaryNorm, ListedColormap  # noqa: E402
 
-from kdalab.experiments.limits import (  # noqa: E402
+from kdalab.studies.limits import (  # noqa: E402
     TABLE_LOWER_BOUNDS,
     agreement,
     error_summary,

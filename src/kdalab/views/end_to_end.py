@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from kdalab.experiments.end_to_end import summarize  # noqa: E402
-from kdalab.views.plots import plot_series_with_nonfinite, save_figure  # noqa: E402
+from kdalab.studies.end_to_end import summarize  # noqa: E402
+from kdalab.views.plots import log_errors, plot_series_with_nonfinite, save_figure  # noqa: E402
 from kdalab.views.tables import fmt_sci, markdown_table  # noqa: E402
 
 __all__ = ["e2e_table", "write_e2e_views", "plot_error_vs_chunk_e2e",
@@ -61,8 +61,10 @@ def plot_error_vs_chunk_e2e(summary: pd.DataFrame, folder, *, gate: str = "lb=-5
             plot_series_with_nonfinite(ax, s["chunk"], s[value], label=variant, slot=slot,
                                        slots=len(groups))
         ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(sorted(s_f["chunk"].unique()))
+        log_errors(ax)
+        chunks = sorted(s_f["chunk"].unique())
+        ax.set_xlim(chunks[0] / 1.25, chunks[-1] * 1.25)  # set: non-finite markers don't widen
+        ax.set_xticks(chunks)
         ax.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
         ax.set_xlabel("chunk size C")
         ax.set_ylabel("relative RMSE vs fp64 recurrent (median)")

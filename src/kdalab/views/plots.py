@@ -5,7 +5,6 @@ Series with identical data are drawn once, with a combined label."""
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import matplotlib
@@ -17,9 +16,9 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import offset_copy  # noqa: E402
 
-from kdalab.experiments.families import FAMILIES  # noqa: E402
+from kdalab.inputs.families import FAMILIES  # noqa: E402
 
-__all__ = ["plot_error_vs_chunk", "save_figure", "plot_series_with_nonfinite"]
+__all__ = ["plot_error_vs_chunk", "save_figure", "plot_series_with_nonfinite", "log_errors"]
 
 #: horizontal distance between the non-finite markers of neighbouring series, in points
 MARKER_STEP_PT = 4.0
@@ -30,10 +29,6 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 #: the PNG's resolution, dots per inch
 PNG_DPI = 130
-#: draw the SVG in a forked copy of this process while this one draws the PNG (each format
-#: takes 0.4–0.5 s): set by the views worker (kdalab.views.worker), a process of one thread
-#: that only draws; never in a command's own process (CUDA, threads)
-FORK_FORMATS = False
 
 
 def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
@@ -50,21 +45,10 @@ def save_figure(fig, folder: str | Path, stem: str) -> list[Path]:
         matplotlib.rcParams["savefig.pad_inches"])
     fig.set_layout_engine(None)  # laid out already: no layout pass again in savefig
 
-    def svg() -> None:  # the same bytes for the same data: no date, ids salted with a constant
-        with matplotlib.rc_context({"svg.hashsalt": "kdalab"}):
-            fig.savefig(paths[1], bbox_inches=box, metadata={"Date": None})
-
-    child = os.fork() if FORK_FORMATS and hasattr(os, "fork") else None
-    if child == 0:  # the SVG, in the forked copy
-        code = 1
-        try:
-            svg()
-            code = 0
-        finally:
-            os._exit(code)
     fig.savefig(paths[0], dpi=PNG_DPI, bbox_inches=box)
-    if child is None or os.waitpid(child, 0)[1] != 0:  # not forked, or drawn here after all
-        svg()
+    # the same bytes for the same data: no date, ids salted with a constant
+    with matplotlib.rc_context({"svg.hashsalt": "kdalab"}):
+        fig.savefig(paths[1], bbox_inches=box, metadata={"Date": None})
     plt.close(fig)
     return paths
 
@@ -88,6 +72,21 @@ def plot_series_with_nonfinite(ax, x, y, *, label: str, slot: int = 0, slots: in
                    transform=where, clip_on=False, zorder=5, label="_nolegend_")
 
 
+def log_errors(ax) -> bool:
+    """A log-scaled error axis where the panel holds a finite non-zero error; else (every error
+    non-finite or exactly 0: nothing a log axis can place) a linear axis without ticks and a
+    note saying so, the non-finite markers still on its top edge. Returns whether it is log."""
+    drawn = [np.asarray(line.get_ydata(), dtype=float) for line in ax.get_lines()]
+    if any(len(y) and (np.isfinite(y) & (y > 0)).any() for y in drawn):
+        ax.set_yscale("log")
+        return True
+    ax.set_ylim(0.0, 1.0)
+    ax.set_yticks([])
+    ax.text(0.5, 0.5, "no finite non-zero error to draw\n(x on the top edge: non-finite)",
+            transform=ax.transAxes, ha="center", va="center", fontsize=8, color="dimgrey")
+    return False
+
+
 def _series_key(s: pd.DataFrame) -> tuple:
     """The data a configuration draws, as a hashable value (identical series share it)."""
     columns = ("chunk", "inv_total_rel_rmse_median", "inv_stable_l_rel_rmse_median")
@@ -100,7 +99,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
     family, one colour per (accumulation, lower bound, dim). Configurations whose two series are
     identical (e.g. fp16-seq and fp16-once where no sum rounds differently) are drawn once, their
     names joined by '='. Drawn from the records' aggregates
-    (:func:`kdalab.experiments.aggregate.summarize`)."""
+    (:func:`kdalab.studies.aggregate.summarize`)."""
     present = set(summary["family"])
     families = [f for f in FAMILIES if f in present] + sorted(present - set(FAMILIES))
     fig, axes = plt.subplots(1, max(len(families), 1), figsize=(5.2 * max(len(families), 1), 4.4),
@@ -137,7 +136,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
                                        label="_nolegend_", linestyle="--", color=color,
                                        marker=marker, slot=slot, slots=len(drawn))
         g = summary[summary["family"] == fam]
-        ax.set_yscale("log")
+        log_errors(ax)
         lo, hi = float(g["chunk"].min()), float(g["chunk"].max())
         pad = max(1.0, 0.04 * (hi - lo))
         ax.set_xlim(lo - pad, hi + pad)  # non-finite markers don't widen the axes themselves
@@ -162,8 +161,7 @@ def plot_error_vs_chunk(summary: pd.DataFrame, folder: str | Path,
 #: right, top (the title and the panels' titles) and bottom (the tick labels and x label; the
 #: legend hangs below the figure and the saved box takes it in). ``tight_layout`` measured
 #: 0.77 / 0.15 / 0.68 / 0.58 in for these texts; fixed, with room for wider tick labels
-#: (10⁻¹²), since its layout pass is work the tight box then does again (the plot took
-#: 0.74–1.27 s instead of 0.97–1.64 s in fresh processes on the dev VM). The saved figure is
+#: (10⁻¹²), since its layout pass is work the tight box then does again. The saved figure is
 #: cut to its tight box, so the outer margins never show as blank space.
 PANEL_MARGINS_IN = {"left": 0.85, "right": 0.15, "top": 0.70, "bottom": 0.60}
 #: the axis labels' distance from the axes, inches (past the widest tick labels: 10⁻¹²)

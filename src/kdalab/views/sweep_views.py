@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kdalab.experiments.aggregate import summarize_store
+from kdalab.studies.aggregate import summarize_store
 from kdalab.views.plots import plot_error_vs_chunk
 from kdalab.views.tables import seed_tables, write_seed_tables
 
@@ -14,7 +14,7 @@ __all__ = ["draw_sweep_views"]
 
 
 def draw_sweep_views(store) -> tuple[list[Path], list[tuple[str, list[str], list[list[str]]]]]:
-    """Draw the views of ``store`` (a :class:`~kdalab.experiments.runstore.RunStore`) into its
+    """Draw the views of ``store`` (a :class:`~kdalab.records.RunStore`) into its
     folder, from its records' aggregates (read one group at a time): the seed's tables
     (Markdown and CSV), ``summary.csv`` (every aggregate, one row per configuration) and the
     error plot. Returns the files written and the tables as text, (title, columns, rows), for

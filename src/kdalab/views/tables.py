@@ -1,6 +1,6 @@
 """Tables drawn from records: the seed document's three tables, and any frame as Markdown.
 
-Every table comes from stored records through :func:`kdalab.experiments.aggregate.summarize`;
+Every table comes from stored records through :func:`kdalab.studies.aggregate.summarize`;
 nothing is typed by hand.
 """
 
@@ -70,7 +70,7 @@ _LAYOUTS = {
 
 def seed_tables(summary: pd.DataFrame, dim: int | None = None) -> list[SeedTable]:
     """The seed's three tables (one per family, per accumulation model and lower bound), drawn
-    from the records' aggregates (:func:`kdalab.experiments.aggregate.summarize`)."""
+    from the records' aggregates (:func:`kdalab.studies.aggregate.summarize`)."""
     tables = []
     if summary.empty:
         return tables

@@ -1,7 +1,7 @@
 """Input families of the seed document's inverse experiment, as data.
 
 A :class:`Family` says what a run draws and what it fixes; the draw engine
-(:mod:`kdalab.experiments.draw`) reads these fields and draws, for a given seed, from
+(:mod:`kdalab.inputs.draw`) reads these fields and draws, for a given seed, from
 ``torch.Generator(device="cpu").manual_seed(seed)`` in the seed's order, so kdalab's inputs are
 bit-identical to the seed code's:
 

@@ -20,7 +20,7 @@ inv_finite, inv_rel_rmse  fp16 Neumann inverse of the kernel's L against the exa
 ==================  ==============================================================================
 
 Families: ``floor`` (worst case: every step at the bound, seed 0) and ``model_like``
-(g = lb·sigmoid(N(0,1))), drawn by :func:`kdalab.experiments.draw.make_inputs`. Only the scale
+(g = lb·sigmoid(N(0,1))), drawn by :func:`kdalab.inputs.draw.make_inputs`. Only the scale
 format and the exp2 path vary; the rest of the recipe is the seed's (bf16 operands, fp32-accumulated
 GEMM, fp16 L, fp16 Neumann inverse under ``inverse_accumulation``).
 """
@@ -35,15 +35,17 @@ import torch
 from kdalab import params
 from kdalab.arith import AccumulationModel, Format, rel_rmse
 from kdalab.arith.linalg import inv64
-from kdalab.experiments.draw import make_inputs
-from kdalab.experiments.limits import TABLE_LOWER_BOUNDS, calculator_records
+from kdalab.inputs.draw import make_inputs
 from kdalab.kda.dynamic_range import BOUNDARIES
 from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, split_factors, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
+from kdalab.studies.cells import CellStudy
+from kdalab.studies.limits import TABLE_LOWER_BOUNDS, calculator_records
 
 __all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "DEFAULT_CHUNKS", "SweepGrid", "run_chunk",
-           "run_sweep", "calculator", "count_scales", "worst_case_scale_table"]
+           "run_sweep", "calculator", "count_scales", "worst_case_scale_table",
+           "DynamicRangeStudy"]
 
 DEFAULT_LOWER_BOUNDS = (-0.5, -1.0, -1.5, -2.0, -2.5, -3.0, -3.5, -4.0, -4.5, -5.0, -5.5, -6.0,
                         -6.5, -7.0, -8.0, -9.0, -10.0, -12.0, -14.0, -16.0, -18.0, -20.0)
@@ -201,6 +203,41 @@ def run_chunk(grid: SweepGrid, chunk: int) -> list[dict]:
                 "inverse_accumulation": grid.inverse_accumulation.name,
             })
     return records
+
+
+class DynamicRangeStudy(CellStudy):
+    """The phase diagram as cells (:class:`~kdalab.studies.cells.CellStudy`): one per chunk
+    size, each a record per (format, exp2 path, boundary, family input)."""
+
+    kind = "dynamic-range"
+    FIELDS = (("family", "str"), ("seed", "int"), ("lower_bound", "float"), ("chunk", "int"),
+              ("boundary", "str"), ("format", "str"), ("exp2_ftz", "bool"), ("dim", "int"),
+              ("scales", "int"), ("overflow", "int"), ("zero", "int"), ("subnormal", "int"),
+              ("scales_ok", "int"), ("scales_normal", "int"), ("l_finite", "int"),
+              ("l_rel_rmse", "float"), ("inv_finite", "int"), ("inv_rel_rmse", "float"),
+              ("inverse_accumulation", "str"))
+
+    def __init__(self, grid: SweepGrid):
+        self.grid = grid
+        inputs = len(grid.lower_bounds) * (1 + len(grid.model_seeds))
+        self.records_per_run = (len(grid.formats) * len(grid.exp2_ftz) * len(grid.boundaries)
+                                * inputs)
+
+    def keys(self) -> list[int]:
+        return list(self.grid.chunks)
+
+    def identity(self) -> dict:
+        g = self.grid
+        return {"lower_bounds": list(g.lower_bounds), "chunks": list(g.chunks),
+                "formats": list(g.formats), "boundaries": list(g.boundaries),
+                "exp2_ftz": list(g.exp2_ftz), "model_seeds": list(g.model_seeds), "dim": g.dim,
+                "inverse_accumulation": g.inverse_accumulation.name}
+
+    def cost(self, key) -> float:
+        return float(key * key)  # per_pair and the inverse grow like C²…C³
+
+    def run_cells(self, keys) -> list[list[dict]]:
+        return [run_chunk(self.grid, chunk) for chunk in keys]
 
 
 def run_sweep(grid: SweepGrid, *, sink: Callable[[list[dict]], None] | None = None,

@@ -38,11 +38,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kdalab import params
 from kdalab.arith import rel_rmse
+from kdalab.inputs.draw import per_channel_inputs
 from kdalab.kda.intra import LOG2E
 from kdalab.kda.recipe import SEED, Recipe
 from kdalab.kda.tiles import decayed_scores, get_tiles
+from kdalab.studies.cells import CellStudy
 
-__all__ = ["STRATEGIES", "WorkCounter", "per_channel_inputs", "reference_scores", "run_study",
+__all__ = ["STRATEGIES", "DiagonalTileStudy", "WorkCounter", "reference_scores", "run_study",
            "count_work", "summarize"]
 
 #: chunk_start / midpoint: one dense tile through a fixed boundary; per_pair: every pair;
@@ -90,21 +92,6 @@ class Work:
     scalings: int
     gemm_macs: int
     dot_macs: int
-
-
-def per_channel_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float):
-    """Keys (bf16, unit norm) and per-channel log-decay [C, D]: ``floor`` puts every step and
-    channel at the bound, ``model_like`` draws g = lb·sigmoid(N(0, 1)) per step and channel."""
-    params.choice(family, "family", ("floor", "model_like"))
-    gen = torch.Generator().manual_seed(int(seed))
-    keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
-    keys = (keys / keys.norm(dim=-1, keepdim=True)).to(torch.bfloat16)
-    if family == "floor":
-        g = torch.full((chunk, dim), float(lower_bound), dtype=torch.float64)
-    else:
-        g = float(lower_bound) * torch.sigmoid(torch.randn(chunk, dim, dtype=torch.float64,
-                                                           generator=gen))
-    return keys, g
 
 
 def reference_scores(keys: torch.Tensor, log_decay: torch.Tensor) -> torch.Tensor:
@@ -166,6 +153,39 @@ def run_study(chunks: Sequence[int] = (16, 32, 64), strategies: Sequence[str] = 
                     "gemm_macs": work.gemm_macs, "dot_macs": work.dot_macs,
                 })
     return records
+
+
+class DiagonalTileStudy(CellStudy):
+    """The study as cells (:class:`~kdalab.studies.cells.CellStudy`): one per chunk size, each
+    a record per (strategy, input) (:func:`run_study`'s arguments, parsed there)."""
+
+    kind = "diagonal-tile"
+    FIELDS = (("family", "str"), ("seed", "int"), ("lower_bound", "float"), ("chunk", "int"),
+              ("dim", "int"), ("strategy", "str"), ("rel_rmse", "float"), ("finite", "int"),
+              ("nonfinite_entries", "int"), ("lost_entries", "int"), ("exps", "int"),
+              ("scalings", "int"), ("gemm_macs", "int"), ("dot_macs", "int"))
+
+    def __init__(self, chunks: Sequence[int], strategies: Sequence[str],
+                 lower_bounds: Sequence[float], seeds: Sequence[int], dim: int):
+        self.chunks = params.int_list(chunks, "chunks", minimum=1)
+        self.strategies = params.choices(strategies, "strategies", STRATEGIES)
+        self.lower_bounds = params.lower_bounds(lower_bounds, "lower_bounds")
+        self.seeds = params.int_list(seeds, "seeds", minimum=0)
+        self.dim = params.integer(dim, "dim", 1)
+        inputs = len(self.lower_bounds) * (1 + len(self.seeds))  # floor once, model_like per seed
+        self.records_per_run = len(self.strategies) * inputs
+
+    def keys(self) -> list[int]:
+        return list(self.chunks)
+
+    def identity(self) -> dict:
+        return {"chunks": list(self.chunks), "strategies": list(self.strategies),
+                "lower_bounds": list(self.lower_bounds), "seeds": list(self.seeds),
+                "dim": self.dim}
+
+    def run_cells(self, keys) -> list[list[dict]]:
+        return [run_study([c], self.strategies, self.lower_bounds, self.seeds, self.dim)
+                for c in keys]
 
 
 def summarize(records: list[dict]) -> dict[str, pd.DataFrame]:

@@ -2,7 +2,7 @@
 
 A :class:`Run` is a plain tuple (cheap to build for millions of runs, hashable, a record's key):
 it is checked where it is made from what a user gave (:meth:`Run.checked`,
-:func:`kdalab.experiments.sweep.plan_runs`), and nothing below checks it again.
+:func:`kdalab.studies.sweep.plan_runs`), and nothing below checks it again.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from kdalab import params
-from kdalab.experiments.families import get_family
+from kdalab.inputs.families import get_family
 
 __all__ = ["Run"]
 

@@ -36,9 +36,8 @@ from kdalab.arith import (
     torch_cast,
 )
 from kdalab.arith.linalg import inv64, matmul64
-from kdalab.experiments import arrow
-from kdalab.experiments.draw import ChunkInputs, make_inputs_batch
-from kdalab.experiments.runs import Run
+from kdalab.inputs.draw import ChunkInputs, make_inputs_batch
+from kdalab.inputs.runs import Run
 from kdalab.kda.intra import kernel_l, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import Recipe, get_recipe
@@ -89,8 +88,7 @@ class PendingGroup:
     def table(self, runs: Sequence[int] | None = None):
         """The group's records as an Arrow table of :func:`record_schema` (``run``: each run's
         index in its sweep, ``runs``; default 0…): one per run and accumulation model, the
-        models in order, each over the runs in order. One device→host copy; built as columns
-        from their buffers (:mod:`kdalab.experiments.arrow`: no pandas)."""
+        models in order, each over the runs in order. One device→host copy."""
         import numpy as np
         import pyarrow as pa
 
@@ -98,20 +96,18 @@ class PendingGroup:
         n, m = len(self.specs), len(self.plans)
         index = np.arange(n) if runs is None else np.asarray(runs, dtype=np.int64)
         family, lower_bound, chunk, seed, dim = (list(col) for col in zip(*self.specs))
-        names = list(dict.fromkeys(family))
-        codes = {name: i for i, name in enumerate(names)}
         bounds = np.array([np.nan if b is None else b for b in lower_bound], dtype=np.float64)
         models = np.repeat(np.arange(m), n)
         columns: dict = {
             "run": np.tile(index, m),
-            "family": arrow.strings(np.tile(np.array([codes[f] for f in family]), m), names),
-            "lower_bound": arrow.column(np.tile(bounds, m), pa.float64(),
-                                   valid=np.tile([b is not None for b in lower_bound], m)),
+            "family": family * m,
+            "lower_bound": pa.array(np.tile(bounds, m), pa.float64(),
+                                    mask=np.tile([b is None for b in lower_bound], m)),
             "chunk": np.tile(np.asarray(chunk, dtype=np.int64), m),
             "seed": np.tile(np.asarray(seed, dtype=np.int64), m),
             "dim": np.tile(np.asarray(dim, dtype=np.int64), m),
-            "accumulation": arrow.strings(models, [name for name, *_ in self.plans]),
-            "l_accumulation": arrow.strings(models, [l_acc for _, l_acc, *_ in self.plans]),
+            "accumulation": [self.plans[i][0] for i in models.tolist()],
+            "l_accumulation": [self.plans[i][1] for i in models.tolist()],
         }
         tensor = {key: values[:, i].reshape(-1) for i, key in enumerate(_TENSOR_METRICS)}
         for key in METRIC_KEYS:
@@ -122,13 +118,23 @@ class PendingGroup:
             else:
                 columns[key] = tensor[key]
         schema = record_schema()
-        return pa.Table.from_arrays(
-            [c if isinstance(c, pa.Array) else arrow.column(c, f.type)
-             for f, c in zip(schema, (columns[f.name] for f in schema))], schema=schema)
+        return pa.Table.from_arrays([_column(columns[f.name], f.type) for f in schema],
+                                    schema=schema)
 
     def collect(self) -> list[dict]:
         """The records as dicts (:meth:`table`'s rows without ``run``)."""
         return self.table().drop_columns(["run"]).to_pylist()
+
+
+def _column(values, type_):
+    """An Arrow column of ``type_``: numbers cast as NumPy casts them (the counts, carried as
+    float64, are exact integers)."""
+    import numpy as np
+    import pyarrow as pa
+
+    if isinstance(values, pa.Array) or pa.types.is_string(type_):
+        return pa.array(values, type_)
+    return pa.array(np.asarray(values, dtype=type_.to_pandas_dtype()), type_)
 
 
 def record_schema():
@@ -154,7 +160,7 @@ def launch_group(
 ) -> PendingGroup:
     """Queue a group's work on ``device`` and return without waiting for it (on CUDA no step
     here waits for the GPU). ``inputs``: the group's inputs if already drawn
-    (:func:`~kdalab.experiments.draw.make_inputs_batch`), else drawn here."""
+    (:func:`~kdalab.inputs.draw.make_inputs_batch`), else drawn here."""
     if not specs:
         raise ValueError("launch_group needs at least one run")
     chunk, dim = specs[0].chunk, specs[0].dim

@@ -2,9 +2,9 @@
 per-run ``make_inputs``, drawn as fast as the machine allows.
 
 Each run draws from its own ``torch.Generator(device="cpu").manual_seed(seed)`` in the seed's
-order (keys, gate, β: what its :class:`~kdalab.experiments.families.Family` says). Those draws
+order (keys, gate, β: what its :class:`~kdalab.inputs.families.Family` says). Those draws
 are per run by nature, but a seed's keys are drawn once for every chunk size
-(:mod:`kdalab.experiments.keystream`) and runs that share a stream share its draws. Everything
+(:mod:`kdalab.inputs.keystream`) and runs that share a stream share its draws. Everything
 else is done once per batch: the
 sigmoids (torch's CPU sigmoid splits a tensor between a vectorized and a scalar loop whose last
 bits differ; :func:`_sigmoid_rows` reproduces each run's own split, calibrated at run time),
@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kdalab.experiments.families import FAMILIES, Family, get_family
-from kdalab.experiments.keystream import STREAMS, reusable
-from kdalab.experiments.runs import Run
+from kdalab import params
+from kdalab.inputs.families import FAMILIES, Family, get_family
+from kdalab.inputs.keystream import STREAMS, reusable
+from kdalab.inputs.runs import Run
 
-__all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch"]
+__all__ = ["ChunkInputs", "make_inputs", "make_inputs_batch", "per_channel_inputs"]
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,10 @@ def _draw_runs(families: Sequence[str], seeds: Sequence[int], keys: torch.Tensor
                raw_gate: torch.Tensor, raw_beta: torch.Tensor) -> None:
     """The draws of each run, into row ``i`` of ``keys`` [n, C, D], ``raw_gate`` and
     ``raw_beta`` [n, C]: :func:`_draw_run` per run, or, where keys are prefixes of longer
-    chunks' (:func:`~kdalab.experiments.keystream.reusable`), per *stream*: runs of one seed
+    chunks' (:func:`~kdalab.inputs.keystream.reusable`), per *stream*: runs of one seed
     whose keys end at the same row (C rows, or 1 for a shared key) make the same draws after
     their keys (the first is the gate of a family with a random gate, else its β), so each
-    stream's keys come from :data:`~kdalab.experiments.keystream.STREAMS` and its draws are
+    stream's keys come from :data:`~kdalab.inputs.keystream.STREAMS` and its draws are
     made once, then gathered into the runs' rows."""
     gen = torch.Generator(device="cpu")
     chunk, dim = keys.shape[1:]
@@ -179,16 +180,15 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu") -> Chu
     """The inputs of runs of one chunk size and dim, stacked: keys [B, C, D], log_decay and
     beta [B, C]; run ``i`` equal bit for bit to the seed's ``make_inputs`` of ``runs[i]``.
 
-    ``runs`` are :class:`~kdalab.experiments.runs.Run` values (as made by
-    :meth:`~kdalab.experiments.runs.Run.checked` or ``plan_runs``: not checked again here).
+    ``runs`` are :class:`~kdalab.inputs.runs.Run` values (as made by
+    :meth:`~kdalab.inputs.runs.Run.checked` or ``plan_runs``: not checked again here).
     The random draws are each run's own (:func:`_draw_runs`: per key stream where the keys of
     one seed serve every chunk size, else per run); the rest is done once for the batch and
     equals the seed's per-run arithmetic bit for bit: the sigmoids (:func:`_sigmoid_rows`
     reproduces torch's per-tensor split between its vectorized and scalar loops),
     g = lower_bound · sigmoid and the constants. Each tensor then goes to ``device`` in one
     copy (from pinned memory, without waiting, on CUDA). Draws run in the calling thread:
-    with the key streams, draw threads and draw processes were both slower on the H200 host
-    (docs/BENCHMARKS.md).
+    with the key streams, draw threads and draw processes measured slower (docs/sweeps.md).
     """
     if not runs:
         raise ValueError("make_inputs_batch needs at least one run")
@@ -223,3 +223,19 @@ def make_inputs_batch(runs: Sequence, device: str | torch.device = "cpu") -> Chu
     if device.type == "cpu":
         return ChunkInputs(keys, log_decay, beta)
     return ChunkInputs(*(t.to(device, non_blocking=pin) for t in (keys, log_decay, beta)))
+
+
+def per_channel_inputs(family: str, chunk: int, dim: int, seed: int, lower_bound: float):
+    """The per-channel variant of ``floor`` and ``model_like`` (the diagonal-tile study's):
+    keys (bf16, unit norm) and log-decay [C, D]; ``floor`` puts every step and channel at the
+    bound, ``model_like`` draws g = lb·sigmoid(N(0, 1)) per step and channel."""
+    params.choice(family, "family", ("floor", "model_like"))
+    gen = torch.Generator().manual_seed(int(seed))
+    keys = torch.randn(chunk, dim, dtype=torch.float64, generator=gen)
+    keys = (keys / keys.norm(dim=-1, keepdim=True)).to(torch.bfloat16)
+    if family == "floor":
+        g = torch.full((chunk, dim), float(lower_bound), dtype=torch.float64)
+    else:
+        g = float(lower_bound) * torch.sigmoid(torch.randn(chunk, dim, dtype=torch.float64,
+                                                           generator=gen))
+    return keys, g

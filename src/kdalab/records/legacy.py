@@ -1,9 +1,10 @@
-"""Records on disk: written as they are produced, read back for the views.
+"""The record files of kdalab before the store (records.jsonl, records.json, records.parquet),
+kept only behind ``kdalab.check.records`` until check writes through the store
+(:class:`kdalab.records.RunStore`); no study uses them. Delete this module with that swap.
 
-A run folder holds ``records.jsonl`` (one JSON object per line, appended and flushed after each
-batch, so an interrupted sweep keeps every record already written), and, once the sweep is
-complete, ``records.json`` (a list of objects) and ``records.parquet``. Non-finite floats are
-written as the strings ``"inf"``, ``"-inf"``, ``"nan"`` in JSON; parquet keeps them as floats.
+A folder holds ``records.jsonl`` (one JSON object per line, appended and flushed after each
+batch), and, once complete, ``records.json`` (a list of objects) and ``records.parquet``.
+Non-finite floats are written as the strings ``"inf"``, ``"-inf"``, ``"nan"`` in JSON.
 """
 
 from __future__ import annotations

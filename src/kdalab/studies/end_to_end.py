@@ -43,9 +43,11 @@ from kdalab.kda.inverse import INVERSES
 from kdalab.kda.naive import recurrent_core
 from kdalab.kda.recipe import get_recipe
 from kdalab.kda.tiles import get_tiles
+from kdalab.studies.cells import CellStudy
 
 __all__ = ["E2E_FAMILIES", "Variant", "DEFAULT_VARIANTS", "StudyConfig", "QUICK", "FULL",
-           "study_inputs", "run_study", "gate_label", "summarize", "cell_cost"]
+           "study_inputs", "run_study", "gate_label", "summarize", "cell_cost",
+           "EndToEndStudy"]
 
 E2E_FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "long")
 SATURATED_G = 20.0
@@ -227,6 +229,92 @@ def _rows(o: torch.Tensor, s: torch.Tensor, o_ref: torch.Tensor, s_ref: torch.Te
             (~torch.isfinite(o2)).sum(-1).tolist(), (~torch.isfinite(s2)).sum(-1).tolist())
 
 
+class _Family:
+    """A family's inputs and fp64 reference, drawn once for all of its cells."""
+
+    def __init__(self, cfg: StudyConfig, family: str, device: torch.device):
+        self.family, self.t = family, cfg.seq_len(family)
+        self.keys = [(lb, seed) for lb in cfg.lower_bounds for seed in cfg.seeds]
+        self.inputs = [{k: (x.to(device) if isinstance(x, torch.Tensor) else x)
+                        for k, x in study_inputs(family, lb, seed, self.t, cfg.heads,
+                                                 cfg.dim).items()}
+                       for lb, seed in self.keys]
+        ref = _prepare(self.inputs, "fp64")
+        self.o_ref, self.s_ref = recurrent_core(ref.q, ref.k, ref.v, ref.log_decay, ref.beta,
+                                                ref.scale)
+        g = ref.log_decay.reshape(len(self.keys), -1)
+        self.g_mean, self.g_min = g.mean(-1).tolist(), g.amin(-1).tolist()
+        self.prepared: dict[str, Prepared] = {}
+
+    def cell(self, cfg: StudyConfig, variant: Variant, chunk: int, device: str) -> list[dict]:
+        if variant.recipe not in self.prepared:
+            self.prepared[variant.recipe] = _prepare(self.inputs, variant.recipe)
+        o, s = forward_prepared(self.prepared[variant.recipe], chunk_size=int(chunk),
+                                tiles=variant.tiles, inverse=variant.inverse,
+                                recipe=variant.recipe)
+        eo, es, no, ns = _rows(o, s, self.o_ref, self.s_ref)
+        return [{
+            "family": self.family, "gate": gate_label(lb),
+            "lower_bound": math.nan if lb is None else float(lb),
+            "seed": int(seed), "T": self.t, "heads": cfg.heads, "dim": cfg.dim,
+            "chunk": int(chunk), "variant": variant.name, "recipe": variant.recipe,
+            "tiles": variant.tiles, "inverse": variant.inverse,
+            "o_rel_rmse": float(eo[i]), "state_rel_rmse": float(es[i]),
+            "o_nonfinite": int(no[i]), "state_nonfinite": int(ns[i]),
+            "finite": int(no[i] == 0 and ns[i] == 0),
+            "log_decay_mean": float(self.g_mean[i]), "log_decay_min": float(self.g_min[i]),
+            "device": device,
+        } for i, (lb, seed) in enumerate(self.keys)]
+
+
+class EndToEndStudy(CellStudy):
+    """The study as cells (:class:`~kdalab.studies.cells.CellStudy`): one per (family,
+    variant, chunk) in :meth:`StudyConfig.cell_keys` order, each a record per (gate, seed).
+    Inputs are drawn on the CPU (so every device sees the same values) and moved to
+    ``device``; a family's inputs and reference are made once for its cells."""
+
+    kind = "end-to-end"
+    FIELDS = (("family", "str"), ("gate", "str"), ("lower_bound", "float"), ("seed", "int"),
+              ("T", "int"), ("heads", "int"), ("dim", "int"), ("chunk", "int"),
+              ("variant", "str"), ("recipe", "str"), ("tiles", "str"), ("inverse", "str"),
+              ("o_rel_rmse", "float"), ("state_rel_rmse", "float"), ("o_nonfinite", "int"),
+              ("state_nonfinite", "int"), ("finite", "int"), ("log_decay_mean", "float"),
+              ("log_decay_min", "float"), ("device", "str"))
+
+    def __init__(self, cfg: StudyConfig, device: str | torch.device = "cpu"):
+        self.cfg = cfg
+        self.device = str(device)
+        self.records_per_run = len(cfg.lower_bounds) * len(cfg.seeds)
+        self._variants = {v.name: v for v in cfg.variants}
+        self._family: _Family | None = None
+
+    def __getstate__(self) -> dict:  # a Ray worker draws its own inputs
+        return {**self.__dict__, "_family": None}
+
+    def keys(self) -> list[tuple[str, str, int]]:
+        return self.cfg.cell_keys()
+
+    def group(self, key) -> str:
+        return key[0]
+
+    def identity(self) -> dict:
+        return {**self.cfg.as_dict(), "device": torch.device(self.device).type}
+
+    def cost(self, key) -> float:
+        return cell_cost(self.cfg, *key)
+
+    def run_cells(self, keys) -> list[list[dict]]:
+        device = torch.device(self.device)
+        out = []
+        for family, variant, chunk in keys:
+            if self._family is None or self._family.family != family:
+                self._family = None  # the last family's tensors go first
+                self._family = _Family(self.cfg, family, device)
+            out.append(self._family.cell(self.cfg, self._variants[variant], chunk,
+                                         device.type))
+        return out
+
+
 def run_study(
     cfg: StudyConfig,
     *,
@@ -234,49 +322,18 @@ def run_study(
     progress: Callable[[int, int], None] | None = None,
     device: str | torch.device = "cpu",
 ) -> list[dict]:
-    """Run the study; ``sink`` receives each cell's records as soon as they exist.
-
-    Inputs are drawn on the CPU (so every device sees the same values) and moved to ``device``.
-    """
+    """Run the study in memory; ``sink`` receives each cell's records as soon as they exist
+    (:class:`EndToEndStudy` runs it into a store)."""
+    study = EndToEndStudy(cfg, device)
     records: list[dict] = []
-    total, done = cfg.cells(), 0
-    for family in cfg.families:
-        t = cfg.seq_len(family)
-        keys = [(lb, seed) for lb in cfg.lower_bounds for seed in cfg.seeds]
-        inputs = [{k: (x.to(device) if isinstance(x, torch.Tensor) else x)
-                   for k, x in study_inputs(family, lb, seed, t, cfg.heads, cfg.dim).items()}
-                  for lb, seed in keys]
-        ref = _prepare(inputs, "fp64")
-        o_ref, s_ref = recurrent_core(ref.q, ref.k, ref.v, ref.log_decay, ref.beta, ref.scale)
-        g = ref.log_decay
-        g_mean = g.reshape(len(keys), -1).mean(-1).tolist()
-        g_min = g.reshape(len(keys), -1).amin(-1).tolist()
-        for variant in cfg.variants:
-            prep = _prepare(inputs, variant.recipe)
-            for chunk in cfg.chunks:
-                o, s = forward_prepared(prep, chunk_size=int(chunk), tiles=variant.tiles,
-                                        inverse=variant.inverse, recipe=variant.recipe)
-                eo, es, no, ns = _rows(o, s, o_ref, s_ref)
-                cell = []
-                for i, (lb, seed) in enumerate(keys):
-                    cell.append({
-                        "family": family, "gate": gate_label(lb),
-                        "lower_bound": math.nan if lb is None else float(lb),
-                        "seed": int(seed), "T": t, "heads": cfg.heads, "dim": cfg.dim,
-                        "chunk": int(chunk), "variant": variant.name, "recipe": variant.recipe,
-                        "tiles": variant.tiles, "inverse": variant.inverse,
-                        "o_rel_rmse": float(eo[i]), "state_rel_rmse": float(es[i]),
-                        "o_nonfinite": int(no[i]), "state_nonfinite": int(ns[i]),
-                        "finite": int(no[i] == 0 and ns[i] == 0),
-                        "log_decay_mean": float(g_mean[i]), "log_decay_min": float(g_min[i]),
-                        "device": torch.device(device).type,
-                    })
-                records.extend(cell)
-                if sink is not None:
-                    sink(cell)
-                done += 1
-                if progress is not None:
-                    progress(done, total)
+    keys = study.keys()
+    for done, key in enumerate(keys, 1):
+        cell = study.run_cells([key])[0]
+        records.extend(cell)
+        if sink is not None:
+            sink(cell)
+        if progress is not None:
+            progress(done, len(keys))
     return records
 
 

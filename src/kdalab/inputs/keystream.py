@@ -1,7 +1,7 @@
 """Each seed's keys drawn once, for every chunk size: the draw engine's cache.
 
 A run of chunk C and dim D draws its keys first, ``torch.randn(C, D, float64)`` from a
-generator just seeded with its seed (:mod:`kdalab.experiments.draw`), then its gate and β.
+generator just seeded with its seed (:mod:`kdalab.inputs.draw`), then its gate and β.
 torch's CPU normal sampler fills a tensor of n ≥ 16 values, n a multiple of 16, with n uniforms
 (one 64-bit draw each) and turns them into normals by Box–Muller within blocks of 16
 (``normal_fill`` in ATen's ``DistributionTemplates.h``). So when D is a multiple of 16 the keys

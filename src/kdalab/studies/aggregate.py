@@ -26,7 +26,7 @@ def summarize(records: list[dict] | pd.DataFrame) -> pd.DataFrame:
     finite results, the worst counts and powers, medians over seeds and the largest power
     entries. A median or maximum over values of which one is NaN is NaN (as ``np.median`` and
     ``np.max`` give it; pandas' own skip NaN). One groupby per statistic, not a loop over the
-    configurations (the loop took 1.5 s of the views of a 94,500-run sweep on the dev VM)."""
+    configurations (a loop was the views' largest cost on a large sweep)."""
     df = records if isinstance(records, pd.DataFrame) else pd.DataFrame.from_records(records)
     if df.empty:
         return pd.DataFrame(columns=GROUP_KEYS)
@@ -69,7 +69,7 @@ SUMMARY_ROWS = 1 << 20
 
 
 def summarize_store(store) -> pd.DataFrame:
-    """:func:`summarize` of a :class:`~kdalab.experiments.runstore.RunStore`'s records, read
+    """:func:`summarize` of a :class:`~kdalab.records.RunStore`'s records, read
     one group at a time and only the columns it needs (memory: about :data:`SUMMARY_ROWS`
     records, whatever the sweep's size). Groups hold whole (chunk, dim) cells, so the rows are
     those of ``summarize(all records)``."""

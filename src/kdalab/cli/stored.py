@@ -1,0 +1,135 @@
+"""A study run into its store from the command line (every study and ``sweep`` /
+``reproduce``): a cost-weighted progress bar while the batches run, what was kept said on an
+interrupt, then the views drawn once from the stored records; and ``--redraw``, the views drawn
+again from a store of the same study."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from kdalab.cli.app import STATE, console, mark
+from kdalab.cli.progress import WeightedProgress, drawing
+
+__all__ = ["run_into_folder", "redraw_folder", "draw_views", "export_json"]
+
+
+def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: bool = False,
+                    force: bool = False, backend: str = "local", address: str | None = None,
+                    quiet: bool = False, noun: str = "runs",
+                    weight: Callable | None = None, total: float | None = None,
+                    summary: Callable[[int, float], str] | None = None
+                    ) -> tuple[list[Path], int, float]:
+    """Run ``study`` (:class:`kdalab.runner.Study`) into the store in ``out`` with a progress
+    bar (``weight(batch)``: a batch's estimated cost, ``total`` the study's; by default its
+    runs), says ``summary(runs computed, seconds)`` and draws the views (``draw(store,
+    show)`` -> files: :func:`draw_views`). Returns
+    the files written, the runs computed and the seconds they took. Interrupted, every
+    finished part is kept and the boundary says how to continue (``again``, with ``{out}``)."""
+    from kdalab import params
+    from kdalab.runner import open_store, run_into_store
+
+    params.run_count([len(study)])  # refused before the store or a batch is made
+    if weight is None:
+        def weight(batch) -> float:
+            return float(len(batch.index))
+
+        total = float(len(study))
+    t0 = time.perf_counter()
+    with open_store(study, out, resume=resume, force=force) as store:
+        mark("store open")
+        before = int(store.done.sum())
+        if before and not quiet:
+            console.print(f"resuming: {before} of {store.runs} {noun} already stored in {out}/",
+                          highlight=False)
+        try:
+            with WeightedProgress(noun, store.runs, total, quiet) as bar:
+                bar.advance(before, total * before / max(store.runs, 1))
+                ran = run_into_store(study, store, backend=backend, address=address,
+                                     progress=lambda b: bar.advance(len(b.index), weight(b)))
+            store.flush()
+            mark("every record on disk")
+        except BaseException:
+            store.close()  # what was computed is on disk before anything is said
+            STATE.kept.append(f"{int(store.done.sum())} of {store.runs} {noun} stored in {out}")
+            STATE.resume = f"'{again.format(out=out)}' continues with the rest"
+            raise
+        elapsed = time.perf_counter() - t0
+        if summary is not None and not quiet:
+            console.print(summary(ran, elapsed), highlight=False)
+        paths = draw_views(store, draw, show=not quiet)
+        mark("views drawn")
+    return paths, ran, elapsed
+
+
+def redraw_folder(folder: Path, kind: str, draw: Callable, *, option: str = "--redraw",
+                  quiet: bool = False) -> tuple[list[Path], int]:
+    """Draw the views of the ``kind`` store in ``folder`` again; a folder that holds no store,
+    or another study's or tool's, is a ValueError naming ``option``. Returns the files and the
+    runs stored."""
+    from kdalab.records import StoreError, StoreReader
+
+    try:
+        store = StoreReader.read_only(folder, lock=True, kind=kind)
+    except StoreError as exc:
+        raise ValueError(f"{option}: {exc}") from None
+    with store:
+        stored = int(store.done.sum())
+        if not stored:
+            raise ValueError(f"{option}: {folder} holds no stored records yet")
+        if not quiet and not store.complete:
+            console.print(f"{folder} holds {stored} of {store.runs} runs (--resume completes "
+                          "it); drawing from those", highlight=False)
+        return draw_views(store, draw, show=not quiet), stored
+
+
+def draw_views(store, draw: Callable, *, show: bool = True) -> list[Path]:
+    """``draw(store, show)`` once from the stored records, the previous drawing's files removed
+    first (no stale table survives) and the new ones listed in the manifest."""
+    if store.writable:
+        store.flush()  # the records on disk before anything is drawn from them
+    with drawing(quiet=not show):
+        store.remove_views()
+        paths = draw(store, show)
+        store.set_views(paths)
+    return paths
+
+
+def sweep_views(store, show: bool) -> list[Path]:
+    """The inverse experiment's views (:func:`~kdalab.views.sweep_views.draw_sweep_views`):
+    the seed's tables (printed when ``show``, and as Markdown and CSV), every aggregate
+    (``summary.csv``) and the error plot."""
+    from kdalab.cli.common import print_table
+    from kdalab.views.sweep_views import draw_sweep_views
+
+    paths, text = draw_sweep_views(store)
+    if show:
+        for title, columns, rows in text:
+            print_table(title, columns, rows)
+    return paths
+
+
+def export_json(store, path: Path) -> Path:
+    """Every record as one JSON list in run order, streamed group by group (non-finite floats as
+    the strings "inf", "-inf", "nan"); written whole or not at all."""
+    import json
+    import math
+
+    def encoded(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+        return value
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("[")
+        sep = "\n"
+        for _, table in store.iter_groups():
+            for rec in table.to_pylist():
+                fh.write(sep + json.dumps({k: encoded(v) for k, v in rec.items()},
+                                          allow_nan=False))
+                sep = ",\n"
+        fh.write("\n]\n")
+    tmp.replace(path)
+    return path
