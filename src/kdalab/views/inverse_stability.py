@@ -118,7 +118,7 @@ def write_inverse_stability_views(records: list[dict], summary: list[dict],
     md = ["# Inverse stability", "", f"Grid points failing (error ≥ {LEVEL:g} or non-finite), "
           "worst finite errors, and for the Neumann products the points the theory predicts to "
           "fail (u·growth ≥ 1e-2 or fp16 overflow) and the failures it missed.", "",
-          markdown_table(table.fillna("—"))]
+          markdown_table(table.astype(object).where(table.notna(), "—"))]
     (folder / "inverse-stability-summary.md").write_text("\n".join(md), encoding="utf-8")
     paths.append(folder / "inverse-stability-summary.md")
     for chunk in sorted(frame["chunk"].unique()):
