@@ -200,9 +200,11 @@ def test_flashkda_v2_h200_is_the_reference_bit_for_bit(golden, name):
     assert same_bits(o, case["out_ref"]) and same_bits(s, case["final_ref"])
 
 
-#: flashkda-v2 sums its bf16 products in torch's CPU float32 order instead of the H200's; the
-#: bounds are flashkda's own (test_flashkda_golden.py), measured there for the same products.
-FAST_OUTPUT_BITS, FAST_STATE_BITS = 0.97, 0.955
+#: flashkda-v2 sums its bf16 products in torch's CPU float32 order instead of the H200's:
+#: measured on these cases (2026-12-01 golden data) at least 98.40 % of output bits and 97.28 %
+#: of state bits equal to the reference (v2_collinear001_T1024_bf16s, where |L| → 1 lets a last-
+#: bit difference travel furthest; 4 of the 12 cases bit for bit); the bounds leave ~0.3 %.
+FAST_OUTPUT_BITS, FAST_STATE_BITS = 0.98, 0.97
 
 
 @pytest.mark.parametrize("name", V2_NAMES)
