@@ -123,3 +123,16 @@ def test_views_and_command(tmp_path, capsys, tiny_records):
                  else args[:-2] + bad)
         err = capsys.readouterr().err
         assert done.value.code == 2 and err.startswith("error: ") and word in err, err
+
+
+def test_heatmap_cells_keep_large_finite_errors_apart_from_non_finite():
+    import pandas as pd
+
+    from kdalab.views.inverse_stability import heatmap_grid
+
+    frame = pd.DataFrame({"spread": [0.1, 1.0, 0.1, 1.0], "beta": [0.5, 0.5, 1.0, 1.0],
+                          "inverse_error": [1e-3, 1e11, math.inf, 0.0]})
+    spreads, betas, grid = heatmap_grid(frame, "inverse_error")
+    assert spreads == [0.1, 1.0] and betas == [0.5, 1.0]
+    assert grid[0, 0] == pytest.approx(-3) and grid[0, 1] == 1.0  # 1e11: the colour range's top
+    assert grid[1, 0] == 2.0 and grid[1, 1] == -16.0  # inf: above it; 0: its bottom

@@ -27,15 +27,16 @@ _NONFINITE = 2.0  # where a non-finite error is placed on the log10 scale (above
 
 
 def heatmap_grid(frame: pd.DataFrame, column: str) -> tuple[list, list, np.ndarray]:
-    """(spreads, betas, log10 errors [β, spread]) of one panel; non-finite errors → _NONFINITE."""
+    """(spreads, betas, log10 errors [β, spread]) of one panel: finite errors clipped to the
+    colour range [_LO, _HI], non-finite ones _NONFINITE (above it)."""
     spreads = sorted(frame["spread"].unique())
     betas = sorted(frame["beta"].unique())
     grid = np.full((len(betas), len(spreads)), np.nan)
     for r in frame.itertuples(index=False):
         v = getattr(r, column)
-        val = math.log10(v) if math.isfinite(v) and v > 0 else (
-            _LO if math.isfinite(v) else _NONFINITE)
-        grid[betas.index(r.beta), spreads.index(r.spread)] = max(val, _LO)
+        val = min(max(math.log10(v), _LO), _HI) if math.isfinite(v) and v > 0 else (
+            _LO if math.isfinite(v) else _NONFINITE)  # finite errors clipped to the colours
+        grid[betas.index(r.beta), spreads.index(r.spread)] = val
     return spreads, betas, grid
 
 
@@ -45,8 +46,8 @@ def _predicted_grid(frame: pd.DataFrame) -> np.ndarray:
     grid = np.full((len(betas), len(spreads)), np.nan)
     for r in frame.itertuples(index=False):
         p = _NONFINITE if r.predicted_overflow else (
-            math.log10(r.predicted_error) if r.predicted_error > 0 else _LO)
-        grid[betas.index(r.beta), spreads.index(r.spread)] = max(p, _LO)
+            min(max(math.log10(r.predicted_error), _LO), _HI) if r.predicted_error > 0 else _LO)
+        grid[betas.index(r.beta), spreads.index(r.spread)] = p
     return grid
 
 
