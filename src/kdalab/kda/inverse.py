@@ -212,14 +212,14 @@ def block_substitution(
         for i in range(d, nb):
             j = i - d
             if d == 1:
-                t = st(-model.matmul(diag[i], st(blk(l32, i, j))).float())
+                t = st(-model.matmul(diag[i], st(blk(l32, i, j))))
                 x = model.matmul(t, diag[j])
             else:
                 acc = None
                 for k in range(j, i):
-                    term = model.matmul(st(blk(l32, i, k)), blocks[(k, j)]).float()
+                    term = model.matmul(st(blk(l32, i, k)), blocks[(k, j)])
                     acc = term if acc is None else acc + term
-                x = -model.matmul(diag[i], st(acc)).float()
+                x = -model.matmul(diag[i], st(acc))
             blocks[(i, j)] = merged[(i, j)] = st(x)
     zero = torch.zeros_like(diag[0])
     p = torch.cat([torch.cat([diag[i] if i == j else zero for j in range(nb)], dim=-1)
