@@ -210,3 +210,69 @@ def test_dry_run_with_instructions_packs_every_file(script, tmp_path, monkeypatc
                                                        "flashkda_sfu_tanh.npz"]
     with np.load(dest / "sm90_ex2_rsqrt.npz") as z:
         assert "ex2__edge_in" not in z.files and "rsqrt__e1_ulp" in z.files
+
+
+#: A stand-in for FlashKDA v2's torch reference (its interface only: ``torch_ref`` fills ``out``
+#: and ``final_state`` and calls the module's ``inv_fwd_subst_16`` once per chunk and head).
+FAKE_V2_REF = textwrap.dedent('''
+    import torch
+    from kdalab.kda import forward
+
+    def inv_fwd_subst_16(L):
+        return (torch.eye(16) + L).bfloat16()
+
+    def torch_ref(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
+                  final_state=None, cu_seqlens=None):
+        t, h = q.shape[1], q.shape[2]
+        lens = [t] * q.shape[0] if cu_seqlens is None else cu_seqlens.diff().tolist()
+        for n in lens:
+            for _ in range((n + 15) // 16):
+                for _ in range(h):
+                    inv_fwd_subst_16(torch.full((16, 16), float(n)).tril(-1))
+        o, s = forward(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias,
+                       lower_bound=lower_bound, initial_state=initial_state,
+                       output_final_state=True, cu_seqlens=cu_seqlens, recipe="flashkda",
+                       state_layout="VK")
+        out.copy_(o)
+        final_state.copy_(s.to(final_state.dtype))
+''')
+
+
+def test_v2_dry_run_packs_outputs_and_every_inverse(script, tmp_path, monkeypatch):
+    ref = tmp_path / "v2_ref.py"
+    ref.write_text(FAKE_V2_REF)
+    monkeypatch.setenv("FLASHKDA_V2_REF", str(ref))
+    out = tmp_path / "out"
+    names = ["v2_weak_varlen_bf16s", "v2_collinear0_lb2_B2_T64_fp32s"]  # the script's order
+    assert script.main(["--v2", "--device", "cpu", "--out", str(out), "--cases",
+                        ",".join(names)]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["flashkda_v2_golden.npz"]
+    facts, cases = load_golden(out / "flashkda_v2_golden.npz")
+    assert [c.name for c in cases] == names and facts["inverse_order"] == "sequence, chunk, head"
+    var, col = cases
+    # one inverse per chunk and head, in the reference's order (the stand-in's L holds the
+    # sequence's length)
+    lens = [2, 1, 15, 16, 17, 33]
+    want = [n for n in lens for _ in range((n + 15) // 16)]
+    assert var["inv_L"].dtype == torch.float32 and var["inv"].dtype == torch.bfloat16
+    assert var["inv_L"][:, 1, 0].tolist() == want and var.meta["inverses"] == len(want)
+    assert col["inv"].shape == (2 * 4, 16, 16)
+    assert var["final_ref"].dtype == torch.bfloat16 and col["final_ref"].dtype == torch.float32
+    assert var["out_ref"].shape == (1, 84, 1, 128) and col["out_ref"].shape == (2, 64, 1, 128)
+    # the collinear family: one key per head (eps = 0), β logits ≈ 10, raw gate −10, no A_log
+    assert torch.equal(col["k"][0, 1:], col["k"][:1, :1].expand(2, 63, 1, 128)[0])
+    assert (col["g"].float() == -10).all() and (col["A_log"] == 0).all()
+    assert (col["dt_bias"] == 0).all() and (col["beta"].float() > 8).all()
+    spec = next(c for c in script.V2_CASES if c.name == col.name)
+    assert torch.equal(script.draw(spec)["k"].view(torch.int16), col["k"].view(torch.int16))
+    assert script.main(["--v2", "--device", "cpu", "--out", str(out), "--cases", "model_T1"]) == 2
+    monkeypatch.setenv("FLASHKDA_V2_REF", str(tmp_path / "missing.py"))
+    with pytest.raises(SystemExit):
+        script.main(["--v2", "--device", "cpu", "--out", str(out)])
+
+
+def test_v2_cases_are_distinct_and_small(script):
+    names = [c.name for c in script.V2_CASES]
+    assert len(set(names)) == len(names) and not set(names) & {c.name for c in script.CASES}
+    assert {c.eps for c in script.V2_CASES if c.family == "collinear"} == {0.0, 0.01, 0.05}
+    assert max(c.total for c in script.V2_CASES) <= 1024

@@ -25,6 +25,16 @@ Outputs (numpy ``.npz``, compressed; bf16 stored as ``uint16`` bit patterns, fp3
 ``--json PATH``           also the metadata and the sweep summaries as JSON (off by default: the
                           device returns at most 8 files, and the npz files hold both).
 
+``--v2``                  FlashKDA v2 instead: its torch reference after the inverse change
+                          (vllm-project/FlashKDA tests/torch_ref.py @ 3b225bf, read from
+                          ``$FLASHKDA_V2_REF`` or ``.peers/flashkda-v2-torch_ref.py``; no kernel,
+                          no sweeps) on ``V2_CASES``, near-collinear keys among them. Writes only
+                          ``flashkda_v2_golden.npz``: per case the inputs, ``out_ref``,
+                          ``final_ref``, and every inverse the reference formed, ``inv_L`` (its
+                          fp32 L, β applied) and ``inv`` (bf16), in the reference's loop order
+                          (sequence, chunk, head). The device command:
+                          ``PYTHONPATH=src python3 scripts/device/flashkda_golden.py --v2 --out $OUT``
+
 ``--device cpu`` runs the CPU-side logic (case draws, calls, packing) against whatever
 ``flash_kda`` and ``torch_ref`` are importable and skips the instruction sweeps (they need CUDA
 and CuPy): the test of this script uses stand-ins.
@@ -42,7 +52,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import glob
+import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -72,6 +84,7 @@ class Case:
     lengths: tuple[int, ...] | None = None  # varlen (batch 1, packed)
     state: str | None = None  # None | "bf16" | "fp32"
     seed: int = 0
+    eps: float = 0.0  # collinear family: the keys' noise around one shared key
 
     @property
     def total(self) -> int:
@@ -107,7 +120,8 @@ CASES = (
     Case("wide_lb05_T100", "wide_gate", -0.5, 2, length=100, seed=19),
     Case("big_state_T64_fp32s", "big_state", -5.0, 2, length=64, state="fp32", seed=20),
 )
-FAMILIES = ("model_like", "weak_decay_correlated", "saturated", "wide_gate", "big_state")
+FAMILIES = ("model_like", "weak_decay_correlated", "saturated", "wide_gate", "big_state",
+            "collinear")
 
 
 def draw(case: Case) -> dict[str, torch.Tensor]:
@@ -148,6 +162,14 @@ def draw(case: Case) -> dict[str, torch.Tensor]:
     elif case.family == "big_state":  # a state and values far from unit scale
         v = 16.0 * v
         state_scale = 32.0
+    elif case.family == "collinear":
+        # near-collinear keys (one shared key + eps·noise), β ≈ 1 (logits ≈ +10) and almost no
+        # decay (raw gate −10, A_log = dt_bias = 0): |L_ij| → 1, where a Neumann series fails
+        base = randn(1, 1, h, D)
+        k = base + case.eps * k
+        beta = 10.0 + 0.25 * beta
+        g = torch.full(shape, -10.0)
+        a_log, dt_bias = torch.zeros(h), torch.zeros(h, D)
     out = {
         "q": q.bfloat16(), "k": k.bfloat16(), "v": v.bfloat16(), "g": g.bfloat16(),
         "beta": beta.bfloat16(), "A_log": a_log.float().contiguous(),
@@ -568,6 +590,121 @@ def sweep_rsqrt(ins: Instr) -> dict:
     return {"arrays": arrays, "summary": summ}
 
 
+# --- v2: FlashKDA's torch reference after the inverse change ---------------------------------
+# vllm-project/FlashKDA tests/torch_ref.py at 3b225bf: (I + L)⁻¹ by 8×8 fp32 forward substitution
+# and a bf16 block merge instead of the fp16 Neumann product. Only its torch reference exists for
+# it (no kernel build here), so the v2 golden data is that reference run on the H200.
+
+V2_REF = ".peers/flashkda-v2-torch_ref.py"  # where the lead carries the file; $FLASHKDA_V2_REF
+
+V2_CASES = (
+    Case("v2_model_T64", "model_like", -5.0, 2, length=64, seed=101),
+    Case("v2_model_T257_bf16s", "model_like", -5.0, 2, length=257, state="bf16", seed=102),
+    Case("v2_model_lb2_B2_T100_fp32s", "model_like", -2.0, 2, batch=2, length=100,
+         state="fp32", seed=103),
+    Case("v2_model_varlen_bf16s", "model_like", -5.0, 2, lengths=(1, 17, 40, 2, 64),
+         state="bf16", seed=104),
+    Case("v2_saturated_T48_fp32s", "saturated", -5.0, 2, length=48, state="fp32", seed=105),
+    Case("v2_weak_T100", "weak_decay_correlated", -5.0, 2, length=100, seed=106),
+    Case("v2_weak_varlen_bf16s", "weak_decay_correlated", -5.0, 1, lengths=(2, 1, 15, 16, 17, 33),
+         state="bf16", seed=107),
+    Case("v2_collinear0_T256", "collinear", -5.0, 2, length=256, seed=108, eps=0.0),
+    Case("v2_collinear001_T1024_bf16s", "collinear", -5.0, 1, length=1024, state="bf16",
+         seed=109, eps=0.01),
+    Case("v2_collinear005_T512_fp32s", "collinear", -5.0, 1, length=512, state="fp32",
+         seed=110, eps=0.05),
+    Case("v2_collinear001_varlen", "collinear", -5.0, 2, lengths=(1, 16, 100, 200), seed=111,
+         eps=0.01),
+    Case("v2_collinear0_lb2_B2_T64_fp32s", "collinear", -2.0, 1, batch=2, length=64,
+         state="fp32", seed=112, eps=0.0),
+)
+
+
+def load_v2_ref(path: str | None = None):
+    """The v2 reference module, imported from its file (it compiles its CUDA sigmoid on import)."""
+    path = path or os.environ.get("FLASHKDA_V2_REF") or V2_REF
+    if not os.path.exists(path):
+        raise SystemExit(f"{path}: no FlashKDA v2 reference (set FLASHKDA_V2_REF)")
+    spec = importlib.util.spec_from_file_location("flashkda_v2_torch_ref", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with open(path, "rb") as fh:
+        digest = hashlib.sha256(fh.read()).hexdigest()
+    return mod, path, digest
+
+
+def run_case_v2(case, inputs, ref, device):
+    """The reference on the case, and every (L, INV) its inverse saw, in call order: sequence,
+    then chunk, then head (the reference's loops)."""
+    dev = {k: v.to(device) for k, v in inputs.items()}
+    scale = D ** -0.5
+    state_dt = torch.float32 if case.state == "fp32" else torch.bfloat16
+    seen = []
+    inner = ref.inv_fwd_subst_16
+
+    def spy(l):
+        inv = inner(l)
+        seen.append((l.detach().clone(), inv.detach().clone()))
+        return inv
+
+    ref.inv_fwd_subst_16 = spy  # the reference calls it through its module globals
+    try:
+        out = torch.zeros_like(dev["v"])
+        fin = torch.zeros(case.sequences, case.heads, D, D, dtype=state_dt, device=device)
+        ref.torch_ref(dev["q"], dev["k"], dev["v"], dev["g"], dev["beta"], scale, out,
+                      dev["A_log"], dev["dt_bias"], case.lower_bound,
+                      initial_state=dev.get("initial_state"), final_state=fin,
+                      cu_seqlens=dev.get("cu_seqlens"))
+    finally:
+        ref.inv_fwd_subst_16 = inner
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    res = {"out_ref": out.cpu(), "final_ref": fin.cpu()}
+    if seen:
+        res["inv_L"] = torch.stack([x[0].reshape(16, 16) for x in seen]).cpu()
+        res["inv"] = torch.stack([x[1].reshape(16, 16) for x in seen]).cpu()
+    return res, scale
+
+
+def main_v2(args, device) -> int:
+    wanted = [c for c in args.cases.split(",") if c]
+    unknown = sorted(set(wanted) - {c.name for c in V2_CASES})
+    if unknown:
+        print(f"--cases: unknown {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    cases = [c for c in V2_CASES if not wanted or c.name in wanted]
+    t_start = time.time()
+    ref, path, digest = load_v2_ref()
+    print(f"FlashKDA v2 torch reference {path} (sha256 {digest[:16]})", flush=True)
+    golden, metas = {}, []
+    for i, case in enumerate(cases):
+        t0 = time.time()
+        inputs = draw(case)
+        res, scale = run_case_v2(case, inputs, ref, device)
+        key = f"c{i:02d}"
+        for name, t in (inputs | res).items():
+            golden[f"{key}__{name}"] = bits(t)
+        finite = bool(torch.isfinite(res["out_ref"].float()).all())
+        metas.append(asdict(case) | {"key": key, "scale": scale, "output_finite": finite,
+                                     "inverses": int(res["inv"].shape[0]) if "inv" in res
+                                     else 0})
+        print(f"{case.name:34s} finite={finite} inverses={metas[-1]['inverses']} "
+              f"({time.time() - t0:.1f}s)", flush=True)
+    facts = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+        "reference": "vllm-project/FlashKDA tests/torch_ref.py @ 3b225bf", "reference_sha256":
+        digest, "inverse_order": "sequence, chunk, head", "chunk": CHUNK, "dim": D,
+        "cases": metas, "seconds": round(time.time() - t_start, 1),
+    }
+    golden["meta_json"] = np.frombuffer(json.dumps(facts).encode(), dtype=np.uint8)
+    dest = os.path.join(args.out, "flashkda_v2_golden.npz")
+    np.savez_compressed(dest, **golden)
+    print(f"{dest}: {os.path.getsize(dest) / 2**20:.2f} MiB; done in {facts['seconds']}s")
+    return 0
+
+
 # --- main -----------------------------------------------------------------------------------
 
 def main(argv=None, ins=None) -> int:
@@ -580,12 +717,17 @@ def main(argv=None, ins=None) -> int:
     p.add_argument("--json", default="", help="also write the metadata and summaries here")
     p.add_argument("--only-sweeps", action="store_true",
                    help="only the instruction sweeps (no FlashKDA needed)")
+    p.add_argument("--v2", action="store_true",
+                   help="FlashKDA v2's torch reference (from $FLASHKDA_V2_REF or " + V2_REF +
+                   ") on the v2 cases: writes flashkda_v2_golden.npz only")
     args = p.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: use --device cpu for a dry run", file=sys.stderr)
         return 2
+    if args.v2:
+        return main_v2(args, device)
     wanted = [c for c in args.cases.split(",") if c]
     unknown = sorted(set(wanted) - {c.name for c in CASES})
     if unknown:

@@ -32,7 +32,13 @@ import torch
 from kdalab import params
 from kdalab.arith import FP32, FP64, Format, get_format, quantize
 from kdalab.kda.gate import Prepared, prepare_inputs
-from kdalab.kda.inverse import INVERSES, exact_inverse, forward_substitution, neumann_inverse
+from kdalab.kda.inverse import (
+    INVERSES,
+    block_substitution,
+    exact_inverse,
+    forward_substitution,
+    neumann_inverse,
+)
 from kdalab.kda.recipe import Recipe, get_recipe
 from kdalab.kda.tiles import TileScaling, decay_factor, decayed_scores, get_tiles, operand
 
@@ -53,6 +59,8 @@ _INVERT = {
     "neumann": lambda l, r: neumann_inverse(l, r.inverse_accumulation, r.inverse_format).inverse,
     "forward_substitution": lambda l, r: forward_substitution(l, r.inverse_accumulation,
                                                               r.inverse_format),
+    "block_substitution": lambda l, r: block_substitution(l, r.inverse_accumulation,
+                                                          r.inverse_format),
     "exact": lambda l, r: exact_inverse(l),
 }
 
@@ -96,6 +104,11 @@ def chunk_core(
     values) and the final state ``[N, HV, K, V]`` in the state format.
     """
     c = int(chunk_size)
+    if inverse == "neumann" and recipe.inverse is not None:  # the recipe's kernel's own inverse
+        inverse = recipe.inverse
+    if inverse == "block_substitution" and c % 8:
+        raise ValueError(f"chunk_size must be a multiple of 8 for the block_substitution "
+                         f"inverse (8×8 diagonal blocks), got {c}")
     n, hv, t, kd = q.shape
     vd = v.shape[-1]
     nc = max(1, math.ceil(t / c))

@@ -11,8 +11,14 @@ Fields used by the intra-chunk stages (``kdalab.kda.intra``, ``kdalab.kda.invers
 ``l_accumulation``      accumulation model of the GEMM that builds L (fp32 on the Tensor Cores)
 ``l_format``            storage format of L (fp16)
 ``beta_format``         format β is applied in (fp16)
-``inverse_accumulation`` accumulation model of the Neumann products (fp16 accumulate)
-``inverse_format``      storage format of the inverse and its powers (fp16)
+``inverse_accumulation`` accumulation model of the Neumann products (fp16 accumulate), or of
+                        the block merge's products for ``block_substitution``
+``inverse_format``      storage format of the inverse and its powers (fp16), or of the block
+                        merge's operands for ``block_substitution`` (bf16)
+``inverse``             the inverse the recipe's kernel runs in place of the Neumann product
+                        (None: the Neumann product; FlashKDA v2: ``"block_substitution"``): the
+                        chunked forward's ``inverse="neumann"`` (its default) then means this one;
+                        ``exact`` and ``forward_substitution`` still replace it
 
 Fields used by the whole chunked forward (``kdalab.kda.chunk``; defaults are FlashKDA v1's):
 
@@ -55,9 +61,10 @@ from kdalab.arith import (
     get_format,
 )
 from kdalab.arith.scalar import SM90_OPS, TORCH_OPS, ScalarOps, get_scalar_ops
+from kdalab.kda.inverse import INVERSES
 
-__all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLA", "FP32_RECIPE", "FP64_RECIPE",
-           "RECIPES", "get_recipe"]
+__all__ = ["Recipe", "SEED", "FLASHKDA", "FLASHKDA_H200", "FLASHKDA_V2", "FLASHKDA_V2_H200", "FLA",
+           "FP32_RECIPE", "FP64_RECIPE", "RECIPES", "get_recipe"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,7 @@ class Recipe:
     state_update: str = "fma"
     output_format: Format | None = BF16
     scalar_ops: ScalarOps = TORCH_OPS
+    inverse: str | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -98,6 +106,8 @@ class Recipe:
                 value = get_scalar_ops(value)
             object.__setattr__(self, f.name, value)
         params.choice(self.state_update, "state_update", ("fma", "mul_add"))
+        if self.inverse is not None:
+            params.choice(self.inverse, "inverse", INVERSES)
 
     def with_(self, **changes) -> Recipe:
         """A copy with some fields changed (formats, accumulations and scalar ops may be given
@@ -122,6 +132,21 @@ FLASHKDA = Recipe("flashkda", scalar_ops=SM90_OPS, inverse_accumulation="h200")
 FLASHKDA_H200 = FLASHKDA.with_(name="flashkda-h200", l_accumulation="h200-bf16-fp32",
                                inverse_accumulation="h200-mma",
                                matmul_accumulation="h200-bf16-fp32")
+#: FlashKDA v2 (vllm-project/FlashKDA 3b225bf, its torch reference ``tests/torch_ref.py``): v1 but
+#: for the inverse, which the Neumann series lost when |L| → 1 (near-collinear keys). L stays in
+#: fp32 (the bf16 GEMM's fp32 result), β multiplies it in fp32, (I + L)⁻¹ is
+#: ``block_substitution``: the two 8×8 diagonal blocks by an fp32 FMA chain in the reference's
+#: order, joined by two bf16 products accumulated in fp32, bf16 out (docs/flashkda.md). Its bf16
+#: products in torch's float32 order (fast; the H200's order is ``flashkda-v2-h200``).
+FLASHKDA_V2 = FLASHKDA.with_(name="flashkda-v2", l_format=FP32, beta_format=FP32,
+                             inverse="block_substitution", inverse_accumulation="fp32",
+                             inverse_format=BF16)
+#: FlashKDA v2's reference on the H200, bit for bit: flashkda-v2 with every bf16 product (L, the
+#: merge's two, the chunk's) as chained ``mma.sync`` bf16→fp32 blocks (``h200-bf16-fp32``), the
+#: H200's tanh.approx / ex2.approx / rsqrt.approx as flashkda-h200.
+FLASHKDA_V2_H200 = FLASHKDA_V2.with_(name="flashkda-v2-h200", l_accumulation="h200-bf16-fp32",
+                                     inverse_accumulation="h200-bf16-fp32",
+                                     matmul_accumulation="h200-bf16-fp32")
 #: fla's ``chunk_kda`` (chunk 64): fp32 gate and decay scales (exp2, no FTZ), tf32 operands for the
 #: intra-chunk scores (tl.dot of fp32 tiles), L in fp32 solved in fp32, the inverse and Aqk stored
 #: in bf16, bf16 intermediates, state kept in fp32 (rounded to bf16 inside products), bf16 output.
@@ -147,7 +172,8 @@ FP64_RECIPE = Recipe(
 )
 
 RECIPES: dict[str, Recipe] = {
-    r.name: r for r in (SEED, FLASHKDA, FLASHKDA_H200, FLA, FP32_RECIPE, FP64_RECIPE)}
+    r.name: r for r in (SEED, FLASHKDA, FLASHKDA_H200, FLASHKDA_V2, FLASHKDA_V2_H200, FLA,
+                        FP32_RECIPE, FP64_RECIPE)}
 
 
 def get_recipe(spec: str | Recipe) -> Recipe:
