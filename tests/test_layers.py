@@ -20,9 +20,11 @@ ALLOWED = {
     "kda": {"arith", "kda"} | BELOW,
     "experiments": {"arith", "kda", "experiments"} | BELOW,
     "check": {"arith", "kda", "experiments", "check", "kernels"} | BELOW,
+    "inputs": {"arith", "kda", "inputs"} | BELOW,
+    "hunt": {"arith", "kda", "inputs", "check", "hunt"} | BELOW,
     "views": {"experiments", "check", "views"} | BELOW,  # views draw: no arithmetic
-    "cli": {"arith", "kda", "experiments", "check", "views", "cli", "kernels", "cudastart"}
-    | BELOW,
+    "cli": {"arith", "kda", "experiments", "check", "views", "cli", "kernels", "cudastart",
+            "inputs", "hunt"} | BELOW,
     "kernels": {"kernels"},
     "params": {"arith", "errors"},
     "errors": set(),

@@ -215,13 +215,14 @@ def _finish(folder, result, cfg, meta, *, quiet):
     c = result.counts
     console.print(f"{cfg.target} on {meta['device_name']}: {len(result.records)} trials "
                   f"({c['measured']} measured, {c['unsupported']} unsupported, {c['raised']} "
-                  f"raised) in {result.elapsed_s:.0f} s", highlight=False)
+                  f"raised) in {result.elapsed_s:.0f} s", highlight=False, soft_wrap=True)
     if worst is not None:
         console.print(f"worst: trial {worst['trial']}, output error "
                       f"{fmt_sci(worst['output_error'])}, state error "
                       f"{fmt_sci(worst['state_error'])}, non-finite {worst['output_nonfinite']} "
-                      f"(output) / {worst['state_nonfinite']} (state)", highlight=False)
+                      f"(output) / {worst['state_nonfinite']} (state)", highlight=False,
+                      soft_wrap=True)
     verdict = ("[bold red]FOUND[/]: above the threshold " if result.found
                else "[bold green]nothing[/] above the threshold ")
     console.print(f"{verdict}{fmt_sci(cfg.threshold)}; wrote {', '.join(p.name for p in paths)} "
-                  f"to {folder}/", highlight=False)
+                  f"to {folder}/", highlight=False, soft_wrap=True)
