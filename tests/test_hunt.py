@@ -29,7 +29,8 @@ def cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def _trials(folder: Path) -> list[dict]:
     lines = (folder / "trials.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k != "seconds"} for line in lines]
+    timings = ("seconds", "elapsed_s")
+    return [{k: v for k, v in json.loads(line).items() if k not in timings} for line in lines]
 
 
 @pytest.fixture(scope="module")

@@ -129,7 +129,8 @@ def hunt_command(
         result = _search(cfg, tgt, sink, quiet)
     except Interrupted:
         writer.close()
-        _finish(folder, summarize(records, cfg.threshold, math.nan), cfg, meta, quiet=True)
+        elapsed = records[-1]["elapsed_s"] if records else 0.0
+        _finish(folder, summarize(records, cfg.threshold, elapsed), cfg, meta, quiet=True)
         STATE.kept.append(f"{len(records)} trials and the worst so far in {folder}/")
         raise
     writer.close()

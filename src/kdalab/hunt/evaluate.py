@@ -53,7 +53,9 @@ def evaluate(target: Target, spec: SequenceSpec, seed: int) -> dict:
     ``unsupported``: declared by the kernel, not called, or ``raised``), ``message``,
     ``output_error``, ``state_error``, ``output_nonfinite``, ``state_nonfinite``, ``bf16_floor``
     (the exact output rounded to bf16: no bf16 output does better) and ``seconds`` (the kernel's
-    call, the reference not included)."""
+    call, the reference not included; :func:`~kdalab.hunt.search.run_hunt` adds ``elapsed_s``,
+    the hunt's time at the trial's end: the timings are the records' only fields that differ
+    from run to run)."""
     rec = {"status": "measured", "message": "", "output_error": None, "state_error": None,
            "output_nonfinite": None, "state_nonfinite": None, "bf16_floor": None,
            "seconds": None}

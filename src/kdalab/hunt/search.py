@@ -166,6 +166,7 @@ def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
                                          if rec["status"] == "unsupported"
                                          else optuna.trial.TrialState.FAIL))
             rec["best_output_error"] = None if best is None else best["output_error"]
+            rec["elapsed_s"] = time.perf_counter() - t0
             rec.update(params=dict(trial.params), spec=spec.as_dict())
             records.append(rec)
             if sink is not None:

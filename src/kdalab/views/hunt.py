@@ -72,6 +72,12 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
              f"- sampler: {meta.get('sampler', '?')}",
              f"- threshold (output error): {fmt_sci(meta['threshold'])}", "",
              f"**Verdict: {verdict}.**", ""]
+    first = next((r for r in records if r["status"] == "measured"
+                  and not r["output_error"] <= meta["threshold"]), None)
+    if first is not None:
+        lines += [f"The first trial above the threshold: trial {first['trial']} (output error "
+                  f"{fmt_sci(first['output_error'])}), {first.get('elapsed_s', math.nan):.1f} s "
+                  f"into the hunt.", ""]
     if worst is not None:
         lines += [
             "## The worst case", "",
