@@ -223,7 +223,7 @@ def test_output_folder_rules(tmp_path, capsys, monkeypatch):
     (["recipe:fp32", "--trials", "0"], "--trials must be"),
     (["recipe:fp32", "--budget-s", "0"], "--budget-s must be"),
     (["recipe:fp32", "--threshold", "-1"], "--threshold must be"),
-    (["recipe:fp32", "--min-T", "50"], "--min-T must be <= max_T"),
+    (["recipe:fp32", "--min-T", "50"], "--min-T must be <= --max-T"),
     (["recipe:fp32", "--seed", "-2"], "--seed must be"),
 ])
 def test_usage_errors_exit_2_with_one_line(args, needle, tmp_path, capsys):

@@ -96,13 +96,13 @@ def hunt_command(
 ) -> None:
     with heavy_imports():  # torch, optuna
         from kdalab import params
-        from kdalab.hunt import Bounds, HuntConfig, default_threshold, resolve
+        from kdalab.hunt import HuntConfig, default_threshold, resolve
         from kdalab.hunt.files import TrialWriter, prepare_folder, write_meta
         from kdalab.hunt.search import summarize, supported_bounds
 
     device = params.device(device or _default_device(), "--device")
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    bounds = _bounds(Bounds, _DEFAULTS[kind], min_t, max_t, min_heads, max_heads, dims,
+    bounds = _bounds(_DEFAULTS[kind], min_t, max_t, min_heads, max_heads, dims,
                      lower_bound, max_sequences)
     if budget_s is None and trials is None:
         budget_s = 300.0
@@ -139,8 +139,8 @@ def hunt_command(
         raise typer.Exit(code=1)
 
 
-def _bounds(Bounds, d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequences):
-    from kdalab import params
+def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequences):
+    from kdalab.hunt import Bounds
 
     names = {"min_T": "--min-T", "max_T": "--max-T", "min_heads": "--min-heads",
              "max_heads": "--max-heads", "max_sequences": "--max-sequences", "dims": "--dims",
@@ -152,7 +152,10 @@ def _bounds(Bounds, d, min_t, max_t, min_heads, max_heads, dims, lower_bound, ma
                       dims=_dims(dims), lower_bound=_lower_bound_range(lower_bound),
                       max_sequences=max_sequences)
     except ValueError as exc:
-        raise params.renamed(exc, names) from None
+        text = str(exc)
+        for field, option in names.items():  # the fields as the options name them
+            text = text.replace(field, option)
+        raise ValueError(text) from None
 
 
 def _renamed(make):

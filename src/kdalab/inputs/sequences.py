@@ -9,23 +9,21 @@ the spec (:data:`PRESETS`), not code paths.
 The knobs (each token of the *hard block* takes them; tokens outside it are ordinary: keys,
 gate input and β logits ~ N(0, 1)):
 
-==========================  =====================================================================
-``key_clusters``, ``key_eps``  0: independent keys ~ N(0, 1). n ≥ 1: each key is one of n random
-                            centres (per batch row, the token's centre drawn uniformly) plus
-                            ``key_eps`` times its own N(0, 1) noise: the cosine between two keys
-                            of a cluster is about 1 / (1 + eps²); eps = 0 repeats one key exactly.
-``beta_mean``, ``beta_spread``  β logits ~ mean + spread · N(0, 1) (logit 10: β = 0.99995).
-``g_mean``, ``g_spread``    the raw gate input ~ mean + spread · N(0, 1); the log-decay is
-                            ``lower_bound · sigmoid(exp(A_log) · (g + dt_bias))`` (bounded) or
-                            ``−exp(A_log) · softplus(g + dt_bias)`` (``lower_bound=None``).
-``log_decay``               instead of g_mean / g_spread: g solved per head and channel so that
-                            every step decays by exactly this log-decay.
-``A_log``, ``dt_bias``      (low, high): U(low, high) per head / per head and channel.
-``v_scale``                 v ~ v_scale · N(0, 1) (a power of two keeps bf16 v exact).
-``initial_state``           ``none``, ``fp32`` or ``bf16``: N(0, 1) · ``state_scale``.
-``block``                   (start, length) of the hard block in every sequence (positions
-                            relative to the sequence's start); None: the whole sequence.
-==========================  =====================================================================
+- ``key_clusters``, ``key_eps``: 0 clusters: independent keys ~ N(0, 1). n >= 1: each key is
+  one of n random centres (per batch row; the token's centre drawn uniformly) plus ``key_eps``
+  times its own N(0, 1) noise: the cosine of two keys of a cluster is about 1 / (1 + eps²);
+  eps = 0 repeats one key exactly.
+- ``beta_mean``, ``beta_spread``: β logits ~ mean + spread · N(0, 1) (logit 10: β = 0.99995).
+- ``g_mean``, ``g_spread``: the raw gate input ~ mean + spread · N(0, 1); the log-decay is
+  ``lower_bound · sigmoid(exp(A_log) · (g + dt_bias))``, or ``−exp(A_log) · softplus(g +
+  dt_bias)`` with ``lower_bound=None`` (the unbounded gate).
+- ``log_decay``: instead of g_mean / g_spread, g solved per head and channel so that every step
+  decays by exactly this log-decay.
+- ``A_log``, ``dt_bias``: (low, high): U(low, high) per head / per head and channel.
+- ``v_scale``: v ~ v_scale · N(0, 1) (a power of two keeps bf16 v exact).
+- ``initial_state``: ``none``, ``fp32`` or ``bf16``, N(0, 1) · ``state_scale``.
+- ``block``: (start, length) of the hard block in every sequence (positions relative to the
+  sequence's start); None: the whole sequence.
 
 Shapes: ``batch`` sequences of length ``T``, or with ``seqlens`` packed along T (B = 1,
 ``cu_seqlens``); ``heads``, ``K``, ``V``. The draw order is fixed (q, key noise, v, key centres,
@@ -37,6 +35,7 @@ for bit what the end-to-end study drew for the same seed and shape.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields, replace
 
 import torch
@@ -169,9 +168,9 @@ def draw(spec: SequenceSpec, seed: int, device: str | torch.device = "cpu") -> d
     """One draw of ``spec``: chunk_kda_fwd's keyword arguments (``q, k, v, g, beta, A_log,
     dt_bias, initial_state, cu_seqlens, lower_bound, scale``), drawn on the CPU and moved to
     ``device``."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(int(seed))
     b, t, h, kd, vd = spec.batch, spec.T, spec.heads, spec.K, spec.V
 
     def normal(*shape):
