@@ -61,7 +61,7 @@ def test_draw_gives_chunk_kda_fwd_arguments_the_same_every_time():
     spec = replace(MODEL_LIKE, T=20, heads=2, K=8, V=16, initial_state="bf16", state_scale=4.0)
     a, b = draw(spec, 3), draw(spec, 3)
     assert set(a) == {"q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
-                      "cu_seqlens", "lower_bound", "scale"}
+                      "cu_seqlens", "lower_bound", "scale", "use_qk_l2norm"}
     assert all(_same(a[n], b[n]) for n in a)
     assert not _same(a["q"], draw(spec, 4)["q"])
     assert [a[n].dtype for n in ("q", "k", "v", "g", "beta")] == [torch.bfloat16] * 5
@@ -138,7 +138,8 @@ def test_spec_round_trips_through_its_dict():
     (dict(lower_bound=0.5), "lower_bound"), (dict(log_decay=-6.0), "log_decay"),
     (dict(A_log=(1.0, 0.0)), "A_log"), (dict(dt_bias=(0.0,)), "dt_bias"),
     (dict(initial_state="fp16"), "initial_state"), (dict(block=(2000, 1)), "block"),
-    (dict(block=(0, 0)), "block"), (dict(seqlens=(3, 0)), "seqlens"),
+    (dict(block=(0, 0)), "block"), (dict(seqlens=(0, 0)), "seqlens"),
+    (dict(seqlens=(3, -1)), "seqlens"),
     (dict(seqlens=(3,), batch=2), "batch"),
 ])
 def test_bad_values_name_their_field(change, field):

@@ -5,8 +5,9 @@
 
 The case file holds tensors named as chunk_kda_fwd's arguments, ``q, k, v, g, beta, A_log,
 dt_bias`` and, where the case has them, ``initial_state`` and ``cu_seqlens``, with the metadata
-strings ``lower_bound`` and ``scale`` (Python's shortest round-trip ``repr`` of the floats) and,
-for the record, ``spec`` (JSON), ``seed`` and ``target``.
+strings ``lower_bound`` and ``scale`` (Python's shortest round-trip ``repr`` of the floats),
+``use_qk_l2norm`` (``true``: the kernel normalizes q and k) and, for the record, ``spec`` (JSON),
+``seed`` and ``target``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,8 @@ def write_case(path: Path, inputs: dict, extra: dict[str, str] | None = None) ->
     tensors = {n: inputs[n].detach().cpu().contiguous() for n in names
                if inputs.get(n) is not None}
     meta = {"lower_bound": repr(float(inputs["lower_bound"])),
-            "scale": repr(float(inputs["scale"])), **(extra or {})}
+            "scale": repr(float(inputs["scale"])),
+            "use_qk_l2norm": str(bool(inputs["use_qk_l2norm"])).lower(), **(extra or {})}
     save_file(tensors, str(path), metadata=meta)
 
 
@@ -104,6 +106,7 @@ def read_case(path: Path) -> dict:
     out.setdefault("initial_state", None)
     out.setdefault("cu_seqlens", None)
     out["lower_bound"], out["scale"] = float(meta["lower_bound"]), float(meta["scale"])
+    out["use_qk_l2norm"] = meta.get("use_qk_l2norm", "true") == "true"
     out["metadata"] = meta
     return out
 

@@ -24,12 +24,15 @@ gate input and β logits ~ N(0, 1)):
 - ``initial_state``: ``none``, ``fp32`` or ``bf16``, N(0, 1) · ``state_scale``.
 - ``block``: (start, length) of the hard block in every sequence (positions relative to the
   sequence's start); None: the whole sequence.
+- ``prenormalized``: q and k L2-normalized before the bf16 cast, and ``use_qk_l2norm=False``
+  (the caller normalized them, the kernel must not).
 
 Shapes: ``batch`` sequences of length ``T``, or with ``seqlens`` packed along T (B = 1,
-``cu_seqlens``); ``heads``, ``K``, ``V``. The draw order is fixed (q, key noise, v, key centres,
-gate noise, A_log, dt_bias, β noise, cluster choice, initial state), and a draw a spec does not
-use is skipped: :data:`MODEL_LIKE`, :data:`SATURATED` and :data:`WEAK_DECAY_CORRELATED` draw bit
-for bit what the end-to-end study drew for the same seed and shape.
+``cu_seqlens``; empty sequences allowed); ``heads``, ``K``, ``V``. The draw order is fixed (q,
+key noise, v, key centres, gate noise, A_log, dt_bias, β noise, cluster choice, initial state),
+and a draw a spec does not use is skipped: :data:`MODEL_LIKE`, :data:`SATURATED` and
+:data:`WEAK_DECAY_CORRELATED` draw bit for bit what the end-to-end study drew for the same seed
+and shape (and, with check's options, what check's cases drew).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ class SequenceSpec:
     initial_state: str = "none"
     state_scale: float = 1.0
     block: tuple[int, int] | None = None
+    prenormalized: bool = False
 
     def __post_init__(self) -> None:
         def bad(name, what):
@@ -91,9 +95,9 @@ class SequenceSpec:
                 bad(name, f"an integer >= {low}")
         if self.seqlens is not None:
             lens = tuple(self.seqlens)
-            if (not lens or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
-                                for n in lens)):
-                bad("seqlens", "a non-empty tuple of lengths >= 1")
+            if (not lens or any(isinstance(n, bool) or not isinstance(n, int) or n < 0
+                                for n in lens) or sum(lens) < 1):
+                bad("seqlens", "lengths >= 0 (empty sequences allowed) with at least one token")
             if self.batch != 1:
                 bad("batch", "1 with seqlens (sequences packed along T)")
             object.__setattr__(self, "seqlens", lens)
@@ -120,6 +124,8 @@ class SequenceSpec:
                     or pair[0] > pair[1]):
                 bad(name, "a pair (low, high) of finite numbers with low <= high")
             object.__setattr__(self, name, (float(pair[0]), float(pair[1])))
+        if not isinstance(self.prenormalized, bool):
+            bad("prenormalized", "True or False")
         if self.initial_state not in STATES:
             bad("initial_state", f"one of {', '.join(STATES)}")
         if self.block is not None:
@@ -166,8 +172,8 @@ def _solved_gate(spec: SequenceSpec, a_log: torch.Tensor, dt_bias: torch.Tensor)
 
 def draw(spec: SequenceSpec, seed: int, device: str | torch.device = "cpu") -> dict:
     """One draw of ``spec``: chunk_kda_fwd's keyword arguments (``q, k, v, g, beta, A_log,
-    dt_bias, initial_state, cu_seqlens, lower_bound, scale``), drawn on the CPU and moved to
-    ``device``."""
+    dt_bias, initial_state, cu_seqlens, lower_bound, scale, use_qk_l2norm``), drawn on the CPU
+    and moved to ``device``."""
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
     gen = torch.Generator().manual_seed(int(seed))
@@ -203,6 +209,8 @@ def draw(spec: SequenceSpec, seed: int, device: str | torch.device = "cpu") -> d
         g = _solved_gate(spec, a_log, dt_bias).expand(b, t, h, kd)
     else:
         g = spec.g_mean + spec.g_spread * g_noise
+    if spec.prenormalized:
+        q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
     beta = (torch.full((b, t, h), spec.beta_mean) if b_noise is None
             else spec.beta_mean + spec.beta_spread * b_noise)
     cu = None
@@ -216,7 +224,8 @@ def draw(spec: SequenceSpec, seed: int, device: str | torch.device = "cpu") -> d
     out = dict(q=q.bfloat16(), k=k.bfloat16(), v=(v * spec.v_scale).bfloat16(),
                g=g.bfloat16(), beta=beta.bfloat16(), A_log=a_log.float(),
                dt_bias=dt_bias.float(), initial_state=state, cu_seqlens=cu,
-               lower_bound=spec.lower_bound, scale=kd ** -0.5)
+               lower_bound=spec.lower_bound, scale=kd ** -0.5,
+               use_qk_l2norm=not spec.prenormalized)
     return {n: x.to(device) if isinstance(x, torch.Tensor) else x for n, x in out.items()}
 
 
@@ -241,10 +250,10 @@ def _block_mask(spec: SequenceSpec, cu: torch.Tensor | None) -> torch.Tensor:
 
 def kda_kwargs(inputs: dict) -> dict:
     """A draw as :func:`kdalab.kda.forward`'s keyword arguments: the gate named (``unbounded``
-    for ``lower_bound=None``), β as logits, q and k normalized by the layer."""
+    for ``lower_bound=None``), β as logits."""
     out = dict(inputs)
     out["gate"] = "unbounded" if inputs["lower_bound"] is None else "lower_bound"
-    out.update(beta_is_logits=True, use_qk_l2norm=True)
+    out["beta_is_logits"] = True
     return out
 
 
