@@ -47,7 +47,7 @@ def plot_progress(records: list[dict], meta: dict, folder: str | Path) -> list[P
     ax.set_title(f"kdalab hunt {meta['target']} on {meta.get('device_name', meta['device'])}, "
                  f"seed {meta['seed']}", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left")
     return save_figure(fig, folder, "progress")
 
 
