@@ -233,3 +233,13 @@ def test_usage_errors_exit_2_with_one_line(args, needle, tmp_path, capsys):
     assert code == 2, (out, err)
     assert err.strip().startswith("error:") and needle in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_a_time_budget_alone_stops_the_search(tmp_path, capsys):
+    code, _, _ = cli(capsys, "hunt", "recipe:fp32", *SMALL, "--budget-s", "1", "--out",
+                     str(tmp_path))
+    meta = json.loads((tmp_path / "hunt.json").read_text())
+    assert code == 0 and meta["budget_s"] == 1.0 and meta["trials"] is None
+    assert meta["trials_run"] == len(_trials(tmp_path)) >= 1
+    # checked between trials: the last one started within the second
+    assert all(t["elapsed_s"] < 30 for t in map(json.loads, open(tmp_path / "trials.jsonl")))
