@@ -46,6 +46,7 @@ from kdalab.cli import (  # noqa: F401  (each command module registers on app)
     check,
     dynamic_range,
     end_to_end,
+    hunt,
     inverse_stability,
     reproduce,
     sweep,

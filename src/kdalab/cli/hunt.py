@@ -1,0 +1,232 @@
+"""``kdalab hunt``: search the input space for a kernel's largest error against fp64."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kdalab.cli.app import STATE, Interrupted, app, console, err_console, heavy_imports, prose
+
+_EPILOG = (
+    "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, fla, fla-recurrent, flashkda "
+    "(CUDA), recipe:NAME (a kdalab.kda recipe, e.g. recipe:flashkda, recipe:fp32; CPU or "
+    "CUDA), module:function. Reproducibility: with --trials N (and no --budget-s) the same "
+    "--seed gives the same trials and the same worst case, bit for bit (a deterministic target "
+    "on the same machine); with a time budget the number of trials depends on the machine's "
+    "speed, so the worst case may differ. Exit codes: 0 nothing above --threshold, 1 an output "
+    "error above it (or a non-finite value, or a kernel that raised), 2 usage error. "
+    "docs/hunt.md."
+)
+
+#: defaults by device: T, heads (a CPU evaluation stays well under a second)
+_DEFAULTS = {"cpu": dict(min_T=16, max_T=256, max_heads=4),
+             "cuda": dict(min_T=64, max_T=4096, max_heads=8)}
+
+
+def _lower_bound_range(text: str) -> tuple[float, float]:
+    lo, sep, hi = text.partition(":")
+    try:
+        pair = (float(lo), float(hi)) if sep else (float(lo), float(lo))
+    except ValueError:
+        raise ValueError(f"--lower-bound must be a number or LOW:HIGH, got {text!r}") from None
+    if not all(math.isfinite(x) and x < 0 for x in pair) or pair[0] > pair[1]:
+        raise ValueError(f"--lower-bound must be a number < 0 or LOW:HIGH with LOW <= HIGH < 0, "
+                         f"got {text!r}")
+    return pair
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(d) for d in text.split(",") if d.strip())
+    except ValueError:
+        dims = ()
+    if not dims or any(d < 1 for d in dims):
+        raise ValueError(f"--dims must be comma-separated integers >= 1, got {text!r}")
+    return dims
+
+
+@app.command("hunt", epilog=_EPILOG, help=prose("""
+    Search the input space for TARGET's largest output error against the fp64 recurrence: a
+    seeded Optuna TPE search over one parametrized input generator (key collinearity and
+    clusters, β, the gate's strength, A_log and dt_bias, v and initial-state scales, a hard
+    block's place, T, H, the lower bound). Writes worst.json, worst.safetensors (a check case),
+    trials.jsonl, hunt.json, progress.png and report.md to --out."""))
+def hunt_command(
+    target: Annotated[str, typer.Argument(help="the kernel (see below)", show_default=False)],
+    device: Annotated[Optional[str], typer.Option(
+        help="cpu or cuda; default: cuda when available", show_default=False)] = None,
+    seed: Annotated[int, typer.Option(help="the search's seed")] = 0,
+    budget_s: Annotated[Optional[float], typer.Option(
+        "--budget-s", help="seconds to search (default 300, or no limit with --trials)",
+        show_default=False)] = None,
+    trials: Annotated[Optional[int], typer.Option(
+        help="stop after this many trials (bit-reproducible with the same --seed)",
+        show_default=False)] = None,
+    threshold: Annotated[Optional[float], typer.Option(
+        help="an output error above this is a finding; default: kdalab check's output "
+             "threshold (1e-2)", show_default=False)] = None,
+    min_t: Annotated[Optional[int], typer.Option(
+        "--min-T", help="smallest sequence length (default 16 on cpu, 64 on cuda)",
+        show_default=False)] = None,
+    max_t: Annotated[Optional[int], typer.Option(
+        "--max-T", help="largest sequence length (default 256 on cpu, 4096 on cuda)",
+        show_default=False)] = None,
+    min_heads: Annotated[int, typer.Option("--min-heads", help="fewest heads")] = 1,
+    max_heads: Annotated[Optional[int], typer.Option(
+        "--max-heads", help="most heads (default 4 on cpu, 8 on cuda)",
+        show_default=False)] = None,
+    dims: Annotated[str, typer.Option(
+        help="head dims K = V to choose from (those the target declares it cannot take are "
+             "left out)")] = "64,128",
+    lower_bound: Annotated[str, typer.Option(
+        help="the gate's lower bound: a number or a range LOW:HIGH")] = "-5:-1",
+    max_sequences: Annotated[int, typer.Option(
+        "--max-sequences", help="most sequences per case (a batch, or packed along T)")] = 2,
+    out: Annotated[Path, typer.Option(help="output folder")] = Path("results/hunt"),
+    force: Annotated[bool, typer.Option(
+        "--force", help="write into --out even if it holds files that are not a hunt's")]
+    = False,
+    quiet: Annotated[bool, typer.Option(help="no progress bar or summary")] = False,
+) -> None:
+    with heavy_imports():  # torch, optuna
+        from kdalab import params
+        from kdalab.hunt import HuntConfig, default_threshold, resolve
+        from kdalab.hunt.files import TrialWriter, prepare_folder, write_meta
+        from kdalab.hunt.search import summarize, supported_bounds
+
+    device = params.device(device or _default_device(), "--device")
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    bounds = _bounds(_DEFAULTS[kind], min_t, max_t, min_heads, max_heads, dims,
+                     lower_bound, max_sequences)
+    if budget_s is None and trials is None:
+        budget_s = 300.0
+    cfg = _renamed(lambda: HuntConfig(
+        target=target, device=device, seed=seed, trials=trials, budget_s=budget_s,
+        threshold=default_threshold() if threshold is None else threshold, bounds=bounds))
+    tgt = resolve(target, device)
+    cfg_bounds = supported_bounds(cfg.bounds, tgt)
+    folder = prepare_folder(out, force=force)
+    meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
+            else f"kdalab hunt {target}",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "device_name": _device_name(device), **cfg.as_dict(),
+            "searched_bounds": cfg_bounds.as_dict()}
+    write_meta(folder, meta)
+    writer = TrialWriter(folder)
+    records: list[dict] = []
+
+    def sink(rec):
+        records.append(rec)
+        writer(rec)
+
+    try:
+        result = _search(cfg, tgt, sink, quiet)
+    except Interrupted:
+        writer.close()
+        elapsed = records[-1]["elapsed_s"] if records else 0.0
+        _finish(folder, summarize(records, cfg.threshold, elapsed), cfg, meta, quiet=True)
+        STATE.kept.append(f"{len(records)} trials and the worst so far in {folder}/")
+        raise
+    writer.close()
+    _finish(folder, result, cfg, meta, quiet=quiet)
+    if result.found:
+        raise typer.Exit(code=1)
+
+
+def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequences):
+    from kdalab.hunt import Bounds
+
+    names = {"min_T": "--min-T", "max_T": "--max-T", "min_heads": "--min-heads",
+             "max_heads": "--max-heads", "max_sequences": "--max-sequences", "dims": "--dims",
+             "lower_bound": "--lower-bound"}
+    try:
+        return Bounds(min_T=d["min_T"] if min_t is None else min_t,
+                      max_T=d["max_T"] if max_t is None else max_t, min_heads=min_heads,
+                      max_heads=d["max_heads"] if max_heads is None else max_heads,
+                      dims=_dims(dims), lower_bound=_lower_bound_range(lower_bound),
+                      max_sequences=max_sequences)
+    except ValueError as exc:
+        text = str(exc)
+        for field, option in names.items():  # the fields as the options name them
+            text = text.replace(field, option)
+        raise ValueError(text) from None
+
+
+def _renamed(make):
+    from kdalab import params
+
+    try:
+        return make()
+    except ValueError as exc:
+        raise params.renamed(exc, {"budget_s": "--budget-s", "trials": "--trials",
+                                   "threshold": "--threshold", "seed": "--seed"}) from None
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _device_name(device: str) -> str:
+    import platform
+
+    import torch
+
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({platform.machine()})"
+
+
+def _search(cfg, target, sink, quiet):
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kdalab.hunt import run_hunt
+    from kdalab.views.tables import fmt_sci
+
+    by_time = cfg.trials is None
+    total = cfg.budget_s if by_time else cfg.trials
+    with Progress(TextColumn("[bold]hunt"), BarColumn(), TextColumn("{task.description}"),
+                  TimeElapsedColumn(), console=err_console, transient=True,
+                  disable=quiet or not err_console.is_terminal) as bar:
+        task = bar.add_task("starting", total=total)
+
+        def progress(n, seconds, best):
+            worst = "—" if best is None else fmt_sci(best["output_error"])
+            bar.update(task, completed=min(seconds, total) if by_time else n,
+                       description=f"{n} trials, worst output error {worst}")
+
+        return run_hunt(cfg, sink=sink, progress=progress, target=target)
+
+
+def _finish(folder, result, cfg, meta, *, quiet):
+    from kdalab.hunt.files import worst_document, write_results
+    from kdalab.views.hunt import write_hunt_views
+    from kdalab.views.tables import fmt_sci
+
+    paths = write_results(folder, result, cfg, meta)
+    full = json.loads((folder / "hunt.json").read_text(encoding="utf-8"))
+    worst = worst_document(result, cfg)
+    paths += write_hunt_views(result.records, full, worst, folder)
+    if quiet:
+        return
+    c = result.counts
+    console.print(f"{cfg.target} on {meta['device_name']}: {len(result.records)} trials "
+                  f"({c['measured']} measured, {c['unsupported']} unsupported, {c['raised']} "
+                  f"raised) in {result.elapsed_s:.0f} s", highlight=False, soft_wrap=True)
+    if worst is not None:
+        console.print(f"worst: trial {worst['trial']}, output error "
+                      f"{fmt_sci(worst['output_error'])}, state error "
+                      f"{fmt_sci(worst['state_error'])}, non-finite {worst['output_nonfinite']} "
+                      f"(output) / {worst['state_nonfinite']} (state)", highlight=False,
+                      soft_wrap=True)
+    verdict = ("[bold red]FOUND[/]: above the threshold " if result.found
+               else "[bold green]nothing[/] above the threshold ")
+    console.print(f"{verdict}{fmt_sci(cfg.threshold)}; wrote {', '.join(p.name for p in paths)} "
+                  f"to {folder}/", highlight=False, soft_wrap=True)

@@ -1,0 +1,136 @@
+"""A hunt's folder: ``hunt.json`` (the run), ``trials.jsonl`` (one record per trial, streamed),
+``worst.json`` (the worst case: its errors, its spec and seed, enough to rebuild it) and
+``worst.safetensors`` (the worst case's tensors as a check case file). The views
+(``progress.png``, ``report.md``) are drawn by :mod:`kdalab.views.hunt`.
+
+The case file holds tensors named as chunk_kda_fwd's arguments, ``q, k, v, g, beta, A_log,
+dt_bias`` and, where the case has them, ``initial_state`` and ``cu_seqlens``, with the metadata
+strings ``lower_bound`` and ``scale`` (Python's shortest round-trip ``repr`` of the floats),
+``use_qk_l2norm`` (``true``: the kernel normalizes q and k) and, for the record, ``spec`` (JSON),
+``seed`` and ``target``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+from kdalab import params
+from kdalab.hunt.search import HuntConfig, HuntResult
+from kdalab.inputs.sequences import SequenceSpec, draw
+
+__all__ = ["prepare_folder", "TrialWriter", "write_meta", "write_results", "worst_document",
+           "rebuild", "write_case", "read_case", "META", "TRIALS", "WORST", "CASE"]
+
+META, TRIALS, WORST, CASE = "hunt.json", "trials.jsonl", "worst.json", "worst.safetensors"
+OWN = (META, TRIALS, WORST, CASE, "progress.png", "progress.svg", "report.md")
+
+
+def prepare_folder(out: str | Path, *, force: bool = False) -> Path:
+    """The output folder (``~`` expanded; created if missing). A non-empty folder that is not a
+    hunt's (no hunt.json) is refused unless ``force``; a hunt's own files are replaced."""
+    path = params.output_folder(Path(out).expanduser(), "--out")
+    entries = set(os.listdir(path))
+    if entries and META not in entries and not force:
+        raise ValueError(f"--out: {str(path)!r} holds files that are not a hunt's; choose "
+                         f"another folder or give --force")
+    for name in OWN:
+        (path / name).unlink(missing_ok=True)
+    return path
+
+
+def _json(value) -> str:
+    """JSON with non-finite numbers as ``Infinity`` / ``NaN`` (Python's json reads them)."""
+    return json.dumps(value, allow_nan=True, sort_keys=False)
+
+
+class TrialWriter:
+    """Appends each trial's record to trials.jsonl as it ends (an interrupted hunt keeps them)."""
+
+    def __init__(self, folder: Path):
+        self._file = open(folder / TRIALS, "a", encoding="utf-8")
+
+    def __call__(self, record: dict) -> None:
+        self._file.write(_json(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def worst_document(result: HuntResult, cfg: HuntConfig) -> dict | None:
+    """worst.json's content: the worst case's errors, spec and seed (no timings: the same seed
+    and trials give the same document, bit for bit)."""
+    w = result.worst
+    if w is None:
+        return None
+    return {
+        "target": cfg.target, "device": cfg.device, "hunt_seed": cfg.seed, "trial": w["trial"],
+        "output_error": w["output_error"], "state_error": w["state_error"],
+        "output_nonfinite": w["output_nonfinite"], "state_nonfinite": w["state_nonfinite"],
+        "bf16_floor": w["bf16_floor"], "threshold": cfg.threshold,
+        "exceeds_threshold": not w["output_error"] <= cfg.threshold,
+        "seed": w["seed"], "spec": w["spec"], "params": w["params"],
+        "rebuild": "kdalab.inputs.sequences.draw(SequenceSpec.from_dict(spec), seed)",
+    }
+
+
+def rebuild(document: dict, device: str = "cpu") -> dict:
+    """The worst case's inputs again, from worst.json's content."""
+    return draw(SequenceSpec.from_dict(document["spec"]), int(document["seed"]), device)
+
+
+def write_case(path: Path, inputs: dict, extra: dict[str, str] | None = None) -> None:
+    """A draw as a check case file (safetensors)."""
+    from safetensors.torch import save_file
+
+    names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
+    tensors = {n: inputs[n].detach().cpu().contiguous() for n in names
+               if inputs.get(n) is not None}
+    meta = {"lower_bound": repr(float(inputs["lower_bound"])),
+            "scale": repr(float(inputs["scale"])),
+            "use_qk_l2norm": str(bool(inputs["use_qk_l2norm"])).lower(), **(extra or {})}
+    save_file(tensors, str(path), metadata=meta)
+
+
+def read_case(path: Path) -> dict:
+    """A case file back: the tensors, ``lower_bound`` and ``scale`` as floats, the other
+    metadata as strings under ``metadata``."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        out = {n: f.get_tensor(n) for n in f.keys()}
+        meta = dict(f.metadata() or {})
+    out.setdefault("initial_state", None)
+    out.setdefault("cu_seqlens", None)
+    out["lower_bound"], out["scale"] = float(meta["lower_bound"]), float(meta["scale"])
+    out["use_qk_l2norm"] = meta.get("use_qk_l2norm", "true") == "true"
+    out["metadata"] = meta
+    return out
+
+
+def write_meta(folder: Path, meta: dict) -> Path:
+    """hunt.json (written when the hunt starts, so that its folder is known as a hunt's, and
+    again at the end)."""
+    path = folder / META
+    path.write_text(json.dumps(meta, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+    return path
+
+
+def write_results(folder: Path, result: HuntResult, cfg: HuntConfig, meta: dict) -> list[Path]:
+    """hunt.json, worst.json and the case file; returns the paths written."""
+    meta = {**meta, **cfg.as_dict(), "trials_run": len(result.records), "counts": result.counts,
+            "elapsed_s": round(result.elapsed_s, 1), "found": result.found}
+    paths = [write_meta(folder, meta)]
+    doc = worst_document(result, cfg)
+    if doc is not None:
+        paths.append(folder / WORST)
+        paths[-1].write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n", encoding="utf-8")
+        paths.append(folder / CASE)
+        write_case(paths[-1], rebuild(doc), {
+            "spec": _json(doc["spec"]), "seed": str(doc["seed"]), "target": cfg.target,
+            "output_error": repr(doc["output_error"]) if math.isfinite(doc["output_error"])
+            else "inf"})
+    return paths

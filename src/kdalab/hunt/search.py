@@ -1,0 +1,192 @@
+"""The search: Optuna's TPE sampler (multivariate, seeded) over :mod:`kdalab.hunt.space`,
+maximizing log10 of the output error against the fp64 recurrence (docs/hunt.md says why TPE).
+
+The loop is Optuna's ask-and-tell: each trial asks the sampler for the parameters, draws the
+inputs (a :class:`~kdalab.inputs.sequences.SequenceSpec` and a seed derived from the hunt's seed
+and the trial's number), evaluates the target and tells the sampler the objective. A trial the
+kernel declares unsupported is told as pruned (the sampler learns to avoid it), one where the
+kernel raised as failed; both are recorded. It stops after ``trials`` trials or when the
+``budget_s`` seconds are spent, whichever comes first: with ``trials`` and no time limit the
+same seed gives the same trials and the same worst case, bit for bit, wherever the target and
+the reference are deterministic (on the CPU the hunt runs on one thread for this); with a time
+budget the count depends on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from kdalab.hunt.evaluate import evaluate, objective
+from kdalab.hunt.space import Bounds, suggest
+from kdalab.hunt.target import Target, resolve
+from kdalab.inputs.sequences import SequenceSpec, draw
+
+__all__ = ["HuntConfig", "HuntResult", "run_hunt", "summarize", "draw_seed", "supported_bounds",
+           "SAMPLER"]
+
+#: the sampler, as the records name it
+SAMPLER = "optuna TPESampler(multivariate=True, n_startup_trials=10, seed=SEED)"
+
+
+@dataclass(frozen=True)
+class HuntConfig:
+    """One hunt. ``trials`` and ``budget_s`` (seconds) bound it, either may be None (not both);
+    ``threshold``: an output error above it is a finding."""
+
+    target: str
+    device: str = "cpu"
+    seed: int = 0
+    trials: int | None = None
+    budget_s: float | None = 300.0
+    threshold: float = 1e-2
+    bounds: Bounds = field(default_factory=Bounds)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if self.trials is not None and (isinstance(self.trials, bool)
+                                        or not isinstance(self.trials, int) or self.trials < 1):
+            raise ValueError(f"trials must be an integer >= 1, got {self.trials!r}")
+        if self.budget_s is not None and not (math.isfinite(self.budget_s)
+                                              and self.budget_s > 0):
+            raise ValueError(f"budget_s must be a number of seconds > 0, got {self.budget_s!r}")
+        if self.trials is None and self.budget_s is None:
+            raise ValueError("budget_s: give a time budget, a number of trials, or both")
+        if not (math.isfinite(self.threshold) and self.threshold > 0):
+            raise ValueError(f"threshold must be a finite number > 0, got {self.threshold!r}")
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "device": self.device, "seed": self.seed,
+                "trials": self.trials, "budget_s": self.budget_s, "threshold": self.threshold,
+                "bounds": self.bounds.as_dict(), "sampler": SAMPLER}
+
+
+@dataclass
+class HuntResult:
+    """The trial records (in order), the worst measured one (highest objective, the earliest on
+    a tie) and the verdict: ``found`` when the worst output error exceeds the threshold, or any
+    output or state was non-finite, or the kernel raised on a trial."""
+
+    records: list[dict]
+    worst: dict | None
+    found: bool
+    counts: dict[str, int]
+    elapsed_s: float
+
+
+def draw_seed(seed: int, number: int) -> int:
+    """The seed of trial ``number``'s draw (a 32-bit integer from NumPy's SeedSequence)."""
+    return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
+
+
+def supported_bounds(bounds: Bounds, target: Target) -> Bounds:
+    """``bounds`` without the head dims and initial-state dtypes the target declares it cannot
+    take (asked on a one-token draw); ValueError when no dim is left."""
+    def declared(**changes) -> str | None:
+        spec = SequenceSpec(T=1, heads=1, **changes)
+        return target.why_not(draw(spec, 0, target.device))
+
+    dims = tuple(d for d in bounds.dims if declared(K=d, V=d) is None)
+    if not dims:
+        why = declared(K=bounds.dims[0], V=bounds.dims[0])
+        raise ValueError(f"dims: {target.name} takes none of {', '.join(map(str, bounds.dims))} "
+                         f"({why})")
+    states = tuple(s for s in bounds.initial_states
+                   if s == "none" or declared(K=dims[0], V=dims[0], initial_state=s) is None)
+    return replace(bounds, dims=dims, initial_states=states or ("none",))
+
+
+@contextlib.contextmanager
+def _quiet_optuna():
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            yield optuna
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+@contextlib.contextmanager
+def _one_thread(device: str):
+    """One intra-op thread on the CPU: small tensors gain nothing from threads on a shared
+    machine, and the fp64 sums then do not depend on the core count."""
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
+             progress: Callable[[int, float, dict | None], None] | None = None,
+             target: Target | None = None) -> HuntResult:
+    """Search; ``sink`` receives each trial's record as it ends, ``progress(trials, seconds,
+    worst record so far)`` after each trial. ``target`` replaces the resolved ``cfg.target``
+    (tests plant kernels this way)."""
+    target = target or resolve(cfg.target, cfg.device)
+    bounds = supported_bounds(cfg.bounds, target)
+    records: list[dict] = []
+    best: dict | None = None
+    t0 = time.perf_counter()
+    with _quiet_optuna() as optuna, _one_thread(cfg.device):
+        sampler = optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True,
+                                             n_startup_trials=10)
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        while cfg.trials is None or len(records) < cfg.trials:
+            if cfg.budget_s is not None and time.perf_counter() - t0 >= cfg.budget_s:
+                break
+            trial = study.ask()
+            spec = suggest(trial, bounds)
+            seed = draw_seed(cfg.seed, trial.number)
+            rec = {"trial": trial.number, "seed": seed, **evaluate(target, spec, seed)}
+            if rec["status"] == "measured":
+                rec["objective"] = objective(rec["output_error"])
+                study.tell(trial, rec["objective"])
+                if best is None or rec["objective"] > best["objective"]:
+                    best = rec
+            else:
+                rec["objective"] = None
+                study.tell(trial, state=(optuna.trial.TrialState.PRUNED
+                                         if rec["status"] == "unsupported"
+                                         else optuna.trial.TrialState.FAIL))
+            rec["best_output_error"] = None if best is None else best["output_error"]
+            rec["elapsed_s"] = time.perf_counter() - t0
+            rec.update(params=dict(trial.params), spec=spec.as_dict())
+            records.append(rec)
+            if sink is not None:
+                sink(rec)
+            if progress is not None:
+                progress(len(records), time.perf_counter() - t0, best)
+    return summarize(records, cfg.threshold, time.perf_counter() - t0)
+
+
+def summarize(records: list[dict], threshold: float, elapsed_s: float) -> HuntResult:
+    """The worst case and the verdict of ``records`` (also of an interrupted hunt's)."""
+    measured = [r for r in records if r["status"] == "measured"]
+    worst = None
+    for r in measured:
+        if worst is None or r["objective"] > worst["objective"]:
+            worst = r
+    counts = {s: sum(r["status"] == s for r in records)
+              for s in ("measured", "unsupported", "raised")}
+    found = (counts["raised"] > 0
+             or any(r["output_nonfinite"] or r["state_nonfinite"] for r in measured)
+             or (worst is not None and not worst["output_error"] <= threshold))
+    return HuntResult(records=records, worst=worst, found=found, counts=counts,
+                      elapsed_s=elapsed_s)

@@ -1,0 +1,71 @@
+"""What is hunted: a kernel named as ``kdalab check`` names it, as a plain callable on a draw.
+
+The one coupling of the hunt to :mod:`kdalab.check` is :func:`resolve` (and the default
+threshold): check turns a name (``kdalab``, ``fla``, ``flashkda``, ``recipe:NAME``,
+``module:function``) into an adapter that calls the kernel in chunk_kda_fwd's convention and
+returns ``(o, final_state [N, H, K, V])``; here a draw of
+:func:`kdalab.inputs.sequences.draw` is handed to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Target", "TargetError", "resolve", "default_threshold"]
+
+
+class TargetError(ValueError):
+    """The target cannot be hunted: unknown, not runnable on the device, or its answer does not
+    follow the convention."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """``run(inputs) -> (o, final_state)``; ``why_not(inputs)``: why the kernel declares it
+    cannot take these inputs (it is then not called), or None."""
+
+    name: str
+    device: str
+    run: Callable[[dict], tuple[torch.Tensor, torch.Tensor]]
+    why_not: Callable[[dict], str | None]
+
+
+def default_threshold() -> float:
+    """``kdalab check``'s output threshold."""
+    from kdalab.check import Thresholds
+
+    return Thresholds().max_output_error
+
+
+def resolve(name: str, device: str) -> Target:
+    """The kernel ``name`` on ``device`` (TargetError, a ValueError, when it cannot run there)."""
+    from kdalab.check import ConventionError, KernelUnavailable, load_kernel
+    from kdalab.check.cases import CaseInputs
+
+    try:
+        kernel = load_kernel(name)
+        kernel.check_available(device)
+    except (ValueError, KernelUnavailable, ConventionError) as exc:
+        raise TargetError(str(exc)) from None
+
+    def case(x: dict) -> CaseInputs:
+        b, t = x["q"].shape[:2]
+        n = b if x["cu_seqlens"] is None else len(x["cu_seqlens"]) - 1
+        dev = x["q"].device
+        return CaseInputs(
+            q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], A_log=x["A_log"],
+            dt_bias=x["dt_bias"], initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"],
+            lower_bound=x["lower_bound"], scale=x["scale"], use_qk_l2norm=x["use_qk_l2norm"],
+            rows=torch.ones(b, t, dtype=torch.bool, device=dev),
+            states=torch.ones(n, dtype=torch.bool, device=dev))
+
+    def run(x: dict):
+        try:
+            return kernel(case(x))
+        except ConventionError as exc:
+            raise TargetError(str(exc)) from None
+
+    return Target(name=name, device=device, run=run, why_not=lambda x: kernel.unsupported(case(x)))
