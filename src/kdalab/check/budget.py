@@ -22,10 +22,13 @@ from kdalab.kda.gate import prepare_inputs
 __all__ = ["DEFAULT_BUDGET", "floor_reference", "fp32_forward", "multiple", "judge_errors",
            "floors_of"]
 
-#: The default budget, a multiple of the floor: FlashKDA's output error on ordinary inputs is
-#: 3.5× the floor on the H200 (5.8e-3 against 1.65e-3), fla's 2.5×; 4 admits both there and
-#: fails an error that grows with the data (docs/check.md).
-DEFAULT_BUDGET = 4.0
+#: The default budget, a multiple of the floor. The production kernels' precision paths reach
+#: 3.5x the floor on ordinary inputs on the H200 (FlashKDA 5.8e-3 against 1.65e-3; fla 2.5x) and
+#: up to 4.2x on the quick suite's ordinary cases (the flashkda recipe, v past fp16's range):
+#: 5 admits them there, and fails errors that grow with the data (collinear keys: 300x and
+#: more). FlashAttention's 2 would fail both production kernels on ordinary inputs
+#: (docs/check.md).
+DEFAULT_BUDGET = 5.0
 
 
 def fp32_forward(q, k, v, g, beta, *, initial_state=None, cu_seqlens=None,
