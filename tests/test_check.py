@@ -164,7 +164,8 @@ def test_honest_fp32_kernel_passes(planted):
     # keys with beta -> 1 (the inverse of an ill-conditioned I + L, in fp32)
     assert max(r["o_rel_err"] for r in recs
                if r["status"] == "pass" and r["o_rel_err"] is not None) < 1e-4
-    assert all(r["deterministic"] for r in recs if r["status"] == "pass" and r["kind"] == "accuracy")
+    assert all(r["deterministic"] for r in recs
+               if r["status"] == "pass" and r["kind"] == "accuracy")
 
 
 @pytest.mark.parametrize("bug,case,needle", [
