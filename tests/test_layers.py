@@ -19,11 +19,12 @@ ALLOWED = {
     "arith": {"arith", "errors"},
     "kda": {"arith", "kda"} | BELOW,
     "experiments": {"arith", "kda", "experiments"} | BELOW,
-    "check": {"arith", "kda", "experiments", "check", "kernels"} | BELOW,
+    "check": {"arith", "kda", "experiments", "check", "kernels", "peers"} | BELOW,
     "views": {"experiments", "check", "views"} | BELOW,  # views draw: no arithmetic
     "cli": {"arith", "kda", "experiments", "check", "views", "cli", "kernels", "cudastart"}
     | BELOW,
     "kernels": {"kernels"},
+    "peers": set(),  # fla and FlashKDA's wrappers: torch and the peer packages only
     "params": {"arith", "errors"},
     "errors": set(),
     "timeline": set(),

@@ -62,7 +62,7 @@ def _why_not(args: dict) -> str | None:
     """Why a call's inputs are not in the replayable form, or None."""
     if args.get("use_gate_in_kernel") is False:
         return "gate applied outside the kernel (g is already the log-decay)"
-    if args.get("use_beta_sigmoid_in_kernel") is False:
+    if args.get("use_beta_sigmoid_in_kernel") is False or args.get("beta_is_logits") is False:
         return "beta given after its sigmoid"
     if args.get("gate", "lower_bound") != "lower_bound":
         return f"gate {args['gate']!r} (not the lower-bound gate)"

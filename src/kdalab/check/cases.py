@@ -37,6 +37,7 @@ from fnmatch import fnmatchcase
 
 import torch
 
+from kdalab.check.tensors import CaseInputs, read_inputs
 from kdalab.kda import reference_forward
 
 __all__ = ["FAMILIES", "KINDS", "POISONS", "STATES", "Case", "CaseInputs", "SUITES", "get_suite",
@@ -243,46 +244,10 @@ def select_cases(cases: tuple[Case, ...], patterns: str | None) -> tuple[Case, .
     return tuple(c for c in cases if any(fnmatchcase(c.name, p) for p in pats))
 
 
-@dataclass(frozen=True)
-class CaseInputs:
-    """A case's tensors in chunk_kda_fwd's convention: ``q, k, g [B, T, H, K]``, ``v [B, T, H,
-    V]`` (bf16), ``beta [B, T, H]`` (logits), ``A_log [H]`` and ``dt_bias [H, K]`` (fp32),
-    ``initial_state [N, H, K, V]`` or None, ``cu_seqlens`` (int64) or None. ``rows`` ``[B, T]``
-    and ``states`` ``[N]`` mark what is judged (all but a poisoned sequence)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    A_log: torch.Tensor
-    dt_bias: torch.Tensor
-    initial_state: torch.Tensor | None
-    cu_seqlens: torch.Tensor | None
-    lower_bound: float
-    scale: float
-    use_qk_l2norm: bool
-    rows: torch.Tensor
-    states: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-
-    def clone(self) -> CaseInputs:
-        return replace(self, **{n: t.clone() for n, t in self.tensors().items()})
-
-    def to(self, device) -> CaseInputs:
-        moved = {n: t.to(device) for n, t in self.tensors().items()}
-        return replace(self, rows=self.rows.to(device), states=self.states.to(device), **moved)
-
-
 def case_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
     """Draw the case's inputs on the CPU (so every device sees the same values), then move them;
     a replayed case's (``source``) are read from its file. The one place inputs are made."""
     if case.source:
-        from kdalab.check.replay import read_inputs
-
         return read_inputs(case.source).to(device)
     gen = torch.Generator().manual_seed(case.seed)
     b, t, h, kd, vd = case.batch, case.T, case.heads, case.K, case.V
