@@ -78,15 +78,17 @@ def fla_chunk_kda(q, k, v, g, beta, *, scale, initial_state, output_final_state,
 
 
 def fla_fused_recurrent_kda(q, k, v, g, beta, *, scale, initial_state, output_final_state,
-                            A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm=True):
+                            A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm=True,
+                            state_v_first=False):
     """fla's ``fused_recurrent_kda`` (token by token, fp32 state) with the same gate."""
     from fla.ops.kda import fused_recurrent_kda
 
+    kw = {"state_v_first": True} if state_v_first else {}
     return fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                output_final_state=output_final_state, A_log=A_log,
                                dt_bias=_flat(dt_bias), lower_bound=lower_bound,
                                cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                               use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True)
+                               use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, **kw)
 
 
 def flashkda_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log, dt_bias,

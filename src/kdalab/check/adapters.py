@@ -26,6 +26,7 @@ pair of tensors of the right shapes) is a :class:`ConventionError`.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -76,6 +77,8 @@ class KernelAdapter:
                           always normalizes, pre-normalized cases are unsupported)
     ``finite_only``       it refuses non-finite inputs (poisoned cases: unsupported)
     ``empty_sequences``   it takes zero-length packed sequences
+    ``other_layout``      keyword arguments that switch the kernel to the other state layout
+                          (None: it takes one; the layout contract is then unsupported)
     ``requires``          import names that must be importable (checked before the run)
     ``note``              appended to the message when the kernel cannot run here
     """
@@ -92,6 +95,7 @@ class KernelAdapter:
     qk_l2norm_flag: str | None = "use_qk_l2norm"
     finite_only: bool = False
     empty_sequences: bool = True
+    other_layout: dict | None = None
     requires: tuple[str, ...] = ()
     note: str = ""
 
@@ -178,6 +182,14 @@ class KernelAdapter:
         out = self.fn(x.q, x.k, x.v, x.g, x.beta, **kw)
         return self._check_answer(out, x)
 
+    def in_other_layout(self) -> KernelAdapter | None:
+        """The same kernel called with its states in the other layout, or None."""
+        if self.other_layout is None:
+            return None
+        return replace(self, fn=functools.partial(self.fn, **self.other_layout),
+                       state_layout="VK" if self.state_layout == "KV" else "KV",
+                       other_layout=None)
+
     def _check_answer(self, out, x: CaseInputs):
         where = f"kernel {self.name!r} returned"
         if not isinstance(out, (tuple, list)) or len(out) != 2:
@@ -221,18 +233,21 @@ def _kdalab(config_name: str) -> KernelAdapter:
 
     devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
     return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
+                         other_layout={"state_layout": "VK"},
                          note=" (TRITON_INTERPRET=1 runs it on the CPU, slowly: tiny cases only)")
 
 
 def _fla() -> KernelAdapter:
     # fla's chunk_kda raises "initial_state must be in float32." on a bf16 state: declared
     return KernelAdapter(peers.fla_chunk_kda, name="fla", devices=("cuda",),
-                         state_dtypes=(torch.float32,), requires=(peers.PEERS["fla"],))
+                         state_dtypes=(torch.float32,), other_layout={"state_v_first": True},
+                         requires=(peers.PEERS["fla"],))
 
 
 def _fla_recurrent() -> KernelAdapter:
     return KernelAdapter(peers.fla_fused_recurrent_kda, name="fla-recurrent",
-                         devices=("cuda",), requires=(peers.PEERS["fla-recurrent"],))
+                         devices=("cuda",), other_layout={"state_v_first": True},
+                         requires=(peers.PEERS["fla-recurrent"],))
 
 
 def _flashkda() -> KernelAdapter:
@@ -286,7 +301,7 @@ def recipe_kernel(spec: str) -> KernelAdapter:
 
     # kda.forward checks its inputs: it refuses NaN and inf, and empty packed sequences
     return KernelAdapter(recipe_forward, name=f"recipe:{spec}", finite_only=True,
-                         empty_sequences=False)
+                         empty_sequences=False, other_layout={"state_layout": "VK"})
 
 
 def _load_object(spec: str):

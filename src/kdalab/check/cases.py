@@ -18,7 +18,7 @@ Families (bf16 inputs as a model hands them to a kernel; β as logits; the gate
 =================  ==============================================================================
 
 Kinds: ``accuracy`` (one call against the fp64 recurrence) or a contract
-(:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``; ``split`` is the
+(:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``; ``split`` is the
 position P a contract splits at. ``source`` names a safetensors file of captured inputs
 (:mod:`kdalab.check.replay`): the case's tensors are read from it instead of drawn.
 
@@ -44,7 +44,7 @@ __all__ = ["FAMILIES", "KINDS", "POISONS", "STATES", "Case", "CaseInputs", "SUIT
            "select_cases", "case_inputs", "reference", "recurrence"]
 
 FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "collinear")
-KINDS = ("accuracy", "causal", "prefill", "batch_varlen")
+KINDS = ("accuracy", "causal", "prefill", "batch_varlen", "layout")
 STATES = ("none", "fp32", "bf16")
 POISONS = ("", "nan_v", "inf_k")
 SATURATED_G = 20.0
@@ -192,6 +192,8 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
              split=inside),
         case("contract/batch_varlen", "three sequences as B = 3, as varlen and one by one",
              kind="batch_varlen", batch=3, T=batch_T),
+        case("contract/layout", "states in [N, H, K, V] and in [N, H, V, K], where a kernel "
+             "takes both: the same bits", kind="layout", T=contract_T),
     ]
     return tuple(cases)
 

@@ -14,6 +14,9 @@ compared (``contract_compared``) and the largest difference found (``contract_ma
                   sequence: each within the budget of the floor against fp64; the largest
                   difference between the three is recorded (a leak across sequences is far
                   above the floor).
+``layout``        where a kernel takes states both as ``[N, H, K, V]`` and ``[N, H, V, K]``
+                  (its adapter's ``other_layout``): the output and the final state (transposed
+                  back) must keep every bit. A kernel with one layout: unsupported.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import replace
 import torch
 
 from kdalab.check.budget import judge_errors
-from kdalab.check.calls import call, max_diff, nonfinite, rel, same
+from kdalab.check.calls import Raised, call, max_diff, nonfinite, rel, same
 from kdalab.check.cases import CaseInputs
 
 __all__ = ["CONTRACT_FIELDS", "judge_contract", "time_slice"]
@@ -148,9 +151,27 @@ def _budget(rec, floors, th, name):
     return rec, failures + [f"{name}: {m}" for m in over]
 
 
+def _layout(kernel, x, case):
+    other = kernel.in_other_layout()
+    if other is None:
+        raise Raised(NotImplementedError("takes states in one layout (no other_layout)"))
+    (o, s), _ = call(kernel, x, case.name)
+    (o2, s2), _ = call(other, x, case.name)
+    rec = {"contract_compared": f"o and final state with states {kernel.state_layout} against "
+                                f"{other.state_layout} (transposed back): bit-identical",
+           "contract_max_diff": max(max_diff(o2, o), max_diff(s2, s)),
+           "o_dtype": str(o.dtype)[6:], "state_dtype": str(s.dtype)[6:]}
+    ok = same(o, o2) and same(s, s2)
+    return rec, [] if ok else [f"layout: the other state layout changed the result (largest "
+                               f"difference {rec['contract_max_diff']:.3g})"]
+
+
 def judge_contract(kernel, x: CaseInputs, case, ref, floors: dict, th) -> tuple[dict, list[str]]:
     """One contract case: ``(record fields, failures)``; raises
-    :class:`~kdalab.check.calls.Raised` if the kernel raises."""
+    :class:`~kdalab.check.calls.Raised` if the kernel raises (NotImplementedError for a
+    contract the kernel cannot take)."""
+    if case.kind == "layout":
+        return _layout(kernel, x, case)
     if case.kind == "causal":
         return _causal(kernel, x, case)
     if case.kind == "prefill":

@@ -57,7 +57,7 @@ def cell_text(rec: dict) -> str:
     if rec["mode"] == "fidelity":
         return (f"{100 * _num(rec['o_identical']):.2f}% / "
                 f"{fmt_sci(_num(rec['o_worst_rel_diff']))}")
-    if rec.get("kind") == "causal":
+    if rec.get("kind") in ("causal", "layout"):
         diff = _num(rec.get("contract_max_diff"))
         return ("bit-identical" if rec["status"] == "pass"
                 else f"changed by {fmt_sci(diff)}" if diff > 0 else rec["status"])
