@@ -198,7 +198,7 @@ def test_full_suite_has_the_contracts_and_collinear_group():
     from kdalab.check.cases import FULL
 
     kinds = {c.kind for c in FULL}
-    assert kinds == {"accuracy", "causal", "prefill", "batch_varlen"}
+    assert kinds == {"accuracy", "causal", "prefill", "batch_varlen", "layout"}
     splits = {c.split for c in FULL if c.kind in ("causal", "prefill")}
     assert any(s % 64 == 0 for s in splits) and any(s % 16 for s in splits)
     assert all(c.T >= 1024 for c in FULL if c.family == "collinear")
