@@ -19,8 +19,9 @@ Families (bf16 inputs as a model hands them to a kernel; β as logits; the gate
 
 Kinds: ``accuracy`` (one call against the fp64 recurrence) or a contract
 (:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``;
-``split`` is the position P a contract splits at. ``source`` names a safetensors file of captured inputs
-(:mod:`kdalab.check.replay`): the case's tensors are read from it instead of drawn.
+``split`` is the position P a contract splits at. ``source`` names a safetensors file of
+captured inputs (:mod:`kdalab.check.replay`): the case's tensors are read from it instead of
+drawn.
 
 Options: the lower bound; the initial state (none, fp32 or bf16, N(0, 1) times ``state_scale``);
 ``v_scale`` (a power of two, so bf16 v stays exact); pre-normalized q and k with the kernel's
