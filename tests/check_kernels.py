@@ -191,3 +191,12 @@ def interrupted_on_third_case(q, k, v, g, beta, **kw):
     if interrupted_on_third_case.calls > 4:  # two cases of two calls each, then Ctrl-C
         raise Interrupted()
     return honest_fp32(q, k, v, g, beta, **kw)
+
+
+def _layout_sloppy(q, k, v, g, beta, *, state_layout="KV", **kw):
+    """Bug: the [N, H, V, K] path rounds its output differently."""
+    o, s = honest_fp32(q, k, v, g, beta, state_layout=state_layout, **kw)
+    return (o * (1 + 2.0 ** -20) if state_layout == "VK" else o), s
+
+
+layout_sloppy = KernelAdapter(_layout_sloppy, other_layout={"state_layout": "VK"})
