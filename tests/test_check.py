@@ -149,13 +149,14 @@ def test_reference_keeps_an_empty_sequence_at_its_initial_state():
 def planted():
     names = ("honest_fp32", "drops_initial_state", "gate_one_token_late", "state_in_fp16",
              "nondeterministic", "writes_its_input", "nan_propagating", "nan_leaking",
-             "vk_adapter")
+             "vk_adapter", "fp32_recurrence")
     records = run_check([load_kernel(f"{MOD}:{n}") for n in names], QUICK)
     return {n: _by(records, kernel=f"{MOD}:{n}") for n in names}
 
 
-def test_honest_fp32_kernel_passes(planted):
-    recs = planted["honest_fp32"]
+@pytest.mark.parametrize("honest", ["honest_fp32", "fp32_recurrence"])
+def test_honest_fp32_kernel_passes(planted, honest):
+    recs = planted[honest]
     assert {r["status"] for r in recs} <= {"pass", "unsupported"}
     # unsupported only where kdalab.kda.forward itself refuses (empty sequence, NaN inputs)
     assert {r["case"] for r in recs if r["status"] == "unsupported"} <= \

@@ -94,7 +94,7 @@ def check_command(
     budget: Annotated[float, typer.Option(
         help="largest error a case may have, as a multiple of its floor (the error of the fp32 "
              "token recurrence on the same bf16 inputs, rounded as the kernel's output)")]
-    = 5.0,
+    = 5.0,  # kdalab.check.budget.DEFAULT_BUDGET (not imported here: it needs torch)
     max_output_error: Annotated[Optional[float], typer.Option(
         help="also an absolute limit on the output relative error", show_default=False)]
     = None,
