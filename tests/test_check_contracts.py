@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kdalab.check import load_kernel, run_check, select_cases
-from kdalab.check.budget import floor_reference, multiple
+from kdalab.check.budget import DEFAULT_BUDGET, floor_reference, multiple
 from kdalab.check.cases import QUICK, Case, case_inputs, reference
 from kdalab.check.records import read
 from tests.test_check import MOD, ROOT, runner
@@ -85,6 +85,7 @@ def test_a_small_acausal_leak_fails_the_causal_contract(contracts, tmp_path):
     res = _cli([f"{MOD}:acausal_leak", "--cases", "model_like,contract/causal/*"], tmp_path)
     assert res.exit_code == 1, res.output
     status = {r["case"]: r["status"] for r in read(tmp_path)}
+    assert {r["budget"] for r in read(tmp_path)} == {DEFAULT_BUDGET}  # the CLI's default
     assert status == {"model_like": "pass", "contract/causal/boundary": "fail",
                       "contract/causal/inside": "fail"}
     md = (tmp_path / "report.md").read_text()
