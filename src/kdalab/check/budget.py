@@ -44,13 +44,14 @@ def fp32_forward(q, k, v, g, beta, *, initial_state=None, cu_seqlens=None,
          if prep.state is None else prep.state.float().clone())
     qq = qq * prep.scale
     o = torch.empty_like(vv)
+    # products as multiply-and-sum, not matmul: a GPU may run an fp32 matmul in TF32 (a
+    # setting any imported package can change), which would raise the floor
     for i in range(t):
-        k_i = kk[:, :, i].unsqueeze(-2)
+        k_i = kk[:, :, i].unsqueeze(-1)  # [N, HV, K, 1]
         s = s * torch.exp(gg[:, :, i]).unsqueeze(-1)
-        pred = k_i @ s
-        s = s + k_i.transpose(-1, -2) * (bb[:, :, i, None, None] * (vv[:, :, i].unsqueeze(-2)
-                                                                      - pred))
-        o[:, :, i] = (qq[:, :, i].unsqueeze(-2) @ s).squeeze(-2)
+        pred = (k_i * s).sum(-2, keepdim=True)  # [N, HV, 1, V]
+        s = s + k_i * (bb[:, :, i, None, None] * (vv[:, :, i].unsqueeze(-2) - pred))
+        o[:, :, i] = (qq[:, :, i].unsqueeze(-1) * s).sum(-2)
     return prep.unpack(o), s
 
 
