@@ -9,7 +9,6 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -438,82 +437,3 @@ def test_isolated_records_equal_in_process_records_and_timeout(tmp_path):
     assert [r["status"] for r in late] == ["fail", "skipped"]
     assert "no answer within 0.2 s" in late[0]["message"]
     assert set(late[0]) == set(same[0]) and asdict(Thresholds())["min_identical"] == 0.999
-
-
-# -- the peers' adapters without a GPU ----------------------------------------------------------
-
-def test_fla_adapters_call_fla_as_documented(monkeypatch):
-    """fla's kernels need CUDA: check the adapters' calls against fla's real signatures, and
-    run the check through a stand-in that asserts what the adapter must set."""
-    import inspect
-
-    fla_kda = pytest.importorskip("fla.ops.kda")
-    seen = {}
-
-    def stand_in(real, recipe, chunked):
-        def fn(q, k, v, g, beta, **kw):
-            inspect.signature(real).bind(q, k, v, g, beta, **kw)
-            seen[real.__name__] = (os.environ.get("FLA_FLASH_KDA"), torch.is_grad_enabled(), kw)
-            assert kw["dt_bias"].dim() == 1 and kw["use_gate_in_kernel"]
-            assert kw["use_beta_sigmoid_in_kernel"] and kw["lower_bound"] < 0
-            h0 = kw["initial_state"]
-            if chunked:
-                assert kw["safe_gate"] is True
-                assert h0 is None or h0.dtype == torch.float32, "initial_state must be in float32."
-            from kdalab.kda import forward
-            return forward(q, k, v, g, beta, scale=kw["scale"], A_log=kw["A_log"],
-                           dt_bias=kw["dt_bias"], lower_bound=kw["lower_bound"],
-                           initial_state=h0, output_final_state=True,
-                           cu_seqlens=kw["cu_seqlens"],
-                           use_qk_l2norm=kw["use_qk_l2norm_in_kernel"], recipe=recipe)
-        return fn
-
-    before = os.environ.get("FLA_FLASH_KDA")
-    monkeypatch.setattr(fla_kda, "chunk_kda", stand_in(fla_kda.chunk_kda, "fla", True))
-    monkeypatch.setattr(fla_kda, "fused_recurrent_kda",
-                        stand_in(fla_kda.fused_recurrent_kda, "fp32", False))
-    cases = select_cases(QUICK, "model_like,h0/bf16,varlen/mixed,prenorm")
-    recs = run_check([load_kernel("fla"), load_kernel("fla-recurrent")], cases)
-    status = {(r["kernel"], r["case"]): (r["status"], r["message"]) for r in recs}
-    assert status[("fla", "h0/bf16")] == ("unsupported", "declared: initial state in bfloat16: "
-                                                         "takes float32")
-    assert all(status[(k, c)][0] == "pass" for k in ("fla", "fla-recurrent")
-               for c in ("model_like", "varlen/mixed", "prenorm"))
-    flash_off, grad_on, _ = seen["chunk_kda"]
-    assert flash_off == "0" and grad_on  # fla's own Triton path, not its FlashKDA dispatch
-    assert os.environ.get("FLA_FLASH_KDA") == before  # restored after the call
-
-
-def test_flashkda_adapter_follows_flash_kda_fwd(monkeypatch):
-    """A stand-in ``flash_kda`` with FlashKDA's signature and checks (its csrc/flash_kda.cpp):
-    [N, H, V, K] states of the initial state's dtype, dt_bias [H, K], int64 cu_seqlens,
-    D = 128 only; computed by kdalab's flashkda recipe in FlashKDA's state layout."""
-    import types
-
-    from kdalab.kda import forward
-
-    def fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound, initial_state=None,
-            final_state=None, cu_seqlens=None):
-        if q.shape[-1] != 128 or v.shape != q.shape:
-            raise RuntimeError("currently only supports D == 128")
-        assert dt_bias.shape == (q.shape[2], q.shape[3]) and dt_bias.dtype == torch.float32
-        assert cu_seqlens is None or cu_seqlens.dtype == torch.int64
-        if initial_state is not None:
-            assert initial_state.dtype == final_state.dtype and initial_state.is_contiguous()
-        o, s = forward(q, k, v, g, beta, scale=scale, A_log=A_log, dt_bias=dt_bias,
-                       lower_bound=lower_bound, initial_state=initial_state,
-                       output_final_state=True, cu_seqlens=cu_seqlens, state_layout="VK")
-        out.copy_(o)
-        final_state.copy_(s)
-
-    monkeypatch.setitem(sys.modules, "flash_kda", types.SimpleNamespace(fwd=fwd))
-    kernel = load_kernel("flashkda")
-    assert kernel.state_layout == "VK" and kernel.qk_l2norm_flag is None
-    small = Case("k128", T=20, heads=1, K=128, V=128)
-    cases = [small, replace(small, name="k128/bf16", initial_state="bf16"),
-             replace(small, name="k128/varlen", seqlens=(7, 13)), QUICK[0]]
-    recs = {r["case"]: r for r in run_check([kernel], cases)}
-    for name in ("k128", "k128/bf16", "k128/varlen"):
-        assert recs[name]["status"] == "pass", recs[name]
-    assert recs["k128/bf16"]["state_dtype"] == "bfloat16"
-    assert recs["model_like"]["message"] == "declared: head dims K=32, V=32: takes 128"

@@ -268,7 +268,7 @@ def plot_check(records) -> bytes:
                    for c, k in zip(idle["case"], idle["kernel"])]
             ax.scatter(pos, np.zeros(len(pos)), marker="|", s=60, color="grey",
                        transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
-                       label="not measured (unsupported, excluded, crashed)")
+                       label="no error to draw (unsupported, excluded, crashed, bitwise contract)")
         if not fidelity:
             floor_col = "o_floor_err" if column == "o_rel_err" else "state_floor_err"
             floor_col = floor_col if floor_col in df else "bf16_floor"
