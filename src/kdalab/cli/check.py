@@ -265,7 +265,9 @@ def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: flo
     kernels, against = plan["kernels"], plan["against"]
     common = dict(thresholds=plan["thresholds"], timings=timings, exclude=plan["exclude"])
     total = len(plan["cases"]) * len(kernels)
-    STATE.kept[:] = [f"{out}/check.json (the run's description), no records yet"]
+    running = f"; the running kernel's records so far in {out}/parts/" if isolate else ""
+    STATE.kept[:] = [f"{out}/check.json (the run's description), no records in "
+                     f"{out}/records.jsonl yet{running}"]
     try:
         with store.writer(out) as writer, Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
@@ -279,7 +281,8 @@ def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: flo
 
             def sink(records):
                 writer.write(records)
-                STATE.kept[:] = [f"{writer.count} of {total} records in {out}/records.jsonl"]
+                STATE.kept[:] = [f"{writer.count} of {total} records in {out}/records.jsonl"
+                                 f"{running}"]
                 STATE.resume = f"kdalab check --redraw --out {out} draws the (incomplete) report"
 
             if isolate:
