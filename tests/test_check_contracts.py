@@ -8,13 +8,15 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
 from kdalab.check import load_kernel, run_check, select_cases
-from kdalab.check.budget import DEFAULT_BUDGET, floor_reference, multiple
+from kdalab.check.budget import DEFAULT_BUDGET, Floors, floor_reference, multiple
+from kdalab.check.calls import rel
 from kdalab.check.cases import QUICK, Case, case_inputs, reference
 from kdalab.check.records import read
 from tests.test_check import MOD, ROOT, runner
@@ -111,9 +113,14 @@ def test_the_floor_is_the_fp32_recurrence_rounded():
     x = case_inputs(QUICK[0])
     o64, s64 = reference(x)
     fo, fs = floor_reference(x)
-    assert fo.dtype == torch.float64
-    assert torch.equal(fo, fo.bfloat16().double())  # rounded to the output dtype (bf16)
+    assert fo.dtype == torch.float64 and torch.equal(fo, fo.float().double())  # fp32 values
+    floors = Floors(x, (o64, s64), (fo, fs), rel)
+    assert floors.of(torch.float32) == floors.default  # never finer than the inputs'
+    x32 = replace(x, v=x.v.float())  # float32 inputs: a bf16-output kernel is held to bf16
+    assert Floors(x32, (o64, s64), (fo, fs), rel).of(torch.bfloat16) == floors.default
+    fo = fo.bfloat16().double()  # rounded to the output dtype (bf16, v's)
     err = float((fo - o64).norm() / o64.norm())
+    assert floors.default["o_floor_err"] == pytest.approx(err, rel=1e-12)
     bf16 = float((o64.bfloat16().double() - o64).norm() / o64.norm())
     # ordinary inputs: the rounding dominates, so the floor is the bf16 floor within 5 %
     assert 0.95 * bf16 < err < 1.05 * bf16

@@ -19,8 +19,8 @@ import torch
 from kdalab.check.cases import CaseInputs, recurrence
 from kdalab.kda.gate import prepare_inputs
 
-__all__ = ["DEFAULT_BUDGET", "floor_reference", "fp32_forward", "multiple", "judge_errors",
-           "floors_of"]
+__all__ = ["DEFAULT_BUDGET", "Floors", "floor_reference", "fp32_forward", "multiple",
+           "judge_errors"]
 
 #: The default budget, a multiple of the floor. The production kernels' precision paths reach
 #: 3.5x the floor on ordinary inputs on the H200 (FlashKDA 5.8e-3 against 1.65e-3; fla 2.5x) and
@@ -56,11 +56,43 @@ def fp32_forward(q, k, v, g, beta, *, initial_state=None, cu_seqlens=None,
 
 
 def floor_reference(x: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same-precision reference of a case, as float64 tensors: ``(o rounded to v's dtype,
-    final state rounded to bf16)``."""
+    """The float32 token recurrence on the case's inputs, ``(o, final state)`` as float64
+    tensors holding float32 values, not yet rounded (:class:`Floors` rounds them)."""
     o, s = recurrence(x, fp32_forward)
-    out_dtype = x.v.dtype if x.v.dtype.is_floating_point else torch.bfloat16
-    return o.to(out_dtype).double(), s.bfloat16().double()
+    return o.double(), s.double()
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps if dtype.is_floating_point else 0.0
+
+
+class Floors:
+    """A case's floors over its judged values, computed from its references once.
+
+    The output floor rounds the float32 recurrence's output to the coarser of v's dtype and the
+    kernel's output dtype (a bf16-output kernel on float32 inputs is held to bf16; a float32-
+    output kernel on bf16 inputs to bf16: the inputs' precision, not the float32 recurrence's
+    own error, which a chunked float32 kernel does not reach on ill-conditioned inputs); the
+    state floor rounds its final state to bf16. Also the bf16 floors (the exact result rounded
+    to bf16)."""
+
+    def __init__(self, x: CaseInputs, ref: tuple, floor_ref: tuple, rel):
+        self._x, self._ref, self._floor, self._rel = x, ref, floor_ref, rel
+        self._cache: dict = {}
+        self.default = self.of(x.v.dtype)
+
+    def of(self, out_dtype: torch.dtype) -> dict:
+        """The floors for a kernel whose output has ``out_dtype``."""
+        dtype = max((self._x.v.dtype, out_dtype), key=_eps)
+        if dtype not in self._cache:
+            x, rel = self._x, self._rel
+            o, s = self._ref[0][x.rows], self._ref[1][x.states]
+            fo, fs = self._floor[0][x.rows], self._floor[1][x.states]
+            self._cache[dtype] = {
+                "bf16_floor": rel(o.bfloat16(), o), "state_bf16_floor": rel(s.bfloat16(), s),
+                "o_floor_err": rel(fo.to(dtype).double(), o),
+                "state_floor_err": rel(fs.bfloat16().double(), s)}
+        return self._cache[dtype]
 
 
 def multiple(error: float, floor: float) -> float:
@@ -92,11 +124,3 @@ def judge_errors(o_err: float, s_err: float, floors: dict, th) -> tuple[dict, li
             failures.append(f"{what} error above {limit:g}")
     return {"o_budget_multiple": o_mult, "state_budget_multiple": s_mult}, failures
 
-
-def floors_of(x: CaseInputs, ref: tuple, floor_ref: tuple, rel) -> dict:
-    """The case's floors over its judged values: the bf16 floors (the exact result rounded to
-    bf16) and the same-precision reference's errors."""
-    o, s = ref[0][x.rows], ref[1][x.states]
-    return {"bf16_floor": rel(o.bfloat16(), o), "state_bf16_floor": rel(s.bfloat16(), s),
-            "o_floor_err": rel(floor_ref[0][x.rows], o),
-            "state_floor_err": rel(floor_ref[1][x.states], s)}

@@ -96,7 +96,7 @@ def _prefill(kernel, x, case, ref, floors, th):
            "contract_compared": f"[0, {p}) then [{p}, {t}) with the final state carried, "
                                 f"against fp64 on [0, {t}) (budget); max diff against one call",
            "contract_max_diff": max(max_diff(split, o), max_diff(s2, s))}
-    return _budget(rec, floors, th, "prefill")
+    return _budget(rec, floors, split.dtype, th, "prefill")
 
 
 def _batch_varlen(kernel, x, case, ref, floors, th):
@@ -135,18 +135,19 @@ def _batch_varlen(kernel, x, case, ref, floors, th):
                                 + (f" ({'; '.join(notes)})" if notes else ""),
            "contract_max_diff": max(max(max_diff(o, ob), max_diff(s, sb))
                                     for o, s in answers.values())}
-    return _budget(rec, floors, th, "batch = varlen = separate")
+    return _budget(rec, floors, ob.dtype, th, "batch = varlen = separate")
 
 
 def _worst(err: float) -> float:
     return math.inf if math.isnan(err) else err
 
 
-def _budget(rec, floors, th, name):
+def _budget(rec, floors, out_dtype, th, name):
     failures = []
     if rec["o_nonfinite"] or rec["state_nonfinite"]:
         failures.append(f"{name}: non-finite output or state")
-    fields, over = judge_errors(rec["o_rel_err"], rec["state_rel_err"], floors, th)
+    rec.update(floors.of(out_dtype))
+    fields, over = judge_errors(rec["o_rel_err"], rec["state_rel_err"], rec, th)
     rec.update(fields)
     return rec, failures + [f"{name}: {m}" for m in over]
 
@@ -166,7 +167,7 @@ def _layout(kernel, x, case):
                                f"difference {rec['contract_max_diff']:.3g})"]
 
 
-def judge_contract(kernel, x: CaseInputs, case, ref, floors: dict, th) -> tuple[dict, list[str]]:
+def judge_contract(kernel, x: CaseInputs, case, ref, floors, th) -> tuple[dict, list[str]]:
     """One contract case: ``(record fields, failures)``; raises
     :class:`~kdalab.check.calls.Raised` if the kernel raises (NotImplementedError for a
     contract the kernel cannot take)."""

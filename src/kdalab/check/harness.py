@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from kdalab.check.adapters import KernelAdapter
-from kdalab.check.budget import DEFAULT_BUDGET, floor_reference, floors_of, judge_errors
+from kdalab.check.budget import DEFAULT_BUDGET, Floors, floor_reference, judge_errors
 from kdalab.check.calls import (
     DeviceFault,
     Raised,
@@ -120,7 +120,8 @@ def _judge_fp64(kernel, x, case, ref, floors, th: Thresholds) -> tuple[dict, lis
     failures = []
     if rec["o_nonfinite"] or rec["state_nonfinite"]:
         failures.append("non-finite output or state")
-    fields, over = judge_errors(rec["o_rel_err"], rec["state_rel_err"], floors, th)
+    rec.update(floors.of(o.dtype))
+    fields, over = judge_errors(rec["o_rel_err"], rec["state_rel_err"], rec, th)
     rec.update(fields)
     return rec, failures + over + problems
 
@@ -243,20 +244,21 @@ def _measure(rec: dict, kernel, x, case, ref, floors, thresholds, against, why) 
 
 def _judge_by(case, x, against, references):
     """What the case's kernels are measured against: ``(floors, (o, s) or None, why none)``:
-    the fp64 reference and the case's floors, or the ``against`` kernel's answer."""
+    the fp64 reference and the case's :class:`~kdalab.check.budget.Floors`, or the ``against``
+    kernel's answer (and no floors)."""
     if against is None:
         o, s, fo, fs = references(case, x)
-        return floors_of(x, (o, s), (fo, fs), rel), (o, s), None
+        return Floors(x, (o, s), (fo, fs), rel), (o, s), None
     why = against.unsupported(x)
     if why is not None:
-        return {}, None, f"declared: {why}"
+        return None, None, f"declared: {why}"
     if case.kind != "accuracy":
-        return {}, None, "contract"
+        return None, None, "contract"
     try:
         ref, _ = call(against, x, case.name)
     except Raised as exc:
-        return {}, None, str(exc)
-    return {}, ref, None
+        return None, None, str(exc)
+    return None, ref, None
 
 
 def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
@@ -266,7 +268,8 @@ def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
     for case in cases:
         runs = [k for k in kernels if case.name not in exclude.get(k.name, ())]
         x = case_inputs(case, device)
-        floors, ref, why = _judge_by(case, x, against, references) if runs else ({}, None, None)
+        floors, ref, why = (_judge_by(case, x, against, references) if runs
+                            else (None, None, None))
         cell = []
         for kernel in kernels:
             t0 = time.perf_counter()
@@ -275,7 +278,7 @@ def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
             if kernel not in runs:  # no floor either: the same record whoever else runs
                 rec.update(status="excluded", message="not run: excluded by the caller")
             else:
-                rec.update(floors)
+                rec.update({} if floors is None else floors.default)
                 _measure(rec, kernel, x, case, ref, floors, thresholds, against, why)
             cell.append(rec)
             if timings is not None:
