@@ -1,6 +1,6 @@
 """Speed and accuracy of kdalab.kernels.chunk_kda_fwd against its peers, in one process.
 
-Peers: fla's ``chunk_kda`` (fla-core; its own Triton path: ``FLA_FLASH_KDA=0``, so it never
+Peers: fla's ``chunk_kda`` (fla-core; its own Triton path through ``kdalab.peers``, so it never
 hands the call to FlashKDA) with the safe gate, lower bound -5, the gate (A_log, dt_bias),
 L2 norm and β sigmoid in its kernel; FlashKDA's ``flash_kda.fwd`` (built from its source, see
 scripts/device/peers.sh). A missing peer is reported as skipped. Every shape is bf16, K = V
@@ -33,13 +33,12 @@ import math
 import os
 import time
 
-os.environ.setdefault("FLA_FLASH_KDA", "0")  # fla's own path, never FlashKDA's
+import torch
+import triton
 
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from kdalab.arith import rel_rmse  # noqa: E402
-from kdalab.kernels import KernelConfig, chunk_kda_fwd  # noqa: E402
+from kdalab import peers
+from kdalab.arith import rel_rmse
+from kdalab.kernels import KernelConfig, chunk_kda_fwd
 
 LOWER_BOUND = -5.0
 D = 128
@@ -98,39 +97,31 @@ def run_kdalab(x, config=KernelConfig()):
                          state_layout="VK", config=config)
 
 
-def load_fla():
-    try:
-        from fla.ops.kda import chunk_kda
-    except Exception as exc:  # noqa: BLE001 - a missing peer is skipped, not an error
-        print(json.dumps(dict(peer="fla", skipped=repr(exc)[:200])), flush=True)
+def _load(name):
+    """A peer's call on this benchmark's inputs (``kdalab.peers``: one home and one set of
+    guards for fla and FlashKDA), or None with a line saying why it is skipped."""
+    why = peers.available(name)
+    if why is not None:
+        print(json.dumps(dict(peer=name, skipped=why[:200])), flush=True)
         return None
 
     def run(x):
-        with torch.no_grad():
-            return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"],
-                             initial_state=x["h0"], output_final_state=x["state"],
-                             cu_seqlens=x["cu"], use_qk_l2norm_in_kernel=True,
-                             use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                             safe_gate=True, lower_bound=LOWER_BOUND, A_log=x["A_log"],
-                             dt_bias=x["dt_bias"].flatten(), state_v_first=True)
+        kw = dict(scale=D ** -0.5, initial_state=x["h0"], output_final_state=x["state"],
+                  A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
+                  cu_seqlens=x["cu"])
+        if name == "fla":  # states [N, H, V, K], as every kernel here takes them
+            return peers.fla_chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                       state_v_first=True, **kw)
+        return peers.flashkda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw)
     return run
+
+
+def load_fla():
+    return _load("fla")
 
 
 def load_flashkda():
-    try:
-        import flash_kda
-    except Exception as exc:  # noqa: BLE001
-        print(json.dumps(dict(peer="flashkda", skipped=repr(exc)[:200])), flush=True)
-        return None
-
-    def run(x):
-        out = torch.empty_like(x["v"])
-        ht = torch.empty_like(x["h0"]) if x["state"] else None
-        flash_kda.fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], D ** -0.5, out, x["A_log"],
-                      x["dt_bias"], LOWER_BOUND, initial_state=x["h0"], final_state=ht,
-                      cu_seqlens=x["cu"])
-        return out, ht
-    return run
+    return _load("flashkda")
 
 
 def bench(fn):

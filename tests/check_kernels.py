@@ -14,6 +14,7 @@ _STATE_FP16 = kda.get_recipe("fp32").with_(name="fp32-state-fp16", state_format=
 
 def honest_fp32(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
     """kdalab's chunked forward in fp32 throughout."""
+    _declines(q, k, v, kw.get("cu_seqlens"))
     return kda.forward(q, k, v, g, beta, recipe="fp32", use_qk_l2norm=use_qk_l2norm, **kw)
 
 
@@ -127,3 +128,75 @@ def hangs_on_varlen(q, k, v, g, beta, *, cu_seqlens, **kw):
 
         time.sleep(3600)
     return honest_fp32(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+
+
+# -- planted for the contracts and "no pass without a run" (tests/test_check_contracts.py) ------
+
+def _declines(q, k, v, cu_seqlens):
+    """What kdalab.kda.forward refuses, declared as a kernel declares it."""
+    if not all(bool(t.isfinite().all()) for t in (q, k, v)):
+        raise NotImplementedError("takes finite inputs only")
+    if cu_seqlens is not None and bool((cu_seqlens.diff() == 0).any()):
+        raise NotImplementedError("takes no empty sequences")
+
+
+def always_raises(q, k, v, g, beta, **kw):
+    """Bug: every call fails."""
+    raise RuntimeError("CUDA error: an illegal memory access was encountered\nsecond line")
+
+
+def import_fails_inside(q, k, v, g, beta, **kw):
+    """Bug: its extension cannot be imported, discovered inside the call."""
+    import kdalab_no_such_extension  # noqa: F401
+
+    return honest_fp32(q, k, v, g, beta, **kw)
+
+
+def declines_everything(q, k, v, g, beta, **kw):
+    """Supports nothing (honestly says so): a kernel with no case run fails the check."""
+    raise NotImplementedError("nothing supported yet")
+
+
+def acausal_leak(q, k, v, g, beta, **kw):
+    """Bug: every output sees a trace of the sequence's last value (1e-4 of it): well within
+    the accuracy budget, but not causal."""
+    o, s = honest_fp32(q, k, v, g, beta, **kw)
+    return o + 1e-4 * v[:, -1:].to(o.dtype), s
+
+
+def fp32_recurrence(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
+    """The token recurrence in float32 (the floor's own reference, unrounded)."""
+    from kdalab.check.budget import fp32_forward
+
+    _declines(q, k, v, kw.get("cu_seqlens"))
+    kw.pop("output_final_state", None)
+    return fp32_forward(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, **kw)
+
+
+def varlen_leaks_state(q, k, v, g, beta, *, cu_seqlens, initial_state, **kw):
+    """Bug: packed sequences run as one (the state flows from one sequence into the next)."""
+    if cu_seqlens is None:
+        return honest_fp32(q, k, v, g, beta, cu_seqlens=None, initial_state=initial_state, **kw)
+    h0 = None if initial_state is None else initial_state[:1]
+    o, s = honest_fp32(q, k, v, g, beta, cu_seqlens=None, initial_state=h0, **kw)
+    n = len(cu_seqlens) - 1
+    return o, s.expand(n, *s.shape[1:]).contiguous()
+
+
+def interrupted_on_third_case(q, k, v, g, beta, **kw):
+    """Stands in for a Ctrl-C in the middle of a run (the boundary's Interrupted)."""
+    from kdalab.cli.app import Interrupted
+
+    interrupted_on_third_case.calls = getattr(interrupted_on_third_case, "calls", 0) + 1
+    if interrupted_on_third_case.calls > 4:  # two cases of two calls each, then Ctrl-C
+        raise Interrupted()
+    return honest_fp32(q, k, v, g, beta, **kw)
+
+
+def _layout_sloppy(q, k, v, g, beta, *, state_layout="KV", **kw):
+    """Bug: the [N, H, V, K] path rounds its output differently."""
+    o, s = honest_fp32(q, k, v, g, beta, state_layout=state_layout, **kw)
+    return (o * (1 + 2.0 ** -20) if state_layout == "VK" else o), s
+
+
+layout_sloppy = KernelAdapter(_layout_sloppy, other_layout={"state_layout": "VK"})

@@ -2,8 +2,10 @@
 
 Cases are data (:mod:`kdalab.check.cases`), kernels are adapters to one convention
 (:mod:`kdalab.check.adapters`), and :func:`run_check` (:mod:`kdalab.check.harness`) returns one
-flat record per (kernel, case); the views (``kdalab.views.check``) draw from the records only.
-See docs/check.md.
+flat record per (kernel, case), each error judged against the case's floor
+(:mod:`kdalab.check.budget`), with contracts one call cannot see (:mod:`kdalab.check.contracts`)
+and captured inputs (:mod:`kdalab.check.capture`, :mod:`kdalab.check.replay`); the views
+(``kdalab.views.check``) draw from the records only. See docs/check.md.
 """
 
 from kdalab.check.adapters import (
@@ -13,6 +15,8 @@ from kdalab.check.adapters import (
     KernelUnavailable,
     load_kernel,
 )
+from kdalab.check.budget import DEFAULT_BUDGET, floor_reference
+from kdalab.check.capture import capture
 from kdalab.check.cases import (
     SUITES,
     Case,
@@ -23,7 +27,9 @@ from kdalab.check.cases import (
     select_cases,
 )
 from kdalab.check.harness import DeviceFault, Thresholds, identical, run_check
+from kdalab.check.replay import replay_cases, write_inputs
 
 __all__ = ["BUILTIN", "ConventionError", "KernelAdapter", "KernelUnavailable", "load_kernel",
            "SUITES", "Case", "CaseInputs", "case_inputs", "get_suite", "reference",
-           "select_cases", "DeviceFault", "Thresholds", "identical", "run_check"]
+           "select_cases", "DeviceFault", "Thresholds", "identical", "run_check",
+           "DEFAULT_BUDGET", "floor_reference", "capture", "replay_cases", "write_inputs"]

@@ -19,13 +19,14 @@ dimensions, devices and options it supports (a case outside them is recorded as 
 without calling the kernel). ``kdalab check mymodule:attr`` takes a function (the convention) or
 a :class:`KernelAdapter`.
 
-A kernel that raises on a case is recorded as ``unsupported: <its message>``; an answer of the
-wrong form (not a pair of tensors of the right shapes) is a :class:`ConventionError`.
+A kernel says it does not support a case by raising NotImplementedError (or through its adapter's
+declared capabilities); any other exception fails the case. An answer of the wrong form (not a
+pair of tensors of the right shapes) is a :class:`ConventionError`.
 """
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -37,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from kdalab import peers
 from kdalab.check.cases import CaseInputs
 
 __all__ = ["KernelAdapter", "ConventionError", "KernelUnavailable", "BUILTIN", "load_kernel",
@@ -73,6 +75,10 @@ class KernelAdapter:
     ``devices``           device types it runs on
     ``qk_l2norm_flag``    the keyword that turns in-kernel q/k normalization off (None: it
                           always normalizes, pre-normalized cases are unsupported)
+    ``finite_only``       it refuses non-finite inputs (poisoned cases: unsupported)
+    ``empty_sequences``   it takes zero-length packed sequences
+    ``other_layout``      keyword arguments that switch the kernel to the other state layout
+                          (None: it takes one; the layout contract is then unsupported)
     ``requires``          import names that must be importable (checked before the run)
     ``note``              appended to the message when the kernel cannot run here
     """
@@ -87,6 +93,9 @@ class KernelAdapter:
     same_head_dims: bool = False
     devices: tuple[str, ...] = ("cpu", "cuda")
     qk_l2norm_flag: str | None = "use_qk_l2norm"
+    finite_only: bool = False
+    empty_sequences: bool = True
+    other_layout: dict | None = None
     requires: tuple[str, ...] = ()
     note: str = ""
 
@@ -143,6 +152,11 @@ class KernelAdapter:
                     f"{', '.join(str(d).removeprefix('torch.') for d in self.state_dtypes)}")
         if not x.use_qk_l2norm and not self._takes(self.qk_l2norm_flag):
             return "always L2-normalizes q and k (no way to turn it off)"
+        if self.finite_only and not all(bool(t.isfinite().all()) for t in (x.q, x.k, x.v)):
+            return "takes finite inputs only"
+        if (not self.empty_sequences and x.cu_seqlens is not None
+                and bool((x.cu_seqlens.diff() == 0).any())):
+            return "takes no empty sequences"
         return None
 
     def _takes(self, keyword: str | None) -> bool:
@@ -167,6 +181,14 @@ class KernelAdapter:
             kw[self.qk_l2norm_flag] = False
         out = self.fn(x.q, x.k, x.v, x.g, x.beta, **kw)
         return self._check_answer(out, x)
+
+    def in_other_layout(self) -> KernelAdapter | None:
+        """The same kernel called with its states in the other layout, or None."""
+        if self.other_layout is None:
+            return None
+        return replace(self, fn=functools.partial(self.fn, **self.other_layout),
+                       state_layout="VK" if self.state_layout == "KV" else "KV",
+                       other_layout=None)
 
     def _check_answer(self, out, x: CaseInputs):
         where = f"kernel {self.name!r} returned"
@@ -211,73 +233,28 @@ def _kdalab(config_name: str) -> KernelAdapter:
 
     devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
     return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
+                         other_layout={"state_layout": "VK"},
                          note=" (TRITON_INTERPRET=1 runs it on the CPU, slowly: tiny cases only)")
 
 
-@contextlib.contextmanager
-def _environ(**values: str):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _fla_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
-    """fla's own Triton ``chunk_kda`` with the gate, β sigmoid and q/k normalization in the kernel,
-    the safe gate and the lower bound. fla 0.6 hands the call to FlashKDA when ``flash_kda`` is
-    importable and gradients are off (its backend dispatch): FLA_FLASH_KDA=0 and grad mode on keep
-    it on fla's path (no input requires grad, so no graph is built)."""
-    from fla.ops.kda import chunk_kda
-
-    with _environ(FLA_FLASH_KDA="0", FLA_TILELANG="0"), torch.enable_grad():
-        return chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                         use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True,
-                         safe_gate=True, **kw)
-
-
-def _fla_recurrent_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
-    """fla's ``fused_recurrent_kda`` (token by token, fp32 state) with the same gate."""
-    from fla.ops.kda import fused_recurrent_kda
-
-    return fused_recurrent_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                               use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, **kw)
-
-
-def _flashkda_kernel(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log,
-                     dt_bias, lower_bound, cu_seqlens):
-    """``flash_kda.fwd``: writes o into a buffer and the final state ``[N, H, V, K]`` into
-    another, of the initial state's dtype (float32 without one)."""
-    import flash_kda
-
-    n = q.shape[0] if cu_seqlens is None else len(cu_seqlens) - 1
-    h, kd, vd = q.shape[2], q.shape[3], v.shape[3]
-    out = torch.empty_like(v)
-    dtype = torch.float32 if initial_state is None else initial_state.dtype
-    final = torch.empty(n, h, vd, kd, dtype=dtype, device=q.device)
-    flash_kda.fwd(q, k, v, g, beta, scale, out, A_log, dt_bias, lower_bound,
-                  initial_state=initial_state, final_state=final, cu_seqlens=cu_seqlens)
-    return out, final
-
-
 def _fla() -> KernelAdapter:
-    return KernelAdapter(_fla_kernel, name="fla", dt_bias_shape="flat", devices=("cuda",),
-                         requires=("fla.ops.kda",))
+    # fla's chunk_kda raises "initial_state must be in float32." on a bf16 state: declared
+    return KernelAdapter(peers.fla_chunk_kda, name="fla", devices=("cuda",),
+                         state_dtypes=(torch.float32,), other_layout={"state_v_first": True},
+                         requires=(peers.PEERS["fla"],))
 
 
 def _fla_recurrent() -> KernelAdapter:
-    return KernelAdapter(_fla_recurrent_kernel, name="fla-recurrent", dt_bias_shape="flat",
-                         devices=("cuda",), requires=("fla.ops.kda",))
+    return KernelAdapter(peers.fla_fused_recurrent_kda, name="fla-recurrent",
+                         devices=("cuda",), other_layout={"state_v_first": True},
+                         requires=(peers.PEERS["fla-recurrent"],))
 
 
 def _flashkda() -> KernelAdapter:
-    return KernelAdapter(_flashkda_kernel, name="flashkda", state_layout="VK",
-                         devices=("cuda",), qk_l2norm_flag=None, requires=("flash_kda",))
+    # flash_kda.fwd takes K = V = 128 only (its docstring and csrc/flash_kda.cpp)
+    return KernelAdapter(peers.flashkda_fwd, name="flashkda", state_layout="VK",
+                         devices=("cuda",), head_dims=(128,), same_head_dims=True,
+                         qk_l2norm_flag=None, requires=(peers.PEERS["flashkda"],))
 
 
 #: Built-in kernels by name (factories: nothing is imported until one is asked for).
@@ -322,7 +299,9 @@ def recipe_kernel(spec: str) -> KernelAdapter:
         return forward(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, recipe=recipe,
                        chunk_size=chunk, tiles=tiles, inverse=inverse, **kw)
 
-    return KernelAdapter(recipe_forward, name=f"recipe:{spec}")
+    # kda.forward checks its inputs: it refuses NaN and inf, and empty packed sequences
+    return KernelAdapter(recipe_forward, name=f"recipe:{spec}", finite_only=True,
+                         empty_sequences=False, other_layout={"state_layout": "VK"})
 
 
 def _load_object(spec: str):

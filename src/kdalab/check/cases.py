@@ -8,9 +8,20 @@ Families (bf16 inputs as a model hands them to a kernel; β as logits; the gate
 ``model_like``     q, k, v, g ~ N(0, 1); A_log ~ U(0, 1) per head, dt_bias ~ U(0, 1) per channel
                    (FlashKDA's test distribution); β logits ~ N(0, 1).
 ``saturated``      as model_like with g = +20: the gate sits at its lower bound at every step.
-``weak_decay``     one random key repeated at every step, β = 0.5, a log-decay of −0.01 per step
-                   (g solved for it, A_log = dt_bias = 0): the high powers of L at full strength.
+``weak_decay_correlated``  one random key repeated at every step, β = 0.5, a log-decay of
+                   −0.01 per step (g solved for it, A_log = dt_bias = 0): the high powers of L
+                   at full strength (the seed's family of that name).
+``collinear``      near-collinear keys: one shared key per head plus ``key_noise``·N(0, 1)
+                   (0 gives identical keys), β logits +10 (β → 1), raw gate −10 with
+                   A_log = dt_bias = 0 (decay ≈ 1): a state that carries the damage of an
+                   ill-conditioned (I + L) inverse to every later token.
 =================  ==============================================================================
+
+Kinds: ``accuracy`` (one call against the fp64 recurrence) or a contract
+(:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``;
+``split`` is the position P a contract splits at. ``source`` names a safetensors file of
+captured inputs (:mod:`kdalab.check.replay`): the case's tensors are read from it instead of
+drawn.
 
 Options: the lower bound; the initial state (none, fp32 or bf16, N(0, 1) times ``state_scale``);
 ``v_scale`` (a power of two, so bf16 v stays exact); pre-normalized q and k with the kernel's
@@ -27,16 +38,20 @@ from fnmatch import fnmatchcase
 
 import torch
 
+from kdalab.check.tensors import CaseInputs, read_inputs
 from kdalab.kda import reference_forward
 
-__all__ = ["FAMILIES", "POISONS", "STATES", "Case", "CaseInputs", "SUITES", "get_suite",
-           "select_cases", "case_inputs", "reference"]
+__all__ = ["FAMILIES", "KINDS", "POISONS", "STATES", "Case", "CaseInputs", "SUITES", "get_suite",
+           "select_cases", "case_inputs", "reference", "recurrence"]
 
-FAMILIES = ("model_like", "saturated", "weak_decay")
+FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "collinear")
+KINDS = ("accuracy", "causal", "prefill", "batch_varlen", "layout")
 STATES = ("none", "fp32", "bf16")
 POISONS = ("", "nan_v", "inf_k")
 SATURATED_G = 20.0
 WEAK_LOG_DECAY = -0.01
+COLLINEAR_BETA_LOGIT = 10.0
+COLLINEAR_G = -10.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,10 @@ class Case:
     v_scale: float = 1.0
     prenormalized: bool = False
     poison: str = ""
+    key_noise: float = 0.0
+    kind: str = "accuracy"
+    split: int = 0
+    source: str = ""
     seed: int = 0
     about: str = field(default="", compare=False)
 
@@ -72,6 +91,14 @@ class Case:
             bad("family", f"must be one of {', '.join(FAMILIES)}")
         if self.initial_state not in STATES:
             bad("initial_state", f"must be one of {', '.join(STATES)}")
+        if self.kind not in KINDS:
+            bad("kind", f"must be one of {', '.join(KINDS)}")
+        if self.kind in ("causal", "prefill") and not 0 < self.split < self.T:
+            bad("split", "must lie in (0, T) for a causal or prefill contract")
+        if self.kind != "accuracy" and (self.seqlens is not None or self.poison):
+            bad("kind", "contracts take fixed-length, clean sequences")
+        if not (math.isfinite(self.key_noise) and self.key_noise >= 0):
+            bad("key_noise", "must be a finite number >= 0")
         if self.poison not in POISONS:
             bad("poison", f"must be one of {', '.join(p or repr(p) for p in POISONS)}")
         for name in ("T", "batch", "heads", "K", "V"):
@@ -108,15 +135,17 @@ class Case:
 
 def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int], ...],
            varlen: tuple[tuple[str, tuple[int, ...]], ...], poison_T: int,
-           poison_seqlens: tuple[int, ...] | None, lengths: tuple[int, ...]) -> tuple[Case, ...]:
+           poison_seqlens: tuple[int, ...] | None, lengths: tuple[int, ...],
+           collinear_T: int, contract_T: int, splits: tuple[int, int],
+           batch_T: int) -> tuple[Case, ...]:
     def case(name, about, **changes):
         return replace(base, name=name, about=about, **changes)
 
     cases = [
         case("model_like", "ordinary inputs, random fp32 initial state"),
         case("saturated", "the gate at its lower bound at every step", family="saturated"),
-        case("weak_decay", "one key repeated, decay -0.01 per step: high powers of L",
-             family="weak_decay"),
+        case("weak_decay_correlated", "one key repeated, decay -0.01 per step: high powers "
+             "of L", family="weak_decay_correlated"),
         case("no_h0", "ordinary inputs, no initial state", initial_state="none"),
         case("lb/-2", "lower bound -2", lower_bound=-2.0),
         case("lb/-0.5", "lower bound -0.5", lower_bound=-0.5),
@@ -146,6 +175,27 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
     if poison_seqlens is not None:
         cases.append(case("nonfinite/nan_varlen", "NaN in the last packed sequence: the others "
                           "must stay right", seqlens=poison_seqlens, poison="nan_v"))
+    cases += [case(f"collinear/eps{eps:g}", f"one shared key + {eps:g}·noise, beta -> 1, "
+                   f"decay ~ 1, T = {collinear_T}", family="collinear", key_noise=eps,
+                   T=collinear_T) for eps in (0.0, 0.02, 0.05)]
+    boundary, inside = splits
+    cases += [
+        case("contract/causal/boundary", f"inputs changed at t >= {boundary} (a chunk "
+             f"boundary): outputs before it bit-identical", kind="causal", T=contract_T,
+             split=boundary),
+        case("contract/causal/inside", f"inputs changed at t >= {inside} (inside a chunk): "
+             f"outputs before it bit-identical", kind="causal", T=contract_T, split=inside),
+        case("contract/prefill/aligned", f"[0, {boundary}) then [{boundary}, T) with the state "
+             f"carried, against the fp64 reference", kind="prefill", T=contract_T,
+             split=boundary),
+        case("contract/prefill/unaligned", f"[0, {inside}) then [{inside}, T) with the state "
+             f"carried, against the fp64 reference", kind="prefill", T=contract_T,
+             split=inside),
+        case("contract/batch_varlen", "three sequences as B = 3, as varlen and one by one",
+             kind="batch_varlen", batch=3, T=batch_T),
+        case("contract/layout", "states in [N, H, K, V] and in [N, H, V, K], where a kernel "
+             "takes both: the same bits", kind="layout", T=contract_T),
+    ]
     return tuple(cases)
 
 
@@ -160,6 +210,7 @@ FULL = _suite(
     varlen=(("short", (1, 2, 1, 2, 33)), ("mixed", (300, 1, 2, 517, 15, 17, 1228)),
             ("empty", (300, 0, 517, 100))),
     poison_seqlens=(100, 77, 150),
+    collinear_T=1024, contract_T=512, splits=(256, 229), batch_T=300,
 )
 #: The quick suite: the same cases at CPU size (T = 64, H = 2, K = V = 32), no long sequence.
 QUICK = _suite(
@@ -169,6 +220,7 @@ QUICK = _suite(
     dims=((32, 64),),
     varlen=(("mixed", (1, 2, 29, 17)), ("empty", (17, 0, 29))),
     poison_seqlens=None,
+    collinear_T=256, contract_T=128, splits=(64, 37), batch_T=48,
 )
 SUITES = {"quick": QUICK, "full": FULL}
 
@@ -195,42 +247,11 @@ def select_cases(cases: tuple[Case, ...], patterns: str | None) -> tuple[Case, .
     return tuple(c for c in cases if any(fnmatchcase(c.name, p) for p in pats))
 
 
-@dataclass(frozen=True)
-class CaseInputs:
-    """A case's tensors in chunk_kda_fwd's convention: ``q, k, g [B, T, H, K]``, ``v [B, T, H,
-    V]`` (bf16), ``beta [B, T, H]`` (logits), ``A_log [H]`` and ``dt_bias [H, K]`` (fp32),
-    ``initial_state [N, H, K, V]`` or None, ``cu_seqlens`` (int64) or None. ``rows`` ``[B, T]``
-    and ``states`` ``[N]`` mark what is judged (all but a poisoned sequence)."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    A_log: torch.Tensor
-    dt_bias: torch.Tensor
-    initial_state: torch.Tensor | None
-    cu_seqlens: torch.Tensor | None
-    lower_bound: float
-    scale: float
-    use_qk_l2norm: bool
-    rows: torch.Tensor
-    states: torch.Tensor
-
-    def tensors(self) -> dict[str, torch.Tensor]:
-        names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
-        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
-
-    def clone(self) -> CaseInputs:
-        return replace(self, **{n: t.clone() for n, t in self.tensors().items()})
-
-    def to(self, device) -> CaseInputs:
-        moved = {n: t.to(device) for n, t in self.tensors().items()}
-        return replace(self, rows=self.rows.to(device), states=self.states.to(device), **moved)
-
-
 def case_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
-    """Draw the case's inputs on the CPU (so every device sees the same values), then move them."""
+    """Draw the case's inputs on the CPU (so every device sees the same values), then move them;
+    a replayed case's (``source``) are read from its file. The one place inputs are made."""
+    if case.source:
+        return read_inputs(case.source).to(device)
     gen = torch.Generator().manual_seed(case.seed)
     b, t, h, kd, vd = case.batch, case.T, case.heads, case.K, case.V
 
@@ -238,7 +259,12 @@ def case_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
         return torch.randn(*shape, generator=gen)
 
     q, k, v = normal(b, t, h, kd), normal(b, t, h, kd), normal(b, t, h, vd)
-    if case.family == "weak_decay":
+    if case.family == "collinear":
+        k = (normal(b, 1, h, kd) + case.key_noise * normal(b, t, h, kd)).contiguous()
+        a_log, dt_bias = torch.zeros(h), torch.zeros(h, kd)
+        g = torch.full((b, t, h, kd), COLLINEAR_G)
+        beta = torch.full((b, t, h), COLLINEAR_BETA_LOGIT)
+    elif case.family == "weak_decay_correlated":
         k = normal(b, 1, h, kd).expand(b, t, h, kd).contiguous()
         a_log, dt_bias = torch.zeros(h), torch.zeros(h, kd)
         p = -WEAK_LOG_DECAY / abs(case.lower_bound)  # |lb|·sigmoid(x) = 0.01
@@ -285,7 +311,12 @@ def case_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
 
 def reference(x: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """The fp64 token recurrence (``kdalab.kda.reference_forward``) on the inputs' device:
-    ``(o [B, T, H, V], final_state [N, H, K, V])`` in float64.
+    ``(o [B, T, H, V], final_state [N, H, K, V])`` in float64 (see :func:`recurrence`)."""
+    return recurrence(x, reference_forward)
+
+
+def recurrence(x: CaseInputs, forward) -> tuple[torch.Tensor, torch.Tensor]:
+    """``forward`` (``reference_forward``'s signature) on the case's inputs.
 
     Poisoned values are replaced by zeros (only the clean sequences are judged, and sequences do
     not interact); empty sequences are left out of the recurrence and keep their initial state.
@@ -296,10 +327,10 @@ def reference(x: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
     cu, h0 = x.cu_seqlens, x.initial_state
     n = q.shape[0] if cu is None else len(cu) - 1
     if cu is None or bool((cu.diff() > 0).all()):
-        return reference_forward(q, k, v, x.g, x.beta, initial_state=h0, cu_seqlens=cu, **kw)
+        return forward(q, k, v, x.g, x.beta, initial_state=h0, cu_seqlens=cu, **kw)
     keep = (cu.diff() > 0).nonzero().flatten()
-    o, s = reference_forward(q, k, v, x.g, x.beta, cu_seqlens=torch.unique_consecutive(cu),
-                             initial_state=None if h0 is None else h0[keep], **kw)
-    full = (s.new_zeros((n,) + s.shape[1:]) if h0 is None else h0.double().clone())
+    o, s = forward(q, k, v, x.g, x.beta, cu_seqlens=torch.unique_consecutive(cu),
+                   initial_state=None if h0 is None else h0[keep], **kw)
+    full = (s.new_zeros((n,) + s.shape[1:]) if h0 is None else h0.to(s.dtype).clone())
     full[keep] = s
     return o, full

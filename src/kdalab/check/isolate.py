@@ -68,7 +68,7 @@ def run_isolated(
         part = parts / str(i)
         part.mkdir(parents=True)
         job = {"kernel": spec, "against": against, "device": device, "suite": suite,
-               "cases": [c.name for c in cases], "thresholds": asdict(thresholds),
+               "cases": [asdict(c) for c in cases], "thresholds": asdict(thresholds),
                "exclude": sorted((exclude or {}).get(spec, ())), "out": str(part),
                "references": str(parts / "references")}
         (part / "job.json").write_text(json.dumps(job), encoding="utf-8")

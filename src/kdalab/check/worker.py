@@ -16,23 +16,23 @@ EXIT_DEVICE_FAULT = 4
 
 
 def _shared_references(folder: Path):
-    """The fp64 references, computed by the first worker that needs one and loaded from
-    ``folder`` by the others (the token recurrence is the slow part of a worker's start)."""
+    """The references (fp64 and same-precision), computed by the first worker that needs them
+    and loaded from ``folder`` by the others (the token recurrences are the slow part of a
+    worker's start)."""
     import torch
 
-    from kdalab.check.cases import reference
+    from kdalab.check.harness import case_references
 
     def get(case, x):
         path = folder / (case.name.replace("/", "__") + ".pt")
         if path.exists():
-            o, s = torch.load(path, map_location=x.q.device)
-            return o, s
-        o, s = reference(x)
+            return tuple(torch.load(path, map_location=x.q.device))
+        refs = case_references(case, x)
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        torch.save((o, s), tmp)
+        torch.save(refs, tmp)
         tmp.replace(path)  # whole or absent, even if this worker dies
-        return o, s
+        return refs
 
     return get
 
@@ -40,13 +40,13 @@ def _shared_references(folder: Path):
 def main(path: str) -> int:
     from kdalab.check import records
     from kdalab.check.adapters import ConventionError, load_kernel
-    from kdalab.check.cases import get_suite
+    from kdalab.check.cases import Case
     from kdalab.check.harness import DeviceFault, Thresholds, run_check
 
     with open(path, encoding="utf-8") as fh:
         job = json.load(fh)
-    wanted = set(job["cases"])
-    cases = [c for c in get_suite(job["suite"]) if c.name in wanted]
+    cases = [Case(**{**c, "seqlens": None if c["seqlens"] is None else tuple(c["seqlens"])})
+             for c in job["cases"]]
     kernel = load_kernel(job["kernel"])
     against = load_kernel(job["against"]) if job["against"] else None
     try:

@@ -13,24 +13,16 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, err_console
+from kdalab.cli.app import STATE, app, console, err_console
 
 _EPILOG = (
     "Kernels: kdalab, kdalab-tf32 (Triton; CUDA), fla, fla-recurrent (fla's chunk and fused "
     "recurrent KDA; CUDA), flashkda (flash_kda.fwd; CUDA, K = V = 128), recipe:NAME (a "
     "kdalab.kda recipe, e.g. recipe:flashkda, recipe:fla, recipe:fp32; CPU or CUDA), or "
     "module:function / file.py:function with chunk_kda_fwd's convention (docs/check.md). "
-    "Exit codes: 0 every supported case meets the thresholds, 1 some case fails, 2 usage error."
+    "Exit codes: 0 every supported case passes, 1 some case fails (or a kernel ran no case), "
+    "2 usage error, 130 interrupted."
 )
-
-
-def fail(message: str) -> None:
-    """A usage error: ``error: <message>`` as one line on stderr (never wrapped, brackets kept
-    as text), exit code 2."""
-    from rich.markup import escape
-
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code=2)
 
 
 def _default_device() -> str:
@@ -76,15 +68,6 @@ def _device_name(device: str) -> str:
     return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _check_out(out: Path) -> None:
-    from kdalab import params
-
-    try:
-        params.output_folder(out, "--out")
-    except ValueError as exc:
-        fail(str(exc))
-
-
 def _jsonable(value):
     """JSON-safe: NaN as null, ±inf as strings (as the record store writes them)."""
     if isinstance(value, dict):
@@ -108,10 +91,22 @@ def check_command(
     cases: Annotated[Optional[str], typer.Option(
         help="only the cases matching these comma-separated shell patterns, e.g. "
              "'model_like,varlen/*'", show_default=False)] = None,
-    max_output_error: Annotated[float, typer.Option(
-        help="largest output relative error a case may have")] = 1e-2,
-    max_state_error: Annotated[float, typer.Option(
-        help="largest final-state relative error a case may have")] = 1e-2,
+    budget: Annotated[float, typer.Option(
+        help="largest error a case may have, as a multiple of its floor (the error of the fp32 "
+             "token recurrence on the same bf16 inputs, rounded as the kernel's output)")]
+    = 5.0,  # kdalab.check.budget.DEFAULT_BUDGET (not imported here: it needs torch)
+    max_output_error: Annotated[Optional[float], typer.Option(
+        help="also an absolute limit on the output relative error", show_default=False)]
+    = None,
+    max_state_error: Annotated[Optional[float], typer.Option(
+        help="also an absolute limit on the final-state relative error", show_default=False)]
+    = None,
+    inputs: Annotated[Optional[Path], typer.Option(
+        help="grade captured inputs instead of the suite: a safetensors file or a folder of "
+             "them (kdalab.check.capture writes them; docs/check.md)", show_default=False)]
+    = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="write into a non-empty --out that holds no check run")] = False,
     against: Annotated[Optional[str], typer.Option(
         help="fidelity mode: compare with this kernel instead of the fp64 recurrence",
         show_default=False)] = None,
@@ -147,42 +142,50 @@ def check_command(
     (self-contained, plot embedded) and errors.png to --out.
     """
     from kdalab import params
+    from kdalab.check import records as store
 
+    out = out.expanduser()
     if redraw:
-        _report(_redraw(out), out, as_json=as_json, quiet=quiet)
+        _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
         return
     device = params.device(device or _default_device(), "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
-                 thresholds_args=(max_output_error, max_state_error, min_identical))
+                 inputs, thresholds_args=(budget, max_output_error, max_state_error,
+                                          min_identical))
     if plan is None:
         return
     isolate = device.startswith("cuda") if isolate is None else isolate
     if case_timeout and not isolate:
-        fail("--case-timeout needs --isolate (a kernel in this process cannot be stopped)")
-    _check_out(out)
+        raise ValueError("--case-timeout needs --isolate (a kernel in this process cannot be "
+                         "stopped)")
+    store.open_folder(out, force=force)
     meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["check"]
             else "kdalab check " + " ".join(kernels),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "device_name": _device_name(device), "suite": plan["suite"], "kernels": kernels,
             "against": against, "isolated": isolate, "excluded": plan["exclude"],
             "cases": [c.name for c in plan["cases"]],
+            "inputs": None if inputs is None else str(inputs),
             "thresholds": ({"min identical": min_identical} if against else
-                           {"output": max_output_error, "state": max_state_error})}
-    _write_meta(out, meta)  # now, so that an interrupted run can be redrawn
+                           {"budget": f"{budget:g}x the floor",
+                            **({"output": max_output_error} if max_output_error else {}),
+                            **({"state": max_state_error} if max_state_error else {})}),
+            "complete": False}
+    store.write_meta(out, meta)  # now, so that an interrupted run can be redrawn
     t0, timings = time.perf_counter(), {}
     records = _run(plan, device, out, isolate=isolate, case_timeout=case_timeout,
                    timings=timings, quiet=quiet or as_json)
     meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
     meta["seconds_per_kernel"] = {k: round(v, 1) for k, v in timings.items()}
     meta["versions"] = _versions()
-    _write_meta(out, meta)
+    store.mark(out, meta, complete=True)
     _report((records, meta), out, as_json=as_json, quiet=quiet)
 
 
 def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
-          thresholds_args) -> dict | None:
-    """Every option parsed and checked (usage errors exit 2 here, before anything runs); None
-    when --list was asked for (printed)."""
+          inputs, thresholds_args) -> dict | None:
+    """Every option parsed and checked (usage errors raise ValueError here, before anything
+    runs); None when --list was asked for (printed)."""
     from kdalab.check import (
         ConventionError,
         KernelUnavailable,
@@ -192,47 +195,52 @@ def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_time
         select_cases,
     )
     from kdalab.check.adapters import KERNEL_HELP
+    from kdalab.check.replay import replay_cases
 
     suite = suite or ("full" if device.startswith("cuda") else "quick")
     try:
-        selected = select_cases(get_suite(suite), cases)
+        pool = replay_cases(inputs) if inputs is not None else get_suite(suite)
+        selected = select_cases(pool, cases)
         thresholds = Thresholds(*thresholds_args)
     except ValueError as exc:
-        fail(str(exc).replace("max_output_error", "--max-output-error")
-             .replace("max_state_error", "--max-state-error")
-             .replace("min_identical", "--min-identical"))
+        raise ValueError(str(exc).replace("max_output_error", "--max-output-error")
+                         .replace("max_state_error", "--max-state-error")
+                         .replace("min_identical", "--min-identical")
+                         .replace("budget must", "--budget must")) from None
+    if inputs is not None:
+        suite = f"inputs {inputs}"
     if list_cases:
         for case in selected:
             typer.echo(f"{case.name:24s} {case.about}")
         typer.echo(KERNEL_HELP)
         return None
     if not kernels:
-        fail(f"give at least one kernel; {KERNEL_HELP}")
+        raise ValueError(f"give at least one kernel; {KERNEL_HELP}")
     if len(set(kernels)) != len(kernels):
-        fail(f"a kernel is named twice: {' '.join(kernels)}")
+        raise ValueError(f"a kernel is named twice: {' '.join(kernels)}")
     if against is not None and against in kernels:
-        fail(f"--against {against}: also among the kernels checked")
+        raise ValueError(f"--against {against}: also among the kernels checked")
     loaded = []
     for spec in kernels + ([against] if against is not None else []):
         try:
             kernel = load_kernel(spec)
             kernel.check_available(device)
-        except (ValueError, KernelUnavailable, ConventionError) as exc:
-            fail(str(exc))
+        except (KernelUnavailable, ConventionError) as exc:
+            raise ValueError(str(exc)) from None
         loaded.append(kernel)
     if not (math.isfinite(case_timeout) and case_timeout >= 0):
-        fail(f"--case-timeout must be a number of seconds >= 0, got {case_timeout}")
+        raise ValueError(f"--case-timeout must be a number of seconds >= 0, got {case_timeout}")
     excluded: dict[str, list[str]] = {}
     for item in exclude or []:
         name, sep, patterns = item.partition("=")
         if not sep or name not in kernels:
-            fail(f"--exclude must be KERNEL=PATTERNS with KERNEL one of the kernels checked "
-                 f"({', '.join(kernels)}), got {item!r}")
+            raise ValueError(f"--exclude must be KERNEL=PATTERNS with KERNEL one of the "
+                             f"kernels checked ({', '.join(kernels)}), got {item!r}")
         try:
             excluded.setdefault(name, []).extend(
                 c.name for c in select_cases(selected, patterns))
         except ValueError as exc:
-            fail(str(exc).replace("--cases", f"--exclude {name}"))
+            raise ValueError(str(exc).replace("--cases", f"--exclude {name}")) from None
     return {"suite": suite, "cases": selected, "thresholds": thresholds, "exclude": excluded,
             "kernels": loaded[:len(kernels)],
             "against": loaded[-1] if against is not None else None}
@@ -256,27 +264,37 @@ def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: flo
 
     kernels, against = plan["kernels"], plan["against"]
     common = dict(thresholds=plan["thresholds"], timings=timings, exclude=plan["exclude"])
+    total = len(plan["cases"]) * len(kernels)
+    running = f"; the running kernel's records so far in {out}/parts/" if isolate else ""
+    STATE.kept[:] = [f"{out}/check.json (the run's description), no records in "
+                     f"{out}/records.jsonl yet{running}"]
     try:
         with store.writer(out) as writer, Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console, transient=True, disable=quiet,
         ) as progress:
-            task = progress.add_task("", total=len(plan["cases"]) * len(kernels))
+            task = progress.add_task("", total=total)
 
             def show(done, total, label):
                 progress.update(task, completed=done, description=label)
+
+            def sink(records):
+                writer.write(records)
+                STATE.kept[:] = [f"{writer.count} of {total} records in {out}/records.jsonl"
+                                 f"{running}"]
+                STATE.resume = f"kdalab check --redraw --out {out} draws the (incomplete) report"
 
             if isolate:
                 return run_isolated(
                     [k.name for k in kernels], plan["cases"], suite=plan["suite"],
                     device=device, against=None if against is None else against.name,
-                    folder=out, sink=writer.write, progress=show,
+                    folder=out, sink=sink, progress=show,
                     timeout=case_timeout or None, **common)
             return run_check(kernels, plan["cases"], device=device, against=against,
-                             sink=writer.write, progress=show, **common)
+                             sink=sink, progress=show, **common)
     except ConventionError as exc:
-        fail(f"{exc} (records so far are in {out}/records.jsonl)")
+        raise ValueError(f"{exc} (records so far are in {out}/records.jsonl)") from None
     except DeviceFault as exc:
         from rich.markup import escape
 
@@ -284,53 +302,32 @@ def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: flo
                           f"{out}/records.jsonl (--isolate runs each kernel in its own "
                           f"process and records the crash)", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
-    except KeyboardInterrupt:
-        err_console.print(f"interrupted: the records so far are in {out}/records.jsonl "
-                          f"(kdalab check --redraw --out {out} draws the report from them)",
-                          highlight=False, soft_wrap=True)
-        raise typer.Exit(code=130) from None
-
-
-def _write_meta(out: Path, meta: dict) -> None:
-    (out / "check.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-
-
-def _redraw(out: Path) -> tuple[list[dict], dict]:
-    from kdalab.check import records as store
-
-    try:
-        records = store.read(out)
-    except FileNotFoundError:
-        fail(f"--redraw: no records in {out}")
-    if not records:
-        fail(f"--redraw: no records in {out}")
-    try:
-        meta = json.loads((out / "check.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        meta = {}
-    return records, meta
 
 
 def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bool) -> None:
-    """Views on disk and on the terminal (or JSON); exit code 1 when a case failed."""
-    from kdalab.views.check import notes, summary, terminal_table
+    """Views on disk and on the terminal (or JSON); exit code 1 when a case failed or a kernel
+    ran no case at all (no pass without a run)."""
+    from rich.markup import escape
+
+    from kdalab.views.check import notes, summary, terminal_table, verdict
     from kdalab.views.check_report import write_check_views
 
     records, meta = run
     paths = write_check_views(records, meta, out)
-    failed = any(r["status"] in ("fail", "skipped") for r in records)
+    passed, line = verdict(records, complete=meta.get("complete", True))
     if as_json:
-        doc = {"passed": not failed, "meta": meta,
+        doc = {"passed": passed, "meta": meta,
                "summary": summary(records).to_dict("records"), "records": records}
         typer.echo(json.dumps(_jsonable(doc), indent=1, default=str, allow_nan=False))
     elif not quiet:
         title = f"kdalab check — {meta.get('suite', '?')} suite on {meta.get('device_name', '?')}"
         console.print(terminal_table(records, title=title))
-        for line in notes(records):
-            console.print(f"  {line}", highlight=False, markup=False)
-        verdict = "[bold red]FAIL[/]" if failed else "[bold green]PASS[/]"
+        for note in notes(records):
+            console.print(f"  {note}", highlight=False, markup=False)
+        mark = "[bold green]PASS[/]" if passed else "[bold red]FAIL[/]"
         took = f" in {meta['elapsed_s']} s" if "elapsed_s" in meta else ""
-        console.print(f"{verdict}: {len(records)} records{took}; wrote the report to "
-                      f"{out}/ ({', '.join(p.name for p in paths)})", highlight=False)
-    if failed:
+        console.print(f"{mark}: {escape(line[6:])}{took}; wrote the report to "
+                      f"{out}/ ({', '.join(p.name for p in paths)})", highlight=False,
+                      markup=True)
+    if not passed:
         raise typer.Exit(code=1)

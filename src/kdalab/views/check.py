@@ -18,7 +18,7 @@ import pandas as pd  # noqa: E402
 from kdalab.views.tables import fmt_sci  # noqa: E402
 
 __all__ = ["kernels_of", "cases_of", "summary", "cell_text", "terminal_table", "notes",
-           "plot_check"]
+           "plot_check", "verdict", "contract_rows"]
 
 _STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "skipped": "·", "excluded": "·"}
 
@@ -57,7 +57,66 @@ def cell_text(rec: dict) -> str:
     if rec["mode"] == "fidelity":
         return (f"{100 * _num(rec['o_identical']):.2f}% / "
                 f"{fmt_sci(_num(rec['o_worst_rel_diff']))}")
-    return f"{fmt_sci(_num(rec['o_rel_err']))} / {fmt_sci(_num(rec['state_rel_err']))}"
+    if rec.get("kind") in ("causal", "layout"):
+        diff = _num(rec.get("contract_max_diff"))
+        return ("bit-identical" if rec["status"] == "pass"
+                else f"changed by {fmt_sci(diff)}" if diff > 0 else rec["status"])
+    text = f"{fmt_sci(_num(rec['o_rel_err']))} / {fmt_sci(_num(rec['state_rel_err']))}"
+    worst = _worst_multiple(rec)
+    return text if math.isnan(worst) else f"{text} ({_fmt_multiple(worst)})"
+
+
+def _fmt_multiple(m: float) -> str:
+    if math.isinf(m):
+        return "inf×"
+    return f"{m:.1f}×" if m < 1e3 else f"{fmt_sci(m)}×"
+
+
+def _worst_multiple(rec: dict) -> float:
+    """The larger of the output's and the state's multiples of the floor (NaN if none)."""
+    vals = [_num(rec.get(k)) for k in ("o_budget_multiple", "state_budget_multiple")]
+    vals = [v for v in vals if not math.isnan(v)]
+    return max(vals) if vals else math.nan
+
+
+def verdict(records, complete: bool = True) -> tuple[bool, str]:
+    """``(passed, one line)``: a run passes when it is complete, no case failed or was skipped
+    after a crash, and every kernel ran at least one case (no pass without a run). The line
+    says how many (kernel, case) pairs ran."""
+    df = _frame(records)
+    count = df["status"].value_counts()
+    n = {k: int(count.get(k, 0)) for k in ("pass", "fail", "skipped", "unsupported",
+                                            "excluded")}
+    ran = n["pass"] + n["fail"]
+    idle = [k for k in kernels_of(df)
+            if not df[(df["kernel"] == k) & df["status"].isin(("pass", "fail"))].shape[0]]
+    passed = complete and not n["fail"] and not n["skipped"] and not idle
+    parts = [f"{ran} of {len(df)} (kernel, case) pairs ran: {n['pass']} passed, "
+             f"{n['fail']} failed"]
+    if n["skipped"]:
+        parts.append(f"{n['skipped']} not run after a crash")
+    parts.append(f"{n['unsupported']} unsupported")
+    if n["excluded"]:
+        parts.append(f"{n['excluded']} excluded")
+    if idle:
+        parts.append(f"no case ran for {', '.join(idle)} (a kernel that runs nothing fails)")
+    if not complete:
+        parts.append("INCOMPLETE: the run was interrupted")
+    return passed, ("PASS: " if passed else "FAIL: ") + "; ".join(parts)
+
+
+def contract_rows(records) -> list[dict]:
+    """One row per (contract case, kernel) that ran: case, kernel, status, what was compared,
+    the largest difference and the worst multiple of the floor."""
+    df = _frame(records)
+    if "kind" not in df:
+        return []
+    sel = df[(df["kind"] != "accuracy") & df["status"].isin(("pass", "fail"))]
+    return [{"case": r["case"], "kernel": r["kernel"], "status": r["status"],
+             "compared": r.get("contract_compared") or "",
+             "max diff": _num(r.get("contract_max_diff")),
+             "x floor": _worst_multiple(r), "message": r["message"]}
+            for r in sel.to_dict("records")]
 
 
 def summary(records) -> pd.DataFrame:
@@ -76,11 +135,13 @@ def summary(records) -> pd.DataFrame:
                "unsupported": int((k["status"] == "unsupported").sum()),
                "not run": int((k["status"] == "skipped").sum()),
                "excluded": int((k["status"] == "excluded").sum())}
+        row["ran"] = row["pass"] + row["fail"]
         if value == "o_rel_err":
             row["worst output error"] = float(np.max(vals)) if len(vals) else math.nan
-            mult = ran["floor_multiple"].astype(float).to_numpy()
+            mult = np.array([_worst_multiple(r) for r in ran.to_dict("records")], dtype=float)
             mult = mult[~np.isnan(mult)]
-            row["median × bf16 floor"] = float(np.median(mult)) if len(mult) else math.nan
+            row["median × floor"] = float(np.median(mult)) if len(mult) else math.nan
+            row["worst × floor"] = float(np.max(mult)) if len(mult) else math.nan
         else:
             row["lowest identical"] = float(np.min(vals)) if len(vals) else math.nan
         rows.append(row)
@@ -89,6 +150,9 @@ def summary(records) -> pd.DataFrame:
         if len(out) and not out[column].any():
             out = out.drop(columns=column)
     return out
+
+
+_FLOOR = "o_floor_err"
 
 
 def _case_floor(df: pd.DataFrame, case: str, column: str = "bf16_floor") -> float:
@@ -128,14 +192,14 @@ def terminal_table(records, title: str = ""):
     table = Table(title=title or None, title_justify="left")
     table.add_column("case", no_wrap=True)
     if not fidelity:
-        table.add_column("bf16 floor", justify="right")
+        table.add_column("floor", justify="right")
     kernels = kernels_of(df)
     for kernel in kernels:
         table.add_column(kernel + ("\nidentical / worst" if fidelity else "\no / state"),
                          justify="right")
     for case in cases_of(df):
         c = df[df["case"] == case].set_index("kernel")
-        row = [case] + ([] if fidelity else [fmt_sci(_case_floor(df, case))])
+        row = [case] + ([] if fidelity else [fmt_sci(_case_floor(df, case, _FLOOR))])
         for kernel in kernels:
             rec = c.loc[kernel].to_dict() | {"kernel": kernel} if kernel in c.index else None
             if rec is None:
@@ -204,15 +268,20 @@ def plot_check(records) -> bytes:
                    for c, k in zip(idle["case"], idle["kernel"])]
             ax.scatter(pos, np.zeros(len(pos)), marker="|", s=60, color="grey",
                        transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
-                       label="not measured (unsupported, excluded, crashed)")
+                       label="no error to draw (unsupported, excluded, crashed, bitwise contract)")
         if not fidelity:
-            floor_col = "bf16_floor" if column == "o_rel_err" else "state_bf16_floor"
-            floors = [_case_floor(df, c, floor_col) for c in cases]
+            floor_col = "o_floor_err" if column == "o_rel_err" else "state_floor_err"
+            floor_col = floor_col if floor_col in df else "bf16_floor"
+            floors = np.array([_case_floor(df, c, floor_col) for c in cases], dtype=float)
             ax.hlines(floors, x - 0.4, x + 0.4, colors="black", linewidth=1.6,
-                      label="bf16 floor (exact result rounded to bf16)", zorder=2)
-            limit = df["max_output_error" if column == "o_rel_err" else "max_state_error"]
-            ax.axhline(float(limit.iloc[0]), color="red", linestyle="--", linewidth=1,
-                       label="threshold")
+                      label="floor (fp32 recurrence on the same inputs, rounded)", zorder=2)
+            if "budget" in df:
+                ax.hlines(floors * float(df["budget"].iloc[0]), x - 0.4, x + 0.4, colors="red",
+                          linestyles="--", linewidth=1, label="budget (multiple of the floor)")
+            limit = df.get("max_output_error" if column == "o_rel_err" else "max_state_error")
+            if limit is not None and limit.notna().any():
+                ax.axhline(float(limit.dropna().iloc[0]), color="red", linestyle=":",
+                           linewidth=1, label="absolute threshold")
         else:
             if column == "o_identical":
                 ax.axhline(1 - float(df["min_identical"].iloc[0]), color="red", linestyle="--",

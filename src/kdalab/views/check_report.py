@@ -11,16 +11,19 @@ from pathlib import Path
 import pandas as pd
 
 from kdalab.views.check import (
+    _FLOOR,
     _STATUS_MARK,
     _case_floor,
     _frame,
     _mode,
     cases_of,
     cell_text,
+    contract_rows,
     kernels_of,
     notes,
     plot_check,
     summary,
+    verdict,
 )
 from kdalab.views.tables import fmt_sci
 
@@ -55,18 +58,18 @@ def _summary_cells(row: dict) -> list[str]:
     return out
 
 
-def _verdict(df: pd.DataFrame) -> str:
-    count = df["status"].value_counts()
-    failed, skipped = int(count.get("fail", 0)), int(count.get("skipped", 0))
-    passed, unsupported = int(count.get("pass", 0)), int(count.get("unsupported", 0))
-    word = "FAIL" if failed or skipped else "PASS"
-    extra = f", {skipped} not run after a crash" if skipped else ""
-    if count.get("excluded", 0):
-        unsupported_text = f"{unsupported} unsupported, {int(count['excluded'])} excluded"
-    else:
-        unsupported_text = f"{unsupported} unsupported"
-    return (f"{word}: {passed} of {passed + failed + skipped} supported (kernel, case) pairs "
-            f"meet the thresholds; {failed} fail{extra}, {unsupported_text}")
+def _verdict(df: pd.DataFrame, meta: dict) -> str:
+    return verdict(df, complete=meta.get("complete", True))[1]
+
+
+def _contract_cells(r: dict) -> list[str]:
+    return [r["case"], r["kernel"], f"{_STATUS_MARK[r['status']]} {r['status']}", r["compared"],
+            fmt_sci(r["max diff"]), "" if r["x floor"] != r["x floor"] else
+            f"{r['x floor']:.2f}", r["message"]]
+
+
+_CONTRACT_HEAD = ["contract", "kernel", "status", "compared", "largest difference",
+                  "× floor", "message"]
 
 
 def _md_escape(text: str) -> str:
@@ -80,19 +83,20 @@ def markdown_report(records, meta: dict, image: str | None = "errors.png") -> st
     kernels, cases = kernels_of(df), cases_of(df)
     lines = ["# kdalab check", ""]
     lines += [f"- **{label}:** {_md_escape(value)}" for label, value in _meta_lines(meta)]
-    lines += ["", f"**{_verdict(df)}**", ""]
+    lines += ["", f"**{_verdict(df, meta)}**", ""]
     s = summary(df)
     lines += ["| " + " | ".join(s.columns) + " |", "|" + "---|" * len(s.columns)]
     lines += ["| " + " | ".join(_summary_cells(r)) + " |" for r in s.to_dict("records")]
     what = ("identical output bits / worst relative difference, against "
             f"`{df['against'].iloc[0]}`" if fidelity else
-            "output / final-state relative error against the fp64 recurrence")
+            "output / final-state relative error against the fp64 recurrence, and the larger "
+            "of the two as a multiple of the case's floor")
     lines += ["", f"## Cases ({what}; ✓ pass, ✗ fail, – unsupported)", ""]
-    head = ["case"] + ([] if fidelity else ["bf16 floor"]) + [f"`{k}`" for k in kernels]
+    head = ["case"] + ([] if fidelity else ["floor"]) + [f"`{k}`" for k in kernels]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for case in cases:
         c = df[df["case"] == case].set_index("kernel")
-        row = [f"`{case}`"] + ([] if fidelity else [fmt_sci(_case_floor(df, case))])
+        row = [f"`{case}`"] + ([] if fidelity else [fmt_sci(_case_floor(df, case, _FLOOR))])
         for kernel in kernels:
             if kernel not in c.index:
                 row.append("")
@@ -101,6 +105,12 @@ def markdown_report(records, meta: dict, image: str | None = "errors.png") -> st
             text = f"{_STATUS_MARK[rec['status']]} {cell_text(rec)}"
             row.append(f"**{text}**" if rec["status"] == "fail" else text)
         lines.append("| " + " | ".join(row) + " |")
+    contracts = contract_rows(df)
+    if contracts:
+        lines += ["", "## Contracts", "", "| " + " | ".join(_CONTRACT_HEAD) + " |",
+                  "|" + "---|" * len(_CONTRACT_HEAD)]
+        lines += ["| " + " | ".join(_md_escape(str(c)) for c in _contract_cells(r)) + " |"
+                  for r in contracts]
     found = notes(df)
     if found:
         lines += ["", "## Failures and unsupported cases", ""]
@@ -131,6 +141,10 @@ def _options(r: dict) -> str:
         bits.append("pre-normalized q/k")
     if r["poison"]:
         bits.append(f"poison {r['poison']}")
+    if r.get("key_noise"):
+        bits.append(f"key noise {r['key_noise']:g}")
+    if r.get("kind", "accuracy") != "accuracy":
+        bits.append(f"contract {r['kind']}" + (f" at P = {r['split']}" if r.get("split") else ""))
     return ", ".join(bits)
 
 
@@ -159,9 +173,9 @@ def html_report(records, meta: dict, png: bytes | None = None) -> str:
     parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>kdalab check</title>"
              f"<style>{_CSS}</style></head><body><h1>kdalab check</h1><ul>"]
     parts += [f"<li><b>{e(label)}:</b> {e(value)}</li>" for label, value in _meta_lines(meta)]
-    verdict = _verdict(df)
-    cls = "verdict-fail" if verdict.startswith("FAIL") else "verdict-pass"
-    parts.append(f"</ul><h2 class='{cls}'>{e(verdict)}</h2>")
+    line = _verdict(df, meta)
+    cls = "verdict-fail" if line.startswith("FAIL") else "verdict-pass"
+    parts.append(f"</ul><h2 class='{cls}'>{e(line)}</h2>")
     s = summary(df)
     parts.append("<table><tr>" + "".join(f"<th>{e(c)}</th>" for c in s.columns) + "</tr>")
     for r in s.to_dict("records"):
@@ -170,11 +184,12 @@ def html_report(records, meta: dict, png: bytes | None = None) -> str:
     parts.append("</table>")
     what = ("identical output bits / worst relative difference against "
             f"<code>{e(str(df['against'].iloc[0]))}</code>" if fidelity else
-            "output / final-state relative error against the fp64 token recurrence")
+            "output / final-state relative error against the fp64 token recurrence, and the "
+            "larger of the two as a multiple of the case's floor")
     parts.append(f"<h2>Cases</h2><p>{what}. ✓ pass, ✗ fail, – unsupported (hover a cell for "
                  f"its message).</p><table><tr><th>case</th>")
     if not fidelity:
-        parts.append("<th>bf16 floor</th>")
+        parts.append("<th>floor</th>")
     parts += [f"<th><code>{e(k)}</code></th>" for k in kernels]
     parts.append("</tr>")
     for case in cases:
@@ -182,7 +197,7 @@ def html_report(records, meta: dict, png: bytes | None = None) -> str:
         about = str(df[df["case"] == case]["about"].iloc[0])
         parts.append(f"<tr><td title='{e(about)}'><code>{e(case)}</code></td>")
         if not fidelity:
-            parts.append(f"<td class='num'>{e(fmt_sci(_case_floor(df, case)))}</td>")
+            parts.append(f"<td class='num'>{e(fmt_sci(_case_floor(df, case, _FLOOR)))}</td>")
         for kernel in kernels:
             if kernel not in c.index:
                 parts.append("<td></td>")
@@ -197,6 +212,14 @@ def html_report(records, meta: dict, png: bytes | None = None) -> str:
         data = base64.b64encode(png).decode("ascii")
         parts.append(f"<h2>Errors per case and kernel</h2><img alt='errors per case and "
                      f"kernel' src='data:image/png;base64,{data}'>")
+    contracts = contract_rows(df)
+    if contracts:
+        parts.append("<h2>Contracts</h2><table><tr>"
+                     + "".join(f"<th>{e(h)}</th>" for h in _CONTRACT_HEAD) + "</tr>")
+        for r in contracts:
+            parts.append(f"<tr class='{r['status']}'>" + "".join(
+                f"<td>{e(str(c))}</td>" for c in _contract_cells(r)) + "</tr>")
+        parts.append("</table>")
     found = notes(df)
     if found:
         parts.append("<h2>Failures and unsupported cases</h2><ul>")

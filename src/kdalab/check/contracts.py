@@ -1,0 +1,180 @@
+"""Contracts: properties of a KDA forward that closeness to fp64 on one call cannot see.
+
+Each contract is a kind of case (:data:`kdalab.check.cases.KINDS`); its record says what was
+compared (``contract_compared``) and the largest difference found (``contract_max_diff``).
+
+``causal``        q, k, v, g and β replaced by fresh values at every position t >= P: the
+                  outputs before P must keep every bit (P at a chunk boundary, and inside a
+                  chunk). A failure names the first position that changed.
+``prefill``       [0, P) then [P, T) with the first call's final state carried into the second,
+                  against the fp64 recurrence on [0, T): within the budget of the floor, as an
+                  accuracy case (P chunk-aligned, and not). The largest difference from one call
+                  on [0, T) is recorded.
+``batch_varlen``  the same sequences as a batch (B = 3), packed (varlen, B = 1) and one call per
+                  sequence: each within the budget of the floor against fp64; the largest
+                  difference between the three is recorded (a leak across sequences is far
+                  above the floor).
+``layout``        where a kernel takes states both as ``[N, H, K, V]`` and ``[N, H, V, K]``
+                  (its adapter's ``other_layout``): the output and the final state (transposed
+                  back) must keep every bit. A kernel with one layout: unsupported.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from kdalab.check.budget import judge_errors
+from kdalab.check.calls import Raised, call, max_diff, nonfinite, rel, same
+from kdalab.check.cases import CaseInputs
+
+__all__ = ["CONTRACT_FIELDS", "judge_contract", "time_slice"]
+
+CONTRACT_FIELDS = ("contract_compared", "contract_max_diff")
+
+
+def time_slice(x: CaseInputs, start: int, stop: int, initial_state) -> CaseInputs:
+    """Tokens ``[start, stop)`` of a fixed-length case, starting from ``initial_state``."""
+    def cut(t):
+        return t[:, start:stop].contiguous()
+
+    return replace(x, q=cut(x.q), k=cut(x.k), v=cut(x.v), g=cut(x.g), beta=cut(x.beta),
+                   initial_state=initial_state, rows=x.rows[:, start:stop])
+
+
+def _perturbed(x: CaseInputs, split: int, seed: int) -> CaseInputs:
+    gen = torch.Generator().manual_seed(seed)
+    changed = {}
+    for name in ("q", "k", "v", "g", "beta"):
+        t = getattr(x, name).clone()
+        fresh = torch.randn(t[:, split:].shape, generator=gen)
+        t[:, split:] = fresh.to(dtype=t.dtype, device=t.device)
+        changed[name] = t
+    return replace(x, **changed)
+
+
+def _first_change(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The first time position where ``a`` and ``b`` (``[B, T, ...]``) differ in any bit."""
+    from kdalab.check.calls import identical
+
+    differs = ~identical(a, b).reshape(a.shape[0], a.shape[1], -1).all(-1).all(0)
+    return int(differs.nonzero()[0, 0])
+
+
+def _causal(kernel, x, case):
+    p = case.split
+    (o, _), _ = call(kernel, x, case.name)
+    (again, _), _ = call(kernel, x, case.name)
+    (o_p, _), _ = call(kernel, _perturbed(x, p, case.seed + 1), case.name)
+    rec = {"contract_compared": f"o[:, :{p}] with q, k, v, g, beta changed at t >= {p} "
+                                f"against o[:, :{p}] unchanged (bit-identical)",
+           "contract_max_diff": max_diff(o_p[:, :p], o[:, :p]), "o_dtype": str(o.dtype)[6:],
+           "o_nonfinite": nonfinite(o), "deterministic": same(o, again)}
+    failures = []
+    if not rec["deterministic"]:
+        failures.append("two calls on the same inputs gave different bits (causality not "
+                        "judged)")
+    elif not same(o_p[:, :p], o[:, :p]):
+        t = _first_change(o_p[:, :p], o[:, :p])
+        failures.append(f"causal: outputs before t = {p} changed when later inputs did (first "
+                        f"at t = {t}, largest difference {rec['contract_max_diff']:.3g})")
+    return rec, failures
+
+
+def _prefill(kernel, x, case, ref, floors, th):
+    p, t = case.split, x.q.shape[1]
+    (o1, s1), _ = call(kernel, time_slice(x, 0, p, x.initial_state), case.name)
+    carried = s1.float().contiguous()
+    (o2, s2), _ = call(kernel, time_slice(x, p, t, carried), case.name)
+    (o, s), _ = call(kernel, x, case.name)
+    split = torch.cat([o1, o2], dim=1)
+    rec = {"o_rel_err": rel(split, ref[0]), "state_rel_err": rel(s2, ref[1]),
+           "o_nonfinite": nonfinite(split), "state_nonfinite": nonfinite(s2),
+           "o_dtype": str(split.dtype)[6:], "state_dtype": str(s2.dtype)[6:],
+           "contract_compared": f"[0, {p}) then [{p}, {t}) with the final state carried, "
+                                f"against fp64 on [0, {t}) (budget); max diff against one call",
+           "contract_max_diff": max(max_diff(split, o), max_diff(s2, s))}
+    return _budget(rec, floors, split.dtype, th, "prefill")
+
+
+def _batch_varlen(kernel, x, case, ref, floors, th):
+    b, t = x.q.shape[:2]
+
+    def flat(u):
+        return u.reshape(1, b * t, *u.shape[2:]).contiguous()
+
+    cu = torch.arange(0, (b + 1) * t, t, dtype=torch.int64, device=x.q.device)
+    packed = replace(x, q=flat(x.q), k=flat(x.k), v=flat(x.v), g=flat(x.g), beta=flat(x.beta),
+                     cu_seqlens=cu, rows=x.rows.reshape(1, b * t))
+    answers, notes = {"batch": call(kernel, x, case.name)[0]}, []
+    if kernel.unsupported(packed) is None:
+        o, s = call(kernel, packed, case.name)[0]
+        answers["varlen"] = (o.reshape(b, t, *o.shape[2:]), s)
+    else:
+        notes.append("varlen declared unsupported")
+    outs, states = [], []
+    for i in range(b):
+        one = replace(x, q=x.q[i:i + 1], k=x.k[i:i + 1], v=x.v[i:i + 1], g=x.g[i:i + 1],
+                      beta=x.beta[i:i + 1], rows=x.rows[i:i + 1],
+                      initial_state=None if x.initial_state is None else x.initial_state[i:i + 1])
+        o, s = call(kernel, one, case.name)[0]
+        outs.append(o)
+        states.append(s)
+    answers["separate"] = (torch.cat(outs), torch.cat(states))
+    o_errs = [rel(o, ref[0]) for o, _ in answers.values()]
+    s_errs = [rel(s, ref[1]) for _, s in answers.values()]
+    ob, sb = answers["batch"]
+    rec = {"o_rel_err": max(o_errs, key=_worst), "state_rel_err": max(s_errs, key=_worst),
+           "o_nonfinite": sum(nonfinite(o) for o, _ in answers.values()),
+           "state_nonfinite": sum(nonfinite(s) for _, s in answers.values()),
+           "o_dtype": str(ob.dtype)[6:], "state_dtype": str(sb.dtype)[6:],
+           "contract_compared": f"{b} sequences as {', '.join(answers)} against fp64 (budget, "
+                                f"the worst of them); max diff between them"
+                                + (f" ({'; '.join(notes)})" if notes else ""),
+           "contract_max_diff": max(max(max_diff(o, ob), max_diff(s, sb))
+                                    for o, s in answers.values())}
+    return _budget(rec, floors, ob.dtype, th, "batch = varlen = separate")
+
+
+def _worst(err: float) -> float:
+    return math.inf if math.isnan(err) else err
+
+
+def _budget(rec, floors, out_dtype, th, name):
+    failures = []
+    if rec["o_nonfinite"] or rec["state_nonfinite"]:
+        failures.append(f"{name}: non-finite output or state")
+    rec.update(floors.of(out_dtype))
+    fields, over = judge_errors(rec["o_rel_err"], rec["state_rel_err"], rec, th)
+    rec.update(fields)
+    return rec, failures + [f"{name}: {m}" for m in over]
+
+
+def _layout(kernel, x, case):
+    other = kernel.in_other_layout()
+    if other is None:
+        raise Raised(NotImplementedError("takes states in one layout (no other_layout)"))
+    (o, s), _ = call(kernel, x, case.name)
+    (o2, s2), _ = call(other, x, case.name)
+    rec = {"contract_compared": f"o and final state with states {kernel.state_layout} against "
+                                f"{other.state_layout} (transposed back): bit-identical",
+           "contract_max_diff": max(max_diff(o2, o), max_diff(s2, s)),
+           "o_dtype": str(o.dtype)[6:], "state_dtype": str(s.dtype)[6:]}
+    ok = same(o, o2) and same(s, s2)
+    return rec, [] if ok else [f"layout: the other state layout changed the result (largest "
+                               f"difference {rec['contract_max_diff']:.3g})"]
+
+
+def judge_contract(kernel, x: CaseInputs, case, ref, floors, th) -> tuple[dict, list[str]]:
+    """One contract case: ``(record fields, failures)``; raises
+    :class:`~kdalab.check.calls.Raised` if the kernel raises (NotImplementedError for a
+    contract the kernel cannot take)."""
+    if case.kind == "layout":
+        return _layout(kernel, x, case)
+    if case.kind == "causal":
+        return _causal(kernel, x, case)
+    if case.kind == "prefill":
+        return _prefill(kernel, x, case, ref, floors, th)
+    return _batch_varlen(kernel, x, case, ref, floors, th)

@@ -1,0 +1,66 @@
+"""Replay of captured inputs: cases read from safetensors files instead of drawn.
+
+A file holds one call's inputs, tensors named as ``chunk_kda_fwd``'s arguments: ``q, k, g [B, T,
+H, K]``, ``v [B, T, H, V]``, ``beta [B, T, H]`` (logits), ``A_log [H]``, ``dt_bias [H, K]`` (or
+``[H*K]``), and optionally ``initial_state [N, H, K, V]`` and ``cu_seqlens [N + 1]``; metadata
+strings ``lower_bound`` and ``scale`` (default ``K ** -0.5``). :mod:`kdalab.check.capture`
+writes such files from a model's real activations.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from kdalab.check.cases import Case
+from kdalab.check.tensors import OPTIONAL, REQUIRED, read_inputs
+
+__all__ = ["REQUIRED", "OPTIONAL", "read_inputs", "replay_cases", "write_inputs"]
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            raise ValueError(f"--inputs: no .safetensors files in {str(path)!r}")
+        return files
+    if not path.is_file():
+        raise ValueError(f"--inputs: no such file or folder {str(path)!r}")
+    return [path]
+
+
+def replay_cases(path: str | Path) -> tuple[Case, ...]:
+    """One accuracy case per file of ``path`` (a file, or a folder of ``*.safetensors``), named
+    ``inputs/<file name>``."""
+    out = []
+    for file in _files(Path(path).expanduser()):
+        x = read_inputs(file)
+        b, n_t, h, kd = x.q.shape
+        seqlens = None if x.cu_seqlens is None else tuple(x.cu_seqlens.diff().tolist())
+        state = ("none" if x.initial_state is None
+                 else "bf16" if x.initial_state.dtype == torch.bfloat16 else "fp32")
+        name = "inputs/" + "".join(c if c.isalnum() or c in "._-" else "_" for c in file.stem)
+        out.append(Case(name, T=n_t, batch=b, seqlens=seqlens, heads=h, K=kd, V=x.v.shape[-1],
+                        lower_bound=x.lower_bound, initial_state=state, source=str(file.resolve()),
+                        about=f"captured inputs from {file.name}"))
+    return tuple(out)
+
+
+def write_inputs(path: str | Path, tensors: dict[str, torch.Tensor], *, lower_bound: float,
+                 scale: float | None = None) -> Path:
+    """Write one call's inputs (names as :data:`REQUIRED` and :data:`OPTIONAL`) as a replayable
+    safetensors file."""
+    from safetensors.torch import save_file
+
+    missing = [n for n in REQUIRED if tensors.get(n) is None]
+    if missing:
+        raise ValueError(f"tensors: missing {', '.join(missing)}")
+    keep = {n: tensors[n].detach().to("cpu").contiguous() for n in REQUIRED + OPTIONAL
+            if tensors.get(n) is not None}
+    meta = {"lower_bound": repr(float(lower_bound))}
+    if scale is not None:
+        meta["scale"] = repr(float(scale))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(keep, str(path), metadata=meta)
+    return path

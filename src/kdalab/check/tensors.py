@@ -1,0 +1,104 @@
+"""A case's tensors (:class:`CaseInputs`), and how they are read from a file of captured inputs
+(:func:`read_inputs`; the format: :mod:`kdalab.check.replay`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+__all__ = ["CaseInputs", "REQUIRED", "OPTIONAL", "read_inputs"]
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    """A case's tensors in chunk_kda_fwd's convention: ``q, k, g [B, T, H, K]``, ``v [B, T, H,
+    V]`` (bf16), ``beta [B, T, H]`` (logits), ``A_log [H]`` and ``dt_bias [H, K]`` (fp32),
+    ``initial_state [N, H, K, V]`` or None, ``cu_seqlens`` (int64) or None. ``rows`` ``[B, T]``
+    and ``states`` ``[N]`` mark what is judged (all but a poisoned sequence)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+    initial_state: torch.Tensor | None
+    cu_seqlens: torch.Tensor | None
+    lower_bound: float
+    scale: float
+    use_qk_l2norm: bool
+    rows: torch.Tensor
+    states: torch.Tensor
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
+        return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
+
+    def clone(self) -> CaseInputs:
+        return replace(self, **{n: t.clone() for n, t in self.tensors().items()})
+
+    def to(self, device) -> CaseInputs:
+        moved = {n: t.to(device) for n, t in self.tensors().items()}
+        return replace(self, rows=self.rows.to(device), states=self.states.to(device), **moved)
+
+
+REQUIRED = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
+OPTIONAL = ("initial_state", "cu_seqlens")
+
+
+def _load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    except Exception as exc:  # not a safetensors file, or a damaged one
+        raise ValueError(f"--inputs: cannot read {str(path)!r} as safetensors "
+                         f"({type(exc).__name__}: {exc})") from None
+    return tensors, meta
+
+
+def _number(meta: dict, key: str, path: Path, default: float | None) -> float:
+    if key not in meta:
+        if default is None:
+            raise ValueError(f"--inputs: {str(path)!r} has no {key!r} in its metadata")
+        return default
+    try:
+        value = float(meta[key])
+    except ValueError:
+        raise ValueError(f"--inputs: {str(path)!r}: metadata {key!r} must be a number, got "
+                         f"{meta[key]!r}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"--inputs: {str(path)!r}: metadata {key!r} must be finite")
+    return value
+
+
+def read_inputs(path: str | Path) -> CaseInputs:
+    """One file's inputs as a case's (every value judged)."""
+    path = Path(path)
+    t, meta = _load(path)
+    missing = [n for n in REQUIRED if n not in t]
+    if missing:
+        raise ValueError(f"--inputs: {str(path)!r} lacks the tensors {', '.join(missing)} "
+                         f"(expected {', '.join(REQUIRED)}; optional {', '.join(OPTIONAL)})")
+    q, v = t["q"], t["v"]
+    if q.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"--inputs: {str(path)!r}: q and v must be [B, T, H, K|V], got "
+                         f"{tuple(q.shape)} and {tuple(v.shape)}")
+    b, n_t, h, kd = q.shape
+    cu = t.get("cu_seqlens")
+    cu = None if cu is None else cu.to(torch.int64)
+    n = b if cu is None else len(cu) - 1
+    lower_bound = _number(meta, "lower_bound", path, None)
+    scale = _number(meta, "scale", path, kd ** -0.5)
+    return CaseInputs(q=q, k=t["k"], v=v, g=t["g"], beta=t["beta"], A_log=t["A_log"].float(),
+                      dt_bias=t["dt_bias"].float().reshape(h, kd),
+                      initial_state=t.get("initial_state"), cu_seqlens=cu,
+                      lower_bound=lower_bound, scale=scale, use_qk_l2norm=True,
+                      rows=torch.ones(b, n_t, dtype=torch.bool),
+                      states=torch.ones(n, dtype=torch.bool))
