@@ -73,7 +73,8 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
     end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
     index in the sequence (``j0`` + i) + 1 is a multiple of ``CKC`` goes to checkpoint row
-    ``ck_base`` + (j0 + i + 1) / CKC - 1 of ``ck_ptr`` (prefix caching). Chunk i+1's operands are loaded while chunk i computes (hand-pipelined: their
+    ``ck_base`` + (j0 + i + 1) / CKC - 1 of ``ck_ptr`` (prefix caching). Chunk i+1's
+    operands are loaded while chunk i computes (hand-pipelined: their
     latency hides behind the serial chain S^T W^T -> U^T -> U^T KEND -> S^T)."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)

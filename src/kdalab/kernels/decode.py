@@ -245,6 +245,10 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
         A_log = A_log.contiguous()
     if dt_bias is not None:
         dt_bias = dt_bias.reshape(-1).contiguous()
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != v.shape
+                            or out.dtype != v.dtype or out.device != v.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous tensor like v {tuple(v.shape)} {v.dtype}")
     o = torch.empty_like(v) if out is None else out
     return kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, state_pool, state_indices,
                              num_accepted_tokens, cu_seqlens, num_seqs=N, T=T, scale=scale,
