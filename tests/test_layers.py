@@ -24,6 +24,7 @@ ALLOWED = {
     "cli": {"arith", "kda", "experiments", "check", "views", "cli", "kernels", "cudastart"}
     | BELOW,
     "kernels": {"kernels"},
+    "compat": {"compat", "kernels"},  # drop-ins for other libraries' call sites
     "params": {"arith", "errors"},
     "errors": set(),
     "timeline": set(),
