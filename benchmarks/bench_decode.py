@@ -12,7 +12,9 @@
    (initial and final state tensors) on four shapes (serial and split passes).
 3. Many short sequences: kdalab's prefill against FlashKDA and fla on the four batch shapes
    of issue 24 (varlen 1024 x 8 H 64; 37 random lengths in [16, 512] H 32; B 128 T 64 H 16;
-   B 8 T 4096 H 32).
+   B 8 T 4096 H 32), with kdalab's profile there: stage 1 and stage 2 timed alone
+   (bench_kernel.parts) and the whole call under other launch shapes (value blocks of 32 on
+   2 or 4 warps, 128 on 8; stage 1 on 4 warps), the data for the plan's choices.
 
 Rows go to stdout as JSON lines and, with ``--json``, into the BENCHMARKS.md JSON file. fla's
 decode kernel has no autotuning; its prefill autotunes each new head count (30-90 s) in the
@@ -39,10 +41,11 @@ from bench_kernel import (  # noqa: E402
     load_fla,
     load_flashkda,
     make_inputs,
+    parts,
     run_kdalab,
 )
 
-from kdalab.kernels import chunk_kda_fwd, kda_decode  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda_fwd, kda_decode  # noqa: E402
 
 D = 128
 LOWER_BOUND = -5.0
@@ -61,6 +64,14 @@ SHORT = [
     ("B128_T64_H16", 128, 64, 16, None, False),
     SHAPES["B8_T4096_H32_state"],
 ]
+
+
+PROFILE_CONFIGS = {
+    "bv32_w2": KernelConfig(block_v=32, num_warps=2),
+    "bv32_w4": KernelConfig(block_v=32, num_warps=4),
+    "bv128_w8": KernelConfig(block_v=128, num_warps=8),
+    "prep_w4": KernelConfig(prepare_warps=4),
+}
 
 
 def bench(fn, rep=100):
@@ -190,6 +201,13 @@ def short_rows(quick):
                 row[f"vs_{peer}"] = row[f"{peer}_ms"] / row["kdalab_ms"]
             except Exception as exc:  # noqa: BLE001 - a peer that rejects the shape
                 row[f"{peer}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        try:
+            row["parts"] = parts(x, KernelConfig())
+            for cname, cfg in PROFILE_CONFIGS.items():
+                run_kdalab(x, cfg)
+                row[f"kdalab_ms_{cname}"] = bench(lambda cfg=cfg: run_kdalab(x, cfg), rep=200)
+        except Exception as exc:  # noqa: BLE001 - a launch shape out of resources
+            row["profile_error"] = f"{type(exc).__name__}: {exc}"[:200]
         print(json.dumps(row), flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
