@@ -30,8 +30,8 @@ def _prefix_state(x, n, length, h0, kw, config):
 
 
 @interp
-@pytest.mark.parametrize("config", [KernelConfig(), SPLIT], ids=["serial", "split"])
-@pytest.mark.parametrize("layout", ["KV", "VK"])
+@pytest.mark.parametrize("config,layout", [(KernelConfig(), "KV"), (KernelConfig(), "VK"),
+                                           (SPLIT, "KV")], ids=["serial", "serial-VK", "split"])
 def test_interp_pool_prefill_and_checkpoints(config, layout):
     N, T, H, HV, K, V = 2, 40, 1, 2, 16, 16
     q, k, v, g, beta, kw = inputs(N, T, H, HV, K, V, seed=2)
