@@ -7,6 +7,9 @@ Per token, with the gate, L2 norms and β as ``chunk_kda_fwd`` (docs/kernels.md)
 
     S <- diag(exp g) S;   u = β (v - Sᵀk);   S <- S + k uᵀ;   o = Sᵀ(scale · q)
 
+(o is formed as (scale q)ᵀS + (scale q·k) u from the decayed S: the same value, one
+reduction round a token instead of two.)
+
 Pool rows (``state_indices``): ``[N]`` — read row n's state, write the state after the last
 token back to it; ``[N, T_new]`` (speculative decoding, fla's ``ssm_state_indices``) — read
 from column ``num_accepted_tokens[n] - 1`` (column 0 without it) and write the state after
@@ -87,10 +90,15 @@ def kda_decode_kernel(
         if HAS_A_LOG:
             x = x * a
         decay = tl.exp(lower_bound * tl.sigmoid(x))
+        q = q * scale
         S = S * decay[:, None]
-        u = b * (v - tl.sum(S * k[:, None], axis=0))
+        # o = qᵀ(S + k uᵀ) = qᵀS + (q·k) u: both reductions over K read the decayed S at
+        # once, so a token waits on one cross-thread reduction instead of two in a row
+        ks = tl.sum(S * k[:, None], axis=0)
+        qs = tl.sum(S * q[:, None], axis=0)
+        u = b * (v - ks)
         S = S + k[:, None] * u[None, :]
-        o = tl.sum(S * (q * scale)[:, None], axis=0)
+        o = qs + tl.sum(q * k, axis=0) * u
         tl.store(o_ptr + (r * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
         if PER_TOKEN:
             row = tl.load(idx_ptr + i_n * idx_stride + t).to(tl.int64)
