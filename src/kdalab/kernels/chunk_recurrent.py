@@ -65,10 +65,25 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
 
 
 @triton.jit
+def store_state(ptr, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
+                STATE_VK: tl.constexpr):
+    """Store S^T [BV, K] (value rows from ``v0``) as row ``row``, head ``i_h`` of a state
+    tensor [rows, H, K, V] (or [rows, H, V, K])."""
+    o_v = v0 + tl.arange(0, St.shape[0])
+    o_k = tl.arange(0, K)
+    base = ptr + (row * H + i_h).to(tl.int64) * K * V
+    if STATE_VK:
+        ptrs = base + (o_v[:, None] * K + o_k[None, :])
+    else:
+        ptrs = base + (o_k[None, :] * V + o_v[:, None])
+    tl.store(ptrs, St.to(ptr.dtype.element_ty), mask=(o_v < V)[:, None])
+
+
+@triton.jit
 def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O,
-               ck_ptr, ck_base, j0, CKC: tl.constexpr, STATE_VK: tl.constexpr):
+               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
     end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
@@ -101,10 +116,12 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
         if CKC > 0:
             if WRITE_O:
                 j = j0 + i_t + 1
-                ck_ok = ((o_v * 0 + j) % CKC == 0) & (o_v * 0 + bos + (i_t + 1) * BT <= eos)
-                tl.store(user_state_ptrs(ck_ptr, ck_base + j // CKC - 1, i_h, o_v, H, K, V, 0,
-                                         STATE_VK),
-                         St.to(ck_ptr.dtype.element_ty), mask=(v_ok & ck_ok)[:, None])
+                # a scalar branch: a [BV, K] tile of masks and pointers formed in the loop
+                # spilled (sm_90a, BV 64, pass 0: 212 spill stores, now 8; pass 2 with the KV
+                # layout: 116; storing S instead of S^T there: 244)
+                if (j % CKC == 0) & (bos + (i_t + 1) * BT <= eos):
+                    store_state(ck_ptr, ck_base + j // CKC - 1, i_h, v0, St, H, K, V,
+                                STATE_VK)
         wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
     return St
 
@@ -132,7 +149,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
                   gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
-                  DT: tl.constexpr, ck_ptr, ck_base, j0, CKC: tl.constexpr):
+                  DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -151,7 +168,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                       bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, CKC, STATE_VK)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK)
 
 
 @triton.jit
@@ -202,7 +219,7 @@ def chunk_kda_recurrent_kernel(
 
     St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
                        gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V, BT, BV,
-                       HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, CKC)
+                       HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC)
     if GUARD:
         # the fp16 products overflowed (or the input was not finite): redo with tf32 products
         # from the start state loaded again (kept, it would cost 64 registers in the loop)
@@ -210,7 +227,7 @@ def chunk_kda_recurrent_kernel(
             St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr,
                                mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok,
                                H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32, ck_ptr,
-                               ck_base, j0, CKC)
+                               ck_base, j0, i_v * BV, CKC)
 
     if PASS == 1:
         tl.store(slot_ptrs, St, mask=o_v[:, None] < V + K)
