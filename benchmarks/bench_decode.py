@@ -162,8 +162,9 @@ def pool_rows(quick):
         pool = torch.randn(2 * n, H, D, D, device="cuda") * 0.1
         idx = torch.randperm(2 * n, device="cuda")[:n]
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        # the VK layout, as bench_kernel's grid (FlashKDA's)
         gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
-                    cu_seqlens=x["cu"])
+                    cu_seqlens=x["cu"], state_layout="VK")
         fns = {
             "plain": lambda: chunk_kda_fwd(*args, initial_state=h0, output_final_state=True,
                                            **gate),
