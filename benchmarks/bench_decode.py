@@ -16,7 +16,8 @@
    (bench_kernel.parts) and the whole call under other launch shapes (value blocks of 32 on
    2 or 4 warps, 128 on 8; stage 1 on 4 warps), the data for the plan's choices.
 
-Rows go to stdout as JSON lines and, with ``--json``, into the BENCHMARKS.md JSON file. fla's
+Rows go to stdout as JSON lines and, with ``--json PATH``, into the BENCHMARKS.md JSON file
+(every measured field also into PATH's stem + ``.raw.json``). fla's
 decode kernel has no autotuning; its prefill autotunes each new head count (30-90 s) in the
 first call of part 3, outside the timing.
 """
@@ -126,7 +127,8 @@ def decode_rows(bw, quick):
             mine()
             row["kdalab_ms"] = bench(mine)
             row["kdalab_graph_ms"] = bench_graph(mine)
-            moved = N * H * (2 * D * D * 4 + 4 * D * 2 + D * 2 * 2 + 2)
+            # the state read and written (fp32), q, k, g, v read and o written (bf16), beta
+            moved = N * H * (2 * D * D * 4 + 4 * D * 2 + D * 2 + 2)
             row["floor_ms"] = moved / bw * 1e3
             if fla is not None:
                 theirs = lambda x=x, gate=gate: fla(  # noqa: E731
@@ -264,10 +266,12 @@ def main():
         doc = dict(benchmark="decode_and_serving", device=torch.cuda.get_device_name(0),
                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=commit,
                    command="python " + " ".join(sys.argv), rows=to_json_rows(bw, dec, pools,
-                                                                              short),
-                   raw=dict(decode=dec, pool=pools, short=short))
+                                                                              short))
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=1)
+        # every measured field (profiles, launch-shape sweeps) beside it, for docs/kernels.md
+        with open(os.path.splitext(args.json)[0] + ".raw.json", "w") as fh:
+            json.dump(dict(decode=dec, pool=pools, short=short), fh, indent=1)
     if dec:
         geo = math.exp(sum(math.log(r["speedup"]) for r in dec if "speedup" in r)
                        / max(1, sum("speedup" in r for r in dec)))
