@@ -20,9 +20,10 @@ from .chunk_recurrent import user_state_ptrs
 
 
 @triton.jit
-def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, idx_ptr, H, K: tl.constexpr,
+def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexpr,
                              V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                             STATE_VK: tl.constexpr, HAS_IDX: tl.constexpr):
+                             STATE_VK: tl.constexpr, HAS_IDX: tl.constexpr = False,
+                             idx_ptr=None):
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = (i_nh // H).to(tl.int64)
@@ -64,6 +65,5 @@ def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk
     grid = (num_seqs * H, -(-V // block_v))
     chunk_kda_combine_kernel[grid](
         summary, seg_offsets, initial_state if initial_state is not None else summary,
-        state_indices if state_indices is not None else seg_offsets,
-        H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None, STATE_VK=state_vk,
-        HAS_IDX=state_indices is not None, num_warps=num_warps)
+        idx_ptr=state_indices, H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None,
+        STATE_VK=state_vk, HAS_IDX=state_indices is not None, num_warps=num_warps)

@@ -175,12 +175,13 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
 def chunk_kda_recurrent_kernel(
     v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr, sum_ptr,
-    cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr, idx_ptr, ck_ptr, ck_offsets_ptr,
+    cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
     T,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_VK: tl.constexpr,
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
-    DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr, CKC: tl.constexpr,
+    DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
+    CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
 ):
     i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, plus head
     i_v = tl.program_id(1)    # block of BV state rows
@@ -282,7 +283,7 @@ def chunk_kda_recurrent(
             grid = (segments.shape[0] * H, -(-rows // block_v))
         chunk_kda_recurrent_kernel[grid](
             v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
-            opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments),
-            opt(state_indices), opt(checkpoints), opt(checkpoint_offsets), T,
+            opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), T,
+            idx_ptr=state_indices, ck_ptr=checkpoints, ck_offsets_ptr=checkpoint_offsets,
             PASS=pass_, **common)
     return o
