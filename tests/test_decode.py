@@ -205,6 +205,8 @@ def test_decode_gpu_matches_fp64(T, layout):
     ro, rs = _ref(q, k, v, g, beta, before[idx], kw, layout)
     rest = torch.ones(80, dtype=torch.bool, device="cuda")
     rest[idx] = False
-    # bf16 outputs: the accuracy target (2e-3 on model-like inputs); the state stays fp32
-    assert err(o, ro) < 2e-3 and err(p[idx], rs) < 1e-5
+    # bf16 outputs: the floor rule, the error of rounding the fp64 result to bf16 (about
+    # 1.6e-3; the fp32 recurrence moves a few roundings: 10%); the state stays fp32
+    floor = err(ro.to(o.dtype), ro)
+    assert err(o, ro) <= 1.1 * floor and err(p[idx], rs) < 1e-5
     assert torch.equal(p[rest], before[rest])
