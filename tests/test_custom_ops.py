@@ -109,13 +109,17 @@ def test_compile_inductor_gpu():
         p1, p2 = pool(8, 4, 128, 128, device="cuda"), pool(8, 4, 128, 128, device="cuda")
         y1, c1 = layer(x, p1, idx, True)
         y2, c2 = compiled(x, p2, idx, True)
-        # inductor fuses the projections differently: the same kernels on inputs that differ
-        # in the last bits of fp32 GEMMs
-        torch.testing.assert_close(y2, y1, rtol=1e-4, atol=1e-4)
-        torch.testing.assert_close(p2, p1, rtol=1e-4, atol=1e-4)
+        # inductor may compute the projections with other GEMMs: the same kernels on inputs
+        # that differ in the last fp32 bits, which can flip an fp16 operand rounding of the
+        # prefill (2^-11 = 4.9e-4 relative): 2e-3 bounds that; a wrong op (no pool update, a
+        # wrong row, missing checkpoints) is off by O(1)
+        torch.testing.assert_close(y2, y1, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(c2, c1, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(p2, p1, rtol=2e-3, atol=2e-3)
         d1, _ = layer(x[:, :1], p1, idx, False)
         d2, _ = compiled(x[:, :1], p2, idx, False)
-        torch.testing.assert_close(d2, d1, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(d2, d1, rtol=2e-3, atol=2e-3)
+        torch.testing.assert_close(p2, p1, rtol=2e-3, atol=2e-3)
 
 
 @gpu
