@@ -161,6 +161,21 @@ def decode_rows(bw, quick):
                         state_indices=x["idx"], block_v=bv, num_warps=w, **gate)
                     fn()
                     row[f"kdalab_graph_ms_bv{bv}_w{warps}"] = bench_graph(fn)
+                # a bf16 pool (half the bytes; both kernels keep the state fp32 in registers)
+                xb = dict(x, pool=x["pool"].bfloat16())
+                fb = lambda xb=xb, gate=gate: kda_decode(  # noqa: E731
+                    xb["q"], xb["k"], xb["v"], xb["g"], xb["beta"], state_pool=xb["pool"],
+                    state_indices=xb["idx"], **gate)
+                fb()
+                row["kdalab_graph_ms_bf16_pool"] = bench_graph(fb)
+                if fla is not None:
+                    tb = lambda xb=xb, gate=gate: fla(  # noqa: E731
+                        xb["q"], xb["k"], xb["v"], xb["g"], xb["beta"],
+                        initial_state=xb["pool"], ssm_state_indices=xb["idx"],
+                        inplace_final_state=True, use_qk_l2norm_in_kernel=True,
+                        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, **gate)
+                    tb()
+                    row["fla_graph_ms_bf16_pool"] = bench_graph(tb)
             print(json.dumps(row), flush=True)
             rows.append(row)
     return rows
