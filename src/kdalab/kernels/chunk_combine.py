@@ -22,7 +22,8 @@ from .chunk_recurrent import user_state_ptrs
 @triton.jit
 def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexpr,
                              V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                             STATE_VK: tl.constexpr):
+                             STATE_VK: tl.constexpr, HAS_IDX: tl.constexpr = False,
+                             idx_ptr=None):
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = (i_nh // H).to(tl.int64)
@@ -33,8 +34,11 @@ def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexp
     v_ok = o_v < V
     o_k = tl.arange(0, K)
     if HAS_H0:
-        S = tl.load(user_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, BV, STATE_VK),
-                    mask=v_ok[:, None], other=0.0).to(tl.float32)
+        row = i_n
+        if HAS_IDX:  # a pool row (negative: a zero start)
+            row = tl.load(idx_ptr + i_n).to(tl.int64)
+        S = tl.load(user_state_ptrs(h0_ptr, row, i_h, o_v, H, K, V, BV, STATE_VK),
+                    mask=(v_ok & (o_v * 0 + row >= 0))[:, None], other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BV, K], dtype=tl.float32)
     for s in range(s0, s1 - 1):  # the segments with a summary
@@ -51,7 +55,7 @@ def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexp
 
 
 def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk, H, K, V,
-                      block_v=16, num_warps=8):
+                      block_v=16, num_warps=8, state_indices=None):
     """Turn pass 1's summaries into each segment's start state, in place (see above).
 
     Blocks of 16 value rows on 8 warps by default: the whole M^T in registers, one product per
@@ -61,5 +65,5 @@ def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk
     grid = (num_seqs * H, -(-V // block_v))
     chunk_kda_combine_kernel[grid](
         summary, seg_offsets, initial_state if initial_state is not None else summary,
-        H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None, STATE_VK=state_vk,
-        num_warps=num_warps)
+        idx_ptr=state_indices, H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None,
+        STATE_VK=state_vk, HAS_IDX=state_indices is not None, num_warps=num_warps)

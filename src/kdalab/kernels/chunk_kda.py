@@ -19,6 +19,7 @@ from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
 from .plan import LaunchPlan, plan_launch
+from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
 
 _SUPPORTED_DIMS = (16, 32, 64, 128, 256)
@@ -109,14 +110,17 @@ def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_s
               state_layout, config, use_qk_l2norm):
     for name, x, ndim in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
         _check_tensor(name, x, ndim)
-    B, T, H, K = q.shape
-    V = v.shape[-1]
+    B, T, HQ, K = q.shape
+    H, V = v.shape[2:]  # value heads: GVA shares each q/k head among H // HQ of them
     if k.shape != q.shape:
         raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
-    if g.shape != q.shape:
-        raise ValueError(f"g must have q's shape {tuple(q.shape)}, got {tuple(g.shape)}")
-    if v.shape[:3] != (B, T, H):
-        raise ValueError(f"v must have shape [{B}, {T}, {H}, V], got {tuple(v.shape)}")
+    if v.shape[:2] != (B, T) or H % HQ != 0:
+        raise ValueError(f"v must have shape [{B}, {T}, HV, V] with HV a multiple of q's "
+                         f"{HQ} heads, got {tuple(v.shape)}")
+    if g.shape not in ((B, T, HQ, K), (B, T, H, K)):
+        raise ValueError(f"g must have shape [{B}, {T}, {HQ} or {H}, {K}], "
+                         f"got {tuple(g.shape)}")
+    HG = g.shape[2]
     if beta.shape != (B, T, H):
         raise ValueError(f"beta must have shape {(B, T, H)}, got {tuple(beta.shape)}")
     if K not in _SUPPORTED_DIMS:
@@ -135,12 +139,13 @@ def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_s
                          "safe for unit-norm q and k)")
     if A_log is not None:
         _check_tensor("A_log", A_log, A_log.ndim if isinstance(A_log, torch.Tensor) else 1)
-        if A_log.shape != (H,):
-            raise ValueError(f"A_log must have shape ({H},), got {tuple(A_log.shape)}")
+        if A_log.shape != (HG,):
+            raise ValueError(f"A_log must have shape ({HG},) (one a gate head), "
+                             f"got {tuple(A_log.shape)}")
     if dt_bias is not None:
         _check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
-        if dt_bias.shape not in ((H * K,), (H, K)):
-            raise ValueError(f"dt_bias must have shape ({H * K},) or ({H}, {K}), "
+        if dt_bias.shape not in ((HG * K,), (HG, K)):
+            raise ValueError(f"dt_bias must have shape ({HG * K},) or ({HG}, {K}), "
                              f"got {tuple(dt_bias.shape)}")
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 \
@@ -203,12 +208,15 @@ class _Call(NamedTuple):
 
 
 def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, cu_seqlens,
-           state_layout, config, use_qk_l2norm, beta_is_logits) -> _Call:
+           state_layout, config, use_qk_l2norm, beta_is_logits, pool=(None, None, None)
+           ) -> _Call:
     """What both entry points do first: validate, find the sequences and the plan, make the
     inputs contiguous and run stage 1."""
     B, T, H, K, V, num_seqs = _validate(q, k, v, g, beta, initial_state, A_log, dt_bias,
                                         lower_bound, cu_seqlens, state_layout, config,
                                         use_qk_l2norm)
+    validate_pool(pool[0], pool[1], initial_state, pool[2], num_seqs=num_seqs, H=H, K=K, V=V,
+                  state_layout=state_layout, device=q.device)
     if scale is None:
         scale = K ** -0.5
     seqs = _sequences(cu_seqlens, q.device, B, T)
@@ -218,7 +226,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     if A_log is not None:
         A_log = A_log.contiguous()
     if dt_bias is not None:
-        dt_bias = dt_bias.reshape(H * K).contiguous()
+        dt_bias = dt_bias.reshape(-1).contiguous()
     if initial_state is not None:
         initial_state = initial_state.contiguous()
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
@@ -245,6 +253,9 @@ def chunk_kda_fwd(
     beta_is_logits: bool = True,
     state_layout: str = "KV",
     config: KernelConfig = DEFAULT_CONFIG,
+    state_pool: torch.Tensor | None = None,
+    state_indices: torch.Tensor | None = None,
+    checkpoint_every: int | None = None,
 ):
     """Chunked KDA forward (chunk 16, lower-bounded gate) on Triton.
 
@@ -257,19 +268,43 @@ def chunk_kda_fwd(
     (state_layout "KV") or ``[N, H, V, K]`` ("VK"), N = B, or the number of sequences with
     ``cu_seqlens`` (int32 or int64, then B must be 1; zero-length sequences allowed).
 
+    GVA: v and beta may have HV = G·H heads (q, k: H); g, A_log and dt_bias then have H or HV
+    heads (fla's layout is HV), the state HV.
+
+    Serving (``kernels/pool.py``): ``state_pool`` ``[P, HV, K, V]`` (or VK; fp32 or bf16,
+    contiguous) with ``state_indices`` ``[N]``: the initial states are the pool's rows, the
+    final states are written back in place (a negative index: zero start, nothing written;
+    two sequences naming one row race); final_state is then None. ``checkpoint_every`` (a
+    multiple of 16): also return the states at every that many tokens of each sequence.
+
     Returns ``(o, final_state)``: o like v; final_state (dtype of initial_state, fp32 when
-    there is none) or None.
+    there is none) or None; with ``checkpoint_every`` ``(o, final_state, checkpoints)``, the
+    layout in ``kernels/pool.py``.
 
     Non-finite inputs are not checked (a check would read every input once more and sync
     the host): NaN or inf in a sequence's inputs propagates to that sequence's outputs and
     final state (for the heads it reaches) and leaves the others untouched.
     """
     c = _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound,
-               cu_seqlens, state_layout, config, use_qk_l2norm, beta_is_logits)
+               cu_seqlens, state_layout, config, use_qk_l2norm, beta_is_logits,
+               pool=(state_pool, state_indices, checkpoint_every))
     H, K, V, num_seqs, seqs, plan, dot = c.H, c.K, c.V, c.num_seqs, c.seqs, c.plan, c.dot
     v, initial_state, ops, device = c.v, c.initial_state, c.ops, c.v.device
     final_state = None
-    if output_final_state:
+    serving = {}
+    if state_pool is not None:
+        initial_state = state_pool
+        serving["state_indices"] = state_indices.contiguous()
+    if checkpoint_every is not None:
+        ck_dtype = initial_state.dtype if initial_state is not None else torch.float32
+        ck, ck_offsets = checkpoint_buffer(seqs, v.shape[0], v.shape[1], H, K, V,
+                                           checkpoint_every, state_layout=state_layout,
+                                           dtype=ck_dtype)
+        serving.update(checkpoints=ck, checkpoint_offsets=ck_offsets,
+                       checkpoint_chunks=checkpoint_every // 16)
+    if state_pool is not None:
+        final_state = state_pool
+    elif output_final_state:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
         shape = (num_seqs, H, V, K) if state_layout == "VK" else (num_seqs, H, K, V)
         final_state = torch.empty(shape, device=device, dtype=state_dtype)
@@ -277,10 +312,20 @@ def chunk_kda_fwd(
                   state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
                   chunk_offsets=seqs.chunk_offsets, seq_order=seqs.seq_order,
                   num_seqs=num_seqs, block_v=plan.block_v,
-                  num_warps=plan.num_warps, dot=dot, guard=dot == "fp16")
+                  num_warps=plan.num_warps, dot=dot, guard=dot == "fp16", **serving)
+    o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)
+    if state_pool is not None:
+        final_state = None  # the final states are in the pool
+    if checkpoint_every is not None:
+        return o, final_state, serving["checkpoints"]
+    return o, final_state
+
+
+def _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V):
+    """Stage 2: the serial pass, or the sequence-parallel passes and their combine."""
+    device = v.device
     if plan.segment_chunks <= 0:
-        o = chunk_kda_recurrent(v, *ops, **launch)
-        return o, final_state
+        return chunk_kda_recurrent(v, *ops, **launch)
 
     table, seg_offsets, n_segs = seqs.segments(plan.segment_chunks)
     summary = torch.empty(n_segs, H, V + K, K, device=device, dtype=torch.float32)
@@ -288,9 +333,10 @@ def chunk_kda_fwd(
     stages = dict(launch, segments=table, summary=summary, o=o)
     chunk_kda_recurrent(v, *ops, **stages, passes=(1,))
     chunk_kda_combine(summary, seg_offsets, initial_state, num_seqs=num_seqs,
-                      state_vk=state_layout == "VK", H=H, K=K, V=V)
+                      state_vk=state_layout == "VK", H=H, K=K, V=V,
+                      state_indices=launch.get("state_indices"))
     chunk_kda_recurrent(v, *ops, **stages, passes=(2,))
-    return o, final_state
+    return o
 
 
 def chunk_kda_transition(

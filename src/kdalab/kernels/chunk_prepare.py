@@ -74,7 +74,8 @@ def neumann_inverse16(L, BT: tl.constexpr):
 def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h,
-                      H, K: tl.constexpr, BT: tl.constexpr,
+                      H, GQ: tl.constexpr, GG: tl.constexpr, K: tl.constexpr,
+                      BT: tl.constexpr,
                       HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                       USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
                       IS_VARLEN: tl.constexpr):
@@ -91,15 +92,19 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     r_ok = rows < eos
     m2 = r_ok[:, None]
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    g_raw = tl.load(g_ptr + offs, mask=m2, other=0.0)
-    k_raw = tl.load(k_ptr + offs, mask=m2, other=0.0)
-    q_raw = tl.load(q_ptr + offs, mask=m2, other=0.0)
+    # GVA: GQ value heads share a q/k head, GG a gate head (1: one each)
+    i_g = i_h // GG
+    offs_q = (rows[:, None] * (H // GQ) + i_h // GQ) * K + o_k[None, :]
+    g_raw = tl.load(g_ptr + (rows[:, None] * (H // GG) + i_g) * K + o_k[None, :], mask=m2,
+                    other=0.0)
+    k_raw = tl.load(k_ptr + offs_q, mask=m2, other=0.0)
+    q_raw = tl.load(q_ptr + offs_q, mask=m2, other=0.0)
     b = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
     if BETA_LOGITS:
         b = tl.sigmoid(b)
     b = tl.where(r_ok, b, 0.0)
 
-    g2 = tl.cumsum(gate_log2(g_raw, a_log_ptr, dt_bias_ptr, r_ok, i_h, o_k, lower_bound,
+    g2 = tl.cumsum(gate_log2(g_raw, a_log_ptr, dt_bias_ptr, r_ok, i_g, o_k, lower_bound,
                              HAS_A_LOG, HAS_DT_BIAS), axis=0)  # base-2 cumulative log-decay
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
@@ -135,10 +140,11 @@ def chunk_kda_prepare_kernel(
     H, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
 ):
     prepare_and_store(tl.program_id(0), q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
-                      cu_seqlens_ptr, T, scale, lower_bound, tl.program_id(1), H, K, BT,
+                      cu_seqlens_ptr, T, scale, lower_bound, tl.program_id(1), H, GQ, GG, K, BT,
                       HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN)
 
 
@@ -153,7 +159,8 @@ def chunk_kda_prepare(
     ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
     variable-length input (None for fixed length).
     """
-    B, T, H, K = q.shape
+    B, T, HQ, K = q.shape
+    H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
     w, qg, kend = torch.empty(3, B, T, H, K, device=q.device, dtype=operand_dtype).unbind(0)
     ainv, mqk = torch.empty(2, num_chunks, H, CHUNK, CHUNK, device=q.device,
@@ -170,7 +177,7 @@ def chunk_kda_prepare(
         chunk_table if chunk_table is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,
         T, float(scale), float(lower_bound),
-        H=H, K=K, BT=CHUNK,
+        H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
         IS_VARLEN=cu_seqlens is not None, num_warps=num_warps,

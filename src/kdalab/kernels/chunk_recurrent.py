@@ -65,12 +65,31 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
 
 
 @triton.jit
+def store_state(ptr, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
+                STATE_VK: tl.constexpr):
+    """Store S^T [BV, K] (value rows from ``v0``) as row ``row``, head ``i_h`` of a state
+    tensor [rows, H, K, V] (or [rows, H, V, K])."""
+    o_v = v0 + tl.arange(0, St.shape[0])
+    o_k = tl.arange(0, K)
+    base = ptr + (row * H + i_h).to(tl.int64) * K * V
+    if STATE_VK:
+        ptrs = base + (o_v[:, None] * K + o_k[None, :])
+    else:
+        ptrs = base + (o_k[None, :] * V + o_v[:, None])
+    tl.store(ptrs, St.to(ptr.dtype.element_ty), mask=(o_v < V)[:, None])
+
+
+@triton.jit
 def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
-               V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O):
+               V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O,
+               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
-    end state. Chunk i+1's operands are loaded while chunk i computes (hand-pipelined: their
+    end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
+    index in the sequence (``j0`` + i) + 1 is a multiple of ``CKC`` goes to checkpoint row
+    ``ck_base`` + (j0 + i + 1) / CKC - 1 of ``ck_ptr`` (prefix caching). Chunk i+1's
+    operands are loaded while chunk i computes (hand-pipelined: their
     latency hides behind the serial chain S^T W^T -> U^T -> U^T KEND -> S^T)."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
@@ -94,6 +113,15 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
             tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty),
                      mask=v_ok[:, None] & (rows < eos)[None, :])
         St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
+        if CKC > 0:
+            if WRITE_O:
+                j = j0 + i_t + 1
+                # a scalar branch: a [BV, K] tile of masks and pointers formed in the loop
+                # spilled (sm_90a, BV 64, pass 0: 212 spill stores, now 8; pass 2 with the KV
+                # layout: 116; storing S instead of S^T there: 244)
+                if (j % CKC == 0) & (bos + (i_t + 1) * BT <= eos):
+                    store_state(ck_ptr, ck_base + j // CKC - 1, i_h, v0, St, H, K, V,
+                                STATE_VK)
         wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
     return St
 
@@ -121,15 +149,17 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
                   gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
-                  DT: tl.constexpr):
+                  DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
-    true start the combine left in the slot's rows of S (pass 2)."""
+    true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
+    in ``h0_ptr`` (a pool row; negative: a zero start)."""
     o_k = tl.arange(0, K)
     if PASS == 0:
         if HAS_H0:
             St0 = tl.load(user_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, BV, STATE_VK),
-                          mask=v_ok[:, None], other=0.0).to(tl.float32)
+                          mask=(v_ok & (o_v * 0 + i_n >= 0))[:, None],
+                          other=0.0).to(tl.float32)
         else:
             St0 = tl.zeros([BV, K], dtype=tl.float32)
     elif PASS == 1:
@@ -137,7 +167,8 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
     else:
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
-                      bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1)
+                      bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK)
 
 
 @triton.jit
@@ -149,7 +180,8 @@ def chunk_kda_recurrent_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STATE_VK: tl.constexpr,
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
-    DT: tl.constexpr, GUARD: tl.constexpr,
+    DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
+    CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
 ):
     i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, plus head
     i_v = tl.program_id(1)    # block of BV state rows
@@ -171,26 +203,42 @@ def chunk_kda_recurrent_kernel(
         slot_ptrs = slot + o_v[:, None] * K + o_k[None, :]
     if PASS == 0:
         slot_ptrs = sum_ptr  # unused
+    # the chunk index in the sequence of the program's first chunk, and its checkpoints' rows
+    j0 = 0
+    ck_base = 0
+    if CKC > 0:
+        ck_base = tl.load(ck_offsets_ptr + i_n).to(tl.int64)
+        if PASS == 2:
+            if IS_VARLEN:
+                j0 = (bos - tl.load(cu_seqlens_ptr + i_n).to(tl.int64)) // BT
+            else:
+                j0 = (bos - i_n * T) // BT
+    # the state's row: the sequence's, or the pool row its index names (negative: none)
+    i_row = i_n
+    if HAS_IDX:
+        i_row = tl.load(idx_ptr + i_n).to(tl.int64)
 
     St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
-                       gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H, K, V, BT, BV,
-                       HAS_H0, STATE_VK, PASS, DT)
+                       gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V, BT, BV,
+                       HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC)
     if GUARD:
         # the fp16 products overflowed (or the input was not finite): redo with tf32 products
         # from the start state loaded again (kept, it would cost 64 registers in the loop)
         if not_finite(St) != 0:
             St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr,
-                               mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok,
-                               H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32)
+                               mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok,
+                               H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32, ck_ptr,
+                               ck_base, j0, i_v * BV, CKC)
 
     if PASS == 1:
         tl.store(slot_ptrs, St, mask=o_v[:, None] < V + K)
     elif STORE_HT:
-        ht_ptrs = user_state_ptrs(ht_ptr, i_n, i_h, o_v, H, K, V, BV, STATE_VK)
+        ht_ptrs = user_state_ptrs(ht_ptr, i_row, i_h, o_v, H, K, V, BV, STATE_VK)
+        row_ok = (o_k[None, :] * 0 + i_row) >= 0
         if PASS == 0:
-            tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None])
+            tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None] & row_ok)
         else:  # the final state from a sequence's last segment
-            ht_ok = v_ok[:, None] & ((o_k[None, :] * 0 + last) != 0)
+            ht_ok = v_ok[:, None] & ((o_k[None, :] * 0 + last) != 0) & row_ok
             tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=ht_ok)
 
 
@@ -200,14 +248,18 @@ DOT_TYPES = {"tf32": tl.float32, "fp16": tl.float16}
 def chunk_kda_recurrent(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
-    segments=None, summary=None, passes=(0,), skip_last=True, o=None,
+    segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
+    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0,
 ):
     """Launch stage 2. Returns o (like v).
 
     ``segments`` (an int32 table [S, 6], ``kernels.plan``) selects the sequence-parallel
     passes named in ``passes`` (1: summaries into ``summary`` [S, H, V + K, K] fp32; 2:
     outputs from the combined start states); without it one serial pass (0) per sequence.
-    ``o``: write the outputs there (pass 2 completes pass 1's).
+    ``o``: write the outputs there (pass 2 completes pass 1's). ``state_indices`` [N]: the
+    initial and final states are rows of a pool (``initial_state`` and ``final_state`` both
+    the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each sequence's first row)
+    and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``).
     """
     import torch
 
@@ -220,7 +272,9 @@ def chunk_kda_recurrent(
     common = dict(H=H, K=K, V=V, BT=CHUNK, BV=block_v, HAS_H0=initial_state is not None,
                   STORE_HT=final_state is not None, STATE_VK=state_vk,
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
-                  SKIP_LAST=skip_last, num_warps=num_warps, num_stages=num_stages)
+                  SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
+                  CKC=checkpoint_chunks if checkpoints is not None else 0,
+                  num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
             grid = (num_seqs * H, -(-V // block_v))
@@ -230,5 +284,6 @@ def chunk_kda_recurrent(
         chunk_kda_recurrent_kernel[grid](
             v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
             opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), T,
+            idx_ptr=state_indices, ck_ptr=checkpoints, ck_offsets_ptr=checkpoint_offsets,
             PASS=pass_, **common)
     return o

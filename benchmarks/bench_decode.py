@@ -1,0 +1,309 @@
+"""Serving-path speed of kdalab's kernels against their peers, in one process (H200).
+
+    python benchmarks/bench_decode.py [--json PATH] [--quick]
+
+1. Decode (``kda_decode``, one token a sequence, K = V = 128, fp32 state pool, random rows)
+   against fla's ``fused_recurrent_kda_fwd`` with the same pool (``ssm_state_indices``,
+   ``inplace_final_state``), over N in {1, 8, 64, 256} x H in {12, 24, 48, 96}: eager
+   (``do_bench``) and under CUDA-graph replay (``do_bench_cudagraph``), with the memory floor:
+   the bytes a step must move (the state read and written once, plus q, k, g, v, β, o) over
+   the copy bandwidth measured in this run (a 1 GiB device-to-device copy).
+2. Prefill through the pool, and with checkpoints every 64 tokens, against the plain prefill
+   (initial and final state tensors) on four shapes (serial and split passes).
+3. Many short sequences: kdalab's prefill against FlashKDA and fla on the four batch shapes
+   of issue 24 (varlen 1024 x 8 H 64; 37 random lengths in [16, 512] H 32; B 128 T 64 H 16;
+   B 8 T 4096 H 32), with kdalab's profile there: stage 1 and stage 2 timed alone
+   (bench_kernel.parts) and the whole call under other launch shapes (value blocks of 32 on
+   2 or 4 warps, 128 on 8; stage 1 on 4 warps), the data for the plan's choices.
+
+Rows go to stdout as JSON lines and, with ``--json PATH``, into the BENCHMARKS.md JSON file
+(every measured field also into PATH's stem + ``.raw.json``). fla's
+decode kernel has no autotuning; its prefill autotunes each new head count (30-90 s) in the
+first call of part 3, outside the timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the peers' loaders and the prefill's inputs, imported here only: bench_kernel.py's (its
+# peer loaders may move to kdalab.peers; then those are taken from there, same names)
+import bench_kernel  # noqa: E402
+from bench_kernel import SHAPES, make_inputs, parts, run_kdalab  # noqa: E402
+
+
+def _peer_loader(name):
+    fn = getattr(bench_kernel, name, None)
+    if fn is None:
+        try:
+            import kdalab.peers as peers  # noqa: PLC0415
+            fn = getattr(peers, name, None)
+        except ImportError:
+            fn = None
+    if fn is None:
+        print(json.dumps(dict(peer=name, skipped="no loader in bench_kernel or kdalab.peers")))
+        return lambda: None
+    return fn
+
+
+load_fla, load_flashkda = _peer_loader("load_fla"), _peer_loader("load_flashkda")
+
+from kdalab.kernels import KernelConfig, chunk_kda_fwd, kda_decode  # noqa: E402
+
+D = 128
+LOWER_BOUND = -5.0
+NS, HS = (1, 8, 64, 256), (12, 24, 48, 96)
+OVERHEAD_SHAPES = ("T1024_H16", "B8_T4096_H32_state", "varlen1024x8_H64", "T131072_H8")
+
+
+def _lens37():
+    gen = torch.Generator().manual_seed(0)
+    return torch.randint(16, 513, (37,), generator=gen).tolist()
+
+
+SHORT = [
+    SHAPES["varlen1024x8_H64"],
+    ("varlen37_H32", 1, sum(_lens37()), 32, _lens37(), False),
+    ("B128_T64_H16", 128, 64, 16, None, False),
+    SHAPES["B8_T4096_H32_state"],
+]
+
+
+PROFILE_CONFIGS = {
+    "bv32_w2": KernelConfig(block_v=32, num_warps=2),
+    "bv32_w4": KernelConfig(block_v=32, num_warps=4),
+    "bv128_w8": KernelConfig(block_v=128, num_warps=8),
+    "prep_w4": KernelConfig(prepare_warps=4),
+}
+
+
+def bench(fn, rep=100):
+    return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
+
+
+def bench_graph(fn, rep=100):
+    return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+
+
+def copy_bandwidth():
+    """Bytes a second of a 1 GiB device-to-device copy (read + write), measured here."""
+    src = torch.empty(2 ** 28, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src), rep=200)
+    return 2 * 2 ** 30 / (ms * 1e-3)
+
+
+def load_fla_decode():
+    try:
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    except Exception as exc:  # noqa: BLE001 - a missing peer is skipped
+        print(json.dumps(dict(peer="fla decode", skipped=repr(exc)[:200])), flush=True)
+        return None
+    return fused_recurrent_kda_fwd
+
+
+def decode_inputs(N, H, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    q, k, v, g = (r(N, 1, H, D).bfloat16() for _ in range(4))
+    beta = r(N, 1, H).bfloat16()
+    P = max(2 * N, 8)
+    pool = r(P, H, D, D) * 0.1
+    idx = torch.randperm(P, device="cuda", generator=gen)[:N].to(torch.int32)
+    return dict(q=q, k=k, v=v, g=g, beta=beta, pool=pool, idx=idx,
+                A_log=torch.rand(H, device="cuda", generator=gen),
+                dt_bias=torch.rand(H * D, device="cuda", generator=gen))
+
+
+def decode_rows(bw, quick):
+    fla = load_fla_decode()
+    rows = []
+    for N in NS[:2] if quick else NS:
+        for H in HS[:2] if quick else HS:
+            x = decode_inputs(N, H)
+            gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND)
+            mine = lambda x=x, gate=gate: kda_decode(  # noqa: E731
+                x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
+                state_indices=x["idx"], **gate)
+            row = dict(N=N, H=H)
+            mine()
+            row["kdalab_ms"] = bench(mine)
+            row["kdalab_graph_ms"] = bench_graph(mine)
+            # the state read and written (fp32), q, k, g, v read and o written (bf16), beta
+            moved = N * H * (2 * D * D * 4 + 4 * D * 2 + D * 2 + 2)
+            row["floor_ms"] = moved / bw * 1e3
+            if fla is not None:
+                theirs = lambda x=x, gate=gate: fla(  # noqa: E731
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["pool"],
+                    ssm_state_indices=x["idx"], inplace_final_state=True,
+                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                    use_beta_sigmoid_in_kernel=True, **gate)
+                theirs()
+                row["fla_ms"] = bench(theirs)
+                row["fla_graph_ms"] = bench_graph(theirs)
+                row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
+                row["speedup_graph"] = row["fla_graph_ms"] / row["kdalab_graph_ms"]
+            row["over_floor_graph"] = row["kdalab_graph_ms"] / row["floor_ms"]
+            if (N, H) in ((256, 96), (1, 12), (64, 48)):  # the launch shape, measured
+                for bv, warps in ((16, 2), (16, 4), (32, 2), (64, 4), (64, 8)):
+                    fn = lambda x=x, gate=gate, bv=bv, w=warps: kda_decode(  # noqa: E731
+                        x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
+                        state_indices=x["idx"], block_v=bv, num_warps=w, **gate)
+                    fn()
+                    row[f"kdalab_graph_ms_bv{bv}_w{warps}"] = bench_graph(fn)
+                # a bf16 pool (half the bytes; both kernels keep the state fp32 in registers)
+                xb = dict(x, pool=x["pool"].bfloat16())
+                fb = lambda xb=xb, gate=gate: kda_decode(  # noqa: E731
+                    xb["q"], xb["k"], xb["v"], xb["g"], xb["beta"], state_pool=xb["pool"],
+                    state_indices=xb["idx"], **gate)
+                fb()
+                row["kdalab_graph_ms_bf16_pool"] = bench_graph(fb)
+                if fla is not None:
+                    tb = lambda xb=xb, gate=gate: fla(  # noqa: E731
+                        xb["q"], xb["k"], xb["v"], xb["g"], xb["beta"],
+                        initial_state=xb["pool"], ssm_state_indices=xb["idx"],
+                        inplace_final_state=True, use_qk_l2norm_in_kernel=True,
+                        use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, **gate)
+                    tb()
+                    row["fla_graph_ms_bf16_pool"] = bench_graph(tb)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def pool_rows(quick):
+    rows = []
+    for name in OVERHEAD_SHAPES[:2] if quick else OVERHEAD_SHAPES:
+        x = make_inputs(SHAPES[name])
+        n = x["q"].shape[0] if x["cu"] is None else x["cu"].numel() - 1
+        H = x["q"].shape[2]
+        h0 = torch.randn(n, H, D, D, device="cuda") * 0.1
+        pool = torch.randn(2 * n, H, D, D, device="cuda") * 0.1
+        idx = torch.randperm(2 * n, device="cuda")[:n]
+        args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
+        # the VK layout, as bench_kernel's grid (FlashKDA's)
+        gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
+                    cu_seqlens=x["cu"], state_layout="VK")
+        fns = {
+            "plain": lambda: chunk_kda_fwd(*args, initial_state=h0, output_final_state=True,
+                                           **gate),
+            "pool": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx, **gate),
+            "pool_ck64": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
+                                               checkpoint_every=64, **gate),
+        }
+        row = dict(shape=name)
+        for key, fn in fns.items():
+            fn()
+            row[f"{key}_ms"] = bench(fn, rep=200)
+        row["pool_over_plain"] = row["pool_ms"] / row["plain_ms"]
+        row["ck64_over_plain"] = row["pool_ck64_ms"] / row["plain_ms"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def short_rows(quick):
+    peers = {"fla": load_fla(), "flashkda": load_flashkda()}
+    rows = []
+    for shape in SHORT[:2] if quick else SHORT:
+        x = make_inputs(shape)
+        row = dict(shape=shape[0])
+        run_kdalab(x)
+        row["kdalab_ms"] = bench(lambda: run_kdalab(x), rep=300)
+        for peer, fn in peers.items():
+            if fn is None:
+                continue
+            try:
+                fn(x)  # fla autotunes here
+                torch.cuda.synchronize()
+                row[f"{peer}_ms"] = bench(lambda fn=fn: fn(x), rep=300)
+                row[f"vs_{peer}"] = row[f"{peer}_ms"] / row["kdalab_ms"]
+            except Exception as exc:  # noqa: BLE001 - a peer that rejects the shape
+                row[f"{peer}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        try:
+            row["parts"] = parts(x, KernelConfig())
+            for cname, cfg in PROFILE_CONFIGS.items():
+                run_kdalab(x, cfg)
+                row[f"kdalab_ms_{cname}"] = bench(lambda cfg=cfg: run_kdalab(x, cfg), rep=200)
+        except Exception as exc:  # noqa: BLE001 - a launch shape out of resources
+            row["profile_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
+def to_json_rows(bw, dec, pools, short):
+    out = [dict(target="H200 copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 3),
+                unit="TB/s")]
+    for r in dec:
+        tag = f"decode N={r['N']} H={r['H']}"
+        out.append(dict(target=f"{tag}: kdalab", value=round(r["kdalab_ms"] * 1e3, 2),
+                        unit="us", note=f"graph {r['kdalab_graph_ms'] * 1e3:.2f} us, floor "
+                                        f"{r['floor_ms'] * 1e3:.2f} us"))
+        if "speedup" in r:
+            out.append(dict(target=f"{tag}: vs fla fused_recurrent_kda", value=round(
+                r["speedup"], 3), unit="x", note=f"graph replay {r['speedup_graph']:.3f}x"))
+        out.append(dict(target=f"{tag}: graph time over memory floor",
+                        value=round(r["over_floor_graph"], 3), unit="x"))
+    for r in pools:
+        for key in ("pool_over_plain", "ck64_over_plain"):
+            out.append(dict(target=f"prefill {r['shape']}: {key}", value=round(r[key], 4),
+                            unit="x", note=f"plain {r['plain_ms']:.3f} ms"))
+    for r in short:
+        for peer in ("flashkda", "fla"):
+            if f"vs_{peer}" in r:
+                out.append(dict(target=f"prefill {r['shape']}: kdalab vs {peer}",
+                                value=round(r[f"vs_{peer}"], 3), unit="x",
+                                note=f"kdalab {r['kdalab_ms']:.3f} ms"))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--quick", action="store_true", help="a corner of each grid (a smoke run)")
+    ap.add_argument("--parts", default="decode,pool,short")
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    t0 = time.perf_counter()
+    bw = copy_bandwidth()
+    print(json.dumps(dict(copy_bandwidth_TBps=bw / 1e12)), flush=True)
+    dec = decode_rows(bw, args.quick) if "decode" in parts else []
+    pools = pool_rows(args.quick) if "pool" in parts else []
+    short = short_rows(args.quick) if "short" in parts else []
+    print(f"total {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.json:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
+        except OSError:
+            commit = ""
+        doc = dict(benchmark="decode_and_serving", device=torch.cuda.get_device_name(0),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=commit,
+                   command="python " + " ".join(sys.argv), rows=to_json_rows(bw, dec, pools,
+                                                                              short))
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        # every measured field (profiles, launch-shape sweeps) beside it, for docs/kernels.md
+        with open(os.path.splitext(args.json)[0] + ".raw.json", "w") as fh:
+            json.dump(dict(decode=dec, pool=pools, short=short), fh, indent=1)
+    if dec:
+        geo = math.exp(sum(math.log(r["speedup"]) for r in dec if "speedup" in r)
+                       / max(1, sum("speedup" in r for r in dec)))
+        print(f"decode: geometric mean speed-up over fla {geo:.2f}x (eager)")
+
+
+if __name__ == "__main__":
+    main()

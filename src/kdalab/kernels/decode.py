@@ -1,0 +1,265 @@
+"""KDA decode on a state pool: a few new tokens per sequence, the recurrence token by token.
+
+One program owns BV value columns of one (sequence, value head) state: it reads them from the
+pool row its index names, runs the sequence's new tokens (fp32 state in registers) and writes
+them back in place, so a decode step is one launch that reads and writes each state once.
+Per token, with the gate, L2 norms and β as ``chunk_kda_fwd`` (docs/kernels.md):
+
+    S <- diag(exp g) S;   u = β (v - Sᵀk);   S <- S + k uᵀ;   o = Sᵀ(scale · q)
+
+(o is formed as (scale q)ᵀS + (scale q·k) u from the decayed S: the same value, one
+reduction round a token instead of two.)
+
+Pool rows (``state_indices``): ``[N]`` — read row n's state, write the state after the last
+token back to it; ``[N, T_new]`` (speculative decoding, fla's ``ssm_state_indices``) — read
+from column ``num_accepted_tokens[n] - 1`` (column 0 without it) and write the state after
+token t to column t, the per-token states a rollback needs. A negative index (a padded batch
+slot) reads a zero state and writes nothing. Rows no index names are never touched.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _pool_ptrs(pool_ptr, row, i_hv, o_k, o_v, HV, K: tl.constexpr, V: tl.constexpr,
+               STATE_VK: tl.constexpr):
+    """Pointers to the [K, BV] tile of columns ``o_v`` of pool row ``row``, head ``i_hv``."""
+    base = pool_ptr + (row * HV + i_hv) * K * V
+    if STATE_VK:
+        return base + o_v[None, :] * K + o_k[:, None]
+    return base + o_k[:, None] * V + o_v[None, :]
+
+
+@triton.jit
+def kda_decode_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, o_ptr, pool_ptr,
+    idx_ptr, accepted_ptr, cu_seqlens_ptr,
+    T, scale, lower_bound, idx_stride,
+    H, HV, HG, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
+    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr,
+    BETA_LOGITS: tl.constexpr, STATE_VK: tl.constexpr, PER_TOKEN: tl.constexpr,
+    HAS_ACCEPTED: tl.constexpr, IS_VARLEN: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_nh = tl.program_id(1)
+    i_n = (i_nh // HV).to(tl.int64)
+    i_hv = i_nh % HV
+    i_h = i_hv // (HV // H)      # q/k head (GVA: HV // H value heads share it)
+    i_g = i_hv // (HV // HG)     # gate head (g, A_log, dt_bias: per value head or per q/k head)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    # the state first: its load is the long one, the per-token loads and gate math overlap it
+    if HAS_ACCEPTED:
+        col = tl.load(accepted_ptr + i_n).to(tl.int64) - 1
+    else:
+        col = 0
+    row0 = tl.load(idx_ptr + i_n * idx_stride + col).to(tl.int64)
+    m0 = (o_k[:, None] * 0 + row0) >= 0  # a tensor mask: the interpreter rejects scalar ones
+    S = tl.load(_pool_ptrs(pool_ptr, row0, i_hv, o_k, o_v, HV, K, V, STATE_VK), mask=m0,
+                other=0.0).to(tl.float32)
+    if HAS_A_LOG:
+        a = tl.exp(tl.load(a_log_ptr + i_g).to(tl.float32))
+    if HAS_DT_BIAS:
+        bias = tl.load(dt_bias_ptr + i_g * K + o_k).to(tl.float32)
+    for t in range(0, eos - bos):
+        r = bos + t
+        q = tl.load(q_ptr + (r * H + i_h) * K + o_k).to(tl.float32)
+        k = tl.load(k_ptr + (r * H + i_h) * K + o_k).to(tl.float32)
+        x = tl.load(g_ptr + (r * HG + i_g) * K + o_k).to(tl.float32)
+        v = tl.load(v_ptr + (r * HV + i_hv) * V + o_v).to(tl.float32)
+        b = tl.load(beta_ptr + r * HV + i_hv + o_v * 0).to(tl.float32)
+        if BETA_LOGITS:
+            b = tl.sigmoid(b)
+        if USE_L2NORM:
+            q = q * tl.rsqrt(tl.sum(q * q, axis=0) + 1e-6)
+            k = k * tl.rsqrt(tl.sum(k * k, axis=0) + 1e-6)
+        if HAS_DT_BIAS:
+            x = x + bias
+        if HAS_A_LOG:
+            x = x * a
+        decay = tl.exp(lower_bound * tl.sigmoid(x))
+        q = q * scale
+        S = S * decay[:, None]
+        # o = qᵀ(S + k uᵀ) = qᵀS + (q·k) u: both reductions over K read the decayed S at
+        # once, so a token waits on one cross-thread reduction instead of two in a row
+        ks = tl.sum(S * k[:, None], axis=0)
+        qs = tl.sum(S * q[:, None], axis=0)
+        u = b * (v - ks)
+        S = S + k[:, None] * u[None, :]
+        o = qs + tl.sum(q * k, axis=0) * u
+        tl.store(o_ptr + (r * HV + i_hv) * V + o_v, o.to(o_ptr.dtype.element_ty))
+        if PER_TOKEN:
+            row = tl.load(idx_ptr + i_n * idx_stride + t).to(tl.int64)
+            mt = (o_k[:, None] * 0 + row) >= 0
+            tl.store(_pool_ptrs(pool_ptr, row, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                     S.to(pool_ptr.dtype.element_ty), mask=mt)
+    if not PER_TOKEN:
+        tl.store(_pool_ptrs(pool_ptr, row0, i_hv, o_k, o_v, HV, K, V, STATE_VK),
+                 S.to(pool_ptr.dtype.element_ty), mask=m0)
+
+
+def decode_launch_shape(K: int, V: int) -> tuple[int, int]:
+    """(BV, warps): a [K, BV] fp32 tile of 32 values a thread (K = 128: BV = 32 on 4 warps,
+    fla's shape), no autotuning (a decode step must not pay it, and graphs capture one
+    launch)."""
+    bv = max(16, min(V, 4096 // K))
+    return bv, 4 if K * bv >= 4096 else 2
+
+
+def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, cu_seqlens, *,
+                      num_seqs, T, scale, lower_bound, use_qk_l2norm, beta_is_logits, state_vk,
+                      block_v=None, num_warps=None):
+    """Launch the decode kernel on validated, contiguous tensors (``kernels.decode_api``)."""
+    H, K = q.shape[-2:]
+    HV, V = v.shape[-2:]
+    HG = g.shape[-2]
+    bv, warps = decode_launch_shape(K, V)
+    bv = block_v or bv
+    warps = num_warps or warps
+    dummy = o
+    grid = (-(-V // bv), num_seqs * HV)  # not triton.cdiv: a JIT function, ~15 us a call
+    if grid[1] == 0:
+        return o
+    kda_decode_kernel[grid](
+        q, k, v, g, beta, A_log if A_log is not None else dummy,
+        dt_bias if dt_bias is not None else dummy, o, pool, idx,
+        accepted if accepted is not None else idx, cu_seqlens if cu_seqlens is not None else idx,
+        T, float(scale), float(lower_bound), idx.shape[1] if idx.ndim == 2 else 1,
+        H, HV, HG, K=K, V=V, BV=bv, HAS_A_LOG=A_log is not None,
+        HAS_DT_BIAS=dt_bias is not None, USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
+        STATE_VK=state_vk, PER_TOKEN=idx.ndim == 2, HAS_ACCEPTED=accepted is not None,
+        IS_VARLEN=cu_seqlens is not None, num_warps=warps)
+    return o
+
+
+def _check(name, x, ndim, dtypes):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.ndim not in ((ndim,) if isinstance(ndim, int) else ndim):
+        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name} has dtype {x.dtype}; expected one of {dtypes}")
+
+
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
+_INTS = (torch.int32, torch.int64)
+_DIMS = (16, 32, 64, 128, 256)
+
+
+def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias, lower_bound,
+                    state_layout, num_accepted_tokens, cu_seqlens):
+    """Shapes, dtypes and devices (no host sync: index contents are not read). Returns
+    (number of sequences, tokens per sequence T or the packed length)."""
+    for name, x, nd in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
+        _check(name, x, nd, _FLOATS)
+    B, T, H, K = q.shape
+    HV, V = v.shape[2:]
+    if k.shape != q.shape:
+        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape[:2] != (B, T) or HV % H != 0:
+        raise ValueError(f"v must be [{B}, {T}, HV, V] with HV a multiple of H={H}, "
+                         f"got {tuple(v.shape)}")
+    if g.shape not in ((B, T, H, K), (B, T, HV, K)):
+        raise ValueError(f"g must be [{B}, {T}, {H} or {HV}, {K}], got {tuple(g.shape)}")
+    if beta.shape != (B, T, HV):
+        raise ValueError(f"beta must have shape {(B, T, HV)}, got {tuple(beta.shape)}")
+    if K not in _DIMS or V not in _DIMS:
+        raise ValueError(f"head dims K={K}, V={V} must each be one of {_DIMS}")
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)) \
+            or not (-5.0 <= float(lower_bound) < 0.0):
+        raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
+    if state_layout not in ("KV", "VK"):
+        raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
+    HG = g.shape[2]
+    for name, p, shapes in (("A_log", A_log, ((HG,),)),
+                            ("dt_bias", dt_bias, ((HG * K,), (HG, K)))):
+        if p is not None:
+            _check(name, p, (1, 2), _FLOATS)
+            if tuple(p.shape) not in shapes:
+                raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} "
+                                 f"(per gate head), got {tuple(p.shape)}")
+    if cu_seqlens is not None:
+        _check("cu_seqlens", cu_seqlens, 1, _INTS)
+        if B != 1 or cu_seqlens.numel() < 1:
+            raise ValueError(f"cu_seqlens needs batch size 1 and >= 1 entry, got B={B}")
+        N = cu_seqlens.numel() - 1
+    else:
+        N = B
+    _check("state_pool", state_pool, 4, (torch.float32, torch.bfloat16))
+    want = (HV, V, K) if state_layout == "VK" else (HV, K, V)
+    if tuple(state_pool.shape[1:]) != want:
+        raise ValueError(f"state_pool must be [P, {', '.join(map(str, want))}] "
+                         f"({state_layout}), got {tuple(state_pool.shape)}")
+    if not state_pool.is_contiguous():
+        raise ValueError("state_pool must be contiguous (it is updated in place)")
+    _check("state_indices", state_indices, (1, 2), _INTS)
+    if state_indices.shape[0] != N:
+        raise ValueError(f"state_indices must have {N} rows (one a sequence), "
+                         f"got {tuple(state_indices.shape)}")
+    if state_indices.ndim == 2 and cu_seqlens is None and state_indices.shape[1] < T:
+        raise ValueError(f"state_indices [N, T_new] needs T_new >= {T} columns (a pool row "
+                         f"for each token's state), got {tuple(state_indices.shape)}")
+    if num_accepted_tokens is not None:
+        _check("num_accepted_tokens", num_accepted_tokens, 1, _INTS)
+        if state_indices.ndim != 2 or num_accepted_tokens.shape != (N,):
+            raise ValueError("num_accepted_tokens must be [N] and needs state_indices [N, T_new]"
+                             " (the per-token states it picks the start from)")
+    for x in (k, v, g, beta, state_pool, state_indices, A_log, dt_bias, num_accepted_tokens,
+              cu_seqlens):
+        if x is not None and x.device != q.device:
+            raise ValueError(f"all tensors must be on one device, got {q.device} and {x.device}")
+    return N, T
+
+
+def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log=None,
+               dt_bias=None, lower_bound=-5.0, use_qk_l2norm=True, beta_is_logits=True,
+               state_layout="KV", num_accepted_tokens=None, cu_seqlens=None, out=None,
+               block_v=None, num_warps=None):
+    """KDA decode: ``T_new`` new tokens of each of N sequences whose states live in a pool.
+
+    q, k ``[N, T_new, H, K]``; v ``[N, T_new, HV, V]`` (GVA: HV a multiple of H, value head i
+    reads q/k head ``i // (HV // H)``); g ``[N, T_new, HV or H, K]`` (the raw gate, as
+    ``chunk_kda_fwd``), beta ``[N, T_new, HV]``; A_log ``[HG]``, dt_bias ``[HG * K]`` for the
+    HG gate heads of g. ``cu_seqlens`` packs sequences of different token counts (B = 1).
+    ``state_pool`` ``[P, HV, K, V]`` (``"VK"``: ``[P, HV, V, K]``), fp32 or bf16, updated in
+    place at the rows ``state_indices`` names (module docstring: ``[N]``, or ``[N, T_new]``
+    with per-token states and ``num_accepted_tokens`` for speculative decoding; negative
+    indices skip). Index contents are not checked (a check would sync the host); two
+    sequences naming one row race. Returns o like v (or written into ``out``).
+    """
+    N, T = validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
+                           lower_bound, state_layout, num_accepted_tokens, cu_seqlens)
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise RuntimeError("kdalab.kernels.kda_decode runs a Triton kernel: it needs CUDA "
+                           f"tensors, or TRITON_INTERPRET=1 on the CPU; got {q.device}")
+    K = q.shape[-1]
+    if scale is None:
+        scale = K ** -0.5
+    q, k, v, g, beta, state_indices = (x.contiguous() for x in (q, k, v, g, beta,
+                                                                state_indices))
+    if A_log is not None:
+        A_log = A_log.contiguous()
+    if dt_bias is not None:
+        dt_bias = dt_bias.reshape(-1).contiguous()
+    if out is not None and (not isinstance(out, torch.Tensor) or out.shape != v.shape
+                            or out.dtype != v.dtype or out.device != v.device
+                            or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous tensor like v {tuple(v.shape)} {v.dtype}")
+    o = torch.empty_like(v) if out is None else out
+    return kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, state_pool, state_indices,
+                             num_accepted_tokens, cu_seqlens, num_seqs=N, T=T, scale=scale,
+                             lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
+                             beta_is_logits=beta_is_logits, state_vk=state_layout == "VK",
+                             block_v=block_v, num_warps=num_warps)

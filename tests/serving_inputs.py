@@ -1,0 +1,66 @@
+"""Inputs and the child-process runner shared by the serving tests (decode, the pool and
+checkpoint paths, GVA, custom ops, kdalab.compat.fla).
+
+Interpreter tests are named ``test_interp_*``: they run under TRITON_INTERPRET=1 in one child
+pytest process (``run_interpreter_tests``, called from tests/test_decode.py), so the
+interpreter never leaks into other test modules; GPU tests are marked ``gpu``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import torch
+
+from kdalab.arith import rel_rmse
+
+INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+FILES = ("test_decode.py", "test_kernel_pool.py", "test_custom_ops.py", "test_compat_fla.py")
+# a bound of -1: at most e^-1 of decay a token, so a state carries over many tokens and a
+# wrong start state or a lost update shows in the outputs (at -5 it is gone within a chunk)
+LOWER_BOUND = -1.0
+
+
+def inputs(N, T, H, HV, K, V, *, seed=0, device="cpu", dtype=torch.float32, gate_heads=None):
+    """(q, k, v, g, beta, kw) with raw gate and β logits, A_log and dt_bias per gate head."""
+    gen = torch.Generator().manual_seed(seed)
+    HG = gate_heads or HV
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    q, k, g = r(N, T, H, K), r(N, T, H, K), r(N, T, HG, K)
+    v, beta = r(N, T, HV, V), r(N, T, HV)
+    kw = dict(A_log=(r(HG) * 0.3).to(device), dt_bias=(r(HG * K) * 0.3).to(device),
+              lower_bound=LOWER_BOUND)
+    return tuple(x.to(device=device, dtype=dtype) for x in (q, k, v, g, beta)) + (kw,)
+
+
+def pool(P, HV, K, V, *, seed=1, layout="KV", dtype=torch.float32, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    shape = (P, HV, K, V) if layout == "KV" else (P, HV, V, K)
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def err(x, ref):
+    """Relative RMS error over the whole tensor (the relative Frobenius error)."""
+    return float(rel_rmse(x, ref, x.dim()))
+
+
+def run_interpreter_tests(tmp_path: Path, timeout=600):
+    """Run every ``test_interp_*`` of FILES in one TRITON_INTERPRET=1 child; all must pass
+    (a skip, a deselect or a failure fails). Results are read from its JUnit report."""
+    here = Path(__file__).parent
+    report = tmp_path / "interp.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "interp_",
+         f"--junitxml={report}", *(str(here / f) for f in FILES)],
+        env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+        timeout=timeout)
+    log = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, log
+    cases = list(ET.parse(report).getroot().iter("testcase"))
+    bad = [c.get("name") for c in cases
+           if any(c.find(t) is not None for t in ("failure", "error", "skipped"))]
+    assert cases and not bad, (bad, log)
+    return len(cases)
