@@ -240,7 +240,7 @@ def test_an_interrupt_claims_nothing_a_command_did_not_declare(monkeypatch, caps
                  "allocate memory: you tried to allocate 80000000000 bytes. Error code 12"),
 ])
 def test_out_of_memory_is_one_line(error, monkeypatch, tmp_path, capsys):
-    import kdalab.experiments.backends as backends
+    import kdalab.studies.plan as backends
 
     def too_big(*a, **kw):
         raise error
@@ -252,7 +252,7 @@ def test_out_of_memory_is_one_line(error, monkeypatch, tmp_path, capsys):
 
 
 def test_a_runtime_error_that_is_no_memory_error_keeps_its_traceback(monkeypatch, tmp_path):
-    import kdalab.experiments.backends as backends
+    import kdalab.studies.plan as backends
 
     def broken(*a, **kw):
         raise RuntimeError("shape mismatch")

@@ -107,7 +107,7 @@ def test_views_and_command(tmp_path, capsys, tiny_records):
     text = (out / "inverse-stability-summary.md").read_text()
     assert "fp16-neumann" in text and "flashkda-v2" in text
     # the same configuration as TINY: the same records as the study run in this process
-    from kdalab.experiments.store import read_records
+    from kdalab.records.legacy import read_records
 
     assert len(read_records(out)) == len(tiny_records)
     with pytest.raises(SystemExit) as done:  # its own folder: written again

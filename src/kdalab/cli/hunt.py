@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import STATE, Interrupted, app, console, err_console, heavy_imports, prose
+from kdalab.cli.app import STATE, Interrupted, app, console, err_console, prose
 
 _EPILOG = (
     "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, fla, fla-recurrent, flashkda "
@@ -94,11 +94,10 @@ def hunt_command(
     = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar or summary")] = False,
 ) -> None:
-    with heavy_imports():  # torch, optuna
-        from kdalab import params
-        from kdalab.hunt import HuntConfig, default_threshold, resolve
-        from kdalab.hunt.files import TrialWriter, prepare_folder, write_meta
-        from kdalab.hunt.search import summarize, supported_bounds
+    from kdalab import params
+    from kdalab.hunt import HuntConfig, default_threshold, resolve
+    from kdalab.hunt.files import TrialWriter, prepare_folder, write_meta
+    from kdalab.hunt.search import summarize, supported_bounds
 
     device = params.device(device or _default_device(), "--device")
     kind = "cuda" if device.startswith("cuda") else "cpu"

@@ -19,14 +19,14 @@ _CONFIG = "inverse-stability-config.json"  # marks a folder as this command's ow
 # --- the study's records on disk: the one place that knows the store --------------------------
 
 def _store_records(out: Path, records: list[dict]) -> None:
-    from kdalab.experiments.store import RecordWriter
+    from kdalab.records.legacy import RecordWriter
 
     with RecordWriter(out) as writer:
         writer.write(records)
 
 
 def _load_records(out: Path) -> list[dict]:
-    from kdalab.experiments.store import read_records
+    from kdalab.records.legacy import read_records
 
     return read_records(out)
 
