@@ -175,8 +175,8 @@ def notes(records) -> list[str]:
             for message, g in k.groupby("message", sort=False):
                 out.append(f"{kernel} — {status} on {', '.join(g['case'])}: {message}")
     if "o_nonfinite_all" in df:
-        ran = df[(df["poison"] != "") & (df["status"] != "unsupported")]
-        for rec in ran.to_dict("records"):
+        ran = df[(df["poison"] != "") & df["o_nonfinite_all"].notna() & df["o_nonfinite"].notna()]
+        for rec in ran.to_dict("records"):  # a kernel that raised gave no output to count
             bad = int(rec["o_nonfinite_all"]) - int(rec["o_nonfinite"])
             out.append(f"{rec['kernel']} — {rec['case']} ({rec['poison']}): {bad} non-finite "
                        f"outputs in the poisoned sequence (recorded, not judged)")
