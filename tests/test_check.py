@@ -29,7 +29,7 @@ from kdalab.check import (
 from kdalab.check.cases import FULL, QUICK, Case
 from kdalab.cli import app, main
 from kdalab.kda import RECIPES, reference_forward
-from kdalab.records.legacy import read_records
+from kdalab.check.records import read as read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -269,9 +269,13 @@ def test_cli_exit_codes_and_report_files(tmp_path):
     good = _cli([f"{MOD}:honest_fp32", "--cases", "model_like,h0/*,varlen/*"], tmp_path / "a")
     assert good.exit_code == 0, good.output
     assert "PASS" in good.output and "unsupported" in good.output
-    names = {"records.jsonl", "records.json", "records.parquet", "check.json", "report.md",
-             "report.html", "errors.png"}
-    assert names <= {p.name for p in (tmp_path / "a").iterdir()}
+    names = {"manifest.json", "parts", "records.json", "check.json", "report.md",
+             "report.html", "errors.png", ".lock"}
+    assert names == {p.name for p in (tmp_path / "a").iterdir()}  # the store and the report
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["kind"] == "check" and manifest["state"] == "complete"
+    assert sorted(manifest["views"]) == ["check.json", "errors.png", "records.json",
+                                         "report.html", "report.md"]
     page = (tmp_path / "a" / "report.html").read_text()
     assert "data:image/png;base64," in page  # self-contained: nothing fetched
     assert not any(f in page for f in ("<link", "<script", "src='http", 'src="http', "href="))
@@ -419,7 +423,11 @@ def test_isolated_kernel_that_dies_is_recorded_and_the_others_run(tmp_path):
     assert recs[(dead, "varlen/empty")]["status"] == "skipped"
     assert recs[("recipe:fp32", "varlen/mixed")]["status"] == "pass"
     assert "crashed" in (tmp_path / "report.md").read_text()
-    assert list((tmp_path / "parts").iterdir()) == [tmp_path / "parts" / "1"]  # its log kept
+    log = tmp_path / "logs" / "1-tests.check_kernels_dies_on_varlen.log"
+    assert f"(log: {log})" in recs[(dead, "varlen/mixed")]["message"] and log.exists()
+    # the folder holds the store, the report and the crash log: no work files, no .pt caches
+    assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.jsonl"))
+    assert all(p.suffix == ".parquet" for p in (tmp_path / "parts").iterdir())
 
 
 def test_isolated_records_equal_in_process_records_and_timeout(tmp_path):
@@ -429,10 +437,10 @@ def test_isolated_records_equal_in_process_records_and_timeout(tmp_path):
 
     cases = select_cases(QUICK, "T/1,varlen/mixed")
     same = run_isolated(["recipe:fp32"], cases, suite="quick", device="cpu",
-                        thresholds=Thresholds(), against=None, folder=tmp_path / "a")
+                        thresholds=Thresholds(), against=None, logs=tmp_path / "a")
     assert json.dumps(same) == json.dumps(run_check([load_kernel("recipe:fp32")], cases))
     late = run_isolated([f"{MOD}:honest_fp32"], cases, suite="quick", device="cpu",
-                        thresholds=Thresholds(), against=None, folder=tmp_path / "b",
+                        thresholds=Thresholds(), against=None, logs=tmp_path / "b",
                         timeout=0.2)
     assert [r["status"] for r in late] == ["fail", "skipped"]
     assert "no answer within 0.2 s" in late[0]["message"]

@@ -176,6 +176,9 @@ def test_ctrl_c_says_what_was_kept_and_the_report_says_incomplete(tmp_path):
     assert "interrupted: 2 of 3 records in" in " ".join(res.output.split())
     assert "nothing was written" not in res.output
     assert json.loads((tmp_path / "check.json").read_text())["complete"] is False
+    # the two cases that ran are in the store, which says the run was interrupted
+    assert [r["case"] for r in read(tmp_path)] == ["model_like", "T/1"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["state"] == "interrupted"
     again = runner.invoke(None, ["check", "--redraw", "--out", str(tmp_path)])
     assert again.exit_code == 1  # an incomplete run does not pass
     assert "INCOMPLETE" in (tmp_path / "report.md").read_text()
@@ -204,8 +207,25 @@ def test_case_kinds_round_trip_through_the_isolated_worker(tmp_path):
 
     cases = select_cases(QUICK, "contract/causal/inside,T/1")
     iso = run_isolated(["recipe:fp32"], cases, suite="quick", device="cpu",
-                       thresholds=Thresholds(), against=None, folder=tmp_path)
+                       thresholds=Thresholds(), against=None)
     assert json.dumps(iso) == json.dumps(run_check([load_kernel("recipe:fp32")], cases))
+
+
+def test_isolated_and_in_process_runs_store_the_same_records_and_no_caches(tmp_path):
+    """The stores of the same check run in this process and with --isolate hold the same
+    records bit for bit; the isolated run's folder holds the store and the report only (the
+    workers' references, .pt files, live in a temporary folder that is gone)."""
+    from kdalab.records import StoreReader, identical
+
+    args = ["recipe:fp32", f"{MOD}:honest_fp32", "--cases", "T/1,contract/causal/inside"]
+    assert _cli(args, tmp_path / "in").exit_code == 0
+    assert _cli([*args, "--isolate"], tmp_path / "iso").exit_code == 0
+    a, b = (StoreReader.read_only(tmp_path / n) for n in ("in", "iso"))
+    assert a.complete and b.complete and a.read().num_rows == 4
+    assert identical(a.read(), b.read())
+    assert not list((tmp_path / "iso").rglob("*.pt"))
+    assert {p.name for p in (tmp_path / "iso").iterdir()} == {p.name for p in
+                                                              (tmp_path / "in").iterdir()}
 
 
 def test_full_suite_has_the_contracts_and_collinear_group():
