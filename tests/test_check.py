@@ -27,9 +27,9 @@ from kdalab.check import (
     select_cases,
 )
 from kdalab.check.cases import FULL, QUICK, Case
+from kdalab.check.records import read as stored_records
 from kdalab.cli import app, main
 from kdalab.kda import RECIPES, reference_forward
-from kdalab.check.records import read as read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -285,7 +285,7 @@ def test_cli_exit_codes_and_report_files(tmp_path):
     assert meta["suite"] == "quick" and meta["cases"] == ["model_like", "varlen/mixed",
                                                          "varlen/empty", "h0/beyond_fp16",
                                                          "h0/bf16"]
-    assert len(read_records(tmp_path / "a")) == 5
+    assert len(stored_records(tmp_path / "a")) == 5
 
     bad = _cli([f"{MOD}:state_in_fp16", f"{MOD}:honest_fp32", "--cases", "h0/*"], tmp_path / "b")
     assert bad.exit_code == 1, bad.output
@@ -305,7 +305,7 @@ def test_cli_exclude_and_redraw(tmp_path):
     res = _cli(["recipe:fp32", f"{MOD}:honest_fp32", "--cases", "model_like,T/*",
                 "--exclude", "recipe:fp32=T/*"], tmp_path)
     assert res.exit_code == 0, res.output
-    status = {(r["kernel"], r["case"]): r["status"] for r in read_records(tmp_path)}
+    status = {(r["kernel"], r["case"]): r["status"] for r in stored_records(tmp_path)}
     assert status[("recipe:fp32", "T/17")] == "excluded"
     assert status[(f"{MOD}:honest_fp32", "T/17")] == "pass"
     (tmp_path / "report.md").unlink()
@@ -381,7 +381,7 @@ def test_cli_quick_suite(tmp_path):
     # FlashKDA's precision path fails the collinear group; fla's (secondary-midpoint tiles: the
     # chunk's middle gate scales the tokens before it) is not bit-causal inside a chunk
     assert proc.returncode == 1, proc.stderr[-2000:]
-    recs = read_records(tmp_path)
+    recs = stored_records(tmp_path)
     assert len(recs) == 2 * len(QUICK)
     for kernel in ("recipe:flashkda", "recipe:fla"):
         ran = [r for r in recs if r["kernel"] == kernel and r["status"] != "unsupported"
@@ -415,7 +415,7 @@ def test_isolated_kernel_that_dies_is_recorded_and_the_others_run(tmp_path):
     res = _cli(["recipe:fp32", f"{MOD}:dies_on_varlen", "--isolate",
                 "--cases", "T/1,varlen/mixed,varlen/empty"], tmp_path)
     assert res.exit_code == 1, res.output
-    recs = {(r["kernel"], r["case"]): r for r in read_records(tmp_path)}
+    recs = {(r["kernel"], r["case"]): r for r in stored_records(tmp_path)}
     dead = f"{MOD}:dies_on_varlen"
     assert recs[(dead, "T/1")]["status"] == "pass"
     assert recs[(dead, "varlen/mixed")]["status"] == "fail"

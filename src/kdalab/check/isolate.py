@@ -96,10 +96,10 @@ def _one_kernel(i, spec, specs, cases, work: Path, *, suite, device, thresholds,
     job = {"kernel": spec, "against": against, "device": device, "suite": suite,
            "cases": [asdict(c) for c in cases], "thresholds": asdict(thresholds),
            "exclude": sorted((exclude or {}).get(spec, ())),
-           "records": str(part / "records.jsonl"), "references": str(work / "references")}
+           "records": str(part / "stream.jsonl"), "references": str(work / "references")}
     (part / "job.json").write_text(json.dumps(job), encoding="utf-8")
     total, recs = len(cases) * len(specs), []
-    stream = _Lines(part / "records.jsonl")
+    stream = _Lines(part / "stream.jsonl")
 
     def take() -> None:
         new = stream.new()
