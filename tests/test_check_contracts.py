@@ -238,3 +238,51 @@ def test_full_suite_has_the_contracts_and_collinear_group():
     assert all(c.T >= 1024 for c in FULL if c.family == "collinear")
     assert Path(ROOT / "docs" / "check.md").exists()
     assert isinstance(Case("x", kind="prefill", T=8, split=3), Case)
+
+
+def test_a_terminated_isolated_check_keeps_its_records_and_leaves_nothing_running(tmp_path):
+    """SIGTERM (``timeout``'s) in the middle of an isolated run: exit 130, the case that finished
+    is in the store, which says interrupted; the worker is stopped and its temporary folder (the
+    shared references) removed; --redraw draws the INCOMPLETE report."""
+    import signal
+    import time
+
+    from kdalab.records import StoreReader
+
+    kernel = tmp_path / "slow.py"
+    kernel.write_text(
+        "import os, time\nfrom tests.check_kernels import honest_fp32\n\n"
+        "def slow_after_t1(q, k, v, g, beta, **kw):\n"
+        f"    open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+        "    if q.shape[1] > 1:\n        time.sleep(120)\n"
+        "    return honest_fp32(q, k, v, g, beta, **kw)\n")
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "out"
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from kdalab.cli import main; main()", "check",
+         f"{kernel}:slow_after_t1", "--device", "cpu", "--isolate", "--cases", "T/1,T/17",
+         "--out", str(out), "--quiet"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (out / "manifest.json").exists() and StoreReader.read_only(out).done.sum():
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)  # the worker is on T/17
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted: 1 of 2 records in" in " ".join(err.split())
+    store = StoreReader.read_only(out)
+    assert store.manifest.state == "interrupted" and store.records()[0]["case"] == "T/1"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+    assert not list((tmp_path / "tmp").iterdir()) and not list(out.rglob("*.pt"))
+    again = runner.invoke(None, ["check", "--redraw", "--out", str(out)])
+    assert again.exit_code == 1 and "INCOMPLETE" in (out / "report.md").read_text()

@@ -83,8 +83,9 @@ def is_check_folder(folder: str | Path) -> bool:
 
 class CheckStore:
     """A check run's store, open to write: :meth:`write` takes records as the harness gives
-    them (any order, each (case, kernel) once) and finds their runs; ``count`` says how many
-    are stored. A context manager: closing marks the run complete or interrupted."""
+    them (any order, each (case, kernel) once), finds their runs and puts them on disk;
+    ``count`` says how many are stored. A context manager: closing marks the run complete or
+    interrupted."""
 
     def __init__(self, store: RunStore, runs: dict[tuple[str, str], int]):
         self.store = store
@@ -103,6 +104,9 @@ class CheckStore:
                                    "(kdalab.check.records._FIELDS)")
         runs = [self._runs[(r["case"], r["kernel"])] for r in records]
         self.store.append(records_table(records, self.store.schema, runs), group="check")
+        # on disk now: a case costs seconds, a part milliseconds, and a kill (``timeout``'s
+        # SIGTERM, kill -9) must not take the cases that finished with it
+        self.store.flush()
         self.count += len(records)
 
     @property

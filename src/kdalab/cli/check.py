@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -265,6 +268,26 @@ def _open(plan: dict, device: str, out: Path, meta: dict, force: bool):
     return opened
 
 
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """SIGTERM (``timeout``, a job scheduler) as Ctrl-C while the check runs: the store is
+    closed as interrupted and an isolated kernel's worker is stopped, not left running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        from kdalab.cli.app import Interrupted
+
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, isolate: bool,
          case_timeout: float, timings: dict, quiet: bool) -> None:
     """The check with progress, records stored in ``out`` as cases finish; errors that stop
@@ -289,7 +312,7 @@ def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, isolate
     STATE.kept[:] = [f"{out}/check.json (the run's description), no records yet"]
     STATE.resume = ""
     try:
-        with writer, Progress(
+        with writer, _terminated_as_interrupted(), Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console, transient=True, disable=quiet,
