@@ -19,6 +19,7 @@ from kdalab.check.budget import DEFAULT_BUDGET, Floors, floor_reference, multipl
 from kdalab.check.calls import rel
 from kdalab.check.cases import QUICK, Case, case_inputs, reference
 from kdalab.check.records import read
+from kdalab.records import StoreReader
 from tests.test_check import MOD, ROOT, runner
 
 CONTRACTS = select_cases(QUICK, "contract/*")
@@ -199,6 +200,25 @@ def test_out_folders_of_others_are_refused(tmp_path):
     assert _cli(["recipe:fp32", "--cases", "T/1", "--force"], foreign).exit_code == 0
     again = _cli(["recipe:fp32", "--cases", "T/1"], foreign)  # now its own: rewritten
     assert again.exit_code == 0, again.output
+    assert _cli([f"{MOD}:honest_fp32", "--cases", "T/17"], foreign).exit_code == 0
+    assert [(r["kernel"], r["case"]) for r in read(foreign)] == [(f"{MOD}:honest_fp32", "T/17")]
+
+
+def test_a_store_of_another_kind_is_not_a_check_run(tmp_path):
+    import pyarrow as pa
+
+    from kdalab.records import RunStore, records_table
+
+    schema = pa.schema([("run", pa.int64()), ("x", pa.float64())])
+    with RunStore.open(tmp_path, kind="sweep", config={}, runs=1, records_per_run=1,
+                       schema=schema) as store:
+        store.append(records_table([{"x": 1.0}], schema, [0]), group="g")
+    for args in (["--redraw"], ["recipe:fp32", "--cases", "T/1"]):
+        res = _cli(args, tmp_path)
+        assert res.exit_code == 2 and res.output.startswith("error:"), res.output
+        assert len(res.output.strip().splitlines()) == 1 and "holds no check run" in res.output
+    assert "records of sweep" in _cli(["--redraw"], tmp_path).output
+    assert StoreReader.read_only(tmp_path, kind="sweep").complete  # untouched
 
 
 def test_case_kinds_round_trip_through_the_isolated_worker(tmp_path):
