@@ -17,10 +17,11 @@ folder is refused unless ``force``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -28,7 +29,7 @@ import pyarrow as pa
 from kdalab.records import Manifest, RunStore, StoreError, StoreReader, is_store, records_table
 
 __all__ = ["KIND", "META", "CheckStore", "schema", "open_run", "write_meta", "read",
-           "read_run", "record_views", "is_check_folder"]
+           "read_run", "drawing_views", "is_check_folder"]
 
 KIND = "check"
 META = "check.json"
@@ -197,13 +198,19 @@ def read_run(folder: str | Path, *, name: str = "--out") -> tuple[list[dict], di
     return records, meta
 
 
-def record_views(folder: str | Path, paths: Sequence[Path]) -> None:
-    """List the files drawn beside the store (the report, ``check.json``, crash logs) in its
-    manifest, so that they go with the records; the folder is held meanwhile."""
+@contextlib.contextmanager
+def drawing_views(folder: str | Path) -> Iterator[tuple[StoreReader, list[Path]]]:
+    """``(store, drawn)``: the check store in ``folder``, held (no check writes it meanwhile)
+    while its views are drawn; on a clean exit the files drawn beside the store (those the
+    caller added to ``drawn``, ``check.json``, crash logs) are listed in the manifest, so that
+    they go with the records."""
     folder = Path(folder)
-    extra = [folder / META] + sorted((folder / LOGS).glob("*"))
     try:
-        with StoreReader.read_only(folder, lock=True, kind=KIND) as store:
-            store.set_views([p for p in dict.fromkeys([*paths, *extra]) if p.exists()])
+        store = StoreReader.read_only(folder, lock=True, kind=KIND)
     except StoreError as exc:
         raise ValueError(str(exc)) from None
+    drawn: list[Path] = []
+    with store:
+        yield store, drawn
+        extra = [folder / META] + sorted((folder / LOGS).glob("*"))
+        store.set_views([p for p in dict.fromkeys([*drawn, *extra]) if p.exists()])

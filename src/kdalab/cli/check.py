@@ -352,16 +352,16 @@ def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bo
     ran no case at all (no pass without a run)."""
     from rich.markup import escape
 
-    from kdalab.check.records import record_views
+    from kdalab.check.records import drawing_views
     from kdalab.cli.stored import export_json
-    from kdalab.records import StoreReader
     from kdalab.views.check import notes, summary, terminal_table, verdict
     from kdalab.views.check_report import write_check_views
 
     records, meta = run
-    paths = write_check_views(records, meta, out)
-    paths.append(export_json(StoreReader.read_only(out), out / "records.json"))
-    record_views(out, paths)
+    with drawing_views(out) as (store, drawn):
+        paths = write_check_views(records, meta, out)
+        paths.append(export_json(store, out / "records.json"))
+        drawn += paths
     passed, line = verdict(records, complete=meta.get("complete", True))
     if as_json:
         doc = {"passed": passed, "meta": meta,
