@@ -27,9 +27,9 @@ from kdalab.check import (
     select_cases,
 )
 from kdalab.check.cases import FULL, QUICK, Case
+from kdalab.check.records import read as stored_records
 from kdalab.cli import app, main
 from kdalab.kda import RECIPES, reference_forward
-from kdalab.records.legacy import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -273,9 +273,13 @@ def test_cli_exit_codes_and_report_files(tmp_path):
     good = _cli([f"{MOD}:honest_fp32", "--cases", "model_like,h0/*,varlen/*"], tmp_path / "a")
     assert good.exit_code == 0, good.output
     assert "PASS" in good.output and "unsupported" in good.output
-    names = {"records.jsonl", "records.json", "records.parquet", "check.json", "report.md",
-             "report.html", "errors.png"}
-    assert names <= {p.name for p in (tmp_path / "a").iterdir()}
+    names = {"manifest.json", "parts", "records.json", "check.json", "report.md",
+             "report.html", "errors.png", ".lock"}
+    assert names == {p.name for p in (tmp_path / "a").iterdir()}  # the store and the report
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["kind"] == "check" and manifest["state"] == "complete"
+    assert sorted(manifest["views"]) == ["check.json", "errors.png", "records.json",
+                                         "report.html", "report.md"]
     page = (tmp_path / "a" / "report.html").read_text()
     assert "data:image/png;base64," in page  # self-contained: nothing fetched
     assert not any(f in page for f in ("<link", "<script", "src='http", 'src="http', "href="))
@@ -285,7 +289,7 @@ def test_cli_exit_codes_and_report_files(tmp_path):
     assert meta["suite"] == "quick" and meta["cases"] == ["model_like", "varlen/mixed",
                                                          "varlen/empty", "h0/beyond_fp16",
                                                          "h0/bf16"]
-    assert len(read_records(tmp_path / "a")) == 5
+    assert len(stored_records(tmp_path / "a")) == 5
 
     bad = _cli([f"{MOD}:state_in_fp16", f"{MOD}:honest_fp32", "--cases", "h0/*"], tmp_path / "b")
     assert bad.exit_code == 1, bad.output
@@ -305,7 +309,7 @@ def test_cli_exclude_and_redraw(tmp_path):
     res = _cli(["recipe:fp32", f"{MOD}:honest_fp32", "--cases", "model_like,T/*",
                 "--exclude", "recipe:fp32=T/*"], tmp_path)
     assert res.exit_code == 0, res.output
-    status = {(r["kernel"], r["case"]): r["status"] for r in read_records(tmp_path)}
+    status = {(r["kernel"], r["case"]): r["status"] for r in stored_records(tmp_path)}
     assert status[("recipe:fp32", "T/17")] == "excluded"
     assert status[(f"{MOD}:honest_fp32", "T/17")] == "pass"
     (tmp_path / "report.md").unlink()
@@ -379,7 +383,7 @@ def test_cli_quick_suite(tmp_path):
     # FlashKDA's precision path fails the collinear group; fla's (secondary-midpoint tiles: the
     # chunk's middle gate scales the tokens before it) is not bit-causal inside a chunk
     assert proc.returncode == 1, proc.stderr[-2000:]
-    recs = read_records(tmp_path)
+    recs = stored_records(tmp_path)
     assert len(recs) == 2 * len(QUICK)
     for kernel in ("recipe:flashkda", "recipe:fla"):
         ran = [r for r in recs if r["kernel"] == kernel and r["status"] != "unsupported"
@@ -413,7 +417,7 @@ def test_isolated_kernel_that_dies_is_recorded_and_the_others_run(tmp_path):
     res = _cli(["recipe:fp32", f"{MOD}:dies_on_varlen", "--isolate",
                 "--cases", "T/1,varlen/mixed,varlen/empty"], tmp_path)
     assert res.exit_code == 1, res.output
-    recs = {(r["kernel"], r["case"]): r for r in read_records(tmp_path)}
+    recs = {(r["kernel"], r["case"]): r for r in stored_records(tmp_path)}
     dead = f"{MOD}:dies_on_varlen"
     assert recs[(dead, "T/1")]["status"] == "pass"
     assert recs[(dead, "varlen/mixed")]["status"] == "fail"
@@ -421,7 +425,11 @@ def test_isolated_kernel_that_dies_is_recorded_and_the_others_run(tmp_path):
     assert recs[(dead, "varlen/empty")]["status"] == "skipped"
     assert recs[("recipe:fp32", "varlen/mixed")]["status"] == "pass"
     assert "crashed" in (tmp_path / "report.md").read_text()
-    assert list((tmp_path / "parts").iterdir()) == [tmp_path / "parts" / "1"]  # its log kept
+    log = tmp_path / "logs" / "1-tests.check_kernels_dies_on_varlen.log"
+    assert f"(log: {log})" in recs[(dead, "varlen/mixed")]["message"] and log.exists()
+    # the folder holds the store, the report and the crash log: no work files, no .pt caches
+    assert not list(tmp_path.rglob("*.pt")) and not list(tmp_path.rglob("*.jsonl"))
+    assert all(p.suffix == ".parquet" for p in (tmp_path / "parts").iterdir())
 
 
 def test_isolated_records_equal_in_process_records_and_timeout(tmp_path):
@@ -431,10 +439,10 @@ def test_isolated_records_equal_in_process_records_and_timeout(tmp_path):
 
     cases = select_cases(QUICK, "T/1,varlen/mixed")
     same = run_isolated(["recipe:fp32"], cases, suite="quick", device="cpu",
-                        thresholds=Thresholds(), against=None, folder=tmp_path / "a")
+                        thresholds=Thresholds(), against=None, logs=tmp_path / "a")
     assert json.dumps(same) == json.dumps(run_check([load_kernel("recipe:fp32")], cases))
     late = run_isolated([f"{MOD}:honest_fp32"], cases, suite="quick", device="cpu",
-                        thresholds=Thresholds(), against=None, folder=tmp_path / "b",
+                        thresholds=Thresholds(), against=None, logs=tmp_path / "b",
                         timeout=0.2)
     assert [r["status"] for r in late] == ["fail", "skipped"]
     assert "no answer within 0.2 s" in late[0]["message"]

@@ -19,6 +19,7 @@ from kdalab.check.budget import DEFAULT_BUDGET, Floors, floor_reference, multipl
 from kdalab.check.calls import rel
 from kdalab.check.cases import QUICK, Case, case_inputs, reference
 from kdalab.check.records import read
+from kdalab.records import StoreReader
 from tests.test_check import MOD, ROOT, runner
 
 CONTRACTS = select_cases(QUICK, "contract/*")
@@ -176,6 +177,9 @@ def test_ctrl_c_says_what_was_kept_and_the_report_says_incomplete(tmp_path):
     assert "interrupted: 2 of 3 records in" in " ".join(res.output.split())
     assert "nothing was written" not in res.output
     assert json.loads((tmp_path / "check.json").read_text())["complete"] is False
+    # the two cases that ran are in the store, which says the run was interrupted
+    assert [r["case"] for r in read(tmp_path)] == ["model_like", "T/1"]
+    assert json.loads((tmp_path / "manifest.json").read_text())["state"] == "interrupted"
     again = runner.invoke(None, ["check", "--redraw", "--out", str(tmp_path)])
     assert again.exit_code == 1  # an incomplete run does not pass
     assert "INCOMPLETE" in (tmp_path / "report.md").read_text()
@@ -196,6 +200,25 @@ def test_out_folders_of_others_are_refused(tmp_path):
     assert _cli(["recipe:fp32", "--cases", "T/1", "--force"], foreign).exit_code == 0
     again = _cli(["recipe:fp32", "--cases", "T/1"], foreign)  # now its own: rewritten
     assert again.exit_code == 0, again.output
+    assert _cli([f"{MOD}:honest_fp32", "--cases", "T/17"], foreign).exit_code == 0
+    assert [(r["kernel"], r["case"]) for r in read(foreign)] == [(f"{MOD}:honest_fp32", "T/17")]
+
+
+def test_a_store_of_another_kind_is_not_a_check_run(tmp_path):
+    import pyarrow as pa
+
+    from kdalab.records import RunStore, records_table
+
+    schema = pa.schema([("run", pa.int64()), ("x", pa.float64())])
+    with RunStore.open(tmp_path, kind="sweep", config={}, runs=1, records_per_run=1,
+                       schema=schema) as store:
+        store.append(records_table([{"x": 1.0}], schema, [0]), group="g")
+    for args in (["--redraw"], ["recipe:fp32", "--cases", "T/1"]):
+        res = _cli(args, tmp_path)
+        assert res.exit_code == 2 and res.output.startswith("error:"), res.output
+        assert len(res.output.strip().splitlines()) == 1 and "holds no check run" in res.output
+    assert "records of sweep" in _cli(["--redraw"], tmp_path).output
+    assert StoreReader.read_only(tmp_path, kind="sweep").complete  # untouched
 
 
 def test_case_kinds_round_trip_through_the_isolated_worker(tmp_path):
@@ -204,8 +227,25 @@ def test_case_kinds_round_trip_through_the_isolated_worker(tmp_path):
 
     cases = select_cases(QUICK, "contract/causal/inside,T/1")
     iso = run_isolated(["recipe:fp32"], cases, suite="quick", device="cpu",
-                       thresholds=Thresholds(), against=None, folder=tmp_path)
+                       thresholds=Thresholds(), against=None)
     assert json.dumps(iso) == json.dumps(run_check([load_kernel("recipe:fp32")], cases))
+
+
+def test_isolated_and_in_process_runs_store_the_same_records_and_no_caches(tmp_path):
+    """The stores of the same check run in this process and with --isolate hold the same
+    records bit for bit; the isolated run's folder holds the store and the report only (the
+    workers' references, .pt files, live in a temporary folder that is gone)."""
+    from kdalab.records import StoreReader, identical
+
+    args = ["recipe:fp32", f"{MOD}:honest_fp32", "--cases", "T/1,contract/causal/inside"]
+    assert _cli(args, tmp_path / "in").exit_code == 0
+    assert _cli([*args, "--isolate"], tmp_path / "iso").exit_code == 0
+    a, b = (StoreReader.read_only(tmp_path / n) for n in ("in", "iso"))
+    assert a.complete and b.complete and a.read().num_rows == 4
+    assert identical(a.read(), b.read())
+    assert not list((tmp_path / "iso").rglob("*.pt"))
+    assert {p.name for p in (tmp_path / "iso").iterdir()} == {p.name for p in
+                                                              (tmp_path / "in").iterdir()}
 
 
 def test_full_suite_has_the_contracts_and_collinear_group():
@@ -218,3 +258,51 @@ def test_full_suite_has_the_contracts_and_collinear_group():
     assert all(c.T >= 1024 for c in FULL if c.family == "collinear")
     assert Path(ROOT / "docs" / "check.md").exists()
     assert isinstance(Case("x", kind="prefill", T=8, split=3), Case)
+
+
+def test_a_terminated_isolated_check_keeps_its_records_and_leaves_nothing_running(tmp_path):
+    """SIGTERM (``timeout``'s) in the middle of an isolated run: exit 130, the case that finished
+    is in the store, which says interrupted; the worker is stopped and its temporary folder (the
+    shared references) removed; --redraw draws the INCOMPLETE report."""
+    import signal
+    import time
+
+    from kdalab.records import StoreReader
+
+    kernel = tmp_path / "slow.py"
+    kernel.write_text(
+        "import os, time\nfrom tests.check_kernels import honest_fp32\n\n"
+        "def slow_after_t1(q, k, v, g, beta, **kw):\n"
+        f"    open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n"
+        "    if q.shape[1] > 1:\n        time.sleep(120)\n"
+        "    return honest_fp32(q, k, v, g, beta, **kw)\n")
+    (tmp_path / "tmp").mkdir()
+    out = tmp_path / "out"
+    env = dict(os.environ, TMPDIR=str(tmp_path / "tmp"))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from kdalab.cli import main; main()", "check",
+         f"{kernel}:slow_after_t1", "--device", "cpu", "--isolate", "--cases", "T/1,T/17",
+         "--out", str(out), "--quiet"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (out / "manifest.json").exists() and StoreReader.read_only(out).done.sum():
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        time.sleep(0.5)  # the worker is on T/17
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted: 1 of 2 records in" in " ".join(err.split())
+    store = StoreReader.read_only(out)
+    assert store.manifest.state == "interrupted" and store.records()[0]["case"] == "T/1"
+    with pytest.raises(ProcessLookupError):
+        os.kill(int((tmp_path / "pid").read_text()), 0)
+    assert not list((tmp_path / "tmp").iterdir()) and not list(out.rglob("*.pt"))
+    again = runner.invoke(None, ["check", "--redraw", "--out", str(out)])
+    assert again.exit_code == 1 and "INCOMPLETE" in (out / "report.md").read_text()

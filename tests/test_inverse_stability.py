@@ -103,20 +103,30 @@ def test_views_and_command(tmp_path, capsys, tiny_records):
     assert done.value.code == 0, capsys.readouterr().err
     names = {p.name for p in out.iterdir()}
     assert {"inverse-stability-C16-inverse.png", "inverse-stability-C16-output.png",
-            "inverse-stability-summary.md", "records.json"} <= names
+            "inverse-stability-summary.md", "manifest.json", "parts"} <= names
     text = (out / "inverse-stability-summary.md").read_text()
     assert "fp16-neumann" in text and "flashkda-v2" in text
-    # the same configuration as TINY: the same records as the study run in this process
-    from kdalab.records.legacy import read_records
+    # the same configuration as TINY: the same records, in the same order, as the study run
+    # in this process (JSON: NaN equals NaN, every float written in full)
+    import json
 
-    assert len(read_records(out)) == len(tiny_records)
-    with pytest.raises(SystemExit) as done:  # its own folder: written again
+    from kdalab.records import StoreReader
+
+    store = StoreReader.read_only(out, kind="inverse-stability")
+    assert store.complete and json.dumps(store.records()) == json.dumps(tiny_records)
+    with pytest.raises(SystemExit) as done:  # its own study: --resume (nothing left to run)
         main(args)
-    assert done.value.code == 0
+    assert done.value.code == 2 and "--resume" in capsys.readouterr().err
+    for again in (["--resume"], ["--redraw"]):
+        (out / "inverse-stability-summary.md").unlink()
+        with pytest.raises(SystemExit) as done:
+            main(args + again)
+        assert done.value.code == 0 and (out / "inverse-stability-summary.md").exists()
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     for bad, word in ((["--out", str(foreign)], "--force"), (["--betas", "1.5"], "--betas"),
+                      (["--out", str(foreign), "--redraw"], "holds no kdalab store"),
                       (["--algorithms", "lu"], "--algorithms"), (["--chunks", "1"], "--chunks")):
         with pytest.raises(SystemExit) as done:
             main(args[:-2] + ["--out", str(tmp_path / "x")] + bad if bad[0] != "--out"
@@ -136,3 +146,29 @@ def test_heatmap_cells_keep_large_finite_errors_apart_from_non_finite():
     assert spreads == [0.1, 1.0] and betas == [0.5, 1.0]
     assert grid[0, 0] == pytest.approx(-3) and grid[0, 1] == 1.0  # 1e11: the colour range's top
     assert grid[1, 0] == 2.0 and grid[1, 1] == -16.0  # inf: above it; 0: its bottom
+
+
+def test_an_interrupted_map_resumes_to_the_same_records(tmp_path, capsys, tiny_records):
+    """Half the cells stored (as an interrupt leaves them), then --resume: the records of an
+    uninterrupted run, and the cells stored are not computed again."""
+    import json
+    from itertools import islice
+
+    from kdalab.cli.inverse_stability import _study
+    from kdalab.records import StoreReader
+    from kdalab.runner import open_store
+
+    study = _study(TINY)
+    assert len(study) == 2 * 5 and study.records_per_run == 2  # C = 16: every algorithm
+    with open_store(study, tmp_path) as store:
+        for batch, table in study.compute(islice(study.batches(None, store.done), 1)):
+            store.append(table, batch.group)
+    assert StoreReader.read_only(tmp_path).manifest.state == "interrupted"
+    with pytest.raises(SystemExit) as done:
+        main(["run", "inverse-stability", "--chunks", "16", "--spreads", "0.01,3", "--betas",
+              "0.5,0.9", "--decays", "0", "--samples", "2", "--dim", "16", "--out",
+              str(tmp_path), "--resume"])
+    assert done.value.code == 0, capsys.readouterr().err
+    assert "resuming: 5 of 10 cells already stored" in capsys.readouterr().out
+    store = StoreReader.read_only(tmp_path)
+    assert store.complete and json.dumps(store.records()) == json.dumps(tiny_records)

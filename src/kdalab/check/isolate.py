@@ -2,20 +2,27 @@
 illegal address poisons the CUDA context for the rest of its process), dies or hangs takes only
 itself down. The case it was on is recorded as failed (``crashed: ...``), its later cases as
 ``skipped``, and the other kernels run as usual. Records are identical to an in-process run's.
+
+The workers' files live in a temporary folder removed at the end, whatever happens: the job,
+the records a worker streams back (JSON lines, read as they come and handed to ``sink`` at
+once, so an interrupt keeps every case that finished) and the references the workers share
+(the cases' fp64 and same-precision tensors, hundreds of MB for the full suite). Only a
+crashed kernel's log is kept, in ``logs`` if given.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from kdalab.check import records as store
 from kdalab.check.adapters import ConventionError
 from kdalab.check.cases import Case
 from kdalab.check.harness import Thresholds, blank_record
@@ -24,12 +31,22 @@ from kdalab.check.worker import EXIT_CONVENTION, EXIT_DEVICE_FAULT
 __all__ = ["run_isolated"]
 
 
-def _count_lines(path: Path) -> int:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().count(b"\n")
-    except FileNotFoundError:
-        return 0
+class _Lines:
+    """The complete lines a worker has appended to its records file since the last call."""
+
+    def __init__(self, path: Path):
+        self.path, self._offset, self._tail = path, 0, b""
+
+    def new(self) -> list[dict]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        *lines, self._tail = (self._tail + data).split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
 
 
 def _last_line(path: Path) -> str:
@@ -49,7 +66,7 @@ def run_isolated(
     device: str,
     thresholds: Thresholds,
     against: str | None,
-    folder: str | Path,
+    logs: str | Path | None = None,
     sink: Callable[[list[dict]], None] | None = None,
     progress: Callable[[int, int, str], None] | None = None,
     timeout: float | None = None,
@@ -59,35 +76,56 @@ def run_isolated(
     """:func:`~kdalab.check.harness.run_check` with each kernel (``specs``, as
     :func:`~kdalab.check.adapters.load_kernel` takes them) in a worker process; ``timeout``
     seconds a kernel may go without finishing a case, its start and compilation included
-    (None: no limit); ``exclude`` as run_check's. Work folders go under
-    ``folder/parts`` and are removed for kernels that finished; a crashed kernel's log stays."""
-    parts = Path(folder) / "parts"
-    shutil.rmtree(parts, ignore_errors=True)  # never another run's logs or references
-    total, out = len(cases) * len(specs), []
-    for i, spec in enumerate(specs):
-        part = parts / str(i)
-        part.mkdir(parents=True)
-        job = {"kernel": spec, "against": against, "device": device, "suite": suite,
-               "cases": [asdict(c) for c in cases], "thresholds": asdict(thresholds),
-               "exclude": sorted((exclude or {}).get(spec, ())), "out": str(part),
-               "references": str(parts / "references")}
-        (part / "job.json").write_text(json.dumps(job), encoding="utf-8")
-        t0 = last = time.perf_counter()
-        seen_count = 0
-        with open(part / "stdout.log", "wb") as log, open(part / "stderr.log", "wb") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "kdalab.check.worker",
-                                     str(part / "job.json")], stdout=log, stderr=err,
-                                    stdin=subprocess.DEVNULL)
-            timed_out = False
+    (None: no limit); ``exclude`` as run_check's. A crashed kernel's log is copied to the
+    folder ``logs`` (None: not kept; its last line is in the record's message)."""
+    with tempfile.TemporaryDirectory(prefix="kdalab-check-") as work:
+        out: list[dict] = []
+        for i, spec in enumerate(specs):
+            out += _one_kernel(i, spec, specs, cases, Path(work), suite=suite, device=device,
+                               thresholds=thresholds, against=against, logs=logs, sink=sink,
+                               progress=progress, timeout=timeout, timings=timings,
+                               exclude=exclude)
+    order = {c.name: j for j, c in enumerate(cases)}
+    return sorted(out, key=lambda r: (order[r["case"]], specs.index(r["kernel"])))
+
+
+def _one_kernel(i, spec, specs, cases, work: Path, *, suite, device, thresholds, against, logs,
+                sink, progress, timeout, timings, exclude) -> list[dict]:
+    part = work / str(i)
+    part.mkdir()
+    job = {"kernel": spec, "against": against, "device": device, "suite": suite,
+           "cases": [asdict(c) for c in cases], "thresholds": asdict(thresholds),
+           "exclude": sorted((exclude or {}).get(spec, ())),
+           "records": str(part / "stream.jsonl"), "references": str(work / "references")}
+    (part / "job.json").write_text(json.dumps(job), encoding="utf-8")
+    total, recs = len(cases) * len(specs), []
+    stream = _Lines(part / "stream.jsonl")
+
+    def take() -> None:
+        new = stream.new()
+        if new:
+            recs.extend(new)
+            if sink is not None:
+                sink(new)
+
+    t0 = last = time.perf_counter()
+    timed_out = False
+    with open(part / "stdout.log", "wb") as log, open(part / "stderr.log", "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kdalab.check.worker",
+                                 str(part / "job.json")], stdout=log, stderr=err,
+                                stdin=subprocess.DEVNULL)
+        try:
             while True:
                 try:
                     rc = proc.wait(timeout=0.5)
                 except subprocess.TimeoutExpired:
                     rc = None
-                done = min(_count_lines(part / "records.jsonl"), len(cases))
-                if done > seen_count:
-                    seen_count, last = done, time.perf_counter()
+                before = len(recs)
+                take()
+                if len(recs) > before:
+                    last = time.perf_counter()
                 if progress is not None:
+                    done = min(len(recs), len(cases))
                     label = cases[done].name if done < len(cases) else "done"
                     progress(i * len(cases) + done, total, f"{label} · {spec}")
                 if rc is not None:
@@ -97,40 +135,55 @@ def run_isolated(
                     proc.wait()
                     rc, timed_out = proc.returncode, True
                     break
-        if timings is not None:
-            timings[spec] = timings.get(spec, 0.0) + time.perf_counter() - t0
-        message = _last_line(part / "stderr.log")
-        if rc == EXIT_CONVENTION:
-            raise ConventionError(message or f"kernel {spec!r} broke the convention")
-        recs = store.read(part) if (part / "records.jsonl").exists() else []
-        seen = {r["case"] for r in recs}
-        missing = [c for c in cases if c.name not in seen]
-        if missing:
-            if timed_out:
-                reason = f"no answer within {timeout:g} s (killed; --case-timeout)"
-            elif rc == EXIT_DEVICE_FAULT:
-                reason = message
-            else:
-                reason = f"its process exited with code {rc}" + (f": {message}" if message
-                                                                 else "")
-            for j, case in enumerate(missing):
-                rec = blank_record(spec, case, device=device, thresholds=thresholds,
-                                   against=against)
-                if j == 0:
-                    rec.update(status="fail", message=f"crashed: {reason} (log: {part})")
-                else:
-                    rec.update(status="skipped",
-                               message=f"not run: the kernel crashed on {missing[0].name}")
-                recs.append(rec)
+        finally:
+            if proc.poll() is None:  # interrupted: the worker goes too
+                proc.kill()
+                proc.wait()
+    take()
+    if timings is not None:
+        timings[spec] = timings.get(spec, 0.0) + time.perf_counter() - t0
+    message = _last_line(part / "stderr.log")
+    if rc == EXIT_CONVENTION:
+        raise ConventionError(message or f"kernel {spec!r} broke the convention")
+    seen = {r["case"] for r in recs}
+    missing = [c for c in cases if c.name not in seen]
+    if missing:
+        if timed_out:
+            reason = f"no answer within {timeout:g} s (killed; --case-timeout)"
+        elif rc == EXIT_DEVICE_FAULT:
+            reason = message
         else:
-            shutil.rmtree(part, ignore_errors=True)
+            reason = f"its process exited with code {rc}" + (f": {message}" if message else "")
+        kept = _keep_log(part, logs, i, spec)
+        crashed = []
+        for j, case in enumerate(missing):
+            rec = blank_record(spec, case, device=device, thresholds=thresholds,
+                               against=against)
+            if j == 0:
+                rec.update(status="fail", message=f"crashed: {reason}"
+                           + (f" (log: {kept})" if kept else ""))
+            else:
+                rec.update(status="skipped",
+                           message=f"not run: the kernel crashed on {missing[0].name}")
+            crashed.append(rec)
+        recs.extend(crashed)
         if sink is not None:
-            sink(recs)
-        out.extend(recs)
-        if progress is not None:
-            progress((i + 1) * len(cases), total, f"done · {spec}")
-    shutil.rmtree(parts / "references", ignore_errors=True)
-    if parts.exists() and not any(parts.iterdir()):
-        parts.rmdir()
-    order = {c.name: j for j, c in enumerate(cases)}
-    return sorted(out, key=lambda r: (order[r["case"]], specs.index(r["kernel"])))
+            sink(crashed)
+    if progress is not None:
+        progress((i + 1) * len(cases), total, f"done · {spec}")
+    return recs
+
+
+def _keep_log(part: Path, logs, i: int, spec: str) -> Path | None:
+    """A crashed kernel's stderr (then its stdout) as ``logs/<i>-<kernel>.log``."""
+    if logs is None:
+        return None
+    logs = Path(logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    path = logs / f"{i}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', spec)}.log"
+    with open(path, "wb") as fh:
+        for name in ("stderr.log", "stdout.log"):
+            fh.write(f"--- {name} ---\n".encode())
+            with open(part / name, "rb") as src:
+                shutil.copyfileobj(src, fh)
+    return path

@@ -1,84 +1,216 @@
 """All of the check's persistence, behind a few functions: open (or refuse) an output folder,
-append records as they come, mark the run complete or interrupted, read a run back. The records
-themselves go through the project's record store (``kdalab.records.legacy``); nothing else
-of ``kdalab.check`` touches files of a run folder, so the store can be swapped here alone.
+append records as cases finish, say what the run was, read a run back. The records go to the
+project's one record store (:mod:`kdalab.records`, kind ``check``): Parquet parts keyed by run
+(one run per (case, kernel): ``case index × kernels + kernel index``) and a manifest whose
+``state`` says ``complete`` or ``interrupted``. Nothing else of ``kdalab.check`` touches the files
+of a run folder.
 
-A check folder is recognised by its ``check.json`` (the run's description, written before the
-first case runs, with ``"complete": false`` until the run ends).
+Beside the store the folder holds ``check.json`` (the run's description: command, date, device,
+versions, elapsed time; written when the store opens, updated when the run ends) and the view
+files drawn from the records; all of them are listed in the manifest as the store's views, so
+that a ``--force`` of another command removes them with the records.
+
+A folder is the check's own when it holds a check store (or the ``check.json`` of a check run
+written before the store); a check run replaces its own folder's records. Any other non-empty
+folder is refused unless ``force``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import shutil
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from kdalab.records.legacy import RecordWriter, read_records
+import pyarrow as pa
 
-__all__ = ["open_folder", "writer", "write_meta", "mark", "read", "read_run", "is_check_folder"]
+from kdalab.records import Manifest, RunStore, StoreError, StoreReader, is_store, records_table
 
+__all__ = ["KIND", "META", "CheckStore", "schema", "open_run", "write_meta", "read",
+           "read_run", "drawing_views", "is_check_folder"]
+
+KIND = "check"
 META = "check.json"
+LOGS = "logs"  # a crashed kernel's log (kdalab.check.isolate)
+
+_STR, _INT, _FLOAT, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
+#: Every record field that is not one of the case's parameters, by type (a new field must be
+#: added here: the store's schema is fixed before the first case runs).
+_FIELDS = {
+    **dict.fromkeys(("kernel", "case", "mode", "about", "device", "against", "o_dtype",
+                     "state_dtype", "contract_compared", "status", "message", "seqlens"), _STR),
+    **dict.fromkeys(("o_nonfinite", "state_nonfinite", "o_nonfinite_all"), _INT),
+    "deterministic": _BOOL,
+    **dict.fromkeys(("bf16_floor", "state_bf16_floor", "o_floor_err", "state_floor_err",
+                     "budget", "max_output_error", "max_state_error", "o_rel_err",
+                     "state_rel_err", "o_max_abs", "state_max_abs", "floor_multiple",
+                     "o_budget_multiple", "state_budget_multiple", "contract_max_diff",
+                     "min_identical", "o_identical", "state_identical", "o_worst_rel_diff",
+                     "state_worst_rel_diff", "o_rel_diff"), _FLOAT),
+}
+_ANNOTATIONS = {"str": _STR, "int": _INT, "float": _FLOAT, "bool": _BOOL}
+
+
+def _case_fields() -> dict[str, pa.DataType]:
+    from kdalab.check.cases import Case
+
+    return {f.name: _ANNOTATIONS[f.type] for f in dataclasses.fields(Case)
+            if f.type in _ANNOTATIONS}
+
+
+def schema(fields: Sequence[str]) -> pa.Schema:
+    """The store's schema for records with these ``fields`` (in this order), ``run`` first."""
+    types = {**_case_fields(), **_FIELDS}
+    unknown = [f for f in fields if f not in types]
+    if unknown:
+        raise RuntimeError(f"check records: no column type for {', '.join(unknown)} "
+                           "(kdalab.check.records._FIELDS)")
+    return pa.schema([("run", _INT)] + [(f, types[f]) for f in fields])
 
 
 def is_check_folder(folder: str | Path) -> bool:
-    """Whether ``folder`` holds a check run's output (its ``check.json``)."""
+    """Whether ``folder`` holds a check run's output (its store, or an earlier ``check.json``)."""
+    folder = Path(folder)
+    if is_store(folder, kind=KIND):
+        return True
     try:
-        meta = json.loads((Path(folder) / META).read_text(encoding="utf-8"))
+        meta = json.loads((folder / META).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and "kernels" in meta
+    return isinstance(meta, dict) and "kernels" in meta and not (folder / "manifest.json").exists()
 
 
-def open_folder(folder: str | Path, *, force: bool = False, name: str = "--out") -> Path:
-    """``folder``, ready for a run: created if missing; one that holds anything but a check
-    run's output is refused (ValueError) unless ``force``."""
+class CheckStore:
+    """A check run's store, open to write: :meth:`write` takes records as the harness gives
+    them (any order, each (case, kernel) once), finds their runs and puts them on disk;
+    ``count`` says how many are stored. A context manager: closing marks the run complete or
+    interrupted."""
+
+    def __init__(self, store: RunStore, runs: dict[tuple[str, str], int]):
+        self.store = store
+        self.folder = store.folder
+        self._runs = runs
+        self._names = set(store.schema.names)
+        self.count = 0
+
+    def write(self, records: Sequence[dict]) -> None:
+        if not records:
+            return
+        for rec in records:
+            extra = set(rec) - self._names
+            if extra:  # Arrow would drop them silently
+                raise RuntimeError(f"check records: no column for {', '.join(sorted(extra))} "
+                                   "(kdalab.check.records._FIELDS)")
+        runs = [self._runs[(r["case"], r["kernel"])] for r in records]
+        self.store.append(records_table(records, self.store.schema, runs), group="check")
+        # on disk now: a case costs seconds, a part milliseconds, and a kill (``timeout``'s
+        # SIGTERM, kill -9) must not take the cases that finished with it
+        self.store.flush()
+        self.count += len(records)
+
+    @property
+    def complete(self) -> bool:
+        return self.store.complete
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> CheckStore:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str],
+             fields: Sequence[str], config: dict, force: bool = False,
+             name: str = "--out") -> CheckStore:
+    """The store of a check of ``kernels`` × ``cases`` (records with ``fields``; ``config``:
+    what the run is, for the manifest) in ``folder``, created if missing. A folder that holds
+    anything but a check run's output is refused (ValueError naming ``name``) unless
+    ``force``; the check's own folder is replaced."""
     path = Path(folder).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name}: {str(path)!r} is a file; expected a folder (created if "
                          "missing)")
-    if path.is_dir() and any(path.iterdir()) and not is_check_folder(path) and not force:
+    own = path.is_dir() and is_check_folder(path)
+    if path.is_dir() and any(path.iterdir()) and not own and not force:
         raise ValueError(f"{name}: {str(path)!r} is not empty and holds no check run; "
                          "choose another folder, or --force to write into it")
+    if own:
+        _clear_own(path)
+    runs = {(c, k): i * len(kernels) + j for i, c in enumerate(cases)
+            for j, k in enumerate(kernels)}
     try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"{name}: cannot create the folder {str(path)!r} "
-                         f"({exc.strerror or exc})") from None
+        store = RunStore.open(path, kind=KIND, config=config, runs=len(runs),
+                              records_per_run=1, schema=schema(fields), force=True)
+    except StoreError as exc:
+        raise ValueError(str(exc)) from None
+    return CheckStore(store, runs)
+
+
+def _clear_own(path: Path) -> None:
+    """What an earlier check run left beside its store (the store clears itself)."""
+    (path / META).unlink(missing_ok=True)
+    shutil.rmtree(path / LOGS, ignore_errors=True)
+    parts = path / "parts"  # an earlier version's per-kernel work folders
+    if parts.is_dir():
+        for p in parts.iterdir():
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+
+def write_meta(folder: str | Path, meta: dict) -> Path:
+    """The run's description (``check.json``)."""
+    path = Path(folder) / META
+    path.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return path
 
 
-def writer(folder: str | Path) -> RecordWriter:
-    """A writer that appends records to ``folder`` as they come (a context manager; on a clean
-    exit it also writes the complete JSON and Parquet files). ``.count``: records written."""
-    return RecordWriter(folder)
-
-
-def write_meta(folder: str | Path, meta: dict) -> None:
-    """The run's description (``check.json``)."""
-    (Path(folder) / META).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-
-
-def mark(folder: str | Path, meta: dict, *, complete: bool) -> None:
-    """Record that the run finished (``complete``) or was interrupted."""
-    meta["complete"] = complete
-    write_meta(folder, meta)
-
-
 def read(folder: str | Path) -> list[dict]:
-    """The records in ``folder`` (complete, or those written before an interruption)."""
-    return read_records(folder)
+    """The records in ``folder``'s check store, in run order (complete, or those stored before
+    an interruption), without the ``run`` key."""
+    return StoreReader.read_only(Path(folder).expanduser(), kind=KIND).records()
 
 
 def read_run(folder: str | Path, *, name: str = "--out") -> tuple[list[dict], dict]:
-    """``(records, meta)`` of a check run; ValueError for a folder that holds none."""
+    """``(records, meta)`` of a check run, ``meta["complete"]`` from the store; ValueError (one
+    line naming ``name``) for a folder that holds none, or no records."""
     path = Path(folder).expanduser()
-    if not is_check_folder(path):
-        raise ValueError(f"{name}: {str(path)!r} holds no check run (no check.json of kdalab "
+    if not is_store(path):
+        raise ValueError(f"{name}: {str(path)!r} holds no check run (no records of kdalab "
                          "check)")
-    try:
-        records = read_records(path)
-    except FileNotFoundError:
-        records = []
+    kind = Manifest.read(path).kind
+    if kind != KIND:
+        raise ValueError(f"{name}: {str(path)!r} holds no check run: it holds the records of "
+                         f"{kind}")
+    reader = StoreReader.read_only(path, kind=KIND)
+    records = reader.records()
     if not records:
         raise ValueError(f"{name}: no records in {str(path)!r}")
-    meta = json.loads((path / META).read_text(encoding="utf-8"))
+    try:
+        meta = json.loads((path / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = {"kernels": reader.manifest.config.get("kernels", [])}
+    meta["complete"] = reader.complete
     return records, meta
+
+
+@contextlib.contextmanager
+def drawing_views(folder: str | Path) -> Iterator[tuple[StoreReader, list[Path]]]:
+    """``(store, drawn)``: the check store in ``folder``, held (no check writes it meanwhile)
+    while its views are drawn; on a clean exit the files drawn beside the store (those the
+    caller added to ``drawn``, ``check.json``, crash logs) are listed in the manifest, so that
+    they go with the records."""
+    folder = Path(folder)
+    try:
+        store = StoreReader.read_only(folder, lock=True, kind=KIND)
+    except StoreError as exc:
+        raise ValueError(str(exc)) from None
+    drawn: list[Path] = []
+    with store:
+        yield store, drawn
+        extra = [folder / META] + sorted((folder / LOGS).glob("*"))
+        store.set_views([p for p in dict.fromkeys([*drawn, *extra]) if p.exists()])

@@ -1,6 +1,7 @@
 """One kernel's check in a process of its own (``python -m kdalab.check.worker JOB.json``), so
 that a kernel which leaves the GPU in an error state, dies or hangs takes only itself down (see
-:mod:`kdalab.check.isolate`). Records stream into the job's folder as each case finishes.
+:mod:`kdalab.check.isolate`). Records stream to the job's records file (JSON lines, flushed
+as each case finishes), which the parent reads as they come and stores.
 
 Exit codes: 0 done, 3 the kernel broke the convention, 4 the device is in an error state (the
 message is the last line on stderr)."""
@@ -18,7 +19,7 @@ EXIT_DEVICE_FAULT = 4
 def _shared_references(folder: Path):
     """The references (fp64 and same-precision), computed by the first worker that needs them
     and loaded from ``folder`` by the others (the token recurrences are the slow part of a
-    worker's start)."""
+    worker's start); ``folder`` is the parent's temporary one, removed when the check ends."""
     import torch
 
     from kdalab.check.harness import case_references
@@ -38,7 +39,6 @@ def _shared_references(folder: Path):
 
 
 def main(path: str) -> int:
-    from kdalab.check import records
     from kdalab.check.adapters import ConventionError, load_kernel
     from kdalab.check.cases import Case
     from kdalab.check.harness import DeviceFault, Thresholds, run_check
@@ -50,10 +50,15 @@ def main(path: str) -> int:
     kernel = load_kernel(job["kernel"])
     against = load_kernel(job["against"]) if job["against"] else None
     try:
-        with records.writer(job["out"]) as w:
+        with open(job["records"], "a", encoding="utf-8") as fh:
+            def sink(recs: list[dict]) -> None:
+                # NaN and inf as JSON's extensions: json.loads gives the same floats back
+                fh.write("".join(json.dumps(r) + "\n" for r in recs))
+                fh.flush()
+
             run_check([kernel], cases, device=job["device"],
                       thresholds=Thresholds(**job["thresholds"]), against=against,
-                      sink=w.write, exclude={kernel.name: job["exclude"]},
+                      sink=sink, exclude={kernel.name: job["exclude"]},
                       references=_shared_references(Path(job["references"])))
     except ConventionError as exc:
         print(exc, file=sys.stderr)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -138,8 +141,9 @@ def check_command(
     shapes × options) and measure its output and final state against the fp64 token recurrence
     (or, with --against, against another kernel bit for bit).
 
-    Writes records (records.jsonl/json/parquet), check.json (the run), report.md, report.html
-    (self-contained, plot embedded) and errors.png to --out.
+    Writes the records to a store in --out (Parquet parts and a manifest, as cases finish: an
+    interrupted run keeps them), check.json (the run), records.json (the records for people),
+    report.md, report.html (self-contained, plot embedded) and errors.png.
     """
     from kdalab import params
     from kdalab.check import records as store
@@ -158,7 +162,6 @@ def check_command(
     if case_timeout and not isolate:
         raise ValueError("--case-timeout needs --isolate (a kernel in this process cannot be "
                          "stopped)")
-    store.open_folder(out, force=force)
     meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["check"]
             else "kdalab check " + " ".join(kernels),
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -171,15 +174,15 @@ def check_command(
                             **({"output": max_output_error} if max_output_error else {}),
                             **({"state": max_state_error} if max_state_error else {})}),
             "complete": False}
-    store.write_meta(out, meta)  # now, so that an interrupted run can be redrawn
     t0, timings = time.perf_counter(), {}
-    records = _run(plan, device, out, isolate=isolate, case_timeout=case_timeout,
-                   timings=timings, quiet=quiet or as_json)
+    _run(plan, device, out, meta, force=force, isolate=isolate, case_timeout=case_timeout,
+         timings=timings, quiet=quiet or as_json)
     meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
     meta["seconds_per_kernel"] = {k: round(v, 1) for k, v in timings.items()}
     meta["versions"] = _versions()
-    store.mark(out, meta, complete=True)
-    _report((records, meta), out, as_json=as_json, quiet=quiet)
+    meta["complete"] = True
+    store.write_meta(out, meta)
+    _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
 
 
 def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
@@ -246,9 +249,49 @@ def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_time
             "against": loaded[-1] if against is not None else None}
 
 
-def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: float,
-         timings: dict, quiet: bool) -> list[dict]:
-    """The check with progress, records streamed to ``out``; errors that stop it exit here."""
+def _open(plan: dict, device: str, out: Path, meta: dict, force: bool):
+    """The run's store in ``out`` (refusals: :func:`kdalab.check.records.open_run`) and its
+    ``check.json``, written now so that an interrupted run can be redrawn."""
+    from kdalab.check import records as store
+    from kdalab.check.harness import blank_record
+
+    kernels, against, cases = plan["kernels"], plan["against"], plan["cases"]
+    fields = list(blank_record(kernels[0].name, cases[0], device=device,
+                               thresholds=plan["thresholds"],
+                               against=None if against is None else against.name))
+    config = {k: meta[k] for k in ("suite", "kernels", "against", "excluded", "cases",
+                                   "inputs", "thresholds")}
+    opened = store.open_run(out, kernels=[k.name for k in kernels],
+                            cases=[c.name for c in cases], fields=fields,
+                            config={**config, "device": device}, force=force)
+    store.write_meta(out, meta)
+    return opened
+
+
+@contextlib.contextmanager
+def _terminated_as_interrupted():
+    """SIGTERM (``timeout``, a job scheduler) as Ctrl-C while the check runs: the store is
+    closed as interrupted and an isolated kernel's worker is stopped, not left running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, frame):
+        from kdalab.cli.app import Interrupted
+
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, isolate: bool,
+         case_timeout: float, timings: dict, quiet: bool) -> None:
+    """The check with progress, records stored in ``out`` as cases finish; errors that stop
+    it exit here, every record so far kept (the store says the run is interrupted)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -259,17 +302,17 @@ def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: flo
     )
 
     from kdalab.check import ConventionError, DeviceFault, run_check
-    from kdalab.check import records as store
     from kdalab.check.isolate import run_isolated
+    from kdalab.check.records import LOGS
 
     kernels, against = plan["kernels"], plan["against"]
     common = dict(thresholds=plan["thresholds"], timings=timings, exclude=plan["exclude"])
     total = len(plan["cases"]) * len(kernels)
-    running = f"; the running kernel's records so far in {out}/parts/" if isolate else ""
-    STATE.kept[:] = [f"{out}/check.json (the run's description), no records in "
-                     f"{out}/records.jsonl yet{running}"]
+    writer = _open(plan, device, out, meta, force)
+    STATE.kept[:] = [f"{out}/check.json (the run's description), no records yet"]
+    STATE.resume = ""
     try:
-        with store.writer(out) as writer, Progress(
+        with writer, _terminated_as_interrupted(), Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console, transient=True, disable=quiet,
@@ -281,25 +324,25 @@ def _run(plan: dict, device: str, out: Path, *, isolate: bool, case_timeout: flo
 
             def sink(records):
                 writer.write(records)
-                STATE.kept[:] = [f"{writer.count} of {total} records in {out}/records.jsonl"
-                                 f"{running}"]
+                STATE.kept[:] = [f"{writer.count} of {total} records in {out}"]
                 STATE.resume = f"kdalab check --redraw --out {out} draws the (incomplete) report"
 
             if isolate:
-                return run_isolated(
+                run_isolated(
                     [k.name for k in kernels], plan["cases"], suite=plan["suite"],
                     device=device, against=None if against is None else against.name,
-                    folder=out, sink=sink, progress=show,
+                    logs=out / LOGS, sink=sink, progress=show,
                     timeout=case_timeout or None, **common)
-            return run_check(kernels, plan["cases"], device=device, against=against,
-                             sink=sink, progress=show, **common)
+            else:
+                run_check(kernels, plan["cases"], device=device, against=against, sink=sink,
+                          progress=show, **common)
     except ConventionError as exc:
-        raise ValueError(f"{exc} (records so far are in {out}/records.jsonl)") from None
+        raise ValueError(f"{exc} ({writer.count} records so far are in {out})") from None
     except DeviceFault as exc:
         from rich.markup import escape
 
-        err_console.print(f"[bold red]error:[/] {escape(str(exc))}; records so far are in "
-                          f"{out}/records.jsonl (--isolate runs each kernel in its own "
+        err_console.print(f"[bold red]error:[/] {escape(str(exc))}; {writer.count} records so "
+                          f"far are in {out} (--isolate runs each kernel in its own "
                           f"process and records the crash)", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
 
@@ -309,11 +352,16 @@ def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bo
     ran no case at all (no pass without a run)."""
     from rich.markup import escape
 
+    from kdalab.check.records import drawing_views
+    from kdalab.cli.stored import export_json
     from kdalab.views.check import notes, summary, terminal_table, verdict
     from kdalab.views.check_report import write_check_views
 
     records, meta = run
-    paths = write_check_views(records, meta, out)
+    with drawing_views(out) as (store, drawn):
+        paths = write_check_views(records, meta, out)
+        paths.append(export_json(store, out / "records.json"))
+        drawn += paths
     passed, line = verdict(records, complete=meta.get("complete", True))
     if as_json:
         doc = {"passed": passed, "meta": meta,

@@ -3,9 +3,7 @@
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -13,25 +11,50 @@ import typer
 
 from kdalab.cli.app import console, prose, run_app
 
-_CONFIG = "inverse-stability-config.json"  # marks a folder as this command's own
+KIND = "inverse-stability"
 
 
-# --- the study's records on disk: the one place that knows the store --------------------------
+def _study(cfg):
+    """The study as the runner runs it (:class:`kdalab.runner.Study`): one cell per (chunk,
+    spread, algorithm), its records one per (β, decay); a batch is the cells of one (chunk,
+    spread), which :func:`~kdalab.studies.inverse_stability.run_batch` computes together."""
+    from dataclasses import replace
 
-def _store_records(out: Path, records: list[dict]) -> None:
-    from kdalab.records.legacy import RecordWriter
+    from kdalab.studies.cells import CellStudy
+    from kdalab.studies.inverse_stability import Batch, algorithms_for, run_batch
 
-    with RecordWriter(out) as writer:
-        writer.write(records)
+    class InverseStabilityStudy(CellStudy):
+        kind = KIND
+        FIELDS = (("chunk", "int"), ("algorithm", "str"), ("spread", "float"),
+                  ("beta", "float"), ("decay", "float"), ("samples", "int"), ("dim", "int"),
+                  ("seed", "int"), ("inverse_error", "float"),
+                  ("inverse_error_median", "float"), ("output_error", "float"),
+                  ("nonfinite", "float"), ("l_max", "float"), ("growth", "float"),
+                  ("norm_bound", "float"), ("predicted_error", "float"),
+                  ("predicted_overflow", "bool"))
+        MAX_BATCH = 8  # at least the algorithms of one (chunk, spread): one run_batch
+        records_per_run = len(cfg.betas) * len(cfg.decays)
 
+        def keys(self) -> list:
+            return [(ci, si, name) for ci, c in enumerate(cfg.chunks)
+                    for si in range(len(cfg.spreads))
+                    for name in algorithms_for(c, cfg.algorithms)]
 
-def _load_records(out: Path) -> list[dict]:
-    from kdalab.records.legacy import read_records
+        def group(self, key) -> str:  # labels sort as the runs do: records in run order
+            return f"chunk{key[0]:03d}-spread{key[1]:03d}"
 
-    return read_records(out)
+        def run_cells(self, keys) -> list[list[dict]]:
+            ci, si, _ = keys[0]
+            names = tuple(k[2] for k in keys)  # the runs already stored are left out
+            records = run_batch(replace(cfg, algorithms=names),
+                                Batch(cfg.chunks[ci], cfg.spreads[si]))
+            return [[r for r in records if r["algorithm"] == name] for name in names]
 
+        def identity(self) -> dict:
+            return cfg.as_dict()
 
-# ---------------------------------------------------------------------------------------------
+    return InverseStabilityStudy()
+
 
 def _floats(value: str, name: str, lo: float, hi: float) -> tuple[float, ...]:
     """Comma-separated finite numbers in [lo, hi], duplicates dropped, order kept."""
@@ -48,25 +71,17 @@ def _floats(value: str, name: str, lo: float, hi: float) -> tuple[float, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _folder(out: Path, force: bool) -> Path:
-    from kdalab import params
-
-    out = Path(out).expanduser()
-    if out.is_dir() and any(out.iterdir()) and not (out / _CONFIG).exists() and not force:
-        raise ValueError(f"--out: {str(out)!r} holds files that are not this study's; choose "
-                         "another folder or pass --force")
-    return params.output_folder(out, "--out")
-
-
 @run_app.command(
     "inverse-stability",
     short_help="Where each (I + L)⁻¹ algorithm fails: key collinearity × β × decay.",
     help=prose("""The stability map of the intra-chunk inverse: fp16 and
 fp32 Neumann products, FlashKDA v2's 8×8 fp32 substitution with a bf16 merge, fla's 16×16 fp32
 substitution and merge, and LAPACK in fp64, on chunks of unit keys around one shared key (spread
-s), write strength β and decay g per step. Writes records, a summary table and heatmaps with
-the 1e-2 contour (measured and, for the Neumann products, predicted from the growth of L's
-powers) to --out."""))
+s), write strength β and decay g per step. The records go to a store in --out as each (chunk,
+spread) finishes (an interrupted study keeps them and --resume completes it; a folder holding
+anything else is refused unless --force); a summary table and heatmaps with the 1e-2 contour
+(measured and, for the Neumann products, predicted from the growth of L's powers) are drawn
+from them, and again with --redraw."""))
 def inverse_stability(
     quick: Annotated[bool, typer.Option(help="A small grid (seconds): C = 16, dim 32")] = False,
     chunks: Annotated[Optional[str], typer.Option(
@@ -87,8 +102,9 @@ def inverse_stability(
     = None,
     seed: Annotated[int, typer.Option(help="Seed of the draws")] = 0,
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/inverse-stability"),
-    force: Annotated[bool, typer.Option(help="Write into a folder holding other files")]
-    = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Keep the cells already stored in --out and run the rest")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Replace what --out holds")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="Nothing on the terminal")] = False,
     redraw: Annotated[bool, typer.Option(
         help="Run nothing: draw the table and heatmaps again from the records in --out")]
@@ -97,15 +113,15 @@ def inverse_stability(
     from dataclasses import replace
 
     from kdalab import params
-    from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK, run_study, summarize
+    from kdalab.cli.stored import redraw_folder, run_into_folder
+    from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK
 
     if redraw:
-        folder = Path(out).expanduser()
-        try:
-            records = _load_records(folder)
-        except FileNotFoundError:
-            raise ValueError(f"--out: no records in {str(folder)!r} to redraw") from None
-        _draw(records, summarize(records), folder, quiet)
+        folder = params.output_folder(out, "--out")
+        paths, stored = redraw_folder(folder, KIND, _views, quiet=quiet)
+        if not quiet:
+            console.print(f"{stored} cells → wrote {len(paths)} files to {folder}/",
+                          highlight=False)
         return
     changes = {}
     if chunks is not None:
@@ -124,27 +140,30 @@ def inverse_stability(
         changes["dim"] = params.integer(dim, "--dim", 1)
     changes["seed"] = params.integer(seed, "--seed", 0)
     cfg = replace(QUICK if quick else FULL, **changes)
-    folder = _folder(out, force)
-    (folder / _CONFIG).write_text(json.dumps(cfg.as_dict(), indent=1) + "\n")
-    t0 = time.perf_counter()
-    records = run_study(cfg)
-    _store_records(folder, records)
-    elapsed = time.perf_counter() - t0
-    summary = summarize(records)
-    _draw(records, summary, folder, quiet)
+    folder = params.output_folder(out, "--out")
+    study = _study(cfg)
+    paths, _, _ = run_into_folder(
+        study, folder, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",
+        again="kdalab run inverse-stability (the same options) --out {out} --resume",
+        summary=lambda ran, seconds: f"{ran} cells × {study.records_per_run} records in "
+                                     f"{seconds:.1f} s")
     if not quiet:
-        console.print(f"{len(records)} records in {elapsed:.1f} s → {folder}/", highlight=False)
+        console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
 
 
-def _draw(records, summary, folder: Path, quiet: bool) -> None:
-    from kdalab.cli.progress import drawing
+def _views(store, show: bool) -> list[Path]:
+    from kdalab.studies.inverse_stability import summarize
 
-    with drawing(quiet=quiet):
-        from kdalab.views.inverse_stability import write_inverse_stability_views
+    records = store.records()
+    return _draw(records, summarize(records), store.folder, not show)
 
-        paths = write_inverse_stability_views(records, summary, folder)
+
+def _draw(records, summary, folder: Path, quiet: bool) -> list[Path]:
+    from kdalab.views.inverse_stability import write_inverse_stability_views
+
+    paths = write_inverse_stability_views(records, summary, folder)
     if quiet:
-        return
+        return paths
     from rich.table import Table
 
     table = Table(title="Inverse stability: grid points failing (error ≥ 1e-2 or non-finite)")
@@ -156,4 +175,4 @@ def _draw(records, summary, folder: Path, quiet: bool) -> None:
                       str(r["nonfinite"]), f"{r['worst_inverse_error']:.2e}",
                       "—" if r["predicted_failing"] is None else str(r["predicted_failing"]))
     console.print(table)
-    console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
+    return paths

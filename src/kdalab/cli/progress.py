@@ -1,17 +1,15 @@
 """Long work on the terminal: a progress bar whose ETA is weighted by each item's estimated cost
-(runs differ 100× in cost), a spinner while views are drawn (both on stderr, so that stdout
-holds only results), and the record file that an interrupted command leaves behind (said by the
-error boundary)."""
+(runs differ 100× in cost) and a spinner while views are drawn (both on stderr, so that stdout
+holds only results)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-from kdalab.cli.app import STATE, err_console
+from kdalab.cli.app import err_console
 
-__all__ = ["WeightedProgress", "drawing", "record_file"]
+__all__ = ["WeightedProgress", "drawing"]
 
 
 class WeightedProgress:
@@ -59,19 +57,3 @@ def drawing(what: str = "drawing tables and plots", quiet: bool = False) -> Iter
         return
     with err_console.status(what, spinner="dots"):
         yield
-
-
-@contextmanager
-def record_file(out: Path, resume_hint: str) -> Iterator:
-    """A :class:`~kdalab.records.legacy.RecordWriter` on ``out``; if the command is
-    interrupted, the boundary says how many records it kept and ``resume_hint``."""
-    from kdalab.records.legacy import RecordWriter
-
-    writer = RecordWriter(out)
-    try:
-        with writer:
-            yield writer
-    except BaseException:
-        STATE.kept.append(f"{writer.count} records kept in {writer.path}")
-        STATE.resume = resume_hint
-        raise

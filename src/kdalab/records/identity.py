@@ -34,14 +34,14 @@ from pathlib import Path
 import pyarrow as pa
 
 __all__ = ["StoreError", "Manifest", "fingerprint", "kdalab_version", "is_store",
-           "STORE_FORMAT", "MANIFEST", "PARTS", "LOCK", "LEGACY_FILES"]
+           "STORE_FORMAT", "MANIFEST", "PARTS", "LOCK", "EARLIER_FILES"]
 
 STORE_FORMAT = 1
 MANIFEST = "manifest.json"
 PARTS = "parts"
 LOCK = ".lock"
 #: Record files of kdalab versions before the store (removed with ``force``).
-LEGACY_FILES = ("records.jsonl", "records.json", "records.parquet")
+EARLIER_FILES = ("records.jsonl", "records.json", "records.parquet")
 
 
 class StoreError(ValueError):
@@ -208,5 +208,5 @@ def clear(folder: Path) -> None:
         for p in parts.iterdir():
             if p.is_file() and (parse_part(p.name) or p.name.endswith(".tmp")):
                 p.unlink()
-    for name in (MANIFEST, *LEGACY_FILES):
+    for name in (MANIFEST, *EARLIER_FILES):
         (folder / name).unlink(missing_ok=True)
