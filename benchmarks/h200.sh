@@ -14,7 +14,7 @@ k() { python3 -m kdalab "$@"; }
 timeout "${CHECK_S:-250}" python3 -m kdalab check kdalab fla flashkda --device cuda --suite full \
     --isolate --case-timeout 120 --exclude 'fla=dims/*' --out /tmp/cr/check --quiet \
     > "$OUT/check.log" 2>&1; echo "check exit $?"; tail -n 3 "$OUT/check.log"
-k check --redraw --out /tmp/cr/check --quiet; tar czf "$OUT/check.tar.gz" -C /tmp/cr check
+k check --redraw --out /tmp/cr/check --quiet; tar czf "$OUT/check.tar.gz" --exclude .lock -C /tmp/cr check
 
 # kdalab hunt against each kernel (fla pinned to one shape: it autotunes every new one)
 for t in kdalab fla flashkda; do
