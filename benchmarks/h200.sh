@@ -24,7 +24,7 @@ for t in kdalab fla flashkda; do
         --budget-s "${HUNT_S:-70}" "${extra[@]}" --out "/tmp/h/hunt-$t" --quiet \
         > "$OUT/hunt-$t.log" 2>&1; echo "hunt $t exit $?"; tail -n 3 "$OUT/hunt-$t.log"
 done
-tar czf "$OUT/hunts.tar.gz" -C /tmp/h .
+tar czf "$OUT/hunts.tar.gz" --exclude "*.safetensors" -C /tmp/h .  # worst.json rebuilds each case
 
 # the whole plain sweep command against the seed loop timed in the same run
 timeout 120 python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \
