@@ -58,11 +58,13 @@ def _peer_loader(name):
 
 load_fla, load_flashkda = _peer_loader("load_fla"), _peer_loader("load_flashkda")
 
+from kdalab.inputs.sequences import draw, preset  # noqa: E402
 from kdalab.kernels import KernelConfig, chunk_kda_fwd, kda_decode  # noqa: E402
 
 D = 128
 LOWER_BOUND = -5.0
 NS, HS = (1, 8, 64, 256), (12, 24, 48, 96)
+POOL_SEED = 1 << 20
 OVERHEAD_SHAPES = ("T1024_H16", "B8_T4096_H32_state", "varlen1024x8_H64", "T131072_H8")
 
 
@@ -113,16 +115,20 @@ def load_fla_decode():
 
 
 def decode_inputs(N, H, seed=0):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    r = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
-    q, k, v, g = (r(N, 1, H, D).bfloat16() for _ in range(4))
-    beta = r(N, 1, H).bfloat16()
+    """One decode step of N sequences: the ``model_like`` preset of kdalab.inputs.sequences at
+    T = 1 (dt_bias flat, [H·K], as fla's decode takes it), and a pool of max(2N, 8) states
+    ~ N(0, 0.1²) of which N distinct random rows are read, all drawn on the CPU and moved to
+    the GPU. These inputs changed from earlier draws on the CUDA generator: same
+    distributions, other bits, so timings from before are comparable but not of the same
+    inputs."""
+    x = draw(preset("model_like", T=1, batch=N, heads=H, K=D, V=D, lower_bound=LOWER_BOUND),
+             seed, "cuda")
+    gen = torch.Generator().manual_seed(POOL_SEED + seed)  # not the stream of q, k, ...
     P = max(2 * N, 8)
-    pool = r(P, H, D, D) * 0.1
-    idx = torch.randperm(P, device="cuda", generator=gen)[:N].to(torch.int32)
-    return dict(q=q, k=k, v=v, g=g, beta=beta, pool=pool, idx=idx,
-                A_log=torch.rand(H, device="cuda", generator=gen),
-                dt_bias=torch.rand(H * D, device="cuda", generator=gen))
+    pool = torch.randn(P, H, D, D, generator=gen) * 0.1
+    idx = torch.randperm(P, generator=gen)[:N].to(torch.int32)
+    return dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], pool=pool.cuda(),
+                idx=idx.cuda(), A_log=x["A_log"], dt_bias=x["dt_bias"].reshape(-1))
 
 
 def decode_rows(bw, quick):

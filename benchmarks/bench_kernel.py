@@ -4,7 +4,8 @@ Peers: fla's ``chunk_kda`` (fla-core; its own Triton path through ``kdalab.peers
 hands the call to FlashKDA) with the safe gate, lower bound -5, the gate (A_log, dt_bias),
 L2 norm and β sigmoid in its kernel; FlashKDA's ``flash_kda.fwd`` (built from its source, see
 scripts/device/peers.sh). A missing peer is reported as skipped. Every shape is bf16, K = V
-= 128, model-like random inputs (normal q, k, v, g, β logits; A_log, dt_bias uniform).
+= 128, the ``model_like`` preset of kdalab.inputs.sequences (normal q, k, v, g, β logits;
+A_log, dt_bias uniform), drawn on the CPU and moved to the GPU.
 
     python benchmarks/bench_kernel.py --grid [--shapes a,b | --extra] [--json out.json]
         the issue's grid (or, with --extra, the shapes beyond it): median ms
@@ -27,7 +28,6 @@ scripts/device/peers.sh). A missing peer is reported as skipped. Every shape is 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -38,6 +38,7 @@ import triton
 
 from kdalab import peers
 from kdalab.arith import rel_rmse
+from kdalab.inputs.sequences import draw, preset
 from kdalab.kernels import KernelConfig, chunk_kda_fwd
 
 LOWER_BOUND = -5.0
@@ -70,24 +71,18 @@ EXTRA = [
 SHAPES = {s[0]: s for s in GRID + EXTRA}
 
 
-def make_inputs(shape, seed=0):
+def make_inputs(shape, seed=0, device="cuda"):
+    """The ``model_like`` preset of kdalab.inputs.sequences at ``shape``, drawn on the CPU and
+    moved to ``device``. These inputs changed from the earlier draws on the CUDA generator: same
+    distribution, other bits, so timings from before are comparable but not of the same
+    inputs. The state is N(0, 1) in [N, H, V, K] (every kernel's VK layout; K = V here)."""
     name, B, T, H, lens, state = shape
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-
-    def randn(*s):
-        return torch.randn(*s, device="cuda", generator=gen)
-
-    q, k, v, g = (randn(B, T, H, D).bfloat16() for _ in range(4))
-    beta = randn(B, T, H).bfloat16()
-    a_log = torch.rand(H, device="cuda", generator=gen)
-    dt_bias = torch.rand(H, D, device="cuda", generator=gen)
-    cu = None
-    if lens is not None:
-        cu = torch.tensor([0, *itertools.accumulate(lens)], device="cuda", dtype=torch.int64)
-    n = B if cu is None else len(lens)
-    h0 = randn(n, H, D, D) if state else None  # [N, H, V, K]: every kernel's VK layout
-    return dict(q=q, k=k, v=v, g=g, beta=beta, A_log=a_log, dt_bias=dt_bias, cu=cu, h0=h0,
-                state=state)
+    spec = preset("model_like", T=T, batch=B, seqlens=None if lens is None else tuple(lens),
+                  heads=H, K=D, V=D, lower_bound=LOWER_BOUND,
+                  initial_state="fp32" if state else "none")
+    x = draw(spec, seed, device)
+    return dict(q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], A_log=x["A_log"],
+                dt_bias=x["dt_bias"], cu=x["cu_seqlens"], h0=x["initial_state"], state=state)
 
 
 def run_kdalab(x, config=KernelConfig()):
@@ -319,17 +314,17 @@ def accuracy():
     """o and final-state error vs the fp64 token recurrence (T = 8192, H = 16, random state),
     serial and sequence-parallel paths, fla alongside."""
     from kdalab.kda import reference_forward
-    from kdalab.studies.end_to_end import study_inputs
 
     fla = load_fla()
     rows = []
     for family in ("model_like", "saturated", "weak_decay_correlated"):
-        kw = study_inputs(family, LOWER_BOUND, 1, 8192, 16, D)
-        x = dict(q=kw["q"], k=kw["k"], v=kw["v"], g=kw["g"], beta=kw["beta"],
-                 A_log=kw["A_log"].float(), dt_bias=kw["dt_bias"].float())
-        x = {n: t.cuda() for n, t in x.items()}
-        gen = torch.Generator(device="cuda").manual_seed(7)
-        x.update(cu=None, state=True, h0=torch.randn(1, 16, D, D, device="cuda", generator=gen))
+        # the family's preset with a random initial state: q ... dt_bias are the end-to-end
+        # study's draw for seed 1; the state (drawn last) changed from an earlier draw on the
+        # CUDA generator (same distribution, other bits)
+        kw = draw(preset(family, T=8192, heads=16, K=D, V=D, lower_bound=LOWER_BOUND,
+                         initial_state="fp32"), 1, "cuda")
+        x = {n: kw[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")}
+        x.update(cu=None, state=True, h0=kw["initial_state"])
         ref_o, ref_s = reference_forward(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                          A_log=x["A_log"], dt_bias=x["dt_bias"],
                                          lower_bound=LOWER_BOUND,

@@ -1,15 +1,30 @@
-"""The end-to-end study: records, determinism, non-finite cells recorded, views, CLI."""
+"""The end-to-end study: records, determinism, non-finite cells recorded, views, CLI; its records
+and the stored H200 study's gates unchanged by drawing through kdalab.inputs.sequences."""
 
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from kdalab.cli import app
+from kdalab.kda.chunk import prepare_for_recipe
 from kdalab.records import StoreReader
-from kdalab.studies.end_to_end import QUICK, StudyConfig, Variant, run_study
+from kdalab.studies.end_to_end import (
+    QUICK,
+    StudyConfig,
+    Variant,
+    gate_label,
+    run_study,
+    study_inputs,
+)
+
+#: ATen's vectorized CPU kernels: torch's float32 randn gives the same bits under both (and
+#: other bits under the generic ``default`` kernels)
+VECTOR_CPU = ("AVX2", "AVX512")
 
 TINY = replace(QUICK, families=("model_like", "saturated"), lower_bounds=(-2.0, -10.0, None),
                chunks=(8, 16), length=32, dim=16,
@@ -69,3 +84,66 @@ def test_cli_quick_writes_records_tables_and_plots(tmp_path):
                  "e2e_output_vs_chunk_lbm5.png", "manifest.json"):
         assert (out / name).exists(), name
     assert "∞" in (out / "e2e_output_table.md").read_text()  # chunk_start at C = 64 overflows
+
+
+#: Records of a small end-to-end study computed on the CPU (ATen capability AVX512) by the study's
+#: own draws, before the study drew through kdalab.inputs.sequences: data from before the change.
+BEFORE = Path(__file__).parent / "data" / "end_to_end_before"
+#: The end-to-end study of the docs, computed on the H200 with the study's former draws.
+H200_STUDY = Path(__file__).parents[1] / "docs" / "figures" / "end-to-end"
+
+
+def _bits(x):
+    return float(x).hex() if isinstance(x, float) else x
+
+
+def test_records_equal_those_computed_before_the_study_drew_through_inputs_sequences():
+    """The study's records, recomputed with the draws of kdalab.inputs.sequences, equal
+    bit for bit the stored records computed by the study's former draws (tests/data/
+    end_to_end_before, computed on the CPU with the code of commit ce5268f). Both the inputs
+    and the arithmetic must be the same bits: torch's float32 randn and reductions round
+    otherwise under ATen's generic kernels (ATEN_CPU_CAPABILITY=default), so there the
+    comparison cannot hold and is skipped (tests/test_inputs.py still checks the draws
+    against stored digests where they are reproducible)."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in VECTOR_CPU:
+        pytest.skip(f"ATen CPU capability {cap}: float32 randn and reductions round otherwise "
+                    f"than under {'/'.join(VECTOR_CPU)}, where the stored records were made")
+    store = StoreReader.read_only(BEFORE, kind="end-to-end")
+    config = {k: v for k, v in store.manifest.config.items() if k != "device"}
+    want = store.records()
+    got = run_study(StudyConfig(**config))
+    assert len(got) == len(want) == 8 * 6
+
+    def key(r):
+        return r["family"], r["variant"], r["chunk"], r["gate"], r["seed"]
+
+    for a, b in zip(sorted(got, key=key), sorted(want, key=key)):
+        assert {k: _bits(v) for k, v in a.items()} == {k: _bits(v) for k, v in b.items()}
+
+
+def test_the_stored_h200_study_saw_the_gates_the_presets_draw():
+    """docs/figures/end-to-end was computed on the H200 with the study's former draws. Its
+    records cannot be recomputed bit for bit on the CPU (other arithmetic, and a cell at its
+    shape takes tens of seconds here), but each record carries its inputs' gate statistics:
+    the presets' draws give every one of its 48 (family, gate, seed) gates the very minimum
+    log-decay (a minimum does not depend on reduction order) and the mean to 1e-15 relative
+    (a float64 sum of 262144 to 1048576 terms in another order; 3.5e-16 at worst measured)."""
+    if torch.backends.cpu.get_cpu_capability() not in VECTOR_CPU:
+        pytest.skip("ATen's generic CPU kernels round float32 randn otherwise than the "
+                    "AVX2/AVX512 kernels the stored study's inputs were drawn with")
+    store = StoreReader.read_only(H200_STUDY, kind="end-to-end")
+    cfg = StudyConfig(**{k: v for k, v in store.manifest.config.items() if k != "device"})
+    stored = {(r["family"], r["gate"], r["seed"]): (r["log_decay_mean"], r["log_decay_min"])
+              for r in store.records()}
+    seen = 0
+    for family in cfg.families:
+        for lb in cfg.lower_bounds:
+            for seed in cfg.seeds:
+                kw = study_inputs(family, lb, seed, cfg.seq_len(family), cfg.heads, cfg.dim)
+                g = prepare_for_recipe(**kw, recipe="fp64").log_decay
+                mean, low = stored[family, gate_label(lb), seed]
+                assert float(g.amin()) == low, (family, lb, seed)
+                assert float(g.mean()) == pytest.approx(mean, rel=1e-15, abs=0)
+                seen += 1
+    assert seen == len(stored) == 48

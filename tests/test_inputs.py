@@ -1,15 +1,19 @@
 """The sequence-level generator (kdalab.inputs.sequences): the presets draw what the end-to-end
-study drew, bit for bit; the knobs do what they say; bad values name their field."""
+study and check drew before they drew through it, bit for bit (stored digests); check's cases are
+presets plus poisoning; the knobs do what they say; bad values name their field."""
 
 from __future__ import annotations
 
-import importlib
+import hashlib
+import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
+from kdalab.check.cases import FULL, QUICK, case_inputs, case_spec
 from kdalab.inputs.sequences import (
     COLLINEAR,
     MODEL_LIKE,
@@ -34,27 +38,76 @@ def _same(a, b) -> bool:
     return a == b
 
 
-def _study_inputs():
-    """The study's own draw, wherever the study lives (it is moving to kdalab.studies)."""
-    for name in ("kdalab.studies.end_to_end", "kdalab.experiments.end_to_end"):
-        try:
-            return importlib.import_module(name).study_inputs
-        except (ImportError, AttributeError):
-            continue
-    pytest.fail("study_inputs is in neither kdalab.studies nor kdalab.experiments")
+#: tests/data/inputs_before.json: sha256 digests of the tensors that the end-to-end study's and
+#: check's own draws (``study_inputs``, ``case_inputs`` of commit ce5268f) made on the CPU,
+#: before both drew through kdalab.inputs.sequences: data from before the change.
+BEFORE = json.loads((Path(__file__).parent / "data" / "inputs_before.json").read_text())
+#: ATen's vectorized CPU kernels: torch's float32 randn gives the same bits under both (the
+#: digests were checked under each); the generic ``default`` kernels round it otherwise.
+VECTOR_CPU = ("AVX2", "AVX512")
 
 
-@pytest.mark.parametrize("family", ["model_like", "saturated", "weak_decay_correlated", "long"])
-@pytest.mark.parametrize("lower_bound", [-5.0, -2.0, None])
-def test_presets_draw_what_the_study_drew_bit_for_bit(family, lower_bound):
-    study_inputs = _study_inputs()
-    for seed, (t, h, d) in ((0, (40, 2, 16)), (7, (33, 3, 32))):
-        want = study_inputs(family, lower_bound, seed, t, h, d)
-        spec = preset(family, T=t, heads=h, K=d, V=d, lower_bound=lower_bound)
-        got = kda_kwargs(draw(spec, seed))
-        for name, value in want.items():
-            assert _same(got[name], value), (family, lower_bound, seed, name)
+def _digest(x):
+    if not isinstance(x, torch.Tensor):
+        return x
+    x = x.contiguous()
+    raw = (x if x.dtype == torch.bool else x.view(torch.uint8)).numpy().tobytes()
+    return f"{x.dtype}:{list(x.shape)}:" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def _reproducible_randn():
+    cap = torch.backends.cpu.get_cpu_capability()
+    if cap not in VECTOR_CPU:
+        pytest.skip(f"ATen CPU capability {cap}: float32 randn rounds otherwise than under "
+                    f"{'/'.join(VECTOR_CPU)}, where the stored digests were made")
+
+
+def test_presets_draw_what_the_study_drew_before_bit_for_bit():
+    """The study's families as presets give the very tensors the study's former draws gave
+    (stored digests; 4 families × 3 gates × 3 shapes, up to T = 1024, K = 128)."""
+    _reproducible_randn()
+    assert len(BEFORE["study_inputs"]) == 36
+    for row in BEFORE["study_inputs"]:
+        spec = preset(row["family"], T=row["T"], heads=row["heads"], K=row["dim"],
+                      V=row["dim"], lower_bound=row["lower_bound"])
+        got = kda_kwargs(draw(spec, row["seed"]))
         assert got["initial_state"] is None and got["cu_seqlens"] is None
+        assert {n: _digest(got[n]) for n in row["tensors"]} == row["tensors"], row
+
+
+def test_check_draws_what_it_drew_before_bit_for_bit():
+    """check's cases (the quick suite and eleven of the full one) draw through the presets the
+    very tensors check's former draws gave, poisoning and masks included, except one change
+    made on purpose: a collinear case with key noise > 0 takes its noise from the generator's
+    key draw (the second N(0, 1) block) where check drew it after the shared key, so its ``k``
+    differs (with noise 0 the keys are the same)."""
+    _reproducible_randn()
+    suites = {"quick": {c.name: c for c in QUICK}, "full": {c.name: c for c in FULL}}
+    assert len(BEFORE["case_inputs"]) == 38
+    for row in BEFORE["case_inputs"]:
+        case = suites[row["suite"]][row["case"]]
+        x = case_inputs(case)
+        got = {n: _digest(getattr(x, n)) for n in row["tensors"]}
+        want = dict(row["tensors"])
+        if case.family == "collinear" and case.key_noise > 0:
+            assert got.pop("k") != want.pop("k")
+        assert got == want, row["case"]
+
+
+@pytest.mark.parametrize("name", ["nonfinite/nan_v", "nonfinite/inf_k", "collinear/eps0.05",
+                                  "varlen/empty", "h0/bf16", "prenorm"])
+def test_check_cases_are_the_presets_with_one_value_poisoned(name):
+    case = next(c for c in QUICK if c.name == name)
+    x, plain = case_inputs(case), draw(case_spec(case), case.seed)
+    poisoned = {"nan_v": "v", "inf_k": "k"}.get(case.poison)
+    for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens"):
+        a, b = getattr(x, n), plain[n]
+        if a is None:
+            assert b is None
+            continue
+        differ = ~((a == b) | (a.isnan() & b.isnan())) if a.is_floating_point() else a != b
+        assert int(differ.sum()) == (1 if n == poisoned else 0), (name, n)
+    assert int((~x.rows).sum()) == (case.T if case.poison else 0)
 
 
 def test_draw_gives_chunk_kda_fwd_arguments_the_same_every_time():

@@ -673,6 +673,6 @@ def test_gpu_planned_shapes(T, H):
 
 
 @gpu
-def test_gpu_weak_decay_long():
+def test_gpu_weak_decay_correlated_long():
     eo, es = _run("weak_decay_correlated", 1, 32768, 2, 128, device="cuda", h0=True, seed=5)
     assert eo < TOL_BF16_GPU and es < 5e-3, (eo, es)

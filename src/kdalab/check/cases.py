@@ -1,21 +1,11 @@
 """The check's cases: data, not code paths. A case is a family × a shape × options; a suite is a
 tuple of cases; one function draws any case's inputs and one computes its fp64 reference.
 
-Families (bf16 inputs as a model hands them to a kernel; β as logits; the gate
-``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))``):
-
-=================  ==============================================================================
-``model_like``     q, k, v, g ~ N(0, 1); A_log ~ U(0, 1) per head, dt_bias ~ U(0, 1) per channel
-                   (FlashKDA's test distribution); β logits ~ N(0, 1).
-``saturated``      as model_like with g = +20: the gate sits at its lower bound at every step.
-``weak_decay_correlated``  one random key repeated at every step, β = 0.5, a log-decay of
-                   −0.01 per step (g solved for it, A_log = dt_bias = 0): the high powers of L
-                   at full strength (the seed's family of that name).
-``collinear``      near-collinear keys: one shared key per head plus ``key_noise``·N(0, 1)
-                   (0 gives identical keys), β logits +10 (β → 1), raw gate −10 with
-                   A_log = dt_bias = 0 (decay ≈ 1): a state that carries the damage of an
-                   ill-conditioned (I + L) inverse to every later token.
-=================  ==============================================================================
+Families: the presets ``model_like``, ``saturated``, ``weak_decay_correlated`` and ``collinear``
+of :mod:`kdalab.inputs.sequences` (bf16 inputs as a model hands them to a kernel; β as logits;
+the gate ``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))``), at the case's shape and options
+(:func:`case_spec`); a collinear case's ``key_noise`` is the preset's ``key_eps`` (0 gives
+identical keys).
 
 Kinds: ``accuracy`` (one call against the fp64 recurrence) or a contract
 (:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``;
@@ -39,19 +29,15 @@ from fnmatch import fnmatchcase
 import torch
 
 from kdalab.check.tensors import CaseInputs, read_inputs
+from kdalab.inputs.sequences import STATES, SequenceSpec, draw, preset
 from kdalab.kda import reference_forward
 
 __all__ = ["FAMILIES", "KINDS", "POISONS", "STATES", "Case", "CaseInputs", "SUITES", "get_suite",
-           "select_cases", "case_inputs", "reference", "recurrence"]
+           "select_cases", "case_spec", "case_inputs", "reference", "recurrence"]
 
 FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "collinear")
 KINDS = ("accuracy", "causal", "prefill", "batch_varlen", "layout")
-STATES = ("none", "fp32", "bf16")
 POISONS = ("", "nan_v", "inf_k")
-SATURATED_G = 20.0
-WEAK_LOG_DECAY = -0.01
-COLLINEAR_BETA_LOGIT = 10.0
-COLLINEAR_G = -10.0
 
 
 @dataclass(frozen=True)
@@ -247,46 +233,25 @@ def select_cases(cases: tuple[Case, ...], patterns: str | None) -> tuple[Case, .
     return tuple(c for c in cases if any(fnmatchcase(c.name, p) for p in pats))
 
 
+def case_spec(case: Case) -> SequenceSpec:
+    """The case's distribution: its family's preset of :mod:`kdalab.inputs.sequences` at the
+    case's shape and options (a collinear case's ``key_noise`` is the preset's ``key_eps``)."""
+    changes = {"key_eps": case.key_noise} if case.family == "collinear" else {}
+    return preset(case.family, T=case.T, batch=case.batch, seqlens=case.seqlens,
+                  heads=case.heads, K=case.K, V=case.V, lower_bound=case.lower_bound,
+                  initial_state=case.initial_state, state_scale=case.state_scale,
+                  v_scale=case.v_scale, prenormalized=case.prenormalized, **changes)
+
+
 def case_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
-    """Draw the case's inputs on the CPU (so every device sees the same values), then move them;
-    a replayed case's (``source``) are read from its file. The one place inputs are made."""
+    """The case's inputs: :func:`case_spec` drawn with the case's seed (on the CPU, so every
+    device sees the same values), poisoned where the case says, then moved to ``device``; a
+    replayed case's (``source``) are read from its file."""
     if case.source:
         return read_inputs(case.source).to(device)
-    gen = torch.Generator().manual_seed(case.seed)
-    b, t, h, kd, vd = case.batch, case.T, case.heads, case.K, case.V
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=gen)
-
-    q, k, v = normal(b, t, h, kd), normal(b, t, h, kd), normal(b, t, h, vd)
-    if case.family == "collinear":
-        k = (normal(b, 1, h, kd) + case.key_noise * normal(b, t, h, kd)).contiguous()
-        a_log, dt_bias = torch.zeros(h), torch.zeros(h, kd)
-        g = torch.full((b, t, h, kd), COLLINEAR_G)
-        beta = torch.full((b, t, h), COLLINEAR_BETA_LOGIT)
-    elif case.family == "weak_decay_correlated":
-        k = normal(b, 1, h, kd).expand(b, t, h, kd).contiguous()
-        a_log, dt_bias = torch.zeros(h), torch.zeros(h, kd)
-        p = -WEAK_LOG_DECAY / abs(case.lower_bound)  # |lb|·sigmoid(x) = 0.01
-        g = torch.full((b, t, h, kd), math.log(p / (1 - p)))
-        beta = torch.zeros(b, t, h)  # sigmoid(0) = 0.5
-    else:
-        g = normal(b, t, h, kd)
-        a_log, dt_bias = torch.rand(h, generator=gen), torch.rand(h, kd, generator=gen)
-        beta = normal(b, t, h)
-        if case.family == "saturated":
-            g = torch.full_like(g, SATURATED_G)
-    if case.prenormalized:
-        q, k = (x / x.norm(dim=-1, keepdim=True) for x in (q, k))
-    q, k, v, g, beta = (x.bfloat16() for x in (q, k, v * case.v_scale, g, beta))
-    n = case.sequences
-    state = None
-    if case.initial_state != "none":
-        state = normal(n, h, kd, vd) * case.state_scale
-        state = state.bfloat16() if case.initial_state == "bf16" else state
-    cu = None
-    if case.seqlens is not None:
-        cu = torch.tensor([0, *torch.tensor(case.seqlens).cumsum(0).tolist()], dtype=torch.int64)
+    x = draw(case_spec(case), case.seed)
+    b, t, n = case.batch, case.T, case.sequences
+    k, v, cu = x["k"], x["v"], x["cu_seqlens"]
     rows = torch.ones(b, t, dtype=torch.bool)
     states = torch.ones(n, dtype=torch.bool)
     if case.poison:
@@ -302,11 +267,7 @@ def case_inputs(case: Case, device: str | torch.device = "cpu") -> CaseInputs:
         else:
             rows[0, start:] = False
         states[-1] = False
-    x = CaseInputs(q=q, k=k, v=v, g=g, beta=beta, A_log=a_log.float(), dt_bias=dt_bias.float(),
-                   initial_state=state, cu_seqlens=cu, lower_bound=case.lower_bound,
-                   scale=kd ** -0.5, use_qk_l2norm=not case.prenormalized, rows=rows,
-                   states=states)
-    return x.to(device)
+    return CaseInputs(**x, rows=rows, states=states).to(device)
 
 
 def reference(x: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -30,9 +30,11 @@ gate input and β logits ~ N(0, 1)):
 Shapes: ``batch`` sequences of length ``T``, or with ``seqlens`` packed along T (B = 1,
 ``cu_seqlens``; empty sequences allowed); ``heads``, ``K``, ``V``. The draw order is fixed (q,
 key noise, v, key centres, gate noise, A_log, dt_bias, β noise, cluster choice, initial state),
-and a draw a spec does not use is skipped: :data:`MODEL_LIKE`, :data:`SATURATED` and
-:data:`WEAK_DECAY_CORRELATED` draw bit for bit what the end-to-end study drew for the same seed
-and shape (and, with check's options, what check's cases drew).
+and a draw a spec does not use is skipped. The end-to-end study, check's cases and the kernel
+benchmarks draw through here; :data:`MODEL_LIKE`, :data:`SATURATED` and
+:data:`WEAK_DECAY_CORRELATED` give bit for bit what the study and check drew before they did
+(tests/data/inputs_before.json; check's collinear keys with noise > 0 are the one change: the
+noise is the ordinary key draw here).
 """
 
 from __future__ import annotations

@@ -6,18 +6,9 @@ unbounded gate) × seeds × chunk sizes × variants (recipe, tile scaling, inver
 every gate and seed of a family is one batch of sequences, so one chunked forward call covers a
 whole (family, variant, chunk size) cell, and one recurrent call gives the reference for a family.
 
-Families (bf16 inputs, as a model hands them to the kernel; L2-normalized q and k; β logits):
-
-=========================  =======================================================================
-``model_like``             q, k, v, gate input g ~ N(0, 1); A_log ~ U(0, 1) per head, dt_bias ~
-                           U(0, 1) per channel (FlashKDA's test distribution); β logits ~ N(0, 1).
-``saturated``              as model_like but g = +20: the gate sits at its lower bound at every
-                           step and channel (the seed's ``floor``); unbounded: ~ −20·exp(A_log).
-``weak_decay_correlated``  one random key repeated at every step, β = 0.5, decay ≈ −0.01 per step
-                           whatever the gate (g solved for it; A_log = dt_bias = 0): the high
-                           powers of L without any exponent-range pressure.
-``long``                   model_like with T ≥ 4096.
-=========================  =======================================================================
+Families: the presets ``model_like``, ``saturated``, ``weak_decay_correlated`` and ``long`` of
+:mod:`kdalab.inputs.sequences` (bf16 inputs as a model hands them to the kernel, β logits, q and
+k L2-normalized by the kernel), drawn at the study's length, heads and dim for each gate and seed.
 
 One record per (family, gate, seed, chunk, variant) with ``o_rel_rmse`` and ``state_rel_rmse``
 (relative RMS error over the whole output / final state; ``inf`` when any value is non-finite),
@@ -37,6 +28,7 @@ import torch
 
 from kdalab import params
 from kdalab.arith import rel_rmse
+from kdalab.inputs.sequences import draw, kda_kwargs, preset
 from kdalab.kda.chunk import forward_prepared, prepare_for_recipe
 from kdalab.kda.gate import Prepared
 from kdalab.kda.inverse import INVERSES
@@ -50,8 +42,6 @@ __all__ = ["E2E_FAMILIES", "Variant", "DEFAULT_VARIANTS", "StudyConfig", "QUICK"
            "EndToEndStudy"]
 
 E2E_FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "long")
-SATURATED_G = 20.0
-WEAK_LOG_DECAY = -0.01
 
 
 @dataclass(frozen=True)
@@ -174,36 +164,10 @@ def cell_cost(cfg: StudyConfig, family: str, variant: str, chunk: int) -> float:
 
 def study_inputs(family: str, lower_bound: float | None, seed: int, length: int, heads: int,
                  dim: int) -> dict:
-    """Keyword arguments of :func:`kdalab.kda.forward` for one sequence batch (B = 1)."""
-    gen = torch.Generator().manual_seed(int(seed))
-    t, h, d = length, heads, dim
-
-    def normal(*shape):
-        return torch.randn(*shape, generator=gen).bfloat16()
-
-    gate = "unbounded" if lower_bound is None else "lower_bound"
-    q, k, v = normal(1, t, h, d), normal(1, t, h, d), normal(1, t, h, d)
-    if family == "weak_decay_correlated":
-        key = normal(1, 1, h, d)
-        k = key.expand(1, t, h, d).contiguous()
-        a_log, dt_bias = torch.zeros(h), torch.zeros(h, d)
-        target = -WEAK_LOG_DECAY
-        if lower_bound is None:  # softplus(x) = 0.01
-            x = math.log(math.expm1(target))
-        else:  # |lb|·sigmoid(x) = 0.01
-            p = target / abs(lower_bound)
-            x = math.log(p / (1 - p))
-        g = torch.full((1, t, h, d), x).bfloat16()
-        beta = torch.zeros(1, t, h).bfloat16()  # sigmoid(0) = 0.5
-    else:
-        g = normal(1, t, h, d)
-        a_log = torch.rand(h, generator=gen)
-        dt_bias = torch.rand(h, d, generator=gen)
-        beta = normal(1, t, h)
-        if family == "saturated":
-            g = torch.full_like(g, SATURATED_G)
-    return dict(q=q, k=k, v=v, g=g, beta=beta, A_log=a_log, dt_bias=dt_bias,
-                lower_bound=lower_bound, gate=gate, beta_is_logits=True, use_qk_l2norm=True)
+    """Keyword arguments of :func:`kdalab.kda.forward` for one sequence batch (B = 1): the
+    family's preset of :mod:`kdalab.inputs.sequences` at this shape and gate."""
+    spec = preset(family, T=length, heads=heads, K=dim, V=dim, lower_bound=lower_bound)
+    return kda_kwargs(draw(spec, seed))
 
 
 def _cat(preps: Sequence[Prepared]) -> Prepared:
