@@ -18,7 +18,7 @@ import torch
 
 from kdalab.kda import RECIPES, forward, get_recipe
 from kdalab.kda.inverse import block_substitution, exact_inverse, substitute_fma32
-from tests.flashkda_data import GOLDEN_DIR, load_golden
+from tests.flashkda_data import GOLDEN_DIR, load_golden, unreproducible_draw
 from tests.test_flashkda_golden import SCRIPT, equal_bits, same_bits
 
 V2_FILE = GOLDEN_DIR / "flashkda_v2_golden.npz"
@@ -169,12 +169,22 @@ def test_the_v2_golden_data_comes_from_the_reference_on_the_h200(golden):
     assert "H200" in facts["device"], facts["device"]
     assert "3b225bf" in facts["reference"] and facts["inverse_order"] == "sequence, chunk, head"
     assert sorted(cases) == sorted(V2_NAMES)
-    for spec in SCRIPT.V2_CASES:  # the inputs are the script's seeded draws, bit for bit
+    for spec in SCRIPT.V2_CASES:
+        tiles = sum(math.ceil(n / 16) for n in (spec.lengths or [spec.length] * spec.batch))
+        assert cases[spec.name]["inv"].shape == (tiles * spec.heads, 16, 16)
+
+
+def test_the_v2_golden_inputs_are_the_scripts_seeded_draws(golden):
+    """The stored inputs are the golden data wherever kdalab is compared with them; that they
+    are the script's seeded draws can be re-checked only where torch draws those bits."""
+    why = unreproducible_draw()
+    if why:
+        pytest.skip(why)
+    _, cases = golden
+    for spec in SCRIPT.V2_CASES:
         drawn, case = SCRIPT.draw(spec), cases[spec.name]
         for key, t in drawn.items():
             assert same_bits(t, case[key]) if t.is_floating_point() else torch.equal(t, case[key])
-        tiles = sum(math.ceil(n / 16) for n in (spec.lengths or [spec.length] * spec.batch))
-        assert case["inv"].shape == (tiles * spec.heads, 16, 16)
 
 
 def run_v2(case, recipe):
