@@ -200,3 +200,53 @@ def _layout_sloppy(q, k, v, g, beta, *, state_layout="KV", **kw):
 
 
 layout_sloppy = KernelAdapter(_layout_sloppy, other_layout={"state_layout": "VK"})
+
+
+
+# -- planted for the decode contract (tests/test_check_decode.py) ---------------------------------
+
+def _pool_decode(q, k, v, g, beta, *, state_pool, state_indices, use_qk_l2norm=True, **kw):
+    """The float32 token recurrence as a decode step: from the states of the pool rows named,
+    the final states written back (step by step it repeats fp32_recurrence's operations)."""
+    from kdalab.check.budget import fp32_forward
+
+    rows = state_indices.long()
+    o, s = fp32_forward(q, k, v, g, beta, initial_state=state_pool[rows],
+                        use_qk_l2norm=use_qk_l2norm, **kw)
+    state_pool[rows] = s
+    return o
+
+
+def _vk_decode(q, k, v, g, beta, *, state_pool, state_indices, dt_bias, **kw):
+    """The same on a [P, H, V, K] pool with a flat dt_bias (FlashKDA's conventions)."""
+    assert state_pool.shape[-2] == v.shape[-1] and dt_bias.dim() == 1, "VK pool, flat dt_bias"
+    kv = state_pool.transpose(-1, -2).contiguous()
+    o = _pool_decode(q, k, v, g, beta, state_pool=kv, state_indices=state_indices,
+                     dt_bias=dt_bias.reshape(q.shape[2], -1), **kw)
+    state_pool.copy_(kv.transpose(-1, -2))
+    return o
+
+
+def _decode_forgets(q, k, v, g, beta, *, state_pool, state_indices, **kw):
+    """Bug: every step starts from a zero state (the carried state is dropped)."""
+    scratch = torch.zeros_like(state_pool)
+    o = _pool_decode(q, k, v, g, beta, state_pool=scratch, state_indices=state_indices, **kw)
+    state_pool[state_indices.long()] = scratch[state_indices.long()]
+    return o
+
+
+def _decode_leaks(q, k, v, g, beta, *, state_pool, state_indices, **kw):
+    """Bug: right outputs and states, but the first sequence's new state is also written into
+    the pool row after its own (a neighbour's slot, as an off-by-one row would)."""
+    o = _pool_decode(q, k, v, g, beta, state_pool=state_pool, state_indices=state_indices, **kw)
+    row = int(state_indices[0])
+    state_pool[(row + 1) % state_pool.shape[0]] = state_pool[row]
+    return o
+
+
+honest_decode = KernelAdapter(fp32_recurrence, decode=_pool_decode)
+honest_decode_vk = KernelAdapter(_vk_kernel, state_layout="VK", dt_bias_shape="flat",
+                                 cu_seqlens_dtype=torch.int32, same_head_dims=True,
+                                 qk_l2norm_flag=None, decode=_vk_decode)
+decode_forgets = KernelAdapter(fp32_recurrence, decode=_decode_forgets)
+decode_leaks = KernelAdapter(fp32_recurrence, decode=_decode_leaks)

@@ -8,7 +8,8 @@ the gate ``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))``), at the case's sha
 identical keys).
 
 Kinds: ``accuracy`` (one call against the fp64 recurrence) or a contract
-(:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``;
+(:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``,
+``decode``;
 ``split`` is the position P a contract splits at. ``source`` names a safetensors file of
 captured inputs (:mod:`kdalab.check.replay`): the case's tensors are read from it instead of
 drawn.
@@ -36,7 +37,7 @@ __all__ = ["FAMILIES", "KINDS", "POISONS", "STATES", "Case", "CaseInputs", "SUIT
            "select_cases", "case_spec", "case_inputs", "reference", "recurrence"]
 
 FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "collinear")
-KINDS = ("accuracy", "causal", "prefill", "batch_varlen", "layout")
+KINDS = ("accuracy", "causal", "prefill", "batch_varlen", "layout", "decode")
 POISONS = ("", "nan_v", "inf_k")
 
 
@@ -123,7 +124,7 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
            varlen: tuple[tuple[str, tuple[int, ...]], ...], poison_T: int,
            poison_seqlens: tuple[int, ...] | None, lengths: tuple[int, ...],
            collinear_T: int, contract_T: int, splits: tuple[int, int],
-           batch_T: int) -> tuple[Case, ...]:
+           batch_T: int, decode_T: int) -> tuple[Case, ...]:
     def case(name, about, **changes):
         return replace(base, name=name, about=about, **changes)
 
@@ -181,6 +182,9 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
              kind="batch_varlen", batch=3, T=batch_T),
         case("contract/layout", "states in [N, H, K, V] and in [N, H, V, K], where a kernel "
              "takes both: the same bits", kind="layout", T=contract_T),
+        case("contract/decode", "two sequences decoded one token a step (the last four in "
+             "one step) through a state pool, against the fp64 reference; the difference from "
+             "one prefill call recorded", kind="decode", batch=2, T=decode_T),
     ]
     return tuple(cases)
 
@@ -196,7 +200,7 @@ FULL = _suite(
     varlen=(("short", (1, 2, 1, 2, 33)), ("mixed", (300, 1, 2, 517, 15, 17, 1228)),
             ("empty", (300, 0, 517, 100))),
     poison_seqlens=(100, 77, 150),
-    collinear_T=1024, contract_T=512, splits=(256, 229), batch_T=300,
+    collinear_T=1024, contract_T=512, splits=(256, 229), batch_T=300, decode_T=256,
 )
 #: The quick suite: the same cases at CPU size (T = 64, H = 2, K = V = 32), no long sequence.
 QUICK = _suite(
@@ -206,7 +210,7 @@ QUICK = _suite(
     dims=((32, 64),),
     varlen=(("mixed", (1, 2, 29, 17)), ("empty", (17, 0, 29))),
     poison_seqlens=None,
-    collinear_T=256, contract_T=128, splits=(64, 37), batch_T=48,
+    collinear_T=256, contract_T=128, splits=(64, 37), batch_T=48, decode_T=32,
 )
 SUITES = {"quick": QUICK, "full": FULL}
 

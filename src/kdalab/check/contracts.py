@@ -17,6 +17,13 @@ compared (``contract_compared``) and the largest difference found (``contract_ma
 ``layout``        where a kernel takes states both as ``[N, H, K, V]`` and ``[N, H, V, K]``
                   (its adapter's ``other_layout``): the output and the final state (transposed
                   back) must keep every bit. A kernel with one layout: unsupported.
+``decode``        decode = prefill: the case's sequences decoded one token a step (the last
+                  four tokens in one step of T_new = 4) through the kernel's decode function
+                  (its adapter's ``decode``) on a state pool, each sequence at a row of its own
+                  among rows no index names; the decoded outputs and final states against fp64
+                  on [0, T) within the budget of the floor, as an accuracy case, and the rows no
+                  index names bit for bit. The largest difference from one prefill call on
+                  [0, T) is recorded. A kernel without a decode function: unsupported.
 """
 
 from __future__ import annotations
@@ -167,6 +174,64 @@ def _layout(kernel, x, case):
                                f"difference {rec['contract_max_diff']:.3g})"]
 
 
+class _DecodeStep:
+    """One decode step on ``pool`` at rows ``indices``, shaped as :func:`call` runs a kernel
+    (``x`` in, ``(o, pool)`` out), so a decode step is called, timed out and judged as one."""
+
+    def __init__(self, kernel, pool, indices):
+        self.name, self._kernel, self._pool, self._indices = kernel.name, kernel, pool, indices
+
+    def __call__(self, x: CaseInputs):
+        return self._kernel.decode_step(x, self._pool, self._indices), self._pool
+
+
+#: tokens of the one multi-token decode step at the end (speculative decoding's shape)
+DECODE_TAIL = 4
+
+
+def _decode(kernel, x, case, ref, floors, th):
+    if kernel.decode is None:
+        raise Raised(NotImplementedError("declared: no decode function (KernelAdapter.decode)"))
+    n, t, h, kd = x.q.shape
+    vd = x.v.shape[-1]
+    (o_pre, s_pre), _ = call(kernel, x, case.name)
+    # each sequence at an odd row, in reverse order; the even rows hold values no step may touch
+    rows = 2 * n + 1
+    idx = torch.arange(2 * n - 1, 0, -2, dtype=torch.int64, device=x.q.device)
+    gen = torch.Generator().manual_seed(case.seed + 2)
+    states = torch.randn(rows, h, kd, vd, generator=gen).to(x.q.device)
+    states[idx] = (torch.zeros(n, h, kd, vd, device=x.q.device) if x.initial_state is None
+                   else x.initial_state.float())
+    pool = kernel.to_pool(states)
+    before = kernel.from_pool(pool).clone()
+    tail = DECODE_TAIL if t >= 2 * DECODE_TAIL else 1
+    steps = [(i, i + 1) for i in range(t - tail)] + [(t - tail, t)]
+    step, outs, modified = _DecodeStep(kernel, pool, idx), [], set()
+    for a, b in steps:
+        (o, _), mod = call(step, time_slice(x, a, b, None), case.name)
+        outs.append(o)
+        modified.update(mod)
+    o_dec = torch.cat(outs, dim=1)
+    after = kernel.from_pool(pool)
+    s_dec = after[idx]
+    others = torch.ones(rows, dtype=torch.bool, device=x.q.device)
+    others[idx] = False
+    rec = {"o_rel_err": rel(o_dec, ref[0]), "state_rel_err": rel(s_dec, ref[1]),
+           "o_nonfinite": nonfinite(o_dec), "state_nonfinite": nonfinite(s_dec),
+           "o_dtype": str(o_dec.dtype)[6:], "state_dtype": str(s_dec.dtype)[6:],
+           "contract_compared": f"{len(steps)} decode steps ({t - tail} of 1 token, then one "
+                                f"of {tail}) through pool rows {idx.tolist()} of {rows}, "
+                                f"against fp64 on [0, {t}) (budget); the other rows bit for "
+                                f"bit; max diff against one prefill call",
+           "contract_max_diff": max(max_diff(o_dec, o_pre), max_diff(s_dec, s_pre))}
+    rec, failures = _budget(rec, floors, o_dec.dtype, th, "decode")
+    if not same(after[others], before[others]):
+        failures.append("decode: pool rows no index names changed")
+    if modified:
+        failures.append(f"decode: modified its inputs: {', '.join(sorted(modified))}")
+    return rec, failures
+
+
 def judge_contract(kernel, x: CaseInputs, case, ref, floors, th) -> tuple[dict, list[str]]:
     """One contract case: ``(record fields, failures)``; raises
     :class:`~kdalab.check.calls.Raised` if the kernel raises (NotImplementedError for a
@@ -177,4 +242,6 @@ def judge_contract(kernel, x: CaseInputs, case, ref, floors, th) -> tuple[dict, 
         return _causal(kernel, x, case)
     if case.kind == "prefill":
         return _prefill(kernel, x, case, ref, floors, th)
+    if case.kind == "decode":
+        return _decode(kernel, x, case, ref, floors, th)
     return _batch_varlen(kernel, x, case, ref, floors, th)
