@@ -138,3 +138,14 @@ def test_decode_contract_on_the_gpu(kernel):
     rec, = run_check([load_kernel(kernel)], case, device="cuda")
     assert rec["status"] == "pass", rec
     assert math.isfinite(rec["contract_max_diff"])  # recorded, for docs/check.md
+
+
+def test_the_isolated_worker_gives_the_same_decode_records():
+    from kdalab.check.harness import Thresholds
+    from kdalab.check.isolate import run_isolated
+
+    names = [f"{MOD}:honest_decode", f"{MOD}:decode_leaks", "recipe:fp32"]
+    iso = run_isolated(names, DECODE, suite="quick", device="cpu", thresholds=Thresholds(),
+                       against=None)
+    assert [r["status"] for r in iso] == ["pass", "fail", "unsupported"]
+    assert json.dumps(iso) == json.dumps(run_check([load_kernel(n) for n in names], DECODE))
