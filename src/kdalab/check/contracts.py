@@ -176,7 +176,8 @@ def _layout(kernel, x, case):
 
 class _DecodeStep:
     """One decode step on ``pool`` at rows ``indices``, shaped as :func:`call` runs a kernel
-    (``x`` in, ``(o, pool)`` out), so a decode step is called, timed out and judged as one."""
+    (``x`` in, ``(o, pool)`` out), so a step's errors, device faults and modified inputs are
+    handled as a call's."""
 
     def __init__(self, kernel, pool, indices):
         self.name, self._kernel, self._pool, self._indices = kernel.name, kernel, pool, indices
