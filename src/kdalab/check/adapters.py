@@ -19,17 +19,10 @@ dimensions, devices and options it supports (a case outside them is recorded as 
 without calling the kernel). ``kdalab check mymodule:attr`` takes a function (the convention) or
 a :class:`KernelAdapter`.
 
-**Decode** (optional, ``KernelAdapter(decode=…)``; ``kdalab.kernels.kda_decode``'s convention)::
-
-    o = decode(q, k, v, g, beta, *, state_pool, state_indices, scale, A_log, dt_bias,
-               lower_bound)
-
-``q, k, g [N, T_new, H, K]`` … as above for the N sequences' next ``T_new`` tokens;
-``state_pool`` ``[P, H, K, V]`` float32 (in the adapter's ``state_layout``), updated in place:
-sequence n starts from row ``state_indices[n]`` (int64 ``[N]``) and its state after its last
-token is written back there; other rows are left alone. Returns ``o [N, T_new, H, V]``. The
-decode contract (:mod:`kdalab.check.contracts`) runs it; a kernel without one is unsupported
-there.
+**Decode** (optional, ``KernelAdapter(decode=…)``, for the decode contract): ``o = decode(q, k, v,
+g, beta, *, state_pool, state_indices, scale, A_log, dt_bias, lower_bound)``, ``kda_decode``'s
+convention: N sequences' next ``T_new`` tokens, the float32 pool ``[P, H, K, V]`` (in
+``state_layout``) updated in place at rows ``state_indices`` (int64 ``[N]``).
 
 A kernel says it does not support a case by raising NotImplementedError (or through its adapter's
 declared capabilities); any other exception fails the case. An answer of the wrong form (not a
@@ -91,9 +84,8 @@ class KernelAdapter:
     ``empty_sequences``   it takes zero-length packed sequences
     ``other_layout``      keyword arguments that switch the kernel to the other state layout
                           (None: it takes one; the layout contract is then unsupported)
-    ``decode``            the kernel's decode function (module docstring; its pool in
-                          ``state_layout``, ``dt_bias`` as ``dt_bias_shape``), or None: the
-                          decode contract is then unsupported
+    ``decode``            its decode function (module docstring; ``dt_bias`` as above), or
+                          None: the decode contract is then unsupported
     ``requires``          import names that must be importable (checked before the run)
     ``note``              appended to the message when the kernel cannot run here
     """
@@ -209,37 +201,21 @@ class KernelAdapter:
                        state_layout="VK" if self.state_layout == "KV" else "KV",
                        other_layout=None, decode=None)  # the decode keeps its own layout
 
-    # -- decode -----------------------------------------------------------------------------
-
-    def to_pool(self, states: torch.Tensor) -> torch.Tensor:
-        """``[P, H, K, V]`` states as a contiguous pool in the kernel's state layout."""
-        return (states.transpose(-1, -2) if self.state_layout == "VK" else states).contiguous()
-
-    def from_pool(self, pool: torch.Tensor) -> torch.Tensor:
-        """The pool's rows as ``[P, H, K, V]``."""
-        return pool.transpose(-1, -2) if self.state_layout == "VK" else pool
-
-    def decode_step(self, x: CaseInputs, pool: torch.Tensor,
-                    indices: torch.Tensor) -> torch.Tensor:
-        """One decode step of the kernel's ``decode``: the ``T_new`` tokens of ``x`` (fixed
-        length, ``[N, T_new, ...]``) from pool rows ``indices``; ``o [N, T_new, H, V]``."""
-        if self.decode is None:
-            raise NotImplementedError(f"kernel {self.name!r} declares no decode function")
+    def decode_step(self, x: CaseInputs, pool, indices) -> torch.Tensor:
+        """One step of ``decode``: the tokens of ``x`` (fixed length, ``[N, T_new, ...]``) from
+        pool rows ``indices`` (the pool in ``state_layout``); ``o [N, T_new, H, V]``."""
         dt_bias = x.dt_bias.reshape(-1) if self.dt_bias_shape == "flat" else x.dt_bias
         kw = dict(state_pool=pool, state_indices=indices, scale=x.scale, A_log=x.A_log,
                   dt_bias=dt_bias, lower_bound=x.lower_bound)
         if not x.use_qk_l2norm:
             kw[self.qk_l2norm_flag] = False
         o = self.decode(x.q, x.k, x.v, x.g, x.beta, **kw)
-        where = f"kernel {self.name!r}'s decode returned"
-        if not isinstance(o, torch.Tensor):
-            raise ConventionError(f"{where} a {type(o).__name__}; expected o, a tensor of "
-                                  f"shape {list(x.v.shape)}")
-        if tuple(o.shape) != tuple(x.v.shape) or not o.dtype.is_floating_point \
-                or o.device != x.v.device:
-            raise ConventionError(f"{where} o of shape {list(o.shape)} in {o.dtype} on "
-                                  f"{o.device}; expected {list(x.v.shape)}, float, on "
-                                  f"{x.v.device}")
+        if not isinstance(o, torch.Tensor) or o.shape != x.v.shape \
+                or not o.dtype.is_floating_point or o.device != x.v.device:
+            got = (f"o of shape {list(o.shape)} in {o.dtype} on {o.device}"
+                   if isinstance(o, torch.Tensor) else f"a {type(o).__name__}")
+            raise ConventionError(f"kernel {self.name!r}'s decode returned {got}; expected a "
+                                  f"float tensor of shape {list(x.v.shape)} on {x.v.device}")
         return o.detach()
 
     def _check_answer(self, out, x: CaseInputs):
@@ -283,10 +259,9 @@ def _kdalab(config_name: str) -> KernelAdapter:
         return kernels.chunk_kda_fwd(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm,
                                      config=getattr(kernels, config_name), **kw)
 
-    def kdalab_decode(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
-        import kdalab.kernels as kernels
-
-        return kernels.kda_decode(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, **kw)
+    def kdalab_decode(q, k, v, g, beta, **kw):
+        from kdalab.kernels import kda_decode
+        return kda_decode(q, k, v, g, beta, **kw)
 
     devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
     return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
@@ -302,8 +277,7 @@ def _fla() -> KernelAdapter:
 
 
 def _fla_decode(q, k, v, g, beta, *, state_pool, state_indices, **kw):
-    """fla's ``fused_recurrent_kda`` as a decode step: its public function takes no pool
-    indices, so the states are gathered from the pool rows and the final states written back."""
+    """fla's ``fused_recurrent_kda`` on pool rows (it takes no indices: gathered, written back)."""
     rows = state_indices.long()
     o, s = peers.fla_fused_recurrent_kda(q, k, v, g, beta, initial_state=state_pool[rows],
                                          output_final_state=True, cu_seqlens=None, **kw)

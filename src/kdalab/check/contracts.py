@@ -186,6 +186,12 @@ class _DecodeStep:
         return self._kernel.decode_step(x, self._pool, self._indices), self._pool
 
 
+def _kv(states, kernel):
+    """Pool rows between ``[P, H, K, V]`` and the kernel's layout (a transpose is its own
+    inverse)."""
+    return states.transpose(-1, -2) if kernel.state_layout == "VK" else states
+
+
 #: tokens of the one multi-token decode step at the end (speculative decoding's shape)
 DECODE_TAIL = 4
 
@@ -203,8 +209,8 @@ def _decode(kernel, x, case, ref, floors, th):
     states = torch.randn(rows, h, kd, vd, generator=gen).to(x.q.device)
     states[idx] = (torch.zeros(n, h, kd, vd, device=x.q.device) if x.initial_state is None
                    else x.initial_state.float())
-    pool = kernel.to_pool(states)
-    before = kernel.from_pool(pool).clone()
+    pool = _kv(states, kernel).contiguous()  # in the kernel's layout
+    before = states.clone()
     tail = DECODE_TAIL if t >= 2 * DECODE_TAIL else 1
     steps = [(i, i + 1) for i in range(t - tail)] + [(t - tail, t)]
     step, outs, modified = _DecodeStep(kernel, pool, idx), [], set()
@@ -213,7 +219,7 @@ def _decode(kernel, x, case, ref, floors, th):
         outs.append(o)
         modified.update(mod)
     o_dec = torch.cat(outs, dim=1)
-    after = kernel.from_pool(pool)
+    after = _kv(pool, kernel)
     s_dec = after[idx]
     others = torch.ones(rows, dtype=torch.bool, device=x.q.device)
     others[idx] = False
