@@ -164,7 +164,7 @@ def _error(message: str) -> None:
     from rich.markup import escape
 
     err_console.print(f"[bold red]error:[/] {escape(_one_line(message))}", highlight=False,
-                      soft_wrap=True, markup=True)
+                      soft_wrap=True, markup=True, emoji=False)  # ":-1:" stays as typed
 
 
 def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:

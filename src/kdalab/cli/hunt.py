@@ -42,13 +42,9 @@ def _lower_bound_range(text: str) -> tuple[float, float]:
 
 
 def _dims(text: str) -> tuple[int, ...]:
-    try:
-        dims = tuple(int(d) for d in text.split(",") if d.strip())
-    except ValueError:
-        dims = ()
-    if not dims or any(d < 1 for d in dims):
-        raise ValueError(f"--dims must be comma-separated integers >= 1, got {text!r}")
-    return dims
+    from kdalab import params
+
+    return params.int_list(text, "--dims", minimum=1)
 
 
 @app.command("hunt", epilog=_EPILOG, help=prose("""
@@ -144,11 +140,12 @@ def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequen
     names = {"min_T": "--min-T", "max_T": "--max-T", "min_heads": "--min-heads",
              "max_heads": "--max-heads", "max_sequences": "--max-sequences", "dims": "--dims",
              "lower_bound": "--lower-bound"}
+    dims = _dims(dims)  # (its message names --dims already)
     try:
         return Bounds(min_T=d["min_T"] if min_t is None else min_t,
                       max_T=d["max_T"] if max_t is None else max_t, min_heads=min_heads,
                       max_heads=d["max_heads"] if max_heads is None else max_heads,
-                      dims=_dims(dims), lower_bound=_lower_bound_range(lower_bound),
+                      dims=dims, lower_bound=_lower_bound_range(lower_bound),
                       max_sequences=max_sequences)
     except ValueError as exc:
         text = str(exc)

@@ -55,7 +55,7 @@ def _folder(out: Path, force: bool) -> Path:
     if out.is_dir() and any(out.iterdir()) and not (out / _CONFIG).exists() and not force:
         raise ValueError(f"--out: {str(out)!r} holds files that are not this study's; choose "
                          "another folder or pass --force")
-    return params.output_folder(out, "--out")
+    return params.output_folder(out, "--out", create=False)  # made once the study has run
 
 
 @run_app.command(
@@ -100,7 +100,14 @@ def inverse_stability(
     from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK, run_study, summarize
 
     if redraw:
-        folder = Path(out).expanduser()
+        given = {"--quick": quick, "--chunks": chunks, "--algorithms": algorithms,
+                 "--spreads": spreads, "--betas": betas, "--decays": decays,
+                 "--samples": samples, "--dim": dim, "--seed": seed or None, "--force": force}
+        extra = [k for k, v in given.items() if v]
+        if extra:
+            raise ValueError(f"--redraw draws from the records in --out: it takes no "
+                             f"{', '.join(extra)}")
+        folder = params.user_path(out, "--out")
         try:
             records = _load_records(folder)
         except FileNotFoundError:
@@ -125,9 +132,10 @@ def inverse_stability(
     changes["seed"] = params.integer(seed, "--seed", 0)
     cfg = replace(QUICK if quick else FULL, **changes)
     folder = _folder(out, force)
-    (folder / _CONFIG).write_text(json.dumps(cfg.as_dict(), indent=1) + "\n")
     t0 = time.perf_counter()
-    records = run_study(cfg)
+    records = run_study(cfg)  # (a request too large for memory fails here, before any file)
+    folder = params.output_folder(folder, "--out")
+    (folder / _CONFIG).write_text(json.dumps(cfg.as_dict(), indent=1) + "\n")
     _store_records(folder, records)
     elapsed = time.perf_counter() - t0
     summary = summarize(records)
