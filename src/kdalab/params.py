@@ -68,7 +68,14 @@ def integer(value, name: str, minimum: int | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {_plain(value)}") from None
     if minimum is not None and out < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {out}")
+    _fits_int64(out, name)
     return out
+
+
+def _fits_int64(value: int, name: str) -> None:
+    """Every integer goes into 64-bit tensors and generators (seeds, sizes)."""
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"{name}: {value} is too large; expected integers below 2**63")
 
 
 def _items(value, name: str) -> list:
@@ -92,6 +99,7 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
         if isinstance(item, bool) or not isinstance(item, (int, str)):
             raise ValueError(f"{name} must hold {INT_LIST_HELP}; got {item!r}")
         if isinstance(item, int):
+            _fits_int64(item, name)
             out.append(item)
             continue
         m = _ITEM.match(item)
@@ -101,6 +109,8 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
             raise ValueError(f"{name}: cannot read {item!r}; expected {INT_LIST_HELP}")
         items = range(int(lo), int(lo) + 1) if hi is None else range(int(lo), int(hi) + 1,
                                                                       int(step or 1))
+        for end in (items.start, items.stop - 1) if items else ():
+            _fits_int64(end, name)
         if len(out) + len(items) > MAX_ITEMS:
             raise ValueError(f"{name}: {value!r} holds more than {MAX_ITEMS:,} items "
                              f"({len(out) + len(items):,}); one list holds at most {MAX_ITEMS:,}")
@@ -249,7 +259,10 @@ def user_path(value, name: str) -> Path:
     text = os.fspath(value)
     if not text.strip():
         raise ValueError(f"{name} is empty; expected a path")
-    return Path(text).expanduser()
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # ~user that names no user here
+        raise ValueError(f"{name}: cannot expand {text!r}: no such user here") from None
 
 
 def run_count(counts: Iterable[int], name: str = "--seeds") -> int:

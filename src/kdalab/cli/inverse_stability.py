@@ -51,7 +51,7 @@ def _floats(value: str, name: str, lo: float, hi: float) -> tuple[float, ...]:
 def _folder(out: Path, force: bool) -> Path:
     from kdalab import params
 
-    out = Path(out).expanduser()
+    out = params.user_path(out, "--out")
     if out.is_dir() and any(out.iterdir()) and not (out / _CONFIG).exists() and not force:
         raise ValueError(f"--out: {str(out)!r} holds files that are not this study's; choose "
                          "another folder or pass --force")
