@@ -58,8 +58,9 @@ def _plain(value) -> str:
     return str(value)
 
 
-def integer(value, name: str, minimum: int | None = None) -> int:
-    """An integer (``"16"`` or ``16``), at least ``minimum``."""
+def integer(value, name: str, minimum: int | None = None, *, int64: bool = False) -> int:
+    """An integer (``"16"`` or ``16``), at least ``minimum``; with ``int64``, one that fits in
+    64 bits (a seed or size that goes into tensors and generators)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     try:
@@ -68,7 +69,8 @@ def integer(value, name: str, minimum: int | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {_plain(value)}") from None
     if minimum is not None and out < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {out}")
-    _fits_int64(out, name)
+    if int64:
+        _fits_int64(out, name)
     return out
 
 

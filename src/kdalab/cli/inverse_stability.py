@@ -126,10 +126,10 @@ def inverse_stability(
     if decays is not None:
         changes["decays"] = _floats(decays, "--decays", -50.0, 0.0)
     if samples is not None:
-        changes["samples"] = params.integer(samples, "--samples", 1)
+        changes["samples"] = params.integer(samples, "--samples", 1, int64=True)
     if dim is not None:
-        changes["dim"] = params.integer(dim, "--dim", 1)
-    changes["seed"] = params.integer(seed, "--seed", 0)
+        changes["dim"] = params.integer(dim, "--dim", 1, int64=True)
+    changes["seed"] = params.integer(seed, "--seed", 0, int64=True)
     cfg = replace(QUICK if quick else FULL, **changes)
     folder = _folder(out, force)
     t0 = time.perf_counter()
