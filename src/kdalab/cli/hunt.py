@@ -44,7 +44,11 @@ def _lower_bound_range(text: str) -> tuple[float, float]:
 def _dims(text: str) -> tuple[int, ...]:
     from kdalab import params
 
-    return params.int_list(text, "--dims", minimum=1)
+    try:
+        return params.int_list(text, "--dims", minimum=1)
+    except ValueError:
+        raise ValueError(f"--dims must be comma-separated integers >= 1 (or ranges like "
+                         f"'32-128:32'), got {text!r}") from None
 
 
 @app.command("hunt", epilog=_EPILOG, help=prose("""
