@@ -431,3 +431,202 @@ def test_ctrl_c_keeps_the_records_and_says_how_to_go_on(tmp_path):
     done = kdalab("sweep", "--out", str(out), "--resume", "--quiet")
     assert done.returncode == 0, done.stderr
     assert RunStore.read_only(out).complete and (out / "summary.csv").exists()
+
+
+# --- issue 21, finished: held-out kinds of mistake, each one line, exit 2, nothing left behind --
+
+SWEEP_KEYS = [  # (a sweep TOML, what the line must say): every key names itself, any wrong type
+    ("recipe = 5", "k.toml: recipe must name a recipe, one of seed, "),
+    ("recipe = 'nope'", "k.toml: recipe: unknown recipe 'nope'; expected one of seed"),
+    ("recipe = ['seed']", "k.toml: recipe must name a recipe"),
+    ("recipe = true", "k.toml: recipe must name a recipe"),
+    ("recipe = {a = 1}", "k.toml: recipe must name a recipe"),
+    ("[sweep]\nrecipe = 5", "k.toml: recipe must name a recipe"),
+    ("families = true", "k.toml: families must be a list, got True"),
+    ("families = [1]", "k.toml: families must be one of floor"),
+    ("chunks = {a = 1}", "k.toml: chunks: cannot read 'a'"),
+    ("chunks = [[4]]", "k.toml: chunks must hold integers like"),
+    ("seeds = 1.5", "k.toml: seeds must hold integers like"),
+    ("seeds = [true]", "k.toml: seeds must hold integers like"),
+    ("dims = true", "k.toml: dims must be a list, got True"),
+    ("accumulation = 5", "k.toml: accumulation must name an accumulation model, got 5"),
+    ("accumulation = [['fp32']]", "k.toml: accumulation must name an accumulation model"),
+    ("lower-bound = [true]", "k.toml: lower-bound must be a finite number < 0"),
+    ("lower-bound = [[-1]]", "k.toml: lower-bound must be a finite number < 0"),
+    ("device = 5", "k.toml: device must be cpu, cuda or cuda:N; got 5"),
+    ("device = ['cpu']", "k.toml: device must be cpu, cuda or cuda:N"),
+    ("out = true", "k.toml: out must be a path (text), got True"),
+    ("out = {a = 1}", "k.toml: out must be a path (text)"),
+    ("out = '~nosuchuser-kdalab/x'", "k.toml: out: cannot expand '~nosuchuser-kdalab/x'"),
+    ("chunk = 4\nchunks = 8", "k.toml: chunks: chunks is given twice"),
+    ("[sweep]\n[sweep.x]\ny = 1", "k.toml: x: unknown key; expected one of"),
+]
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*")}
+
+
+def _one_mistake(capsys, tmp_path, args, message) -> None:
+    """``args`` is a mistake: one ``error:`` line holding ``message``, exit code 2, no
+    traceback, and nothing made or changed under ``tmp_path``."""
+    before = _tree(tmp_path)
+    code, out, err = cli(capsys, *args)
+    lines = err.strip("\n").splitlines()
+    assert code == 2, (code, out, err)
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert message in lines[0], lines[0]
+    assert "Traceback" not in err + out
+    assert _tree(tmp_path) == before, _tree(tmp_path) - before
+
+
+@pytest.mark.parametrize("text,message", SWEEP_KEYS, ids=[t for t, _ in SWEEP_KEYS])
+def test_every_sweep_key_of_the_wrong_type_names_itself(text, message, tmp_path, capsys,
+                                                          monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "k.toml").write_text(text + "\n")
+    args = ["sweep", "k.toml"] + ([] if text.startswith("out") else ["--out", "o"])
+    _one_mistake(capsys, tmp_path, args, message)
+
+
+def test_a_bad_out_in_the_toml_is_refused_even_when_the_option_overrides_it(tmp_path, capsys):
+    (tmp_path / "k.toml").write_text("out = ['x']\n")
+    _one_mistake(capsys, tmp_path, ["sweep", str(tmp_path / "k.toml"), "--out",
+                                    str(tmp_path / "o")], "k.toml: out must be a path (text)")
+
+
+LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may be left behind
+    (["sweep", "--seeds", "0-999999", "--chunks", "2-64", "--out", "{tmp}/o"],
+     "--seeds: the sweep would plan"),
+    (["reproduce", "--seeds", "0-999999", "--chunks", "2-64", "--out", "{tmp}/o"],
+     "--seeds: the sweep would plan"),
+    (["sweep", "--seeds", "0", "--chunks", "4", "--out", "{tmp}/foreign/sub", "--families",
+      "bogus"], "--families must be one of"),
+    (["sweep", "--out", "{tmp}/file/sub"], "--out: cannot create the folder"),
+    (["sweep", "--seeds", "99999999999999999999", "--out", "{tmp}/o"],
+     "--seeds: 99999999999999999999 is too large; expected integers below 2**63"),
+    (["run", "diagonal-tile", "--seeds", "0-999999", "--chunks", "2-64", "--out", "{tmp}/o"],
+     "--seeds: each chunk size would make"),
+    (["run", "dynamic-range", "--model-seeds", "0-999999", "--out", "{tmp}/o"],
+     "--model-seeds: each chunk size would make"),
+    (["run", "end-to-end", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
+    (["run", "dynamic-range", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
+    (["run", "diagonal-tile", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
+    (["run", "end-to-end", "--quick", "--out", "~nosuchuser-kdalab/x"],
+     "--out: cannot expand '~nosuchuser-kdalab/x': no user 'nosuchuser-kdalab' here"),
+    (["run", "end-to-end", "--quick", "--out=~nosuchuser-kdalab/x"], "--out: cannot expand"),
+    # kdalab run inverse-stability
+    (["run", "inverse-stability", "--redraw", "--chunks", "4", "--out", "{tmp}/o"],
+     "--redraw draws from the records in --out: it takes no --chunks"),
+    (["run", "inverse-stability", "--redraw", "--out", "{tmp}/o"], "--out: no records in"),
+    (["run", "inverse-stability", "--chunks", "1", "--out", "{tmp}/o"],
+     "--chunks must be integers >= 2, got 1"),
+    (["run", "inverse-stability", "--algorithms", "nope", "--out", "{tmp}/o"],
+     "--algorithms must be one of fp16-neumann"),
+    (["run", "inverse-stability", "--betas", "nan", "--out", "{tmp}/o"],
+     "--betas must hold numbers in [0, 1], got nan"),
+    (["run", "inverse-stability", "--decays", "1", "--out", "{tmp}/o"], "--decays must hold"),
+    (["run", "inverse-stability", "--spreads", "", "--out", "{tmp}/o"], "--spreads: cannot read"),
+    (["run", "inverse-stability", "--samples", "0", "--out", "{tmp}/o"], "--samples must be"),
+    (["run", "inverse-stability", "--seed", "99999999999999999999", "--out", "{tmp}/o"],
+     "--seed: 99999999999999999999 is too large"),
+    (["run", "inverse-stability", "--quick", "--out", "{tmp}/file"], "--out: "),
+    (["run", "inverse-stability", "--quick", "--out", "{tmp}/foreign"],
+     "holds files that are not this study's"),
+    # kdalab hunt
+    (["hunt", "nope"], "unknown kernel 'nope'; kernels are kdalab"),
+    (["hunt", "recipe:nope"], "unknown recipe 'nope'"),
+    (["hunt", "recipe:"], "unknown recipe ''"),
+    (["hunt", "module:"], "kernel 'module:': expected module:function"),
+    (["hunt", "os:nothing"], "kernel 'os:nothing': module 'os' has no attribute 'nothing'"),
+    (["hunt", "flashkda", "--device", "cpu"], "kernel 'flashkda' runs on cuda only"),
+    (["hunt", "recipe:fp32", "--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+    (["hunt", "recipe:fp32", "--trials", "0"], "--trials must be an integer >= 1, got 0"),
+    (["hunt", "recipe:fp32", "--trials", "-3"], "--trials must be an integer >= 1, got -3"),
+    (["hunt", "recipe:fp32", "--budget-s", "0"], "--budget-s must be a number of seconds > 0"),
+    (["hunt", "recipe:fp32", "--budget-s", "nan"], "--budget-s must be a number of seconds"),
+    (["hunt", "recipe:fp32", "--seed", "-1"], "--seed must be an integer in [0, 2**32 - 1]"),
+    (["hunt", "recipe:fp32", "--seed", "99999999999999999999"], "--seed must be an integer in"),
+    (["hunt", "recipe:fp32", "--min-T", "300", "--max-T", "100"],
+     "--min-T must be <= --max-T, got 300 > 100"),
+    (["hunt", "recipe:fp32", "--min-T", "0"], "--min-T must be an integer >= 1, got 0"),
+    (["hunt", "recipe:fp32", "--min-heads", "5", "--max-heads", "2"], "--min-heads must be <="),
+    (["hunt", "recipe:fp32", "--max-sequences", "0"], "--max-sequences must be an integer >= 1"),
+    (["hunt", "recipe:fp32", "--dims", "x"], "--dims must be comma-separated integers >= 1"),
+    (["hunt", "recipe:fp32", "--dims", "0,64"], "'32-128:32'), got '0,64'"),
+    (["hunt", "recipe:fp32", "--dims", "64,,128"], "'32-128:32'), got '64,,128'"),
+    (["hunt", "recipe:fp32", "--dims", "99999999"], "the largest case needs about"),
+    (["hunt", "recipe:fp32", "--max-T", "999999999999"], "--max-T 999999999999, --max-heads"),
+    (["hunt", "recipe:fp32", "--max-heads", "999999999"], "the largest case needs about"),
+    (["hunt", "recipe:fp32", "--threshold", "0"], "--threshold must be a finite number > 0"),
+    (["hunt", "recipe:fp32", "--threshold", "-1"], "--threshold must be a finite number > 0"),
+    (["hunt", "recipe:fp32", "--threshold", "nan"], "--threshold must be a finite number > 0"),
+    (["hunt", "recipe:fp32", "--lower-bound", "0"], "--lower-bound must be a number < 0 or"),
+    (["hunt", "recipe:fp32", "--lower-bound", "-1:-5"], "LOW <= HIGH < 0, got '-1:-5'"),
+    (["hunt", "recipe:fp32", "--lower-bound", "-5:-1:2"],  # as typed (no emoji for ":-1:")
+     "--lower-bound must be a number or LOW:HIGH, got '-5:-1:2'"),
+    (["hunt", "recipe:fp32", "--lower-bound", "unbounded"], "--lower-bound must be a number"),
+    (["hunt", "recipe:fp32", "--out", "{tmp}/file"], "--out: "),
+    (["hunt", "recipe:fp32", "--out", "{tmp}/file/sub"], "--out: cannot create the folder"),
+    (["hunt", "recipe:fp32", "--out", "{tmp}/foreign"], "holds files that are not a hunt's"),
+    (["hunt", "recipe:fp32", "--out", "~nosuchuser-kdalab/x"], "--out: cannot expand"),
+]
+if not torch.cuda.is_available():
+    LEFT_BEHIND += [(["hunt", "recipe:fp32", "--device", "cuda"],
+                     "--device cuda: no CUDA device is available")]
+
+
+@pytest.mark.parametrize("args,message", LEFT_BEHIND,
+                         ids=[" ".join(a)[:60] for a, _ in LEFT_BEHIND])
+def test_a_mistake_leaves_nothing_behind(args, message, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "thesis.tex").write_text("not kdalab's")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if args[0] == "hunt" and not any(a.startswith("--out") for a in args):
+        args += ["--out", str(tmp_path / "o")]
+    if args[0] == "hunt" and "--trials" not in args and "--budget-s" not in args:
+        args += ["--trials", "1"]
+    if args[0] == "hunt" and "--device" not in args:
+        args += ["--device", "cpu"]
+    _one_mistake(capsys, tmp_path, args, message)
+
+
+def test_a_silent_port_at_address_is_one_prompt_line(tmp_path, capsys):
+    """--address at a port that accepts and says nothing (no Ray cluster): kdalab's one line
+    naming --address within a few seconds, none of Ray's retry warnings, nothing made."""
+    import socket
+    import threading
+
+    from kdalab.runner.ray import PROBE_TIMEOUT
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.2)
+    held, stop = [], threading.Event()
+
+    def accept() -> None:  # accepts every connection and says nothing, until the test ends
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        _one_mistake(capsys, tmp_path, [
+            "sweep", "--backend", "ray", "--address", f"127.0.0.1:{server.getsockname()[1]}",
+            "--seeds", "0", "--chunks", "4", "--dims", "8", "--out", str(tmp_path / "o")],
+            "is no Ray cluster (it said nothing for")
+        assert time.monotonic() - t0 < PROBE_TIMEOUT + 15  # (Ray's import, on a loaded CPU)
+    finally:
+        stop.set()
+        thread.join(5)
+        for conn in held:
+            conn.close()
+        server.close()
+    assert held, "kdalab never connected"

@@ -117,20 +117,26 @@ def test_views_and_command(tmp_path, capsys, tiny_records):
     with pytest.raises(SystemExit) as done:  # its own study: --resume (nothing left to run)
         main(args)
     assert done.value.code == 2 and "--resume" in capsys.readouterr().err
-    for again in (["--resume"], ["--redraw"]):
+    for again in (args + ["--resume"], args[:2] + ["--out", str(out), "--redraw"]):
         (out / "inverse-stability-summary.md").unlink()
         with pytest.raises(SystemExit) as done:
-            main(args + again)
+            main(again)
         assert done.value.code == 0 and (out / "inverse-stability-summary.md").exists()
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
     for bad, word in ((["--out", str(foreign)], "--force"), (["--betas", "1.5"], "--betas"),
-                      (["--out", str(foreign), "--redraw"], "holds no kdalab store"),
+
                       (["--algorithms", "lu"], "--algorithms"), (["--chunks", "1"], "--chunks")):
         with pytest.raises(SystemExit) as done:
             main(args[:-2] + ["--out", str(tmp_path / "x")] + bad if bad[0] != "--out"
                  else args[:-2] + bad)
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.startswith("error: ") and word in err, err
+    for bad, word in ((["--out", str(foreign), "--redraw"], "holds no kdalab store"),
+                      (["--out", str(out), "--redraw", "--chunks", "16"], "takes no --chunks")):
+        with pytest.raises(SystemExit) as done:
+            main(args[:2] + bad)
         err = capsys.readouterr().err
         assert done.value.code == 2 and err.startswith("error: ") and word in err, err
 

@@ -125,3 +125,32 @@ def test_lists_and_sweeps_are_counted_before_they_are_built():
     assert params.run_count([3, 10, 1000]) == 30_000
     with pytest.raises(ValueError, match="--seeds: the sweep would plan 30,000,000 runs"):
         params.run_count([3, 10, 1_000_000])
+
+
+def test_an_output_folder_can_be_checked_without_making_it(tmp_path):
+    from kdalab import params
+
+    target = tmp_path / "a" / "b"
+    assert params.output_folder(target, "--out", create=False) == target
+    assert not (tmp_path / "a").exists()  # checked by making it, then removed again
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="--out: cannot create the folder .*Not a directory"):
+        params.output_folder(tmp_path / "file" / "sub", "--out", create=False)
+    with pytest.raises(ValueError, match="--out: .* is a file"):
+        params.output_folder(tmp_path / "file", "--out", create=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_integers_beyond_64_bits_are_named_where_asked():
+    from kdalab import params
+
+    with pytest.raises(ValueError, match=r"--seeds: 18446744073709551616 is too large"):
+        params.int_list(str(2**64), "--seeds")
+    with pytest.raises(ValueError, match=r"--seeds: 9223372036854775808 is too large"):
+        params.int_list(f"0-{2**63}", "--seeds")
+    assert params.int_list(str(2**63 - 1), "--seeds") == (2**63 - 1,)
+    with pytest.raises(ValueError, match="--seed: .* is too large"):
+        params.integer(2**70, "--seed", 0, int64=True)
+    assert params.integer(2**70, "--chunk", 1) == 2**70  # safe-chunk answers huge sizes itself
+    with pytest.raises(ValueError, match="--out: cannot expand '~nosuchuser-kdalab/x'"):
+        params.user_path("~nosuchuser-kdalab/x", "--out")

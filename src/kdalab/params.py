@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 __all__ = ["integer", "int_list", "name_list", "choice", "choices",
            "lower_bound", "lower_bounds", "accumulation", "accumulations", "scale_format",
            "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP", "option_field",
-           "read_sweep_file", "user_path", "run_count", "MAX_ITEMS", "MAX_RUNS"]
+           "read_sweep_file", "user_path", "run_count", "MAX_ITEMS", "MAX_RUNS",
+           "MAX_RECORDS_PER_RUN"]
 
 INT_LIST_HELP = "integers like '4,12,16', ranges like '3-8' or stepped ranges like '36-64:4'"
 #: The most items one list may hold, and the most runs one sweep may plan. A list is counted
@@ -40,6 +41,9 @@ INT_LIST_HELP = "integers like '4,12,16', ranges like '3-8' or stepped ranges li
 #: million seeds is already days of CPU time, and ten million runs are about 10 GB of records.
 MAX_ITEMS = 1_000_000
 MAX_RUNS = 10_000_000
+#: The most records one run (a study's cell) may make: a cell's records are in memory at once
+#: (about a kilobyte each as Python objects); the studies' defaults make at most a few hundred.
+MAX_RECORDS_PER_RUN = 100_000
 _ITEM = re.compile(r"^(-?\d+)(?:-(-?\d+)(?::(\d+))?)?$")
 
 
@@ -54,8 +58,9 @@ def _plain(value) -> str:
     return str(value)
 
 
-def integer(value, name: str, minimum: int | None = None) -> int:
-    """An integer (``"16"`` or ``16``), at least ``minimum``."""
+def integer(value, name: str, minimum: int | None = None, *, int64: bool = False) -> int:
+    """An integer (``"16"`` or ``16``), at least ``minimum``; with ``int64``, one that fits in
+    64 bits (a seed or size that goes into tensors and generators)."""
     if isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     try:
@@ -64,7 +69,15 @@ def integer(value, name: str, minimum: int | None = None) -> int:
         raise ValueError(f"{name} must be an integer, got {_plain(value)}") from None
     if minimum is not None and out < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {out}")
+    if int64:
+        _fits_int64(out, name)
     return out
+
+
+def _fits_int64(value: int, name: str) -> None:
+    """Every integer goes into 64-bit tensors and generators (seeds, sizes)."""
+    if not -2**63 <= value < 2**63:
+        raise ValueError(f"{name}: {value} is too large; expected integers below 2**63")
 
 
 def _items(value, name: str) -> list:
@@ -88,6 +101,7 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
         if isinstance(item, bool) or not isinstance(item, (int, str)):
             raise ValueError(f"{name} must hold {INT_LIST_HELP}; got {item!r}")
         if isinstance(item, int):
+            _fits_int64(item, name)
             out.append(item)
             continue
         m = _ITEM.match(item)
@@ -97,6 +111,8 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
             raise ValueError(f"{name}: cannot read {item!r}; expected {INT_LIST_HELP}")
         items = range(int(lo), int(lo) + 1) if hi is None else range(int(lo), int(hi) + 1,
                                                                       int(step or 1))
+        for end in (items.start, items.stop - 1) if items else ():
+            _fits_int64(end, name)
         if len(out) + len(items) > MAX_ITEMS:
             raise ValueError(f"{name}: {value!r} holds more than {MAX_ITEMS:,} items "
                              f"({len(out) + len(items):,}); one list holds at most {MAX_ITEMS:,}")
@@ -245,7 +261,10 @@ def user_path(value, name: str) -> Path:
     text = os.fspath(value)
     if not text.strip():
         raise ValueError(f"{name} is empty; expected a path")
-    return Path(text).expanduser()
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # ~user that names no user here
+        raise ValueError(f"{name}: cannot expand {text!r}: no such user here") from None
 
 
 def run_count(counts: Iterable[int], name: str = "--seeds") -> int:
@@ -259,13 +278,29 @@ def run_count(counts: Iterable[int], name: str = "--seeds") -> int:
     return total
 
 
-def output_folder(value, name: str = "out") -> Path:
+def records_per_run(count: int, name: str = "--seeds", noun: str = "run") -> int:
+    """A study's records per run (``noun``), refused above :data:`MAX_RECORDS_PER_RUN`
+    (``name``: the option to shorten, named in the message)."""
+    if count > MAX_RECORDS_PER_RUN:
+        raise ValueError(f"{name}: each {noun} would make {count:,} records; one {noun} makes at "
+                         f"most {MAX_RECORDS_PER_RUN:,} (fewer seeds, lower bounds or "
+                         "strategies, or several studies)")
+    return count
+
+
+def output_folder(value, name: str = "out", *, create: bool = True) -> Path:
     """A folder to write into (``~`` expanded): created if missing; an existing file or a place
-    that cannot be written is refused."""
+    that cannot be written is refused. With ``create=False`` nothing is made: the folder is
+    only checked to be creatable (its nearest existing parent a writable folder), for a writer
+    that makes it itself once everything else is known to be valid (a mistake found later then
+    leaves no empty folder behind)."""
     path = user_path(value, name)
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name}: {str(path)!r} is a file; expected a folder (created if "
                          "missing)")
+    if not create:
+        _creatable(path, name)
+        return path
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -274,6 +309,35 @@ def output_folder(value, name: str = "out") -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"{name}: cannot write into {str(path)!r} (permission denied)")
     return path
+
+
+def _creatable(path: Path, name: str) -> None:
+    """A ValueError naming ``name`` unless ``path`` is a writable folder or can be made: the
+    folders missing are made and removed again (the system's own answer: a read-only or
+    virtual file system, a file in the way, permissions), so nothing is left behind."""
+    missing = []
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    if not missing:
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ValueError(f"{name}: cannot write into {str(path)!r} (permission denied)")
+        return
+    made = []
+    try:
+        for folder in reversed(missing):
+            folder.mkdir()
+            made.append(folder)
+    except OSError as exc:
+        raise ValueError(f"{name}: cannot create the folder {str(path)!r} "
+                         f"({exc.strerror or exc})") from None
+    finally:
+        for folder in reversed(made):
+            try:
+                folder.rmdir()
+            except OSError:
+                pass
 
 
 def config_file(value, name: str = "config") -> Path:

@@ -147,8 +147,8 @@ def _judge_fidelity(kernel, x, case, theirs, floors, th: Thresholds) -> tuple[di
 @contextlib.contextmanager
 def _one_thread(device: torch.device):
     """On the CPU, one intra-op thread for the run: a case's tensors are small, so threads only
-    add contention (the quick suite of recipe:fp32 took 0.9 s on 1 thread and 51 s on 2 on a
-    loaded 2-core machine, 2026-11-30), and the records then do not depend on the core count."""
+    add contention (timings: docs/BENCHMARKS.md), and the records then do not depend on the core
+    count."""
     if device.type != "cpu":
         yield
         return

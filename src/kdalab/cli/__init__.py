@@ -110,14 +110,20 @@ class _GuardedStdout:
 
 
 def _expand_home(args: list[str]) -> list[str]:
-    """``~`` expanded where an argument or an ``--option=`` value starts with it."""
+    """``~`` expanded where an argument or an ``--option=`` value starts with it; a ``~user``
+    that names no user here is a ValueError naming the option."""
     out = []
-    for arg in args:
-        if arg.startswith("~"):
-            arg = os.path.expanduser(arg)
-        elif arg.startswith("--") and "=~" in arg:
+    for i, arg in enumerate(args):
+        option, value = (args[i - 1] if i and args[i - 1].startswith("-") else "argument"), arg
+        if arg.startswith("--") and "=~" in arg:
             option, _, value = arg.partition("=")
-            arg = f"{option}={os.path.expanduser(value)}"
+        if value.startswith("~"):
+            home = os.path.expanduser(value)
+            if home.startswith("~"):
+                user = value[1:].partition("/")[0]
+                raise ValueError(f"{option}: cannot expand {value!r}: no user {user!r} here (~ "
+                                 "alone is your home folder)")
+            arg = home if value is arg else f"{option}={home}"
         out.append(arg)
     return out
 
@@ -164,7 +170,7 @@ def _error(message: str) -> None:
     from rich.markup import escape
 
     err_console.print(f"[bold red]error:[/] {escape(_one_line(message))}", highlight=False,
-                      soft_wrap=True, markup=True)
+                      soft_wrap=True, markup=True, emoji=False)  # ":-1:" stays as typed
 
 
 def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
@@ -173,7 +179,11 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
     from kdalab.errors import KdalabError
 
     ClickException, NoArgsIsHelpError = _click_exceptions()
-    args = _expand_home(sys.argv[1:] if argv is None else list(argv))
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args, unexpanded = _expand_home(args), None
+    except ValueError as exc:  # said by the boundary below, as any mistake
+        unexpanded = exc
     _no_folding()
     mark("command line read")
     STATE.debug = "--debug" in args
@@ -183,6 +193,8 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
     code, closed = 0, False
     real_stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
     try:
+        if unexpanded is not None:
+            raise unexpanded
         result = app(args=args, prog_name="kdalab", standalone_mode=False)
         code = result if isinstance(result, int) else 0
     except NoArgsIsHelpError as exc:  # plain `kdalab` or `kdalab run`: the help, not an error

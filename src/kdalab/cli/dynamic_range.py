@@ -119,7 +119,7 @@ def run_dynamic_range(
     from kdalab.studies.dynamic_range import DynamicRangeStudy, SweepGrid
 
     if redraw:
-        folder = params.output_folder(out, "--out")
+        folder = params.user_path(out, "--out")
         paths, _ = redraw_folder(folder, DynamicRangeStudy.kind, _dynamic_range_views,
                                  quiet=quiet)
         if not quiet:
@@ -133,9 +133,10 @@ def run_dynamic_range(
     if lower_bounds is not None:
         raw["lower_bounds"] = lower_bounds
     study = DynamicRangeStudy(labelled(SweepGrid, raw, names))
-    out = params.output_folder(out, "--out")
+    out = params.output_folder(out, "--out", create=False)
     paths, _, _ = run_into_folder(
         study, out, draw=_dynamic_range_views, resume=resume, force=force, quiet=quiet,
+        records_option="--model-seeds",
         noun="chunk sizes", again="kdalab run dynamic-range (the same options) --out {out} "
                                   "--resume",
         weight=lambda batch: sum(study.cost(k) for k in batch.keys),
@@ -183,7 +184,7 @@ def run_diagonal_tile(
     from kdalab.studies.diagonal_tile import DiagonalTileStudy
 
     if redraw:
-        folder = params.output_folder(out, "--out")
+        folder = params.user_path(out, "--out")
         paths, _ = redraw_folder(folder, DiagonalTileStudy.kind, _diagonal_tile_views,
                                  quiet=quiet)
         if not quiet:
@@ -195,7 +196,7 @@ def run_diagonal_tile(
         lower_bounds=params.lower_bounds(lower_bounds, "--lower-bounds"),
         seeds=params.int_list(seeds, "--seeds", minimum=0),
         dim=params.integer(dim, "--dim", 1))
-    out = params.output_folder(out, "--out")
+    out = params.output_folder(out, "--out", create=False)
     paths, _, _ = run_into_folder(
         study, out, draw=_diagonal_tile_views, resume=resume, force=force, quiet=quiet,
         noun="chunk sizes", again="kdalab run diagonal-tile (the same options) --out {out} "

@@ -64,7 +64,7 @@ def end_to_end(
     from kdalab.cli.stored import redraw_folder, run_into_folder
 
     if redraw:
-        folder = params.output_folder(out, "--out")
+        folder = params.user_path(out, "--out")
         paths, stored = redraw_folder(folder, "end-to-end", _views, quiet=quiet)
         if not quiet:
             console.print(f"{stored} cells → wrote {len(paths)} files to {folder}/",
@@ -80,7 +80,7 @@ def end_to_end(
     changes = {k: v for k, v in given.items() if v is not None}
     names = {k: "--" + k.replace("_", "-") for k in given}
     cfg = labelled(lambda **kw: replace(base, **kw), changes, names)
-    out = params.output_folder(out, "--out")
+    out = params.output_folder(out, "--out", create=False)
     study = EndToEndStudy(cfg, device)
     paths, _, _ = run_into_folder(
         study, out, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",

@@ -42,13 +42,13 @@ def _lower_bound_range(text: str) -> tuple[float, float]:
 
 
 def _dims(text: str) -> tuple[int, ...]:
+    from kdalab import params
+
     try:
-        dims = tuple(int(d) for d in text.split(",") if d.strip())
+        return params.int_list(text, "--dims", minimum=1)
     except ValueError:
-        dims = ()
-    if not dims or any(d < 1 for d in dims):
-        raise ValueError(f"--dims must be comma-separated integers >= 1, got {text!r}")
-    return dims
+        raise ValueError(f"--dims must be comma-separated integers >= 1 (or ranges like "
+                         f"'32-128:32'), got {text!r}") from None
 
 
 @app.command("hunt", epilog=_EPILOG, help=prose("""
@@ -108,8 +108,12 @@ def hunt_command(
     cfg = _renamed(lambda: HuntConfig(
         target=target, device=device, seed=seed, trials=trials, budget_s=budget_s,
         threshold=default_threshold() if threshold is None else threshold, bounds=bounds))
+    _fits(bounds, device)
     tgt = resolve(target, device)
-    cfg_bounds = supported_bounds(cfg.bounds, tgt)
+    try:
+        cfg_bounds = supported_bounds(cfg.bounds, tgt)
+    except ValueError as exc:
+        raise params.renamed(exc, {"dims": "--dims"}) from None
     folder = prepare_folder(out, force=force)
     meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
             else f"kdalab hunt {target}",
@@ -144,17 +148,45 @@ def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequen
     names = {"min_T": "--min-T", "max_T": "--max-T", "min_heads": "--min-heads",
              "max_heads": "--max-heads", "max_sequences": "--max-sequences", "dims": "--dims",
              "lower_bound": "--lower-bound"}
+    dims = _dims(dims)  # (its message names --dims already)
     try:
         return Bounds(min_T=d["min_T"] if min_t is None else min_t,
                       max_T=d["max_T"] if max_t is None else max_t, min_heads=min_heads,
                       max_heads=d["max_heads"] if max_heads is None else max_heads,
-                      dims=_dims(dims), lower_bound=_lower_bound_range(lower_bound),
+                      dims=dims, lower_bound=_lower_bound_range(lower_bound),
                       max_sequences=max_sequences)
     except ValueError as exc:
         text = str(exc)
         for field, option in names.items():  # the fields as the options name them
             text = text.replace(field, option)
         raise ValueError(text) from None
+
+
+#: bytes per element of the largest case's tensors, all copies together: the draw (fp32), its
+#: fp64 reference (inputs, the state per step, the output) and the kernel's output and state;
+#: a generous round figure, so that a case refused would not have fit.
+_BYTES_PER_ELEMENT = 48
+
+
+def _fits(bounds, device: str) -> None:
+    """A ValueError naming the bounds' options when the largest case they allow (every bound at
+    its maximum) could not be held in this device's memory: refused before any file is made,
+    instead of failing on the first large trial."""
+    import os
+
+    import torch
+
+    n, t, h, d = bounds.max_sequences, bounds.max_T, bounds.max_heads, max(bounds.dims)
+    elements = n * h * (4 * t * d + 2 * d * d)  # q, k, v, g over T; the initial and final state
+    need = elements * _BYTES_PER_ELEMENT
+    if device.startswith("cuda"):
+        have = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    else:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        raise ValueError(f"--max-T {t}, --max-heads {h}, --max-sequences {n} and --dims up to {d}: "
+                         f"the largest case needs about {need / 2**30:,.0f} GiB, more than the "
+                         f"{have / 2**30:,.0f} GiB of {device}; lower them")
 
 
 def _renamed(make):

@@ -117,7 +117,15 @@ def inverse_stability(
     from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK
 
     if redraw:
-        folder = params.output_folder(out, "--out")
+        given = {"--quick": quick, "--chunks": chunks, "--algorithms": algorithms,
+                 "--spreads": spreads, "--betas": betas, "--decays": decays,
+                 "--samples": samples, "--dim": dim, "--seed": seed or None, "--force": force,
+                 "--resume": resume}
+        extra = [k for k, v in given.items() if v]
+        if extra:
+            raise ValueError(f"--redraw draws from the records in --out: it takes no "
+                             f"{', '.join(extra)}")
+        folder = params.output_folder(out, "--out", create=False)
         paths, stored = redraw_folder(folder, KIND, _views, quiet=quiet)
         if not quiet:
             console.print(f"{stored} cells → wrote {len(paths)} files to {folder}/",
@@ -135,12 +143,12 @@ def inverse_stability(
     if decays is not None:
         changes["decays"] = _floats(decays, "--decays", -50.0, 0.0)
     if samples is not None:
-        changes["samples"] = params.integer(samples, "--samples", 1)
+        changes["samples"] = params.integer(samples, "--samples", 1, int64=True)
     if dim is not None:
-        changes["dim"] = params.integer(dim, "--dim", 1)
-    changes["seed"] = params.integer(seed, "--seed", 0)
+        changes["dim"] = params.integer(dim, "--dim", 1, int64=True)
+    changes["seed"] = params.integer(seed, "--seed", 0, int64=True)
     cfg = replace(QUICK if quick else FULL, **changes)
-    folder = params.output_folder(out, "--out")
+    folder = params.output_folder(out, "--out", create=False)  # the store makes it
     study = _study(cfg)
     paths, _, _ = run_into_folder(
         study, folder, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",

@@ -59,7 +59,7 @@ def reproduce(
         plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
     except ValueError as exc:
         raise params.renamed(exc, {"chunks": "--chunks"}) from None
-    out = params.output_folder(out, "--out")
+    out = params.output_folder(out, "--out", create=False)
     paths = run_plan(plan, out, resume=resume, force=force, quiet=quiet, json_export=json,
                      again="kdalab reproduce (the same options) --out {out} --resume")
     if not quiet:

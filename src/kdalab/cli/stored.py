@@ -19,18 +19,21 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
                     force: bool = False, backend: str = "local", address: str | None = None,
                     quiet: bool = False, noun: str = "runs",
                     weight: Callable | None = None, total: float | None = None,
-                    summary: Callable[[int, float], str] | None = None
-                    ) -> tuple[list[Path], int, float]:
+                    summary: Callable[[int, float], str] | None = None,
+                    records_option: str = "--seeds") -> tuple[list[Path], int, float]:
     """Run ``study`` (:class:`kdalab.runner.Study`) into the store in ``out`` with a progress
     bar (``weight(batch)``: a batch's estimated cost, ``total`` the study's; by default its
     runs), says ``summary(runs computed, seconds)`` and draws the views (``draw(store,
     show)`` -> files: :func:`draw_views`). Returns
     the files written, the runs computed and the seconds they took. Interrupted, every
-    finished part is kept and the boundary says how to continue (``again``, with ``{out}``)."""
+    finished part is kept and the boundary says how to continue (``again``, with ``{out}``).
+    A study too large for this machine is refused before the store is made, naming
+    ``records_option`` when one run would make too many records."""
     from kdalab import params
     from kdalab.runner import open_store, run_into_store
 
     params.run_count([len(study)])  # refused before the store or a batch is made
+    params.records_per_run(study.records_per_run, records_option, noun=noun.rstrip("s"))
     if weight is None:
         def weight(batch) -> float:
             return float(len(batch.index))

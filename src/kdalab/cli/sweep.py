@@ -96,7 +96,8 @@ def sweep(
     if config is not None:
         path = params.config_file(config, "config")
         for key, value in read_sweep_file(path).items():
-            if option_field(key) == "out":
+            if option_field(key) == "out":  # checked even when --out overrides it
+                value = params.user_path(value, f"{path.name}: {key}")
                 out, out_label = (value, f"{path.name}: {key}") if out is None else (out, "--out")
                 continue
             data[key], labels[key] = value, f"{path.name}: {key}"
@@ -115,7 +116,7 @@ def sweep(
         from kdalab.runner.ray import ray_cluster
 
         ray_cluster(address)
-    out = params.output_folder(out, out_label)
+    out = params.output_folder(out, out_label, create=False)  # the store makes it
     paths = run_plan(plan, out, resume=resume, force=force, backend=backend, address=address,
                      quiet=quiet, json_export=json)
     if not quiet:

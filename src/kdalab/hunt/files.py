@@ -31,7 +31,7 @@ OWN = (META, TRIALS, WORST, CASE, "progress.png", "progress.svg", "report.md")
 def prepare_folder(out: str | Path, *, force: bool = False) -> Path:
     """The output folder (``~`` expanded; created if missing). A non-empty folder that is not a
     hunt's (no hunt.json) is refused unless ``force``; a hunt's own files are replaced."""
-    path = params.output_folder(Path(out).expanduser(), "--out")
+    path = params.output_folder(out, "--out")
     entries = set(os.listdir(path))
     if entries and META not in entries and not force:
         raise ValueError(f"--out: {str(path)!r} holds files that are not a hunt's; choose "

@@ -50,8 +50,9 @@ class HuntConfig:
     bounds: Bounds = field(default_factory=Bounds)
 
     def __post_init__(self) -> None:
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed must be an integer >= 0, got {self.seed!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
+                0 <= self.seed < 2**32):  # the sampler's seed is 32 bits
+            raise ValueError(f"seed must be an integer in [0, 2**32 - 1], got {self.seed!r}")
         if self.trials is not None and (isinstance(self.trials, bool)
                                         or not isinstance(self.trials, int) or self.trials < 1):
             raise ValueError(f"trials must be an integer >= 1, got {self.trials!r}")

@@ -64,8 +64,8 @@ class KernelConfig:
 
 
 DEFAULT_CONFIG = KernelConfig()
-#: tf32 recurrent products (the default until 2026-11-29, 2.5-3x slower; the fp16 path's
-#: fallback). Stage 1 as the default's.
+#: tf32 recurrent products (the earlier default, slower than fp16 products: docs/kernels.md;
+#: the fp16 path's fallback). Stage 1 as the default's.
 TF32_CONFIG = KernelConfig(dot="tf32")
 
 

@@ -10,7 +10,7 @@ programs by the segment count, at the price of a summary pass over all but the l
 pass as before (``chunk_recurrent.py``, ``chunk_combine.py``). ``plan_launch`` estimates each
 choice with the cost model below and takes the fastest.
 
-The model (µs; measured on the H200, 2026-11-30, ``bench_kernel.py --explore``, see
+The model (µs; measured by ``bench_kernel.py --explore``; the figures, where and when, in
 docs/kernels.md "Launch plan"): a program's step takes ``lat_alone`` when it has an SM to
 itself and ``lat_shared`` when the SM holds as many programs as fit (registers: two of BV = 64
 on 4 warps, one of BV = 128 on 8 warps); a pass takes the longer of its longest program's
@@ -42,7 +42,7 @@ class StepCost:
     summary_shared: float
 
 
-# Measured on the H200 (132 SMs), K = V = 128, fp16 products, 2026-11-30: BV = 64 on 4 warps
+# Measured (the run: docs/kernels.md "Launch plan"), K = V = 128, fp16 products: BV = 64 on 4 warps
 # (240-250 registers: 2 programs an SM) 0.97 µs a step alone (T = 8192, H = 64: 128 programs),
 # 1.48 µs shared (B = 8, H = 32 and varlen 1024 x 8: 2.6-3.9 waves of 264 programs); summary
 # steps 1.0 µs shared (T = 131072, H = 8 and T = 524288, H = 4). BV = 128 on 8 warps (255

@@ -2,8 +2,9 @@
 per CPU of a Ray cluster (docs/sweeps.md). Ray is optional: ``pip install 'kdalab[ray]'``.
 
 ``ray.init()`` starts a local cluster on this machine, or joins the one at ``address``
-(``"auto"`` or ``"host:port"``; a host:port that does not answer within
-:data:`CONNECT_TIMEOUT` seconds is an error naming ``--address``). Each actor has two shards
+(``"auto"`` or ``"host:port"``; a host:port that does not answer, or answers without speaking
+gRPC as Ray's GCS does, or does not accept the driver within :data:`CONNECT_TIMEOUT` seconds,
+is one error naming ``--address``, without Ray's own retry warnings). Each actor has two shards
 in hand, so memory stays bounded however many shards the study has, and results are handed
 back as they complete. A shard whose actor dies (killed, out of memory, a lost node) is rerun
 on the restarted actor (:data:`RAY_MAX_RETRIES`); the driver receives each shard's result once,
@@ -12,6 +13,7 @@ so nothing is lost or doubled.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -45,22 +47,85 @@ def _import_ray():
     return ray
 
 
-#: Seconds to wait for the Ray cluster at ``--address`` to answer (its GCS port) and to join
-#: it, before giving up (Ray's own client retries for minutes).
-CONNECT_TIMEOUT = 30.0
+#: Seconds to wait for the Ray cluster at ``--address`` to join it, before giving up (Ray's
+#: own client retries for minutes, with a warning every few seconds). A head that answers the
+#: handshake (:func:`_probe`) accepts a driver within a few seconds.
+CONNECT_TIMEOUT = 15.0
+#: Seconds for the head's port to open and answer the gRPC handshake (:func:`_probe`).
+PROBE_TIMEOUT = 3.0
+#: HTTP/2's client preface and an empty SETTINGS frame: a gRPC server (Ray's GCS) answers them
+#: at once with a frame of its own (RFC 9113 §3.4), a silent or foreign port does not.
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
 
 
 def _probe(address: str, timeout: float) -> None:
-    """A ValueError naming ``--address`` unless something listens at ``host:port``."""
+    """A ValueError naming ``--address`` unless a gRPC server (Ray's GCS) answers at
+    ``host:port`` (with ``RAY_USE_TLS`` set, a plain open port is enough: TLS answers no plain
+    handshake)."""
+    import os
+
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
         raise ValueError(f"--address must be host:port or auto, got {address!r}")
+    hint = "start one with 'ray start --head' or give the head's host:port"
     try:
-        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+        conn = socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout)
     except OSError as exc:
         why = exc.strerror or str(exc) or type(exc).__name__
-        raise ValueError(f"--address {address}: no Ray cluster answers there ({why}); start one "
-                         "with 'ray start --head' or give the head's host:port") from None
+        raise ValueError(f"--address {address}: no Ray cluster answers there ({why}); "
+                         f"{hint}") from None
+    head, said = b"", "closed the connection"
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return
+        try:
+            conn.sendall(_H2_PREFACE)
+            while len(head) < 9:  # a frame's header: length (3), type (1), flags, stream
+                got = conn.recv(9 - len(head))
+                if not got:
+                    break
+                head += got
+        except TimeoutError:
+            said = f"said nothing for {timeout:g} s"
+        except OSError:
+            said = "reset the connection"
+    if len(head) < 9 or head[3] not in (0x04, 0x07):  # SETTINGS, or GOAWAY: gRPC speaking
+        said = "answered, not in gRPC" if head else said
+        raise ValueError(f"--address {address}: a port is open there but it is no Ray cluster "
+                         f"(it {said}); {hint}")
+
+
+@contextlib.contextmanager
+def _stderr_muted():
+    """The process's stderr (file descriptor 2) sent to the null device meanwhile: Ray's C++
+    core logs its connection retries there before any of its log settings apply."""
+    import os
+    import sys
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no stderr descriptor: nothing to mute
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _quiet_ray():
+    """Ray's warnings while it connects (its C++ core's "Failed to connect to GCS …" every few
+    seconds, "SIGTERM handler is not set …"): off, so that a failure is kdalab's one line."""
+    import logging
+    import os
+
+    os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
+    logging.getLogger("ray").setLevel(logging.ERROR)
 
 
 def _init(address: str | None, num_cpus: int | None, timeout: float | None = None):
@@ -72,7 +137,8 @@ def _init(address: str | None, num_cpus: int | None, timeout: float | None = Non
                               "configure_logging": False}
     if address is not None:
         if address != "auto":
-            _probe(address, timeout)
+            _probe(address, min(timeout, PROBE_TIMEOUT))
+        _quiet_ray()
         kwargs["address"] = address
     elif num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
@@ -90,8 +156,9 @@ def _init(address: str | None, num_cpus: int | None, timeout: float | None = Non
             failed.append(exc)
 
     worker = threading.Thread(target=join, name="kdalab-ray-join", daemon=True)
-    worker.start()
-    worker.join(timeout)
+    with _stderr_muted():  # Ray's C++ core warns on stderr itself while it retries
+        worker.start()
+        worker.join(timeout)
     if worker.is_alive():
         raise Unavailable(f"--address {address}: the Ray cluster did not accept this driver "
                           f"within {timeout:.0f} s; check --address and the cluster's state")

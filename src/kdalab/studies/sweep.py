@@ -71,7 +71,7 @@ class SweepConfig:
             "accumulations": params.accumulations(self.accumulations, "accumulations",
                                                   torch.device(device).type),
             "lower_bounds": params.lower_bounds(self.lower_bounds, "lower_bounds"),
-            "recipe": get_recipe(self.recipe),
+            "recipe": _recipe(self.recipe, "recipe"),
             "device": device,
         }
         for name, value in typed.items():
@@ -111,6 +111,21 @@ class SweepConfig:
                 "accumulations": [m.name for m in self.accumulations],
                 "lower_bounds": list(self.lower_bounds), "recipe": self.recipe.name,
                 "device": self.device}
+
+
+def _recipe(value, name: str) -> Recipe:
+    """A recipe by name (or the recipe itself), errors naming ``name``."""
+    from kdalab.kda.recipe import RECIPES
+
+    if isinstance(value, Recipe):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must name a recipe, one of {', '.join(RECIPES)}; got "
+                         f"{value!r}")
+    try:
+        return get_recipe(value)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
 
 
 def plan_runs(families: Sequence[str], chunks: Sequence[int], seeds: Sequence[int],
