@@ -55,6 +55,17 @@ def test_reproduce_small(tmp_path, capsys):
     assert {r["l_accumulation"] for r in recs} == {"h200-sgemm"}
 
 
+def test_reproduce_again_keeps_its_store_and_refuses_other_options(tmp_path, capsys):
+    args = ["reproduce", "--chunks", "4", "--seeds", "0", "--dim", "16", "--out", str(tmp_path)]
+    assert cli(capsys, *args)[0] == 0
+    (tmp_path / "summary.csv").unlink()
+    code, out, err = cli(capsys, *args)  # the main job again: nothing recomputed, views redrawn
+    assert code == 0 and "1 of 1 runs" not in err and (tmp_path / "summary.csv").exists(), err
+    assert "3 of 3 runs already stored" in out
+    code, _, err = cli(capsys, *args[:-4], "--seeds", "1", "--out", str(tmp_path))
+    assert code == 2 and err.startswith("error: ") and "--force" in err and err.count("\n") == 1
+
+
 def test_sweep_from_toml_with_override_and_out(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     out = tmp_path / "from-toml"

@@ -145,11 +145,11 @@ def _judge_fidelity(kernel, x, case, theirs, floors, th: Thresholds) -> tuple[di
 
 
 @contextlib.contextmanager
-def _one_thread(device: torch.device):
+def one_thread(device: str | torch.device):
     """On the CPU, one intra-op thread for the run: a case's tensors are small, so threads only
     add contention (timings: docs/BENCHMARKS.md), and the records then do not depend on the core
-    count."""
-    if device.type != "cpu":
+    count (the hunt runs its trials under it too)."""
+    if torch.device(device).type != "cpu":
         yield
         return
     before = torch.get_num_threads()
@@ -184,7 +184,7 @@ def run_check(
     :func:`case_references`); isolated workers share them, computed once.
     """
     device = torch.device(device)
-    with _one_thread(device):
+    with one_thread(device):
         return _run(kernels, cases, device, thresholds, against, sink, progress, timings,
                     exclude or {}, references or case_references)
 

@@ -15,10 +15,10 @@ What a command does, and what the boundary makes of it (every command, ``check``
 * **Ctrl-C** — SIGINT raises :class:`~kdalab.cli.app.Interrupted` (a BaseException) wherever the
   command is; commands do not catch it or KeyboardInterrupt to report it. A command that writes
   wraps its writing in ``try: … except BaseException:`` that appends to ``STATE.kept`` one phrase
-  per thing kept (``"20 records kept in out/records.jsonl"``), sets ``STATE.resume`` to how to go
+  per thing kept (``"20 of 54 records kept in out"``), sets ``STATE.resume`` to how to go
   on (``"'kdalab check --redraw --out out' draws the report from them"``), and re-raises:
-  :func:`kdalab.cli.progress.record_file` does it for a record file,
-  :func:`kdalab.cli.stored.run_into_folder` for a store. The boundary prints
+  :func:`kdalab.cli.stored.run_into_folder` does it for a study's store, ``kdalab check`` for
+  its own. The boundary prints
   ``interrupted: <STATE.kept joined by '; '>; <STATE.resume>`` and exits with code 130; when a
   command declared nothing it says ``interrupted: nothing was kept``, so a command that writes
   must declare what it kept.

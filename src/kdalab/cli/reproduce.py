@@ -36,7 +36,8 @@ def reproduce(
     dim: Annotated[int, typer.Option(help="Head dimension")] = 128,
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/reproduce"),
     resume: Annotated[bool, typer.Option(
-        "--resume", help="Keep the runs already stored in --out and run the rest")] = False,
+        "--resume", help="Keep the runs already stored in --out and run the rest (the default "
+        "when --out holds this command's store)")] = False,
     force: Annotated[bool, typer.Option(
         "--force", help="Replace what --out holds (another run, or an earlier kdalab's "
         "records)")] = False,
@@ -47,6 +48,8 @@ def reproduce(
 ) -> None:
     from kdalab import params
     from kdalab.cli.sweep import run_plan
+    from kdalab.records import is_store
+    from kdalab.studies.plan import STORE_KIND
     from kdalab.studies.sweep import SweepPlan
 
     seed_list = params.int_list(seeds, "--seeds", minimum=0)
@@ -60,6 +63,10 @@ def reproduce(
     except ValueError as exc:
         raise params.renamed(exc, {"chunks": "--chunks"}) from None
     out = params.output_folder(out, "--out", create=False)
+    if not force and is_store(out, STORE_KIND):
+        # the main job is idempotent: run again, it keeps what its store holds and runs the rest
+        # (a store of other options is still refused, with how to replace it)
+        resume = True
     paths = run_plan(plan, out, resume=resume, force=force, quiet=quiet, json_export=json,
                      again="kdalab reproduce (the same options) --out {out} --resume")
     if not quiet:

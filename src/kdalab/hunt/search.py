@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 
+from kdalab.check.harness import one_thread
 from kdalab.hunt.evaluate import evaluate, objective
 from kdalab.hunt.space import Bounds, suggest
 from kdalab.hunt.target import Target, resolve
@@ -119,21 +119,6 @@ def _quiet_optuna():
         optuna.logging.set_verbosity(level)
 
 
-@contextlib.contextmanager
-def _one_thread(device: str):
-    """One intra-op thread on the CPU: small tensors gain nothing from threads on a shared
-    machine, and the fp64 sums then do not depend on the core count."""
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
              progress: Callable[[int, float, dict | None], None] | None = None,
              target: Target | None = None) -> HuntResult:
@@ -145,7 +130,7 @@ def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
     records: list[dict] = []
     best: dict | None = None
     t0 = time.perf_counter()
-    with _quiet_optuna() as optuna, _one_thread(cfg.device):
+    with _quiet_optuna() as optuna, one_thread(cfg.device):
         sampler = optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True,
                                              n_startup_trials=10)
         study = optuna.create_study(direction="maximize", sampler=sampler)
