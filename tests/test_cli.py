@@ -529,7 +529,7 @@ LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may 
     # kdalab run inverse-stability
     (["run", "inverse-stability", "--redraw", "--chunks", "4", "--out", "{tmp}/o"],
      "--redraw draws from the records in --out: it takes no --chunks"),
-    (["run", "inverse-stability", "--redraw", "--out", "{tmp}/o"], "--out: no records in"),
+    (["run", "inverse-stability", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
     (["run", "inverse-stability", "--chunks", "1", "--out", "{tmp}/o"],
      "--chunks must be integers >= 2, got 1"),
     (["run", "inverse-stability", "--algorithms", "nope", "--out", "{tmp}/o"],
@@ -543,7 +543,7 @@ LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may 
      "--seed: 99999999999999999999 is too large"),
     (["run", "inverse-stability", "--quick", "--out", "{tmp}/file"], "--out: "),
     (["run", "inverse-stability", "--quick", "--out", "{tmp}/foreign"],
-     "holds files that are not this study's"),
+     "holds no kdalab store"),
     # kdalab hunt
     (["hunt", "nope"], "unknown kernel 'nope'; kernels are kdalab"),
     (["hunt", "recipe:nope"], "unknown recipe 'nope'"),

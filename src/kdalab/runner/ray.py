@@ -130,14 +130,16 @@ def _quiet_ray():
 
 def _init(address: str | None, num_cpus: int | None, timeout: float | None = None):
     ray = _import_ray()
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
+    if address is not None and address != "auto":
+        # probed even where this process already holds a cluster (a second command in one
+        # process, as in the tests): an address that answers nothing is the user's mistake
+        _probe(address, min(timeout, PROBE_TIMEOUT))
     if ray.is_initialized():
         return ray
-    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
                               "configure_logging": False}
     if address is not None:
-        if address != "auto":
-            _probe(address, min(timeout, PROBE_TIMEOUT))
         _quiet_ray()
         kwargs["address"] = address
     elif num_cpus is not None:
