@@ -1,6 +1,5 @@
 """The inverse experiment's views of a sweep's store: the seed's tables, every aggregate and the
-error plot, drawn from the stored records (in this process, or in the views worker:
-:mod:`kdalab.views.worker`)."""
+error plot, drawn from the stored records."""
 
 from __future__ import annotations
 
