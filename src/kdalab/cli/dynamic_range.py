@@ -115,16 +115,11 @@ def run_dynamic_range(
 ) -> None:
     from kdalab import params
     from kdalab.cli.common import labelled
-    from kdalab.cli.stored import redraw_folder, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_into_folder
     from kdalab.studies.dynamic_range import DynamicRangeStudy, SweepGrid
 
     if redraw:
-        folder = params.user_path(out, "--out")
-        paths, _ = redraw_folder(folder, DynamicRangeStudy.kind, _dynamic_range_views,
-                                 quiet=quiet)
-        if not quiet:
-            console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
-        return
+        return redraw_study(out, DynamicRangeStudy.kind, _dynamic_range_views, quiet=quiet)
     names = {"lower_bounds": "--lower-bounds", "chunks": "--chunks", "formats": "--formats",
              "boundaries": "--boundaries", "exp2_ftz": "--ftz", "model_seeds": "--model-seeds",
              "dim": "--dim", "inverse_accumulation": "--inverse-accumulation"}
@@ -180,16 +175,11 @@ def run_diagonal_tile(
         "--quiet", help="No tables on the terminal")] = False,
 ) -> None:
     from kdalab import params
-    from kdalab.cli.stored import redraw_folder, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_into_folder
     from kdalab.studies.diagonal_tile import DiagonalTileStudy
 
     if redraw:
-        folder = params.user_path(out, "--out")
-        paths, _ = redraw_folder(folder, DiagonalTileStudy.kind, _diagonal_tile_views,
-                                 quiet=quiet)
-        if not quiet:
-            console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
-        return
+        return redraw_study(out, DiagonalTileStudy.kind, _diagonal_tile_views, quiet=quiet)
     study = DiagonalTileStudy(
         chunks=params.int_list(chunks, "--chunks", minimum=1),
         strategies=params.choices(strategies, "--strategies", STRATEGIES),

@@ -61,15 +61,10 @@ def end_to_end(
 
     from kdalab import params
     from kdalab.cli.common import labelled
-    from kdalab.cli.stored import redraw_folder, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_into_folder
 
     if redraw:
-        folder = params.user_path(out, "--out")
-        paths, stored = redraw_folder(folder, "end-to-end", _views, quiet=quiet)
-        if not quiet:
-            console.print(f"{stored} cells → wrote {len(paths)} files to {folder}/",
-                          highlight=False)
-        return
+        return redraw_study(out, "end-to-end", _views, quiet=quiet)
     from kdalab.studies.end_to_end import FULL, QUICK, EndToEndStudy
 
     device = params.device(device, "--device")

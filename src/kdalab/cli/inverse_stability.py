@@ -113,7 +113,7 @@ def inverse_stability(
     from dataclasses import replace
 
     from kdalab import params
-    from kdalab.cli.stored import redraw_folder, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_into_folder
     from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK
 
     if redraw:
@@ -125,12 +125,7 @@ def inverse_stability(
         if extra:
             raise ValueError(f"--redraw draws from the records in --out: it takes no "
                              f"{', '.join(extra)}")
-        folder = params.output_folder(out, "--out", create=False)
-        paths, stored = redraw_folder(folder, KIND, _views, quiet=quiet)
-        if not quiet:
-            console.print(f"{stored} cells → wrote {len(paths)} files to {folder}/",
-                          highlight=False)
-        return
+        return redraw_study(out, KIND, _views, quiet=quiet)
     changes = {}
     if chunks is not None:
         changes["chunks"] = params.int_list(chunks, "--chunks", 2)

@@ -66,6 +66,18 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
     return paths, ran, elapsed
 
 
+def redraw_study(out: Path, kind: str, draw: Callable, *, quiet: bool = False,
+                 noun: str = "cells") -> None:
+    """A study's ``--redraw``: its views drawn again from the store in ``out``, and said."""
+    from kdalab import params
+
+    folder = params.user_path(out, "--out")
+    paths, stored = redraw_folder(folder, kind, draw, quiet=quiet)
+    if not quiet:
+        console.print(f"{stored} {noun} → wrote {len(paths)} files to {folder}/",
+                      highlight=False)
+
+
 def redraw_folder(folder: Path, kind: str, draw: Callable, *, option: str = "--redraw",
                   quiet: bool = False) -> tuple[list[Path], int]:
     """Draw the views of the ``kind`` store in ``folder`` again; a folder that holds no store,
