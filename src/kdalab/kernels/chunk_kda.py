@@ -21,9 +21,9 @@ from .chunk_recurrent import chunk_kda_recurrent
 from .plan import LaunchPlan, plan_launch
 from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
+from .shapes import check_tensor, head_shapes
 
 _SUPPORTED_DIMS = (16, 32, 64, 128, 256)
-_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
 #: multiprocessors assumed by the launch plan in the Triton interpreter (an H200's count)
 INTERPRETER_SMS = 132
@@ -85,15 +85,6 @@ def _sm_count(device: torch.device) -> int:
     return _SMS[index]
 
 
-def _check_tensor(name, x, ndim, dtypes=_INPUT_DTYPES):
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if x.dtype not in dtypes:
-        raise ValueError(f"{name} has dtype {x.dtype}; expected one of {dtypes}")
-
-
 def _plan(seqs: Sequences, H: int, K: int, V: int, config: KernelConfig) -> LaunchPlan:
     key = (H, K, V, config)
     plan = seqs.plans.get(key)
@@ -108,21 +99,9 @@ def _plan(seqs: Sequences, H: int, K: int, V: int, config: KernelConfig) -> Laun
 
 def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_seqlens,
               state_layout, config, use_qk_l2norm):
-    for name, x, ndim in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
-        _check_tensor(name, x, ndim)
-    B, T, HQ, K = q.shape
-    H, V = v.shape[2:]  # value heads: GVA shares each q/k head among H // HQ of them
-    if k.shape != q.shape:
-        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
-    if v.shape[:2] != (B, T) or H % HQ != 0:
-        raise ValueError(f"v must have shape [{B}, {T}, HV, V] with HV a multiple of q's "
-                         f"{HQ} heads, got {tuple(v.shape)}")
-    if g.shape not in ((B, T, HQ, K), (B, T, H, K)):
-        raise ValueError(f"g must have shape [{B}, {T}, {HQ} or {H}, {K}], "
-                         f"got {tuple(g.shape)}")
+    # value heads H: GVA shares each of q's HQ heads among H // HQ of them
+    B, T, HQ, H, K, V = head_shapes(q, k, v, g, beta)
     HG = g.shape[2]
-    if beta.shape != (B, T, H):
-        raise ValueError(f"beta must have shape {(B, T, H)}, got {tuple(beta.shape)}")
     if K not in _SUPPORTED_DIMS:
         raise ValueError(f"q/k head dim must be one of {_SUPPORTED_DIMS}, got {K}")
     if V not in _SUPPORTED_DIMS:
@@ -138,12 +117,12 @@ def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_s
         raise ValueError("config.dot='fp16' needs use_qk_l2norm=True (fp16 operands are only "
                          "safe for unit-norm q and k)")
     if A_log is not None:
-        _check_tensor("A_log", A_log, A_log.ndim if isinstance(A_log, torch.Tensor) else 1)
+        check_tensor("A_log", A_log, A_log.ndim if isinstance(A_log, torch.Tensor) else 1)
         if A_log.shape != (HG,):
             raise ValueError(f"A_log must have shape ({HG},) (one a gate head), "
                              f"got {tuple(A_log.shape)}")
     if dt_bias is not None:
-        _check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
+        check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
         if dt_bias.shape not in ((HG * K,), (HG, K)):
             raise ValueError(f"dt_bias must have shape ({HG * K},) or ({HG}, {K}), "
                              f"got {tuple(dt_bias.shape)}")
@@ -159,7 +138,7 @@ def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_s
     else:
         num_seqs = B
     if initial_state is not None:
-        _check_tensor("initial_state", initial_state, 4, _STATE_DTYPES)
+        check_tensor("initial_state", initial_state, 4, _STATE_DTYPES)
         want = (num_seqs, H, V, K) if state_layout == "VK" else (num_seqs, H, K, V)
         if tuple(initial_state.shape) != want:
             raise ValueError(f"initial_state must have shape {want} ({state_layout}), "

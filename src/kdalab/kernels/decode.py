@@ -25,6 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .shapes import FLOATS, check_tensor, head_shapes
+
 
 @triton.jit
 def _pool_ptrs(pool_ptr, row, i_hv, o_k, o_v, HV, K: tl.constexpr, V: tl.constexpr,
@@ -144,16 +146,6 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
     return o
 
 
-def _check(name, x, ndim, dtypes):
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.ndim not in ((ndim,) if isinstance(ndim, int) else ndim):
-        raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
-    if x.dtype not in dtypes:
-        raise ValueError(f"{name} has dtype {x.dtype}; expected one of {dtypes}")
-
-
-_FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 _INTS = (torch.int32, torch.int64)
 _DIMS = (16, 32, 64, 128, 256)
 
@@ -162,19 +154,7 @@ def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
                     state_layout, num_accepted_tokens, cu_seqlens):
     """Shapes, dtypes and devices (no host sync: index contents are not read). Returns
     (number of sequences, tokens per sequence T or the packed length)."""
-    for name, x, nd in (("q", q, 4), ("k", k, 4), ("v", v, 4), ("g", g, 4), ("beta", beta, 3)):
-        _check(name, x, nd, _FLOATS)
-    B, T, H, K = q.shape
-    HV, V = v.shape[2:]
-    if k.shape != q.shape:
-        raise ValueError(f"k must have q's shape {tuple(q.shape)}, got {tuple(k.shape)}")
-    if v.shape[:2] != (B, T) or HV % H != 0:
-        raise ValueError(f"v must be [{B}, {T}, HV, V] with HV a multiple of H={H}, "
-                         f"got {tuple(v.shape)}")
-    if g.shape not in ((B, T, H, K), (B, T, HV, K)):
-        raise ValueError(f"g must be [{B}, {T}, {H} or {HV}, {K}], got {tuple(g.shape)}")
-    if beta.shape != (B, T, HV):
-        raise ValueError(f"beta must have shape {(B, T, HV)}, got {tuple(beta.shape)}")
+    B, T, H, HV, K, V = head_shapes(q, k, v, g, beta)
     if K not in _DIMS or V not in _DIMS:
         raise ValueError(f"head dims K={K}, V={V} must each be one of {_DIMS}")
     if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)) \
@@ -186,25 +166,25 @@ def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
     for name, p, shapes in (("A_log", A_log, ((HG,),)),
                             ("dt_bias", dt_bias, ((HG * K,), (HG, K)))):
         if p is not None:
-            _check(name, p, (1, 2), _FLOATS)
+            check_tensor(name, p, (1, 2), FLOATS)
             if tuple(p.shape) not in shapes:
                 raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} "
                                  f"(per gate head), got {tuple(p.shape)}")
     if cu_seqlens is not None:
-        _check("cu_seqlens", cu_seqlens, 1, _INTS)
+        check_tensor("cu_seqlens", cu_seqlens, 1, _INTS)
         if B != 1 or cu_seqlens.numel() < 1:
             raise ValueError(f"cu_seqlens needs batch size 1 and >= 1 entry, got B={B}")
         N = cu_seqlens.numel() - 1
     else:
         N = B
-    _check("state_pool", state_pool, 4, (torch.float32, torch.bfloat16))
+    check_tensor("state_pool", state_pool, 4, (torch.float32, torch.bfloat16))
     want = (HV, V, K) if state_layout == "VK" else (HV, K, V)
     if tuple(state_pool.shape[1:]) != want:
         raise ValueError(f"state_pool must be [P, {', '.join(map(str, want))}] "
                          f"({state_layout}), got {tuple(state_pool.shape)}")
     if not state_pool.is_contiguous():
         raise ValueError("state_pool must be contiguous (it is updated in place)")
-    _check("state_indices", state_indices, (1, 2), _INTS)
+    check_tensor("state_indices", state_indices, (1, 2), _INTS)
     if state_indices.shape[0] != N:
         raise ValueError(f"state_indices must have {N} rows (one a sequence), "
                          f"got {tuple(state_indices.shape)}")
@@ -212,7 +192,7 @@ def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
         raise ValueError(f"state_indices [N, T_new] needs T_new >= {T} columns (a pool row "
                          f"for each token's state), got {tuple(state_indices.shape)}")
     if num_accepted_tokens is not None:
-        _check("num_accepted_tokens", num_accepted_tokens, 1, _INTS)
+        check_tensor("num_accepted_tokens", num_accepted_tokens, 1, _INTS)
         if state_indices.ndim != 2 or num_accepted_tokens.shape != (N,):
             raise ValueError("num_accepted_tokens must be [N] and needs state_indices [N, T_new]"
                              " (the per-token states it picks the start from)")
