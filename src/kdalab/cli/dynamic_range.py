@@ -134,8 +134,6 @@ def run_dynamic_range(
         records_option="--model-seeds",
         noun="chunk sizes", again="kdalab run dynamic-range (the same options) --out {out} "
                                   "--resume",
-        weight=lambda batch: sum(study.cost(k) for k in batch.keys),
-        total=sum(study.cost(k) for k in study.keys()),
         summary=lambda ran, seconds: f"{ran * study.records_per_run} records in "
                                      f"{seconds:.1f} s (sweep)")
     if not quiet:

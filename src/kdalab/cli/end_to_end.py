@@ -80,8 +80,6 @@ def end_to_end(
     paths, _, _ = run_into_folder(
         study, out, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",
         again="kdalab run end-to-end (the same options) --out {out} --resume",
-        weight=lambda batch: sum(study.cost(k) for k in batch.keys),
-        total=sum(study.cost(k) for k in study.keys()),
         summary=lambda ran, seconds: f"{ran} cells × {study.records_per_run} records in "
                                      f"{seconds:.1f} s")
     if not quiet:

@@ -21,20 +21,25 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
                     weight: Callable | None = None, total: float | None = None,
                     summary: Callable[[int, float], str] | None = None,
                     records_option: str = "--seeds") -> tuple[list[Path], int, float]:
-    """Run ``study`` (:class:`kdalab.runner.Study`) into the store in ``out`` with a progress
-    bar (``weight(batch)``: a batch's estimated cost, ``total`` the study's; by default its
-    runs), says ``summary(runs computed, seconds)`` and draws the views (``draw(store,
-    show)`` -> files: :func:`draw_views`). Returns
-    the files written, the runs computed and the seconds they took. Interrupted, every
-    finished part is kept and the boundary says how to continue (``again``, with ``{out}``).
-    A study too large for this machine is refused before the store is made, naming
-    ``records_option`` when one run would make too many records."""
+    """Run ``study`` (:class:`kdalab.runner.Study`) into the store in ``out`` with a progress bar
+    (``weight(batch)``: a batch's estimated cost, ``total`` the study's; by default a cell
+    study's costs, else its runs), says ``summary(runs computed, seconds)`` and draws the views
+    (``draw(store, show)`` -> files: :func:`draw_views`). Returns the files written, the runs
+    computed and the seconds they took. Interrupted, every finished part is kept and the
+    boundary says how to continue (``again``, with ``{out}``). A study too large for this
+    machine is refused before the store is made, naming ``records_option`` when one run would
+    make too many records."""
     from kdalab import params
     from kdalab.runner import open_store, run_into_store
 
     params.run_count([len(study)])  # refused before the store or a batch is made
     params.records_per_run(study.records_per_run, records_option, noun=noun.rstrip("s"))
-    if weight is None:
+    if weight is None and hasattr(study, "cost"):  # a cell study: its cells' estimated costs
+        def weight(batch) -> float:
+            return float(sum(study.cost(k) for k in batch.keys))
+
+        total = float(sum(study.cost(k) for k in study.keys()))
+    elif weight is None:
         def weight(batch) -> float:
             return float(len(batch.index))
 
