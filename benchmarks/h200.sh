@@ -1,32 +1,102 @@
 #!/usr/bin/env bash
-# The H200 figures behind docs/BENCHMARKS.md, docs/check/ and docs/hunt.md, in one device call
-# (kind nvidia-h200, carrying .peers and .whl as scripts/device/peers.sh describes). Each step
-# has its own time limit so that the whole stays inside one call; a step that runs out still
-# leaves what it wrote under $OUT.
-#   bash benchmarks/h200.sh            (from the repository root, on the device machine)
+# The H200 figures behind docs/BENCHMARKS.md, docs/check/ and docs/hunt.md, as steps that fit in
+# device calls of at most 10 minutes (kind nvidia-h200, carrying .peers, .whl and .runs as
+# scripts/device/peers.sh describes):
+#   bash benchmarks/h200.sh STEP...     (from the repository root, on the device machine)
+# Steps:
+#   check     kdalab check kdalab fla flashkda, full suite, contracts (docs/check/); continues
+#             the run carried in .runs/check (--resume) when there is one
+#   hunt      kdalab hunt kdalab for HUNT_S seconds; continues the hunt carried in
+#             .runs/hunt-kdalab (--resume) when there is one (the 10-minute hunt is two calls)
+#   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
+#   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
+#   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh)
+#   serving   benchmarks/bench_decode.py: decode, pool, checkpoints, many short sequences
+#   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers
+#   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
+# `a+b` runs steps a and b side by side (for steps that are not timed: check, hunt, cublas,
+# gpu-tests). Each step has its own time limit and writes under /tmp/kd/<step>; after each step everything
+# is packed into $OUT/h200.tar.gz (one file back, whatever stops the call), and its last lines
+# are printed. Unpack it into .runs/ here to carry the check and the hunt into the next call.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=200
-date -u +"%Y-%m-%dT%H:%MZ"; git log --oneline -1 2>/dev/null; nvidia-smi --query-gpu=name --format=csv,noheader
+date -u +"%Y-%m-%dT%H:%MZ"; nvidia-smi --query-gpu=name --format=csv,noheader
 source scripts/device/peers.sh
-k() { python3 -m kdalab "$@"; }
+R=/tmp/kd
+mkdir -p "$R"
+pack() { tar czf "$OUT/h200.tar.gz" --exclude .lock --exclude '*.safetensors' -C "$R" . ; }
+k() { timeout -s INT -k 30 "$1" python3 -m kdalab "${@:2}"; }  # INT: the CLI stops cleanly
 
-# kdalab check: kdalab's kernel and both peers, with the contracts (docs/check/)
-timeout "${CHECK_S:-250}" python3 -m kdalab check kdalab fla flashkda --device cuda --suite full \
-    --isolate --case-timeout 120 --exclude 'fla=dims/*' --out /tmp/cr/check --quiet \
-    > "$OUT/check.log" 2>&1; echo "check exit $?"; tail -n 3 "$OUT/check.log"
-k check --redraw --out /tmp/cr/check --quiet; tar czf "$OUT/check.tar.gz" --exclude .lock -C /tmp/cr check
+step_check() {
+    local resume=()
+    if [ -d .runs/check ]; then cp -r .runs/check "$R/check"; resume=(--resume); fi
+    k "${CHECK_S:-500}" check kdalab fla flashkda --device cuda --suite full --isolate \
+        --case-timeout 120 --exclude 'fla=dims/*' --out "$R/check" --quiet "${resume[@]}" \
+        > "$R/check.log" 2>&1
+    echo "check exit $?"
+    k 120 check --redraw --out "$R/check" --quiet >> "$R/check.log" 2>&1
+    grep -E "PASS|FAIL" "$R/check/report.md" | head -n 3
+}
 
-# kdalab hunt against each kernel (fla pinned to one shape: it autotunes every new one)
-for t in kdalab fla flashkda; do
-    extra=(--dims 64,128); [ "$t" = flashkda ] && extra=(--dims 128)
-    [ "$t" = fla ] && extra=(--dims 128 --min-T 1024 --max-T 1024 --min-heads 4 --max-heads 4)
-    timeout $(( ${HUNT_S:-70} + 40 )) python3 -m kdalab hunt "$t" --device cuda --seed 0 \
-        --budget-s "${HUNT_S:-70}" "${extra[@]}" --out "/tmp/h/hunt-$t" --quiet \
-        > "$OUT/hunt-$t.log" 2>&1; echo "hunt $t exit $?"; tail -n 3 "$OUT/hunt-$t.log"
+step_hunt() {
+    local resume=()
+    if [ -d .runs/hunt-kdalab ]; then cp -r .runs/hunt-kdalab "$R/hunt-kdalab"; resume=(--resume); fi
+    k $(( ${HUNT_S:-290} + 60 )) hunt kdalab --device cuda --seed 0 --budget-s "${HUNT_S:-290}" \
+        --dims 64,128 --out "$R/hunt-kdalab" --quiet "${resume[@]}" > "$R/hunt-kdalab.log" 2>&1
+    echo "hunt kdalab exit $?"; tail -n 3 "$R/hunt-kdalab.log"
+}
+
+step_hunts() {  # fla pinned to one shape: it autotunes every new one
+    local t extra
+    for t in fla flashkda; do
+        extra=(--dims 128)
+        [ "$t" = fla ] && extra=(--dims 128 --min-T 1024 --max-T 1024 --min-heads 4 --max-heads 4)
+        k $(( ${PEER_HUNT_S:-70} + 40 )) hunt "$t" --device cuda --seed 0 \
+            --budget-s "${PEER_HUNT_S:-70}" "${extra[@]}" --out "$R/hunt-$t" --quiet \
+            > "$R/hunt-$t.log" 2>&1
+        echo "hunt $t exit $?"; tail -n 3 "$R/hunt-$t.log"
+    done
+}
+
+step_cublas() {
+    mkdir -p "$R/cublas"
+    timeout 120 python3 benchmarks/cublas_shapes.py --json "$R/cublas/cublas_shapes.json" \
+        --raw "$R/cublas/cublas_shapes.npz" 2>&1 | tee "$R/cublas.log" | tail -n 40
+}
+
+step_gpu-tests() {
+    OUT=$R timeout "${TESTS_S:-420}" bash scripts/device/gpu_tests.sh > "$R/gpu_tests.log" 2>&1
+    echo "gpu tests exit $?"; tail -n 25 "$R/gpu_tests.log"
+}
+
+step_serving() {
+    timeout "${SERVING_S:-300}" python3 benchmarks/bench_decode.py --json "$R/decode.json" \
+        > "$R/serving.log" 2>&1
+    echo "serving exit $?"; grep -E "RESULT|x " "$R/serving.log" | tail -n 40
+}
+
+step_grid() {
+    timeout 150 python3 benchmarks/bench_kernel.py --warm-peers > "$R/grid.log" 2>&1
+    timeout "${GRID_S:-300}" python3 benchmarks/bench_kernel.py --grid --json "$R/grid.json" \
+        >> "$R/grid.log" 2>&1
+    echo "grid exit $?"; tail -n 30 "$R/grid.log"
+}
+
+step_sweep() {
+    timeout "${SWEEP_S:-240}" python3 benchmarks/bench_sweep_whole.py whole --device cuda \
+        --accumulation h200 --chunks 2-64 --seeds 0-499 --repeat 2 --seed-sample 4 \
+        --json "$R/sweep_whole.json" > "$R/sweep.log" 2>&1
+    echo "sweep exit $?"; grep -E "RESULT|kdalab sweep, run|round" "$R/sweep.log" | tail -n 20
+}
+
+for group in "$@"; do  # a+b: steps a and b side by side (neither is timed)
+    IFS=+ read -ra steps <<< "$group"
+    for s in "${steps[@]}"; do
+        echo "== $s  $(date -u +%H:%M:%S)"
+        "step_$s" > "$R/step-$s.out" 2>&1 &
+    done
+    wait
+    for s in "${steps[@]}"; do cat "$R/step-$s.out"; done
+    pack
 done
-tar czf "$OUT/hunts.tar.gz" --exclude "*.safetensors" -C /tmp/h .  # worst.json rebuilds each case
-
-# the whole plain sweep command against the seed loop timed in the same run
-timeout 120 python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \
-    --chunks 2-64 --seeds 0-499 --repeat 2 --seed-sample 4 --json "$OUT/sweep_whole.json" \
-    2>&1 | grep -E "RESULT|kdalab sweep, run"
+echo "== done  $(date -u +%H:%M:%S)"
