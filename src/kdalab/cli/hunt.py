@@ -19,7 +19,10 @@ _EPILOG = (
     "CUDA), module:function. Reproducibility: with --trials N (and no --budget-s) the same "
     "--seed gives the same trials and the same worst case, bit for bit (a deterministic target "
     "on the same machine); with a time budget the number of trials depends on the machine's "
-    "speed, so the worst case may differ. Exit codes: 0 nothing above --threshold, 1 an output "
+    "speed, so the worst case may differ. --resume continues the hunt in --out (give the same "
+    "TARGET and options; --trials and --budget-s then count the trials this run adds, the "
+    "reports cover all trials); a split hunt is reproducible for the same split, but differs "
+    "from the unsplit one after the split. Exit codes: 0 nothing above --threshold, 1 an output "
     "error above it (or a non-finite value, or a kernel that raised), 2 usage error. "
     "docs/hunt.md."
 )
@@ -92,11 +95,15 @@ def hunt_command(
     force: Annotated[bool, typer.Option(
         "--force", help="write into --out even if it holds files that are not a hunt's")]
     = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue the hunt in --out (an error if it holds none): the same "
+                         "TARGET and options; --trials and --budget-s count what this run adds")]
+    = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar or summary")] = False,
 ) -> None:
     from kdalab import params
     from kdalab.hunt import HuntConfig, default_threshold, resolve
-    from kdalab.hunt.files import TrialWriter, prepare_folder, write_meta
+    from kdalab.hunt.files import TrialWriter, prepare_folder, resume_folder, write_meta
     from kdalab.hunt.search import summarize, supported_bounds
 
     device = params.device(device or _default_device(), "--device")
@@ -114,22 +121,32 @@ def hunt_command(
         cfg_bounds = supported_bounds(cfg.bounds, tgt)
     except ValueError as exc:
         raise params.renamed(exc, {"dims": "--dims"}) from None
-    folder = prepare_folder(out, force=force)
-    meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
-            else f"kdalab hunt {target}",
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "device_name": _device_name(device), **cfg.as_dict(),
-            "searched_bounds": cfg_bounds.as_dict()}
+    history: list[dict] = []
+    if resume:
+        folder, before, history = resume_folder(out, cfg)
+    else:
+        folder, before = prepare_folder(out, force=force), {}
+    run = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
+           else f"kdalab hunt {target}",
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+           "device_name": _device_name(device)}
+    # the first run's command and date stay on top; every run (its limits, the trial it began
+    # at) is listed under "runs"
+    meta = {**run, **{k: before[k] for k in run if k in before}, **cfg.as_dict(),
+            "searched_bounds": cfg_bounds.as_dict(),
+            "runs": [*before.get("runs", []), {**run, "trials": cfg.trials,
+                                               "budget_s": cfg.budget_s,
+                                               "first_trial": len(history)}]}
     write_meta(folder, meta)
     writer = TrialWriter(folder)
-    records: list[dict] = []
+    records: list[dict] = list(history)
 
     def sink(rec):
         records.append(rec)
         writer(rec)
 
     try:
-        result = _search(cfg, tgt, sink, quiet)
+        result = _search(cfg, tgt, sink, quiet, history)
     except Interrupted:
         writer.close()
         elapsed = records[-1]["elapsed_s"] if records else 0.0
@@ -215,7 +232,7 @@ def _device_name(device: str) -> str:
     return f"CPU ({platform.machine()})"
 
 
-def _search(cfg, target, sink, quiet):
+def _search(cfg, target, sink, quiet, history):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kdalab.hunt import run_hunt
@@ -230,10 +247,10 @@ def _search(cfg, target, sink, quiet):
 
         def progress(n, seconds, best):
             worst = "—" if best is None else fmt_sci(best["output_error"])
-            bar.update(task, completed=min(seconds, total) if by_time else n,
+            bar.update(task, completed=min(seconds, total) if by_time else n - len(history),
                        description=f"{n} trials, worst output error {worst}")
 
-        return run_hunt(cfg, sink=sink, progress=progress, target=target)
+        return run_hunt(cfg, sink=sink, progress=progress, target=target, history=history)
 
 
 def _finish(folder, result, cfg, meta, *, quiet):
