@@ -129,12 +129,16 @@ def test_a_torn_last_record_is_dropped(tmp_path, capsys):
     whole = (out / "trials.jsonl").read_text()
     with open(out / "trials.jsonl", "a") as f:
         f.write(whole.splitlines()[0][:37])  # a kill in the middle of trial 3's line
-    code, _ = hunt(capsys, "recipe:fp32", *SMALL, "--trials", "2", "--resume", "--out", str(out))
+    # the options left out are the hunt's: TARGET and the run's limit are enough
+    code, _ = hunt(capsys, "recipe:fp32", "--quiet", "--trials", "2", "--resume", "--out",
+                   str(out))
     assert code == 0
     trials = _lines(out)  # every line whole JSON again
     assert [t["trial"] for t in trials] == list(range(5))
     assert (out / "trials.jsonl").read_text().startswith(whole)
-    assert json.loads((out / "hunt.json").read_text())["trials_run"] == 5
+    meta = json.loads((out / "hunt.json").read_text())
+    assert meta["trials_run"] == 5 and meta["seed"] == 3 and meta["bounds"]["max_T"] == 40
+    assert all(t["spec"]["K"] in (16, 32) for t in trials)
 
 
 def test_a_damaged_record_before_the_last_is_an_error(tmp_path, capsys):
@@ -149,6 +153,15 @@ def test_a_damaged_record_before_the_last_is_an_error(tmp_path, capsys):
     assert (out / "trials.jsonl").read_text() == damaged
 
 
+@pytest.fixture(scope="module")
+def fp32_hunt(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fp32") / "out"
+    with pytest.raises(SystemExit) as done:
+        main(["hunt", "recipe:fp32", *SMALL, "--trials", "2", "--out", str(out)])
+    assert done.value.code == 0
+    return out
+
+
 @pytest.mark.parametrize("args, needle", [
     (["recipe:flashkda"], "TARGET differs"),
     (["recipe:fp32", "--seed", "4"], "--seed differs"),
@@ -157,10 +170,8 @@ def test_a_damaged_record_before_the_last_is_an_error(tmp_path, capsys):
     (["recipe:fp32", "--dims", "16"], "--dims differs"),
     (["recipe:fp32", "--lower-bound", "-2:-1"], "--lower-bound differs"),
 ])
-def test_resuming_another_configuration_is_refused(args, needle, tmp_path, capsys):
-    out = tmp_path / "out"
-    code, _ = hunt(capsys, "recipe:fp32", *SMALL, "--trials", "2", "--out", str(out))
-    assert code == 0
+def test_resuming_another_configuration_is_refused(args, needle, fp32_hunt, capsys):
+    out = fp32_hunt  # (shared: a refusal leaves it as it was, which the test asserts)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     code, err = hunt(capsys, args[0], *SMALL, "--trials", "1", "--resume", "--out", str(out),
                      *args[1:])

@@ -24,7 +24,7 @@ from kdalab import params
 from kdalab.hunt.search import HuntConfig, HuntResult
 from kdalab.inputs.sequences import SequenceSpec, draw
 
-__all__ = ["prepare_folder", "resume_folder", "read_trials", "MATCHED", "TrialWriter",
+__all__ = ["prepare_folder", "resume_folder", "read_meta", "read_trials", "MATCHED", "TrialWriter",
            "write_meta", "write_results", "worst_document", "rebuild", "write_case", "read_case",
            "META", "TRIALS", "WORST", "CASE"]
 
@@ -64,20 +64,29 @@ def resume_folder(out: str | Path, cfg: HuntConfig) -> tuple[Path, dict, list[di
     """The folder of the hunt to resume (``~`` expanded), its hunt.json and its trial records
     (:func:`read_trials`). ValueError when it holds no hunt, or a hunt whose configuration
     differs from ``cfg`` (naming the option); nothing is changed then."""
-    path = Path(out).expanduser()
-    if not (path / META).is_file():
-        raise ValueError(f"--resume: {str(path)!r} holds no hunt (no {META}); start one "
-                         f"without --resume")
-    try:
-        meta = json.loads((path / META).read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--resume: {str(path / META)!r} is not JSON ({exc})") from None
+    path, meta = Path(out).expanduser(), read_meta(out)
     ours = cfg.as_dict()
     for key, option in MATCHED.items():
         if _get(meta, key) != _get(ours, key):
             raise ValueError(f"--resume: {option} differs from the hunt in {str(path)!r}: it "
                              f"has {_get(meta, key)!r}, this run {_get(ours, key)!r}")
     return path, meta, read_trials(path)
+
+
+def read_meta(out: str | Path) -> dict:
+    """The hunt.json of the hunt to resume in ``out`` (``~`` expanded); ValueError when there is
+    none."""
+    path = Path(out).expanduser() / META
+    if not path.is_file():
+        raise ValueError(f"--resume: {str(path.parent)!r} holds no hunt (no {META}); start one "
+                         f"without --resume")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--resume: {str(path)!r} is not JSON ({exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("bounds"), dict):
+        raise ValueError(f"--resume: {str(path)!r} is not a hunt's description")
+    return meta
 
 
 def read_trials(folder: Path) -> list[dict]:
