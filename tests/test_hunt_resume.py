@@ -203,3 +203,22 @@ def test_a_resumed_time_budget_counts_the_trials_it_adds(tmp_path, capsys):
     assert code == 0 and meta["budget_s"] == 1.0 and meta["trials"] is None
     assert meta["trials_run"] == len(_lines(out)) > 2
     assert meta["runs"][1]["first_trial"] == 2
+
+
+def test_unmeasured_trials_are_replayed_and_the_numbering_checked():
+    from kdalab.hunt import Bounds, HuntConfig, Target, resolve, run_hunt
+
+    exact = resolve("recipe:fp32", "cpu")
+    target = Target("t", "cpu", run=exact.run,
+                    why_not=lambda x: "T > 30" if x["q"].shape[1] > 30 else None)
+    cfg = HuntConfig("t", trials=4, budget_s=None,
+                     bounds=Bounds(max_T=40, max_heads=1, dims=(16,)))
+    first = run_hunt(cfg, target=target)
+    statuses = {r["status"] for r in first.records}
+    assert statuses == {"measured", "unsupported"}  # (seed 0 draws both: the test needs both)
+    again = run_hunt(cfg, target=target, history=first.records)
+    assert [r["trial"] for r in again.records] == list(range(8))
+    assert again.records[:4] == first.records
+    assert sum(again.counts.values()) == 8
+    with pytest.raises(ValueError, match="not numbered 0, 1"):
+        run_hunt(cfg, target=target, history=first.records[1:])

@@ -64,7 +64,9 @@ def resume_folder(out: str | Path, cfg: HuntConfig) -> tuple[Path, dict, list[di
     """The folder of the hunt to resume (``~`` expanded), its hunt.json and its trial records
     (:func:`read_trials`). ValueError when it holds no hunt, or a hunt whose configuration
     differs from ``cfg`` (naming the option); nothing is changed then."""
-    path, meta = Path(out).expanduser(), read_meta(out)
+    path, meta = params.user_path(out, "--out"), read_meta(out)
+    if not os.access(path, os.W_OK | os.X_OK) or not os.access(path / META, os.W_OK):
+        raise ValueError(f"--out: cannot write into {str(path)!r} (permission denied)")
     ours = cfg.as_dict()
     for key, option in MATCHED.items():
         if _get(meta, key) != _get(ours, key):
@@ -76,17 +78,21 @@ def resume_folder(out: str | Path, cfg: HuntConfig) -> tuple[Path, dict, list[di
 def read_meta(out: str | Path) -> dict:
     """The hunt.json of the hunt to resume in ``out`` (``~`` expanded); ValueError when there is
     none."""
-    path = Path(out).expanduser() / META
+    path = params.user_path(out, "--out") / META
     if not path.is_file():
         raise ValueError(f"--resume: {str(path.parent)!r} holds no hunt (no {META}); start one "
                          f"without --resume")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"--resume: {str(path)!r} is not JSON ({exc})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--resume: cannot read {str(path)!r} ({exc})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("bounds"), dict):
         raise ValueError(f"--resume: {str(path)!r} is not a hunt's description")
     return meta
+
+
+#: the keys of a trial's record that a resumed hunt reads
+_RECORD = {"trial", "seed", "status", "objective", "output_error", "params", "elapsed_s"}
 
 
 def read_trials(folder: Path) -> list[dict]:
@@ -104,12 +110,16 @@ def read_trials(folder: Path) -> list[dict]:
             kept += len(line) + 1
             continue
         try:
-            records.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1:]):
                 raise ValueError(f"--resume: line {i + 1} of {str(path)!r} is not a trial's "
                                  f"record") from None
             break
+        if not isinstance(rec, dict) or not _RECORD <= rec.keys() or rec["status"] not in (
+                "measured", "unsupported", "raised"):
+            raise ValueError(f"--resume: line {i + 1} of {str(path)!r} is not a trial's record")
+        records.append(rec)
         if i == len(lines) - 1:  # a whole record without its newline: kept, the newline added
             with open(path, "ab") as f:
                 f.write(b"\n")
