@@ -64,9 +64,11 @@ def _runs(meta: dict) -> list[str]:
     runs = meta.get("runs", [])
     if len(runs) < 2:
         return []
-    each = "; ".join(f"{r['date']} from trial {r['first_trial']} (budget "
-                     f"{r['budget_s'] if r.get('budget_s') else 'none'} s, trials "
-                     f"{r['trials'] if r.get('trials') else 'no limit'})" for r in runs)
+    def limits(r: dict) -> str:
+        budget = f"budget {r['budget_s']:g} s" if r.get("budget_s") else "no time limit"
+        return f"{budget}, " + (f"{r['trials']} trials" if r.get("trials") else "no trial limit")
+
+    each = "; ".join(f"{r['date']} from trial {r['first_trial']} ({limits(r)})" for r in runs)
     return [f"- {len(runs)} runs (resumed with --resume; budget and trials above: the last "
             f"run's, each counting what it added): {each}"]
 
