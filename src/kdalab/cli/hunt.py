@@ -19,7 +19,11 @@ _EPILOG = (
     "CUDA), module:function. Reproducibility: with --trials N (and no --budget-s) the same "
     "--seed gives the same trials and the same worst case, bit for bit (a deterministic target "
     "on the same machine); with a time budget the number of trials depends on the machine's "
-    "speed, so the worst case may differ. Exit codes: 0 nothing above --threshold, 1 an output "
+    "speed, so the worst case may differ. --resume continues the hunt in --out (the same "
+    "TARGET; options left out are the hunt's; --trials and --budget-s then count the trials "
+    "this run adds, the reports cover all trials); a split hunt is reproducible for the same "
+    "split, but differs from the unsplit one after the split. Exit codes: 0 nothing above "
+    "--threshold, 1 an output "
     "error above it (or a non-finite value, or a kernel that raised), 2 usage error. "
     "docs/hunt.md."
 )
@@ -61,7 +65,8 @@ def hunt_command(
     target: Annotated[str, typer.Argument(help="the kernel (see below)", show_default=False)],
     device: Annotated[Optional[str], typer.Option(
         help="cpu or cuda; default: cuda when available", show_default=False)] = None,
-    seed: Annotated[int, typer.Option(help="the search's seed")] = 0,
+    seed: Annotated[Optional[int], typer.Option(
+        help="the search's seed (default 0)", show_default=False)] = None,
     budget_s: Annotated[Optional[float], typer.Option(
         "--budget-s", help="seconds to search (default 300, or no limit with --trials)",
         show_default=False)] = None,
@@ -77,36 +82,58 @@ def hunt_command(
     max_t: Annotated[Optional[int], typer.Option(
         "--max-T", help="largest sequence length (default 256 on cpu, 4096 on cuda)",
         show_default=False)] = None,
-    min_heads: Annotated[int, typer.Option("--min-heads", help="fewest heads")] = 1,
+    min_heads: Annotated[Optional[int], typer.Option(
+        "--min-heads", help="fewest heads (default 1)", show_default=False)] = None,
     max_heads: Annotated[Optional[int], typer.Option(
         "--max-heads", help="most heads (default 4 on cpu, 8 on cuda)",
         show_default=False)] = None,
-    dims: Annotated[str, typer.Option(
+    dims: Annotated[Optional[str], typer.Option(
         help="head dims K = V to choose from (those the target declares it cannot take are "
-             "left out)")] = "64,128",
-    lower_bound: Annotated[str, typer.Option(
-        help="the gate's lower bound: a number or a range LOW:HIGH")] = "-5:-1",
-    max_sequences: Annotated[int, typer.Option(
-        "--max-sequences", help="most sequences per case (a batch, or packed along T)")] = 2,
+             "left out; default 64,128)", show_default=False)] = None,
+    lower_bound: Annotated[Optional[str], typer.Option(
+        help="the gate's lower bound: a number or a range LOW:HIGH (default -5:-1)",
+        show_default=False)] = None,
+    max_sequences: Annotated[Optional[int], typer.Option(
+        "--max-sequences", help="most sequences per case (a batch, or packed along T; "
+                                "default 2)", show_default=False)] = None,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/hunt"),
     force: Annotated[bool, typer.Option(
         "--force", help="write into --out even if it holds files that are not a hunt's")]
+    = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue the hunt in --out (an error if it holds none): the same "
+                         "TARGET; options left out are the hunt's, those given must match it; "
+                         "--trials and --budget-s count what this run adds")]
     = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar or summary")] = False,
 ) -> None:
     from kdalab import params
     from kdalab.hunt import HuntConfig, default_threshold, resolve
-    from kdalab.hunt.files import TrialWriter, prepare_folder, write_meta
+    from kdalab.hunt.files import TrialWriter, prepare_folder, read_meta, resume_folder, write_meta
     from kdalab.hunt.search import summarize, supported_bounds
 
+    if resume:  # the options left out are the hunt's (those given are checked against it)
+        saved = read_meta(out)
+        b = saved["bounds"]
+        device = device or saved["device"]
+        seed, threshold = (saved[k] if x is None else x
+                           for k, x in (("seed", seed), ("threshold", threshold)))
+        min_t, max_t, min_heads, max_heads, max_sequences = (
+            b[k] if x is None else x for k, x in (
+                ("min_T", min_t), ("max_T", max_t), ("min_heads", min_heads),
+                ("max_heads", max_heads), ("max_sequences", max_sequences)))
+        dims = dims or ",".join(map(str, b["dims"]))
+        lower_bound = lower_bound or ":".join(map(repr, b["lower_bound"]))
     device = params.device(device or _default_device(), "--device")
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    bounds = _bounds(_DEFAULTS[kind], min_t, max_t, min_heads, max_heads, dims,
-                     lower_bound, max_sequences)
+    bounds = _bounds(_DEFAULTS[kind], min_t, max_t, 1 if min_heads is None else min_heads,
+                     max_heads, dims or "64,128", lower_bound or "-5:-1",
+                     2 if max_sequences is None else max_sequences)
     if budget_s is None and trials is None:
         budget_s = 300.0
     cfg = _renamed(lambda: HuntConfig(
-        target=target, device=device, seed=seed, trials=trials, budget_s=budget_s,
+        target=target, device=device, seed=0 if seed is None else seed, trials=trials,
+        budget_s=budget_s,
         threshold=default_threshold() if threshold is None else threshold, bounds=bounds))
     _fits(bounds, device)
     tgt = resolve(target, device)
@@ -114,22 +141,32 @@ def hunt_command(
         cfg_bounds = supported_bounds(cfg.bounds, tgt)
     except ValueError as exc:
         raise params.renamed(exc, {"dims": "--dims"}) from None
-    folder = prepare_folder(out, force=force)
-    meta = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
-            else f"kdalab hunt {target}",
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-            "device_name": _device_name(device), **cfg.as_dict(),
-            "searched_bounds": cfg_bounds.as_dict()}
+    history: list[dict] = []
+    if resume:
+        folder, before, history = resume_folder(out, cfg)
+    else:
+        folder, before = prepare_folder(out, force=force), {}
+    run = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
+           else f"kdalab hunt {target}",
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+           "device_name": _device_name(device)}
+    # the first run's command and date stay on top; every run (its limits, the trial it began
+    # at) is listed under "runs"
+    meta = {**run, **{k: before[k] for k in run if k in before}, **cfg.as_dict(),
+            "searched_bounds": cfg_bounds.as_dict(),
+            "runs": [*before.get("runs", []), {**run, "trials": cfg.trials,
+                                               "budget_s": cfg.budget_s,
+                                               "first_trial": len(history)}]}
     write_meta(folder, meta)
     writer = TrialWriter(folder)
-    records: list[dict] = []
+    records: list[dict] = list(history)
 
     def sink(rec):
         records.append(rec)
         writer(rec)
 
     try:
-        result = _search(cfg, tgt, sink, quiet)
+        result = _search(cfg, tgt, sink, quiet, history)
     except Interrupted:
         writer.close()
         elapsed = records[-1]["elapsed_s"] if records else 0.0
@@ -215,7 +252,7 @@ def _device_name(device: str) -> str:
     return f"CPU ({platform.machine()})"
 
 
-def _search(cfg, target, sink, quiet):
+def _search(cfg, target, sink, quiet, history):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kdalab.hunt import run_hunt
@@ -230,10 +267,10 @@ def _search(cfg, target, sink, quiet):
 
         def progress(n, seconds, best):
             worst = "—" if best is None else fmt_sci(best["output_error"])
-            bar.update(task, completed=min(seconds, total) if by_time else n,
+            bar.update(task, completed=min(seconds, total) if by_time else n - len(history),
                        description=f"{n} trials, worst output error {worst}")
 
-        return run_hunt(cfg, sink=sink, progress=progress, target=target)
+        return run_hunt(cfg, sink=sink, progress=progress, target=target, history=history)
 
 
 def _finish(folder, result, cfg, meta, *, quiet):

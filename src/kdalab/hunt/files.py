@@ -8,6 +8,9 @@ dt_bias`` and, where the case has them, ``initial_state`` and ``cu_seqlens``, wi
 strings ``lower_bound`` and ``scale`` (Python's shortest round-trip ``repr`` of the floats),
 ``use_qk_l2norm`` (``true``: the kernel normalizes q and k) and, for the record, ``spec`` (JSON),
 ``seed`` and ``target``.
+
+A hunt's folder is also what a hunt resumes from (:func:`resume_folder`): hunt.json says which
+hunt it holds, trials.jsonl what it did.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from kdalab import params
 from kdalab.hunt.search import HuntConfig, HuntResult
 from kdalab.inputs.sequences import SequenceSpec, draw
 
-__all__ = ["prepare_folder", "TrialWriter", "write_meta", "write_results", "worst_document",
-           "rebuild", "write_case", "read_case", "META", "TRIALS", "WORST", "CASE"]
+__all__ = ["prepare_folder", "resume_folder", "read_meta", "read_trials", "MATCHED", "TrialWriter",
+           "write_meta", "write_results", "worst_document", "rebuild", "write_case", "read_case",
+           "META", "TRIALS", "WORST", "CASE"]
 
 META, TRIALS, WORST, CASE = "hunt.json", "trials.jsonl", "worst.json", "worst.safetensors"
 OWN = (META, TRIALS, WORST, CASE, "progress.png", "progress.svg", "report.md")
@@ -39,6 +43,92 @@ def prepare_folder(out: str | Path, *, force: bool = False) -> Path:
     for name in OWN:
         (path / name).unlink(missing_ok=True)
     return path
+
+
+#: what a resumed hunt must share with the hunt in its folder, by the option that sets it
+MATCHED = {"target": "TARGET", "device": "--device", "seed": "--seed",
+           "threshold": "--threshold", "sampler": "the sampler",
+           **{f"bounds.{k}": v for k, v in (
+               ("min_T", "--min-T"), ("max_T", "--max-T"), ("min_heads", "--min-heads"),
+               ("max_heads", "--max-heads"), ("dims", "--dims"), ("lower_bound", "--lower-bound"),
+               ("max_sequences", "--max-sequences"), ("initial_states", "the initial states"))}}
+
+
+def _get(document: dict, key: str):
+    for part in key.split("."):
+        document = document.get(part) if isinstance(document, dict) else None
+    return document
+
+
+def resume_folder(out: str | Path, cfg: HuntConfig) -> tuple[Path, dict, list[dict]]:
+    """The folder of the hunt to resume (``~`` expanded), its hunt.json and its trial records
+    (:func:`read_trials`). ValueError when it holds no hunt, or a hunt whose configuration
+    differs from ``cfg`` (naming the option); nothing is changed then."""
+    path, meta = params.user_path(out, "--out"), read_meta(out)
+    if not os.access(path, os.W_OK | os.X_OK) or not os.access(path / META, os.W_OK):
+        raise ValueError(f"--out: cannot write into {str(path)!r} (permission denied)")
+    ours = cfg.as_dict()
+    for key, option in MATCHED.items():
+        if _get(meta, key) != _get(ours, key):
+            raise ValueError(f"--resume: {option} differs from the hunt in {str(path)!r}: it "
+                             f"has {_get(meta, key)!r}, this run {_get(ours, key)!r}")
+    return path, meta, read_trials(path)
+
+
+def read_meta(out: str | Path) -> dict:
+    """The hunt.json of the hunt to resume in ``out`` (``~`` expanded); ValueError when there is
+    none."""
+    path = params.user_path(out, "--out") / META
+    if not path.is_file():
+        raise ValueError(f"--resume: {str(path.parent)!r} holds no hunt (no {META}); start one "
+                         f"without --resume")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--resume: cannot read {str(path)!r} ({exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("bounds"), dict):
+        raise ValueError(f"--resume: {str(path)!r} is not a hunt's description")
+    return meta
+
+
+#: the keys of a trial's record that a resumed hunt reads
+_RECORD = {"trial", "seed", "status", "objective", "output_error", "params", "elapsed_s"}
+
+
+def read_trials(folder: Path) -> list[dict]:
+    """trials.jsonl's records. A torn last line (a kill while it was written) is dropped and cut
+    from the file, so that the next record starts on a line of its own; a bad line before the
+    last one is a ValueError."""
+    path = folder / TRIALS
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    records, kept = [], 0
+    for i, line in enumerate(lines):
+        if not line.strip():
+            kept += len(line) + 1
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1:]):
+                raise ValueError(f"--resume: line {i + 1} of {str(path)!r} is not a trial's "
+                                 f"record") from None
+            break
+        if not isinstance(rec, dict) or not _RECORD <= rec.keys() or rec["status"] not in (
+                "measured", "unsupported", "raised"):
+            raise ValueError(f"--resume: line {i + 1} of {str(path)!r} is not a trial's record")
+        records.append(rec)
+        if i == len(lines) - 1:  # a whole record without its newline: kept, the newline added
+            with open(path, "ab") as f:
+                f.write(b"\n")
+            return records
+        kept += len(line) + 1
+    if kept < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(kept)
+    return records
 
 
 def _json(value) -> str:

@@ -10,6 +10,13 @@ kernel raised as failed; both are recorded. It stops after ``trials`` trials or 
 same seed gives the same trials and the same worst case, bit for bit, wherever the target and
 the reference are deterministic (on the CPU the hunt runs on one thread for this); with a time
 budget the count depends on the machine's speed.
+
+A hunt resumes from its records (``history``): each recorded trial is told to a new study again
+(:func:`replay`, the same parameters, objective and state), so the new trials continue the
+numbering and ``draw_seed`` never repeats a draw. The sampler's random state is not recorded, so a
+resumed sampler is seeded with :func:`sampler_seed` of the hunt's seed and the number of trials
+already done: a split hunt is reproducible for the same split, but differs from the unsplit one
+after the split (docs/hunt.md).
 """
 
 from __future__ import annotations
@@ -29,8 +36,8 @@ from kdalab.hunt.space import Bounds, suggest
 from kdalab.hunt.target import Target, resolve
 from kdalab.inputs.sequences import SequenceSpec, draw
 
-__all__ = ["HuntConfig", "HuntResult", "run_hunt", "summarize", "draw_seed", "supported_bounds",
-           "SAMPLER"]
+__all__ = ["HuntConfig", "HuntResult", "run_hunt", "summarize", "draw_seed", "sampler_seed",
+           "supported_bounds", "replay", "SAMPLER"]
 
 #: the sampler, as the records name it
 SAMPLER = "optuna TPESampler(multivariate=True, n_startup_trials=10, seed=SEED)"
@@ -88,6 +95,42 @@ def draw_seed(seed: int, number: int) -> int:
     return int(np.random.SeedSequence([seed, number]).generate_state(1)[0])
 
 
+def sampler_seed(seed: int, done: int) -> int:
+    """The sampler's seed for a hunt with ``done`` trials already run: the hunt's seed itself for a
+    fresh hunt (an unsplit hunt is unchanged), otherwise a 32-bit integer derived from both (a
+    resumed sampler seeded with the hunt's seed would draw its first trials' random start again)."""
+    if done == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, done, 1]).generate_state(1)[0])
+
+
+def replay(study, history: list[dict], bounds: Bounds) -> None:
+    """Tells ``study`` (new, empty) the recorded trials again, numbered 0, 1, ... as recorded: the
+    parameters with their distributions (asked again of an ``optuna.trial.FixedTrial`` through
+    :func:`suggest`), the objective of a measured trial, the pruned or failed state of the
+    others. ValueError when a record's parameters do not fit ``bounds`` or the records are not
+    numbered 0, 1, ..."""
+    import optuna
+
+    states = {"unsupported": optuna.trial.TrialState.PRUNED,
+              "raised": optuna.trial.TrialState.FAIL}
+    for i, rec in enumerate(history):
+        if rec["trial"] != i:
+            raise ValueError(f"resume: the records are not numbered 0, 1, ...: record {i} is "
+                             f"trial {rec['trial']}")
+        fixed = optuna.trial.FixedTrial(rec["params"], number=i)
+        try:
+            suggest(fixed, bounds)
+        except ValueError as exc:
+            raise ValueError(f"resume: trial {i}'s parameters do not fit the bounds ({exc})") \
+                from None
+        measured = rec["status"] == "measured"
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE if measured else states[rec["status"]],
+            value=rec["objective"] if measured else None, params=fixed.params,
+            distributions=fixed.distributions))
+
+
 def supported_bounds(bounds: Bounds, target: Target) -> Bounds:
     """``bounds`` without the head dims and initial-state dtypes the target declares it cannot
     take (asked on a one-token draw); ValueError when no dim is left."""
@@ -121,20 +164,25 @@ def _quiet_optuna():
 
 def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
              progress: Callable[[int, float, dict | None], None] | None = None,
-             target: Target | None = None) -> HuntResult:
+             target: Target | None = None, history: list[dict] = ()) -> HuntResult:
     """Search; ``sink`` receives each trial's record as it ends, ``progress(trials, seconds,
     worst record so far)`` after each trial. ``target`` replaces the resolved ``cfg.target``
-    (tests plant kernels this way)."""
+    (tests plant kernels this way). ``history``: the records of the hunt so far, to resume it
+    (:func:`replay`); ``cfg.trials`` and ``cfg.budget_s`` then bound the trials added, while the
+    records, the trial count of ``progress``, their ``elapsed_s`` (the search's seconds summed
+    over the runs) and the result cover all trials."""
     target = target or resolve(cfg.target, cfg.device)
     bounds = supported_bounds(cfg.bounds, target)
-    records: list[dict] = []
-    best: dict | None = None
+    records: list[dict] = list(history)
+    best = summarize(records, cfg.threshold, 0.0).worst
+    before = records[-1]["elapsed_s"] if records else 0.0
     t0 = time.perf_counter()
     with _quiet_optuna() as optuna, one_thread(cfg.device):
-        sampler = optuna.samplers.TPESampler(seed=cfg.seed, multivariate=True,
-                                             n_startup_trials=10)
+        sampler = optuna.samplers.TPESampler(seed=sampler_seed(cfg.seed, len(records)),
+                                             multivariate=True, n_startup_trials=10)
         study = optuna.create_study(direction="maximize", sampler=sampler)
-        while cfg.trials is None or len(records) < cfg.trials:
+        replay(study, records, bounds)
+        while cfg.trials is None or len(records) - len(history) < cfg.trials:
             if cfg.budget_s is not None and time.perf_counter() - t0 >= cfg.budget_s:
                 break
             trial = study.ask()
@@ -152,14 +200,14 @@ def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
                                          if rec["status"] == "unsupported"
                                          else optuna.trial.TrialState.FAIL))
             rec["best_output_error"] = None if best is None else best["output_error"]
-            rec["elapsed_s"] = time.perf_counter() - t0
+            rec["elapsed_s"] = before + (time.perf_counter() - t0)
             rec.update(params=dict(trial.params), spec=spec.as_dict())
             records.append(rec)
             if sink is not None:
                 sink(rec)
             if progress is not None:
                 progress(len(records), time.perf_counter() - t0, best)
-    return summarize(records, cfg.threshold, time.perf_counter() - t0)
+    return summarize(records, cfg.threshold, before + (time.perf_counter() - t0))
 
 
 def summarize(records: list[dict], threshold: float, elapsed_s: float) -> HuntResult:

@@ -41,6 +41,9 @@ def plot_progress(records: list[dict], meta: dict, folder: str | Path) -> list[P
     if other:
         ax.plot(other, [0.0] * len(other), "|", color="gray", transform=ax.get_xaxis_transform(),
                 markersize=8, label="unsupported or raised")
+    for i, run in enumerate(meta.get("runs", [])[1:]):  # where each resumed run began
+        ax.axvline(run["first_trial"] - 0.5, color="gray", linestyle=":", linewidth=1,
+                   label="resumed" if i == 0 else None)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation (trial)")
     ax.set_ylabel("output rel. RMSE vs fp64")
@@ -55,6 +58,21 @@ def _spec_rows(spec: dict) -> list[str]:
     return [f"| `{k}` | {'—' if v is None else v} |" for k, v in spec.items()]
 
 
+def _runs(meta: dict) -> list[str]:
+    """The report's line on a resumed hunt's runs (none for a hunt run once): the limits of the
+    budget and trials above are the last run's."""
+    runs = meta.get("runs", [])
+    if len(runs) < 2:
+        return []
+    def limits(r: dict) -> str:
+        budget = f"budget {r['budget_s']:g} s" if r.get("budget_s") else "no time limit"
+        return f"{budget}, " + (f"{r['trials']} trials" if r.get("trials") else "no trial limit")
+
+    each = "; ".join(f"{r['date']} from trial {r['first_trial']} ({limits(r)})" for r in runs)
+    return [f"- {len(runs)} runs (resumed with --resume; budget and trials above: the last "
+            f"run's, each counting what it added): {each}"]
+
+
 def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
     """report.md: the verdict, the worst case (errors, knobs, how to replay it), the five worst
     trials and what was not measured."""
@@ -67,6 +85,7 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
              f"{meta.get('elapsed_s', '?')} s (budget: "
              f"{meta['budget_s'] if meta.get('budget_s') else 'none'} s, trials: "
              f"{meta['trials'] if meta.get('trials') else 'no limit'})",
+             *_runs(meta),
              f"- measured {counts.get('measured', 0)}, declared unsupported "
              f"{counts.get('unsupported', 0)}, raised {counts.get('raised', 0)}",
              f"- sampler: {meta.get('sampler', '?')}",
