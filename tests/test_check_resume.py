@@ -32,12 +32,15 @@ def _cli(args, out, *more):
 def counted(tmp_path) -> tuple[str, Path]:
     """A planted kernel (fp32 recurrence) that logs each call to a file and raises the
     boundary's Interrupted (Ctrl-C) once the number in ``stop`` (if that file exists) is
-    spent; isolated workers log to the same file."""
+    spent, or, while a file ``signal`` exists, sends its process SIGTERM on T = 1; isolated
+    workers log to the same file."""
     calls, stop = tmp_path / "calls", tmp_path / "stop"
     path = tmp_path / "counted.py"
     path.write_text(
-        "import os\nfrom tests.check_kernels import honest_fp32\n\n"
+        "import os, signal\nfrom tests.check_kernels import honest_fp32\n\n"
         "def kernel(q, k, v, g, beta, **kw):\n"
+        f"    if q.shape[1] == 1 and os.path.exists({str(tmp_path / 'signal')!r}):\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
         f"    if os.path.exists({str(stop)!r}):\n"
         f"        left = int(open({str(stop)!r}).read())\n"
         "        if left <= 0:\n"
@@ -222,3 +225,21 @@ def test_resume_refuses_a_foreign_folder(tmp_path):
     res = _cli(["recipe:fp32", "--cases", "T/1"], tmp_path, "--resume")
     assert res.exit_code == 2 and "holds no check run" in res.output
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_an_isolated_worker_stopped_by_a_signal_is_an_interrupt_and_resume_completes(
+        counted, tmp_path):
+    """Ctrl-C and ``timeout`` signal the whole process group: a worker that dies of SIGTERM
+    before the check hears of it leaves its case without a record (exit 130), not a crash that
+    --resume would keep; resumed, the records are one run's."""
+    kernel, _ = counted
+    args = [kernel, "--cases", "model_like,T/1"]
+    assert _cli(args, tmp_path / "whole").exit_code == 0
+    (tmp_path / "signal").touch()
+    res = _cli([*args, "--isolate"], tmp_path / "cut")
+    assert res.exit_code == 130, res.output
+    assert [r["case"] for r in StoreReader.read_only(tmp_path / "cut").records()] == [
+        "model_like"]
+    (tmp_path / "signal").unlink()
+    assert _cli([*args, "--isolate"], tmp_path / "cut", "--resume").exit_code == 0
+    assert identical(_table(tmp_path / "cut"), _table(tmp_path / "whole"))

@@ -2,6 +2,9 @@
 illegal address poisons the CUDA context for the rest of its process), dies or hangs takes only
 itself down. The case it was on is recorded as failed (``crashed: ...``), its later cases as
 ``skipped``, and the other kernels run as usual. Records are identical to an in-process run's.
+A worker stopped by SIGINT or SIGTERM was interrupted with the run, not crashed: its cases get
+no record (KeyboardInterrupt), and ``--resume`` runs them (each worker is given only its
+kernel's cases without a record).
 
 The workers' files live in a temporary folder removed at the end, whatever happens: the job,
 the records a worker streams back (JSON lines, read as they come and handed to ``sink`` at
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -157,6 +161,11 @@ def _one_kernel(i, spec, cases, work: Path, *, suite, device, thresholds, agains
         raise ConventionError(message or f"kernel {spec!r} broke the convention")
     seen = {r["case"] for r in recs}
     missing = [c for c in cases if c.name not in seen]
+    if missing and not timed_out and rc in (-signal.SIGINT, -signal.SIGTERM):
+        # stopped from outside, not crashed: Ctrl-C reaches the whole foreground process
+        # group and `timeout` signals its own, so the worker may see it before this process
+        # does; its cases stay without a record, for --resume
+        raise KeyboardInterrupt(f"kernel {spec!r}: its process was stopped by a signal")
     if missing:
         if timed_out:
             reason = f"no answer within {timeout:g} s (killed; --case-timeout)"
