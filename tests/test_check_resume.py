@@ -201,12 +201,19 @@ def test_resume_refuses_another_check(tmp_path):
     assert StoreReader.read_only(tmp_path).complete
 
 
-def test_resume_on_a_missing_or_empty_folder_runs_the_check(tmp_path):
-    """As a study's --resume: nothing stored, so everything runs."""
-    args = ["recipe:fp32", "--cases", "T/1"]
+def test_resume_on_a_missing_or_empty_folder_runs_the_check(counted, tmp_path):
+    """As a study's --resume: nothing stored, so everything runs; so too after a run stopped
+    before its first record (it leaves its check.json alone)."""
+    kernel, _ = counted
+    args = [kernel, "--cases", "T/1"]
     assert _cli(args, tmp_path / "plain").exit_code == 0
     (tmp_path / "empty").mkdir()
-    for name in ("missing", "empty"):
+    (tmp_path / "stop").write_text("0")
+    assert _cli(args, tmp_path / "early").exit_code == 130
+    assert [p.name for p in (tmp_path / "early").iterdir() if p.name != ".lock"] == [
+        "check.json"]
+    (tmp_path / "stop").unlink()
+    for name in ("missing", "empty", "early"):
         assert _cli(args, tmp_path / name, "--resume").exit_code == 0
         assert identical(_table(tmp_path / name), _table(tmp_path / "plain"))
 

@@ -148,7 +148,10 @@ def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str]
     if path.is_dir() and any(path.iterdir()) and not own and not force:
         raise ValueError(f"{name}: {str(path)!r} is not empty and holds no check run; "
                          "choose another folder, or --force to write into it")
-    if resume and own:
+    # nothing to resume without a store: a run stopped before its first record leaves only
+    # its check.json (as an earlier kdalab's run did), and starts again
+    keep = resume and own and is_store(path, kind=KIND)
+    if keep:
         _same_run(path, config, name)
     elif own:
         _clear_own(path)
@@ -157,7 +160,7 @@ def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str]
     try:
         store = RunStore.open(path, kind=KIND, config=config, runs=len(runs),
                               records_per_run=1, schema=schema(fields),
-                              resume=resume, force=not (resume and own))
+                              resume=keep, force=not keep)
     except StoreError as exc:
         raise ValueError(f"--resume: {exc}" if resume else str(exc)) from None
     return CheckStore(store, runs)
@@ -166,9 +169,6 @@ def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str]
 def _same_run(path: Path, config: dict, name: str) -> None:
     """Refuse to resume the check stored in ``path`` with another ``config`` (ValueError, one
     line naming each setting that differs, stored and given)."""
-    if not is_store(path, kind=KIND):
-        raise ValueError(f"--resume: {str(path)!r} holds a check run of an earlier kdalab "
-                         "(no record store) to resume; run without --resume to replace it")
     try:
         stored = Manifest.read(path).config
     except StoreError as exc:
