@@ -172,6 +172,7 @@ def run_check(
     timings: dict[str, float] | None = None,
     exclude: Mapping[str, Collection[str]] | None = None,
     references: Callable[[Case, CaseInputs], tuple] | None = None,
+    stored: Collection[tuple[str, str]] = (),
 ) -> list[dict]:
     """Run every kernel on every case; one record per (kernel, case).
 
@@ -181,12 +182,15 @@ def run_check(
     ``exclude`` maps a kernel's name to cases it is not run on (status ``excluded``: e.g. to
     spare a kernel that autotunes every new shape the shapes only it would add).
     ``references(case, inputs)`` gives the references (default: computed,
-    :func:`case_references`); isolated workers share them, computed once.
+    :func:`case_references`); isolated workers share them, computed once. ``stored``: the
+    (case, kernel) pairs that already have a record (a resumed run): not run again, and a case
+    stored for every kernel is not even drawn; a record never depends on the other pairs run,
+    so the records made are those an uninterrupted run makes.
     """
     device = torch.device(device)
     with one_thread(device):
         return _run(kernels, cases, device, thresholds, against, sink, progress, timings,
-                    exclude or {}, references or case_references)
+                    exclude or {}, references or case_references, set(stored))
 
 
 def case_references(case: Case, x: CaseInputs) -> tuple:
@@ -262,16 +266,19 @@ def _judge_by(case, x, against, references):
 
 
 def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
-         exclude, references) -> list[dict]:
+         exclude, references, stored) -> list[dict]:
     records: list[dict] = []
-    total, done = len(cases) * len(kernels), 0
+    todo = {c.name: [k for k in kernels if (c.name, k.name) not in stored] for c in cases}
+    total, done = sum(map(len, todo.values())), 0
     for case in cases:
-        runs = [k for k in kernels if case.name not in exclude.get(k.name, ())]
+        if not todo[case.name]:
+            continue
+        runs = [k for k in todo[case.name] if case.name not in exclude.get(k.name, ())]
         x = case_inputs(case, device)
         floors, ref, why = (_judge_by(case, x, against, references) if runs
                             else (None, None, None))
         cell = []
-        for kernel in kernels:
+        for kernel in todo[case.name]:
             t0 = time.perf_counter()
             rec = blank_record(kernel.name, case, device=device, thresholds=thresholds,
                                against=None if against is None else against.name)

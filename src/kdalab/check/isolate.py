@@ -2,6 +2,9 @@
 illegal address poisons the CUDA context for the rest of its process), dies or hangs takes only
 itself down. The case it was on is recorded as failed (``crashed: ...``), its later cases as
 ``skipped``, and the other kernels run as usual. Records are identical to an in-process run's.
+A worker stopped by SIGINT or SIGTERM was interrupted with the run, not crashed: its cases get
+no record (KeyboardInterrupt), and ``--resume`` runs them (each worker is given only its
+kernel's cases without a record).
 
 The workers' files live in a temporary folder removed at the end, whatever happens: the job,
 the records a worker streams back (JSON lines, read as they come and handed to ``sink`` at
@@ -15,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -72,25 +76,35 @@ def run_isolated(
     timeout: float | None = None,
     timings: dict[str, float] | None = None,
     exclude: Mapping[str, Collection[str]] | None = None,
+    stored: Collection[tuple[str, str]] = (),
 ) -> list[dict]:
     """:func:`~kdalab.check.harness.run_check` with each kernel (``specs``, as
     :func:`~kdalab.check.adapters.load_kernel` takes them) in a worker process; ``timeout``
     seconds a kernel may go without finishing a case, its start and compilation included
     (None: no limit); ``exclude`` as run_check's. A crashed kernel's log is copied to the
-    folder ``logs`` (None: not kept; its last line is in the record's message)."""
+    folder ``logs`` (None: not kept; its last line is in the record's message). ``stored``
+    as run_check's: a kernel is given only its cases without a record (none: no worker), so
+    a resumed run continues each kernel's case list where it stopped."""
+    stored = set(stored)
+    todo = [[c for c in cases if (c.name, spec) not in stored] for spec in specs]
+    total, offset = sum(map(len, todo)), 0
     with tempfile.TemporaryDirectory(prefix="kdalab-check-") as work:
         out: list[dict] = []
         for i, spec in enumerate(specs):
-            out += _one_kernel(i, spec, specs, cases, Path(work), suite=suite, device=device,
-                               thresholds=thresholds, against=against, logs=logs, sink=sink,
-                               progress=progress, timeout=timeout, timings=timings,
-                               exclude=exclude)
+            if todo[i]:
+                out += _one_kernel(i, spec, todo[i], Path(work), suite=suite, device=device,
+                                   thresholds=thresholds, against=against, logs=logs,
+                                   sink=sink, progress=progress, timeout=timeout,
+                                   timings=timings, exclude=exclude, at=(offset, total))
+            offset += len(todo[i])
     order = {c.name: j for j, c in enumerate(cases)}
     return sorted(out, key=lambda r: (order[r["case"]], specs.index(r["kernel"])))
 
 
-def _one_kernel(i, spec, specs, cases, work: Path, *, suite, device, thresholds, against, logs,
-                sink, progress, timeout, timings, exclude) -> list[dict]:
+def _one_kernel(i, spec, cases, work: Path, *, suite, device, thresholds, against, logs,
+                sink, progress, timeout, timings, exclude, at) -> list[dict]:
+    """Kernel ``spec`` (the ``i``-th) on ``cases`` in a worker; ``at``: (pairs before this
+    kernel's, all pairs), for ``progress``."""
     part = work / str(i)
     part.mkdir()
     job = {"kernel": spec, "against": against, "device": device, "suite": suite,
@@ -98,7 +112,7 @@ def _one_kernel(i, spec, specs, cases, work: Path, *, suite, device, thresholds,
            "exclude": sorted((exclude or {}).get(spec, ())),
            "records": str(part / "stream.jsonl"), "references": str(work / "references")}
     (part / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    total, recs = len(cases) * len(specs), []
+    (before, total), recs = at, []
     stream = _Lines(part / "stream.jsonl")
 
     def take() -> None:
@@ -127,7 +141,7 @@ def _one_kernel(i, spec, specs, cases, work: Path, *, suite, device, thresholds,
                 if progress is not None:
                     done = min(len(recs), len(cases))
                     label = cases[done].name if done < len(cases) else "done"
-                    progress(i * len(cases) + done, total, f"{label} · {spec}")
+                    progress(before + done, total, f"{label} · {spec}")
                 if rc is not None:
                     break
                 if timeout and time.perf_counter() - last > timeout:
@@ -147,6 +161,11 @@ def _one_kernel(i, spec, specs, cases, work: Path, *, suite, device, thresholds,
         raise ConventionError(message or f"kernel {spec!r} broke the convention")
     seen = {r["case"] for r in recs}
     missing = [c for c in cases if c.name not in seen]
+    if missing and not timed_out and rc in (-signal.SIGINT, -signal.SIGTERM):
+        # stopped from outside, not crashed: Ctrl-C reaches the whole foreground process
+        # group and `timeout` signals its own, so the worker may see it before this process
+        # does; its cases stay without a record, for --resume
+        raise KeyboardInterrupt(f"kernel {spec!r}: its process was stopped by a signal")
     if missing:
         if timed_out:
             reason = f"no answer within {timeout:g} s (killed; --case-timeout)"
@@ -170,7 +189,7 @@ def _one_kernel(i, spec, specs, cases, work: Path, *, suite, device, thresholds,
         if sink is not None:
             sink(crashed)
     if progress is not None:
-        progress((i + 1) * len(cases), total, f"done · {spec}")
+        progress(before + len(cases), total, f"done · {spec}")
     return recs
 
 

@@ -93,7 +93,13 @@ class CheckStore:
         self.folder = store.folder
         self._runs = runs
         self._names = set(store.schema.names)
-        self.count = 0
+        self.count = int(store.done.sum())
+
+    @property
+    def stored(self) -> set[tuple[str, str]]:
+        """The (case, kernel) pairs that have a record (those of a resumed run, then those
+        written)."""
+        return {pair for pair, run in self._runs.items() if self.store.done[run]}
 
     def write(self, records: Sequence[dict]) -> None:
         if not records:
@@ -125,12 +131,15 @@ class CheckStore:
 
 
 def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str],
-             fields: Sequence[str], config: dict, force: bool = False,
+             fields: Sequence[str], config: dict, force: bool = False, resume: bool = False,
              name: str = "--out") -> CheckStore:
     """The store of a check of ``kernels`` × ``cases`` (records with ``fields``; ``config``:
     what the run is, for the manifest) in ``folder``, created if missing. A folder that holds
     anything but a check run's output is refused (ValueError naming ``name``) unless
-    ``force``; the check's own folder is replaced."""
+    ``force``; the check's own folder is replaced, or with ``resume`` kept: its records stay
+    and :attr:`CheckStore.stored` says which pairs have one (a missing or empty folder starts
+    the run, as a study's ``--resume`` does). A resumed run must be the stored one: a store
+    of another configuration is refused naming what differs."""
     path = Path(folder).expanduser()
     if path.exists() and not path.is_dir():
         raise ValueError(f"{name}: {str(path)!r} is a file; expected a folder (created if "
@@ -139,16 +148,53 @@ def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str]
     if path.is_dir() and any(path.iterdir()) and not own and not force:
         raise ValueError(f"{name}: {str(path)!r} is not empty and holds no check run; "
                          "choose another folder, or --force to write into it")
-    if own:
+    # nothing to resume without a store: a run stopped before its first record leaves only
+    # its check.json (as an earlier kdalab's run did), and starts again
+    keep = resume and own and is_store(path, kind=KIND)
+    if keep:
+        _same_run(path, config, name)
+    elif own:
         _clear_own(path)
     runs = {(c, k): i * len(kernels) + j for i, c in enumerate(cases)
             for j, k in enumerate(kernels)}
     try:
         store = RunStore.open(path, kind=KIND, config=config, runs=len(runs),
-                              records_per_run=1, schema=schema(fields), force=True)
+                              records_per_run=1, schema=schema(fields),
+                              resume=keep, force=not keep)
     except StoreError as exc:
-        raise ValueError(str(exc)) from None
+        raise ValueError(f"--resume: {exc}" if resume else str(exc)) from None
     return CheckStore(store, runs)
+
+
+def _same_run(path: Path, config: dict, name: str) -> None:
+    """Refuse to resume the check stored in ``path`` with another ``config`` (ValueError, one
+    line naming each setting that differs, stored and given)."""
+    try:
+        stored = Manifest.read(path).config
+    except StoreError as exc:
+        raise ValueError(f"--resume: {exc}") from None
+    differ = [f"{key} {_brief(stored.get(key), config.get(key))}"
+              for key in dict.fromkeys([*stored, *config]) if stored.get(key) != config.get(key)]
+    if differ:
+        raise ValueError(f"--resume: {name} {str(path)!r} holds another check (" +
+                         "; ".join(differ) + "): give the stored run's kernels and options, "
+                         "or another --out")
+
+
+def _brief(stored, given) -> str:
+    """``stored X, given Y`` for one setting, long lists cut to their first difference."""
+    if not (isinstance(stored, list) and isinstance(given, list)):
+        return f"stored {stored!r}, given {given!r}"
+    first = next((i for i, (a, b) in enumerate(zip(stored, given)) if a != b),
+                 min(len(stored), len(given)))
+    said = []
+    for xs in (stored, given):
+        if len(xs) <= 4:
+            said.append(repr(xs))
+        else:
+            said.append(f"{len(xs)} items" + (f", #{first + 1} {xs[first]!r}"
+                                               if first < len(xs) else ""))
+    return f"stored {said[0]}, given {said[1]}"
 
 
 def _clear_own(path: Path) -> None:

@@ -110,6 +110,9 @@ def check_command(
     = None,
     force: Annotated[bool, typer.Option(
         "--force", help="write into a non-empty --out that holds no check run")] = False,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue the check stored in --out (the same kernels and options): "
+        "its records are kept and only the (kernel, case) pairs without one run")] = False,
     against: Annotated[Optional[str], typer.Option(
         help="fidelity mode: compare with this kernel instead of the fp64 recurrence",
         show_default=False)] = None,
@@ -142,13 +145,19 @@ def check_command(
     (or, with --against, against another kernel bit for bit).
 
     Writes the records to a store in --out (Parquet parts and a manifest, as cases finish: an
-    interrupted run keeps them), check.json (the run), records.json (the records for people),
-    report.md, report.html (self-contained, plot embedded) and errors.png.
+    interrupted run keeps them, and --resume completes it), check.json (the run), records.json
+    (the records for people), report.md, report.html (self-contained, plot embedded) and
+    errors.png.
     """
     from kdalab import params
     from kdalab.check import records as store
 
     out = out.expanduser()
+    if redraw and resume:
+        raise ValueError("--redraw draws from the stored records: it takes no --resume")
+    if resume and force:
+        raise ValueError("--resume keeps the records in --out and --force replaces them: "
+                         "give one")
     if redraw:
         _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
         return
@@ -170,19 +179,23 @@ def check_command(
             "cases": [c.name for c in plan["cases"]],
             "inputs": None if inputs is None else str(inputs),
             "thresholds": ({"min identical": min_identical} if against else
-                           {"budget": f"{budget:g}x the floor",
+                           {"budget": f"{_exact(budget)}x the floor",
                             **({"output": max_output_error} if max_output_error else {}),
                             **({"state": max_state_error} if max_state_error else {})}),
             "complete": False}
-    t0, timings = time.perf_counter(), {}
-    _run(plan, device, out, meta, force=force, isolate=isolate, case_timeout=case_timeout,
-         timings=timings, quiet=quiet or as_json)
-    meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    meta["seconds_per_kernel"] = {k: round(v, 1) for k, v in timings.items()}
+    _run(plan, device, out, meta, force=force, resume=resume, isolate=isolate,
+         case_timeout=case_timeout, quiet=quiet or as_json)
     meta["versions"] = _versions()
     meta["complete"] = True
     store.write_meta(out, meta)
     _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
+
+
+def _exact(value: float) -> str:
+    """A threshold as ``{:g}`` writes it where that is exact, else every digit: the stored
+    run's identity must tell two budgets apart (--resume)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
@@ -249,9 +262,11 @@ def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_time
             "against": loaded[-1] if against is not None else None}
 
 
-def _open(plan: dict, device: str, out: Path, meta: dict, force: bool):
+def _open(plan: dict, device: str, out: Path, meta: dict, force: bool, resume: bool):
     """The run's store in ``out`` (refusals: :func:`kdalab.check.records.open_run`) and its
-    ``check.json``, written now so that an interrupted run can be redrawn."""
+    ``check.json``, written now so that an interrupted run can be redrawn. Resumed, ``meta``
+    goes on from the stored run's: its command and date stay, the sessions' seconds add up
+    and ``resumed`` lists when it was continued."""
     from kdalab.check import records as store
     from kdalab.check.harness import blank_record
 
@@ -263,9 +278,37 @@ def _open(plan: dict, device: str, out: Path, meta: dict, force: bool):
                                    "inputs", "thresholds")}
     opened = store.open_run(out, kernels=[k.name for k in kernels],
                             cases=[c.name for c in cases], fields=fields,
-                            config={**config, "device": device}, force=force)
+                            config={**config, "device": device}, force=force, resume=resume)
+    before = _stored_meta(out) if resume else {}
+    if before:
+        meta.update(command=before.get("command", meta["command"]),
+                    date=before.get("date", meta["date"]),
+                    resumed=[*before.get("resumed", []), meta["date"]])
+        for key in ("elapsed_s", "seconds_per_kernel"):
+            if key in before:
+                meta[key] = before[key]
     store.write_meta(out, meta)
     return opened
+
+
+def _stored_meta(out: Path) -> dict:
+    """The stored run's ``check.json`` (empty if there is none, or it does not read)."""
+    from kdalab.check.records import META
+
+    try:
+        meta = json.loads((out / META).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _add_seconds(meta: dict, elapsed: float, timings: dict) -> None:
+    """This session's seconds added to the run's (``elapsed_s``, ``seconds_per_kernel``)."""
+    meta["elapsed_s"] = round(meta.get("elapsed_s", 0.0) + elapsed, 1)
+    per = dict(meta.get("seconds_per_kernel", {}))
+    for name, seconds in timings.items():
+        per[name] = round(per.get(name, 0.0) + seconds, 1)
+    meta["seconds_per_kernel"] = per
 
 
 @contextlib.contextmanager
@@ -288,10 +331,11 @@ def _terminated_as_interrupted():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, isolate: bool,
-         case_timeout: float, timings: dict, quiet: bool) -> None:
-    """The check with progress, records stored in ``out`` as cases finish; errors that stop
-    it exit here, every record so far kept (the store says the run is interrupted)."""
+def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, resume: bool,
+         isolate: bool, case_timeout: float, quiet: bool) -> None:
+    """The check with progress, records stored in ``out`` as cases finish (resumed: the pairs
+    without a record); errors that stop it exit here, every record so far kept (the store
+    says the run is interrupted, ``check.json`` the seconds spent)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -306,26 +350,35 @@ def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, isolate
     from kdalab.check.records import LOGS
 
     kernels, against = plan["kernels"], plan["against"]
-    common = dict(thresholds=plan["thresholds"], timings=timings, exclude=plan["exclude"])
+    t0, timings = time.perf_counter(), {}
+    writer = _open(plan, device, out, meta, force, resume)
+    stored, before = writer.stored, writer.count
+    common = dict(thresholds=plan["thresholds"], timings=timings, exclude=plan["exclude"],
+                  stored=stored)
     total = len(plan["cases"]) * len(kernels)
-    writer = _open(plan, device, out, meta, force)
-    STATE.kept[:] = [f"{out}/check.json (the run's description), no records yet"]
-    STATE.resume = ""
+    again = (f"'kdalab check (the same kernels and options) --out {out} --resume' continues "
+             f"with the rest; kdalab check --redraw --out {out} draws the (incomplete) report")
+    STATE.kept[:] = [f"{out}/check.json (the run's description), "
+                     + (f"{before} of {total} records" if before else "no records yet")]
+    STATE.resume = again if before else ""
+    if before and not quiet:
+        console.print(f"resuming: {before} of {total} records already stored in {out}/",
+                      highlight=False)
     try:
         with writer, _terminated_as_interrupted(), Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console, transient=True, disable=quiet,
         ) as progress:
-            task = progress.add_task("", total=total)
+            task = progress.add_task("", total=total, completed=before)
 
-            def show(done, total, label):
-                progress.update(task, completed=done, description=label)
+            def show(done, _, label):
+                progress.update(task, completed=before + done, description=label)
 
             def sink(records):
                 writer.write(records)
                 STATE.kept[:] = [f"{writer.count} of {total} records in {out}"]
-                STATE.resume = f"kdalab check --redraw --out {out} draws the (incomplete) report"
+                STATE.resume = again
 
             if isolate:
                 run_isolated(
@@ -345,6 +398,11 @@ def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, isolate
                           f"far are in {out} (--isolate runs each kernel in its own "
                           f"process and records the crash)", highlight=False, soft_wrap=True)
         raise typer.Exit(code=1) from None
+    finally:
+        _add_seconds(meta, time.perf_counter() - t0, timings)
+        from kdalab.check.records import write_meta
+
+        write_meta(out, meta)
 
 
 def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bool) -> None:

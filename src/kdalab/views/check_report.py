@@ -31,9 +31,9 @@ __all__ = ["markdown_report", "html_report", "write_check_views"]
 
 
 def _meta_lines(meta: dict) -> list[tuple[str, str]]:
-    keys = [("command", "command"), ("date", "date (UTC)"), ("device_name", "device"),
-            ("suite", "suite"), ("versions", "versions"), ("thresholds", "thresholds"),
-            ("elapsed_s", "elapsed")]
+    keys = [("command", "command"), ("date", "date (UTC)"), ("resumed", "resumed (UTC)"),
+            ("device_name", "device"), ("suite", "suite"), ("versions", "versions"),
+            ("thresholds", "thresholds"), ("elapsed_s", "elapsed")]
     out = []
     for key, label in keys:
         if key not in meta:
@@ -41,6 +41,8 @@ def _meta_lines(meta: dict) -> list[tuple[str, str]]:
         value = meta[key]
         if isinstance(value, dict):
             value = ", ".join(f"{k} {v}" for k, v in value.items())
+        elif isinstance(value, list):  # the dates a resumed run was continued on
+            value = ", ".join(map(str, value))
         elif key == "elapsed_s":
             value = f"{value:.1f} s"
         out.append((label, str(value)))
