@@ -152,6 +152,11 @@ def import_fails_inside(q, k, v, g, beta, **kw):
     return honest_fp32(q, k, v, g, beta, **kw)
 
 
+def exits(q, k, v, g, beta, **kw):
+    """Bug: calls sys.exit(0) (a script's habit) instead of answering."""
+    raise SystemExit(0)
+
+
 def declines_everything(q, k, v, g, beta, **kw):
     """Supports nothing (honestly says so): a kernel with no case run fails the check."""
     raise NotImplementedError("nothing supported yet")

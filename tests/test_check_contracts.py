@@ -34,6 +34,7 @@ def _cli(args, out):
 @pytest.mark.parametrize("kernel,needle", [
     ("always_raises", "raised RuntimeError: CUDA error: an illegal memory access"),
     ("import_fails_inside", "raised ModuleNotFoundError: No module named"),
+    ("exits", "raised SystemExit: 0"),  # sys.exit(0) inside the call is no pass
 ])
 def test_a_kernel_that_raises_fails_every_case(kernel, needle, tmp_path):
     res = _cli([f"{MOD}:{kernel}", "--cases", "model_like,T/*,varlen/*,contract/causal/*"],

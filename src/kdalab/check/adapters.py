@@ -367,7 +367,7 @@ def _load_object(spec: str):
         raise ValueError(f"kernel {spec!r}: importing {module_name!r} failed: {exc}") from None
     except ValueError:
         raise
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # sys.exit() at import is no verdict either
         raise ValueError(f"kernel {spec!r}: importing {module_name!r} failed: "
                          f"{type(exc).__name__}: {exc}") from None
     if not hasattr(module, attr):

@@ -115,7 +115,7 @@ def call(kernel: KernelAdapter, x: CaseInputs, where: str):
             torch.cuda.synchronize(o.device)
     except ConventionError as exc:  # a wrong answer (None, a shape, a dtype): this case fails
         raise Raised(exc) from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a kernel that calls sys.exit() fails the case
         fault = _device_ok(x.q.device)
         if fault is not None:
             raise DeviceFault(f"kernel {kernel.name!r} on case {where!r} left the device in "
