@@ -329,7 +329,7 @@ def shape_label(m: int, k: int, n: int) -> str:
 def measure(gemm: Callable, device: str, *, matrices: int = 200, runs: int = 42,
             emulate: str = "cpu", dense: bool = True,
             square: tuple = SQUARE, fwdsub_k: tuple = FWDSUB_K, sgemm_chunks: tuple = (),
-            sgemm: Callable | None = None, log=print) -> dict:
+            sgemm: Callable | None = None, budget_s: float | None = None, log=print) -> dict:
     """Every comparison; returns {"rows": [...], "chain": {...}, "raw": {...}}. ``gemm(a, b)``:
     one fp16 product of two 2-D tensors on ``device`` (cuBLAS on the GPU; a mock in tests)."""
     rows: list[dict] = []
@@ -358,43 +358,48 @@ def measure(gemm: Callable, device: str, *, matrices: int = 200, runs: int = 42,
         if h.get("elements") != 1.0 or shape == (64, 64, 64):
             raw[f"{source}_{label}"] = (a, b, out)
 
-    def guarded(what: str, fn):
-        try:
-            fn()
-        except Exception:
-            log(f"  {what}: FAILED\n{traceback.format_exc()}")
-            rows.append({"shape": what, "source": what, "error": traceback.format_exc(-1)})
+    def neumann(n: int):
+        per_run = 2 * (neumann_factor_count(n) - 1)  # products of one run's chain
+        count = runs if n == 64 else -(-matrices // per_run)
+        rec = neumann_source(n, count, gemm, device, chain if n == 64 else None)
+        a, b, out = rec.stacked((n, n, n))
+        keep = a.shape[0] if n == 64 else matrices
+        record("neumann", (n, n, n), a[:keep], b[:keep], out[:keep])
+        if n == 64:
+            log(f"  chain at C = 64: {chain['differ']} of {chain['runs']} runs' inverses "
+                f"differ from the CPU h200 model; max |Δ inv_stable_l_rel_rmse| "
+                f"{chain['max_metric_diff']:.3g}")
 
-    for n in square:
-        def neumann(n=n):
-            per_run = 2 * (neumann_factor_count(n) - 1)  # products of one run's chain
-            count = runs if n == 64 else -(-matrices // per_run)
-            rec = neumann_source(n, count, gemm, device, chain if n == 64 else None)
-            a, b, out = rec.stacked((n, n, n))
-            keep = a.shape[0] if n == 64 else matrices
-            record("neumann", (n, n, n), a[:keep], b[:keep], out[:keep])
-            if n == 64:
-                log(f"  chain at C = 64: {chain['differ']} of {chain['runs']} runs' inverses "
-                    f"differ from the CPU h200 model; max |Δ inv_stable_l_rel_rmse| "
-                    f"{chain['max_metric_diff']:.3g}")
-
-        def dense_rows(n=n):
-            a, b = dense_operands(n, n, n, matrices, seed=n)
-            record("dense", (n, n, n), a, b, run_on(gemm, a, b, device))
-
-        guarded(f"neumann {n}", neumann)
-        if dense:
-            guarded(f"dense {n}", dense_rows)
+    def dense_rows(n: int):
+        a, b = dense_operands(n, n, n, matrices, seed=n)
+        record("dense", (n, n, n), a, b, run_on(gemm, a, b, device))
 
     def fwdsub():
         rec = fwdsub_source(64, runs, gemm, device)
         for k in fwdsub_k:
             record("fwdsub", (1, k, 64), *rec.stacked((1, k, 64)))
 
-    if fwdsub_k:
-        guarded("fwdsub", fwdsub)
-    for c in sgemm_chunks:
-        guarded(f"sgemm {c}", lambda c=c: _sgemm_rows(c, runs, sgemm, device, record))
+    # the issue's size first, so that a run out of time still has it
+    order = sorted(square, key=lambda n: (n != 64, n))
+    tasks = [(f"neumann {n}", lambda n=n: neumann(n)) for n in order[:1]]
+    tasks += [(f"dense {n}", lambda n=n: dense_rows(n)) for n in order[:1] if dense]
+    tasks += [("fwdsub", fwdsub)] if fwdsub_k else []
+    tasks += [(f"sgemm {c}", lambda c=c: _sgemm_rows(c, runs, sgemm, device, record))
+              for c in sgemm_chunks]
+    for n in order[1:]:
+        tasks.append((f"neumann {n}", lambda n=n: neumann(n)))
+        if dense:
+            tasks.append((f"dense {n}", lambda n=n: dense_rows(n)))
+    for what, fn in tasks:
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            log(f"  {what}: skipped (time budget of {budget_s:.0f} s spent)")
+            rows.append({"shape": what, "source": what, "error": "skipped: time budget"})
+            continue
+        try:
+            fn()
+        except Exception:  # one shape's failure is reported, the others still run
+            log(f"  {what}: FAILED\n{traceback.format_exc()}")
+            rows.append({"shape": what, "source": what, "error": traceback.format_exc(-1)})
     return {"rows": rows, "chain": chain, "raw": raw}
 
 
@@ -416,7 +421,9 @@ def _sgemm_rows(chunk: int, runs: int, sgemm: Callable, device: str, record) -> 
     inp = make_inputs_batch(study_runs(chunk, runs), "cpu")
     kernel_l(inp.keys, inp.log_decay, inp.beta, SEED.with_(l_accumulation=keep))
     a, b = keep.a.float(), keep.b.float()  # b is k_inverse.T, as the seed's .t()
-    out = torch.stack([sgemm(a[i].to(device), b[i].transpose(0, 1).to(device).t()).cpu()
+    # fresh [C, D] operands, the second transposed as a view: the seed's a @ b.t()
+    out = torch.stack([sgemm(a[i].contiguous().to(device),
+                             b[i].transpose(0, 1).contiguous().to(device).t()).cpu()
                        for i in range(a.shape[0])])
     cands = {"h200-sgemm": lambda x, y: get_accumulation("h200-sgemm").matmul(x, y)}
     record("sgemm", (chunk, a.shape[-1], chunk), a, b, out, cands)
@@ -497,6 +504,8 @@ def main(argv=None) -> int:
     p.add_argument("--raw", help="write operands and cuBLAS outputs (.npz) here")
     p.add_argument("--matrices", type=int, default=200, help="matrices per shape")
     p.add_argument("--runs", type=int, default=42, help="model_like runs at C = 64")
+    p.add_argument("--budget-s", type=float, default=45.0,
+                   help="start no shape after this many seconds (the rest are reported skipped)")
     p.add_argument("--emulate", choices=("cuda", "cpu"), default="cuda",
                    help="where the candidates' emulation runs (cuda: checked against the CPU "
                         "on 2 matrices per shape and candidate, the CPU taking over on a "
@@ -517,7 +526,7 @@ def main(argv=None) -> int:
         return torch.matmul(a, b)
 
     result = measure(cublas_gemm_single, "cuda", matrices=args.matrices, runs=args.runs,
-                     emulate=args.emulate,
+                     emulate=args.emulate, budget_s=args.budget_s,
                      sgemm_chunks=SGEMM_CHUNKS, sgemm=sgemm,
                      log=lambda s: print(s, flush=True))
     print("\n" + table(result["rows"]))

@@ -121,3 +121,11 @@ def test_every_order_runs_on_a_ragged_k(name):
     out = cs.ordered_gemm(a, b, ORDER[name])
     assert out.dtype == torch.float16 and out.shape == (2, 3, 5)
     assert torch.allclose(out.float(), (a.float() @ b.float()), atol=0.05)  # fp16 sums of 41
+
+
+def test_a_spent_budget_skips_the_remaining_shapes():
+    result = cs.measure(lambda a, b: a @ b, "cpu", matrices=1, runs=1, square=(16, 64),
+                        fwdsub_k=(), budget_s=0.0, log=lambda s: None)
+    assert [r["shape"] for r in result["rows"]] == ["neumann 64", "dense 64", "neumann 16",
+                                                    "dense 16"]
+    assert all(r["error"] == "skipped: time budget" for r in result["rows"])
