@@ -43,16 +43,16 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
 
-from kdalab.arith import FP16, FP32, Format, get_accumulation, rel_rmse, torch_cast  # noqa: E402
+from kdalab.arith import FP16, get_accumulation, rel_rmse, torch_cast  # noqa: E402
 from kdalab.arith.linalg import inv64  # noqa: E402
-from kdalab.arith.tensorcore import gemmex_16f, tc_block  # noqa: E402
+from kdalab.arith.orders import ORDERS, ordered_gemm  # noqa: E402
+from kdalab.arith.tensorcore import gemmex_16f  # noqa: E402
 from kdalab.kda.inverse import neumann_factor_count  # noqa: E402
 
 SQUARE = (16, 32, 48, 56, 64, 80, 96, 112, 128)
@@ -62,112 +62,6 @@ SGEMM_CHUNKS = (48, 64)
 LOWER_BOUNDS = (-2.0, -5.0, -10.0)
 RAW_BYTES = 4_500_000  # --raw stays below 5 MB uncompressed
 RAW_PER_SHAPE = 32
-
-
-@dataclass(frozen=True)
-class Order:
-    """An fp16 GEMM's summation order, built from Tensor-Core blocks of ``block`` products.
-
-    The K blocks are assigned to partial sums (``assign``): ``one`` (all to one),
-    ``split`` (``count`` contiguous parts), ``size`` (parts of ``count`` products),
-    ``interleave`` (block i to part i mod ``count``). Inside a part the blocks are chained
-    (``inner="chain"``: each block's accumulator c is the previous block's result) or summed as
-    slices (``"slices"``: each block with c = 0, rounded, the slices added left to right). The parts
-    are combined ``seq`` (left to right), ``tree`` (pairwise) or ``f32`` (summed in float32,
-    rounded once). ``acc``: the accumulator's format (fp32: rounded to fp16 at the end)."""
-
-    name: str
-    block: int = 16
-    inner: str = "chain"
-    assign: str = "one"
-    count: int = 1
-    combine: str = "seq"
-    acc: Format = FP16
-
-    def groups(self, k: int) -> list[list[tuple[int, int]]]:
-        blocks = [(k0, min(k0 + self.block, k)) for k0 in range(0, k, self.block)]
-        n = len(blocks)
-        if self.assign == "one":
-            return [blocks]
-        if self.assign == "split":
-            per = -(-n // self.count)
-            return [blocks[i:i + per] for i in range(0, n, per)]
-        if self.assign == "size":
-            per = max(1, self.count // self.block)
-            return [blocks[i:i + per] for i in range(0, n, per)]
-        if self.assign == "interleave":
-            return [g for g in (blocks[i::self.count] for i in range(self.count)) if g]
-        raise ValueError(f"unknown assign {self.assign!r}")
-
-    def key(self, k: int) -> tuple:
-        """Orders with equal keys compute the same bits at this k (computed once)."""
-        groups = self.groups(k)
-        if self.inner == "slices" and self.combine == "seq":
-            groups = [[blk] for g in groups for blk in g]
-        inner = self.inner if any(len(g) > 1 for g in groups) else "-"
-        # two parts: one correctly rounded add however they are combined
-        combine = self.combine if len(groups) > 2 else "-"
-        return (tuple(map(tuple, groups)), inner, combine, self.acc.name)
-
-
-ORDERS = (
-    Order("mma-k16-chain"),
-    Order("mma-k8-chain", block=8),
-    Order("slices8-seq", block=8, inner="slices"),
-    Order("slices8-tree", block=8, inner="slices", assign="size", count=8, combine="tree"),
-    Order("slices8-f32", block=8, inner="slices", assign="size", count=8, combine="f32"),
-    Order("slices16-seq", inner="slices"),
-    Order("slices16-tree", assign="size", count=16, combine="tree"),
-    Order("parts32-k16", assign="size", count=32),
-    Order("parts64-k16", assign="size", count=64),
-    Order("parts32-k8", block=8, assign="size", count=32),
-    Order("parts16-slices8-tree", block=8, inner="slices", assign="size", count=16,
-          combine="tree"),
-    Order("splitk2-k16", assign="split", count=2),
-    Order("splitk2-slices8", block=8, inner="slices", assign="split", count=2),
-    Order("splitk4-k16", assign="split", count=4),
-    Order("splitk4-k16-tree", assign="split", count=4, combine="tree"),
-    Order("interleave2-k16", assign="interleave", count=2),
-    Order("interleave4-k16", assign="interleave", count=4),
-    Order("interleave4-k16-tree", assign="interleave", count=4, combine="tree"),
-    Order("interleave2-k8", block=8, assign="interleave", count=2),
-    Order("f32acc-k16-chain", acc=FP32),
-    Order("f32acc-slices8", block=8, inner="slices", acc=FP32),
-)
-
-
-def _add(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """x + y in x's format (fp16: one correct rounding of the float32 sum; float32: IEEE)."""
-    return (x.float() + y.float()).to(x.dtype)
-
-
-def _combine(parts: list[torch.Tensor], how: str) -> torch.Tensor:
-    if how == "f32":
-        total = parts[0].float()
-        for p in parts[1:]:
-            total = total + p.float()
-        return total
-    while len(parts) > 1:
-        if how == "seq":
-            parts = [_add(parts[0], parts[1])] + parts[2:]
-        else:  # tree: neighbours pairwise, an odd last one carried up
-            parts = [_add(parts[i], parts[i + 1]) if i + 1 < len(parts) else parts[i]
-                     for i in range(0, len(parts), 2)]
-    return parts[0]
-
-
-def ordered_gemm(a: torch.Tensor, b: torch.Tensor, order: Order) -> torch.Tensor:
-    """``a @ b`` (fp16 values, [..., M, K] and [..., K, N]) in ``order``; fp16 out."""
-    a, b = a.double(), b.double()
-    parts = []
-    for group in order.groups(a.shape[-1]):
-        acc = None
-        for k0, k1 in group:
-            c = None if order.inner == "slices" or acc is None else acc.double()
-            r = tc_block(a[..., k0:k1], b[..., k0:k1, :], c, FP16, order.acc)
-            acc = r if order.inner == "chain" or acc is None else _add(acc, r)
-        parts.append(acc)
-    return _combine(parts, order.combine).half()
 
 
 def candidates(m: int, k: int, n: int) -> dict[str, Callable]:
