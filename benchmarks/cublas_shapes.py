@@ -6,13 +6,11 @@ runs per shape on this GPU, against candidate orders built from kdalab's Tensor-
     PYTHONPATH=$PWD/src python3 benchmarks/cublas_shapes.py \\
         [--json PATH] [--raw PATH.npz] [--matrices 200] [--runs 42]
 
-For every shape, fp16 operands go through one ``cublas_gemm_single`` call each (operands copied
-to fresh allocations, as the seed's tensors are: cuBLAS may choose by alignment), and the fp16
-result is compared bit for bit with each candidate order computed on the CPU by
-:func:`kdalab.arith.tensorcore.tc_block` (:class:`Order`): the current ``h200`` model
-(``gemmex_16f``), slices of 8 or 16 (each a block with c = 0, rounded to fp16) added left to
-right, as a tree or in fp32, chains of k8/k16 blocks, parts of 32/64 products, split-K in 2 or 4
-contiguous or interleaved parts, fp32 accumulation, and the exact sum rounded once.
+For every shape, fp16 operands go through one ``cublas_gemm_single`` call each (copied to fresh
+allocations, as the seed's tensors are: cuBLAS may choose by alignment), and the fp16 result is
+compared bit for bit with the current ``h200`` model (``gemmex_16f``), the exact sum rounded once
+and every order of :mod:`kdalab.arith.orders` (built from ``tc_block``), emulated with kdalab's
+own torch code on the GPU (``--emulate cuda``, checked against the CPU per shape) or the CPU.
 
 Operand sources (each shape says which):
 
@@ -355,7 +353,8 @@ def json_rows(result: dict) -> list[dict]:
     out = []
     for r in result["rows"]:
         if "error" in r:
-            out.append({"target": f"{r['shape']} {r['source']}", "value": 0, "unit": "error",
+            what = r["shape"] if r["shape"] == r["source"] else f"{r['shape']} {r['source']}"
+            out.append({"target": what, "value": 0, "unit": "error",
                         "note": r["error"].strip().splitlines()[-1][:200]})
             continue
         model = "h200-sgemm" if r["source"] == "sgemm" else "h200"
