@@ -426,14 +426,11 @@ def main(argv=None) -> int:
     print("\nper shape, the candidates that match 100 %:")
     for r in result["rows"]:
         print(f"  {r['shape']:>12} {r['source']:8} {', '.join(r.get('exact', [])) or 'NONE'}")
-    if args.raw:
-        used = write_raw(args.raw, result)
-        print(f"wrote {args.raw} ({used} bytes of arrays before compression)")
     if args.json:
         try:
             commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                     text=True, cwd=os.path.dirname(__file__)).stdout.strip()
-        except OSError:
+        except OSError:  # no git on the device
             commit = ""
         doc = {"benchmark": "cublas_shapes", "device": f"{device_name}, cuBLAS {cublas_version()}",
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
@@ -442,6 +439,8 @@ def main(argv=None) -> int:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
         print(f"wrote {args.json}")
+    if args.raw:
+        print(f"wrote {args.raw} ({write_raw(args.raw, result)} bytes before compression)")
     return 0
 
 
