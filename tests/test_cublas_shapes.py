@@ -130,3 +130,14 @@ def test_a_spent_budget_skips_the_remaining_shapes():
     assert [r["shape"] for r in result["rows"]] == ["neumann 64", "dense 64", "neumann 16",
                                                     "dense 16"]
     assert all(r["error"] == "skipped: time budget" for r in result["rows"])
+
+
+def test_a_launch_gets_flat_operands_and_zeros_where_k_is_zero():
+    from kdalab.arith.gpu import product
+
+    a, b = torch.ones(3, 1, 4, 0, dtype=torch.float16), torch.ones(2, 0, 5, dtype=torch.float16)
+    p = product(a, b, torch.float32, "x", torch.float16)
+    assert p.a.shape == (6, 4, 0) and p.b.shape == (6, 0, 5) and p.lead == (3, 2)
+    assert p.result().shape == (3, 2, 4, 5) and bool((p.result() == 0).all())
+    with pytest.raises(ValueError, match="x: operands must be torch.bfloat16"):
+        product(a, b, torch.float32, "x", torch.bfloat16)
