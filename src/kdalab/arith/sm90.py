@@ -198,16 +198,30 @@ def sigmoid_tanh(x: torch.Tensor) -> torch.Tensor:
 
 # --- ex2.approx.ftz.f32 ----------------------------------------------------------------------
 
+def _instruction(name: str, table: str):
+    """The arrays ``name__…`` of one instruction in the ex2/rsqrt file and its summary, or None
+    where the file or its table ``name__table`` is missing."""
+    arrays = _open("ex2_rsqrt")
+    if arrays is None or f"{name}__{table}" not in arrays:
+        return None
+    return arrays, _summary(arrays, f"{name}__summary_json")
+
+
+def _from_ulps(exact: torch.Tensor, ulps: np.ndarray) -> torch.Tensor:
+    """Measured float32 outputs, stored as their distance in ulps from the correctly rounded
+    ``exact``."""
+    return _from_bits(_bits(exact) + torch.from_numpy(ulps.astype(np.int64)))
+
+
 @lru_cache(maxsize=None)
 def _ex2_tables():
-    arrays = _open("ex2_rsqrt")
-    if arrays is None or "ex2__frac_ulp" not in arrays:
+    found = _instruction("ex2", "frac_ulp")
+    if found is None:
         return None
-    summ = _summary(arrays, "ex2__summary_json")
+    arrays, summ = found
     _check_size("ex2.approx fraction table", arrays["ex2__frac_ulp"], _FRAC)
     j = torch.arange(_FRAC, dtype=torch.float64)
-    exact = torch.exp2(j * 2.0**-23).float()
-    frac = _from_bits(_bits(exact) + torch.from_numpy(arrays["ex2__frac_ulp"].astype(np.int64)))
+    frac = _from_ulps(torch.exp2(j * 2.0**-23).float(), arrays["ex2__frac_ulp"])
     exact_pos = all(v["floor"] == 0 for k, v in summ["binades"].items() if k[0] == "+")
     return frac, exact_pos
 
@@ -244,10 +258,10 @@ def ex2_approx_ftz(x: torch.Tensor) -> torch.Tensor:
 
 @lru_cache(maxsize=None)
 def _rsqrt_tables():
-    arrays = _open("ex2_rsqrt")
-    if arrays is None or "rsqrt__e0_ulp" not in arrays:
+    found = _instruction("rsqrt", "e0_ulp")
+    if found is None:
         return None
-    summ = _summary(arrays, "rsqrt__summary_json")
+    arrays, summ = found
     if any(v != 0 for v in summ["binades"].values()):
         raise ValueError("rsqrt.approx measurement: y(4x) = y(x)/2 does not hold everywhere")
     tabs = []
@@ -255,9 +269,7 @@ def _rsqrt_tables():
         _check_size(f"rsqrt.approx table e{par}", arrays[f"rsqrt__e{par}_ulp"], _FRAC)
         m = torch.arange(_FRAC, dtype=torch.int64)
         x = _from_bits(((par + 127) << 23) + m)
-        exact = torch.rsqrt(x.double()).float()
-        ulp = torch.from_numpy(arrays[f"rsqrt__e{par}_ulp"].astype(np.int64))
-        tabs.append(_from_bits(_bits(exact) + ulp))
+        tabs.append(_from_ulps(torch.rsqrt(x.double()).float(), arrays[f"rsqrt__e{par}_ulp"]))
     return torch.stack(tabs)  # [2, 2^23]
 
 

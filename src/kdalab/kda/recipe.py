@@ -156,20 +156,19 @@ FLA = Recipe(
     input_format=None, l2norm_lanes=None, state_format=FP32, state_update="mul_add",
     output_format=None,
 )
-FP32_RECIPE = Recipe(
-    "fp32", scale_format=FP32, exp2_ftz=False, operand_format=FP32, l_accumulation="fp32",
-    l_format=FP32, beta_format=FP32, inverse_accumulation="fp32", inverse_format=FP32,
-    input_format=None, gate_format=FP32, l2norm_lanes=None, mqk_format=FP32, inv_format=FP32,
-    matmul_accumulation="fp32", work_format=FP32, state_format=FP32, state_operand_format=FP32,
-    state_update="mul_add", output_format=FP32,
-)
-FP64_RECIPE = Recipe(
-    "fp64", scale_format=FP64, exp2_ftz=False, operand_format=FP64, l_accumulation="fp64",
-    l_format=FP64, beta_format=FP64, inverse_accumulation="fp64", inverse_format=FP64,
-    input_format=None, gate_format=FP64, l2norm_lanes=None, mqk_format=FP64, inv_format=FP64,
-    matmul_accumulation="fp64", work_format=FP64, state_format=FP64, state_operand_format=FP64,
-    state_update="mul_add", output_format=FP64,
-)
+
+
+def _throughout(fmt: Format) -> Recipe:
+    """Every stage in ``fmt``, every product by its plain GEMM (named as the format), no FTZ, the
+    state update's product and sum rounded apart; q, k, v kept as the caller gives them."""
+    formats = {f.name: fmt for f in fields(Recipe) if f.name.endswith("_format")}
+    models = {f.name: fmt.name for f in fields(Recipe) if f.name.endswith("_accumulation")}
+    return Recipe(fmt.name, **{**formats, **models, "input_format": None}, exp2_ftz=False,
+                  l2norm_lanes=None, state_update="mul_add")
+
+
+FP32_RECIPE = _throughout(FP32)
+FP64_RECIPE = _throughout(FP64)
 
 RECIPES: dict[str, Recipe] = {
     r.name: r for r in (SEED, FLASHKDA, FLASHKDA_H200, FLASHKDA_V2, FLASHKDA_V2_H200, FLA,

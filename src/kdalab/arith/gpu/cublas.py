@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from kdalab.arith.gpu import GpuUnavailable, batched
+from kdalab.arith.gpu import GpuUnavailable, product
 
 __all__ = ["cublas_gemm", "cublas_gemm_single", "cublas_version"]
 
@@ -82,32 +82,27 @@ def cublas_gemm(a: torch.Tensor, b: torch.Tensor, compute: str = "16f") -> torch
         one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
     else:
         raise ValueError(f"compute must be '16f' or '32f', got {compute!r}")
-    if a.dtype != dtype or b.dtype != dtype:
-        raise ValueError(f"cublas {compute}: operands must be {dtype}, got {a.dtype}, {b.dtype}")
-    lead, a3, b3 = batched(a, b)
-    batch, m, k = a3.shape
-    n = b3.shape[-1]
-    out = torch.empty((batch, m, n), dtype=dtype, device=a.device)
-    if batch == 0 or m == 0 or n == 0:
-        return out.reshape(lead + (m, n))
-    if k == 0:
-        return out.zero_().reshape(lead + (m, n))
+    p = product(a, b, dtype, f"cublas {compute}", dtype)
+    batch, m, k = p.a.shape
+    n = p.b.shape[-1]
+    if p.out.numel() == 0 or k == 0:
+        return p.result()
     lib = _libcublas()
     h = _handle(a.device)
     lib.cublasSetStream_v2(h, ctypes.c_void_p(torch.cuda.current_stream(a.device).cuda_stream))
     # Row-major C = A B is column-major C^T = B^T A^T: pass b as the first operand.
     status = lib.cublasGemmStridedBatchedEx(
         h, 0, 0, ctypes.c_int(n), ctypes.c_int(m), ctypes.c_int(k), ctypes.byref(one),
-        ctypes.c_void_p(b3.data_ptr()), ctypes.c_int(cuda_type), ctypes.c_int(n),
+        ctypes.c_void_p(p.b.data_ptr()), ctypes.c_int(cuda_type), ctypes.c_int(n),
         ctypes.c_longlong(k * n),
-        ctypes.c_void_p(a3.data_ptr()), ctypes.c_int(cuda_type), ctypes.c_int(k),
+        ctypes.c_void_p(p.a.data_ptr()), ctypes.c_int(cuda_type), ctypes.c_int(k),
         ctypes.c_longlong(m * k),
-        ctypes.byref(zero), ctypes.c_void_p(out.data_ptr()), ctypes.c_int(cuda_type),
+        ctypes.byref(zero), ctypes.c_void_p(p.out.data_ptr()), ctypes.c_int(cuda_type),
         ctypes.c_int(n), ctypes.c_longlong(m * n), ctypes.c_int(batch), ctypes.c_int(comp),
         ctypes.c_int(0))  # CUBLAS_GEMM_DEFAULT
     if status != 0:
         raise RuntimeError(f"cublasGemmStridedBatchedEx failed with status {status}")
-    return out.reshape(lead + (m, n))
+    return p.result()
 
 
 def cublas_gemm_single(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,7 @@ from importlib import resources
 
 import torch
 
-from kdalab.arith.gpu import GpuUnavailable, batched
+from kdalab.arith.gpu import GpuUnavailable, product
 from kdalab.arith.tensorcore import gemmex_algorithm
 
 __all__ = ["mma_gemm", "gemmex_16f_gpu", "gemmex_16f_dispatch", "sgemm_gpu"]
@@ -74,22 +74,19 @@ def mma_gemm(a: torch.Tensor, b: torch.Tensor, variant: str = "f16",
     import cupy
 
     kname, in_dtype, acc_dtype = _MMA_KERNELS[variant]
-    if a.dtype != in_dtype or b.dtype != in_dtype:
-        raise ValueError(f"mma {variant}: operands must be {in_dtype}, got {a.dtype}, {b.dtype}")
-    lead, a3, b3 = batched(a, b)
-    batch, m, k = a3.shape
-    n = b3.shape[-1]
-    out = torch.empty((batch, m, n), dtype=acc_dtype, device=a.device)
-    if batch == 0 or m == 0 or n == 0:
-        return out.reshape(lead + (m, n))
+    p = product(a, b, acc_dtype, f"mma {variant}", in_dtype)
+    batch, m, k = p.a.shape
+    n = p.b.shape[-1]
+    if p.out.numel() == 0:
+        return p.result()
     c_ptr = cupy.uint64(0)
     if c is not None:
-        c3 = c.to(acc_dtype).expand(lead + (m, n)).reshape(batch, m, n).contiguous()
+        c3 = c.to(acc_dtype).expand(p.lead + (m, n)).reshape(batch, m, n).contiguous()
         c_ptr = _ptr(c3)
     _launch(kname, _warps(batch, m, n) * 32,
-            (_ptr(a3), _ptr(b3), c_ptr, _ptr(out), cupy.int32(m), cupy.int32(n), cupy.int32(k),
-             cupy.int64(batch)), a.device)
-    return out.reshape(lead + (m, n))
+            (_ptr(p.a), _ptr(p.b), c_ptr, _ptr(p.out), cupy.int32(m), cupy.int32(n),
+             cupy.int32(k), cupy.int64(batch)), a.device)
+    return p.result()
 
 
 def gemmex_16f_gpu(a: torch.Tensor, b: torch.Tensor, slice_instruction: str = "k8") -> torch.Tensor:
@@ -98,21 +95,16 @@ def gemmex_16f_gpu(a: torch.Tensor, b: torch.Tensor, slice_instruction: str = "k
     slice as one ``m16n8k8``, ``"k16"`` as an ``m16n8k16`` with the upper 8 products zero."""
     import cupy
 
-    if a.dtype != torch.float16 or b.dtype != torch.float16:
-        raise ValueError(f"gemmex 16f: operands must be float16, got {a.dtype}, {b.dtype}")
-    lead, a3, b3 = batched(a, b)
-    batch, m, k = a3.shape
-    n = b3.shape[-1]
-    out = torch.empty((batch, m, n), dtype=torch.float16, device=a.device)
-    if batch == 0 or m == 0 or n == 0:
-        return out.reshape(lead + (m, n))
-    if k == 0:
-        return out.zero_().reshape(lead + (m, n))
+    p = product(a, b, torch.float16, "gemmex 16f", torch.float16)
+    batch, m, k = p.a.shape
+    n = p.b.shape[-1]
+    if p.out.numel() == 0 or k == 0:
+        return p.result()
     _launch("gemmex_f16_k8" if slice_instruction == "k8" else "gemmex_f16_k16",
             _warps(batch, m, n) * 32,
-            (_ptr(a3), _ptr(b3), _ptr(out), cupy.int32(m), cupy.int32(n), cupy.int32(k),
+            (_ptr(p.a), _ptr(p.b), _ptr(p.out), cupy.int32(m), cupy.int32(n), cupy.int32(k),
              cupy.int64(batch)), a.device)
-    return out.reshape(lead + (m, n))
+    return p.result()
 
 
 def gemmex_16f_dispatch(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -137,13 +129,12 @@ def sgemm_gpu(a: torch.Tensor, b: torch.Tensor, slice_: int = 32) -> torch.Tenso
     :func:`kdalab.arith.sgemm.sgemm_h200`), one launch."""
     import cupy
 
-    lead, a3, b3 = batched(a.float(), b.float())
-    batch, m, k = a3.shape
-    n = b3.shape[-1]
-    out = torch.empty((batch, m, n), dtype=torch.float32, device=a.device)
-    if batch * m * n == 0:
-        return out.reshape(lead + (m, n))
+    p = product(a.float(), b.float(), torch.float32, "sgemm")
+    batch, m, k = p.a.shape
+    n = p.b.shape[-1]
+    if p.out.numel() == 0:
+        return p.result()
     _launch("sgemm_slices", batch * m * n,
-            (_ptr(a3), _ptr(b3), _ptr(out), cupy.int32(m), cupy.int32(n), cupy.int32(k),
+            (_ptr(p.a), _ptr(p.b), _ptr(p.out), cupy.int32(m), cupy.int32(n), cupy.int32(k),
              cupy.int64(batch), cupy.int32(slice_)), a.device)
-    return out.reshape(lead + (m, n))
+    return p.result()
