@@ -24,26 +24,25 @@ date -u +"%Y-%m-%dT%H:%MZ"; nvidia-smi --query-gpu=name --format=csv,noheader
 source scripts/device/peers.sh
 R=/tmp/kd
 mkdir -p "$R"
-pack() { tar czf "$OUT/h200.tar.gz" --exclude .lock --exclude '*.safetensors' -C "$R" . ; }
 k() { timeout -s INT -k 30 "$1" python3 -m kdalab "${@:2}"; }  # INT: the CLI stops cleanly
 
 step_check() {
     local resume=()
-    if [ -d .runs/check ]; then cp -r .runs/check "$R/check"; resume=(--resume); fi
+    if [ -d .runs/check ]; then cp -r .runs/check "$D/check"; resume=(--resume); fi
     k "${CHECK_S:-500}" check kdalab fla flashkda --device cuda --suite full --isolate \
-        --case-timeout 120 --exclude 'fla=dims/*' --out "$R/check" --quiet "${resume[@]}" \
-        > "$R/check.log" 2>&1
+        --case-timeout 120 --exclude 'fla=dims/*' --out "$D/check" --quiet "${resume[@]}" \
+        > "$D/check.log" 2>&1
     echo "check exit $?"
-    k 120 check --redraw --out "$R/check" --quiet >> "$R/check.log" 2>&1
-    grep -E "PASS|FAIL" "$R/check/report.md" | head -n 3
+    k 120 check --redraw --out "$D/check" --quiet >> "$D/check.log" 2>&1
+    grep -E "PASS|FAIL" "$D/check/report.md" | head -n 3
 }
 
 step_hunt() {
     local resume=()
-    if [ -d .runs/hunt-kdalab ]; then cp -r .runs/hunt-kdalab "$R/hunt-kdalab"; resume=(--resume); fi
+    if [ -d .runs/hunt-kdalab ]; then cp -r .runs/hunt-kdalab "$D/hunt-kdalab"; resume=(--resume); fi
     k $(( ${HUNT_S:-290} + 60 )) hunt kdalab --device cuda --seed 0 --budget-s "${HUNT_S:-290}" \
-        --dims 64,128 --out "$R/hunt-kdalab" --quiet "${resume[@]}" > "$R/hunt-kdalab.log" 2>&1
-    echo "hunt kdalab exit $?"; tail -n 3 "$R/hunt-kdalab.log"
+        --dims 64,128 --out "$D/hunt-kdalab" --quiet "${resume[@]}" > "$D/hunt-kdalab.log" 2>&1
+    echo "hunt kdalab exit $?"; tail -n 3 "$D/hunt-kdalab.log"
 }
 
 step_hunts() {  # fla pinned to one shape: it autotunes every new one
@@ -52,51 +51,50 @@ step_hunts() {  # fla pinned to one shape: it autotunes every new one
         extra=(--dims 128)
         [ "$t" = fla ] && extra=(--dims 128 --min-T 1024 --max-T 1024 --min-heads 4 --max-heads 4)
         k $(( ${PEER_HUNT_S:-70} + 40 )) hunt "$t" --device cuda --seed 0 \
-            --budget-s "${PEER_HUNT_S:-70}" "${extra[@]}" --out "$R/hunt-$t" --quiet \
-            > "$R/hunt-$t.log" 2>&1
-        echo "hunt $t exit $?"; tail -n 3 "$R/hunt-$t.log"
+            --budget-s "${PEER_HUNT_S:-70}" "${extra[@]}" --out "$D/hunt-$t" --quiet \
+            > "$D/hunt-$t.log" 2>&1
+        echo "hunt $t exit $?"; tail -n 3 "$D/hunt-$t.log"
     done
 }
 
 step_cublas() {
-    mkdir -p "$R/cublas"
-    timeout 120 python3 benchmarks/cublas_shapes.py --json "$R/cublas/cublas_shapes.json" \
-        --raw "$R/cublas/cublas_shapes.npz" 2>&1 | tee "$R/cublas.log" | tail -n 40
+    timeout 120 python3 benchmarks/cublas_shapes.py --json "$D/cublas_shapes.json" \
+        --raw "$D/cublas_shapes.npz" 2>&1 | tee "$D/cublas.log" | tail -n 40
 }
 
 step_gpu-tests() {
-    OUT=$R timeout "${TESTS_S:-420}" bash scripts/device/gpu_tests.sh > "$R/gpu_tests.log" 2>&1
-    echo "gpu tests exit $?"; tail -n 25 "$R/gpu_tests.log"
+    OUT=$D timeout "${TESTS_S:-420}" bash scripts/device/gpu_tests.sh > "$D/gpu_tests.log" 2>&1
+    echo "gpu tests exit $?"; tail -n 25 "$D/gpu_tests.log"
 }
 
 step_serving() {
-    timeout "${SERVING_S:-300}" python3 benchmarks/bench_decode.py --json "$R/decode.json" \
-        > "$R/serving.log" 2>&1
-    echo "serving exit $?"; grep -E "RESULT|x " "$R/serving.log" | tail -n 40
+    timeout "${SERVING_S:-300}" python3 benchmarks/bench_decode.py --json "$D/decode.json" \
+        > "$D/serving.log" 2>&1
+    echo "serving exit $?"; grep -E "RESULT|x " "$D/serving.log" | tail -n 40
 }
 
 step_grid() {
-    timeout 150 python3 benchmarks/bench_kernel.py --warm-peers > "$R/grid.log" 2>&1
-    timeout "${GRID_S:-300}" python3 benchmarks/bench_kernel.py --grid --json "$R/grid.json" \
-        >> "$R/grid.log" 2>&1
-    echo "grid exit $?"; tail -n 30 "$R/grid.log"
+    timeout 150 python3 benchmarks/bench_kernel.py --warm-peers > "$D/grid.log" 2>&1
+    timeout "${GRID_S:-300}" python3 benchmarks/bench_kernel.py --grid --json "$D/grid.json" \
+        >> "$D/grid.log" 2>&1
+    echo "grid exit $?"; tail -n 30 "$D/grid.log"
 }
 
 step_sweep() {
     timeout "${SWEEP_S:-240}" python3 benchmarks/bench_sweep_whole.py whole --device cuda \
         --accumulation h200 --chunks 2-64 --seeds 0-499 --repeat 2 --seed-sample 4 \
-        --json "$R/sweep_whole.json" > "$R/sweep.log" 2>&1
-    echo "sweep exit $?"; grep -E "RESULT|kdalab sweep, run|round" "$R/sweep.log" | tail -n 20
+        --json "$D/sweep_whole.json" > "$D/sweep.log" 2>&1
+    echo "sweep exit $?"; grep -E "RESULT|kdalab sweep, run|round" "$D/sweep.log" | tail -n 20
 }
 
 for group in "$@"; do  # a+b: steps a and b side by side (neither is timed)
     IFS=+ read -ra steps <<< "$group"
     for s in "${steps[@]}"; do
         echo "== $s  $(date -u +%H:%M:%S)"
-        "step_$s" > "$R/step-$s.out" 2>&1 &
+        ( D=$R/$s; mkdir -p "$D"; "step_$s" > "$R/$s.out" 2>&1
+          tar czf "$OUT/$s.tar.gz" --exclude .lock --exclude '*.safetensors' -C "$R" "$s" ) &
     done
     wait
-    for s in "${steps[@]}"; do cat "$R/step-$s.out"; done
-    pack
+    for s in "${steps[@]}"; do cat "$R/$s.out"; done
 done
 echo "== done  $(date -u +%H:%M:%S)"
