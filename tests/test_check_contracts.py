@@ -84,7 +84,7 @@ def test_honest_kernels_keep_every_contract(contracts):
 
 
 def test_a_small_acausal_leak_fails_the_causal_contract(contracts, tmp_path):
-    for case in ("contract/causal/boundary", "contract/causal/inside"):
+    for case in ("contract/causal/boundary", "contract/causal/inside", "contract/causal/tail"):
         rec = contracts[("acausal_leak", case)]
         assert rec["status"] == "fail" and "causal: outputs before" in rec["message"]
         assert 0 < rec["contract_max_diff"] < 1e-2  # small: 1e-4 of a value
@@ -94,7 +94,7 @@ def test_a_small_acausal_leak_fails_the_causal_contract(contracts, tmp_path):
     status = {r["case"]: r["status"] for r in read(tmp_path)}
     assert {r["budget"] for r in read(tmp_path)} == {DEFAULT_BUDGET}  # the CLI's default
     assert status == {"model_like": "pass", "contract/causal/boundary": "fail",
-                      "contract/causal/inside": "fail"}
+                      "contract/causal/inside": "fail", "contract/causal/tail": "fail"}
     md = (tmp_path / "report.md").read_text()
     assert "## Contracts" in md and "contract/causal/inside" in md and "first at t =" in md
 

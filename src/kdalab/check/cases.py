@@ -172,6 +172,11 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
              split=boundary),
         case("contract/causal/inside", f"inputs changed at t >= {inside} (inside a chunk): "
              f"outputs before it bit-identical", kind="causal", T=contract_T, split=inside),
+        # the last token of a partly filled last chunk: fla's safe_gate path anchored its
+        # exponentials on a row that is the last valid token there (fla issue #1240)
+        case("contract/causal/tail", f"the last token changed, T = {contract_T + 6} (a partly "
+             f"filled last chunk): outputs before it bit-identical", kind="causal",
+             T=contract_T + 6, split=contract_T + 5),
         case("contract/prefill/aligned", f"[0, {boundary}) then [{boundary}, T) with the state "
              f"carried, against the fp64 reference", kind="prefill", T=contract_T,
              split=boundary),
