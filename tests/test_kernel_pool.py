@@ -30,8 +30,12 @@ def _prefix_state(x, n, length, h0, kw, config):
 
 
 @interp
-@pytest.mark.parametrize("config,layout", [(KernelConfig(), "KV"), (KernelConfig(), "VK"),
-                                           (SPLIT, "KV")], ids=["serial", "serial-VK", "split"])
+@pytest.mark.parametrize("config,layout", [
+    (KernelConfig(), "KV"), (KernelConfig(), "VK"), (SPLIT, "KV"),
+    # checkpoints through pointers instead of the tensor descriptor; a value block wider than
+    # V (the descriptor's box past V is dropped)
+    (KernelConfig(checkpoint_store="ptr"), "KV"), (KernelConfig(block_v=32), "VK")],
+    ids=["serial", "serial-VK", "split", "serial-ptr", "serial-VK-bv32"])
 def test_interp_pool_prefill_and_checkpoints(config, layout):
     N, T, H, HV, K, V = 2, 40, 1, 2, 16, 16
     q, k, v, g, beta, kw = inputs(N, T, H, HV, K, V, seed=2)

@@ -39,6 +39,9 @@ class KernelConfig:
     else tf32). ``block_v``, ``num_warps``: the recurrent programs' value columns and warps;
     ``prepare_warps``: stage 1's warps; ``segment_chunks``: the sequence-parallel state
     pass's segment length in 16-token chunks (0: a serial pass per sequence).
+    ``checkpoint_store``: how the recurrent pass writes checkpoints — ``"tma"`` (a tensor
+    descriptor: one bulk copy from shared memory, no spills on sm_90a) or ``"ptr"`` (a
+    [BV, K] tile of pointers; spilled). The same bits either way.
     """
 
     dot: str = "auto"
@@ -46,6 +49,7 @@ class KernelConfig:
     num_warps: int | None = None
     prepare_warps: int | None = None
     segment_chunks: int | None = None
+    checkpoint_store: str = "tma"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -57,6 +61,9 @@ class KernelConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"config.{name} must be one of {allowed} or None, "
                                  f"got {value!r}")
+        if self.checkpoint_store not in ("tma", "ptr"):
+            raise ValueError(f"config.checkpoint_store must be 'tma' or 'ptr', "
+                             f"got {self.checkpoint_store!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -280,7 +287,8 @@ def chunk_kda_fwd(
                                            checkpoint_every, state_layout=state_layout,
                                            dtype=ck_dtype)
         serving.update(checkpoints=ck, checkpoint_offsets=ck_offsets,
-                       checkpoint_chunks=checkpoint_every // 16)
+                       checkpoint_chunks=checkpoint_every // 16,
+                       checkpoint_store=config.checkpoint_store)
     if state_pool is not None:
         final_state = state_pool
     elif output_final_state:
