@@ -41,7 +41,11 @@ class KernelConfig:
     pass's segment length in 16-token chunks (0: a serial pass per sequence).
     ``checkpoint_store``: how the recurrent pass writes checkpoints — ``"tma"`` (a tensor
     descriptor: one bulk copy from shared memory, no spills on sm_90a) or ``"ptr"`` (a
-    [BV, K] tile of pointers; spilled). The same bits either way.
+    [BV, K] tile of pointers; spilled). The same bits either way. Candidates of the launch
+    order (the same bits; measured by ``benchmarks/bench_decode.py``): ``prepare_heads_inner``
+    (stage 1's programs ordered head-fastest, so neighbours read neighbouring addresses) and
+    ``value_blocks_inner`` (the recurrent programs' value blocks of a head adjacent, so they
+    run together and share W, QG, KEND through L2).
     """
 
     dot: str = "auto"
@@ -50,6 +54,8 @@ class KernelConfig:
     prepare_warps: int | None = None
     segment_chunks: int | None = None
     checkpoint_store: str = "tma"
+    prepare_heads_inner: bool = False
+    value_blocks_inner: bool = False
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -64,6 +70,10 @@ class KernelConfig:
         if self.checkpoint_store not in ("tma", "ptr"):
             raise ValueError(f"config.checkpoint_store must be 'tma' or 'ptr', "
                              f"got {self.checkpoint_store!r}")
+        for name in ("prepare_heads_inner", "value_blocks_inner"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"config.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -169,7 +179,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan):
+            beta_is_logits, plan, heads_inner=False):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -177,7 +187,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps)
+        num_warps=plan.prepare_warps, heads_inner=heads_inner)
 
 
 class _Call(NamedTuple):
@@ -217,7 +227,8 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
         initial_state = initial_state.contiguous()
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-                  beta_is_logits=beta_is_logits, plan=plan)
+                  beta_is_logits=beta_is_logits, plan=plan,
+                  heads_inner=config.prepare_heads_inner)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 
@@ -299,7 +310,8 @@ def chunk_kda_fwd(
                   state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
                   chunk_offsets=seqs.chunk_offsets, seq_order=seqs.seq_order,
                   num_seqs=num_seqs, block_v=plan.block_v,
-                  num_warps=plan.num_warps, dot=dot, guard=dot == "fp16", **serving)
+                  num_warps=plan.num_warps, dot=dot, guard=dot == "fp16",
+                  value_blocks_inner=config.value_blocks_inner, **serving)
     o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)
     if state_pool is not None:
         final_state = None  # the final states are in the pool

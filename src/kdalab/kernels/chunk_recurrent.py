@@ -212,10 +212,14 @@ def chunk_kda_recurrent_kernel(
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
-    CK_TMA: tl.constexpr = False,
+    CK_TMA: tl.constexpr = False, NV_INNER: tl.constexpr = 0,
 ):
-    i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, plus head
-    i_v = tl.program_id(1)    # block of BV state rows
+    if NV_INNER > 0:  # a 1-D grid: the NV_INNER value blocks of one (sequence, head) adjacent
+        i_sh = tl.program_id(0) // NV_INNER
+        i_v = tl.program_id(0) % NV_INNER
+    else:
+        i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, + head
+        i_v = tl.program_id(1)    # block of BV state rows
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
@@ -281,6 +285,7 @@ def chunk_kda_recurrent(
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
     checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, checkpoint_store="tma",
+    value_blocks_inner=False,
 ):
     """Launch stage 2. Returns o (like v).
 
@@ -292,6 +297,9 @@ def chunk_kda_recurrent(
     the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each sequence's first row)
     and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``),
     stored through a tensor descriptor (``checkpoint_store="tma"``) or pointers (``"ptr"``).
+    ``value_blocks_inner``: a 1-D grid in which a (sequence, head)'s value-block programs are
+    adjacent, so that they run at the same time and the second reads W, QG and KEND from L2
+    (the 2-D grid starts every head's first block before any second one).
     """
     import torch
 
@@ -324,9 +332,12 @@ def chunk_kda_recurrent(
         else:
             rows = V + K if pass_ == 1 else V
             grid = (segments.shape[0] * H, -(-rows // block_v))
+        nv_inner = 0
+        if value_blocks_inner:
+            grid, nv_inner = (grid[0] * grid[1],), grid[1]
         chunk_kda_recurrent_kernel[grid](
             v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
             opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), T,
             idx_ptr=state_indices, ck_ptr=checkpoints, ck_offsets_ptr=checkpoint_offsets,
-            PASS=pass_, **common)
+            PASS=pass_, NV_INNER=nv_inner, **common)
     return o
