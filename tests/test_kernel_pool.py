@@ -65,6 +65,23 @@ def test_interp_pool_prefill_and_checkpoints(config, layout):
 
 
 @interp
+@pytest.mark.parametrize("store", ["tma", "ptr"])
+def test_interp_checkpoint_at_the_end_is_the_final_state(store):
+    # a sequence ending on a checkpoint stores it after the recurrent loop (the others are
+    # stored at the top of the next chunk's step): the last row is the final state, bit for bit
+    N, T, H, K, V = 2, 32, 1, 16, 16
+    q, k, v, g, beta, kw = inputs(N, T, H, H, K, V, seed=3)
+    h0 = pool(N, H, K, V)
+    config = KernelConfig(checkpoint_store=store)
+    o, f, ck = chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                             checkpoint_every=16, config=config, **kw)
+    for n in range(N):
+        assert torch.equal(ck[2 * n + 1], f[n])
+        assert torch.equal(ck[2 * n], _prefix_state((q, k, v, g, beta), n, 16, h0[n:n + 1],
+                                                    kw, KernelConfig()))
+
+
+@interp
 def test_interp_checkpoints_packed_sequences():
     # lengths 35, 0, 30, 56 with checkpoints every 32 tokens: 1 + 0 + 0 + 1 rows of the
     # T // 32 = 3 allotted (the third zero)

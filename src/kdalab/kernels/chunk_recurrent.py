@@ -122,10 +122,18 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     if CKC > 0:
         ck_count = j0 % CKC
         ck_row = ck_base + j0 // CKC
+    ck_due = 0  # 1: St is a checkpoint not yet stored
     wt, qgt, kend, vt, ainvt, mqkt, gamma = load_chunk(
         v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0, i_h,
         o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
     for i_t in range(0, n_chunks):
+        if CKC > 0:
+            if WRITE_O:
+                # the checkpoint of the chunk before, stored before the next chunk's operands
+                # are loaded (fewer registers live than after)
+                if ck_due != 0:
+                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
+                    ck_row += 1
         nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma = load_chunk(
             v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0,
             i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
@@ -143,15 +151,16 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
         if CKC > 0:
             if WRITE_O:
                 ck_count += 1
-                # a scalar branch: a [BV, K] tile of masks and pointers formed in the loop
-                # spilled (sm_90a, BV 64, pass 0: 212 spill stores; scripts/sm90_report.py
-                # has today's counts)
-                if (ck_count == CKC) & (bos + (i_t + 1) * BT <= eos):
-                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
-                    ck_row += 1
+                # a full chunk that ends a checkpoint interval: a scalar flag (a [BV, K] tile
+                # of masks and pointers formed here spilled: scripts/sm90_report.py)
+                ck_due = ((ck_count == CKC) & (bos + (i_t + 1) * BT <= eos)).to(tl.int32)
                 if ck_count == CKC:
                     ck_count -= CKC
         wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
+    if CKC > 0:
+        if WRITE_O:
+            if ck_due != 0:  # the last chunk's
+                store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
     return St
 
 
