@@ -6,6 +6,8 @@ child (tests/test_decode.py::test_interpreter_suite)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -184,6 +186,31 @@ def test_pool_gpu_checkpoints_match_prefix_runs(T, H):
                                     initial_state=before[idx[n:n + 1]], output_final_state=True,
                                     **kw)
             assert err(ck[n * per + j - 1], want[0]) < 1e-3
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["KV", "VK"])
+def test_pool_gpu_checkpoint_stores_agree(layout):
+    """The descriptor (TMA) and pointer stores of the checkpoints, serial and split passes,
+    fp32 and bf16 pools, value blocks of 64 and 128: the same bits (the same states, stored
+    two ways); the launch-order candidates too. The sequence ends on a checkpoint (its last
+    row is the final state)."""
+    dev = "cuda"
+    q, k, v, g, beta, kw = inputs(2, 2048, 4, 4, 128, 128, seed=5, device=dev,
+                                  dtype=torch.bfloat16)
+    kw.update(lower_bound=-5.0, state_layout=layout, checkpoint_every=128)
+    for dtype in (torch.float32, torch.bfloat16):
+        h0 = pool(2, 4, 128, 128, device=dev, layout=layout).to(dtype)
+        for base in (KernelConfig(segment_chunks=0), KernelConfig(segment_chunks=32),
+                     KernelConfig(segment_chunks=0, block_v=128, num_warps=8)):
+            runs = [chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                  config=dataclasses.replace(base, **change), **kw)
+                    for change in (dict(), dict(checkpoint_store="ptr"),
+                                   dict(prepare_heads_inner=True, value_blocks_inner=True))]
+            o, f, ck = runs[0]
+            assert torch.equal(ck[15], f[0]) and torch.equal(ck[31], f[1]), (dtype, base)
+            for other in runs[1:]:
+                assert all(torch.equal(a, b) for a, b in zip(runs[0], other)), (dtype, base)
 
 
 @gpu
