@@ -84,7 +84,8 @@ SHORT = [
 
 #: kdalab's launch candidates for many short sequences (KernelConfig fields; the same bits):
 #: stage 1's programs head-fastest, a head's value blocks adjacent, both, and value blocks of
-#: 128 on 8 warps with and without them (the plan's other program shape)
+#: 128 on 8 warps with and without them (the plan's other program shape); two without the
+#: fp16 guard's redo (the bits of inputs that do not overflow fp16, as these)
 CANDIDATES = {
     "default": KernelConfig(),
     "heads_inner": KernelConfig(prepare_heads_inner=True),
@@ -93,6 +94,9 @@ CANDIDATES = {
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "both_bv128_w8": KernelConfig(block_v=128, num_warps=8, prepare_heads_inner=True,
                                   value_blocks_inner=True),
+    # without the fp16 guard's redo (what its registers cost; not a default: unguarded)
+    "noguard": KernelConfig(fp16_guard=False),
+    "noguard_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard=False),
 }
 ROUNDS = 5
 
