@@ -1,7 +1,7 @@
 """Serving-path speed of kdalab's kernels against their peers, in one process (H200).
 
     python benchmarks/bench_decode.py [--json PATH] [--quick] [--parts decode,pool,short]
-        [--rounds 5]
+        [--rounds 5] [--candidates default,heads_inner,...]
 
 1. Decode (``kda_decode``, one token a sequence, K = V = 128, fp32 state pool, random rows)
    against fla's ``fused_recurrent_kda_fwd`` with the same pool (``ssm_state_indices``,
@@ -84,8 +84,8 @@ SHORT = [
 
 #: kdalab's launch candidates for many short sequences (KernelConfig fields; the same bits):
 #: stage 1's programs head-fastest, a head's value blocks adjacent, both, and value blocks of
-#: 128 on 8 warps with and without them (the plan's other program shape); two without the
-#: fp16 guard's redo (the bits of inputs that do not overflow fp16, as these)
+#: 128 on 8 warps with and without them (the plan's other program shape); the fp16 guard's
+#: redo in a second launch, and none (the bits of inputs that do not overflow fp16, as these)
 CANDIDATES = {
     "default": KernelConfig(),
     "heads_inner": KernelConfig(prepare_heads_inner=True),
@@ -94,9 +94,12 @@ CANDIDATES = {
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "both_bv128_w8": KernelConfig(block_v=128, num_warps=8, prepare_heads_inner=True,
                                   value_blocks_inner=True),
-    # without the fp16 guard's redo (what its registers cost; not a default: unguarded)
-    "noguard": KernelConfig(fp16_guard=False),
-    "noguard_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard=False),
+    # the fp16 guard's redo in a second launch, and without it (what its registers cost;
+    # "off" is unguarded: a measurement, not a mode to use)
+    "guard_launch": KernelConfig(fp16_guard="launch"),
+    "guard_launch_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="launch"),
+    "guard_off": KernelConfig(fp16_guard="off"),
+    "guard_off_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="off"),
 }
 ROUNDS = 5
 
@@ -265,28 +268,32 @@ def pool_rows(quick, rounds):
     return rows
 
 
-def short_rows(quick, rounds):
-    """kdalab (each candidate of CANDIDATES), FlashKDA and fla on the many-short shapes, in
-    interleaved rounds; stage 1 alone under the two stage-1 orders."""
+def short_rows(quick, rounds, candidates=None):
+    """kdalab (each candidate of CANDIDATES, or those named), FlashKDA and fla on the
+    many-short shapes, in interleaved rounds; stage 1 alone under the two stage-1 orders."""
     peers = {"fla": load_fla(), "flashkda": load_flashkda()}
+    chosen = {c: CANDIDATES[c] for c in (candidates or CANDIDATES)}
+    chosen.setdefault("default", CANDIDATES["default"])
     rows = []
     for shape in SHORT[:2] if quick else SHORT:
         x = make_inputs(shape)
         row = dict(shape=shape[0])
-        fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg))
-               for c, cfg in CANDIDATES.items()}
+        fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
               for c in ("default", "heads_inner")}
         ms = interleaved({**fns, **s1}, rounds)
         for key, value in ms.items():
             row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value
-        for c in CANDIDATES:
+        for c in chosen:
             mine = ms.get(f"kdalab_{c}")
             for p in peers:
                 if isinstance(mine, float) and isinstance(ms.get(p), float):
                     row[f"{c}_vs_{p}"] = ms[p] / mine
         if isinstance(ms.get("kdalab_default"), float):
+            for c in chosen:  # each candidate's speed-up over the default (same run)
+                if isinstance(ms.get(f"kdalab_{c}"), float):
+                    row[f"{c}_over_default"] = ms["kdalab_default"] / ms[f"kdalab_{c}"]
             row["kdalab_ms"] = ms["kdalab_default"]
             for p in peers:
                 if f"default_vs_{p}" in row:
@@ -323,6 +330,10 @@ def to_json_rows(bw, dec, pools, short):
                                 value=round(r[f"vs_{peer}"], 3), unit="x",
                                 note=f"kdalab {r['kdalab_ms']:.3f} ms"))
         for c in CANDIDATES:
+            if c != "default" and f"{c}_over_default" in r:
+                out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] speed-up over "
+                                       f"the default", value=round(r[f"{c}_over_default"], 3),
+                                unit="x"))
             if c != "default" and f"{c}_vs_flashkda" in r:
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
@@ -341,14 +352,20 @@ def main():
     ap.add_argument("--parts", default="decode,pool,short")
     ap.add_argument("--rounds", type=int, default=ROUNDS,
                     help="interleaved rounds of the pool and short parts (median over them)")
+    ap.add_argument("--candidates", default=None,
+                    help=f"short part: comma-separated names of {', '.join(CANDIDATES)} "
+                         "(default: all; 'default' is always timed)")
     args = ap.parse_args()
+    names = args.candidates.split(",") if args.candidates else None
+    if names and any(n not in CANDIDATES for n in names):
+        ap.error(f"unknown candidates {[n for n in names if n not in CANDIDATES]}")
     parts = set(args.parts.split(","))
     t0 = time.perf_counter()
     bw = copy_bandwidth()
     print(json.dumps(dict(copy_bandwidth_TBps=bw / 1e12)), flush=True)
     dec = decode_rows(bw, args.quick) if "decode" in parts else []
     pools = pool_rows(args.quick, args.rounds) if "pool" in parts else []
-    short = short_rows(args.quick, args.rounds) if "short" in parts else []
+    short = short_rows(args.quick, args.rounds, names) if "short" in parts else []
     print(f"total {time.perf_counter() - t0:.1f} s", flush=True)
     if args.json:
         try:

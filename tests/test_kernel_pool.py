@@ -84,6 +84,28 @@ def test_interp_checkpoint_at_the_end_is_the_final_state(store):
 
 
 @interp
+@pytest.mark.parametrize("split", [False, True], ids=["serial", "split"])
+def test_interp_pool_fp16_guard_in_a_second_launch(split):
+    # a head whose values overflow fp16, through the pool (read and written in place): the
+    # guard's redo in a second launch must find the pool row's start state intact (the first
+    # launch writes no non-finite final state), so it gives the in-launch redo's bits
+    N, T, H, K, V = 2, 40, 2, 16, 16
+    q, k, v, g, beta, kw = inputs(N, T, H, H, K, V, seed=6)
+    v[:, :, 1] *= 3e5
+    idx = torch.tensor([2, 0])
+    out = {}
+    for guard in ("inline", "launch"):
+        p = pool(3, H, K, V)
+        config = KernelConfig(fp16_guard=guard, segment_chunks=1 if split else 0)
+        o, _, ck = chunk_kda_fwd(q, k, v, g, beta, state_pool=p, state_indices=idx,
+                                 checkpoint_every=16, config=config, **kw)
+        out[guard] = (o, p, ck)
+    assert out["inline"][1].isfinite().all()
+    for a, b in zip(out["inline"], out["launch"]):
+        assert torch.equal(a, b)
+
+
+@interp
 def test_interp_checkpoints_packed_sequences():
     # lengths 35, 0, 30, 56 with checkpoints every 32 tokens: 1 + 0 + 0 + 1 rows of the
     # T // 32 = 3 allotted (the third zero)

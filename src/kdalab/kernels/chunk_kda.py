@@ -45,10 +45,11 @@ class KernelConfig:
     order (the same bits; measured by ``benchmarks/bench_decode.py``): ``prepare_heads_inner``
     (stage 1's programs ordered head-fastest, so neighbours read neighbouring addresses) and
     ``value_blocks_inner`` (the recurrent programs' value blocks of a head adjacent, so they
-    run together and share W, QG, KEND through L2). ``fp16_guard=False`` drops the fp16
-    range guard's tf32 redo (a measurement candidate only: an fp16 overflow then leaves inf or
-    NaN; on triton 3.6 the redo's code makes BV 128 on 8 warps spill 216-264 bytes, 0 without
-    it: ``scripts/sm90_report.py``).
+    run together and share W, QG, KEND through L2). ``fp16_guard``: where the fp16 range
+    guard's tf32 redo runs — ``"inline"`` (in the same launch: its code costs registers; on
+    triton 3.6 BV 128 on 8 warps spills 216-340 bytes with it, 0 without), ``"launch"`` (a
+    second launch of only the programs the first flagged; the same bits) or ``"off"`` (a
+    measurement candidate only: an fp16 overflow then leaves inf or NaN).
     """
 
     dot: str = "auto"
@@ -59,7 +60,7 @@ class KernelConfig:
     checkpoint_store: str = "tma"
     prepare_heads_inner: bool = False
     value_blocks_inner: bool = False
-    fp16_guard: bool = True
+    fp16_guard: str = "inline"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -74,7 +75,10 @@ class KernelConfig:
         if self.checkpoint_store not in ("tma", "ptr"):
             raise ValueError(f"config.checkpoint_store must be 'tma' or 'ptr', "
                              f"got {self.checkpoint_store!r}")
-        for name in ("prepare_heads_inner", "value_blocks_inner", "fp16_guard"):
+        if self.fp16_guard not in ("inline", "launch", "off"):
+            raise ValueError(f"config.fp16_guard must be 'inline', 'launch' or 'off', "
+                             f"got {self.fp16_guard!r}")
+        for name in ("prepare_heads_inner", "value_blocks_inner"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"config.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
@@ -85,6 +89,7 @@ class KernelConfig:
 
 
 DEFAULT_CONFIG = KernelConfig()
+_GUARDS = {"inline": True, "launch": "launch", "off": False}  # chunk_kda_recurrent's guard
 #: tf32 recurrent products (the earlier default, slower than fp16 products: docs/kernels.md;
 #: the fp16 path's fallback). Stage 1 as the default's.
 TF32_CONFIG = KernelConfig(dot="tf32")
@@ -314,7 +319,8 @@ def chunk_kda_fwd(
                   state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
                   chunk_offsets=seqs.chunk_offsets, seq_order=seqs.seq_order,
                   num_seqs=num_seqs, block_v=plan.block_v,
-                  num_warps=plan.num_warps, dot=dot, guard=dot == "fp16" and config.fp16_guard,
+                  num_warps=plan.num_warps, dot=dot, guard=_GUARDS[config.fp16_guard]
+                  if dot == "fp16" else False,
                   value_blocks_inner=config.value_blocks_inner, **serving)
     o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)
     if state_pool is not None:

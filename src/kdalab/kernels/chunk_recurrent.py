@@ -29,6 +29,8 @@ Three passes share the kernel (``PASS``):
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -221,8 +223,15 @@ def chunk_kda_recurrent_kernel(
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
-    CK_TMA: tl.constexpr = False, NV_INNER: tl.constexpr = 0,
+    CK_TMA: tl.constexpr = False, NV_INNER: tl.constexpr = 0, FLAG: tl.constexpr = 0,
+    flag_ptr=None,
 ):
+    # the guard in two launches (FLAG 1: a program whose state is not finite flags itself and
+    # writes no final state; FLAG 2: the tf32 redo, only the flagged programs)
+    lin = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    if FLAG == 2:
+        if tl.load(flag_ptr + lin) == 0:
+            return
     if NV_INNER > 0:  # a 1-D grid: the NV_INNER value blocks of one (sequence, head) adjacent
         i_sh = tl.program_id(0) // NV_INNER
         i_v = tl.program_id(0) % NV_INNER
@@ -274,11 +283,18 @@ def chunk_kda_recurrent_kernel(
                                H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32, ck_ptr,
                                ck_base, j0, i_v * BV, CKC, CK_TMA)
 
+    ok = 1
+    if FLAG == 1:
+        bad = not_finite(St)
+        if bad != 0:
+            tl.store(flag_ptr + lin, 1)
+        ok = 1 - bad  # a pool row keeps its start state for the redo
+
     if PASS == 1:
         tl.store(slot_ptrs, St, mask=o_v[:, None] < V + K)
     elif STORE_HT:
         ht_ptrs = user_state_ptrs(ht_ptr, i_row, i_h, o_v, H, K, V, BV, STATE_VK)
-        row_ok = (o_k[None, :] * 0 + i_row) >= 0
+        row_ok = ((o_k[None, :] * 0 + i_row) >= 0) & ((o_k[None, :] * 0 + ok) != 0)
         if PASS == 0:
             tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None] & row_ok)
         else:  # the final state from a sequence's last segment
@@ -306,9 +322,11 @@ def chunk_kda_recurrent(
     the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each sequence's first row)
     and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``),
     stored through a tensor descriptor (``checkpoint_store="tma"``) or pointers (``"ptr"``).
-    ``value_blocks_inner``: a 1-D grid in which a (sequence, head)'s value-block programs are
-    adjacent, so that they run at the same time and the second reads W, QG and KEND from L2
-    (the 2-D grid starts every head's first block before any second one).
+    ``guard``: the fp16 range guard's redo in the same launch (True), in a second launch
+    (``"launch"``), or none (False). ``value_blocks_inner``: a 1-D grid in which a
+    (sequence, head)'s value-block programs are adjacent, so that they run at the same time
+    and the second reads W, QG and KEND from L2 (the 2-D grid starts every head's first
+    block before any second one).
     """
     import torch
 
@@ -344,9 +362,17 @@ def chunk_kda_recurrent(
         nv_inner = 0
         if value_blocks_inner:
             grid, nv_inner = (grid[0] * grid[1],), grid[1]
-        chunk_kda_recurrent_kernel[grid](
-            v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
-            opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), T,
-            idx_ptr=state_indices, ck_ptr=checkpoints, ck_offsets_ptr=checkpoint_offsets,
-            PASS=pass_, NV_INNER=nv_inner, **common)
+        args = (v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
+                opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order),
+                opt(segments), T)
+        kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
+                  ck_offsets_ptr=checkpoint_offsets, PASS=pass_, NV_INNER=nv_inner)
+        if guard == "launch":  # the redo as a second launch (flags: one a program)
+            flags = torch.zeros(math.prod(grid), device=v.device, dtype=torch.int32)
+            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=1),
+                                             flag_ptr=flags)
+            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=2,
+                                                           DT=tl.float32), flag_ptr=flags)
+        else:
+            chunk_kda_recurrent_kernel[grid](*args, **kw)
     return o
