@@ -215,8 +215,8 @@ def test_pool_gpu_checkpoints_match_prefix_runs(T, H):
 def test_pool_gpu_checkpoint_stores_agree(layout):
     """The descriptor (TMA) and pointer stores of the checkpoints, serial and split passes,
     fp32 and bf16 pools, value blocks of 64 and 128: the same bits (the same states, stored
-    two ways); the launch-order candidates too. The sequence ends on a checkpoint (its last
-    row is the final state)."""
+    two ways); the launch-order candidates and the guard in a second launch too. The sequence
+    ends on a checkpoint (its last row is the final state)."""
     dev = "cuda"
     q, k, v, g, beta, kw = inputs(2, 2048, 4, 4, 128, 128, seed=5, device=dev,
                                   dtype=torch.bfloat16)
@@ -228,7 +228,8 @@ def test_pool_gpu_checkpoint_stores_agree(layout):
             runs = [chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                   config=dataclasses.replace(base, **change), **kw)
                     for change in (dict(), dict(checkpoint_store="ptr"),
-                                   dict(prepare_heads_inner=True, value_blocks_inner=True))]
+                                   dict(prepare_heads_inner=True, value_blocks_inner=True),
+                                   dict(fp16_guard="launch"))]
             o, f, ck = runs[0]
             assert torch.equal(ck[15], f[0]) and torch.equal(ck[31], f[1]), (dtype, base)
             for other in runs[1:]:
