@@ -1,6 +1,7 @@
 """Serving-path speed of kdalab's kernels against their peers, in one process (H200).
 
-    python benchmarks/bench_decode.py [--json PATH] [--quick]
+    python benchmarks/bench_decode.py [--json PATH] [--quick] [--parts decode,pool,short]
+        [--rounds 5] [--candidates default,heads_inner,...]
 
 1. Decode (``kda_decode``, one token a sequence, K = V = 128, fp32 state pool, random rows)
    against fla's ``fused_recurrent_kda_fwd`` with the same pool (``ssm_state_indices``,
@@ -8,13 +9,13 @@
    (``do_bench``) and under CUDA-graph replay (``do_bench_cudagraph``), with the memory floor:
    the bytes a step must move (the state read and written once, plus q, k, g, v, β, o) over
    the copy bandwidth measured in this run (a 1 GiB device-to-device copy).
-2. Prefill through the pool, and with checkpoints every 64 tokens, against the plain prefill
-   (initial and final state tensors) on four shapes (serial and split passes).
-3. Many short sequences: kdalab's prefill against FlashKDA and fla on the four batch shapes
-   of issue 24 (varlen 1024 x 8 H 64; 37 random lengths in [16, 512] H 32; B 128 T 64 H 16;
-   B 8 T 4096 H 32), with kdalab's profile there: stage 1 and stage 2 timed alone
-   (bench_kernel.parts) and the whole call under other launch shapes (value blocks of 32 on
-   2 or 4 warps, 128 on 8; stage 1 on 4 warps), the data for the plan's choices.
+2. Prefill through the pool, and with checkpoints every 64 tokens (stored through a tensor
+   descriptor, the default, and through pointers), against the plain prefill (initial and
+   final state tensors) on four shapes (serial and split passes), in interleaved rounds.
+3. Many short sequences: kdalab's prefill under each launch candidate (``CANDIDATES``)
+   against FlashKDA and fla on the four batch shapes of issue 24 (varlen 1024 x 8 H 64; 37
+   random lengths in [16, 512] H 32; B 128 T 64 H 16; B 8 T 4096 H 32), in interleaved
+   rounds, and stage 1 alone under both stage-1 orders.
 
 Rows go to stdout as JSON lines and, with ``--json PATH``, into the BENCHMARKS.md JSON file
 (every measured field also into PATH's stem + ``.raw.json``). fla's
@@ -39,7 +40,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the peers' loaders and the prefill's inputs, imported here only: bench_kernel.py's (its
 # peer loaders may move to kdalab.peers; then those are taken from there, same names)
 import bench_kernel  # noqa: E402
-from bench_kernel import SHAPES, make_inputs, parts, run_kdalab  # noqa: E402
+from bench_kernel import SHAPES, make_inputs, run_kdalab  # noqa: E402
 
 
 def _peer_loader(name):
@@ -81,12 +82,26 @@ SHORT = [
 ]
 
 
-PROFILE_CONFIGS = {
-    "bv32_w2": KernelConfig(block_v=32, num_warps=2),
-    "bv32_w4": KernelConfig(block_v=32, num_warps=4),
+#: kdalab's launch candidates for many short sequences (KernelConfig fields; the same bits):
+#: stage 1's programs head-fastest, a head's value blocks adjacent, both, and value blocks of
+#: 128 on 8 warps with and without them (the plan's other program shape); the fp16 guard's
+#: redo in a second launch, and none (the bits of inputs that do not overflow fp16, as these)
+CANDIDATES = {
+    "default": KernelConfig(),
+    "heads_inner": KernelConfig(prepare_heads_inner=True),
+    "vblocks_inner": KernelConfig(value_blocks_inner=True),
+    "both": KernelConfig(prepare_heads_inner=True, value_blocks_inner=True),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
-    "prep_w4": KernelConfig(prepare_warps=4),
+    "both_bv128_w8": KernelConfig(block_v=128, num_warps=8, prepare_heads_inner=True,
+                                  value_blocks_inner=True),
+    # the fp16 guard's redo in a second launch, and without it (what its registers cost;
+    # "off" is unguarded: a measurement, not a mode to use)
+    "guard_launch": KernelConfig(fp16_guard="launch"),
+    "guard_launch_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="launch"),
+    "guard_off": KernelConfig(fp16_guard="off"),
+    "guard_off_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="off"),
 }
+ROUNDS = 5
 
 
 def bench(fn, rep=100):
@@ -95,6 +110,28 @@ def bench(fn, rep=100):
 
 def bench_graph(fn, rep=100):
     return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+
+
+def interleaved(fns, rounds, rep=40):
+    """Median ms of each function over ``rounds`` rounds, each round timing every function once
+    (``do_bench``, median of ``rep`` ms) in turn: drifts of clock and temperature fall on all of
+    them alike, and the first-timed one gets no advantage. A function that raises gets its
+    error instead."""
+    out, times = {}, {}
+    for name, fn in fns.items():
+        try:
+            fn()  # compile, plan, autotune outside the timing
+            torch.cuda.synchronize()
+            times[name] = []
+        except Exception as exc:  # noqa: BLE001 - a peer or launch shape that fails
+            out[name] = f"{type(exc).__name__}: {exc}"[:200]
+    for _ in range(rounds):
+        for name in times:
+            times[name].append(triton.testing.do_bench(fns[name], warmup=5, rep=rep,
+                                                       return_mode="median"))
+    for name, ts in times.items():
+        out[name] = sorted(ts)[len(ts) // 2]
+    return out
 
 
 def copy_bandwidth():
@@ -187,7 +224,10 @@ def decode_rows(bw, quick):
     return rows
 
 
-def pool_rows(quick):
+def pool_rows(quick, rounds):
+    """Plain prefill (initial and final state tensors), the pool, and the pool with checkpoints
+    every 64 tokens (fp32: the pool's dtype) stored through the tensor descriptor (the
+    default) and through pointers, timed in interleaved rounds; ratios over plain."""
     rows = []
     for name in OVERHEAD_SHAPES[:2] if quick else OVERHEAD_SHAPES:
         x = make_inputs(SHAPES[name])
@@ -200,50 +240,64 @@ def pool_rows(quick):
         # the VK layout, as bench_kernel's grid (FlashKDA's)
         gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
                     cu_seqlens=x["cu"], state_layout="VK")
+        ptr = KernelConfig(checkpoint_store="ptr")
         fns = {
             "plain": lambda: chunk_kda_fwd(*args, initial_state=h0, output_final_state=True,
                                            **gate),
             "pool": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx, **gate),
             "pool_ck64": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
                                                checkpoint_every=64, **gate),
+            "pool_ck64_ptr": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
+                                                   checkpoint_every=64, config=ptr, **gate),
         }
         row = dict(shape=name)
-        for key, fn in fns.items():
-            fn()
-            row[f"{key}_ms"] = bench(fn, rep=200)
-        row["pool_over_plain"] = row["pool_ms"] / row["plain_ms"]
-        row["ck64_over_plain"] = row["pool_ck64_ms"] / row["plain_ms"]
+        ms = interleaved(fns, rounds, rep=60)
+        for key, value in ms.items():
+            row[f"{key}_ms"] = value
+        for key in ("pool", "pool_ck64", "pool_ck64_ptr"):
+            if isinstance(ms.get(key), float) and isinstance(ms.get("plain"), float):
+                label = {"pool": "pool", "pool_ck64": "ck64", "pool_ck64_ptr": "ck64_ptr"}[key]
+                row[f"{label}_over_plain"] = ms[key] / ms["plain"]
+        # the checkpoints' bytes (fp32) over the plain call's time: the floor a store that
+        # does not overlap would add
+        T = x["q"].shape[1] * x["q"].shape[0]
+        row["ck64_GB"] = (T // 64) * H * D * D * 4 / 1e9
         print(json.dumps(row), flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
     return rows
 
 
-def short_rows(quick):
+def short_rows(quick, rounds, candidates=None):
+    """kdalab (each candidate of CANDIDATES, or those named), FlashKDA and fla on the
+    many-short shapes, in interleaved rounds; stage 1 alone under the two stage-1 orders."""
     peers = {"fla": load_fla(), "flashkda": load_flashkda()}
+    chosen = {c: CANDIDATES[c] for c in (candidates or CANDIDATES)}
+    chosen.setdefault("default", CANDIDATES["default"])
     rows = []
     for shape in SHORT[:2] if quick else SHORT:
         x = make_inputs(shape)
         row = dict(shape=shape[0])
-        run_kdalab(x)
-        row["kdalab_ms"] = bench(lambda: run_kdalab(x), rep=300)
-        for peer, fn in peers.items():
-            if fn is None:
-                continue
-            try:
-                fn(x)  # fla autotunes here
-                torch.cuda.synchronize()
-                row[f"{peer}_ms"] = bench(lambda fn=fn: fn(x), rep=300)
-                row[f"vs_{peer}"] = row[f"{peer}_ms"] / row["kdalab_ms"]
-            except Exception as exc:  # noqa: BLE001 - a peer that rejects the shape
-                row[f"{peer}_error"] = f"{type(exc).__name__}: {exc}"[:200]
-        try:
-            row["parts"] = parts(x, KernelConfig())
-            for cname, cfg in PROFILE_CONFIGS.items():
-                run_kdalab(x, cfg)
-                row[f"kdalab_ms_{cname}"] = bench(lambda cfg=cfg: run_kdalab(x, cfg), rep=200)
-        except Exception as exc:  # noqa: BLE001 - a launch shape out of resources
-            row["profile_error"] = f"{type(exc).__name__}: {exc}"[:200]
+        fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
+        fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
+        s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
+              for c in ("default", "heads_inner")}
+        ms = interleaved({**fns, **s1}, rounds)
+        for key, value in ms.items():
+            row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value
+        for c in chosen:
+            mine = ms.get(f"kdalab_{c}")
+            for p in peers:
+                if isinstance(mine, float) and isinstance(ms.get(p), float):
+                    row[f"{c}_vs_{p}"] = ms[p] / mine
+        if isinstance(ms.get("kdalab_default"), float):
+            for c in chosen:  # each candidate's speed-up over the default (same run)
+                if isinstance(ms.get(f"kdalab_{c}"), float):
+                    row[f"{c}_over_default"] = ms["kdalab_default"] / ms[f"kdalab_{c}"]
+            row["kdalab_ms"] = ms["kdalab_default"]
+            for p in peers:
+                if f"default_vs_{p}" in row:
+                    row[f"vs_{p}"] = row[f"default_vs_{p}"]
         print(json.dumps(row), flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
@@ -264,15 +318,30 @@ def to_json_rows(bw, dec, pools, short):
         out.append(dict(target=f"{tag}: graph time over memory floor",
                         value=round(r["over_floor_graph"], 3), unit="x"))
     for r in pools:
-        for key in ("pool_over_plain", "ck64_over_plain"):
-            out.append(dict(target=f"prefill {r['shape']}: {key}", value=round(r[key], 4),
-                            unit="x", note=f"plain {r['plain_ms']:.3f} ms"))
+        for key in ("pool_over_plain", "ck64_over_plain", "ck64_ptr_over_plain"):
+            if key in r:
+                out.append(dict(target=f"prefill {r['shape']}: {key}", value=round(r[key], 4),
+                                unit="x", note=f"plain {r['plain_ms']:.3f} ms; checkpoints "
+                                               f"{r['ck64_GB']:.2f} GB"))
     for r in short:
         for peer in ("flashkda", "fla"):
             if f"vs_{peer}" in r:
                 out.append(dict(target=f"prefill {r['shape']}: kdalab vs {peer}",
                                 value=round(r[f"vs_{peer}"], 3), unit="x",
                                 note=f"kdalab {r['kdalab_ms']:.3f} ms"))
+        for c in CANDIDATES:
+            if c != "default" and f"{c}_over_default" in r:
+                out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] speed-up over "
+                                       f"the default", value=round(r[f"{c}_over_default"], 3),
+                                unit="x"))
+            if c != "default" and f"{c}_vs_flashkda" in r:
+                out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
+                                value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
+                                note=f"kdalab [{c}] {r[f'kdalab_{c}_ms']:.3f} ms"))
+        for c in ("default", "heads_inner"):
+            if f"stage1_{c}_ms" in r:
+                out.append(dict(target=f"prefill {r['shape']}: stage 1 [{c}]",
+                                value=round(r[f"stage1_{c}_ms"], 4), unit="ms"))
     return out
 
 
@@ -281,14 +350,22 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a corner of each grid (a smoke run)")
     ap.add_argument("--parts", default="decode,pool,short")
+    ap.add_argument("--rounds", type=int, default=ROUNDS,
+                    help="interleaved rounds of the pool and short parts (median over them)")
+    ap.add_argument("--candidates", default=None,
+                    help=f"short part: comma-separated names of {', '.join(CANDIDATES)} "
+                         "(default: all; 'default' is always timed)")
     args = ap.parse_args()
+    names = args.candidates.split(",") if args.candidates else None
+    if names and any(n not in CANDIDATES for n in names):
+        ap.error(f"unknown candidates {[n for n in names if n not in CANDIDATES]}")
     parts = set(args.parts.split(","))
     t0 = time.perf_counter()
     bw = copy_bandwidth()
     print(json.dumps(dict(copy_bandwidth_TBps=bw / 1e12)), flush=True)
     dec = decode_rows(bw, args.quick) if "decode" in parts else []
-    pools = pool_rows(args.quick) if "pool" in parts else []
-    short = short_rows(args.quick) if "short" in parts else []
+    pools = pool_rows(args.quick, args.rounds) if "pool" in parts else []
+    short = short_rows(args.quick, args.rounds, names) if "short" in parts else []
     print(f"total {time.perf_counter() - t0:.1f} s", flush=True)
     if args.json:
         try:

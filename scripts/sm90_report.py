@@ -131,15 +131,42 @@ def kdalab_rows(only: str | None = None):
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
                chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32", T="i32",
                H="i32")
+    # "fp16-launch": the guard's first launch (it flags; KernelConfig.fp16_guard="launch"),
+    # "tf32-redo" its second; "fp16-off": no guard
+    flagged = dict(sig, flag_ptr="*i32")
     for pass_, bv, nw, dt, h0 in ((0, 64, 4, "fp16", False), (0, 64, 4, "fp16", True),
-                                  (0, 128, 8, "fp16", False), (0, 64, 4, "tf32", False),
+                                  (0, 128, 8, "fp16", False), (0, 128, 8, "fp16", True),
+                                  (0, 64, 4, "fp16-launch", True), (0, 64, 4, "tf32-redo", True),
+                                  (0, 128, 8, "fp16-launch", True),
+                                  (0, 128, 8, "tf32-redo", True),
+                                  (0, 128, 8, "fp16-off", True), (0, 64, 4, "tf32", False),
                                   (1, 64, 4, "fp16", False), (1, 64, 4, "fp16", True),
-                                  (2, 64, 4, "fp16", False), (2, 64, 4, "fp16", True)):
+                                  (2, 64, 4, "fp16", False), (2, 64, 4, "fp16", True),
+                                  (2, 64, 4, "fp16-launch", True)):
         ce = dict(K=128, V=128, BT=16, BV=bv, HAS_H0=h0, STORE_HT=h0, STATE_VK=False,
                   IS_VARLEN=False, PASS=pass_, SKIP_LAST=True,
-                  DT={"tf32": tl.float32, "fp16": tl.float16}[dt], GUARD=dt == "fp16")
-        yield timed(chunk_kda_recurrent_kernel, sig, ce, num_warps=nw,
+                  DT=tl.float32 if dt.startswith("tf32") else tl.float16, GUARD=dt == "fp16",
+                  FLAG={"fp16-launch": 1, "tf32-redo": 2}.get(dt, 0))
+        yield timed(chunk_kda_recurrent_kernel, flagged if ce["FLAG"] else sig, ce,
+                    num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
+    # serving: the pool (a state row by index) with and without checkpoints every 64 tokens
+    # (CKC = 4 chunks), both state layouts, value blocks of 32 and 64
+    pool = dict(sig, idx_ptr="*i32", ck_ptr="*fp32", ck_offsets_ptr="*i32")
+    # (CKC = 4 chunks; "tma": through a tensor descriptor), both state layouts, value blocks
+    # of 32 and 64 on 4 warps, 128 on 8
+    for pass_ in (0, 2):
+        for vk in (False, True):
+            for bv, nw in ((64, 4), (32, 4), (128, 8)):
+                for ckc, tma in ((0, False), (4, False), (4, True)):
+                    ce = dict(K=128, V=128, BT=16, BV=bv, HAS_H0=True, STORE_HT=True,
+                              STATE_VK=vk, IS_VARLEN=False, PASS=pass_, SKIP_LAST=True,
+                              DT=tl.float16, GUARD=True, HAS_IDX=True, CKC=ckc, CK_TMA=tma)
+                    block = f"1,{bv},128" if vk else f"1,128,{bv}"
+                    sig_ck = dict(pool, ck_ptr=f"tensordesc<fp32[{block}]>") if tma else pool
+                    yield timed(chunk_kda_recurrent_kernel, sig_ck, ce, num_warps=nw,
+                                label=f"pool pass {pass_} {'VK' if vk else 'KV'} BV{bv} w{nw}"
+                                      + (f" ck{ckc}" if ckc else "") + (" tma" if tma else ""))
     comb = dict(sum_ptr="*fp32", seg_offsets_ptr="*i32", h0_ptr="*fp32", H="i32")
     yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=16, HAS_H0=True,
                                                      STATE_VK=False), num_warps=8,

@@ -6,6 +6,8 @@ child (tests/test_decode.py::test_interpreter_suite)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -30,8 +32,12 @@ def _prefix_state(x, n, length, h0, kw, config):
 
 
 @interp
-@pytest.mark.parametrize("config,layout", [(KernelConfig(), "KV"), (KernelConfig(), "VK"),
-                                           (SPLIT, "KV")], ids=["serial", "serial-VK", "split"])
+@pytest.mark.parametrize("config,layout", [
+    (KernelConfig(), "KV"), (KernelConfig(), "VK"), (SPLIT, "KV"),
+    # checkpoints through pointers instead of the tensor descriptor; a value block wider than
+    # V (the descriptor's box past V is dropped)
+    (KernelConfig(checkpoint_store="ptr"), "KV"), (KernelConfig(block_v=32), "VK")],
+    ids=["serial", "serial-VK", "split", "serial-ptr", "serial-VK-bv32"])
 def test_interp_pool_prefill_and_checkpoints(config, layout):
     N, T, H, HV, K, V = 2, 40, 1, 2, 16, 16
     q, k, v, g, beta, kw = inputs(N, T, H, HV, K, V, seed=2)
@@ -58,6 +64,45 @@ def test_interp_pool_prefill_and_checkpoints(config, layout):
                 assert err(got, want) < 1e-3
             else:
                 assert torch.equal(got, want)
+
+
+@interp
+@pytest.mark.parametrize("store", ["tma", "ptr"])
+def test_interp_checkpoint_at_the_end_is_the_final_state(store):
+    # a sequence ending on a checkpoint stores it after the recurrent loop (the others are
+    # stored at the top of the next chunk's step): the last row is the final state, bit for bit
+    N, T, H, K, V = 2, 32, 1, 16, 16
+    q, k, v, g, beta, kw = inputs(N, T, H, H, K, V, seed=3)
+    h0 = pool(N, H, K, V)
+    config = KernelConfig(checkpoint_store=store)
+    o, f, ck = chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                             checkpoint_every=16, config=config, **kw)
+    for n in range(N):
+        assert torch.equal(ck[2 * n + 1], f[n])
+        assert torch.equal(ck[2 * n], _prefix_state((q, k, v, g, beta), n, 16, h0[n:n + 1],
+                                                    kw, KernelConfig()))
+
+
+@interp
+@pytest.mark.parametrize("split", [False, True], ids=["serial", "split"])
+def test_interp_pool_fp16_guard_in_a_second_launch(split):
+    # a head whose values overflow fp16, through the pool (read and written in place): the
+    # guard's redo in a second launch must find the pool row's start state intact (the first
+    # launch writes no non-finite final state), so it gives the in-launch redo's bits
+    N, T, H, K, V = 2, 40, 2, 16, 16
+    q, k, v, g, beta, kw = inputs(N, T, H, H, K, V, seed=6)
+    v[:, :, 1] *= 3e5
+    idx = torch.tensor([2, 0])
+    out = {}
+    for guard in ("inline", "launch"):
+        p = pool(3, H, K, V)
+        config = KernelConfig(fp16_guard=guard, segment_chunks=1 if split else 0)
+        o, _, ck = chunk_kda_fwd(q, k, v, g, beta, state_pool=p, state_indices=idx,
+                                 checkpoint_every=16, config=config, **kw)
+        out[guard] = (o, p, ck)
+    assert out["inline"][1].isfinite().all()
+    for a, b in zip(out["inline"], out["launch"]):
+        assert torch.equal(a, b)
 
 
 @interp
@@ -163,6 +208,32 @@ def test_pool_gpu_checkpoints_match_prefix_runs(T, H):
                                     initial_state=before[idx[n:n + 1]], output_final_state=True,
                                     **kw)
             assert err(ck[n * per + j - 1], want[0]) < 1e-3
+
+
+@gpu
+@pytest.mark.parametrize("layout", ["KV", "VK"])
+def test_pool_gpu_checkpoint_stores_agree(layout):
+    """The descriptor (TMA) and pointer stores of the checkpoints, serial and split passes,
+    fp32 and bf16 pools, value blocks of 64 and 128: the same bits (the same states, stored
+    two ways); the launch-order candidates and the guard in a second launch too. The sequence
+    ends on a checkpoint (its last row is the final state)."""
+    dev = "cuda"
+    q, k, v, g, beta, kw = inputs(2, 2048, 4, 4, 128, 128, seed=5, device=dev,
+                                  dtype=torch.bfloat16)
+    kw.update(lower_bound=-5.0, state_layout=layout, checkpoint_every=128)
+    for dtype in (torch.float32, torch.bfloat16):
+        h0 = pool(2, 4, 128, 128, device=dev, layout=layout).to(dtype)
+        for base in (KernelConfig(segment_chunks=0), KernelConfig(segment_chunks=32),
+                     KernelConfig(segment_chunks=0, block_v=128, num_warps=8)):
+            runs = [chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                  config=dataclasses.replace(base, **change), **kw)
+                    for change in (dict(), dict(checkpoint_store="ptr"),
+                                   dict(prepare_heads_inner=True, value_blocks_inner=True),
+                                   dict(fp16_guard="launch"))]
+            o, f, ck = runs[0]
+            assert torch.equal(ck[15], f[0]) and torch.equal(ck[31], f[1]), (dtype, base)
+            for other in runs[1:]:
+                assert all(torch.equal(a, b) for a, b in zip(runs[0], other)), (dtype, base)
 
 
 @gpu

@@ -13,6 +13,7 @@ Four groups:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -238,6 +239,9 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(num_warps=3), "config.num_warps"), (dict(prepare_warps=32), "config.prepare_warps"),
     (dict(segment_chunks=-1), "config.segment_chunks"),
     (dict(segment_chunks=2.5), "config.segment_chunks"),
+    (dict(checkpoint_store="smem"), "config.checkpoint_store"),
+    (dict(value_blocks_inner=1), "config.value_blocks_inner"),
+    (dict(fp16_guard=True), "config.fp16_guard"),
 ])
 def test_bad_config_raises_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -381,6 +385,26 @@ def test_interp_launch_shapes(config):
 
 
 @interp
+@pytest.mark.parametrize("segment_chunks", [0, 2], ids=["serial", "split"])
+def test_interp_launch_orders_same_bits(segment_chunks):
+    # the launch-order candidates only reorder the programs (stage 1 head-fastest, the value
+    # blocks of a head adjacent): the same outputs and final states, bit for bit; two heads
+    # and two value blocks (V = 32, BV = 16) so that both orders differ from the default
+    (q, k, v, g, beta), kw = _slow_decay(70, 2, 32, seed=5)
+    cu = torch.tensor([0, 40, 70], dtype=torch.int32)
+    common = dict(**kw, initial_state=_state(2, 2, 32, 32, seed=6), output_final_state=True,
+                  cu_seqlens=cu)
+    base = KernelConfig(block_v=16, segment_chunks=segment_chunks)
+    want = chunk_kda_fwd(q, k, v.float(), g, beta, **common, config=base)
+    # and the fp16 guard's redo in a second launch or none (it never runs on these inputs)
+    for change in (dict(prepare_heads_inner=True), dict(value_blocks_inner=True),
+                   dict(fp16_guard="launch"), dict(fp16_guard="off")):
+        got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
+                            config=dataclasses.replace(base, **change))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change
+
+
+@interp
 @pytest.mark.parametrize("h0,layout", [(False, "KV"), (True, "VK")])
 def test_interp_segments_equal_serial(h0, layout):
     # the sequence-parallel state pass against the serial one, on slow-decay inputs: fixed
@@ -454,8 +478,9 @@ def test_interp_transition(dot):
 
 
 @interp
-@pytest.mark.parametrize("segment_chunks", [0, 2])
-def test_interp_fp16_guard(segment_chunks):
+@pytest.mark.parametrize("segment_chunks,guard", [(0, "inline"), (2, "inline"), (0, "launch"),
+                                                  (2, "launch")])
+def test_interp_fp16_guard(segment_chunks, guard):
     # head 1's values past fp16's range: the fp16 products overflow there, and the guard
     # recomputes that head's programs with tf32 products. Serial: head 1 equals the tf32
     # configuration bit for bit (same stage 1, same products); either way head 1 is finite
@@ -471,9 +496,12 @@ def test_interp_fp16_guard(segment_chunks):
         return chunk_kda_fwd(q, k, values, g, beta, **kw, initial_state=h0,
                              output_final_state=True, cu_seqlens=cu, config=config)
 
-    config = KernelConfig(segment_chunks=segment_chunks)
+    config = KernelConfig(segment_chunks=segment_chunks, fp16_guard=guard)
     guarded = run(big, config)
     plain = run(v, config)
+    if guard == "launch":  # the redo in a second launch: the same bits as in the first
+        inline = run(big, KernelConfig(segment_chunks=segment_chunks))
+        assert torch.equal(guarded[0], inline[0]) and torch.equal(guarded[1], inline[1])
     tf32 = run(big, KernelConfig(dot="tf32", segment_chunks=segment_chunks))
     assert guarded[0].isfinite().all() and guarded[1].isfinite().all()
     assert torch.equal(guarded[0][:, :, 0], plain[0][:, :, 0])
@@ -488,12 +516,13 @@ def test_interp_fp16_guard(segment_chunks):
 
 
 @interp
-def test_interp_initial_state_beyond_fp16():
+@pytest.mark.parametrize("guard", ["inline", "launch"])
+def test_interp_initial_state_beyond_fp16(guard):
     # a start state past fp16's range (entries ~1e6) takes the guard's tf32 path at once
     (q, k, v, g, beta), kw = _slow_decay(50, 2, 32, seed=1)
     h0 = _state(1, 2, 32, 32, seed=5, scale=1e6)
     o, s = chunk_kda_fwd(q, k, v.float(), g, beta, **kw, initial_state=h0,
-                         output_final_state=True)
+                         output_final_state=True, config=KernelConfig(fp16_guard=guard))
     ro, rs = _reference(q, k, v.float(), g, beta, **kw, initial_state=h0,
                         output_final_state=True)
     assert o.isfinite().all() and _err(o, ro) < TOL_FP32 and _err(s, rs) < TOL_FP32
@@ -638,8 +667,9 @@ def test_gpu_transition():
 
 
 @gpu
-@pytest.mark.parametrize("segment_chunks", [0, 32])
-def test_gpu_fp16_guard(segment_chunks):
+@pytest.mark.parametrize("segment_chunks,guard", [(0, "inline"), (32, "inline"), (0, "launch"),
+                                                  (32, "launch")])
+def test_gpu_fp16_guard(segment_chunks, guard):
     # the range guard at full shape: one head's v scaled past fp16's range; that head comes
     # out finite and as accurate as the rest, the other heads untouched (bit-identical to a
     # run without the large values); serial: that head equals the tf32 configuration
@@ -648,7 +678,7 @@ def test_gpu_fp16_guard(segment_chunks):
     big[:, :, 2] *= 3e5
     h0 = torch.randn(1, 4, 128, 128, device="cuda")
     args = dict(A_log=A_log, dt_bias=dt_bias, initial_state=h0, output_final_state=True)
-    config = KernelConfig(segment_chunks=segment_chunks)
+    config = KernelConfig(segment_chunks=segment_chunks, fp16_guard=guard)
     o, s = chunk_kda_fwd(q, k, big, g, beta, **args, config=config)
     po, ps = chunk_kda_fwd(q, k, v, g, beta, **args, config=config)
     ro, rs = reference_forward(q, k, big, g, beta, **args)

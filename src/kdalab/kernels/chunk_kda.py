@@ -39,6 +39,17 @@ class KernelConfig:
     else tf32). ``block_v``, ``num_warps``: the recurrent programs' value columns and warps;
     ``prepare_warps``: stage 1's warps; ``segment_chunks``: the sequence-parallel state
     pass's segment length in 16-token chunks (0: a serial pass per sequence).
+    ``checkpoint_store``: how the recurrent pass writes checkpoints — ``"tma"`` (a tensor
+    descriptor: one bulk copy from shared memory, no spills on sm_90a) or ``"ptr"`` (a
+    [BV, K] tile of pointers; spilled). The same bits either way. Candidates of the launch
+    order (the same bits; measured by ``benchmarks/bench_decode.py``): ``prepare_heads_inner``
+    (stage 1's programs ordered head-fastest, so neighbours read neighbouring addresses) and
+    ``value_blocks_inner`` (the recurrent programs' value blocks of a head adjacent, so they
+    run together and share W, QG, KEND through L2). ``fp16_guard``: where the fp16 range
+    guard's tf32 redo runs — ``"inline"`` (in the same launch: its code costs registers; on
+    triton 3.6 BV 128 on 8 warps spills 216-340 bytes with it, 0 without), ``"launch"`` (a
+    second launch of only the programs the first flagged; the same bits) or ``"off"`` (a
+    measurement candidate only: an fp16 overflow then leaves inf or NaN).
     """
 
     dot: str = "auto"
@@ -46,6 +57,10 @@ class KernelConfig:
     num_warps: int | None = None
     prepare_warps: int | None = None
     segment_chunks: int | None = None
+    checkpoint_store: str = "tma"
+    prepare_heads_inner: bool = False
+    value_blocks_inner: bool = False
+    fp16_guard: str = "inline"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -57,6 +72,16 @@ class KernelConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"config.{name} must be one of {allowed} or None, "
                                  f"got {value!r}")
+        if self.checkpoint_store not in ("tma", "ptr"):
+            raise ValueError(f"config.checkpoint_store must be 'tma' or 'ptr', "
+                             f"got {self.checkpoint_store!r}")
+        if self.fp16_guard not in ("inline", "launch", "off"):
+            raise ValueError(f"config.fp16_guard must be 'inline', 'launch' or 'off', "
+                             f"got {self.fp16_guard!r}")
+        for name in ("prepare_heads_inner", "value_blocks_inner"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"config.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -64,6 +89,7 @@ class KernelConfig:
 
 
 DEFAULT_CONFIG = KernelConfig()
+_GUARDS = {"inline": True, "launch": "launch", "off": False}  # chunk_kda_recurrent's guard
 #: tf32 recurrent products (the earlier default, slower than fp16 products: docs/kernels.md;
 #: the fp16 path's fallback). Stage 1 as the default's.
 TF32_CONFIG = KernelConfig(dot="tf32")
@@ -162,7 +188,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan):
+            beta_is_logits, plan, heads_inner=False):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -170,7 +196,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps)
+        num_warps=plan.prepare_warps, heads_inner=heads_inner)
 
 
 class _Call(NamedTuple):
@@ -210,7 +236,8 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
         initial_state = initial_state.contiguous()
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
-                  beta_is_logits=beta_is_logits, plan=plan)
+                  beta_is_logits=beta_is_logits, plan=plan,
+                  heads_inner=config.prepare_heads_inner)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 
@@ -280,7 +307,8 @@ def chunk_kda_fwd(
                                            checkpoint_every, state_layout=state_layout,
                                            dtype=ck_dtype)
         serving.update(checkpoints=ck, checkpoint_offsets=ck_offsets,
-                       checkpoint_chunks=checkpoint_every // 16)
+                       checkpoint_chunks=checkpoint_every // 16,
+                       checkpoint_store=config.checkpoint_store)
     if state_pool is not None:
         final_state = state_pool
     elif output_final_state:
@@ -291,7 +319,9 @@ def chunk_kda_fwd(
                   state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
                   chunk_offsets=seqs.chunk_offsets, seq_order=seqs.seq_order,
                   num_seqs=num_seqs, block_v=plan.block_v,
-                  num_warps=plan.num_warps, dot=dot, guard=dot == "fp16", **serving)
+                  num_warps=plan.num_warps, dot=dot, guard=_GUARDS[config.fp16_guard]
+                  if dot == "fp16" else False,
+                  value_blocks_inner=config.value_blocks_inner, **serving)
     o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)
     if state_pool is not None:
         final_state = None  # the final states are in the pool

@@ -29,6 +29,8 @@ Three passes share the kernel (``PASS``):
 
 from __future__ import annotations
 
+import math
+
 import triton
 import triton.language as tl
 
@@ -80,10 +82,30 @@ def store_state(ptr, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
+def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
+                     STATE_VK: tl.constexpr, CK_TMA: tl.constexpr):
+    """Checkpoint row ``row`` of head ``i_h`` from S^T (value rows from ``v0``): through the
+    pointer ``ck`` (``store_state``), or with ``CK_TMA`` through the tensor descriptor ``ck``
+    of the checkpoints viewed as [rows * H, V, K] (VK) or [rows * H, K, V] (KV): one bulk copy
+    from shared memory, no [BV, K] tile of addresses or masks in registers (the descriptor's
+    bounds drop value rows past V)."""
+    if CK_TMA:
+        r = (row * H + i_h).to(tl.int32)
+        BV: tl.constexpr = St.shape[0]
+        if STATE_VK:
+            ck.store([r, v0, 0], St.to(ck.dtype).reshape(1, BV, K))
+        else:
+            ck.store([r, 0, v0], tl.trans(St).to(ck.dtype).reshape(1, K, BV))
+    else:
+        store_state(ck, row, i_h, v0, St, H, K, V, STATE_VK)
+
+
+@triton.jit
 def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O,
-               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr):
+               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
+               CK_TMA: tl.constexpr):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
     end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
@@ -95,10 +117,25 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     o_k = tl.arange(0, K)
     o_cc_t = o_r[None, :] * BT + o_r[:, None]  # element (c, r) of X^T is X[r, c]
     n_chunks = tl.cdiv(eos - bos, BT)
+    # the checkpoints: chunks since the last one (a counter, not a division in the loop) and
+    # the next one's row
+    ck_count = j0 * 0
+    ck_row = ck_base
+    if CKC > 0:
+        ck_count = j0 % CKC
+        ck_row = ck_base + j0 // CKC
+    ck_due = 0  # 1: St is a checkpoint not yet stored
     wt, qgt, kend, vt, ainvt, mqkt, gamma = load_chunk(
         v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0, i_h,
         o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
     for i_t in range(0, n_chunks):
+        if CKC > 0:
+            if WRITE_O:
+                # the checkpoint of the chunk before, stored before the next chunk's operands
+                # are loaded (fewer registers live than after)
+                if ck_due != 0:
+                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
+                    ck_row += 1
         nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma = load_chunk(
             v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0,
             i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
@@ -115,14 +152,17 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
         St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
         if CKC > 0:
             if WRITE_O:
-                j = j0 + i_t + 1
-                # a scalar branch: a [BV, K] tile of masks and pointers formed in the loop
-                # spilled (sm_90a, BV 64, pass 0: 212 spill stores, now 8; pass 2 with the KV
-                # layout: 116; storing S instead of S^T there: 244)
-                if (j % CKC == 0) & (bos + (i_t + 1) * BT <= eos):
-                    store_state(ck_ptr, ck_base + j // CKC - 1, i_h, v0, St, H, K, V,
-                                STATE_VK)
+                ck_count += 1
+                # a full chunk that ends a checkpoint interval: a scalar flag (a [BV, K] tile
+                # of masks and pointers formed here spilled: scripts/sm90_report.py)
+                ck_due = ((ck_count == CKC) & (bos + (i_t + 1) * BT <= eos)).to(tl.int32)
+                if ck_count == CKC:
+                    ck_count -= CKC
         wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
+    if CKC > 0:
+        if WRITE_O:
+            if ck_due != 0:  # the last chunk's
+                store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
     return St
 
 
@@ -149,7 +189,8 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
                   gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
-                  DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr):
+                  DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
+                  CK_TMA: tl.constexpr):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -168,7 +209,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                       bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, CK_TMA)
 
 
 @triton.jit
@@ -182,9 +223,21 @@ def chunk_kda_recurrent_kernel(
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
+    CK_TMA: tl.constexpr = False, NV_INNER: tl.constexpr = 0, FLAG: tl.constexpr = 0,
+    flag_ptr=None,
 ):
-    i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, plus head
-    i_v = tl.program_id(1)    # block of BV state rows
+    # the guard in two launches (FLAG 1: a program whose state is not finite flags itself and
+    # writes no final state; FLAG 2: the tf32 redo, only the flagged programs)
+    lin = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    if FLAG == 2:
+        if tl.load(flag_ptr + lin) == 0:
+            return
+    if NV_INNER > 0:  # a 1-D grid: the NV_INNER value blocks of one (sequence, head) adjacent
+        i_sh = tl.program_id(0) // NV_INNER
+        i_v = tl.program_id(0) % NV_INNER
+    else:
+        i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, + head
+        i_v = tl.program_id(1)    # block of BV state rows
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
@@ -220,7 +273,7 @@ def chunk_kda_recurrent_kernel(
 
     St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
                        gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V, BT, BV,
-                       HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC)
+                       HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC, CK_TMA)
     if GUARD:
         # the fp16 products overflowed (or the input was not finite): redo with tf32 products
         # from the start state loaded again (kept, it would cost 64 registers in the loop)
@@ -228,13 +281,20 @@ def chunk_kda_recurrent_kernel(
             St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr,
                                mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok,
                                H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32, ck_ptr,
-                               ck_base, j0, i_v * BV, CKC)
+                               ck_base, j0, i_v * BV, CKC, CK_TMA)
+
+    ok = 1
+    if FLAG == 1:
+        bad = not_finite(St)
+        if bad != 0:
+            tl.store(flag_ptr + lin, 1)
+        ok = 1 - bad  # a pool row keeps its start state for the redo
 
     if PASS == 1:
         tl.store(slot_ptrs, St, mask=o_v[:, None] < V + K)
     elif STORE_HT:
         ht_ptrs = user_state_ptrs(ht_ptr, i_row, i_h, o_v, H, K, V, BV, STATE_VK)
-        row_ok = (o_k[None, :] * 0 + i_row) >= 0
+        row_ok = ((o_k[None, :] * 0 + i_row) >= 0) & ((o_k[None, :] * 0 + ok) != 0)
         if PASS == 0:
             tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=v_ok[:, None] & row_ok)
         else:  # the final state from a sequence's last segment
@@ -249,7 +309,8 @@ def chunk_kda_recurrent(
     v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
-    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0,
+    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, checkpoint_store="tma",
+    value_blocks_inner=False,
 ):
     """Launch stage 2. Returns o (like v).
 
@@ -259,7 +320,13 @@ def chunk_kda_recurrent(
     ``o``: write the outputs there (pass 2 completes pass 1's). ``state_indices`` [N]: the
     initial and final states are rows of a pool (``initial_state`` and ``final_state`` both
     the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each sequence's first row)
-    and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``).
+    and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``),
+    stored through a tensor descriptor (``checkpoint_store="tma"``) or pointers (``"ptr"``).
+    ``guard``: the fp16 range guard's redo in the same launch (True), in a second launch
+    (``"launch"``), or none (False). ``value_blocks_inner``: a 1-D grid in which a
+    (sequence, head)'s value-block programs are adjacent, so that they run at the same time
+    and the second reads W, QG and KEND from L2 (the 2-D grid starts every head's first
+    block before any second one).
     """
     import torch
 
@@ -269,11 +336,22 @@ def chunk_kda_recurrent(
         o = torch.empty_like(v)
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
+    if checkpoints is not None and checkpoints.shape[0] == 0:
+        checkpoints = None  # no sequence is as long as one checkpoint interval
+    tma = checkpoints is not None and checkpoint_store == "tma"
+    if tma:
+        # the checkpoints as [rows * H, V, K] (VK) or [rows * H, K, V] (KV), one [BV, K] (or
+        # [K, BV]) box a store; the box's bounds drop value rows past V
+        from triton.tools.tensor_descriptor import TensorDescriptor
+
+        view = checkpoints.view(-1, *checkpoints.shape[2:])
+        box = [1, block_v, K] if state_vk else [1, K, block_v]
+        checkpoints = TensorDescriptor.from_tensor(view, box)
     common = dict(H=H, K=K, V=V, BT=CHUNK, BV=block_v, HAS_H0=initial_state is not None,
                   STORE_HT=final_state is not None, STATE_VK=state_vk,
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
-                  CKC=checkpoint_chunks if checkpoints is not None else 0,
+                  CKC=checkpoint_chunks if checkpoints is not None else 0, CK_TMA=tma,
                   num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
@@ -281,9 +359,20 @@ def chunk_kda_recurrent(
         else:
             rows = V + K if pass_ == 1 else V
             grid = (segments.shape[0] * H, -(-rows // block_v))
-        chunk_kda_recurrent_kernel[grid](
-            v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
-            opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), T,
-            idx_ptr=state_indices, ck_ptr=checkpoints, ck_offsets_ptr=checkpoint_offsets,
-            PASS=pass_, **common)
+        nv_inner = 0
+        if value_blocks_inner:
+            grid, nv_inner = (grid[0] * grid[1],), grid[1]
+        args = (v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
+                opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order),
+                opt(segments), T)
+        kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
+                  ck_offsets_ptr=checkpoint_offsets, PASS=pass_, NV_INNER=nv_inner)
+        if guard == "launch":  # the redo as a second launch (flags: one a program)
+            flags = torch.zeros(math.prod(grid), device=v.device, dtype=torch.int32)
+            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=1),
+                                             flag_ptr=flags)
+            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=2,
+                                                           DT=tl.float32), flag_ptr=flags)
+        else:
+            chunk_kda_recurrent_kernel[grid](*args, **kw)
     return o
