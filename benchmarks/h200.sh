@@ -2,13 +2,15 @@
 # The H200 figures behind docs/BENCHMARKS.md, docs/check/ and docs/hunt.md, as steps that fit in
 # device calls of at most 10 minutes (kind nvidia-h200, carrying .peers, .whl and .runs as
 # scripts/device/peers.sh describes):
-#   bash benchmarks/h200.sh STEP...     (from the repository root, on the device machine)
+#   KDALAB_COMMIT=<sha> bash benchmarks/h200.sh STEP...   (from the repository root, there)
 # Steps:
 #   check     kdalab check kdalab fla flashkda, full suite, contracts (docs/check/); continues
 #             the run carried in .runs/check (--resume) when there is one
 #   hunt      kdalab hunt kdalab for HUNT_S seconds; continues the hunt carried in
 #             .runs/hunt-kdalab (--resume) when there is one (the 10-minute hunt is two calls)
 #   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
+#   kend      KEND stored in fp32 against fp16 (benchmarks/bench_kend.py)
+#   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh)
 #   serving   benchmarks/bench_decode.py: decode, pool, checkpoints, many short sequences
@@ -20,7 +22,10 @@
 # are printed. Unpack it into .runs/ here to carry the check and the hunt into the next call.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 COLUMNS=200
+# KDALAB_COMMIT: the commit sent (the device's copy of .git is not the checkout's); the check's
+# report records it
 date -u +"%Y-%m-%dT%H:%MZ"; nvidia-smi --query-gpu=name --format=csv,noheader
+echo "commit ${KDALAB_COMMIT:=unknown}"; export KDALAB_COMMIT
 source scripts/device/peers.sh
 R=/tmp/kd
 mkdir -p "$R"
@@ -62,8 +67,20 @@ step_cublas() {
         --raw "$D/cublas_shapes.npz" 2>&1 | tee "$D/cublas.log" | tail -n 40
 }
 
+step_kend() {
+    timeout "${KEND_S:-120}" python3 benchmarks/bench_kend.py --shapes "${KEND_SHAPES:-T1024_H16,B8_T4096_H32_state,T8192_H64,varlen1024x8_H64,T131072_H8}" \
+        --rounds 2 --json "$D/kend.json" 2>&1 | tee "$D/kend.log" | tail -n 8
+}
+
+step_fla-causal() {
+    k 200 check fla --device cuda --suite quick --cases 'contract/causal/*' --out "$D/check" \
+        --quiet > "$D/check.log" 2>&1
+    echo "fla causal exit $?"; grep -E "causal" "$D/check/report.md" | head -n 4
+}
+
 step_gpu-tests() {
-    OUT=$D timeout "${TESTS_S:-420}" bash scripts/device/gpu_tests.sh > "$D/gpu_tests.log" 2>&1
+    OUT=$D timeout "${TESTS_S:-420}" bash scripts/device/gpu_tests.sh ${TESTS_K:+-k "$TESTS_K"} \
+        > "$D/gpu_tests.log" 2>&1
     echo "gpu tests exit $?"; tail -n 25 "$D/gpu_tests.log"
 }
 

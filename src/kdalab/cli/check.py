@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import json
 import math
+import os
 import signal
 import subprocess
 import sys
@@ -50,6 +51,9 @@ def _versions() -> dict:
             out[dist] = getattr(sys.modules[module], "__version__", "?")
     if torch.version.cuda:
         out["cuda"] = torch.version.cuda
+    if os.environ.get("KDALAB_COMMIT"):  # a copy of the tree whose git metadata is not its own
+        out["kdalab commit"] = os.environ["KDALAB_COMMIT"]
+        return out
     try:
         commit = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"],
                                 capture_output=True, text=True, timeout=5,
