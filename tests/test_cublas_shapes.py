@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 import cublas_shapes as cs  # noqa: E402
 from report import check_schema  # noqa: E402
 
-from kdalab.arith import FP16  # noqa: E402
+from kdalab.arith import FP16, get_accumulation  # noqa: E402
 from kdalab.arith.orders import ORDERS, Order, ordered_gemm  # noqa: E402
 from kdalab.arith.tensorcore import gemmex_16f, tc_chain  # noqa: E402
 
@@ -141,3 +141,20 @@ def test_a_launch_gets_flat_operands_and_zeros_where_k_is_zero():
     assert p.result().shape == (3, 2, 4, 5) and bool((p.result() == 0).all())
     with pytest.raises(ValueError, match="x: operands must be torch.bfloat16"):
         product(a, b, torch.float32, "x", torch.bfloat16)
+
+
+def test_h200_equals_cublas_gemmex_where_cublas_chains():
+    """The H200's cublasGemmEx outputs at the shapes where it runs a k16 chain, not slices of 8
+    (benchmarks/cublas_shapes.py on the H200, a subset of its --raw npz, the matrices where
+    slices of 8 differ first): the model equals every bit, and slices of 8 would not."""
+    path = Path(__file__).parent / "data" / "tensorcore" / "cublas_shapes.npz"
+    with np.load(path) as z:
+        data = {k: torch.from_numpy(z[k]) for k in z.files}
+    h200 = get_accumulation("h200")
+    shapes = sorted({k.split("|")[0] for k in data})
+    assert len(shapes) == 7
+    for shape in shapes:
+        a, b, out = (data[f"{shape}|{x}"] for x in ("a", "b", "out"))
+        assert bool(cs.same_bits(h200.matmul(a, b), out).all()), shape
+        slices = cs.same_bits(ordered_gemm(a, b, ORDER["slices8-seq"]), out).flatten(1).all(1)
+        assert int((~slices).sum()) >= 5, shape  # the data tells the two apart
