@@ -158,3 +158,17 @@ def test_h200_equals_cublas_gemmex_where_cublas_chains():
         assert bool(cs.same_bits(h200.matmul(a, b), out).all()), shape
         slices = cs.same_bits(ordered_gemm(a, b, ORDER["slices8-seq"]), out).flatten(1).all(1)
         assert int((~slices).sum()) >= 5, shape  # the data tells the two apart
+
+
+def test_a_dense_sweep_over_chosen_shapes_and_candidates():
+    result = cs.measure(_stand_in(ORDER["mma-k16-chain"]), "cpu", matrices=3, square=(20,),
+                        shapes=((1, 40, 32), (24, 24, 64)), neumann_rows=False, fwdsub_k=(),
+                        only=("mma-k16-chain", "slices8-seq"), log=lambda s: None)
+    rows = {(r["shape"], r["source"]): r for r in result["rows"]}
+    assert set(rows) == {("20x20x20", "dense"), ("1x40x32", "dense"), ("24x24x64", "dense")}
+    for r in rows.values():
+        assert set(r["results"]) == {"h200", "mma-k16-chain", "slices8-seq"}
+        assert "mma-k16-chain" in r["exact"]
+    # the model chains at n = 64 (a multiple of 32 from 64 on) and slices below
+    assert "h200" in rows[("24x24x64", "dense")]["exact"]
+    assert "h200" not in rows[("20x20x20", "dense")]["exact"]
