@@ -172,3 +172,24 @@ def test_a_dense_sweep_over_chosen_shapes_and_candidates():
     # the model chains at n = 64 (a multiple of 32 from 64 on) and slices below
     assert "h200" in rows[("24x24x64", "dense")]["exact"]
     assert "h200" not in rows[("20x20x20", "dense")]["exact"]
+
+
+@pytest.mark.gpu
+def test_cublas_gemmex_equals_h200_and_its_gpu_twin_where_it_chains():
+    """On the H200: cublasGemmEx (one call per matrix) at the chained shapes and at slices of 8
+    next to them equals the CPU model, and gpu-h200 (kdalab's kernels) equals both."""
+    from kdalab.arith.gpu.cublas import cublas_gemm_single
+
+    shapes = ((64, 64, 64), (96, 96, 96), (1, 17, 64), (1, 48, 64), (48, 48, 48), (80, 80, 80))
+    result = cs.measure(cublas_gemm_single, "cuda", matrices=8, runs=2, square=(64,),
+                        shapes=shapes, fwdsub_k=(17, 63), emulate="cuda",
+                        only=("mma-k16-chain", "slices8-seq"), log=lambda s: None)
+    assert len(result["rows"]) == 2 + 2 + len(shapes)
+    for r in result["rows"]:
+        assert "h200" in r.get("exact", ()), (r["shape"], r["source"], r.get("error"))
+    assert result["chain"]["differ"] == 0
+    twin = get_accumulation("gpu-h200")
+    for m, k, n in shapes:
+        a, b = cs.dense_operands(m, k, n, 8, seed=0)
+        assert bool(cs.same_bits(twin.matmul(a.cuda(), b.cuda()),
+                                 get_accumulation("h200").matmul(a, b)).all()), (m, k, n)
