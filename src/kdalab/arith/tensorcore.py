@@ -30,10 +30,9 @@ Models (each registers itself in :mod:`kdalab.arith.registry`; ``gpu_twin``: the
 =====================  =========================================================================
 ``h200``               cuBLAS ``cublasGemmEx`` with ``CUBLAS_COMPUTE_16F``, one matrix per call,
                        as the seed calls it. cuBLAS picks its algorithm by shape
-                       (:func:`gemmex_algorithm`); for the seed's C×C×C products, K ≤ 16 is one
-                       block, C = 64 (and 96) a chain of k16 blocks as ``h200-mma``, and other
-                       K > 16 is split into slices of 8 products, each one block with c = 0
-                       rounded to fp16, the slices added left to right in fp16.
+                       (:func:`gemmex_algorithm`); for the seed's C×C×C products K ≤ 16 is one
+                       block, C = 64 a chain of k16 blocks (``h200-mma``), other K > 16 slices
+                       of 8 products, each a block with c = 0 rounded to fp16, added in fp16.
 ``h200-mma``           chained ``mma.sync.m16n8k16.f16.f16.f16.f16`` over K-blocks of 16, the
                        accumulator in fp16 (FlashKDA's Neumann inverse). cuBLAS
                        ``cublasGemmStridedBatchedEx`` with COMPUTE_16F and Triton's
