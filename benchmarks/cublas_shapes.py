@@ -3,32 +3,21 @@
 runs per shape on this GPU, against candidate orders built from kdalab's Tensor-Core block
 (run on a CUDA device; issue 23, part 5).
 
-    PYTHONPATH=$PWD/src python3 benchmarks/cublas_shapes.py \\
-        [--json PATH] [--raw PATH.npz] [--matrices 200] [--runs 42]
+    PYTHONPATH=$PWD/src python3 benchmarks/cublas_shapes.py [--json PATH] [--raw PATH.npz] \\
+        [--square 17-64] [--shapes 1x24x32,...] [--dense-only] [--candidates a,b]
 
-For every shape, fp16 operands go through one ``cublas_gemm_single`` call each (copied to fresh
-allocations, as the seed's tensors are: cuBLAS may choose by alignment), and the fp16 result is
-compared bit for bit with the current ``h200`` model (``gemmex_16f``), the exact sum rounded once
-and every order of :mod:`kdalab.arith.orders` (built from ``tc_block``), emulated with kdalab's
-own torch code on the GPU (``--emulate cuda``, checked against the CPU per shape) or the CPU.
-
-Operand sources (each shape says which):
-
-* ``neumann``: the products the seed's Neumann inverse issues (L², inv·L², …) on fp16(stable L)
-  of ``model_like`` runs at C = n, the chain run on the GPU with cuBLAS itself (so each product's
-  operands are the device's); at C = 64 also the whole chain's inverse against the CPU ``h200``
-  model's, and ``inv_stable_l_rel_rmse`` of both (the issue's 12 of 252 runs);
-* ``dense``: dense fp16 matrices, N(0, 1) times 2^u, u uniform in [-4, 2] per matrix;
-* ``fwdsub``: the 1×k×64 products of ``forward_substitution`` (flashkda's forward-substitution
-  variant, C = 64) on the same runs;
-* ``sgemm``: the fp32 GEMM that builds the seed's L (``k_decayed.float() @ k_inverse.float().t()``,
-  C×128×C, tf32 off) against ``h200-sgemm``.
-
-Prints a table (shape × candidate → fraction of bit-identical fp16 outputs, matrices fully
-identical) and which candidates match 100 % per shape. ``--json``: docs/BENCHMARKS.md's shape,
-one row per shape (the ``h200`` model's fraction; the note names the 100 % candidates).
-``--raw``: operands and cuBLAS outputs of the shapes where ``h200`` fails (64³ always), < 5 MB,
-with the full table as JSON text, for a CPU test that pins a model to them.
+Each product is one ``cublas_gemm_single`` call (operands in fresh allocations, as the seed's:
+cuBLAS may choose by alignment); its fp16 result is compared bit for bit with the ``h200`` model
+(``gemmex_16f``), the exact sum rounded once and every order of :mod:`kdalab.arith.orders`,
+emulated by kdalab's torch code on the GPU (checked against the CPU per shape) or the CPU.
+Operands (each row says which): ``neumann``, the products of the seed's Neumann inverse of
+fp16(stable L) of model_like runs at C = n, the chain run with cuBLAS itself (at C = 64 also the
+whole chains against the CPU model, with ``inv_stable_l_rel_rmse``); ``dense``, N(0, 1)·2^u with
+u uniform in [-4, 2] per matrix; ``fwdsub``, the 1×k×64 products of ``forward_substitution``
+(C = 64); ``sgemm``, the seed's fp32 L (``a.float() @ b.float().t()``, C×128×C) against
+``h200-sgemm``. Prints the table (shape × candidate: fraction of equal outputs, matrices equal)
+and the 100 % candidates per shape. ``--json``: docs/BENCHMARKS.md's shape, a row per shape;
+``--raw``: operands and outputs where ``h200`` fails (and 64³), < 5 MB, for golden tests.
 """
 
 from __future__ import annotations
@@ -52,6 +41,7 @@ from kdalab.arith.linalg import inv64  # noqa: E402
 from kdalab.arith.orders import ORDERS, ordered_gemm  # noqa: E402
 from kdalab.arith.tensorcore import gemmex_16f  # noqa: E402
 from kdalab.kda.inverse import neumann_factor_count  # noqa: E402
+from kdalab.params import int_list  # noqa: E402
 
 SQUARE = (16, 32, 48, 56, 64, 80, 96, 112, 128)
 #: k of the 1×k×64 forward-substitution products compared (k ≤ 16 is one block: verified)
@@ -62,9 +52,10 @@ RAW_BYTES = 4_500_000  # --raw stays below 5 MB uncompressed
 RAW_PER_SHAPE = 32
 
 
-def candidates(m: int, k: int, n: int) -> dict[str, Callable]:
-    """Name → f(a, b) of every candidate at this shape: ``h200`` (the model), ``fp16-once`` and
-    the :data:`ORDERS` (an order equal to an earlier one at this k maps to the same function)."""
+def candidates(m: int, k: int, n: int, only: tuple = ()) -> dict[str, Callable]:
+    """Name → f(a, b) of every candidate at this shape (``only``: these and ``h200``): ``h200``
+    (the model), ``fp16-once`` and the :data:`ORDERS` (an order equal to an earlier one at this
+    k maps to the same function)."""
     out: dict[str, Callable] = {
         "h200": lambda a, b: gemmex_16f(a.double(), b.double()),
         "fp16-once": lambda a, b: get_accumulation("fp16-once").matmul(a.half(), b.half()),
@@ -75,7 +66,7 @@ def candidates(m: int, k: int, n: int) -> dict[str, Callable]:
         if key not in seen:
             seen[key] = (lambda o: lambda a, b: ordered_gemm(a, b, o))(order)
         out[order.name] = seen[key]
-    return out
+    return {name: f for name, f in out.items() if not only or name == "h200" or name in only}
 
 
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -140,7 +131,6 @@ class Recorder:
     def __init__(self, gemm: Callable) -> None:
         self.gemm = gemm
         self.products: dict[tuple, list] = {}
-        self.calls = 0
 
     def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
@@ -148,7 +138,6 @@ class Recorder:
         b3 = b.expand(lead + b.shape[-2:]).reshape((-1,) + b.shape[-2:])
         # fresh allocations, as the seed's operands: cuBLAS may choose its kernel by alignment
         out = torch.stack([self.gemm(a3[i].clone(), b3[i].clone()) for i in range(a3.shape[0])])
-        self.calls += a3.shape[0]
         shape = (a3.shape[1], a3.shape[2], b3.shape[2])
         self.products.setdefault(shape, []).append((a3.cpu(), b3.cpu(), out.cpu()))
         return out.reshape(lead + out.shape[-2:])
@@ -214,26 +203,24 @@ def run_on(gemm: Callable, a: torch.Tensor, b: torch.Tensor, device: str) -> tor
                         for i in range(a.shape[0])])
 
 
-def shape_label(m: int, k: int, n: int) -> str:
-    return f"{m}x{k}x{n}"
-
-
 def measure(gemm: Callable, device: str, *, matrices: int = 200, runs: int = 42,
-            emulate: str = "cpu", dense: bool = True,
-            square: tuple = SQUARE, fwdsub_k: tuple = FWDSUB_K, sgemm_chunks: tuple = (),
-            sgemm: Callable | None = None, budget_s: float | None = None, log=print) -> dict:
+            emulate: str = "cpu", dense: bool = True, neumann_rows: bool = True,
+            square: tuple = SQUARE, shapes: tuple = (), fwdsub_k: tuple = FWDSUB_K,
+            sgemm_chunks: tuple = (), sgemm: Callable | None = None, only: tuple = (),
+            budget_s: float | None = None, log=print) -> dict:
     """Every comparison; returns {"rows": [...], "chain": {...}, "raw": {...}}. ``gemm(a, b)``:
-    one fp16 product of two 2-D tensors on ``device`` (cuBLAS on the GPU; a mock in tests)."""
+    one fp16 product of two 2-D tensors on ``device`` (cuBLAS on the GPU; a mock in tests).
+    ``shapes``: more (m, k, n) with dense operands; ``only``: the candidates to compare."""
     rows: list[dict] = []
     raw: dict[str, tuple] = {}
     chain: dict = {}
     t0 = time.perf_counter()
 
     def record(source: str, shape: tuple, a, b, out, cands=None):
-        label = shape_label(*shape)
+        label = "x".join(map(str, shape))
         t = time.perf_counter()
         try:
-            res = compare(a, b, out, cands or candidates(*shape), emulate)
+            res = compare(a, b, out, cands or candidates(*shape, only), emulate)
         except Exception:
             log(f"  {label} {source}: FAILED\n{traceback.format_exc()}")
             rows.append({"shape": label, "source": source, "error": traceback.format_exc(-1)})
@@ -262,9 +249,9 @@ def measure(gemm: Callable, device: str, *, matrices: int = 200, runs: int = 42,
                 f"differ from the CPU h200 model; max |Δ inv_stable_l_rel_rmse| "
                 f"{chain['max_metric_diff']:.3g}")
 
-    def dense_rows(n: int):
-        a, b = dense_operands(n, n, n, matrices, seed=n)
-        record("dense", (n, n, n), a, b, run_on(gemm, a, b, device))
+    def dense_rows(shape: tuple):
+        a, b = dense_operands(*shape, matrices, seed=hash(shape) % 2**31)
+        record("dense", shape, a, b, run_on(gemm, a, b, device))
 
     def fwdsub():
         rec = fwdsub_source(64, runs, gemm, device)
@@ -273,15 +260,15 @@ def measure(gemm: Callable, device: str, *, matrices: int = 200, runs: int = 42,
 
     # the issue's size first, so that a run out of time still has it
     order = sorted(square, key=lambda n: (n != 64, n))
-    tasks = [(f"neumann {n}", lambda n=n: neumann(n)) for n in order[:1]]
-    tasks += [(f"dense {n}", lambda n=n: dense_rows(n)) for n in order[:1] if dense]
-    tasks += [("fwdsub", fwdsub)] if fwdsub_k else []
-    tasks += [(f"sgemm {c}", lambda c=c: _sgemm_rows(c, runs, sgemm, device, record))
-              for c in sgemm_chunks]
-    for n in order[1:]:
-        tasks.append((f"neumann {n}", lambda n=n: neumann(n)))
-        if dense:
-            tasks.append((f"dense {n}", lambda n=n: dense_rows(n)))
+    tasks = []
+    for i, n in enumerate(order):
+        tasks += [(f"neumann {n}", lambda n=n: neumann(n))] if neumann_rows else []
+        tasks += [(f"dense {n}", lambda n=n: dense_rows((n, n, n)))] if dense else []
+        if i == 0:
+            tasks += [("fwdsub", fwdsub)] if fwdsub_k else []
+            tasks += [(f"sgemm {c}", lambda c=c: _sgemm_rows(c, runs, sgemm, device, record))
+                      for c in sgemm_chunks]
+    tasks += [("x".join(map(str, sh)), lambda sh=sh: dense_rows(sh)) for sh in shapes]
     for what, fn in tasks:
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             log(f"  {what}: skipped (time budget of {budget_s:.0f} s spent)")
@@ -397,6 +384,12 @@ def main(argv=None) -> int:
     p.add_argument("--raw", help="write operands and cuBLAS outputs (.npz) here")
     p.add_argument("--matrices", type=int, default=200, help="matrices per shape")
     p.add_argument("--runs", type=int, default=42, help="model_like runs at C = 64")
+    p.add_argument("--square", default=",".join(map(str, SQUARE)),
+                   help="square sizes n (list grammar: 17-64,80)")
+    p.add_argument("--shapes", default="", help="more shapes MxKxN, comma-separated (dense)")
+    p.add_argument("--dense-only", action="store_true",
+                   help="dense operands only: no Neumann, forward-substitution or fp32 rows")
+    p.add_argument("--candidates", default="", help="compare only these (and h200)")
     p.add_argument("--budget-s", type=float, default=45.0,
                    help="start no shape after this many seconds (the rest are reported skipped)")
     p.add_argument("--emulate", choices=("cuda", "cpu"), default="cuda",
@@ -418,9 +411,13 @@ def main(argv=None) -> int:
     def sgemm(a, b):  # the seed's per-run fp32 product, b a transposed view as its .t()
         return torch.matmul(a, b)
 
+    shapes = tuple(tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",") if sh)
     result = measure(cublas_gemm_single, "cuda", matrices=args.matrices, runs=args.runs,
                      emulate=args.emulate, budget_s=args.budget_s,
-                     sgemm_chunks=SGEMM_CHUNKS, sgemm=sgemm,
+                     square=int_list(args.square, "--square", 1), shapes=shapes,
+                     neumann_rows=not args.dense_only, fwdsub_k=() if args.dense_only else FWDSUB_K,
+                     sgemm_chunks=() if args.dense_only else SGEMM_CHUNKS, sgemm=sgemm,
+                     only=tuple(c for c in args.candidates.split(",") if c),
                      log=lambda s: print(s, flush=True))
     print("\n" + table(result["rows"]))
     print("\nper shape, the candidates that match 100 %:")

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 import cublas_shapes as cs  # noqa: E402
 from report import check_schema  # noqa: E402
 
-from kdalab.arith import FP16  # noqa: E402
+from kdalab.arith import FP16, get_accumulation  # noqa: E402
 from kdalab.arith.orders import ORDERS, Order, ordered_gemm  # noqa: E402
 from kdalab.arith.tensorcore import gemmex_16f, tc_chain  # noqa: E402
 
@@ -141,3 +141,55 @@ def test_a_launch_gets_flat_operands_and_zeros_where_k_is_zero():
     assert p.result().shape == (3, 2, 4, 5) and bool((p.result() == 0).all())
     with pytest.raises(ValueError, match="x: operands must be torch.bfloat16"):
         product(a, b, torch.float32, "x", torch.bfloat16)
+
+
+def test_h200_equals_cublas_gemmex_where_cublas_chains():
+    """The H200's cublasGemmEx outputs at the shapes where it runs a k16 chain, not slices of 8
+    (benchmarks/cublas_shapes.py on the H200, a subset of its --raw npz, the matrices where
+    slices of 8 differ first): the model equals every bit, and slices of 8 would not."""
+    path = Path(__file__).parent / "data" / "tensorcore" / "cublas_shapes.npz"
+    with np.load(path) as z:
+        data = {k: torch.from_numpy(z[k]) for k in z.files}
+    h200 = get_accumulation("h200")
+    shapes = sorted({k.split("|")[0] for k in data})
+    assert len(shapes) == 7
+    for shape in shapes:
+        a, b, out = (data[f"{shape}|{x}"] for x in ("a", "b", "out"))
+        assert bool(cs.same_bits(h200.matmul(a, b), out).all()), shape
+        slices = cs.same_bits(ordered_gemm(a, b, ORDER["slices8-seq"]), out).flatten(1).all(1)
+        assert int((~slices).sum()) >= 5, shape  # the data tells the two apart
+
+
+def test_a_dense_sweep_over_chosen_shapes_and_candidates():
+    result = cs.measure(_stand_in(ORDER["mma-k16-chain"]), "cpu", matrices=3, square=(20,),
+                        shapes=((1, 40, 32), (24, 24, 64)), neumann_rows=False, fwdsub_k=(),
+                        only=("mma-k16-chain", "slices8-seq"), log=lambda s: None)
+    rows = {(r["shape"], r["source"]): r for r in result["rows"]}
+    assert set(rows) == {("20x20x20", "dense"), ("1x40x32", "dense"), ("24x24x64", "dense")}
+    for r in rows.values():
+        assert set(r["results"]) == {"h200", "mma-k16-chain", "slices8-seq"}
+        assert "mma-k16-chain" in r["exact"]
+    # the model chains at n = 64 (a multiple of 32 from 64 on) and slices below
+    assert "h200" in rows[("24x24x64", "dense")]["exact"]
+    assert "h200" not in rows[("20x20x20", "dense")]["exact"]
+
+
+@pytest.mark.gpu
+def test_cublas_gemmex_equals_h200_and_its_gpu_twin_where_it_chains():
+    """On the H200: cublasGemmEx (one call per matrix) at the chained shapes and at slices of 8
+    next to them equals the CPU model, and gpu-h200 (kdalab's kernels) equals both."""
+    from kdalab.arith.gpu.cublas import cublas_gemm_single
+
+    shapes = ((64, 64, 64), (96, 96, 96), (1, 17, 64), (1, 48, 64), (48, 48, 48), (80, 80, 80))
+    result = cs.measure(cublas_gemm_single, "cuda", matrices=8, runs=2, square=(64,),
+                        shapes=shapes, fwdsub_k=(17, 63), emulate="cuda",
+                        only=("mma-k16-chain", "slices8-seq"), log=lambda s: None)
+    assert len(result["rows"]) == 2 + 2 + len(shapes)
+    for r in result["rows"]:
+        assert "h200" in r.get("exact", ()), (r["shape"], r["source"], r.get("error"))
+    assert result["chain"]["differ"] == 0
+    twin = get_accumulation("gpu-h200")
+    for m, k, n in shapes:
+        a, b = cs.dense_operands(m, k, n, 8, seed=0)
+        assert bool(cs.same_bits(twin.matmul(a.cuda(), b.cuda()),
+                                 get_accumulation("h200").matmul(a, b)).all()), (m, k, n)

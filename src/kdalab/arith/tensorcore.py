@@ -30,9 +30,9 @@ Models (each registers itself in :mod:`kdalab.arith.registry`; ``gpu_twin``: the
 =====================  =========================================================================
 ``h200``               cuBLAS ``cublasGemmEx`` with ``CUBLAS_COMPUTE_16F``, one matrix per call,
                        as the seed calls it. cuBLAS picks its algorithm by shape
-                       (:func:`gemmex_algorithm`); for the seed's C×C×C products, K ≤ 16 is one
-                       block, and K > 16 is split into slices of 8 products, each one block with
-                       c = 0 rounded to fp16, the slices added left to right in fp16.
+                       (:func:`gemmex_algorithm`); for the seed's C×C×C products K ≤ 16 is one
+                       block, C = 64 a chain of k16 blocks (``h200-mma``), other K > 16 slices
+                       of 8 products, each a block with c = 0 rounded to fp16, added in fp16.
 ``h200-mma``           chained ``mma.sync.m16n8k16.f16.f16.f16.f16`` over K-blocks of 16, the
                        accumulator in fp16 (FlashKDA's Neumann inverse). cuBLAS
                        ``cublasGemmStridedBatchedEx`` with COMPUTE_16F and Triton's
@@ -286,16 +286,17 @@ def gemmex_algorithm(m: int, k: int, n: int) -> tuple[str, int]:
     """Which algorithm cuBLAS's ``cublasGemmEx`` (COMPUTE_16F, one matrix) runs for ``m×k @ k×n``.
 
     cuBLAS picks a kernel per shape; these rules reproduce every shape measured on the H200
-    (docs/tensor-cores.md lists them):
+    (docs/tensor-cores.md lists them; ``benchmarks/cublas_shapes.py`` measures them):
 
     * ``("block", 16)``: k ≤ 16, one Tensor-Core block;
-    * ``("chain", 16)``: m, n ≤ 16: k16 blocks chained through the fp16 accumulator
-      (measured 16×32×16, 8×64×8);
+    * ``("chain", 16)``: m, n ≤ 16 (measured 16×32×16, 8×64×8), or n a multiple of 32 from 64
+      on (measured 64×64×64, 96×96×96, 1×k×64 for k = 17…63): k16 blocks chained through the fp16
+      accumulator (as ``mma.sync``);
     * ``("split-chain", 64)``: k ≥ 128: K in halves of 64, each a k16 chain, the halves added in
       fp16 (measured 32×128×32);
-    * ``("split", 8)`` otherwise: slices of 8 products, each one block with c = 0 rounded to fp16,
-      added left to right in fp16 (measured m = n = k = 17, 18, 19, 24, 32, 48; 24×40×24;
-      64×24×40).
+    * ``("split", 8)`` otherwise: slices of 8 products, each one block with c = 0, rounded to fp16,
+      added left to right in fp16 (measured m = n = k = 17, 18, 19, 24, 32, 48, 56, 80;
+      24×40×24; 64×24×40).
     """
     if k <= BLOCK_K:
         return ("block", BLOCK_K)
@@ -303,6 +304,8 @@ def gemmex_algorithm(m: int, k: int, n: int) -> tuple[str, int]:
         return ("chain", BLOCK_K)
     if k >= 128:
         return ("split-chain", 64)
+    if n >= 64 and n % 32 == 0:
+        return ("chain", BLOCK_K)
     return ("split", GEMMEX_SLICE)
 
 
