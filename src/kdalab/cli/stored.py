@@ -54,8 +54,14 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
         try:
             with WeightedProgress(noun, store.runs, total, quiet) as bar:
                 bar.advance(before, total * before / max(store.runs, 1))
+
+                def advance(batch) -> None:
+                    if bar.items == before:
+                        mark("first batch stored")
+                    bar.advance(len(batch.index), weight(batch))
+
                 ran = run_into_store(study, store, backend=backend, address=address,
-                                     progress=lambda b: bar.advance(len(b.index), weight(b)))
+                                     progress=advance)
             store.flush()
             mark("every record on disk")
         except BaseException:

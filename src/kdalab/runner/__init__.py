@@ -19,6 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from kdalab.records import RunStore
+from kdalab.runner import drawer
 from kdalab.runner.ray import BACKENDS, check_backend, ray_cluster, ray_map
 
 __all__ = ["Study", "BACKENDS", "check_backend", "open_store", "run_into_store"]
@@ -63,8 +64,10 @@ def run_into_store(study: Study, store: RunStore, *, backend: str = "local",
                    max_batch: int | None = None, threads: int | None = None) -> int:
     """Run the runs of ``study`` that ``store`` lacks and append their records; return how
     many ran. ``progress(batch)`` is called after each batch is stored (on Ray, as its shard
-    completes). ``backend``: ``local`` (this process) or ``ray`` (:mod:`kdalab.runner.ray`:
-    shards of batches on one actor per GPU or CPU; ``address`` joins a cluster)."""
+    completes). ``backend``: ``local`` (this process), ``drawer`` (this process, the inputs
+    drawn in a second one: :mod:`kdalab.runner.drawer`; studies whose ``compute`` takes a
+    ``drawer``) or ``ray`` (:mod:`kdalab.runner.ray`: shards of batches on one actor per GPU or
+    CPU; ``address`` joins a cluster)."""
     pending = int((~store.done).sum())
     batches = study.batches(max_batch, store.done.copy())
 
@@ -73,8 +76,9 @@ def run_into_store(study: Study, store: RunStore, *, backend: str = "local",
         if progress is not None:
             progress(batch)
 
-    if backend == "local":
-        for batch, table in study.compute(batches, threads):
+    if backend in ("local", "drawer"):
+        extra = {"drawer": drawer.start()} if backend == "drawer" else {}
+        for batch, table in study.compute(batches, threads, **extra):
             stored(batch, table)
         return pending
     check_backend(backend, address)

@@ -236,14 +236,15 @@ class SweepPlan:
     def gpu(self) -> bool:
         return torch.device(self.device).type == "cuda"
 
-    def compute(self, batches: Iterable[Batch], threads: int | None = None
+    def compute(self, batches: Iterable[Batch], threads: int | None = None, drawer=None
                 ) -> Iterator[tuple[Batch, object]]:
         """``(batch, records)`` in this process, pipelined on CUDA (:func:`iter_batch_tables`),
-        on ``threads`` intra-op threads (default 1: :func:`cpu_threads`)."""
+        on ``threads`` intra-op threads (default 1: :func:`cpu_threads`); the inputs drawn by
+        ``drawer`` (:class:`kdalab.runner.drawer.Drawer`) where one is given."""
         device = torch.device(self.device)
         with cpu_threads(device, threads):
             yield from iter_batch_tables(batches, self.accumulations, recipe=self.recipe,
-                                         device=device)
+                                         device=device, drawer=drawer)
 
     def shard_fn(self):
         """A Ray worker's function (:func:`run_shard`), pickled with names, not models."""
@@ -297,14 +298,16 @@ def cpu_threads(device: torch.device, threads: int | None):
 
 
 def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
-                      *, recipe: Recipe, device: torch.device
+                      *, recipe: Recipe, device: torch.device, drawer=None
                       ) -> Iterator[tuple[Batch, object]]:
     """``(batch, records)`` for each batch in order, the records an Arrow table
     (:func:`~kdalab.studies.inverse.record_schema`).
 
     On CUDA the batches are pipelined: while the GPU computes batch n, the inputs of the next
     are drawn on a thread and this thread queues batch n+1's work, then builds batch n's
-    records; the only wait for the GPU is each batch's one copy of its metrics back.
+    records; the only wait for the GPU is each batch's one copy of its metrics back. With a
+    ``drawer`` (:class:`kdalab.runner.drawer.Drawer`) the inputs are drawn in its process
+    instead, a few batches ahead, on any device.
     """
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
         device = torch.device("cuda", torch.cuda.current_device())
@@ -314,11 +317,14 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
                             inputs=inputs)
 
     source = iter(batches)
-    if not _pipelined(device):
+    if drawer is not None:
+        inputs_of = _drawn_by(drawer, source, device)
+    elif not _pipelined(device):
         for batch in source:
             yield batch, launch(batch).table(batch.index)
         return
-    inputs_of = _drawn_ahead(source, device)
+    else:
+        inputs_of = _drawn_ahead(source, device)
     pending = None
     try:
         for batch, inputs in inputs_of:
@@ -348,6 +354,17 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
         finally:
             if drawn is not None:
                 drawn.cancel()
+
+
+def _drawn_by(drawer, source: Iterator[Batch], device: torch.device):
+    """``(batch, inputs)`` in order, drawn in ``drawer``'s process, then copied to ``device``."""
+    drawn = drawer.ahead((batch, make_inputs_batch, (batch.runs,)) for batch in source)
+    try:
+        for batch, inputs in drawn:
+            yield batch, ChunkInputs(*(t.to(device, non_blocking=True) for t in
+                                       (inputs.keys, inputs.log_decay, inputs.beta)))
+    finally:
+        drawn.close()
 
 
 def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str,
