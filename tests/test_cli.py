@@ -521,6 +521,18 @@ LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may 
     (["run", "dynamic-range", "--model-seeds", "0-999999", "--out", "{tmp}/o"],
      "--model-seeds: each chunk size would make"),
     (["run", "end-to-end", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
+    # an empty path is not '.' (click reads '' as the current folder)
+    (["sweep", "--seeds", "0", "--chunks", "4", "--out", ""], "--out is empty; expected a path"),
+    (["run", "end-to-end", "--quick", "--out="], "--out is empty; expected a path"),
+    (["run", "dynamic-range", "--out", "  "], "--out is empty; expected a path"),
+    (["sweep", "--redraw", ""], "--redraw is empty; expected a path"),
+    # chunk sizes bounded before anything runs, as sweep --chunks 100000 is
+    (["run", "dynamic-range", "--chunks", "2-999999", "--out", "{tmp}/o"],
+     "--chunks: a chunk of 999999 needs about"),
+    (["run", "diagonal-tile", "--chunks", "2-999999", "--out", "{tmp}/o"],
+     "--chunks: a chunk of 999999 needs about"),
+    (["run", "inverse-stability", "--chunks", "2-999999", "--out", "{tmp}/o"],
+     "--chunks: the study would plan 20,999,986 cells"),
     (["run", "dynamic-range", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
     (["run", "diagonal-tile", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
     (["run", "end-to-end", "--quick", "--out", "~nosuchuser-kdalab/x"],

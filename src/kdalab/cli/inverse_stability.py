@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdalab.cli.app import console, prose, run_app
+from kdalab.cli.options import Force, Quiet, Redraw, Resume
 
 KIND = "inverse-stability"
 
@@ -102,18 +103,15 @@ def inverse_stability(
     = None,
     seed: Annotated[int, typer.Option(help="Seed of the draws")] = 0,
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/inverse-stability"),
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Keep the cells already stored in --out and run the rest")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace what --out holds")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="Nothing on the terminal")] = False,
-    redraw: Annotated[bool, typer.Option(
-        help="Run nothing: draw the table and heatmaps again from the records in --out")]
-    = False,
+    resume: Resume = False,
+    force: Force = False,
+    quiet: Quiet = False,
+    redraw: Redraw = False,
 ) -> None:
     from dataclasses import replace
 
     from kdalab import params
-    from kdalab.cli.stored import redraw_study, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_study
     from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK
 
     if redraw:
@@ -143,15 +141,8 @@ def inverse_stability(
         changes["dim"] = params.integer(dim, "--dim", 1, int64=True)
     changes["seed"] = params.integer(seed, "--seed", 0, int64=True)
     cfg = replace(QUICK if quick else FULL, **changes)
-    folder = params.output_folder(out, "--out", create=False)  # the store makes it
-    study = _study(cfg)
-    paths, _, _ = run_into_folder(
-        study, folder, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",
-        again="kdalab run inverse-stability (the same options) --out {out} --resume",
-        summary=lambda ran, seconds: f"{ran} cells × {study.records_per_run} records in "
-                                     f"{seconds:.1f} s")
-    if not quiet:
-        console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
+    run_study(_study(cfg), out, _views, command="inverse-stability", resume=resume, force=force,
+              quiet=quiet)
 
 
 def _views(store, show: bool) -> list[Path]:

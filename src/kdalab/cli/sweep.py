@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdalab.cli.app import app, console, mark, prose
-from kdalab.cli.options import FAMILIES, accumulation_help
+from kdalab.cli.options import FAMILIES, Force, Quiet, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
 
@@ -56,9 +56,7 @@ def sweep(
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the sweep stored in --out: its runs are kept, the rest run "
         "(with no sweep options: the stored sweep's own)")] = False,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Replace what --out holds (another sweep, or an earlier kdalab's "
-        "records)")] = False,
+    force: Force = False,
     backend: Annotated[str, typer.Option(
         help="local (this process), drawer (this process, the inputs drawn ahead in a "
         "second one) or ray (Ray tasks on every GPU or CPU; pip install 'kdalab[ray]')")
@@ -71,8 +69,7 @@ def sweep(
     redraw: Annotated[Optional[Path], typer.Option(
         help="Draw the tables and plots again from the records stored in this folder",
         show_default=False)] = None,
-    quiet: Annotated[bool, typer.Option(
-        "--quiet", help="No progress or tables on the terminal")] = False,
+    quiet: Quiet = False,
 ) -> None:
     if backend == "drawer" and redraw is None:  # first: its imports overlap this process's
         from kdalab.runner.drawer import start

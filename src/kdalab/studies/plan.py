@@ -5,7 +5,6 @@ worker (see docs/sweeps.md)."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,17 +66,21 @@ def memory_budget(device: str) -> int:
 
 
 def check_memory(chunks: Sequence[int], dims: Sequence[int], models: int, device: str,
-                 name: str = "chunks") -> None:
-    """A ValueError naming ``name`` if one run of the largest chunk size would not fit the
+                 name: str = "chunks", bytes_of=run_bytes) -> None:
+    """A ValueError naming ``name`` if the work of the largest chunk size done at once (one run
+    of the sweep: ``bytes_of(chunk, dim, models)``, :func:`run_bytes`) would not fit the
     device's memory budget (:func:`memory_budget`): said before any work or folder is made."""
     budget = memory_budget(device)
     chunk, dim = max(chunks), max(dims)
-    need = run_bytes(chunk, dim, models)
+    need = bytes_of(chunk, dim, models)
     if need > budget:
-        largest = int(math.isqrt(budget // (8 * MATRICES_PER_RUN * max(models, 1))))
-        raise ValueError(f"{name}: a chunk of {chunk} needs about {need / 2**30:,.0f} GiB per run "
-                         f"(C×C float64 matrices), more than {device}'s budget of "
-                         f"{budget / 2**30:,.0f} GiB; choose chunk sizes up to about {largest}")
+        lo, hi = 1, chunk  # the largest chunk that fits: bytes grow with the chunk
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if bytes_of(mid, dim, models) <= budget else (lo, mid - 1)
+        raise ValueError(f"{name}: a chunk of {chunk} needs about {need / 2**30:,.0f} GiB at "
+                         f"once (C×C matrices), more than {device}'s budget of "
+                         f"{budget / 2**30:,.0f} GiB; choose chunk sizes up to about {lo}")
 
 
 @dataclass(frozen=True)
