@@ -42,3 +42,16 @@ def test_a_failing_call_is_raised_and_an_early_stop_closes_the_drawer():
     fresh = drawer.start()
     assert fresh is not d
     assert list(fresh.ahead([("a", operator.add, (2, 3))])) == [("a", 5)]
+
+
+def test_sweep_backend_drawer_stores_the_local_records(tmp_path, capsys):
+    from kdalab.cli import main
+
+    for backend in ("local", "drawer"):
+        with pytest.raises(SystemExit) as done:
+            main(["sweep", "--families", "floor,model_like", "--chunks", "4,16", "--seeds",
+                  "0-2", "--dims", "16", "--out", str(tmp_path / backend), "--quiet",
+                  "--backend", backend])
+        assert done.value.code == 0, capsys.readouterr().err
+    assert identical(RunStore.read_only(tmp_path / "drawer").read(),
+                     RunStore.read_only(tmp_path / "local").read())

@@ -74,7 +74,7 @@ def sweep(
     if backend == "drawer" and redraw is None:  # first: its imports overlap this process's
         from kdalab.runner.drawer import start
 
-        start()
+        start(preload=("kdalab.inputs.draw",))
     from kdalab import params
     from kdalab.runner import check_backend
     from kdalab.studies.sweep import option_field, read_sweep_file

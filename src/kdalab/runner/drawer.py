@@ -24,13 +24,17 @@ DEPTH = 4
 _STARTED: Drawer | None = None
 
 
-def _serve(requests, results) -> None:
-    """The drawer process: import torch at once, then ``fn(*args)`` for each request, in order,
-    until the command closes its end."""
+def _serve(requests, results, preload: tuple[str, ...]) -> None:
+    """The drawer process: import torch and ``preload`` at once, then ``fn(*args)`` for each
+    request, in order, until the command closes its end."""
+    import importlib
+
     import torch
     import torch.multiprocessing  # noqa: F401  (tensors go back through shared memory)
 
     torch.set_num_threads(1)  # small tensors: one thread, as the command's draws
+    for module in preload:
+        importlib.import_module(module)
     while True:
         try:
             request = requests.recv()
@@ -46,11 +50,12 @@ def _serve(requests, results) -> None:
 class Drawer:
     """One drawer process and its two pipes (requests in, results out)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         ctx = multiprocessing.get_context("spawn")  # no copy of a process holding CUDA
         their_requests, self._requests = ctx.Pipe(duplex=False)
         self._results, their_results = ctx.Pipe(duplex=False)
-        self._process = ctx.Process(target=_serve, args=(their_requests, their_results),
+        self._process = ctx.Process(target=_serve,
+                                    args=(their_requests, their_results, tuple(preload)),
                                     name="kdalab-drawer", daemon=True)
         self._process.start()
         their_requests.close()  # the process alone holds them: it sees EOF when we leave
@@ -101,10 +106,10 @@ class Drawer:
             _STARTED = None
 
 
-def start() -> Drawer:
+def start(preload: tuple[str, ...] = ()) -> Drawer:
     """The command's drawer, started now if it is not running (call it first thing: its
-    imports overlap the command's)."""
+    imports, torch's and ``preload``'s, e.g. the module of the draws, overlap the command's)."""
     global _STARTED
     if _STARTED is None or not _STARTED.alive:
-        _STARTED = Drawer()
+        _STARTED = Drawer(preload)
     return _STARTED
