@@ -360,13 +360,27 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
 
 
 def _drawn_by(drawer, source: Iterator[Batch], device: torch.device):
-    """``(batch, inputs)`` in order, drawn in ``drawer``'s process, then copied to ``device``."""
+    """``(batch, inputs)`` in order, drawn in ``drawer``'s process; the next batch's inputs are
+    received and copied to ``device`` on a thread meanwhile (the copy from shared memory is not
+    pinned, so it waits: not on this thread)."""
     drawn = drawer.ahead((batch, make_inputs_batch, (batch.runs,)) for batch in source)
+
+    def receive():
+        got = next(drawn, None)
+        if got is None:
+            return None
+        batch, inputs = got
+        return batch, ChunkInputs(*(t.to(device, non_blocking=True) for t in
+                                    (inputs.keys, inputs.log_decay, inputs.beta)))
+
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead")
+    pending = ahead.submit(receive)
     try:
-        for batch, inputs in drawn:
-            yield batch, ChunkInputs(*(t.to(device, non_blocking=True) for t in
-                                       (inputs.keys, inputs.log_decay, inputs.beta)))
+        while (got := pending.result()) is not None:
+            pending = ahead.submit(receive)
+            yield got
     finally:
+        ahead.shutdown(wait=True, cancel_futures=True)  # the thread is done with ``drawn``
         drawn.close()
 
 
