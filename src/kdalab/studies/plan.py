@@ -270,6 +270,10 @@ class SweepPlan:
         return max(max_batch, min(16 * max_batch, -(-pending // (4 * slots))))
 
 
+def _pipelined(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
 #: run_sweep's batch size by device (False: CPU, True: CUDA); 4096 measured fastest of
 #: 256/512/1024/4096 on the H200 (docs/BENCHMARKS.md).
 DEFAULT_MAX_BATCH = {False: 512, True: 4096}
@@ -318,7 +322,7 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
     source = iter(batches)
     if drawer is not None:
         inputs_of = _drawn_by(drawer, source, device)
-    elif device.type != "cuda":  # not pipelined
+    elif not _pipelined(device):
         for batch in source:
             yield batch, launch(batch).table(batch.index)
         return
