@@ -241,9 +241,8 @@ class SweepPlan:
 
     def compute(self, batches: Iterable[Batch], threads: int | None = None, drawer=None
                 ) -> Iterator[tuple[Batch, object]]:
-        """``(batch, records)`` in this process, pipelined on CUDA (:func:`iter_batch_tables`),
-        on ``threads`` intra-op threads (default 1: :func:`cpu_threads`); the inputs drawn by
-        ``drawer`` (:class:`kdalab.runner.drawer.Drawer`) where one is given."""
+        """``(batch, records)`` in this process (:func:`iter_batch_tables`, with ``drawer``),
+        on ``threads`` intra-op threads (default 1: :func:`cpu_threads`)."""
         device = torch.device(self.device)
         with cpu_threads(device, threads):
             yield from iter_batch_tables(batches, self.accumulations, recipe=self.recipe,
@@ -309,9 +308,7 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
     On CUDA the batches are pipelined: while the GPU computes batch n, the inputs of the next
     are drawn on a thread and this thread queues batch n+1's work, then builds batch n's
     records; the only wait for the GPU is each batch's one copy of its metrics back. With a
-    ``drawer`` (:class:`kdalab.runner.drawer.Drawer`) the inputs are drawn in its process
-    instead, a few batches ahead, on any device.
-    """
+    ``drawer`` (:class:`kdalab.runner.drawer.Drawer`) the inputs are drawn in its process."""
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
         device = torch.device("cuda", torch.cuda.current_device())
 
@@ -360,9 +357,8 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
 
 
 def _drawn_by(drawer, source: Iterator[Batch], device: torch.device):
-    """``(batch, inputs)`` in order, drawn in ``drawer``'s process; the next batch's inputs are
-    received and copied to ``device`` on a thread meanwhile (the copy from shared memory is not
-    pinned, so it waits: not on this thread)."""
+    """``(batch, inputs)`` in order, drawn in ``drawer``'s process, received and copied to
+    ``device`` on a thread (the copy from shared memory is not pinned: it waits)."""
     drawn = drawer.ahead((batch, make_inputs_batch, (batch.runs,)) for batch in source)
 
     def receive():
