@@ -28,7 +28,9 @@ def _serve(requests, results, preload: tuple[str, ...]) -> None:
     """The drawer process: import torch and ``preload`` at once, then ``fn(*args)`` for each
     request, in order, until the command closes its end."""
     import importlib
+    import signal
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # ^C is the command's to report; we end on EOF
     import torch
     import torch.multiprocessing  # noqa: F401  (tensors go back through shared memory)
 
