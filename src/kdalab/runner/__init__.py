@@ -1,5 +1,6 @@
-"""Where a study's batches run: in this process (``local``, the default) or on Ray (``ray``),
-its records going to its store (docs/sweeps.md).
+"""Where a study's batches run: in this process (``local``, the default; ``drawer``, with its
+inputs drawn in a second process: :mod:`kdalab.runner.drawer`) or on Ray (``ray``), its records
+going to its store (docs/sweeps.md).
 
 A study is config → plan → batches → records. What the runner needs of it (the
 :class:`Study` protocol): its identity for the store (``kind``, :meth:`~Study.identity`,
@@ -41,7 +42,8 @@ class Study(Protocol):
 
     def batches(self, max_batch: int | None, done: np.ndarray | None) -> Iterator: ...
 
-    def compute(self, batches: Iterable, threads: int | None = None) -> Iterator: ...
+    def compute(self, batches: Iterable, threads: int | None = None,
+                drawer=None) -> Iterator: ...  # drawer: --backend drawer's, where it applies
 
     def shard_fn(self) -> Callable: ...  # picklable: list of batches -> [(batch, table)]
 
