@@ -141,8 +141,26 @@ def inverse_stability(
         changes["dim"] = params.integer(dim, "--dim", 1, int64=True)
     changes["seed"] = params.integer(seed, "--seed", 0, int64=True)
     cfg = replace(QUICK if quick else FULL, **changes)
+    _check_memory(cfg)
     run_study(_study(cfg), out, _views, command="inverse-stability", resume=resume, force=force,
               quiet=quiet)
+
+
+def _check_memory(cfg) -> None:
+    """A ValueError naming --samples or --chunks where a batch (one chunk, every β, decay and
+    sample at once) would not fit this machine, before anything runs: about 32 C×C float64
+    matrices per grid point and sample (258 bytes per C² measured at C = 192)."""
+    from kdalab.studies.plan import check_memory, memory_budget
+
+    points = len(cfg.betas) * len(cfg.decays) * cfg.samples
+
+    def bytes_of(c: int, d: int, m: int) -> int:
+        return m * c * (320 * c + 32 * d)
+
+    if bytes_of(2, cfg.dim, points) > memory_budget("cpu"):  # not even the smallest chunk
+        raise ValueError(f"--samples: {points:,} grid points × samples at once do not fit this "
+                         "machine's memory even at chunk 2; fewer samples, betas or decays")
+    check_memory(cfg.chunks, [cfg.dim], points, "cpu", "--chunks", bytes_of=bytes_of)
 
 
 def _views(store, show: bool) -> list[Path]:
