@@ -12,19 +12,28 @@ Whole process (prints per-run times and their ratio to the seed loop)::
         --chunks 2-64 --seeds 0-499                    # H200: >= 60x, <= 8 s (94,500 runs)
 
 The command runs as a subprocess (``python -c 'from kdalab.cli import run; run()' sweep …``,
-what the ``kdalab`` script runs), timed from its start to its exit, ``--repeat`` times into
-fresh folders (the first run also pays cold caches: CuPy's kernel compilation, the page cache).
-The seed loop (``benchmarks/seed_baseline.py``: ``seed_make_inputs`` + ``seed_run_one``, its CPU
-fallback on the CPU, one ``cublasGemmEx`` per product on CUDA) runs on ``--seed-sample`` seeds
+what the ``kdalab`` script runs), timed from its start to its exit, into fresh folders, over
+``--rounds`` rounds (the first also pays cold caches: the page cache, CUDA's kernels). Each
+round runs every one of ``--variants`` once, their order rotated from round to round, then the
+seed loop (``benchmarks/seed_baseline.py``: ``seed_make_inputs`` + ``seed_run_one``, its CPU
+fallback on the CPU, one ``cublasGemmEx`` per product on CUDA) on ``--seed-sample`` seeds
 of every (family, chunk) cell, one intra-op thread on the CPU as the command uses, so its mean
-is the per-run time of the same mix of chunk sizes. ``--breakdown`` also times the phases
-in this process (imports, sweep into the store, views); ``--prelude CODE`` runs CODE in the
-command's process first (to time a variant against the default in the same call).
-``--json PATH`` writes the result (docs/BENCHMARKS.md's schema): the command's best time, its
-ms per run, the seed loop's ms per run and their ratio.
+is the per-run time of the same mix of chunk sizes; each variant's time is divided into that
+round's seed loop. The command's ``KDALAB_TIMELINE`` phases are printed with each time.
+``--breakdown`` also times the phases in this process (imports, sweep into the store, views);
+``--prelude CODE`` runs CODE in the command's process first.
+``--json PATH`` writes the result (docs/BENCHMARKS.md's schema): each variant's best time and
+best speed-up over the seed loop (every round's in the note), and the seed loop's ms per run.
 
-The command is the plain one: everything in its own process (docs/sweeps.md says why the
-start-up helpers went).
+The variants (:data:`VARIANTS`; docs/sweeps.md, "Start-up", says which stay and why): ``plain``
+(the default command), ``drawer`` (``--backend drawer``: the inputs drawn in a second process
+started with the command), ``views-ahead`` (pandas and matplotlib imported on a thread started
+with the command: an A/B switch only, not in the house) and ``drawer+views-ahead``. The A/B on
+an H200 (about 2 minutes)::
+
+    python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \\
+        --chunks 2-64 --seeds 0-499 --rounds 3 \\
+        --variants plain,drawer,views-ahead,drawer+views-ahead --json $OUT/sweep_ab_h200.json
 
 Ray (``pip install 'kdalab[ray]'``)::
 
@@ -43,6 +52,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -104,50 +114,92 @@ def seed_loop_ms(args) -> tuple[float, int]:
     return 1e3 * elapsed / n, n
 
 
+#: The start-up variants of ``whole --variants`` (docs/sweeps.md, "Start-up"): the command's
+#: extra options and Python run in its process before it starts (an A/B switch, no house code).
+VIEWS_AHEAD = ("import threading; threading.Thread(target=__import__, "
+               "args=('kdalab.views.sweep_views',), daemon=True).start()")
+VARIANTS = {
+    "plain": ([], ""),  # the default: one process, the draws on the draw-ahead thread
+    "drawer": (["--backend", "drawer"], ""),  # the draws in a second process
+    "views-ahead": ([], VIEWS_AHEAD),  # pandas and matplotlib imported on a thread at once
+    "drawer+views-ahead": (["--backend", "drawer"], VIEWS_AHEAD),
+}
+
+
+def _command(args, name: str, out: Path, env: dict) -> tuple[float, list[str]]:
+    """One whole ``kdalab sweep`` of variant ``name`` into ``out``: its wall time and its
+    timeline marks."""
+    extra, prelude = VARIANTS[name]
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", "\n".join([prelude, args.prelude, CLI]),
+                          "sweep", *_axes(args), *extra, "--out", str(out), "--quiet"],
+                         env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:  # said, and timed as NaN: the other variants' rounds still count
+        print(f"  kdalab sweep ({name}) failed ({res.returncode}):\n{res.stderr[-3000:]}",
+              flush=True)
+        wall = math.nan
+    return wall, [line for line in res.stderr.splitlines() if line.startswith("timeline")]
+
+
 def whole(args) -> None:
+    """Every variant once per round (their order rotated from round to round), then the seed
+    loop: per-round times and speed-ups over that round's seed loop."""
     n_runs = len(_plan(args))
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
     print(f"whole process: {n_runs} runs ({args.families}; chunks {args.chunks}; seeds "
-          f"{args.seeds}; dim {args.dim}), {args.accumulation} on {args.device}; python "
-          f"{platform.python_version()}, {os.cpu_count()} CPUs, "
-          f"load {os.getloadavg()[0]:.1f}", flush=True)
+          f"{args.seeds}; dim {args.dim}), {args.accumulation} on {args.device}; variants "
+          f"{', '.join(names)} over {args.rounds} round(s); python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}", flush=True)
     env = dict(os.environ)
     src = str(HERE.parent / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     env["KDALAB_TIMELINE"] = "1"  # the command's phases on stderr (docs/sweeps.md)
-    walls = []
     root = Path(args.out or tempfile.mkdtemp(prefix="bench_sweep_"))
-    for i in range(args.repeat):
-        out = root / f"run{i}"
-        shutil.rmtree(out, ignore_errors=True)
-        t0 = time.perf_counter()
-        res = subprocess.run([sys.executable, "-c", args.prelude + "\n" + CLI, "sweep",
-                              *_axes(args), "--out",
-                              str(out), "--quiet"], env=env, capture_output=True, text=True)
-        walls.append(time.perf_counter() - t0)
-        if res.returncode != 0:
-            raise SystemExit(f"kdalab sweep failed ({res.returncode}):\n{res.stderr}")
-        print(f"  kdalab sweep, run {i + 1}: {walls[-1]:.2f} s = "
-              f"{1e3 * walls[-1] / n_runs:.4f} ms per run", flush=True)
-        marks = [line for line in res.stderr.splitlines() if line.startswith("timeline")]
-        print("    " + "\n    ".join(marks), flush=True)
-    seed_ms, sampled = seed_loop_ms(args)
-    best = min(walls)
-    per_run = 1e3 * best / n_runs
-    print(f"  seed loop ({sampled} runs sampled, same cells): {seed_ms:.4f} ms per run")
-    print(f"RESULT whole {args.accumulation} {args.device}: best {best:.2f} s for {n_runs} "
-          f"runs, {per_run:.4f} ms/run; seed loop {seed_ms:.4f} ms/run; "
-          f"speed-up {seed_ms / per_run:.1f}x (the command's time is "
-          f"{per_run / seed_ms:.2f}x the seed's)")
+    walls: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names}
+    seeds: list[float] = []
+    for r in range(args.rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            wall, marks = _command(args, name, root / f"{name}-{r}", env)
+            walls[name].append(wall)
+            print(f"== round {r + 1}, {name}: {wall:.2f} s = {1e3 * wall / n_runs:.4f} ms per "
+                  "run\n    " + "\n    ".join(marks), flush=True)
+        seed_ms, sampled = seed_loop_ms(args)
+        seeds.append(seed_ms)
+        for name in names:
+            ratios[name].append(seed_ms * n_runs / (1e3 * walls[name][r]))
+        print(f"round {r + 1}: seed loop {seed_ms:.4f} ms per run ({sampled} runs sampled, "
+              "same cells); " + "; ".join(f"{name} {walls[name][r]:.2f} s = "
+                                          f"{ratios[name][r]:.1f}x" for name in names),
+              flush=True)
+    rows = []
+    for name in names:
+        if all(math.isnan(w) for w in walls[name]):
+            print(f"RESULT whole {args.accumulation} {args.device} {name}: failed every round")
+            continue
+        best = min(w for w in walls[name] if not math.isnan(w))
+        print(f"RESULT whole {args.accumulation} {args.device} {name}: best {best:.2f} s for "
+              f"{n_runs} runs ({1e3 * best / n_runs:.4f} ms/run); per round "
+              f"{' / '.join(f'{w:.2f}' for w in walls[name])} s = "
+              f"{' / '.join(f'{x:.1f}' for x in ratios[name])}x the seed loop")
+        rounds = f"rounds: {' / '.join(f'{w:.2f}' for w in walls[name])} s"
+        rows += [
+            {"target": f"kdalab sweep ({n_runs} runs, {args.accumulation}), whole process, "
+                       f"{name}", "value": round(best, 3), "unit": "s",
+             "note": f"best of {len(walls[name])}; {rounds}"},
+            {"target": f"speed-up of the whole command over the seed loop, {name}",
+             "value": round(max(x for x in ratios[name] if not math.isnan(x)), 2), "unit": "x",
+             "note": "best round; rounds: " + " / ".join(f"{x:.1f}" for x in ratios[name])}]
+    rows.append({"target": "seed loop, per run (same cells)", "value": round(min(seeds), 5),
+                 "unit": "ms", "note": "rounds: " + " / ".join(f"{x:.4f}" for x in seeds)})
     if args.json:
-        write_json(args, [
-            {"target": f"kdalab sweep ({n_runs} runs, {args.accumulation}), whole process",
-             "value": round(best, 3), "unit": "s", "note": f"best of {len(walls)}"},
-            {"target": "kdalab sweep, whole process, per run", "value": round(per_run, 5),
-             "unit": "ms"},
-            {"target": "seed loop, per run (same cells)", "value": round(seed_ms, 5),
-             "unit": "ms", "note": f"{sampled} runs sampled"},
-            {"target": "speed-up of the whole command over the seed loop",
-             "value": round(seed_ms / per_run, 2), "unit": "x"}])
+        write_json(args, rows)
     if args.breakdown:
         breakdown(args, root / "breakdown")
     if not args.out:
@@ -259,7 +311,10 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--seed-sample", type=int, default=4,
                    help="seeds of each cell timed in the seed loop (default 4)")
-    p.add_argument("--repeat", type=int, default=2, help="whole-process runs (default 2)")
+    p.add_argument("--rounds", "--repeat", type=int, default=2,
+                   help="whole: rounds, each running every variant once (default 2)")
+    p.add_argument("--variants", default="plain", help="whole: start-up variants to time "
+                   f"against each other, interleaved ({', '.join(VARIANTS)}; default plain)")
     p.add_argument("--breakdown", action="store_true", help="also time the phases")
     p.add_argument("--prelude", default="", help="whole: Python run in the command's process "
                    "before it starts (an A/B switch, e.g. 'from kdalab.studies import plan; "

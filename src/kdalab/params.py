@@ -267,14 +267,18 @@ def user_path(value, name: str) -> Path:
         raise ValueError(f"{name}: cannot expand {text!r}: no such user here") from None
 
 
-def run_count(counts: Iterable[int], name: str = "--seeds") -> int:
+def run_count(counts: Iterable[int], name: str = "--seeds", noun: str = "runs") -> int:
     """The product of a plan's axis lengths, refused above :data:`MAX_RUNS` (``name``: the
-    option to shorten, named in the message)."""
+    option to shorten, named in the message; ``noun``: what a study's runs are, e.g.
+    ``cells``)."""
     total = math.prod(counts)
-    if total > MAX_RUNS:
+    if total > MAX_RUNS and noun == "runs":
         raise ValueError(f"{name}: the sweep would plan {total:,} runs; one sweep runs at most "
                          f"{MAX_RUNS:,} (fewer seeds, chunks, dims or families, or several "
                          "sweeps)")
+    if total > MAX_RUNS:
+        raise ValueError(f"{name}: the study would plan {total:,} {noun}; one study runs at "
+                         f"most {MAX_RUNS:,} (a smaller grid, or several studies)")
     return total
 
 

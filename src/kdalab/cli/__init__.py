@@ -109,14 +109,24 @@ class _GuardedStdout:
         return getattr(self._stream, name)
 
 
+#: the options whose value is a path: click reads empty text as the path '.', so the
+#: command could not tell ``--out ''`` from ``--out .``
+PATH_OPTIONS = ("--out", "--redraw", "--inputs")
+
+
 def _expand_home(args: list[str]) -> list[str]:
     """``~`` expanded where an argument or an ``--option=`` value starts with it; a ``~user``
-    that names no user here is a ValueError naming the option."""
+    that names no user here, or an empty value of a path option (:data:`PATH_OPTIONS`), is a
+    ValueError naming the option."""
     out = []
     for i, arg in enumerate(args):
         option, value = (args[i - 1] if i and args[i - 1].startswith("-") else "argument"), arg
-        if arg.startswith("--") and "=~" in arg:
+        if arg.startswith("--") and "=" in arg:
             option, _, value = arg.partition("=")
+            if not value.startswith("~") and value.strip():
+                option, value = "argument", arg
+        if option in PATH_OPTIONS and not value.strip():
+            raise ValueError(f"{option} is empty; expected a path")
         if value.startswith("~"):
             home = os.path.expanduser(value)
             if home.startswith("~"):

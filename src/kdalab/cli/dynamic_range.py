@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdalab.cli.app import app, console, prose, run_app
-from kdalab.cli.options import BOUNDARIES, FORMATS, STRATEGIES
+from kdalab.cli.options import BOUNDARIES, FORMATS, STRATEGIES, Force, Quiet, Redraw, Resume
 
 
 @app.command(
@@ -104,18 +104,13 @@ def run_dynamic_range(
     dim: Annotated[int, typer.Option(help="Head dimension")] = 32,
     inverse_accumulation: Annotated[str, typer.Option(
         help="Accumulation model of the fp16 Neumann inverse")] = "fp32",
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Keep the chunk sizes already stored in --out and run the rest")]
-    = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace what --out holds")] = False,
-    redraw: Annotated[bool, typer.Option(
-        help="Run nothing: redraw the views from the records already in --out")] = False,
-    quiet: Annotated[bool, typer.Option(
-        "--quiet", help="No progress on the terminal")] = False,
+    resume: Resume = False,
+    force: Force = False,
+    redraw: Redraw = False,
+    quiet: Quiet = False,
 ) -> None:
-    from kdalab import params
     from kdalab.cli.common import labelled
-    from kdalab.cli.stored import redraw_study, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_study
     from kdalab.studies.dynamic_range import DynamicRangeStudy, SweepGrid
 
     if redraw:
@@ -128,16 +123,8 @@ def run_dynamic_range(
     if lower_bounds is not None:
         raw["lower_bounds"] = lower_bounds
     study = DynamicRangeStudy(labelled(SweepGrid, raw, names))
-    out = params.output_folder(out, "--out", create=False)
-    paths, _, _ = run_into_folder(
-        study, out, draw=_dynamic_range_views, resume=resume, force=force, quiet=quiet,
-        records_option="--model-seeds",
-        noun="chunk sizes", again="kdalab run dynamic-range (the same options) --out {out} "
-                                  "--resume",
-        summary=lambda ran, seconds: f"{ran * study.records_per_run} records in "
-                                     f"{seconds:.1f} s (sweep)")
-    if not quiet:
-        console.print(f"views: {len(paths)} files in {out}/", highlight=False)
+    run_study(study, out, _dynamic_range_views, command="dynamic-range", resume=resume,
+              force=force, quiet=quiet, noun="chunk sizes", records_option="--model-seeds")
 
 
 def _dynamic_range_views(store, show: bool) -> list[Path]:
@@ -163,36 +150,22 @@ def run_diagonal_tile(
     strategies: Annotated[str, typer.Option(
         help=f"Tile strategies: {', '.join(STRATEGIES)}")] = ",".join(STRATEGIES),
     dim: Annotated[int, typer.Option(help="Head dimension")] = 64,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Keep the chunk sizes already stored in --out and run the rest")]
-    = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace what --out holds")] = False,
-    redraw: Annotated[bool, typer.Option(
-        help="Run nothing: redraw the views from the records already in --out")] = False,
-    quiet: Annotated[bool, typer.Option(
-        "--quiet", help="No tables on the terminal")] = False,
+    resume: Resume = False,
+    force: Force = False,
+    redraw: Redraw = False,
+    quiet: Quiet = False,
 ) -> None:
-    from kdalab import params
-    from kdalab.cli.stored import redraw_study, run_into_folder
+    from kdalab.cli.common import labelled
+    from kdalab.cli.stored import redraw_study, run_study
     from kdalab.studies.diagonal_tile import DiagonalTileStudy
 
     if redraw:
         return redraw_study(out, DiagonalTileStudy.kind, _diagonal_tile_views, quiet=quiet)
-    study = DiagonalTileStudy(
-        chunks=params.int_list(chunks, "--chunks", minimum=1),
-        strategies=params.choices(strategies, "--strategies", STRATEGIES),
-        lower_bounds=params.lower_bounds(lower_bounds, "--lower-bounds"),
-        seeds=params.int_list(seeds, "--seeds", minimum=0),
-        dim=params.integer(dim, "--dim", 1))
-    out = params.output_folder(out, "--out", create=False)
-    paths, _, _ = run_into_folder(
-        study, out, draw=_diagonal_tile_views, resume=resume, force=force, quiet=quiet,
-        noun="chunk sizes", again="kdalab run diagonal-tile (the same options) --out {out} "
-                                  "--resume",
-        summary=lambda ran, seconds: f"{ran * study.records_per_run} records in "
-                                     f"{seconds:.1f} s")
-    if not quiet:
-        console.print(f"{len(paths)} files in {out}/", highlight=False)
+    raw = {"chunks": chunks, "strategies": strategies, "lower_bounds": lower_bounds,
+           "seeds": seeds, "dim": dim}
+    study = labelled(DiagonalTileStudy, raw, {k: "--" + k.replace("_", "-") for k in raw})
+    run_study(study, out, _diagonal_tile_views, command="diagonal-tile", resume=resume,
+              force=force, quiet=quiet, noun="chunk sizes")
 
 
 def _diagonal_tile_views(store, show: bool) -> list[Path]:

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import console, prose, run_app
-from kdalab.cli.options import E2E_FAMILIES
+from kdalab.cli.app import prose, run_app
+from kdalab.cli.options import E2E_FAMILIES, Force, Quiet, Redraw, Resume
 
 
 @run_app.command(
@@ -47,21 +47,16 @@ def end_to_end(
         help="Head dimension K = V", show_default="128")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda or cuda:N")] = "cpu",
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/end-to-end"),
-    quiet: Annotated[bool, typer.Option(
-        "--quiet", help="No progress or tables on the terminal")] = False,
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Keep the cells already stored in --out and run the rest")] = False,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Replace what --out holds")] = False,
-    redraw: Annotated[bool, typer.Option(
-        help="Run nothing: redraw the tables and plots from the records already in --out")]
-    = False,
+    quiet: Quiet = False,
+    resume: Resume = False,
+    force: Force = False,
+    redraw: Redraw = False,
 ) -> None:
     from dataclasses import replace
 
     from kdalab import params
     from kdalab.cli.common import labelled
-    from kdalab.cli.stored import redraw_study, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_study
 
     if redraw:
         return redraw_study(out, "end-to-end", _views, quiet=quiet)
@@ -75,15 +70,8 @@ def end_to_end(
     changes = {k: v for k, v in given.items() if v is not None}
     names = {k: "--" + k.replace("_", "-") for k in given}
     cfg = labelled(lambda **kw: replace(base, **kw), changes, names)
-    out = params.output_folder(out, "--out", create=False)
-    study = EndToEndStudy(cfg, device)
-    paths, _, _ = run_into_folder(
-        study, out, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",
-        again="kdalab run end-to-end (the same options) --out {out} --resume",
-        summary=lambda ran, seconds: f"{ran} cells × {study.records_per_run} records in "
-                                     f"{seconds:.1f} s")
-    if not quiet:
-        console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+    run_study(EndToEndStudy(cfg, device), out, _views, command="end-to-end", resume=resume,
+              force=force, quiet=quiet)
 
 
 def _views(store, show: bool) -> list[Path]:

@@ -10,6 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdalab.cli.app import console, prose, run_app
+from kdalab.cli.options import Force, Quiet, Redraw, Resume
 
 KIND = "inverse-stability"
 
@@ -102,18 +103,15 @@ def inverse_stability(
     = None,
     seed: Annotated[int, typer.Option(help="Seed of the draws")] = 0,
     out: Annotated[Path, typer.Option(help="Output folder")] = Path("results/inverse-stability"),
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Keep the cells already stored in --out and run the rest")] = False,
-    force: Annotated[bool, typer.Option("--force", help="Replace what --out holds")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="Nothing on the terminal")] = False,
-    redraw: Annotated[bool, typer.Option(
-        help="Run nothing: draw the table and heatmaps again from the records in --out")]
-    = False,
+    resume: Resume = False,
+    force: Force = False,
+    quiet: Quiet = False,
+    redraw: Redraw = False,
 ) -> None:
     from dataclasses import replace
 
     from kdalab import params
-    from kdalab.cli.stored import redraw_study, run_into_folder
+    from kdalab.cli.stored import redraw_study, run_study
     from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK
 
     if redraw:
@@ -143,15 +141,26 @@ def inverse_stability(
         changes["dim"] = params.integer(dim, "--dim", 1, int64=True)
     changes["seed"] = params.integer(seed, "--seed", 0, int64=True)
     cfg = replace(QUICK if quick else FULL, **changes)
-    folder = params.output_folder(out, "--out", create=False)  # the store makes it
-    study = _study(cfg)
-    paths, _, _ = run_into_folder(
-        study, folder, draw=_views, resume=resume, force=force, quiet=quiet, noun="cells",
-        again="kdalab run inverse-stability (the same options) --out {out} --resume",
-        summary=lambda ran, seconds: f"{ran} cells × {study.records_per_run} records in "
-                                     f"{seconds:.1f} s")
-    if not quiet:
-        console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
+    _check_memory(cfg)
+    run_study(_study(cfg), out, _views, command="inverse-stability", resume=resume, force=force,
+              quiet=quiet)
+
+
+def _check_memory(cfg) -> None:
+    """A ValueError naming --samples or --chunks where a batch (one chunk, every β, decay and
+    sample at once) would not fit this machine, before anything runs: about 32 C×C float64
+    matrices per grid point and sample (258 bytes per C² measured at C = 192)."""
+    from kdalab.studies.plan import check_memory, memory_budget
+
+    points = len(cfg.betas) * len(cfg.decays) * cfg.samples
+
+    def bytes_of(c: int, d: int, m: int) -> int:
+        return m * c * (320 * c + 32 * d)
+
+    if bytes_of(2, cfg.dim, points) > memory_budget("cpu"):  # not even the smallest chunk
+        raise ValueError(f"--samples: {points:,} grid points × samples at once do not fit this "
+                         "machine's memory even at chunk 2; fewer samples, betas or decays")
+    check_memory(cfg.chunks, [cfg.dim], points, "cpu", "--chunks", bytes_of=bytes_of)
 
 
 def _views(store, show: bool) -> list[Path]:

@@ -1,11 +1,31 @@
 """What the commands' help lists: the accepted names of every choice, without importing the layers
 that define them (which load torch). tests/test_cli.py checks each list against its source, so
-they cannot drift: the accumulation registry, the families, the formats, the boundaries."""
+they cannot drift: the accumulation registry, the families, the formats, the boundaries. And the
+options every command with a store in --out declares alike (``--resume``, ``--force``,
+``--redraw``, ``--quiet``)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
 __all__ = ["ACCUMULATIONS", "GPU_ACCUMULATIONS", "FAMILIES", "E2E_FAMILIES", "FORMATS",
-           "BOUNDARIES", "STRATEGIES", "accumulation_help"]
+           "BOUNDARIES", "STRATEGIES", "accumulation_help", "Resume", "Force", "Redraw",
+           "Quiet"]
+
+#: a study's ``--resume``
+Resume = Annotated[bool, typer.Option(
+    "--resume", help="Keep what --out already stores of this study and run the rest")]
+#: ``--force`` of every command that writes a store
+Force = Annotated[bool, typer.Option(
+    "--force", help="Replace what --out holds (files that are not this command's store, or "
+    "an earlier kdalab's records)")]
+#: a study's ``--redraw``
+Redraw = Annotated[bool, typer.Option(
+    help="Run nothing: draw the views again from the records already in --out")]
+#: ``--quiet``
+Quiet = Annotated[bool, typer.Option("--quiet", help="No progress or tables on the terminal")]
 
 #: the registry's models that run anywhere, and what each is
 ACCUMULATIONS = {

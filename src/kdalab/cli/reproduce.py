@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdalab.cli.app import app, console, prose
-from kdalab.cli.options import accumulation_help
+from kdalab.cli.options import Force, Quiet, accumulation_help
 
 
 @app.command(
@@ -38,13 +38,10 @@ def reproduce(
     resume: Annotated[bool, typer.Option(
         "--resume", help="Keep the runs already stored in --out and run the rest (the default "
         "when --out holds this command's store)")] = False,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Replace what --out holds (another run, or an earlier kdalab's "
-        "records)")] = False,
+    force: Force = False,
     json: Annotated[bool, typer.Option(
         "--json", help="Also export every record to records.json")] = False,
-    quiet: Annotated[bool, typer.Option(
-        "--quiet", help="No progress or tables on the terminal")] = False,
+    quiet: Quiet = False,
 ) -> None:
     from kdalab import params
     from kdalab.cli.sweep import run_plan

@@ -12,7 +12,8 @@ from pathlib import Path
 from kdalab.cli.app import STATE, console, mark
 from kdalab.cli.progress import WeightedProgress, drawing
 
-__all__ = ["run_into_folder", "redraw_folder", "draw_views", "export_json"]
+__all__ = ["run_study", "run_into_folder", "redraw_study", "redraw_folder", "draw_views",
+           "export_json"]
 
 
 def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: bool = False,
@@ -20,19 +21,20 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
                     quiet: bool = False, noun: str = "runs",
                     weight: Callable | None = None, total: float | None = None,
                     summary: Callable[[int, float], str] | None = None,
-                    records_option: str = "--seeds") -> tuple[list[Path], int, float]:
+                    records_option: str = "--seeds", runs_option: str = "--seeds"
+                    ) -> tuple[list[Path], int, float]:
     """Run ``study`` (:class:`kdalab.runner.Study`) into the store in ``out`` with a progress bar
     (``weight(batch)``: a batch's estimated cost, ``total`` the study's; by default a cell
     study's costs, else its runs), says ``summary(runs computed, seconds)`` and draws the views
     (``draw(store, show)`` -> files: :func:`draw_views`). Returns the files written, the runs
     computed and the seconds they took. Interrupted, every finished part is kept and the
     boundary says how to continue (``again``, with ``{out}``). A study too large for this
-    machine is refused before the store is made, naming ``records_option`` when one run would
-    make too many records."""
+    machine is refused before the store is made, naming ``runs_option`` when it has too many
+    runs and ``records_option`` when one run would make too many records."""
     from kdalab import params
     from kdalab.runner import open_store, run_into_store
 
-    params.run_count([len(study)])  # refused before the store or a batch is made
+    params.run_count([len(study)], runs_option, noun)  # refused before the store is made
     params.records_per_run(study.records_per_run, records_option, noun=noun.rstrip("s"))
     if weight is None and hasattr(study, "cost"):  # a cell study: its cells' estimated costs
         def weight(batch) -> float:
@@ -54,8 +56,14 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
         try:
             with WeightedProgress(noun, store.runs, total, quiet) as bar:
                 bar.advance(before, total * before / max(store.runs, 1))
+
+                def advance(batch) -> None:
+                    if bar.items == before:
+                        mark("first batch stored")
+                    bar.advance(len(batch.index), weight(batch))
+
                 ran = run_into_store(study, store, backend=backend, address=address,
-                                     progress=lambda b: bar.advance(len(b.index), weight(b)))
+                                     progress=advance)
             store.flush()
             mark("every record on disk")
         except BaseException:
@@ -69,6 +77,24 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
         paths = draw_views(store, draw, show=not quiet)
         mark("views drawn")
     return paths, ran, elapsed
+
+
+def run_study(study, out: Path, draw: Callable, *, command: str, resume: bool, force: bool,
+              quiet: bool, noun: str = "cells", records_option: str = "--seeds") -> None:
+    """A study command (``kdalab run <command>``): ``study`` into its store in ``out`` (made by
+    the store, once everything is known to be valid) and its views (``draw``) by
+    :func:`run_into_folder`, then said."""
+    from kdalab import params
+
+    folder = params.output_folder(out, "--out", create=False)
+    paths, _, _ = run_into_folder(
+        study, folder, draw=draw, resume=resume, force=force, quiet=quiet, noun=noun,
+        records_option=records_option, runs_option="--chunks",  # cells grow with the chunks
+        again=f"kdalab run {command} (the same options) --out {{out}} --resume",
+        summary=lambda ran, seconds: f"{ran} {noun} × {study.records_per_run} records in "
+                                     f"{seconds:.1f} s")
+    if not quiet:
+        console.print(f"wrote {len(paths)} files to {folder}/", highlight=False)
 
 
 def redraw_study(out: Path, kind: str, draw: Callable, *, quiet: bool = False,

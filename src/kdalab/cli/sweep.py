@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import app, console, prose
-from kdalab.cli.options import FAMILIES, accumulation_help
+from kdalab.cli.app import app, console, mark, prose
+from kdalab.cli.options import FAMILIES, Force, Quiet, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
 
@@ -56,12 +56,11 @@ def sweep(
     resume: Annotated[bool, typer.Option(
         "--resume", help="Continue the sweep stored in --out: its runs are kept, the rest run "
         "(with no sweep options: the stored sweep's own)")] = False,
-    force: Annotated[bool, typer.Option(
-        "--force", help="Replace what --out holds (another sweep, or an earlier kdalab's "
-        "records)")] = False,
+    force: Force = False,
     backend: Annotated[str, typer.Option(
-        help="local (this process) or ray (Ray tasks on every GPU or CPU; pip install "
-        "'kdalab[ray]')")] = "local",
+        help="local (this process), drawer (this process, the inputs drawn ahead in a "
+        "second one) or ray (Ray tasks on every GPU or CPU; pip install 'kdalab[ray]')")
+    ] = "local",
     address: Annotated[Optional[str], typer.Option(
         help="The Ray cluster to join (host:port or auto)",
         show_default="a new one on this machine")] = None,
@@ -70,9 +69,12 @@ def sweep(
     redraw: Annotated[Optional[Path], typer.Option(
         help="Draw the tables and plots again from the records stored in this folder",
         show_default=False)] = None,
-    quiet: Annotated[bool, typer.Option(
-        "--quiet", help="No progress or tables on the terminal")] = False,
+    quiet: Quiet = False,
 ) -> None:
+    if backend == "drawer" and redraw is None:  # first: its imports overlap this process's
+        from kdalab.runner.drawer import start
+
+        start(preload=("kdalab.inputs.draw",))
     from kdalab import params
     from kdalab.runner import check_backend
     from kdalab.studies.sweep import option_field, read_sweep_file
@@ -112,6 +114,7 @@ def sweep(
         plan = _stored_plan(out, device)
     else:
         plan = _plan(data, labels, backend, address)
+    mark(f"planned: {len(plan)} runs")
     if backend == "ray":  # the cluster joined (or started) before anything is written
         from kdalab.runner.ray import ray_cluster
 

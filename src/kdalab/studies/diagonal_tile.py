@@ -43,6 +43,7 @@ from kdalab.kda.intra import LOG2E
 from kdalab.kda.recipe import SEED, Recipe
 from kdalab.kda.tiles import decayed_scores, get_tiles
 from kdalab.studies.cells import CellStudy
+from kdalab.studies.plan import check_memory
 
 __all__ = ["STRATEGIES", "DiagonalTileStudy", "WorkCounter", "reference_scores", "run_study",
            "count_work", "summarize"]
@@ -174,6 +175,12 @@ class DiagonalTileStudy(CellStudy):
         self.dim = params.integer(dim, "dim", 1)
         inputs = len(self.lower_bounds) * (1 + len(self.seeds))  # floor once, model_like per seed
         self.records_per_run = len(self.strategies) * inputs
+        # a chunk size is one cell, all its inputs at once: per pair (i, j) of an input and
+        # channel its tiles' factors and products (an upper estimate: 41 bytes measured at
+        # C = 128, dim 64, every strategy)
+        params.records_per_run(self.records_per_run, "seeds", noun="chunk size")  # first
+        check_memory(self.chunks, [self.dim], len(self.strategies), "cpu", "chunks",
+                     bytes_of=lambda c, d, m: inputs * c * c * 48 * d)
 
     def keys(self) -> list[int]:
         return list(self.chunks)

@@ -42,6 +42,7 @@ from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
 from kdalab.studies.cells import CellStudy
 from kdalab.studies.limits import TABLE_LOWER_BOUNDS, calculator_records
+from kdalab.studies.plan import check_memory
 
 __all__ = ["DEFAULT_LOWER_BOUNDS", "DEFAULT_FORMATS", "DEFAULT_CHUNKS", "SweepGrid", "run_chunk",
            "run_sweep", "calculator", "count_scales", "worst_case_scale_table",
@@ -90,6 +91,15 @@ class SweepGrid:
         }
         for name, value in typed.items():
             object.__setattr__(self, name, value)
+        # a chunk size is one cell, all its inputs at once: per pair (i, j) of an input its
+        # per-pair scale factors over the dim (float32 and a float64 copy) and each
+        # configuration's L, inverse and errors (an upper estimate: 902 bytes per pair measured
+        # at dim 32 with 20 configurations, against 992 estimated)
+        configs = len(self.formats) * len(self.exp2_ftz) * len(self.boundaries)
+        inputs = len(self.lower_bounds) * (1 + len(self.model_seeds))
+        params.records_per_run(configs * inputs, "model_seeds", noun="chunk size")  # first
+        check_memory(self.chunks, [self.dim], configs, "cpu", "chunks",
+                     bytes_of=lambda c, d, m: inputs * c * c * (16 * d + 24 * m))
 
     @property
     def group_count(self) -> int:

@@ -5,7 +5,6 @@ worker (see docs/sweeps.md)."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -67,17 +66,21 @@ def memory_budget(device: str) -> int:
 
 
 def check_memory(chunks: Sequence[int], dims: Sequence[int], models: int, device: str,
-                 name: str = "chunks") -> None:
-    """A ValueError naming ``name`` if one run of the largest chunk size would not fit the
+                 name: str = "chunks", bytes_of=run_bytes) -> None:
+    """A ValueError naming ``name`` if the work of the largest chunk size done at once (one run
+    of the sweep: ``bytes_of(chunk, dim, models)``, :func:`run_bytes`) would not fit the
     device's memory budget (:func:`memory_budget`): said before any work or folder is made."""
     budget = memory_budget(device)
     chunk, dim = max(chunks), max(dims)
-    need = run_bytes(chunk, dim, models)
+    need = bytes_of(chunk, dim, models)
     if need > budget:
-        largest = int(math.isqrt(budget // (8 * MATRICES_PER_RUN * max(models, 1))))
-        raise ValueError(f"{name}: a chunk of {chunk} needs about {need / 2**30:,.0f} GiB per run "
-                         f"(C×C float64 matrices), more than {device}'s budget of "
-                         f"{budget / 2**30:,.0f} GiB; choose chunk sizes up to about {largest}")
+        lo, hi = 1, chunk  # the largest chunk that fits: bytes grow with the chunk
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if bytes_of(mid, dim, models) <= budget else (lo, mid - 1)
+        raise ValueError(f"{name}: a chunk of {chunk} needs about {need / 2**30:,.0f} GiB at "
+                         f"once (C×C matrices), more than {device}'s budget of "
+                         f"{budget / 2**30:,.0f} GiB; choose chunk sizes up to about {lo}")
 
 
 @dataclass(frozen=True)
@@ -236,14 +239,14 @@ class SweepPlan:
     def gpu(self) -> bool:
         return torch.device(self.device).type == "cuda"
 
-    def compute(self, batches: Iterable[Batch], threads: int | None = None
+    def compute(self, batches: Iterable[Batch], threads: int | None = None, drawer=None
                 ) -> Iterator[tuple[Batch, object]]:
-        """``(batch, records)`` in this process, pipelined on CUDA (:func:`iter_batch_tables`),
+        """``(batch, records)`` in this process (:func:`iter_batch_tables`, with ``drawer``),
         on ``threads`` intra-op threads (default 1: :func:`cpu_threads`)."""
         device = torch.device(self.device)
         with cpu_threads(device, threads):
             yield from iter_batch_tables(batches, self.accumulations, recipe=self.recipe,
-                                         device=device)
+                                         device=device, drawer=drawer)
 
     def shard_fn(self):
         """A Ray worker's function (:func:`run_shard`), pickled with names, not models."""
@@ -297,15 +300,15 @@ def cpu_threads(device: torch.device, threads: int | None):
 
 
 def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
-                      *, recipe: Recipe, device: torch.device
+                      *, recipe: Recipe, device: torch.device, drawer=None
                       ) -> Iterator[tuple[Batch, object]]:
     """``(batch, records)`` for each batch in order, the records an Arrow table
     (:func:`~kdalab.studies.inverse.record_schema`).
 
     On CUDA the batches are pipelined: while the GPU computes batch n, the inputs of the next
     are drawn on a thread and this thread queues batch n+1's work, then builds batch n's
-    records; the only wait for the GPU is each batch's one copy of its metrics back.
-    """
+    records; the only wait for the GPU is each batch's one copy of its metrics back. With a
+    ``drawer`` (:class:`kdalab.runner.drawer.Drawer`) the inputs are drawn in its process."""
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
         device = torch.device("cuda", torch.cuda.current_device())
 
@@ -314,11 +317,14 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
                             inputs=inputs)
 
     source = iter(batches)
-    if not _pipelined(device):
+    if drawer is not None:
+        inputs_of = _drawn_by(drawer, source, device)
+    elif not _pipelined(device):
         for batch in source:
             yield batch, launch(batch).table(batch.index)
         return
-    inputs_of = _drawn_ahead(source, device)
+    else:
+        inputs_of = _drawn_ahead(source, device)
     pending = None
     try:
         for batch, inputs in inputs_of:
@@ -348,6 +354,30 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
         finally:
             if drawn is not None:
                 drawn.cancel()
+
+
+def _drawn_by(drawer, source: Iterator[Batch], device: torch.device):
+    """``(batch, inputs)`` in order, drawn in ``drawer``'s process, received and copied to
+    ``device`` on a thread (the copy from shared memory is not pinned: it waits)."""
+    drawn = drawer.ahead((batch, make_inputs_batch, (batch.runs,)) for batch in source)
+
+    def receive():
+        got = next(drawn, None)
+        if got is None:
+            return None
+        batch, inputs = got
+        return batch, ChunkInputs(*(t.to(device, non_blocking=True) for t in
+                                    (inputs.keys, inputs.log_decay, inputs.beta)))
+
+    ahead = ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead")
+    pending = ahead.submit(receive)
+    try:
+        while (got := pending.result()) is not None:
+            pending = ahead.submit(receive)
+            yield got
+    finally:
+        ahead.shutdown(wait=True, cancel_futures=True)  # the thread is done with ``drawn``
+        drawn.close()
 
 
 def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str,
