@@ -97,11 +97,12 @@ step_grid() {
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
 }
 
-step_sweep() {
+step_sweep() {  # the plain command against the start-up candidates, interleaved
     timeout "${SWEEP_S:-240}" python3 benchmarks/bench_sweep_whole.py whole --device cuda \
-        --accumulation h200 --chunks 2-64 --seeds 0-499 --repeat 2 --seed-sample 4 \
-        --json "$D/sweep_whole.json" > "$D/sweep.log" 2>&1
-    echo "sweep exit $?"; grep -E "RESULT|kdalab sweep, run|round" "$D/sweep.log" | tail -n 20
+        --accumulation h200 --chunks 2-64 --seeds 0-499 --rounds "${SWEEP_ROUNDS:-3}" \
+        --variants "${SWEEP_VARIANTS:-plain,drawer,views-ahead,drawer+views-ahead}" \
+        --json "$D/sweep_ab_h200.json" > "$D/sweep.log" 2>&1
+    echo "sweep exit $?"; grep -E "RESULT|round|variant|x the seed" "$D/sweep.log" | tail -n 30
 }
 
 for group in "$@"; do  # a+b: steps a and b side by side (neither is timed)
