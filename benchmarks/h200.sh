@@ -9,7 +9,6 @@
 #   hunt      kdalab hunt kdalab for HUNT_S seconds; continues the hunt carried in
 #             .runs/hunt-kdalab (--resume) when there is one (the 10-minute hunt is two calls)
 #   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
-#   kend      KEND stored in fp32 against fp16 (benchmarks/bench_kend.py)
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh)
@@ -65,11 +64,6 @@ step_hunts() {  # fla pinned to one shape: it autotunes every new one
 step_cublas() {
     timeout 120 python3 benchmarks/cublas_shapes.py --json "$D/cublas_shapes.json" \
         --raw "$D/cublas_shapes.npz" 2>&1 | tee "$D/cublas.log" | tail -n 40
-}
-
-step_kend() {
-    timeout "${KEND_S:-120}" python3 benchmarks/bench_kend.py --shapes "${KEND_SHAPES:-T1024_H16,B8_T4096_H32_state,T8192_H64,varlen1024x8_H64,T131072_H8}" \
-        --rounds 2 --json "$D/kend.json" 2>&1 | tee "$D/kend.log" | tail -n 8
 }
 
 step_fla-causal() {

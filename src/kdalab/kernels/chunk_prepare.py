@@ -154,21 +154,13 @@ def chunk_kda_prepare_kernel(
                       HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN)
 
 
-#: KEND's storage. fp32: the fp16 range guard's tf32 redo (inputs beyond fp16) reads it, and
-#: there its fp16 rounding accumulated in the state's never-refreshed directions: near-collinear
-#: keys, decay ~ 1, v ~ 2^14, T ~ 4000 gave 1.02e-2 output error on the H200 (`kdalab hunt`,
-#: docs/hunt.md; interpreter: 9.8e-3 with fp16 KEND, 3.5e-3 with fp32). The fp16 products
-#: round it to fp16 as they load it. Its cost: docs/kernels.md (benchmarks/bench_kend.py).
-KEND_DTYPE = torch.float32
-
-
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, heads_inner=False,
 ):
-    """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma): W, QG like q, AINV and
+    """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma): W, QG, KEND like q, AINV and
     MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are normalized, else
-    fp32), KEND like q in ``KEND_DTYPE``, GAMMA [num_chunks, H, K] fp32.
+    fp32), GAMMA [num_chunks, H, K] fp32.
 
     ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
     variable-length input (None for fixed length). ``heads_inner``: a 1-D grid with the
@@ -177,8 +169,7 @@ def chunk_kda_prepare(
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
-    w, qg = torch.empty(2, B, T, H, K, device=q.device, dtype=operand_dtype).unbind(0)
-    kend = torch.empty(B, T, H, K, device=q.device, dtype=KEND_DTYPE)
+    w, qg, kend = torch.empty(3, B, T, H, K, device=q.device, dtype=operand_dtype).unbind(0)
     ainv, mqk = torch.empty(2, num_chunks, H, CHUNK, CHUNK, device=q.device,
                             dtype=operand_dtype).unbind(0)
     gamma = torch.empty(num_chunks, H, K, device=q.device, dtype=torch.float32)
