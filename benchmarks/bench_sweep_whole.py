@@ -25,15 +25,15 @@ round's seed loop. The command's ``KDALAB_TIMELINE`` phases are printed with eac
 ``--json PATH`` writes the result (docs/BENCHMARKS.md's schema): each variant's best time and
 best speed-up over the seed loop (every round's in the note), and the seed loop's ms per run.
 
-The variants (:data:`VARIANTS`; docs/sweeps.md, "Start-up", says which stay and why): ``plain``
-(the default command), ``drawer`` (``--backend drawer``: the inputs drawn in a second process
-started with the command), ``views-ahead`` (pandas and matplotlib imported on a thread started
-with the command: an A/B switch only, not in the house) and ``drawer+views-ahead``. The A/B on
-an H200 (about 2 minutes)::
+The variants (:data:`VARIANTS`; docs/sweeps.md, "Start-up", says what was measured and why
+the command stays plain): ``plain`` (the default command) and ``views-ahead`` (pandas and
+matplotlib imported on a thread started with the command: an A/B switch only). A third,
+``--backend drawer`` (the inputs drawn in a second process), was measured on the H200 and
+deleted (code at 3ba48b3). The A/B on an H200 (about 2 minutes)::
 
     python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \\
-        --chunks 2-64 --seeds 0-499 --rounds 3 \\
-        --variants plain,drawer,views-ahead,drawer+views-ahead --json $OUT/sweep_ab_h200.json
+        --chunks 2-64 --seeds 0-499 --rounds 3 --variants plain,views-ahead \\
+        --json $OUT/sweep_ab_h200.json
 
 Ray (``pip install 'kdalab[ray]'``)::
 
@@ -120,9 +120,7 @@ VIEWS_AHEAD = ("import threading; threading.Thread(target=__import__, "
                "args=('kdalab.views.sweep_views',), daemon=True).start()")
 VARIANTS = {
     "plain": ([], ""),  # the default: one process, the draws on the draw-ahead thread
-    "drawer": (["--backend", "drawer"], ""),  # the draws in a second process
     "views-ahead": ([], VIEWS_AHEAD),  # pandas and matplotlib imported on a thread at once
-    "drawer+views-ahead": (["--backend", "drawer"], VIEWS_AHEAD),
 }
 
 

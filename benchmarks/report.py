@@ -92,7 +92,7 @@ def _cell(text: str) -> str:
 def render(results: list[dict]) -> str:
     lines = [HEADER]
     for b in results:
-        lines += [f"## {b['benchmark']}", "",
+        lines += [f"## {b['benchmark']}",
                   f"{b['device']}; {b['date']}; commit {b['commit']}; `{b['command']}`", "",
                   "| target | value | unit | note |", "| --- | ---: | --- | --- |"]
         lines += [f"| {_cell(r['target'])} | {_value(r['value'])} | {_cell(r['unit'])} | "

@@ -58,9 +58,8 @@ def sweep(
         "(with no sweep options: the stored sweep's own)")] = False,
     force: Force = False,
     backend: Annotated[str, typer.Option(
-        help="local (this process), drawer (this process, the inputs drawn ahead in a "
-        "second one) or ray (Ray tasks on every GPU or CPU; pip install 'kdalab[ray]')")
-    ] = "local",
+        help="local (this process) or ray (Ray tasks on every GPU or CPU; pip install "
+        "'kdalab[ray]')")] = "local",
     address: Annotated[Optional[str], typer.Option(
         help="The Ray cluster to join (host:port or auto)",
         show_default="a new one on this machine")] = None,
@@ -71,10 +70,6 @@ def sweep(
         show_default=False)] = None,
     quiet: Quiet = False,
 ) -> None:
-    if backend == "drawer" and redraw is None:  # first: its imports overlap this process's
-        from kdalab.runner.drawer import start
-
-        start(preload=("kdalab.inputs.draw",))
     from kdalab import params
     from kdalab.runner import check_backend
     from kdalab.studies.sweep import option_field, read_sweep_file

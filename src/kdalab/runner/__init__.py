@@ -1,6 +1,5 @@
-"""Where a study's batches run: in this process (``local``, the default; ``drawer``, with its
-inputs drawn in a second process: :mod:`kdalab.runner.drawer`) or on Ray (``ray``), its records
-going to its store (docs/sweeps.md).
+"""Where a study's batches run: in this process (``local``, the default) or on Ray (``ray``),
+its records going to its store (docs/sweeps.md).
 
 A study is config → plan → batches → records. What the runner needs of it (the
 :class:`Study` protocol): its identity for the store (``kind``, :meth:`~Study.identity`,
@@ -20,7 +19,6 @@ from typing import Protocol
 import numpy as np
 
 from kdalab.records import RunStore
-from kdalab.runner import drawer
 from kdalab.runner.ray import BACKENDS, check_backend, ray_cluster, ray_map
 
 __all__ = ["Study", "BACKENDS", "check_backend", "open_store", "run_into_store"]
@@ -42,8 +40,7 @@ class Study(Protocol):
 
     def batches(self, max_batch: int | None, done: np.ndarray | None) -> Iterator: ...
 
-    def compute(self, batches: Iterable, threads: int | None = None,
-                drawer=None) -> Iterator: ...  # drawer: --backend drawer's, where it applies
+    def compute(self, batches: Iterable, threads: int | None = None) -> Iterator: ...
 
     def shard_fn(self) -> Callable: ...  # picklable: list of batches -> [(batch, table)]
 
@@ -66,10 +63,8 @@ def run_into_store(study: Study, store: RunStore, *, backend: str = "local",
                    max_batch: int | None = None, threads: int | None = None) -> int:
     """Run the runs of ``study`` that ``store`` lacks and append their records; return how
     many ran. ``progress(batch)`` is called after each batch is stored (on Ray, as its shard
-    completes). ``backend``: ``local`` (this process), ``drawer`` (this process, the inputs
-    drawn in a second one: :mod:`kdalab.runner.drawer`; studies whose ``compute`` takes a
-    ``drawer``) or ``ray`` (:mod:`kdalab.runner.ray`: shards of batches on one actor per GPU or
-    CPU; ``address`` joins a cluster)."""
+    completes). ``backend``: ``local`` (this process) or ``ray`` (:mod:`kdalab.runner.ray`:
+    shards of batches on one actor per GPU or CPU; ``address`` joins a cluster)."""
     pending = int((~store.done).sum())
     batches = study.batches(max_batch, store.done.copy())
 
@@ -78,9 +73,8 @@ def run_into_store(study: Study, store: RunStore, *, backend: str = "local",
         if progress is not None:
             progress(batch)
 
-    if backend in ("local", "drawer"):
-        extra = {"drawer": drawer.start()} if backend == "drawer" else {}
-        for batch, table in study.compute(batches, threads, **extra):
+    if backend == "local":
+        for batch, table in study.compute(batches, threads):
             stored(batch, table)
         return pending
     check_backend(backend, address)

@@ -23,7 +23,7 @@ from kdalab.errors import Unavailable
 __all__ = ["BACKENDS", "check_backend", "ray_map", "ray_cluster", "RAY_MAX_RETRIES",
            "CONNECT_TIMEOUT", "KdalabWorker"]
 
-BACKENDS = ("local", "ray", "drawer")
+BACKENDS = ("local", "ray")
 #: How often Ray reruns a shard whose worker died before giving up on the sweep.
 RAY_MAX_RETRIES = 3
 

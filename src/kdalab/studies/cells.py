@@ -90,13 +90,9 @@ class CellStudy:
         if current:
             yield _batch(group, current)
 
-    def compute(self, batches: Iterable[CellBatch], threads: int | None = None, drawer=None
+    def compute(self, batches: Iterable[CellBatch], threads: int | None = None
                 ) -> Iterator[tuple[CellBatch, pa.Table]]:
-        """``(batch, records)`` for each batch, in this process (a cell draws its own inputs:
-        no ``drawer``)."""
-        if drawer is not None:
-            raise ValueError(f"--backend drawer draws an inverse sweep's inputs; {self.kind} "
-                             "runs on the local backend")
+        """``(batch, records)`` for each batch, in this process."""
         for batch in batches:
             cells = self.run_cells(batch.keys)
             for key, cell in zip(batch.keys, cells):

@@ -239,14 +239,14 @@ class SweepPlan:
     def gpu(self) -> bool:
         return torch.device(self.device).type == "cuda"
 
-    def compute(self, batches: Iterable[Batch], threads: int | None = None, drawer=None
+    def compute(self, batches: Iterable[Batch], threads: int | None = None
                 ) -> Iterator[tuple[Batch, object]]:
-        """``(batch, records)`` in this process (:func:`iter_batch_tables`, with ``drawer``),
+        """``(batch, records)`` in this process, pipelined on CUDA (:func:`iter_batch_tables`),
         on ``threads`` intra-op threads (default 1: :func:`cpu_threads`)."""
         device = torch.device(self.device)
         with cpu_threads(device, threads):
             yield from iter_batch_tables(batches, self.accumulations, recipe=self.recipe,
-                                         device=device, drawer=drawer)
+                                         device=device)
 
     def shard_fn(self):
         """A Ray worker's function (:func:`run_shard`), pickled with names, not models."""
@@ -300,15 +300,14 @@ def cpu_threads(device: torch.device, threads: int | None):
 
 
 def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[AccumulationModel],
-                      *, recipe: Recipe, device: torch.device, drawer=None
+                      *, recipe: Recipe, device: torch.device
                       ) -> Iterator[tuple[Batch, object]]:
     """``(batch, records)`` for each batch in order, the records an Arrow table
     (:func:`~kdalab.studies.inverse.record_schema`).
 
     On CUDA the batches are pipelined: while the GPU computes batch n, the inputs of the next
     are drawn on a thread and this thread queues batch n+1's work, then builds batch n's
-    records; the only wait for the GPU is each batch's one copy of its metrics back. With a
-    ``drawer`` (:class:`kdalab.runner.drawer.Drawer`) the inputs are drawn in its process."""
+    records; the only wait for the GPU is each batch's one copy of its metrics back."""
     if device.type == "cuda" and device.index is None:  # the helper thread's default may differ
         device = torch.device("cuda", torch.cuda.current_device())
 
@@ -317,14 +316,11 @@ def iter_batch_tables(batches: Iterable[Batch], accumulations: Sequence[Accumula
                             inputs=inputs)
 
     source = iter(batches)
-    if drawer is not None:
-        inputs_of = _drawn_by(drawer, source, device)
-    elif not _pipelined(device):
+    if not _pipelined(device):
         for batch in source:
             yield batch, launch(batch).table(batch.index)
         return
-    else:
-        inputs_of = _drawn_ahead(source, device)
+    inputs_of = _drawn_ahead(source, device)
     pending = None
     try:
         for batch, inputs in inputs_of:
@@ -354,30 +350,6 @@ def _drawn_ahead(source: Iterator[Batch], device: torch.device):
         finally:
             if drawn is not None:
                 drawn.cancel()
-
-
-def _drawn_by(drawer, source: Iterator[Batch], device: torch.device):
-    """``(batch, inputs)`` in order, drawn in ``drawer``'s process, received and copied to
-    ``device`` on a thread (the copy from shared memory is not pinned: it waits)."""
-    drawn = drawer.ahead((batch, make_inputs_batch, (batch.runs,)) for batch in source)
-
-    def receive():
-        got = next(drawn, None)
-        if got is None:
-            return None
-        batch, inputs = got
-        return batch, ChunkInputs(*(t.to(device, non_blocking=True) for t in
-                                    (inputs.keys, inputs.log_decay, inputs.beta)))
-
-    ahead = ThreadPoolExecutor(1, thread_name_prefix="kdalab-ahead")
-    pending = ahead.submit(receive)
-    try:
-        while (got := pending.result()) is not None:
-            pending = ahead.submit(receive)
-            yield got
-    finally:
-        ahead.shutdown(wait=True, cancel_futures=True)  # the thread is done with ``drawn``
-        drawn.close()
 
 
 def run_shard(shard: list[Batch], *, accumulations: list[str], recipe: str,
