@@ -21,7 +21,7 @@ from .chunk_recurrent import chunk_kda_recurrent
 from .plan import LaunchPlan, plan_launch
 from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
-from .shapes import check_tensor, head_shapes
+from .shapes import check_gate, check_tensor, head_shapes
 
 _SUPPORTED_DIMS = (16, 32, 64, 128, 256)
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
@@ -132,26 +132,12 @@ def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_s
         raise ValueError(f"q/k head dim must be one of {_SUPPORTED_DIMS}, got {K}")
     if V not in _SUPPORTED_DIMS:
         raise ValueError(f"v head dim must be one of {_SUPPORTED_DIMS}, got {V}")
-    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)) \
-            or not (-5.0 <= float(lower_bound) < 0.0):
-        raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
-    if state_layout not in ("KV", "VK"):
-        raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
+    check_gate(A_log, dt_bias, lower_bound, state_layout, HG=HG, K=K)
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
     if config.dot == "fp16" and not use_qk_l2norm:
         raise ValueError("config.dot='fp16' needs use_qk_l2norm=True (fp16 operands are only "
                          "safe for unit-norm q and k)")
-    if A_log is not None:
-        check_tensor("A_log", A_log, A_log.ndim if isinstance(A_log, torch.Tensor) else 1)
-        if A_log.shape != (HG,):
-            raise ValueError(f"A_log must have shape ({HG},) (one a gate head), "
-                             f"got {tuple(A_log.shape)}")
-    if dt_bias is not None:
-        check_tensor("dt_bias", dt_bias, dt_bias.ndim if isinstance(dt_bias, torch.Tensor) else 1)
-        if dt_bias.shape not in ((HG * K,), (HG, K)):
-            raise ValueError(f"dt_bias must have shape ({HG * K},) or ({HG}, {K}), "
-                             f"got {tuple(dt_bias.shape)}")
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.ndim != 1 \
                 or cu_seqlens.numel() < 2:

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .shapes import FLOATS, check_tensor, head_shapes
+from .shapes import check_gate, check_state_pool, check_tensor, head_shapes
 
 
 @triton.jit
@@ -157,19 +157,7 @@ def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
     B, T, H, HV, K, V = head_shapes(q, k, v, g, beta)
     if K not in _DIMS or V not in _DIMS:
         raise ValueError(f"head dims K={K}, V={V} must each be one of {_DIMS}")
-    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)) \
-            or not (-5.0 <= float(lower_bound) < 0.0):
-        raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
-    if state_layout not in ("KV", "VK"):
-        raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
-    HG = g.shape[2]
-    for name, p, shapes in (("A_log", A_log, ((HG,),)),
-                            ("dt_bias", dt_bias, ((HG * K,), (HG, K)))):
-        if p is not None:
-            check_tensor(name, p, (1, 2), FLOATS)
-            if tuple(p.shape) not in shapes:
-                raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} "
-                                 f"(per gate head), got {tuple(p.shape)}")
+    check_gate(A_log, dt_bias, lower_bound, state_layout, HG=g.shape[2], K=K)
     if cu_seqlens is not None:
         check_tensor("cu_seqlens", cu_seqlens, 1, _INTS)
         if B != 1 or cu_seqlens.numel() < 1:
@@ -177,13 +165,7 @@ def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
         N = cu_seqlens.numel() - 1
     else:
         N = B
-    check_tensor("state_pool", state_pool, 4, (torch.float32, torch.bfloat16))
-    want = (HV, V, K) if state_layout == "VK" else (HV, K, V)
-    if tuple(state_pool.shape[1:]) != want:
-        raise ValueError(f"state_pool must be [P, {', '.join(map(str, want))}] "
-                         f"({state_layout}), got {tuple(state_pool.shape)}")
-    if not state_pool.is_contiguous():
-        raise ValueError("state_pool must be contiguous (it is updated in place)")
+    check_state_pool(state_pool, HV=HV, K=K, V=V, state_layout=state_layout)
     check_tensor("state_indices", state_indices, (1, 2), _INTS)
     if state_indices.shape[0] != N:
         raise ValueError(f"state_indices must have {N} rows (one a sequence), "

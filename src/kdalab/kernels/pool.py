@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from .shapes import check_state_pool
+
 _INTS = (torch.int32, torch.int64)
 
 
@@ -32,15 +34,7 @@ def validate_pool(state_pool, state_indices, initial_state, checkpoint_every, *,
         if initial_state is not None:
             raise ValueError("initial_state cannot be given with state_pool (the initial "
                              "states are the pool's rows at state_indices)")
-        if not isinstance(state_pool, torch.Tensor) or state_pool.ndim != 4 \
-                or state_pool.dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError("state_pool must be a 4-D fp32 or bf16 tensor")
-        want = (H, V, K) if state_layout == "VK" else (H, K, V)
-        if tuple(state_pool.shape[1:]) != want:
-            raise ValueError(f"state_pool must have shape [P, {', '.join(map(str, want))}] "
-                             f"({state_layout}), got {tuple(state_pool.shape)}")
-        if not state_pool.is_contiguous():
-            raise ValueError("state_pool must be contiguous (it is updated in place)")
+        check_state_pool(state_pool, HV=H, K=K, V=V, state_layout=state_layout)
         if not isinstance(state_indices, torch.Tensor) or state_indices.dtype not in _INTS \
                 or tuple(state_indices.shape) != (num_seqs,):
             raise ValueError(f"state_indices must be an int32/int64 tensor of shape "

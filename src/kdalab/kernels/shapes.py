@@ -1,11 +1,12 @@
-"""The argument checks the prefill and the decode share: a tensor's kind, rank and dtype, and the
-shapes of q, k, v, g and beta (GVA: v and beta with HV value heads, a multiple of q's H)."""
+"""The argument checks the prefill and the decode share: a tensor's kind, rank and dtype, the
+shapes of q, k, v, g and beta (GVA: v and beta with HV value heads, a multiple of q's H), the
+gate's parameters, the state layout and a state pool."""
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["FLOATS", "check_tensor", "head_shapes"]
+__all__ = ["FLOATS", "check_tensor", "head_shapes", "check_gate", "check_state_pool"]
 
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -39,3 +40,32 @@ def head_shapes(q, k, v, g, beta) -> tuple[int, int, int, int, int, int]:
     if beta.shape != (B, T, HV):
         raise ValueError(f"beta must have shape {(B, T, HV)}, got {tuple(beta.shape)}")
     return B, T, H, HV, K, V
+
+
+def check_gate(A_log, dt_bias, lower_bound, state_layout, *, HG: int, K: int) -> None:
+    """``lower_bound`` in [-5, 0), ``A_log`` [HG] and ``dt_bias`` [HG * K] or [HG, K] (one per
+    gate head), ``state_layout`` KV or VK; ValueError naming the argument otherwise."""
+    if isinstance(lower_bound, bool) or not isinstance(lower_bound, (int, float)) \
+            or not (-5.0 <= float(lower_bound) < 0.0):
+        raise ValueError(f"lower_bound must be a number in [-5, 0), got {lower_bound!r}")
+    if state_layout not in ("KV", "VK"):
+        raise ValueError(f"state_layout must be 'KV' or 'VK', got {state_layout!r}")
+    for name, p, shapes in (("A_log", A_log, ((HG,),)),
+                            ("dt_bias", dt_bias, ((HG * K,), (HG, K)))):
+        if p is not None:
+            check_tensor(name, p, (1, 2))
+            if tuple(p.shape) not in shapes:
+                raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} "
+                                 f"(per gate head), got {tuple(p.shape)}")
+
+
+def check_state_pool(state_pool, *, HV: int, K: int, V: int, state_layout: str) -> None:
+    """A pool ``[P, HV, K, V]`` (``"VK"``: ``[P, HV, V, K]``), fp32 or bf16, contiguous (it is
+    updated in place); ValueError naming ``state_pool`` otherwise."""
+    check_tensor("state_pool", state_pool, 4, (torch.float32, torch.bfloat16))
+    want = (HV, V, K) if state_layout == "VK" else (HV, K, V)
+    if tuple(state_pool.shape[1:]) != want:
+        raise ValueError(f"state_pool must have shape [P, {', '.join(map(str, want))}] "
+                         f"({state_layout}), got {tuple(state_pool.shape)}")
+    if not state_pool.is_contiguous():
+        raise ValueError("state_pool must be contiguous (it is updated in place)")
