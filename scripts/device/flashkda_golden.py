@@ -666,13 +666,21 @@ def run_case_v2(case, inputs, ref, device):
     return res, scale
 
 
-def main_v2(args, device) -> int:
-    wanted = [c for c in args.cases.split(",") if c]
-    unknown = sorted(set(wanted) - {c.name for c in V2_CASES})
+def chosen_cases(known, arg: str):
+    """The cases of ``known`` that --cases names (all for an empty one), or None after one line
+    on stderr naming the unknown ones."""
+    wanted = [c for c in arg.split(",") if c]
+    unknown = sorted(set(wanted) - {c.name for c in known})
     if unknown:
         print(f"--cases: unknown {', '.join(unknown)}", file=sys.stderr)
+        return None
+    return [c for c in known if not wanted or c.name in wanted]
+
+
+def main_v2(args, device) -> int:
+    cases = chosen_cases(V2_CASES, args.cases)
+    if cases is None:
         return 2
-    cases = [c for c in V2_CASES if not wanted or c.name in wanted]
     t_start = time.time()
     ref, path, digest = load_v2_ref()
     print(f"FlashKDA v2 torch reference {path} (sha256 {digest[:16]})", flush=True)
@@ -728,12 +736,9 @@ def main(argv=None, ins=None) -> int:
         return 2
     if args.v2:
         return main_v2(args, device)
-    wanted = [c for c in args.cases.split(",") if c]
-    unknown = sorted(set(wanted) - {c.name for c in CASES})
-    if unknown:
-        print(f"--cases: unknown {', '.join(unknown)}", file=sys.stderr)
+    cases = chosen_cases(CASES, args.cases)
+    if cases is None:
         return 2
-    cases = [c for c in CASES if not wanted or c.name in wanted]
     if args.only_sweeps:
         cases = []
     t_start = time.time()
