@@ -106,8 +106,8 @@ def main() -> None:
             + ("" if run.get("complete") else "; INCOMPLETE") + ")", "rows": rows})
     if a.hunt:
         folders = sorted(p for p in a.runs.glob("hunt-*") if (p / "worst.json").exists())
-        dates = [json.loads((p / "hunt.json").read_text())["date"] for p in folders
-                 if "date" in json.loads((p / "hunt.json").read_text())]
+        metas = [json.loads((p / "hunt.json").read_text(encoding="utf-8")) for p in folders]
+        dates = [m["date"] for m in metas if "date" in m]
         _write("hunt_h200", {
             "benchmark": "hunt_h200", "device": a.device,
             "date": max(dates) if dates else "", "commit": a.commit,
