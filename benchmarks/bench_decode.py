@@ -100,6 +100,9 @@ CANDIDATES = {
     "guard_launch_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="launch"),
     "guard_off": KernelConfig(fp16_guard="off"),
     "guard_off_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="off"),
+    # KEND as one rounded operand (what the split of chunk_prepare.py costs; inaccurate on
+    # collinear keys, docs/hunt.md)
+    "kend_single": KernelConfig(kend_split=False),
 }
 ROUNDS = 5
 
@@ -368,11 +371,13 @@ def main():
     short = short_rows(args.quick, args.rounds, names) if "short" in parts else []
     print(f"total {time.perf_counter() - t0:.1f} s", flush=True)
     if args.json:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip()
-        except OSError:
-            commit = ""
+        commit = os.environ.get("KDALAB_COMMIT", "")  # the device's .git is not the checkout's
+        if not commit:
+            try:
+                commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                        capture_output=True, text=True).stdout.strip()
+            except OSError:
+                commit = ""
         doc = dict(benchmark="decode_and_serving", device=torch.cuda.get_device_name(0),
                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=commit,
                    command="python " + " ".join(sys.argv), rows=to_json_rows(bw, dec, pools,

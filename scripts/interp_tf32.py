@@ -4,7 +4,7 @@ emulated: the interpreter computes ``tl.dot(..., input_precision="tf32")`` in fu
 errors that come from tf32's 10-bit operands (a fact of the H200) do not show there. This rounds
 a tf32 product's fp32 operands as ``cvt.rna.tf32.f32`` does (to nearest, ties away) before the
 product; ``tf32x3`` and ``ieee`` products stay exact. ``--fp32 NAMES`` stores those stage-1
-operands (w, qg, kend, ainv, mqk) in fp32 instead of fp16, to ask which one matters.
+operands (w, qg, kend, klo, ainv, mqk) in fp32 instead of fp16, to ask which one matters.
 
     TRITON_INTERPRET=1 python scripts/interp_tf32.py results/hunt/worst.json [--exact] [--fp32 kend]
 
@@ -34,7 +34,7 @@ from kdalab.hunt.evaluate import reference  # noqa: E402
 from kdalab.hunt.files import rebuild  # noqa: E402
 from kdalab.kernels import chunk_kda_fwd  # noqa: E402
 
-OPERANDS = ("w", "qg", "kend", "ainv", "mqk")
+OPERANDS = ("w", "qg", "kend", "klo", "ainv", "mqk")
 
 
 def _rna_tf32(x: np.ndarray) -> np.ndarray:
@@ -63,7 +63,7 @@ def operands_in_fp32(names: set[str]) -> None:
         if operand_dtype != torch.float16 or not names:
             return prepare(*args, operand_dtype=operand_dtype, **kw)
         out = prepare(*args, operand_dtype=torch.float32, **kw)
-        return (*[t if n in names else t.half() for n, t in zip(OPERANDS, out[:5])], out[5])
+        return (*[t if n in names else t.half() for n, t in zip(OPERANDS, out[:6])], out[6])
 
     chunk_kda.chunk_kda_prepare = patched
 

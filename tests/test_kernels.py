@@ -440,6 +440,39 @@ def test_interp_segments_equal_serial(h0, layout):
 
 
 @interp
+def test_interp_collinear_keys_kend_split():
+    # The H200 hunt's worst case (docs/hunt.md; worst.json of its 10-minute run, at T = 1024,
+    # one head, v and the state at ordinary scale): exactly collinear keys, β ≈ 1, decay ≈ 1.
+    # KEND's rounding error is orthogonal to the keys, so the delta rule never erases it and
+    # it adds up over the chunks; the split (KEND + KLO) removes it. Measured here: output
+    # 3.47e-3 (2.1x the bf16 floor 1.66e-3) and state 3.75e-3 with the split, 6.47e-3 and
+    # 9.49e-3 without (KernelConfig(kend_split=False)). The bounds sit between the two.
+    from kdalab.hunt.evaluate import reference
+    from kdalab.inputs.sequences import SequenceSpec, draw
+
+    spec = SequenceSpec(T=1024, heads=1, K=64, V=64, lower_bound=-1.2704990464019452,
+                        key_clusters=1, key_eps=0.0, beta_mean=11.619085767495006,
+                        beta_spread=0.22499521561177355, g_mean=-13.649152395847757,
+                        g_spread=0.8232454531048621, A_log=(-0.3610168699450418,
+                                                            -0.24517758884619234),
+                        dt_bias=(1.4035146622085808, 1.4114623215351119), v_scale=1.0,
+                        initial_state="bf16", state_scale=0.01, block=(0, 1024))
+    x = draw(spec, 116546915, "cpu")
+    o_ref, s_ref = reference(x)
+    floor = _err(o_ref.bfloat16(), o_ref)
+    kw = {n: x[n] for n in ("scale", "initial_state", "A_log", "dt_bias", "lower_bound",
+                            "use_qk_l2norm")}
+    errors = {}
+    for split in (True, False):
+        o, s = chunk_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw,
+                             output_final_state=True, config=KernelConfig(kend_split=split))
+        errors[split] = (_err(o, o_ref), _err(s, s_ref))
+    assert errors[True][0] < 2.6 * floor, (errors, floor)
+    assert errors[True][1] < 0.5 * errors[False][1], errors
+    assert errors[False][0] > 2.6 * floor, (errors, floor)  # the case still finds the error
+
+
+@interp
 def test_interp_segments_need_the_combine():
     # a guard against a vacuous equality: skipping the combine (pass 2 then starts segments
     # 2.. from their zero-start R) must change the output by far more than the tolerance

@@ -49,7 +49,10 @@ class KernelConfig:
     guard's tf32 redo runs — ``"inline"`` (in the same launch: its code costs registers; on
     triton 3.6 BV 128 on 8 warps spills 216-340 bytes with it, 0 without), ``"launch"`` (a
     second launch of only the programs the first flagged; the same bits) or ``"off"`` (a
-    measurement candidate only: an fp16 overflow then leaves inf or NaN).
+    measurement candidate only: an fp16 overflow then leaves inf or NaN). ``kend_split``:
+    KEND enters the state update as its rounding plus the rounding's error (KLO,
+    ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
+    the split costs; it fails the hunt's collinear keys, docs/hunt.md).
     """
 
     dot: str = "auto"
@@ -61,6 +64,7 @@ class KernelConfig:
     prepare_heads_inner: bool = False
     value_blocks_inner: bool = False
     fp16_guard: str = "inline"
+    kend_split: bool = True
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -78,7 +82,7 @@ class KernelConfig:
         if self.fp16_guard not in ("inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        for name in ("prepare_heads_inner", "value_blocks_inner"):
+        for name in ("prepare_heads_inner", "value_blocks_inner", "kend_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"config.{name} must be True or False, "
                                  f"got {getattr(self, name)!r}")
@@ -174,7 +178,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, heads_inner=False):
+            beta_is_logits, plan, heads_inner=False, kend_split=True):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -182,7 +186,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, heads_inner=heads_inner)
+        num_warps=plan.prepare_warps, heads_inner=heads_inner, kend_split=kend_split)
 
 
 class _Call(NamedTuple):
@@ -223,7 +227,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  heads_inner=config.prepare_heads_inner)
+                  heads_inner=config.prepare_heads_inner, kend_split=config.kend_split)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 

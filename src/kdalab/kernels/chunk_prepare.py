@@ -10,6 +10,7 @@ that the recurrent stage (``chunk_recurrent.py``) needs and nothing it can rebui
     W    = (I + L)^-1 diag(β) (Γ ⊙ K)       [16, K]  token rows   (state correction)
     QG   = scale · Γ ⊙ Q                     [16, K]  token rows   (inter-chunk output)
     KEND = exp(G_last - G) ⊙ K               [16, K]  token rows   (state update)
+    KLO  = KEND - KEND rounded               [16, K]  token rows   (its rounding error)
     AINV = (I + L)^-1 diag(β)                [16, 16] per chunk
     MQK  = tril(scale · (Γ⊙Q)(K/Γ)^T)        [16, 16] per chunk
     GAMMA = exp(G_last)                      [K]      per chunk    (state decay)
@@ -17,6 +18,14 @@ that the recurrent stage (``chunk_recurrent.py``) needs and nothing it can rebui
 where G is the in-chunk cumulative log-decay and Γ = exp(G). Because the gate is
 bounded below by ``lower_bound >= -5``, |G| <= 80 inside a chunk, so exp(±G) stays
 finite in fp32 (limit e^88.7) and the diagonal tile is one dense GEMM.
+
+KEND goes to the state as two operands, its rounding to the products' 10-bit significand
+(fp16, or tf32 for fp32 operands) and what that rounding lost (KLO), so that the state update
+U^T KEND is as exact as its fp32 accumulation. One rounded KEND is not enough: the update
+writes along KEND's rows and the delta rule erases only along the keys, so KEND's rounding
+error, orthogonal to the keys, stays in the state and adds up over chunks where the decay is
+near 1. With exactly collinear keys, β ≈ 1 and decay ≈ 1, T 4076, the H200 hunt found an
+output error of 1.02e-2 from it; the interpreter gives 3.5e-3 with KEND exact (docs/hunt.md).
 """
 
 from __future__ import annotations
@@ -55,6 +64,19 @@ def l2_normalize(x, USE_L2NORM: tl.constexpr):
 
 
 @triton.jit
+def split_operand(x, DT: tl.constexpr):
+    """``x`` (fp32) as ``hi + lo`` with ``hi`` exact in a 10-bit significand: fp16 (``DT``
+    fp16), or x's fp32 bits with the low 13 of its significand cleared (tf32) — a tf32 product
+    then reads ``hi`` and ``lo`` without rounding ``hi``, and ``lo`` loses only 2^-11 of
+    itself."""
+    if DT == tl.float16:
+        hi = x.to(tl.float16).to(tl.float32)
+    else:
+        hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    return hi, x - hi
+
+
+@triton.jit
 def neumann_inverse16(L, BT: tl.constexpr):
     """(I + L)^-1 of a strictly lower BT×BT block by the Neumann product
     (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of order 16, so four factors are exact.
@@ -72,13 +94,13 @@ def neumann_inverse16(L, BT: tl.constexpr):
 
 @triton.jit
 def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                      w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                      w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h,
                       H, GQ: tl.constexpr, GG: tl.constexpr, K: tl.constexpr,
                       BT: tl.constexpr,
                       HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                       USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
-                      IS_VARLEN: tl.constexpr):
+                      IS_VARLEN: tl.constexpr, KSPLIT: tl.constexpr):
     """Stage 1 of global chunk ``i_c`` of head ``i_h`` (token rows past the sequence's end
     are zero in every product, and not stored).
 
@@ -109,8 +131,10 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
-    kend = kv * tl.exp2(g2_last[None, :] - g2)
+    kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
     tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
+    if KSPLIT:
+        tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
     # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
     decay = tl.exp2(g2)
@@ -134,13 +158,14 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
 @triton.jit
 def chunk_kda_prepare_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-    w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     chunk_table_ptr, cu_seqlens_ptr,
     T, scale, lower_bound,
     H, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, HEADS_INNER: tl.constexpr = False,
+    KSPLIT: tl.constexpr = True,
 ):
     if HEADS_INNER:  # a 1-D grid: the heads of one chunk adjacent (neighbouring addresses)
         i_c = tl.program_id(0) // H
@@ -149,45 +174,51 @@ def chunk_kda_prepare_kernel(
         i_c = tl.program_id(0)
         i_h = tl.program_id(1)
     prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                      w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
+                      w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                      chunk_table_ptr,
                       cu_seqlens_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
-                      HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN)
+                      HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT)
 
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, heads_inner=False,
+    kend_split=True,
 ):
-    """Launch stage 1. Returns (w, qg, kend, ainv, mqk, gamma): W, QG, KEND like q, AINV and
-    MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are normalized, else
-    fp32), GAMMA [num_chunks, H, K] fp32.
+    """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
+    q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
+    normalized, else fp32), GAMMA [num_chunks, H, K] fp32.
 
     ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
     variable-length input (None for fixed length). ``heads_inner``: a 1-D grid with the
     heads of a chunk adjacent (the default grid runs a head's chunks one after another).
+    ``kend_split=False``: KEND not split (KLO None; a measurement candidate).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
-    w, qg, kend = torch.empty(3, B, T, H, K, device=q.device, dtype=operand_dtype).unbind(0)
+    w, qg, kend, *klo = torch.empty(4 if kend_split else 3, B, T, H, K, device=q.device,
+                                    dtype=operand_dtype).unbind(0)
+    klo = klo[0] if kend_split else None
     ainv, mqk = torch.empty(2, num_chunks, H, CHUNK, CHUNK, device=q.device,
                             dtype=operand_dtype).unbind(0)
     gamma = torch.empty(num_chunks, H, K, device=q.device, dtype=torch.float32)
     if num_chunks == 0:
-        return w, qg, kend, ainv, mqk, gamma
+        return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
     grid = (num_chunks * H,) if heads_inner else (num_chunks, H)
     chunk_kda_prepare_kernel[grid](
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
-        w, qg, kend, ainv, mqk, gamma,
+        w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
         chunk_table if chunk_table is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,
         T, float(scale), float(lower_bound),
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=cu_seqlens is not None, HEADS_INNER=heads_inner, num_warps=num_warps,
+        IS_VARLEN=cu_seqlens is not None, HEADS_INNER=heads_inner, KSPLIT=kend_split,
+        num_warps=num_warps,
     )
-    return w, qg, kend, ainv, mqk, gamma
+    return w, qg, kend, klo, ainv, mqk, gamma

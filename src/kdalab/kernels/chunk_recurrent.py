@@ -6,7 +6,7 @@ per warpgroup; the untransposed products would have M = 16, the chunk):
 
     U^T = V^T AINV^T - S^T W^T             [BV, 16]
     O^T = S^T QG^T + U^T MQK^T             [BV, 16]
-    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]
+    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO)
 
 The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT`` is the
 products' operand type: fp16 (S and U rounded to fp16 as operands, fp32 accumulation) or fp32
@@ -40,10 +40,10 @@ CHUNK = 16
 
 
 @triton.jit
-def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                bos, eos, c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t,
                H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-               DT: tl.constexpr):
+               DT: tl.constexpr, KSPLIT: tl.constexpr):
     """Operands of chunk ``i_t`` (from row ``bos``, global chunk ``c0 + i_t``), transposed
     where the products need it; zeros past ``eos`` and in rows without a value (``v_ok``)."""
     rows = bos + i_t * BT + o_r
@@ -59,11 +59,15 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
     qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
     kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
+    if KSPLIT:
+        klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
+    else:
+        klo = kend  # unused
     vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0).to(DT)
     ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
     mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
     gamma = tl.load(gamma_ptr + cc * K + o_k, mask=m_g, other=0.0)
-    return wt, qgt, kend, vt, ainvt, mqkt, gamma
+    return wt, qgt, kend, klo, vt, ainvt, mqkt, gamma
 
 
 @triton.jit
@@ -101,11 +105,11 @@ def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
+def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O,
                ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
-               CK_TMA: tl.constexpr):
+               CK_TMA: tl.constexpr, KSPLIT: tl.constexpr = True):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
     end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
@@ -125,9 +129,10 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
         ck_count = j0 % CKC
         ck_row = ck_base + j0 // CKC
     ck_due = 0  # 1: St is a checkpoint not yet stored
-    wt, qgt, kend, vt, ainvt, mqkt, gamma = load_chunk(
-        v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0, i_h,
-        o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
+    wt, qgt, kend, klo, vt, ainvt, mqkt, gamma = load_chunk(
+        v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0,
+        i_h,
+        o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT, KSPLIT)
     for i_t in range(0, n_chunks):
         if CKC > 0:
             if WRITE_O:
@@ -136,9 +141,9 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                 if ck_due != 0:
                     store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
                     ck_row += 1
-        nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma = load_chunk(
-            v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0,
-            i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT)
+        nwt, nqgt, nkend, nklo, nvt, nainvt, nmqkt, ngamma = load_chunk(
+            v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
+            c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT, KSPLIT)
         Sd = St.to(DT)
         ud = (tl.dot(vt, ainvt, input_precision="tf32")
               - tl.dot(Sd, wt, input_precision="tf32")).to(DT)
@@ -150,6 +155,8 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
             tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty),
                      mask=v_ok[:, None] & (rows < eos)[None, :])
         St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
+        if KSPLIT:
+            St += tl.dot(ud, klo, input_precision="tf32")
         if CKC > 0:
             if WRITE_O:
                 ck_count += 1
@@ -158,7 +165,8 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                 ck_due = ((ck_count == CKC) & (bos + (i_t + 1) * BT <= eos)).to(tl.int32)
                 if ck_count == CKC:
                     ck_count -= CKC
-        wt, qgt, kend, vt, ainvt, mqkt, gamma = nwt, nqgt, nkend, nvt, nainvt, nmqkt, ngamma
+        wt, qgt, kend, klo, vt, ainvt, mqkt, gamma = (nwt, nqgt, nkend, nklo, nvt, nainvt,
+                                                      nmqkt, ngamma)
     if CKC > 0:
         if WRITE_O:
             if ck_due != 0:  # the last chunk's
@@ -185,12 +193,12 @@ def user_state_ptrs(ptr, i_n, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
-                  gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H,
+def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr,
+                  mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_n, i_h, o_v, v_ok, H,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
                   DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
-                  CK_TMA: tl.constexpr):
+                  CK_TMA: tl.constexpr, KSPLIT: tl.constexpr = True):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -207,14 +215,15 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, m
         St0 = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
     else:
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
-    return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
+    return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                      o_ptr,
                       bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, CK_TMA)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, CK_TMA, KSPLIT)
 
 
 @triton.jit
 def chunk_kda_recurrent_kernel(
-    v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ht_ptr, o_ptr, sum_ptr,
     cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
     T,
@@ -224,7 +233,7 @@ def chunk_kda_recurrent_kernel(
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
     CK_TMA: tl.constexpr = False, NV_INNER: tl.constexpr = 0, FLAG: tl.constexpr = 0,
-    flag_ptr=None,
+    flag_ptr=None, KSPLIT: tl.constexpr = True,
 ):
     # the guard in two launches (FLAG 1: a program whose state is not finite flags itself and
     # writes no final state; FLAG 2: the tf32 redo, only the flagged programs)
@@ -271,17 +280,18 @@ def chunk_kda_recurrent_kernel(
     if HAS_IDX:
         i_row = tl.load(idx_ptr + i_n).to(tl.int64)
 
-    St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr, mqk_ptr,
-                       gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V, BT, BV,
-                       HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC, CK_TMA)
+    St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr,
+                       mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V,
+                       BT, BV, HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC,
+                       CK_TMA, KSPLIT)
     if GUARD:
         # the fp16 products overflowed (or the input was not finite): redo with tf32 products
         # from the start state loaded again (kept, it would cost 64 registers in the loop)
         if not_finite(St) != 0:
-            St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, ainv_ptr,
-                               mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok,
-                               H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32, ck_ptr,
-                               ck_base, j0, i_v * BV, CKC, CK_TMA)
+            St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
+                               ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h,
+                               o_v, v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32,
+                               ck_ptr, ck_base, j0, i_v * BV, CKC, CK_TMA, KSPLIT)
 
     ok = 1
     if FLAG == 1:
@@ -306,7 +316,7 @@ DOT_TYPES = {"tf32": tl.float32, "fp16": tl.float16}
 
 
 def chunk_kda_recurrent(
-    v, w, qg, kend, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
+    v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
     checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, checkpoint_store="tma",
@@ -322,7 +332,8 @@ def chunk_kda_recurrent(
     the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each sequence's first row)
     and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``),
     stored through a tensor descriptor (``checkpoint_store="tma"``) or pointers (``"ptr"``).
-    ``guard``: the fp16 range guard's redo in the same launch (True), in a second launch
+    ``klo``: KEND's rounding error (stage 1's KLO; None: KEND alone, a measurement
+    candidate). ``guard``: the fp16 range guard's redo in the same launch (True), in a second launch
     (``"launch"``), or none (False). ``value_blocks_inner``: a 1-D grid in which a
     (sequence, head)'s value-block programs are adjacent, so that they run at the same time
     and the second reads W, QG and KEND from L2 (the 2-D grid starts every head's first
@@ -352,6 +363,7 @@ def chunk_kda_recurrent(
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
                   CKC=checkpoint_chunks if checkpoints is not None else 0, CK_TMA=tma,
+                  KSPLIT=klo is not None,
                   num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
@@ -362,7 +374,7 @@ def chunk_kda_recurrent(
         nv_inner = 0
         if value_blocks_inner:
             grid, nv_inner = (grid[0] * grid[1],), grid[1]
-        args = (v, w, qg, kend, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
+        args = (v, w, qg, kend, opt(klo), ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
                 opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order),
                 opt(segments), T)
         kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
