@@ -1,7 +1,7 @@
 """Serving-path speed of kdalab's kernels against their peers, in one process (H200).
 
     python benchmarks/bench_decode.py [--json PATH] [--quick] [--parts decode,pool,short]
-        [--rounds 5] [--candidates default,heads_inner,...]
+        [--rounds 5] [--candidates default,kend_single,...]
 
 1. Decode (``kda_decode``, one token a sequence, K = V = 128, fp32 state pool, random rows)
    against fla's ``fused_recurrent_kda_fwd`` with the same pool (``ssm_state_indices``,
@@ -9,13 +9,13 @@
    (``do_bench``) and under CUDA-graph replay (``do_bench_cudagraph``), with the memory floor:
    the bytes a step must move (the state read and written once, plus q, k, g, v, β, o) over
    the copy bandwidth measured in this run (a 1 GiB device-to-device copy).
-2. Prefill through the pool, and with checkpoints every 64 tokens (stored through a tensor
-   descriptor, the default, and through pointers), against the plain prefill (initial and
-   final state tensors) on four shapes (serial and split passes), in interleaved rounds.
-3. Many short sequences: kdalab's prefill under each launch candidate (``CANDIDATES``)
+2. Prefill through the pool, and with checkpoints every 64 tokens, against the plain prefill
+   (initial and final state tensors) on four shapes (serial and split passes), in
+   interleaved rounds.
+3. Many short sequences: kdalab's prefill under each candidate (``CANDIDATES``)
    against FlashKDA and fla on the four batch shapes of issue 24 (varlen 1024 x 8 H 64; 37
    random lengths in [16, 512] H 32; B 128 T 64 H 16; B 8 T 4096 H 32), in interleaved
-   rounds, and stage 1 alone under both stage-1 orders.
+   rounds, and stage 1 alone with and without KEND's split.
 
 Rows go to stdout as JSON lines and, with ``--json PATH``, into the BENCHMARKS.md JSON file
 (every measured field also into PATH's stem + ``.raw.json``). fla's
@@ -82,26 +82,15 @@ SHORT = [
 ]
 
 
-#: kdalab's launch candidates for many short sequences (KernelConfig fields; the same bits):
-#: stage 1's programs head-fastest, a head's value blocks adjacent, both, and value blocks of
-#: 128 on 8 warps with and without them (the plan's other program shape); the fp16 guard's
-#: redo in a second launch, and none (the bits of inputs that do not overflow fp16, as these)
+#: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
+#: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
+#: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
+#: collinear keys, docs/hunt.md). Stage-1 head-fastest and value-blocks-adjacent orders were
+#: measured no faster and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
-    "heads_inner": KernelConfig(prepare_heads_inner=True),
-    "vblocks_inner": KernelConfig(value_blocks_inner=True),
-    "both": KernelConfig(prepare_heads_inner=True, value_blocks_inner=True),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
-    "both_bv128_w8": KernelConfig(block_v=128, num_warps=8, prepare_heads_inner=True,
-                                  value_blocks_inner=True),
-    # the fp16 guard's redo in a second launch, and without it (what its registers cost;
-    # "off" is unguarded: a measurement, not a mode to use)
     "guard_launch": KernelConfig(fp16_guard="launch"),
-    "guard_launch_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="launch"),
-    "guard_off": KernelConfig(fp16_guard="off"),
-    "guard_off_bv128_w8": KernelConfig(block_v=128, num_warps=8, fp16_guard="off"),
-    # KEND as one rounded operand (what the split of chunk_prepare.py costs; inaccurate on
-    # collinear keys, docs/hunt.md)
     "kend_single": KernelConfig(kend_split=False),
 }
 ROUNDS = 5
@@ -229,8 +218,7 @@ def decode_rows(bw, quick):
 
 def pool_rows(quick, rounds):
     """Plain prefill (initial and final state tensors), the pool, and the pool with checkpoints
-    every 64 tokens (fp32: the pool's dtype) stored through the tensor descriptor (the
-    default) and through pointers, timed in interleaved rounds; ratios over plain."""
+    every 64 tokens (fp32: the pool's dtype), timed in interleaved rounds; ratios over plain."""
     rows = []
     for name in OVERHEAD_SHAPES[:2] if quick else OVERHEAD_SHAPES:
         x = make_inputs(SHAPES[name])
@@ -243,23 +231,20 @@ def pool_rows(quick, rounds):
         # the VK layout, as bench_kernel's grid (FlashKDA's)
         gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
                     cu_seqlens=x["cu"], state_layout="VK")
-        ptr = KernelConfig(checkpoint_store="ptr")
         fns = {
             "plain": lambda: chunk_kda_fwd(*args, initial_state=h0, output_final_state=True,
                                            **gate),
             "pool": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx, **gate),
             "pool_ck64": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
                                                checkpoint_every=64, **gate),
-            "pool_ck64_ptr": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
-                                                   checkpoint_every=64, config=ptr, **gate),
         }
         row = dict(shape=name)
         ms = interleaved(fns, rounds, rep=60)
         for key, value in ms.items():
             row[f"{key}_ms"] = value
-        for key in ("pool", "pool_ck64", "pool_ck64_ptr"):
+        for key in ("pool", "pool_ck64"):
             if isinstance(ms.get(key), float) and isinstance(ms.get("plain"), float):
-                label = {"pool": "pool", "pool_ck64": "ck64", "pool_ck64_ptr": "ck64_ptr"}[key]
+                label = {"pool": "pool", "pool_ck64": "ck64"}[key]
                 row[f"{label}_over_plain"] = ms[key] / ms["plain"]
         # the checkpoints' bytes (fp32) over the plain call's time: the floor a store that
         # does not overlap would add
@@ -273,7 +258,7 @@ def pool_rows(quick, rounds):
 
 def short_rows(quick, rounds, candidates=None):
     """kdalab (each candidate of CANDIDATES, or those named), FlashKDA and fla on the
-    many-short shapes, in interleaved rounds; stage 1 alone under the two stage-1 orders."""
+    many-short shapes, in interleaved rounds; stage 1 alone with and without KEND's split."""
     peers = {"fla": load_fla(), "flashkda": load_flashkda()}
     chosen = {c: CANDIDATES[c] for c in (candidates or CANDIDATES)}
     chosen.setdefault("default", CANDIDATES["default"])
@@ -284,7 +269,7 @@ def short_rows(quick, rounds, candidates=None):
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "heads_inner")}
+              for c in ("default", "kend_single")}
         ms = interleaved({**fns, **s1}, rounds)
         for key, value in ms.items():
             row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value
@@ -321,7 +306,7 @@ def to_json_rows(bw, dec, pools, short):
         out.append(dict(target=f"{tag}: graph time over memory floor",
                         value=round(r["over_floor_graph"], 3), unit="x"))
     for r in pools:
-        for key in ("pool_over_plain", "ck64_over_plain", "ck64_ptr_over_plain"):
+        for key in ("pool_over_plain", "ck64_over_plain"):
             if key in r:
                 out.append(dict(target=f"prefill {r['shape']}: {key}", value=round(r[key], 4),
                                 unit="x", note=f"plain {r['plain_ms']:.3f} ms; checkpoints "
@@ -341,7 +326,7 @@ def to_json_rows(bw, dec, pools, short):
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
                                 note=f"kdalab [{c}] {r[f'kdalab_{c}_ms']:.3f} ms"))
-        for c in ("default", "heads_inner"):
+        for c in ("default", "kend_single"):
             if f"stage1_{c}_ms" in r:
                 out.append(dict(target=f"prefill {r['shape']}: stage 1 [{c}]",
                                 value=round(r[f"stage1_{c}_ms"], 4), unit="ms"))

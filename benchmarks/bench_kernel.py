@@ -208,7 +208,7 @@ def _stage1_fn(x, config):
     def s1():
         return ck._stage1(q, k, g, beta, x["A_log"], dt_bias, seqs, H, K, scale=K ** -0.5,
                           lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
-                          plan=plan, heads_inner=config.prepare_heads_inner)
+                          plan=plan, kend_split=config.kend_split)
     return s1, seqs, plan
 
 

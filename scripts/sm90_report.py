@@ -152,22 +152,21 @@ def kdalab_rows(only: str | None = None):
                     num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
     # serving: the pool (a state row by index) with and without checkpoints every 64 tokens
-    # (CKC = 4 chunks), both state layouts, value blocks of 32 and 64
+    # (CKC = 4 chunks, through a tensor descriptor), both state layouts, value blocks of 32
+    # and 64 on 4 warps, 128 on 8
     pool = dict(sig, idx_ptr="*i32", ck_ptr="*fp32", ck_offsets_ptr="*i32")
-    # (CKC = 4 chunks; "tma": through a tensor descriptor), both state layouts, value blocks
-    # of 32 and 64 on 4 warps, 128 on 8
     for pass_ in (0, 2):
         for vk in (False, True):
             for bv, nw in ((64, 4), (32, 4), (128, 8)):
-                for ckc, tma in ((0, False), (4, False), (4, True)):
+                for ckc in (0, 4):
                     ce = dict(K=128, V=128, BT=16, BV=bv, HAS_H0=True, STORE_HT=True,
                               STATE_VK=vk, IS_VARLEN=False, PASS=pass_, SKIP_LAST=True,
-                              DT=tl.float16, GUARD=True, HAS_IDX=True, CKC=ckc, CK_TMA=tma)
+                              DT=tl.float16, GUARD=True, HAS_IDX=True, CKC=ckc)
                     block = f"1,{bv},128" if vk else f"1,128,{bv}"
-                    sig_ck = dict(pool, ck_ptr=f"tensordesc<fp32[{block}]>") if tma else pool
+                    sig_ck = dict(pool, ck_ptr=f"tensordesc<fp32[{block}]>") if ckc else pool
                     yield timed(chunk_kda_recurrent_kernel, sig_ck, ce, num_warps=nw,
                                 label=f"pool pass {pass_} {'VK' if vk else 'KV'} BV{bv} w{nw}"
-                                      + (f" ck{ckc}" if ckc else "") + (" tma" if tma else ""))
+                                      + (f" ck{ckc}" if ckc else ""))
     comb = dict(sum_ptr="*fp32", seg_offsets_ptr="*i32", h0_ptr="*fp32", H="i32")
     yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=16, HAS_H0=True,
                                                      STATE_VK=False), num_warps=8,

@@ -34,10 +34,9 @@ def _prefix_state(x, n, length, h0, kw, config):
 @interp
 @pytest.mark.parametrize("config,layout", [
     (KernelConfig(), "KV"), (KernelConfig(), "VK"), (SPLIT, "KV"),
-    # checkpoints through pointers instead of the tensor descriptor; a value block wider than
-    # V (the descriptor's box past V is dropped)
-    (KernelConfig(checkpoint_store="ptr"), "KV"), (KernelConfig(block_v=32), "VK")],
-    ids=["serial", "serial-VK", "split", "serial-ptr", "serial-VK-bv32"])
+    # a value block wider than V (the descriptor's box past V is dropped)
+    (KernelConfig(block_v=32), "VK")],
+    ids=["serial", "serial-VK", "split", "serial-VK-bv32"])
 def test_interp_pool_prefill_and_checkpoints(config, layout):
     N, T, H, HV, K, V = 2, 40, 1, 2, 16, 16
     q, k, v, g, beta, kw = inputs(N, T, H, HV, K, V, seed=2)
@@ -67,16 +66,14 @@ def test_interp_pool_prefill_and_checkpoints(config, layout):
 
 
 @interp
-@pytest.mark.parametrize("store", ["tma", "ptr"])
-def test_interp_checkpoint_at_the_end_is_the_final_state(store):
+def test_interp_checkpoint_at_the_end_is_the_final_state():
     # a sequence ending on a checkpoint stores it after the recurrent loop (the others are
     # stored at the top of the next chunk's step): the last row is the final state, bit for bit
     N, T, H, K, V = 2, 32, 1, 16, 16
     q, k, v, g, beta, kw = inputs(N, T, H, H, K, V, seed=3)
     h0 = pool(N, H, K, V)
-    config = KernelConfig(checkpoint_store=store)
     o, f, ck = chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                             checkpoint_every=16, config=config, **kw)
+                             checkpoint_every=16, **kw)
     for n in range(N):
         assert torch.equal(ck[2 * n + 1], f[n])
         assert torch.equal(ck[2 * n], _prefix_state((q, k, v, g, beta), n, 16, h0[n:n + 1],
@@ -212,11 +209,10 @@ def test_pool_gpu_checkpoints_match_prefix_runs(T, H):
 
 @gpu
 @pytest.mark.parametrize("layout", ["KV", "VK"])
-def test_pool_gpu_checkpoint_stores_agree(layout):
-    """The descriptor (TMA) and pointer stores of the checkpoints, serial and split passes,
-    fp32 and bf16 pools, value blocks of 64 and 128: the same bits (the same states, stored
-    two ways); the launch-order candidates and the guard in a second launch too. The sequence
-    ends on a checkpoint (its last row is the final state)."""
+def test_pool_gpu_checkpoints_guard_modes_agree(layout):
+    """The checkpoints (stored through the tensor descriptor) with the guard inline and in a
+    second launch, serial and split passes, fp32 and bf16 pools, value blocks of 64 and 128:
+    the same bits. The sequence ends on a checkpoint (its last row is the final state)."""
     dev = "cuda"
     q, k, v, g, beta, kw = inputs(2, 2048, 4, 4, 128, 128, seed=5, device=dev,
                                   dtype=torch.bfloat16)
@@ -227,9 +223,7 @@ def test_pool_gpu_checkpoint_stores_agree(layout):
                      KernelConfig(segment_chunks=0, block_v=128, num_warps=8)):
             runs = [chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                   config=dataclasses.replace(base, **change), **kw)
-                    for change in (dict(), dict(checkpoint_store="ptr"),
-                                   dict(prepare_heads_inner=True, value_blocks_inner=True),
-                                   dict(fp16_guard="launch"))]
+                    for change in (dict(), dict(fp16_guard="launch"))]
             o, f, ck = runs[0]
             assert torch.equal(ck[15], f[0]) and torch.equal(ck[31], f[1]), (dtype, base)
             for other in runs[1:]:

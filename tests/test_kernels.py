@@ -239,8 +239,7 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(num_warps=3), "config.num_warps"), (dict(prepare_warps=32), "config.prepare_warps"),
     (dict(segment_chunks=-1), "config.segment_chunks"),
     (dict(segment_chunks=2.5), "config.segment_chunks"),
-    (dict(checkpoint_store="smem"), "config.checkpoint_store"),
-    (dict(value_blocks_inner=1), "config.value_blocks_inner"),
+    (dict(kend_split=1), "config.kend_split"),
     (dict(fp16_guard=True), "config.fp16_guard"),
 ])
 def test_bad_config_raises_value_error(kw, match):
@@ -386,19 +385,17 @@ def test_interp_launch_shapes(config):
 
 @interp
 @pytest.mark.parametrize("segment_chunks", [0, 2], ids=["serial", "split"])
-def test_interp_launch_orders_same_bits(segment_chunks):
-    # the launch-order candidates only reorder the programs (stage 1 head-fastest, the value
-    # blocks of a head adjacent): the same outputs and final states, bit for bit; two heads
-    # and two value blocks (V = 32, BV = 16) so that both orders differ from the default
+def test_interp_guard_modes_same_bits(segment_chunks):
+    # the fp16 guard's redo in a second launch or none (it never runs on these inputs): the
+    # same outputs and final states as the guard inline, bit for bit; two heads and two value
+    # blocks (V = 32, BV = 16), so that the flags of several programs are read
     (q, k, v, g, beta), kw = _slow_decay(70, 2, 32, seed=5)
     cu = torch.tensor([0, 40, 70], dtype=torch.int32)
     common = dict(**kw, initial_state=_state(2, 2, 32, 32, seed=6), output_final_state=True,
                   cu_seqlens=cu)
     base = KernelConfig(block_v=16, segment_chunks=segment_chunks)
     want = chunk_kda_fwd(q, k, v.float(), g, beta, **common, config=base)
-    # and the fp16 guard's redo in a second launch or none (it never runs on these inputs)
-    for change in (dict(prepare_heads_inner=True), dict(value_blocks_inner=True),
-                   dict(fp16_guard="launch"), dict(fp16_guard="off")):
+    for change in (dict(fp16_guard="launch"), dict(fp16_guard="off")):
         got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
                             config=dataclasses.replace(base, **change))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change

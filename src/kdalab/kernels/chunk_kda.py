@@ -39,13 +39,7 @@ class KernelConfig:
     else tf32). ``block_v``, ``num_warps``: the recurrent programs' value columns and warps;
     ``prepare_warps``: stage 1's warps; ``segment_chunks``: the sequence-parallel state
     pass's segment length in 16-token chunks (0: a serial pass per sequence).
-    ``checkpoint_store``: how the recurrent pass writes checkpoints — ``"tma"`` (a tensor
-    descriptor: one bulk copy from shared memory, no spills on sm_90a) or ``"ptr"`` (a
-    [BV, K] tile of pointers; spilled). The same bits either way. Candidates of the launch
-    order (the same bits; measured by ``benchmarks/bench_decode.py``): ``prepare_heads_inner``
-    (stage 1's programs ordered head-fastest, so neighbours read neighbouring addresses) and
-    ``value_blocks_inner`` (the recurrent programs' value blocks of a head adjacent, so they
-    run together and share W, QG, KEND through L2). ``fp16_guard``: where the fp16 range
+    ``fp16_guard``: where the fp16 range
     guard's tf32 redo runs — ``"inline"`` (in the same launch: its code costs registers; on
     triton 3.6 BV 128 on 8 warps spills 216-340 bytes with it, 0 without), ``"launch"`` (a
     second launch of only the programs the first flagged; the same bits) or ``"off"`` (a
@@ -60,9 +54,6 @@ class KernelConfig:
     num_warps: int | None = None
     prepare_warps: int | None = None
     segment_chunks: int | None = None
-    checkpoint_store: str = "tma"
-    prepare_heads_inner: bool = False
-    value_blocks_inner: bool = False
     fp16_guard: str = "inline"
     kend_split: bool = True
 
@@ -76,16 +67,12 @@ class KernelConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"config.{name} must be one of {allowed} or None, "
                                  f"got {value!r}")
-        if self.checkpoint_store not in ("tma", "ptr"):
-            raise ValueError(f"config.checkpoint_store must be 'tma' or 'ptr', "
-                             f"got {self.checkpoint_store!r}")
         if self.fp16_guard not in ("inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        for name in ("prepare_heads_inner", "value_blocks_inner", "kend_split"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"config.{name} must be True or False, "
-                                 f"got {getattr(self, name)!r}")
+        if not isinstance(self.kend_split, bool):
+            raise ValueError(f"config.kend_split must be True or False, "
+                             f"got {self.kend_split!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -178,7 +165,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, heads_inner=False, kend_split=True):
+            beta_is_logits, plan, kend_split=True):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -186,7 +173,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, heads_inner=heads_inner, kend_split=kend_split)
+        num_warps=plan.prepare_warps, kend_split=kend_split)
 
 
 class _Call(NamedTuple):
@@ -227,7 +214,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  heads_inner=config.prepare_heads_inner, kend_split=config.kend_split)
+                  kend_split=config.kend_split)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 
@@ -297,8 +284,7 @@ def chunk_kda_fwd(
                                            checkpoint_every, state_layout=state_layout,
                                            dtype=ck_dtype)
         serving.update(checkpoints=ck, checkpoint_offsets=ck_offsets,
-                       checkpoint_chunks=checkpoint_every // 16,
-                       checkpoint_store=config.checkpoint_store)
+                       checkpoint_chunks=checkpoint_every // 16)
     if state_pool is not None:
         final_state = state_pool
     elif output_final_state:
@@ -311,7 +297,7 @@ def chunk_kda_fwd(
                   num_seqs=num_seqs, block_v=plan.block_v,
                   num_warps=plan.num_warps, dot=dot, guard=_GUARDS[config.fp16_guard]
                   if dot == "fp16" else False,
-                  value_blocks_inner=config.value_blocks_inner, **serving)
+                  **serving)
     o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)
     if state_pool is not None:
         final_state = None  # the final states are in the pool

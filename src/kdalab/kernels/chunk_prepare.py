@@ -164,15 +164,10 @@ def chunk_kda_prepare_kernel(
     H, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, HEADS_INNER: tl.constexpr = False,
-    KSPLIT: tl.constexpr = True,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
 ):
-    if HEADS_INNER:  # a 1-D grid: the heads of one chunk adjacent (neighbouring addresses)
-        i_c = tl.program_id(0) // H
-        i_h = tl.program_id(0) % H
-    else:
-        i_c = tl.program_id(0)
-        i_h = tl.program_id(1)
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
     prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       chunk_table_ptr,
@@ -182,17 +177,15 @@ def chunk_kda_prepare_kernel(
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, heads_inner=False,
-    kend_split=True,
+    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True,
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
     normalized, else fp32), GAMMA [num_chunks, H, K] fp32.
 
     ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
-    variable-length input (None for fixed length). ``heads_inner``: a 1-D grid with the
-    heads of a chunk adjacent (the default grid runs a head's chunks one after another).
-    ``kend_split=False``: KEND not split (KLO None; a measurement candidate).
+    variable-length input (None for fixed length). ``kend_split=False``: KEND not split
+    (KLO None; a measurement candidate).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
@@ -206,8 +199,7 @@ def chunk_kda_prepare(
     if num_chunks == 0:
         return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    grid = (num_chunks * H,) if heads_inner else (num_chunks, H)
-    chunk_kda_prepare_kernel[grid](
+    chunk_kda_prepare_kernel[(num_chunks, H)](
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
@@ -218,7 +210,6 @@ def chunk_kda_prepare(
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=cu_seqlens is not None, HEADS_INNER=heads_inner, KSPLIT=kend_split,
-        num_warps=num_warps,
+        IS_VARLEN=cu_seqlens is not None, KSPLIT=kend_split, num_warps=num_warps,
     )
     return w, qg, kend, klo, ainv, mqk, gamma

@@ -86,22 +86,18 @@ def store_state(ptr, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
-                     STATE_VK: tl.constexpr, CK_TMA: tl.constexpr):
-    """Checkpoint row ``row`` of head ``i_h`` from S^T (value rows from ``v0``): through the
-    pointer ``ck`` (``store_state``), or with ``CK_TMA`` through the tensor descriptor ``ck``
-    of the checkpoints viewed as [rows * H, V, K] (VK) or [rows * H, K, V] (KV): one bulk copy
-    from shared memory, no [BV, K] tile of addresses or masks in registers (the descriptor's
-    bounds drop value rows past V)."""
-    if CK_TMA:
-        r = (row * H + i_h).to(tl.int32)
-        BV: tl.constexpr = St.shape[0]
-        if STATE_VK:
-            ck.store([r, v0, 0], St.to(ck.dtype).reshape(1, BV, K))
-        else:
-            ck.store([r, 0, v0], tl.trans(St).to(ck.dtype).reshape(1, K, BV))
+def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.constexpr):
+    """Checkpoint row ``row`` of head ``i_h`` from S^T (value rows from ``v0``) through the
+    tensor descriptor ``ck`` of the checkpoints viewed as [rows * H, V, K] (VK) or
+    [rows * H, K, V] (KV): one bulk copy from shared memory, no [BV, K] tile of addresses or
+    masks in registers (the descriptor's bounds drop value rows past V). A store through
+    pointers (``store_state``) spilled and was 4-11 % slower on the H200 (docs/kernels.md)."""
+    r = (row * H + i_h).to(tl.int32)
+    BV: tl.constexpr = St.shape[0]
+    if STATE_VK:
+        ck.store([r, v0, 0], St.to(ck.dtype).reshape(1, BV, K))
     else:
-        store_state(ck, row, i_h, v0, St, H, K, V, STATE_VK)
+        ck.store([r, 0, v0], tl.trans(St).to(ck.dtype).reshape(1, K, BV))
 
 
 @triton.jit
@@ -109,7 +105,7 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O,
                ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
-               CK_TMA: tl.constexpr, KSPLIT: tl.constexpr = True):
+               KSPLIT: tl.constexpr = True):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
     end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
@@ -139,7 +135,7 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
                 # the checkpoint of the chunk before, stored before the next chunk's operands
                 # are loaded (fewer registers live than after)
                 if ck_due != 0:
-                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
+                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
                     ck_row += 1
         nwt, nqgt, nkend, nklo, nvt, nainvt, nmqkt, ngamma = load_chunk(
             v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
@@ -170,7 +166,7 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
     if CKC > 0:
         if WRITE_O:
             if ck_due != 0:  # the last chunk's
-                store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, V, STATE_VK, CK_TMA)
+                store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
     return St
 
 
@@ -198,7 +194,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
                   DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
-                  CK_TMA: tl.constexpr, KSPLIT: tl.constexpr = True):
+                  KSPLIT: tl.constexpr = True):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -218,7 +214,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       o_ptr,
                       bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, CK_TMA, KSPLIT)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, KSPLIT)
 
 
 @triton.jit
@@ -232,8 +228,7 @@ def chunk_kda_recurrent_kernel(
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
-    CK_TMA: tl.constexpr = False, NV_INNER: tl.constexpr = 0, FLAG: tl.constexpr = 0,
-    flag_ptr=None, KSPLIT: tl.constexpr = True,
+    FLAG: tl.constexpr = 0, flag_ptr=None, KSPLIT: tl.constexpr = True,
 ):
     # the guard in two launches (FLAG 1: a program whose state is not finite flags itself and
     # writes no final state; FLAG 2: the tf32 redo, only the flagged programs)
@@ -241,12 +236,8 @@ def chunk_kda_recurrent_kernel(
     if FLAG == 2:
         if tl.load(flag_ptr + lin) == 0:
             return
-    if NV_INNER > 0:  # a 1-D grid: the NV_INNER value blocks of one (sequence, head) adjacent
-        i_sh = tl.program_id(0) // NV_INNER
-        i_v = tl.program_id(0) % NV_INNER
-    else:
-        i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, + head
-        i_v = tl.program_id(1)    # block of BV state rows
+    i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, + head
+    i_v = tl.program_id(1)    # block of BV state rows
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
@@ -283,7 +274,7 @@ def chunk_kda_recurrent_kernel(
     St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr,
                        mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V,
                        BT, BV, HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC,
-                       CK_TMA, KSPLIT)
+                       KSPLIT)
     if GUARD:
         # the fp16 products overflowed (or the input was not finite): redo with tf32 products
         # from the start state loaded again (kept, it would cost 64 registers in the loop)
@@ -291,7 +282,7 @@ def chunk_kda_recurrent_kernel(
             St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
                                ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h,
                                o_v, v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32,
-                               ck_ptr, ck_base, j0, i_v * BV, CKC, CK_TMA, KSPLIT)
+                               ck_ptr, ck_base, j0, i_v * BV, CKC, KSPLIT)
 
     ok = 1
     if FLAG == 1:
@@ -319,8 +310,7 @@ def chunk_kda_recurrent(
     v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
-    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, checkpoint_store="tma",
-    value_blocks_inner=False,
+    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0,
 ):
     """Launch stage 2. Returns o (like v).
 
@@ -331,13 +321,9 @@ def chunk_kda_recurrent(
     initial and final states are rows of a pool (``initial_state`` and ``final_state`` both
     the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each sequence's first row)
     and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``),
-    stored through a tensor descriptor (``checkpoint_store="tma"``) or pointers (``"ptr"``).
-    ``klo``: KEND's rounding error (stage 1's KLO; None: KEND alone, a measurement
-    candidate). ``guard``: the fp16 range guard's redo in the same launch (True), in a second launch
-    (``"launch"``), or none (False). ``value_blocks_inner``: a 1-D grid in which a
-    (sequence, head)'s value-block programs are adjacent, so that they run at the same time
-    and the second reads W, QG and KEND from L2 (the 2-D grid starts every head's first
-    block before any second one).
+    stored through a tensor descriptor. ``klo``: KEND's rounding error (stage 1's KLO; None:
+    KEND alone, a measurement candidate). ``guard``: the fp16 range guard's redo in the same
+    launch (True), in a second launch (``"launch"``), or none (False).
     """
     import torch
 
@@ -349,8 +335,7 @@ def chunk_kda_recurrent(
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
     if checkpoints is not None and checkpoints.shape[0] == 0:
         checkpoints = None  # no sequence is as long as one checkpoint interval
-    tma = checkpoints is not None and checkpoint_store == "tma"
-    if tma:
+    if checkpoints is not None:
         # the checkpoints as [rows * H, V, K] (VK) or [rows * H, K, V] (KV), one [BV, K] (or
         # [K, BV]) box a store; the box's bounds drop value rows past V
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -362,7 +347,7 @@ def chunk_kda_recurrent(
                   STORE_HT=final_state is not None, STATE_VK=state_vk,
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
-                  CKC=checkpoint_chunks if checkpoints is not None else 0, CK_TMA=tma,
+                  CKC=checkpoint_chunks if checkpoints is not None else 0,
                   KSPLIT=klo is not None,
                   num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
@@ -371,14 +356,11 @@ def chunk_kda_recurrent(
         else:
             rows = V + K if pass_ == 1 else V
             grid = (segments.shape[0] * H, -(-rows // block_v))
-        nv_inner = 0
-        if value_blocks_inner:
-            grid, nv_inner = (grid[0] * grid[1],), grid[1]
         args = (v, w, qg, kend, opt(klo), ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
                 opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order),
                 opt(segments), T)
         kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
-                  ck_offsets_ptr=checkpoint_offsets, PASS=pass_, NV_INNER=nv_inner)
+                  ck_offsets_ptr=checkpoint_offsets, PASS=pass_)
         if guard == "launch":  # the redo as a second launch (flags: one a program)
             flags = torch.zeros(math.prod(grid), device=v.device, dtype=torch.int32)
             chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=1),
