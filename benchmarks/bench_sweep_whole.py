@@ -26,13 +26,13 @@ round's seed loop. The command's ``KDALAB_TIMELINE`` phases are printed with eac
 best speed-up over the seed loop (every round's in the note), and the seed loop's ms per run.
 
 The variants (:data:`VARIANTS`; docs/sweeps.md, "Start-up", says what was measured and why
-the command stays plain): ``plain`` (the default command) and ``views-ahead`` (pandas and
-matplotlib imported on a thread started with the command: an A/B switch only). A third,
-``--backend drawer`` (the inputs drawn in a second process), was measured on the H200 and
-deleted (code at 3ba48b3). The A/B on an H200 (about 2 minutes)::
+the command stays plain): ``plain`` (the default command). ``views-ahead`` (the views'
+imports on a thread started with the command) and ``--backend drawer`` (the inputs drawn in a
+second process) were measured on the H200 and deleted (code at ad611c1 and 3ba48b3); a new
+candidate joins :data:`VARIANTS` for its A/B. The run on an H200 (about 2 minutes)::
 
     python3 benchmarks/bench_sweep_whole.py whole --device cuda --accumulation h200 \\
-        --chunks 2-64 --seeds 0-499 --rounds 3 --variants plain,views-ahead \\
+        --chunks 2-64 --seeds 0-499 --rounds 3 --variants plain \\
         --json $OUT/sweep_ab_h200.json
 
 Ray (``pip install 'kdalab[ray]'``)::
@@ -115,12 +115,9 @@ def seed_loop_ms(args) -> tuple[float, int]:
 
 
 #: The start-up variants of ``whole --variants`` (docs/sweeps.md, "Start-up"): the command's
-#: extra options and Python run in its process before it starts (an A/B switch, no house code).
-VIEWS_AHEAD = ("import threading; threading.Thread(target=__import__, "
-               "args=('kdalab.views.sweep_views',), daemon=True).start()")
+#: extra options and Python run in its process before it starts (an A/B switch, no house code)
 VARIANTS = {
     "plain": ([], ""),  # the default: one process, the draws on the draw-ahead thread
-    "views-ahead": ([], VIEWS_AHEAD),  # pandas and matplotlib imported on a thread at once
 }
 
 

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""benchmarks/results/check_h200.json and hunt_h200.json from the folders that
-``benchmarks/h200.sh`` brings back (unpacked from ``$OUT/h200.tar.gz``): the check run's
-check.json and records.json, each hunt's hunt.json and worst.json. The figures are read from
-those files, never typed in.
+"""benchmarks/results/*_h200.json from the folders that ``benchmarks/h200.sh`` brings back
+(each step's ``$OUT/<step>.tar.gz``, unpacked into RUNS): the check run's check.json and
+records.json (``--check``), each hunt's hunt.json and worst.json (``--hunt``, the folders
+RUNS/hunt-*), the grid's grid.json (``--grid``: kernel_grid.json), bench_decode's decode.json
+(``--serving``: serving_prefill_h200.json) and the start-up A/B's sweep_ab_h200.json
+(``--sweep``). The figures are read from those files, never typed in.
 
     python benchmarks/collect_h200.py RUNS --device "NVIDIA H200 (nvidia-h200), ..." \\
-        --commit abc1234 [--check] [--hunt]
+        --commit abc1234 [--check] [--hunt] [--grid] [--serving] [--sweep]
 """
 
 from __future__ import annotations
@@ -89,6 +91,34 @@ def hunt_rows(folders: list[Path]) -> list[dict]:
     return rows
 
 
+def grid_doc(path: Path) -> dict:
+    """kernel_grid.json from bench_kernel.py --grid's JSON: each shape's best peer over kdalab
+    (every time in the note), the geometric mean."""
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    info = doc["info"]
+    rows = []
+    for r in doc["grid"]:
+        times = ", ".join(f"{p} {r[f'{p}_ms']:.3f} ms" for p in ("kdalab", "fla", "flashkda")
+                          if f"{p}_ms" in r)
+        rows.append({"target": f"{r['shape']}: best peer / kdalab", "value": round(r["ratio"], 3),
+                     "unit": "x", "note": times})
+    slowest = min(doc["grid"], key=lambda r: r["ratio"])
+    rows.append({"target": f"geometric mean over the grid ({len(doc['grid'])} shapes)",
+                 "value": round(doc["geomean"], 3), "unit": "x",
+                 "note": f"slowest {slowest['shape']} {slowest['ratio']:.3f}x"})
+    return {"benchmark": "kernel_grid", "date": info["date"].replace(" UTC", "Z").replace(
+        " ", "T"), "command": "python benchmarks/bench_kernel.py --warm-peers && python "
+        "benchmarks/bench_kernel.py --grid (benchmarks/h200.sh grid; peers in the same "
+        "process)", "rows": rows}
+
+
+#: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
+#: and the candidates still in the code (the pruned ones' figures are in docs/kernels.md; the
+#: copy bandwidth is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
+SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "kdalab vs", "[kend_single] speed-up",
+                "[guard_launch] speed-up")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", type=Path)
@@ -96,7 +126,26 @@ def main() -> None:
     ap.add_argument("--commit", required=True)
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--hunt", action="store_true")
+    ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--serving", action="store_true")
+    ap.add_argument("--sweep", action="store_true")
     a = ap.parse_args()
+    if a.grid:
+        _write("kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json"), "device": a.device,
+                               "commit": a.commit})
+    if a.serving:
+        doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
+        rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]
+        _write("serving_prefill_h200", {
+            "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
+            "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/"),
+            "rows": rows})
+    if a.sweep:
+        doc = json.loads((a.runs / "sweep" / "sweep_ab_h200.json").read_text(encoding="utf-8"))
+        _write("sweep_command_h200", {
+            **doc, "benchmark": "sweep_command_h200", "device": a.device, "commit": a.commit,
+            "command": doc["command"].replace("/tmp/kd/sweep/", "$OUT/")
+            + " (benchmarks/h200.sh sweep)"})
     if a.check:
         run, rows = check_rows(a.runs / "check")
         _write("check_h200", {

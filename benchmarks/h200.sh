@@ -95,7 +95,7 @@ step_grid() {
 step_sweep() {  # the plain command against the start-up candidates, interleaved
     timeout "${SWEEP_S:-240}" python3 benchmarks/bench_sweep_whole.py whole --device cuda \
         --accumulation h200 --chunks 2-64 --seeds 0-499 --rounds "${SWEEP_ROUNDS:-3}" \
-        --variants "${SWEEP_VARIANTS:-plain,views-ahead}" \
+        --variants "${SWEEP_VARIANTS:-plain}" \
         --json "$D/sweep_ab_h200.json" > "$D/sweep.log" 2>&1
     echo "sweep exit $?"; grep -E "RESULT|round|variant|x the seed" "$D/sweep.log" | tail -n 30
 }
