@@ -24,8 +24,8 @@ KEND goes to the state as two operands, its rounding to the products' 10-bit sig
 U^T KEND is as exact as its fp32 accumulation. One rounded KEND is not enough: the update
 writes along KEND's rows and the delta rule erases only along the keys, so KEND's rounding
 error, orthogonal to the keys, stays in the state and adds up over chunks where the decay is
-near 1. With exactly collinear keys, β ≈ 1 and decay ≈ 1, T 4076, the H200 hunt found an
-output error of 1.02e-2 from it; the interpreter gives 3.5e-3 with KEND exact (docs/hunt.md).
+near 1: with collinear keys, β ≈ 1 and decay ≈ 1 it took the output error past check's
+threshold (docs/hunt.md has the figures).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.cons
     tensor descriptor ``ck`` of the checkpoints viewed as [rows * H, V, K] (VK) or
     [rows * H, K, V] (KV): one bulk copy from shared memory, no [BV, K] tile of addresses or
     masks in registers (the descriptor's bounds drop value rows past V). A store through
-    pointers (``store_state``) spilled and was 4-11 % slower on the H200 (docs/kernels.md)."""
+    pointers (``store_state``) spilled and measured slower (docs/kernels.md, "Pruned")."""
     r = (row * H + i_h).to(tl.int32)
     BV: tl.constexpr = St.shape[0]
     if STATE_VK:
