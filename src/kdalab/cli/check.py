@@ -157,15 +157,15 @@ def check_command(
     from kdalab.check import records as store
 
     out = out.expanduser()
-    if redraw and resume:
-        raise ValueError("--redraw draws from the stored records: it takes no --resume")
-    if resume and force:
-        raise ValueError("--resume keeps the records in --out and --force replaces them: "
-                         "give one")
+    from kdalab.cli.stored import refuse_resume_with_force, refuse_with_redraw
+
+    if redraw:
+        refuse_with_redraw()
+    refuse_resume_with_force(resume, force)
     if redraw:
         _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
         return
-    device = params.device(device or _default_device(), "--device")
+    device = params.device(_default_device() if device is None else device, "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
                  inputs, thresholds_args=(budget, max_output_error, max_state_error,
                                           min_identical))

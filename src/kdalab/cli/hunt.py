@@ -108,26 +108,34 @@ def hunt_command(
     quiet: Annotated[bool, typer.Option(help="no progress bar or summary")] = False,
 ) -> None:
     from kdalab import params
+    from kdalab.cli.stored import refuse_resume_with_force
     from kdalab.hunt import HuntConfig, default_threshold, resolve
     from kdalab.hunt.files import TrialWriter, prepare_folder, read_meta, resume_folder, write_meta
     from kdalab.hunt.search import summarize, supported_bounds
 
+    refuse_resume_with_force(resume, force)
     if resume:  # the options left out are the hunt's (those given are checked against it)
         saved = read_meta(out)
-        b = saved["bounds"]
-        device = device or saved["device"]
-        seed, threshold = (saved[k] if x is None else x
-                           for k, x in (("seed", seed), ("threshold", threshold)))
-        min_t, max_t, min_heads, max_heads, max_sequences = (
-            b[k] if x is None else x for k, x in (
-                ("min_T", min_t), ("max_T", max_t), ("min_heads", min_heads),
-                ("max_heads", max_heads), ("max_sequences", max_sequences)))
-        dims = dims or ",".join(map(str, b["dims"]))
-        lower_bound = lower_bound or ":".join(map(repr, b["lower_bound"]))
-    device = params.device(device or _default_device(), "--device")
+        try:
+            b = saved["bounds"]
+            device = saved["device"] if device is None else device
+            seed, threshold = (saved[k] if x is None else x
+                               for k, x in (("seed", seed), ("threshold", threshold)))
+            min_t, max_t, min_heads, max_heads, max_sequences = (
+                b[k] if x is None else x for k, x in (
+                    ("min_T", min_t), ("max_T", max_t), ("min_heads", min_heads),
+                    ("max_heads", max_heads), ("max_sequences", max_sequences)))
+            dims = ",".join(map(str, b["dims"])) if dims is None else dims
+            lower_bound = ":".join(map(repr, b["lower_bound"])) if lower_bound is None else (
+                lower_bound)
+        except (KeyError, TypeError) as exc:  # a hunt.json edited or cut by hand
+            raise ValueError(f"--resume: '{out}/hunt.json' is not a hunt's description "
+                             f"({type(exc).__name__}: {exc})") from None
+    device = params.device(_default_device() if device is None else device, "--device")
     kind = "cuda" if device.startswith("cuda") else "cpu"
     bounds = _bounds(_DEFAULTS[kind], min_t, max_t, 1 if min_heads is None else min_heads,
-                     max_heads, dims or "64,128", lower_bound or "-5:-1",
+                     max_heads, "64,128" if dims is None else dims,
+                     "-5:-1" if lower_bound is None else lower_bound,
                      2 if max_sequences is None else max_sequences)
     if budget_s is None and trials is None:
         budget_s = 300.0
@@ -172,6 +180,7 @@ def hunt_command(
         elapsed = records[-1]["elapsed_s"] if records else 0.0
         _finish(folder, summarize(records, cfg.threshold, elapsed), cfg, meta, quiet=True)
         STATE.kept.append(f"{len(records)} trials and the worst so far in {folder}/")
+        STATE.resume = f"'kdalab hunt {target} --out {folder} --resume' continues the hunt"
         raise
     writer.close()
     _finish(folder, result, cfg, meta, quiet=quiet)

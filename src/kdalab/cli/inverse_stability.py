@@ -115,14 +115,6 @@ def inverse_stability(
     from kdalab.studies.inverse_stability import ALGORITHMS, FULL, QUICK
 
     if redraw:
-        given = {"--quick": quick, "--chunks": chunks, "--algorithms": algorithms,
-                 "--spreads": spreads, "--betas": betas, "--decays": decays,
-                 "--samples": samples, "--dim": dim, "--seed": seed or None, "--force": force,
-                 "--resume": resume}
-        extra = [k for k, v in given.items() if v]
-        if extra:
-            raise ValueError(f"--redraw draws from the records in --out: it takes no "
-                             f"{', '.join(extra)}")
         return redraw_study(out, KIND, _views, quiet=quiet)
     changes = {}
     if chunks is not None:
@@ -157,6 +149,9 @@ def _check_memory(cfg) -> None:
     def bytes_of(c: int, d: int, m: int) -> int:
         return m * c * (320 * c + 32 * d)
 
+    if bytes_of(2, cfg.dim, 1) > memory_budget("cpu"):  # the keys alone: --dim's doing
+        raise ValueError(f"--dim: keys of dimension {cfg.dim:,} do not fit this machine's "
+                         "memory even at chunk 2 with one grid point; a smaller --dim")
     if bytes_of(2, cfg.dim, points) > memory_budget("cpu"):  # not even the smallest chunk
         raise ValueError(f"--samples: {points:,} grid points × samples at once do not fit this "
                          "machine's memory even at chunk 2; fewer samples, betas or decays")

@@ -13,7 +13,56 @@ from kdalab.cli.app import STATE, console, mark
 from kdalab.cli.progress import WeightedProgress, drawing
 
 __all__ = ["run_study", "run_into_folder", "redraw_study", "redraw_folder", "draw_views",
-           "export_json"]
+           "export_json", "given_options", "refuse_with_redraw",
+           "refuse_resume_with_force"]
+
+#: what ``--redraw`` leaves alone: where the records are, and how the views are shown or exported
+#: (no option that chooses what is computed or stored)
+REDRAW_KEEPS = ("out", "redraw", "quiet", "json", "as_json", "debug")
+
+
+def given_options(keep: tuple[str, ...] = ()) -> list[str]:
+    """The options (and arguments) of the running command that the user gave on the command
+    line, as written (``--chunks``, ``CONFIG``), but for the parameters named in ``keep``."""
+    ctx = _current_context()
+    if ctx is None:
+        return []
+    given = []
+    for param in ctx.command.params:
+        if param.name in keep:
+            continue
+        source = ctx.get_parameter_source(param.name)
+        if source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP"):
+            given.append(param.opts[0] if param.opts[0].startswith("-")
+                         else str(param.name).upper())  # an argument: CONFIG, KERNELS
+    return given
+
+
+def refuse_with_redraw(keep: tuple[str, ...] = REDRAW_KEEPS) -> None:
+    """A ValueError naming every option given with ``--redraw`` that would change what is
+    computed or stored (``--redraw`` draws from the stored records and runs nothing): one rule
+    for every command with a store, instead of options silently ignored."""
+    extra = given_options(keep)
+    if extra:
+        raise ValueError(f"--redraw draws from the stored records: it takes no "
+                         f"{', '.join(extra)}")
+
+
+def refuse_resume_with_force(resume: bool, force: bool) -> None:
+    """``--resume`` keeps what the folder stores and ``--force`` throws it away: together they
+    ask for both, a ValueError (every command with a store says it alike)."""
+    if resume and force:
+        raise ValueError("--resume keeps the records in --out and --force replaces them: "
+                         "give one")
+
+
+def _current_context():
+    """click's context of the running command (typer vendors click from 0.26), or None."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:  # an older typer, on click itself
+        from click import get_current_context
+    return get_current_context(silent=True)
 
 
 def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: bool = False,
@@ -34,6 +83,7 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
     from kdalab import params
     from kdalab.runner import open_store, run_into_store
 
+    refuse_resume_with_force(resume, force)
     params.run_count([len(study)], runs_option, noun)  # refused before the store is made
     params.records_per_run(study.records_per_run, records_option, noun=noun.rstrip("s"))
     if weight is None and hasattr(study, "cost"):  # a cell study: its cells' estimated costs
@@ -102,6 +152,7 @@ def redraw_study(out: Path, kind: str, draw: Callable, *, quiet: bool = False,
     """A study's ``--redraw``: its views drawn again from the store in ``out``, and said."""
     from kdalab import params
 
+    refuse_with_redraw()
     folder = params.user_path(out, "--out")
     paths, stored = redraw_folder(folder, kind, draw, quiet=quiet)
     if not quiet:

@@ -77,12 +77,9 @@ def sweep(
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
     if redraw is not None:
-        extra = [k for k, v in given.items() if v is not None] + [
-            k for k, v in (("CONFIG", config), ("--out", out), ("--resume", resume),
-                           ("--force", force)) if v]
-        if extra:
-            raise ValueError(f"--redraw draws from the stored records: it takes no "
-                             f"{', '.join(extra)}")
+        from kdalab.cli.stored import refuse_with_redraw
+
+        refuse_with_redraw(keep=("redraw", "json", "quiet"))
         _redraw(Path(redraw), json, quiet)
         return
     check_backend(backend, address)

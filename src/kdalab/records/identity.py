@@ -106,10 +106,30 @@ class Manifest:
         path = folder / MANIFEST
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-            return cls(**data)
+            manifest = cls(**data)
+            manifest._check_types()
+            return manifest
         except (OSError, ValueError, TypeError) as exc:
             raise StoreError(f"{folder}: unreadable {MANIFEST} ({exc.__class__.__name__}); "
                              "--force starts the folder afresh") from None
+
+    def _check_types(self) -> None:
+        """A TypeError where a field read from disk is not of its type (a manifest edited or
+        damaged by hand), so that a reader never fails later on it."""
+        def ints(*values) -> bool:
+            return all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                       for v in values)
+
+        ok = (isinstance(self.kind, str) and isinstance(self.config, dict)
+              and ints(self.runs, self.records_per_run, self.store)
+              and isinstance(self.schema, list)
+              and all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
+                      for c in self.schema)
+              and isinstance(self.views, list) and all(isinstance(v, str) for v in self.views)
+              and all(isinstance(v, str) for v in (self.fingerprint, self.kdalab_version,
+                                                   self.created, self.state)))
+        if not ok:
+            raise TypeError("a field of the wrong type")
 
     def write(self, folder: Path) -> None:
         atomic_write_text(folder / MANIFEST, self.to_json())
