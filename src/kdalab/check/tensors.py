@@ -92,7 +92,13 @@ def read_inputs(path: str | Path) -> CaseInputs:
                          f"{tuple(q.shape)} and {tuple(v.shape)}")
     b, n_t, h, kd = q.shape
     cu = t.get("cu_seqlens")
+    if cu is not None and (cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dim() != 1):
+        raise ValueError(f"--inputs: {str(path)!r}: cu_seqlens must be one row of integers, got "
+                         f"{cu.dtype} of shape {tuple(cu.shape)}")
     cu = None if cu is None else cu.to(torch.int64)
+    if t["dt_bias"].numel() != h * kd:  # a dt_bias of another shape than q's heads × K
+        raise ValueError(f"--inputs: {str(path)!r}: dt_bias must hold H × K = {h} × {kd} "
+                         f"values (q is {tuple(q.shape)}), got {tuple(t['dt_bias'].shape)}")
     n = b if cu is None else len(cu) - 1
     lower_bound = _number(meta, "lower_bound", path, None)
     scale = _number(meta, "scale", path, kd ** -0.5)
