@@ -544,7 +544,7 @@ LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may 
     (["run", "end-to-end", "--quick", "--out=~nosuchuser-kdalab/x"], "--out: cannot expand"),
     # kdalab run inverse-stability
     (["run", "inverse-stability", "--redraw", "--chunks", "4", "--out", "{tmp}/o"],
-     "--redraw draws from the records in --out: it takes no --chunks"),
+     "--redraw draws from the stored records: it takes no --chunks"),
     (["run", "inverse-stability", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
     (["run", "inverse-stability", "--chunks", "1", "--out", "{tmp}/o"],
      "--chunks must be integers >= 2, got 1"),

@@ -1,0 +1,156 @@
+"""Held-out mistakes of issue 21, each through the command line's error boundary: one ``error:``
+line on stderr, exit code 2, and nothing made in --out. --redraw takes no option that would
+change the data (one rule in kdalab.cli.stored for every command); --resume with --force is
+refused by every command with a store; an empty value is not the default; damaged stores and
+captured inputs are one line, not a traceback."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kdalab.cli import main
+
+
+def cli(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
+
+
+def one_error(code: int, err: str, says: str) -> None:
+    lines = err.strip("\n").splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    assert says in lines[0], lines[0]
+
+
+TAKES_NO = "--redraw draws from the stored records: it takes no "
+MISTAKES = [
+    # --redraw: every option that would change the data is named, by every command alike
+    (["run", "end-to-end", "--redraw", "--chunks", "8", "--seeds", "1"],
+     TAKES_NO + "--chunks, --seeds"),
+    (["run", "end-to-end", "--redraw", "--quick"], TAKES_NO + "--quick"),
+    (["run", "end-to-end", "--redraw", "--device", "cpu"], TAKES_NO + "--device"),
+    (["run", "dynamic-range", "--redraw", "--formats", "bf16"], TAKES_NO + "--formats"),
+    (["run", "dynamic-range", "--redraw", "--resume"], TAKES_NO + "--resume"),
+    (["run", "diagonal-tile", "--redraw", "--seeds", "0", "--force"],
+     TAKES_NO + "--seeds, --force"),
+    (["run", "inverse-stability", "--redraw", "--dim", "8"], TAKES_NO + "--dim"),
+    (["sweep", "--redraw", "{tmp}/o", "--backend", "ray"], TAKES_NO + "--backend"),
+    (["sweep", "--redraw", "{tmp}/o", "{tmp}/c.toml"], TAKES_NO + "CONFIG"),
+    (["check", "--redraw", "recipe:fp32"], TAKES_NO + "KERNELS"),
+    (["check", "--redraw", "--budget", "3"], TAKES_NO + "--budget"),
+    # --resume keeps what --out holds, --force throws it away: never both
+    *[(command + ["--resume", "--force"],
+       "--resume keeps the records in --out and --force replaces them: give one")
+      for command in (["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8"],
+                      ["reproduce", "--chunks", "4"], ["run", "end-to-end", "--quick"],
+                      ["run", "dynamic-range"], ["run", "diagonal-tile"],
+                      ["run", "inverse-stability", "--quick"],
+                      ["check", "recipe:fp32", "--device", "cpu"],
+                      ["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1"])],
+    # an empty value is a mistake, not the default
+    (["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--dims", ""],
+     "--dims must be comma-separated integers >= 1"),
+    (["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--lower-bound", ""],
+     "--lower-bound must be a number or LOW:HIGH, got ''"),
+    (["hunt", "recipe:fp32", "--device", "", "--trials", "1"],
+     "--device must be cpu, cuda or cuda:N; got ''"),
+    (["check", "recipe:fp32", "--device", ""], "--device must be cpu, cuda or cuda:N; got ''"),
+    # a shape too large for memory, refused before anything runs (was: killed by the system)
+    (["run", "end-to-end", "--quick", "--heads", "100000"], "--heads 100000, --long-length 256"),
+    (["run", "end-to-end", "--quick", "--dim", "100000"], "--dim 100000 and --chunks up to 64"),
+    (["run", "end-to-end", "--quick", "--length", "99999999999", "--families", "model_like"],
+     "--length 99999999999"),
+    (["run", "end-to-end", "--quick", "--chunks", "100000"], "--chunks up to 100000: one "),
+    (["run", "inverse-stability", "--quick", "--dim", "999999999"],
+     "--dim: keys of dimension 999,999,999 do not fit"),
+]
+
+
+@pytest.mark.parametrize("args,says", MISTAKES, ids=[" ".join(a)[:70] for a, _ in MISTAKES])
+def test_a_held_out_mistake_is_one_line_and_exit_2(args, says, tmp_path, capsys):
+    (tmp_path / "c.toml").write_text("chunks = 4\n")
+    args = [a.format(tmp=tmp_path) for a in args]
+    if args[0] != "sweep" or "--redraw" not in args:
+        args += ["--out", str(tmp_path / "o")]
+    code, _, err = cli(capsys, *args)
+    one_error(code, err, says)
+    assert not (tmp_path / "o").exists()
+
+
+def test_redraw_with_only_quiet_and_json_draws(tmp_path, capsys):
+    out = tmp_path / "s"
+    assert cli(capsys, "sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out",
+               str(out), "--quiet")[0] == 0
+    code, _, err = cli(capsys, "sweep", "--redraw", str(out), "--json", "--quiet")
+    assert code == 0 and (out / "records.json").exists(), err
+
+
+@pytest.mark.parametrize("field,value", [("runs", "x"), ("schema", 5), ("views", [1]),
+                                         ("config", []), ("records_per_run", True)])
+def test_a_manifest_field_of_the_wrong_type_is_one_line(field, value, tmp_path, capsys):
+    out = tmp_path / "s"
+    assert cli(capsys, "sweep", "--chunks", "4", "--seeds", "0", "--dims", "8", "--out",
+               str(out), "--quiet")[0] == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, field: value}))
+    for args in (["sweep", "--redraw", str(out)], ["sweep", "--resume", "--out", str(out)],
+                 ["run", "diagonal-tile", "--redraw", "--out", str(out)]):
+        code, _, err = cli(capsys, *args)
+        one_error(code, err, "unreadable manifest.json (TypeError); --force starts")
+
+
+@pytest.mark.parametrize("bounds", [{}, {"dims": [64]}, None])
+def test_a_damaged_hunt_json_is_one_line(bounds, tmp_path, capsys):
+    meta = {"target": "recipe:fp32", "seed": 0, "threshold": 0.01}
+    if bounds is not None:
+        meta["bounds"] = bounds
+    (tmp_path / "hunt.json").write_text(json.dumps(meta))
+    code, _, err = cli(capsys, "hunt", "recipe:fp32", "--resume", "--trials", "1", "--out",
+                       str(tmp_path))
+    one_error(code, err, "--resume: ")
+    assert "is not a hunt's description" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hunt.json"]
+
+
+def _captured(path, **change) -> None:
+    from safetensors.torch import save_file
+
+    shape = (1, 4, 2, 8)  # B, T, H, K = V
+    tensors = {"q": torch.randn(shape), "k": torch.randn(shape), "v": torch.randn(shape),
+               "g": -torch.rand(shape), "beta": torch.rand(1, 4, 2), "A_log": torch.zeros(2),
+               "dt_bias": torch.zeros(2, 8), **change}
+    save_file(tensors, str(path), metadata={"lower_bound": "-5"})
+
+
+@pytest.mark.parametrize("change,says", [
+    ({"dt_bias": torch.zeros(2, 64)}, "dt_bias must hold H × K = 2 × 8 values"),
+    ({"cu_seqlens": torch.tensor([0.0, 1.5, 4.0])}, "cu_seqlens must be one row of integers"),
+])
+def test_captured_inputs_of_the_wrong_shape_are_one_line(change, says, tmp_path, capsys):
+    _captured(tmp_path / "x.safetensors", **change)
+    code, _, err = cli(capsys, "check", "recipe:fp32", "--device", "cpu", "--inputs",
+                       str(tmp_path / "x.safetensors"), "--out", str(tmp_path / "o"))
+    one_error(code, err, f"--inputs: '{tmp_path / 'x.safetensors'}': {says}")
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_interrupted_hunt_says_how_to_go_on(tmp_path, capsys, monkeypatch):
+    import kdalab.cli.hunt as hunt
+    from kdalab.cli.app import Interrupted
+
+    def interrupted(cfg, target, sink, quiet, history):
+        raise Interrupted()
+
+    monkeypatch.setattr(hunt, "_search", interrupted)
+    code, _, err = cli(capsys, "hunt", "recipe:fp32", "--device", "cpu", "--trials", "3",
+                       "--out", str(tmp_path / "h"))
+    assert code == 130, err
+    assert err.strip() == (f"interrupted: 0 trials and the worst so far in {tmp_path / 'h'}/; "
+                           f"'kdalab hunt recipe:fp32 --out {tmp_path / 'h'} --resume' "
+                           "continues the hunt")
