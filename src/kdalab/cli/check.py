@@ -217,7 +217,8 @@ def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_time
     from kdalab.check.adapters import KERNEL_HELP
     from kdalab.check.replay import replay_cases
 
-    suite = suite or ("full" if device.startswith("cuda") else "quick")
+    if suite is None:
+        suite = "full" if device.startswith("cuda") else "quick"
     try:
         pool = replay_cases(inputs) if inputs is not None else get_suite(suite)
         selected = select_cases(pool, cases)
