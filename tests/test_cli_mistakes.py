@@ -154,3 +154,21 @@ def test_an_interrupted_hunt_says_how_to_go_on(tmp_path, capsys, monkeypatch):
     assert err.strip() == (f"interrupted: 0 trials and the worst so far in {tmp_path / 'h'}/; "
                            f"'kdalab hunt recipe:fp32 --out {tmp_path / 'h'} --resume' "
                            "continues the hunt")
+
+
+def test_a_study_interrupted_before_its_first_record_claims_nothing(tmp_path, capsys,
+                                                                      monkeypatch):
+    """The store removes the folder it began when nothing was stored: the line must not point
+    at a folder (and a --resume) that no longer exists."""
+    import kdalab.runner
+    from kdalab.cli.app import Interrupted
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted()
+
+    monkeypatch.setattr(kdalab.runner, "run_into_store", interrupted)
+    out = tmp_path / "dt"
+    code, _, err = cli(capsys, "run", "diagonal-tile", "--chunks", "2", "--out", str(out),
+                       "--quiet")
+    assert code == 130 and err.strip() == "interrupted: nothing was kept", err
+    assert not out.exists()

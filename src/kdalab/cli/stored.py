@@ -81,7 +81,6 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
     machine is refused before the store is made, naming ``runs_option`` when it has too many
     runs and ``records_option`` when one run would make too many records."""
     from kdalab import params
-    from kdalab.runner import open_store, run_into_store
 
     refuse_resume_with_force(resume, force)
     params.run_count([len(study)], runs_option, noun)  # refused before the store is made
@@ -97,6 +96,22 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
 
         total = float(len(study))
     t0 = time.perf_counter()
+    try:
+        paths, ran, elapsed = _run_into_store(study, out, draw, again, resume, force, backend,
+                                              address, quiet, noun, weight, total, summary, t0)
+    except BaseException:
+        if STATE.kept and not (out / "manifest.json").is_file():
+            # the store removed what it had begun (nothing was stored): nothing to resume
+            STATE.kept.pop()
+            STATE.resume = ""
+        raise
+    return paths, ran, elapsed
+
+
+def _run_into_store(study, out, draw, again, resume, force, backend, address, quiet, noun,
+                    weight, total, summary, t0):
+    from kdalab.runner import open_store, run_into_store
+
     with open_store(study, out, resume=resume, force=force) as store:
         mark("store open")
         before = int(store.done.sum())
