@@ -172,3 +172,15 @@ def test_a_study_interrupted_before_its_first_record_claims_nothing(tmp_path, ca
                        "--quiet")
     assert code == 130 and err.strip() == "interrupted: nothing was kept", err
     assert not out.exists()
+
+
+def test_a_hunt_of_a_kernel_that_breaks_the_convention_leaves_nothing(tmp_path, capsys):
+    kernel = tmp_path / "k.py"
+    kernel.write_text("def forward(q, k, v, g, beta, **kw):\n    return None\n")
+    out, mine = tmp_path / "h", tmp_path / "empty"
+    mine.mkdir()
+    for folder in (out, mine):  # a folder the hunt made goes; the user's own stays, empty
+        code, _, err = cli(capsys, "hunt", f"{kernel}:forward", "--device", "cpu", "--trials",
+                           "1", "--out", str(folder))
+        one_error(code, err, f"kernel '{kernel}:forward' returned a NoneType")
+    assert not out.exists() and list(mine.iterdir()) == []

@@ -109,6 +109,7 @@ def hunt_command(
 ) -> None:
     from kdalab import params
     from kdalab.cli.stored import refuse_resume_with_force
+    from kdalab.errors import KdalabError
     from kdalab.hunt import HuntConfig, default_threshold, resolve
     from kdalab.hunt.files import TrialWriter, prepare_folder, read_meta, resume_folder, write_meta
     from kdalab.hunt.search import summarize, supported_bounds
@@ -153,6 +154,7 @@ def hunt_command(
     if resume:
         folder, before, history = resume_folder(out, cfg)
     else:
+        existed = Path(out).expanduser().exists()
         folder, before = prepare_folder(out, force=force), {}
     run = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
            else f"kdalab hunt {target}",
@@ -175,6 +177,11 @@ def hunt_command(
 
     try:
         result = _search(cfg, tgt, sink, quiet, history)
+    except (ValueError, KdalabError):  # a mistake said before any trial (a kernel that breaks
+        writer.close()  # the convention): the hunt this run began is taken back
+        if not resume and not records:
+            _take_back(folder, existed)
+        raise
     except Interrupted:
         writer.close()
         elapsed = records[-1]["elapsed_s"] if records else 0.0
@@ -186,6 +193,20 @@ def hunt_command(
     _finish(folder, result, cfg, meta, quiet=quiet)
     if result.found:
         raise typer.Exit(code=1)
+
+
+def _take_back(folder: Path, existed: bool) -> None:
+    """Remove the files a new hunt wrote in ``folder`` before its first trial, and the folder
+    itself when this run made it (a mistake leaves nothing behind)."""
+    from kdalab.hunt.files import OWN
+
+    for name in OWN:
+        (folder / name).unlink(missing_ok=True)
+    if not existed:
+        try:
+            folder.rmdir()
+        except OSError:  # something else is in it now: left as it is
+            pass
 
 
 def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequences):
