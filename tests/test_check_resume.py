@@ -220,7 +220,9 @@ def test_resume_on_a_missing_or_empty_folder_runs_the_check(counted, tmp_path):
 
 @pytest.mark.parametrize("extra,needle", [
     (["--force"], "--resume keeps the records in --out and --force replaces them"),
-    (["--redraw"], "--redraw draws from the stored records: it takes no --resume"),
+    # --redraw names every option that would change the records (the kernels, the cases, ...)
+    (["--redraw"], "--redraw draws from the stored records: it takes no KERNELS, --device, "
+                   "--cases, --resume"),
 ])
 def test_resume_with_force_or_redraw_is_a_usage_error(extra, needle, tmp_path):
     res = _cli(["recipe:fp32", "--cases", "T/1"], tmp_path, "--resume", *extra)

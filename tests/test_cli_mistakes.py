@@ -184,3 +184,25 @@ def test_a_hunt_of_a_kernel_that_breaks_the_convention_leaves_nothing(tmp_path, 
                            "1", "--out", str(folder))
         one_error(code, err, f"kernel '{kernel}:forward' returned a NoneType")
     assert not out.exists() and list(mine.iterdir()) == []
+
+
+def test_a_hunt_folder_another_process_writes_is_refused(tmp_path, capsys):
+    """One hunt at a time in a folder, as every store: a second one (fresh or --resume) was
+    interleaved, or deleted the first one's trials while it ran."""
+    import os
+
+    from kdalab.records.identity import lock
+
+    out = tmp_path / "h"
+    args = ["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--out", str(out),
+            "--quiet"]
+    assert cli(capsys, *args)[0] == 0
+    held = lock(out)  # as the other process would
+    try:
+        for extra in ([], ["--resume"]):
+            code, _, err = cli(capsys, *args, *extra)
+            one_error(code, err, f"{out} is being written by another kdalab process")
+    finally:
+        os.close(held)
+    assert cli(capsys, *args, "--resume")[0] == 0
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 2

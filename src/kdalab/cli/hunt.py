@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -151,56 +152,73 @@ def hunt_command(
     except ValueError as exc:
         raise params.renamed(exc, {"dims": "--dims"}) from None
     history: list[dict] = []
-    if resume:
-        folder, before, history = resume_folder(out, cfg)
-    else:
-        existed = Path(out).expanduser().exists()
-        folder, before = prepare_folder(out, force=force), {}
-    run = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
-           else f"kdalab hunt {target}",
-           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-           "device_name": _device_name(device)}
-    # the first run's command and date stay on top; every run (its limits, the trial it began
-    # at) is listed under "runs"
-    meta = {**run, **{k: before[k] for k in run if k in before}, **cfg.as_dict(),
-            "searched_bounds": cfg_bounds.as_dict(),
-            "runs": [*before.get("runs", []), {**run, "trials": cfg.trials,
-                                               "budget_s": cfg.budget_s,
-                                               "first_trial": len(history)}]}
-    write_meta(folder, meta)
-    writer = TrialWriter(folder)
-    records: list[dict] = list(history)
-
-    def sink(rec):
-        records.append(rec)
-        writer(rec)
-
+    path = params.user_path(out, "--out")
+    # one hunt at a time in a folder: another one writing it is refused, not interleaved
+    held = _hold(path) if resume or (path / "hunt.json").is_file() else None
     try:
-        result = _search(cfg, tgt, sink, quiet, history)
-    except (ValueError, KdalabError):  # a mistake said before any trial (a kernel that breaks
-        writer.close()  # the convention): the hunt this run began is taken back
-        if not resume and not records:
-            _take_back(folder, existed)
-        raise
-    except Interrupted:
+        if resume:
+            folder, before, history = resume_folder(out, cfg)
+        else:
+            existed = path.exists()
+            folder, before = prepare_folder(out, force=force), {}
+            held = _hold(folder) if held is None else held
+        run = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
+               else f"kdalab hunt {target}",
+               "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+               "device_name": _device_name(device)}
+        # the first run's command and date stay on top; every run (its limits, the trial it began
+        # at) is listed under "runs"
+        meta = {**run, **{k: before[k] for k in run if k in before}, **cfg.as_dict(),
+                "searched_bounds": cfg_bounds.as_dict(),
+                "runs": [*before.get("runs", []), {**run, "trials": cfg.trials,
+                                                   "budget_s": cfg.budget_s,
+                                                   "first_trial": len(history)}]}
+        write_meta(folder, meta)
+        writer = TrialWriter(folder)
+        records: list[dict] = list(history)
+
+        def sink(rec):
+            records.append(rec)
+            writer(rec)
+
+        try:
+            result = _search(cfg, tgt, sink, quiet, history)
+        except (ValueError, KdalabError):  # a mistake said before any trial (a kernel that breaks
+            writer.close()  # the convention): the hunt this run began is taken back
+            if not resume and not records:
+                _take_back(folder, existed)
+            raise
+        except Interrupted:
+            writer.close()
+            elapsed = records[-1]["elapsed_s"] if records else 0.0
+            _finish(folder, summarize(records, cfg.threshold, elapsed), cfg, meta, quiet=True)
+            STATE.kept.append(f"{len(records)} trials and the worst so far in {folder}/")
+            STATE.resume = f"'kdalab hunt {target} --out {folder} --resume' continues the hunt"
+            raise
         writer.close()
-        elapsed = records[-1]["elapsed_s"] if records else 0.0
-        _finish(folder, summarize(records, cfg.threshold, elapsed), cfg, meta, quiet=True)
-        STATE.kept.append(f"{len(records)} trials and the worst so far in {folder}/")
-        STATE.resume = f"'kdalab hunt {target} --out {folder} --resume' continues the hunt"
-        raise
-    writer.close()
-    _finish(folder, result, cfg, meta, quiet=quiet)
-    if result.found:
-        raise typer.Exit(code=1)
+        _finish(folder, result, cfg, meta, quiet=quiet)
+        if result.found:
+            raise typer.Exit(code=1)
+    finally:
+        if held is not None:
+            os.close(held)
+
+
+def _hold(folder: Path) -> int:
+    """The folder's lock (:func:`kdalab.records.identity.lock`, as every store's): a
+    ValueError when another kdalab process holds it."""
+    from kdalab.records.identity import lock
+
+    return lock(folder)
 
 
 def _take_back(folder: Path, existed: bool) -> None:
     """Remove the files a new hunt wrote in ``folder`` before its first trial, and the folder
     itself when this run made it (a mistake leaves nothing behind)."""
     from kdalab.hunt.files import OWN
+    from kdalab.records.identity import LOCK
 
-    for name in OWN:
+    for name in (*OWN, LOCK):
         (folder / name).unlink(missing_ok=True)
     if not existed:
         try:

@@ -36,7 +36,7 @@ def prepare_folder(out: str | Path, *, force: bool = False) -> Path:
     """The output folder (``~`` expanded; created if missing). A non-empty folder that is not a
     hunt's (no hunt.json) is refused unless ``force``; a hunt's own files are replaced."""
     path = params.output_folder(out, "--out")
-    entries = set(os.listdir(path))
+    entries = set(os.listdir(path)) - {".lock"}  # a hunt's lock (kdalab.records.identity)
     if entries and META not in entries and not force:
         raise ValueError(f"--out: {str(path)!r} holds files that are not a hunt's; choose "
                          f"another folder or give --force")
