@@ -61,6 +61,14 @@ MISTAKES = [
     (["hunt", "recipe:fp32", "--device", "", "--trials", "1"],
      "--device must be cpu, cuda or cuda:N; got ''"),
     (["check", "recipe:fp32", "--device", ""], "--device must be cpu, cuda or cuda:N; got ''"),
+    # an option the run would ignore, beside the one that voids it (was: silently ignored)
+    (["check", "recipe:fp32", "--against", "recipe:fp64", "--budget", "3"],
+     "--budget: with --against a case is judged by its bit-identical outputs"),
+    (["check", "recipe:fp32", "--min-identical", "0.5"],
+     "--min-identical judges the fidelity mode only (--against KERNEL)"),
+    (["check", "recipe:fp32", "--suite", "full", "--inputs", "{tmp}/c.toml"],
+     "--suite: --inputs grades the captured inputs instead of a suite"),
+    (["check", "recipe:fp32", "--suite", "", "--device", "cpu"], "suite must be one of quick"),
     # a shape too large for memory, refused before anything runs (was: killed by the system)
     (["run", "end-to-end", "--quick", "--heads", "100000"], "--heads 100000, --long-length 256"),
     (["run", "end-to-end", "--quick", "--dim", "100000"], "--dim 100000 and --chunks up to 64"),

@@ -75,17 +75,6 @@ def _device_name(device: str) -> str:
     return f"CPU ({platform.machine()}, {torch.get_num_threads()} threads)"
 
 
-def _jsonable(value):
-    """JSON-safe: NaN as null, ±inf as strings (as the record store writes them)."""
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
-    return value
-
-
 @app.command("check", epilog=_EPILOG)
 def check_command(
     kernels: Annotated[Optional[list[str]], typer.Argument(
@@ -162,6 +151,7 @@ def check_command(
     if redraw:
         refuse_with_redraw()
     refuse_resume_with_force(resume, force)
+    _refuse_meaningless(inputs, against)
     if redraw:
         _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
         return
@@ -193,6 +183,21 @@ def check_command(
     meta["complete"] = True
     store.write_meta(out, meta)
     _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
+
+
+def _refuse_meaningless(inputs, against) -> None:
+    """An option the run would ignore, given beside the one that voids it: a ValueError."""
+    from kdalab.cli.stored import given_options
+    given = given_options()
+    judged = [o for o in ("--budget", "--max-output-error", "--max-state-error") if o in given]
+    for ignored, why in ((inputs is not None and "--suite" in given,
+                          "--suite: --inputs grades the captured inputs instead of a suite"),
+                         (against is not None and judged, f"{', '.join(judged)}: with --against "
+                          "a case is judged by its bit-identical outputs (--min-identical)"),
+                         (against is None and "--min-identical" in given,
+                          "--min-identical judges the fidelity mode only (--against KERNEL)")):
+        if ignored:
+            raise ValueError(why)
 
 
 def _exact(value: float) -> str:
@@ -416,6 +421,7 @@ def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bo
     from rich.markup import escape
 
     from kdalab.check.records import drawing_views
+    from kdalab.cli.common import jsonable
     from kdalab.cli.stored import export_json
     from kdalab.views.check import notes, summary, terminal_table, verdict
     from kdalab.views.check_report import write_check_views
@@ -429,7 +435,7 @@ def _report(run: tuple[list[dict], dict], out: Path, *, as_json: bool, quiet: bo
     if as_json:
         doc = {"passed": passed, "meta": meta,
                "summary": summary(records).to_dict("records"), "records": records}
-        typer.echo(json.dumps(_jsonable(doc), indent=1, default=str, allow_nan=False))
+        typer.echo(json.dumps(jsonable(doc), indent=1, default=str, allow_nan=False))
     elif not quiet:
         title = f"kdalab check — {meta.get('suite', '?')} suite on {meta.get('device_name', '?')}"
         console.print(terminal_table(records, title=title))

@@ -1,13 +1,15 @@
-"""Shared pieces of the commands: a config object built from options (errors naming the options)
-and tables on the terminal. Running a study into its store lives in :mod:`kdalab.cli.stored`."""
+"""Shared pieces of the commands: a config object built from options (errors naming the options),
+tables on the terminal and JSON-safe values. Running a study into its store lives in
+:mod:`kdalab.cli.stored`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from kdalab.cli.app import console
 
-__all__ = ["labelled", "print_table"]
+__all__ = ["labelled", "print_table", "jsonable"]
 
 
 def labelled(cls, raw: dict, names: dict):
@@ -49,3 +51,14 @@ def _is_number(text: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def jsonable(value):
+    """JSON-safe: NaN as null, ±inf as strings (as the record store writes them)."""
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
