@@ -214,3 +214,12 @@ def test_a_hunt_folder_another_process_writes_is_refused(tmp_path, capsys):
         os.close(held)
     assert cli(capsys, *args, "--resume")[0] == 0
     assert len((out / "trials.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_check_json_that_is_not_an_object_is_redrawn_from_the_store(tmp_path, capsys):
+    out = tmp_path / "c"
+    args = ["--out", str(out), "--quiet"]
+    assert cli(capsys, "check", "recipe:fp32", "--device", "cpu", "--cases", "T/1", *args)[0] == 0
+    (out / "check.json").write_text("[1]\n")  # damaged by hand: was a TypeError traceback
+    code, _, err = cli(capsys, "check", "--redraw", *args)
+    assert code == 0 and err == "", err

@@ -239,6 +239,8 @@ def read_run(folder: str | Path, *, name: str = "--out") -> tuple[list[dict], di
     try:
         meta = json.loads((path / META).read_text(encoding="utf-8"))
     except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict):  # missing, unreadable or not an object: the store's own
         meta = {"kernels": reader.manifest.config.get("kernels", [])}
     meta["complete"] = reader.complete
     return records, meta
