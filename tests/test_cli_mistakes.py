@@ -223,3 +223,16 @@ def test_a_check_json_that_is_not_an_object_is_redrawn_from_the_store(tmp_path, 
     (out / "check.json").write_text("[1]\n")  # damaged by hand: was a TypeError traceback
     code, _, err = cli(capsys, "check", "--redraw", *args)
     assert code == 0 and err == "", err
+
+
+def test_a_resume_whose_trials_do_not_replay_changes_nothing(tmp_path, capsys):
+    out = tmp_path / "h"
+    args = ["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--out", str(out),
+            "--quiet"]
+    assert cli(capsys, *args)[0] == 0
+    first = json.loads((out / "trials.jsonl").read_text())
+    (out / "trials.jsonl").write_text(json.dumps({**first, "params": {"bogus": 1}}) + "\n")
+    meta = (out / "hunt.json").read_text()
+    code, _, err = cli(capsys, *args, "--resume")
+    one_error(code, err, "--resume: trial 0's parameters do not fit the bounds")
+    assert (out / "hunt.json").read_text() == meta  # no run of the failed resume listed

@@ -183,11 +183,13 @@ def hunt_command(
 
         try:
             result = _search(cfg, tgt, sink, quiet, history)
-        except (ValueError, KdalabError):  # a mistake said before any trial (a kernel that breaks
-            writer.close()  # the convention): the hunt this run began is taken back
+        except (ValueError, KdalabError) as exc:  # a mistake said before any trial (a kernel
+            writer.close()  # that breaks the convention, trials that do not replay): taken back
             if not resume and not records:
                 _take_back(folder, existed)
-            raise
+            elif resume and len(records) == len(history):
+                write_meta(folder, before)  # the hunt as it was: no run of this one listed
+            raise params.renamed(exc, {"resume": "--resume"}) from None
         except Interrupted:
             writer.close()
             elapsed = records[-1]["elapsed_s"] if records else 0.0
