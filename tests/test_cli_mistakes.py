@@ -236,3 +236,35 @@ def test_a_resume_whose_trials_do_not_replay_changes_nothing(tmp_path, capsys):
     code, _, err = cli(capsys, *args, "--resume")
     one_error(code, err, "--resume: trial 0's parameters do not fit the bounds")
     assert (out / "hunt.json").read_text() == meta  # no run of the failed resume listed
+
+
+def test_an_interrupt_while_the_views_are_drawn_says_every_record_is_kept(tmp_path, capsys,
+                                                                          monkeypatch):
+    """It said 'nothing was kept' (a study) or '... --resume continues with the rest' (check)
+    once every record was stored."""
+    import kdalab.cli.check as check
+    import kdalab.cli.dynamic_range as studies
+    from kdalab.cli.app import Interrupted
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted()
+
+    out = tmp_path / "dt"
+    with monkeypatch.context() as m:
+        m.setattr(studies, "_diagonal_tile_views", interrupted)
+        code, _, err = cli(capsys, "run", "diagonal-tile", "--chunks", "2", "--out", str(out),
+                           "--quiet")
+    assert code == 130 and err.strip() == (
+        f"interrupted: all 1 chunk sizes stored in {out} (the views are not drawn); 'kdalab run "
+        f"diagonal-tile (the same options) --out {out} --resume' draws them"), err
+    code, _, err = cli(capsys, "run", "diagonal-tile", "--chunks", "2", "--out", str(out),
+                       "--quiet", "--resume")
+    assert code == 0 and (out / "diagonal-error.svg").exists(), err
+
+    monkeypatch.setattr(check, "_report", interrupted)
+    out = tmp_path / "c"
+    code, _, err = cli(capsys, "check", "recipe:fp32", "--device", "cpu", "--cases", "T/1",
+                       "--out", str(out), "--quiet")
+    assert code == 130 and err.strip() == (
+        f"interrupted: every record in {out} (the report is not drawn); 'kdalab check --redraw "
+        f"--out {out}' draws it"), err

@@ -29,12 +29,6 @@ _EPILOG = (
 )
 
 
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def _versions() -> dict:
     import importlib.metadata
 
@@ -144,6 +138,7 @@ def check_command(
     """
     from kdalab import params
     from kdalab.check import records as store
+    from kdalab.cli.common import default_device
 
     out = out.expanduser()
     from kdalab.cli.stored import refuse_resume_with_force, refuse_with_redraw
@@ -155,7 +150,7 @@ def check_command(
     if redraw:
         _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
         return
-    device = params.device(_default_device() if device is None else device, "--device")
+    device = params.device(default_device() if device is None else device, "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
                  inputs, thresholds_args=(budget, max_output_error, max_state_error,
                                           min_identical))
@@ -179,6 +174,8 @@ def check_command(
             "complete": False}
     _run(plan, device, out, meta, force=force, resume=resume, isolate=isolate,
          case_timeout=case_timeout, quiet=quiet or as_json)
+    STATE.kept[:] = [f"every record in {out} (the report is not drawn)"]  # said if stopped now
+    STATE.resume = f"'kdalab check --redraw --out {out}' draws it"
     meta["versions"] = _versions()
     meta["complete"] = True
     store.write_meta(out, meta)

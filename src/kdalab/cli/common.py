@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from kdalab.cli.app import console
 
-__all__ = ["labelled", "print_table", "jsonable"]
+__all__ = ["labelled", "print_table", "jsonable", "default_device"]
 
 
 def labelled(cls, raw: dict, names: dict):
@@ -62,3 +62,10 @@ def jsonable(value):
     if isinstance(value, float) and not math.isfinite(value):
         return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
     return value
+
+
+def default_device() -> str:
+    """``cuda`` where a CUDA device is available, else ``cpu`` (check's and hunt's default)."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

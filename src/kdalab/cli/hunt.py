@@ -109,6 +109,7 @@ def hunt_command(
     quiet: Annotated[bool, typer.Option(help="no progress bar or summary")] = False,
 ) -> None:
     from kdalab import params
+    from kdalab.cli.common import default_device
     from kdalab.cli.stored import refuse_resume_with_force
     from kdalab.errors import KdalabError
     from kdalab.hunt import HuntConfig, default_threshold, resolve
@@ -133,7 +134,7 @@ def hunt_command(
         except (KeyError, TypeError) as exc:  # a hunt.json edited or cut by hand
             raise ValueError(f"--resume: '{out}/hunt.json' is not a hunt's description "
                              f"({type(exc).__name__}: {exc})") from None
-    device = params.device(_default_device() if device is None else device, "--device")
+    device = params.device(default_device() if device is None else device, "--device")
     kind = "cuda" if device.startswith("cuda") else "cpu"
     bounds = _bounds(_DEFAULTS[kind], min_t, max_t, 1 if min_heads is None else min_heads,
                      max_heads, "64,128" if dims is None else dims,
@@ -284,12 +285,6 @@ def _renamed(make):
     except ValueError as exc:
         raise params.renamed(exc, {"budget_s": "--budget-s", "trials": "--trials",
                                    "threshold": "--threshold", "seed": "--seed"}) from None
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _device_name(device: str) -> str:

@@ -139,7 +139,12 @@ def _run_into_store(study, out, draw, again, resume, force, backend, address, qu
         elapsed = time.perf_counter() - t0
         if summary is not None and not quiet:
             console.print(summary(ran, elapsed), highlight=False)
+        # every record is stored: said so if stopped while the views are drawn
+        STATE.kept.append(f"all {store.runs} {noun} stored in {out} (the views are not drawn)")
+        STATE.resume = f"'{again.format(out=out)}' draws them"
         paths = draw_views(store, draw, show=not quiet)
+        STATE.kept.pop()
+        STATE.resume = ""
         mark("views drawn")
     return paths, ran, elapsed
 
