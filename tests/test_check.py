@@ -267,7 +267,8 @@ def test_adapter_rejects_bad_fields():
 # -- the command line -------------------------------------------------------------------------
 
 def _cli(args, tmp_path):
-    return runner.invoke(app, ["check", *args, "--device", "cpu", "--out", str(tmp_path)])
+    device = [] if "--redraw" in args else ["--device", "cpu"]  # --redraw takes no --device
+    return runner.invoke(app, ["check", *args, *device, "--out", str(tmp_path)])
 
 
 def test_cli_exit_codes_and_report_files(tmp_path):

@@ -26,7 +26,8 @@ CONTRACTS = select_cases(QUICK, "contract/*")
 
 
 def _cli(args, out):
-    return runner.invoke(None, ["check", *args, "--device", "cpu", "--out", str(out)])
+    device = [] if "--redraw" in args else ["--device", "cpu"]  # --redraw takes no --device
+    return runner.invoke(None, ["check", *args, *device, "--out", str(out)])
 
 
 # -- no pass without a run ------------------------------------------------------------------------
