@@ -268,3 +268,20 @@ def test_an_interrupt_while_the_views_are_drawn_says_every_record_is_kept(tmp_pa
     assert code == 130 and err.strip() == (
         f"interrupted: every record in {out} (the report is not drawn); 'kdalab check --redraw "
         f"--out {out}' draws it"), err
+
+
+def test_an_interrupted_redraw_says_the_records_are_kept(tmp_path, capsys, monkeypatch):
+    import kdalab.cli.dynamic_range as studies
+    from kdalab.cli.app import Interrupted
+
+    out = tmp_path / "dt"
+    args = ["run", "diagonal-tile", "--out", str(out), "--quiet"]
+    assert cli(capsys, *args, "--chunks", "2")[0] == 0
+
+    def interrupted(*args, **kwargs):
+        raise Interrupted()
+
+    monkeypatch.setattr(studies, "_diagonal_tile_views", interrupted)
+    code, _, err = cli(capsys, *args, "--redraw")
+    assert code == 130 and err.strip() == (f"interrupted: every record in {out} (the views are "
+                                           "not drawn); --redraw again draws them"), err

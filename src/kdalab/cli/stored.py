@@ -198,7 +198,12 @@ def redraw_folder(folder: Path, kind: str, draw: Callable, *, option: str = "--r
         if not quiet and not store.complete:
             console.print(f"{folder} holds {stored} of {store.runs} runs (--resume completes "
                           "it); drawing from those", highlight=False)
-        return draw_views(store, draw, show=not quiet), stored
+        STATE.kept.append(f"every record in {folder} (the views are not drawn)")
+        STATE.resume = f"{option} again draws them"  # said if stopped while drawing
+        paths = draw_views(store, draw, show=not quiet)
+        STATE.kept.pop()
+        STATE.resume = ""
+        return paths, stored
 
 
 def draw_views(store, draw: Callable, *, show: bool = True) -> list[Path]:
