@@ -268,6 +268,9 @@ def test_an_interrupt_while_the_views_are_drawn_says_every_record_is_kept(tmp_pa
     assert code == 130 and err.strip() == (
         f"interrupted: every record in {out} (the report is not drawn); 'kdalab check --redraw "
         f"--out {out}' draws it"), err
+    code, _, err = cli(capsys, "check", "--redraw", "--out", str(out))  # --redraw alike
+    assert code == 130 and err.strip() == (f"interrupted: every record in {out} (no report); "
+                                           "--redraw again"), err
 
 
 def test_an_interrupted_redraw_says_the_records_are_kept(tmp_path, capsys, monkeypatch):

@@ -148,7 +148,9 @@ def check_command(
     refuse_resume_with_force(resume, force)
     _refuse_meaningless(inputs, against)
     if redraw:
-        _report(store.read_run(out), out, as_json=as_json, quiet=quiet)
+        run = store.read_run(out)  # said if stopped while the report is drawn:
+        STATE.kept[:], STATE.resume = [f"every record in {out} (no report)"], "--redraw again"
+        _report(run, out, as_json=as_json, quiet=quiet)
         return
     device = params.device(default_device() if device is None else device, "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
