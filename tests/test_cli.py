@@ -536,7 +536,7 @@ LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may 
     (["run", "inverse-stability", "--chunks", "100000", "--out", "{tmp}/o"],
      "--chunks: a chunk of 100000 needs about"),
     (["run", "inverse-stability", "--samples", "99999999999", "--out", "{tmp}/o"],
-     "--samples: 2,399,999,999,976 grid points × samples at once do not fit"),
+     "--samples: 2,399,999,999,976 grid points × samples at once (keys of dimension"),
     (["run", "dynamic-range", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
     (["run", "diagonal-tile", "--redraw", "--out", "{tmp}/o"], "holds no kdalab store"),
     (["run", "end-to-end", "--quick", "--out", "~nosuchuser-kdalab/x"],

@@ -77,6 +77,13 @@ MISTAKES = [
     (["run", "end-to-end", "--quick", "--chunks", "100000"], "--chunks up to 100000: one "),
     (["run", "inverse-stability", "--quick", "--dim", "999999999"],
      "--dim: keys of dimension 999,999,999 do not fit"),
+    # a dimension too large names the dimension, not the chunks (was: "choose chunk sizes up
+    # to about 3" for a dimension of 10^8)
+    (["sweep", "--dims", "99999999", "--chunks", "4", "--seeds", "0"],
+     "--dims: a dimension of 99999999 with chunks up to 4 needs about"),
+    (["reproduce", "--dim", "99999999"], "--dim: a dimension of 99999999 with chunks up to"),
+    (["run", "diagonal-tile", "--dim", "10000000", "--chunks", "2"],
+     "--dim: a dimension of 10000000 with chunks up to 2 needs about"),
 ]
 
 

@@ -153,9 +153,11 @@ def _check_memory(cfg) -> None:
         raise ValueError(f"--dim: keys of dimension {cfg.dim:,} do not fit this machine's "
                          "memory even at chunk 2 with one grid point; a smaller --dim")
     if bytes_of(2, cfg.dim, points) > memory_budget("cpu"):  # not even the smallest chunk
-        raise ValueError(f"--samples: {points:,} grid points × samples at once do not fit this "
-                         "machine's memory even at chunk 2; fewer samples, betas or decays")
-    check_memory(cfg.chunks, [cfg.dim], points, "cpu", "--chunks", bytes_of=bytes_of)
+        raise ValueError(f"--samples: {points:,} grid points × samples at once (keys of "
+                         f"dimension {cfg.dim:,}) do not fit this machine's memory even at "
+                         "chunk 2; fewer samples, betas or decays, or a smaller --dim")
+    check_memory(cfg.chunks, [cfg.dim], points, "cpu", "--chunks", bytes_of=bytes_of,
+                 dim_name="--dim")
 
 
 def _views(store, show: bool) -> list[Path]:

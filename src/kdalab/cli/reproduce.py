@@ -58,7 +58,7 @@ def reproduce(
     try:
         plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
     except ValueError as exc:
-        raise params.renamed(exc, {"chunks": "--chunks"}) from None
+        raise params.renamed(exc, {"chunks": "--chunks", "dim": "--dim"}) from None
     out = params.output_folder(out, "--out", create=False)
     if not force and is_store(out, STORE_KIND):
         # the main job is idempotent: run again, it keeps what its store holds and runs the rest

@@ -179,7 +179,7 @@ class DiagonalTileStudy(CellStudy):
         # channel its tiles' factors and products (an upper estimate: 41 bytes measured at
         # C = 128, dim 64, every strategy)
         params.records_per_run(self.records_per_run, "seeds", noun="chunk size")  # first
-        check_memory(self.chunks, [self.dim], len(self.strategies), "cpu", "chunks",
+        check_memory(self.chunks, [self.dim], len(self.strategies), "cpu", "chunks", dim_name="dim",
                      bytes_of=lambda c, d, m: inputs * c * c * 48 * d)
 
     def keys(self) -> list[int]:

@@ -98,7 +98,7 @@ class SweepGrid:
         configs = len(self.formats) * len(self.exp2_ftz) * len(self.boundaries)
         inputs = len(self.lower_bounds) * (1 + len(self.model_seeds))
         params.records_per_run(configs * inputs, "model_seeds", noun="chunk size")  # first
-        check_memory(self.chunks, [self.dim], configs, "cpu", "chunks",
+        check_memory(self.chunks, [self.dim], configs, "cpu", "chunks", dim_name="dim",
                      bytes_of=lambda c, d, m: inputs * c * c * (16 * d + 24 * m))
 
     @property

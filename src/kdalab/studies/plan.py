@@ -66,21 +66,28 @@ def memory_budget(device: str) -> int:
 
 
 def check_memory(chunks: Sequence[int], dims: Sequence[int], models: int, device: str,
-                 name: str = "chunks", bytes_of=run_bytes) -> None:
-    """A ValueError naming ``name`` if the work of the largest chunk size done at once (one run
-    of the sweep: ``bytes_of(chunk, dim, models)``, :func:`run_bytes`) would not fit the
-    device's memory budget (:func:`memory_budget`): said before any work or folder is made."""
+                 name: str = "chunks", bytes_of=run_bytes, dim_name: str = "dims") -> None:
+    """A ValueError if the work of the largest chunk size done at once (one run of the sweep:
+    ``bytes_of(chunk, dim, models)``, :func:`run_bytes`) would not fit the device's memory
+    budget (:func:`memory_budget`): said before any work or folder is made. It names the
+    dimension (``dim_name``) where the chunks would fit at an ordinary dimension (128) or even
+    a chunk of 1 does not fit at this one, else the chunk sizes (``name``)."""
     budget = memory_budget(device)
     chunk, dim = max(chunks), max(dims)
     need = bytes_of(chunk, dim, models)
-    if need > budget:
-        lo, hi = 1, chunk  # the largest chunk that fits: bytes grow with the chunk
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if bytes_of(mid, dim, models) <= budget else (lo, mid - 1)
-        raise ValueError(f"{name}: a chunk of {chunk} needs about {need / 2**30:,.0f} GiB at "
-                         f"once (C×C matrices), more than {device}'s budget of "
-                         f"{budget / 2**30:,.0f} GiB; choose chunk sizes up to about {lo}")
+    if need <= budget:
+        return
+    gib = f"about {need / 2**30:,.0f} GiB at once, more than {device}'s budget of " \
+          f"{budget / 2**30:,.0f} GiB"
+    if bytes_of(1, dim, models) > budget or bytes_of(chunk, min(dim, 128), models) <= budget:
+        raise ValueError(f"{dim_name}: a dimension of {dim} with chunks up to {chunk} needs "
+                         f"{gib}; choose a smaller dimension")
+    lo, hi = 1, chunk  # the largest chunk that fits: bytes grow with the chunk
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if bytes_of(mid, dim, models) <= budget else (lo, mid - 1)
+    raise ValueError(f"{name}: a chunk of {chunk} needs {gib} (C×C matrices at dimension "
+                     f"{dim}); choose chunk sizes up to about {lo}")
 
 
 @dataclass(frozen=True)
@@ -157,7 +164,7 @@ class SweepPlan:
         dim = params.integer(dim, "dim", 1)
         device = params.device(device)
         models = params.accumulations(accumulations, "accumulations", torch.device(device).type)
-        check_memory(list(by_cell), [dim], len(models), device)
+        check_memory(list(by_cell), [dim], len(models), device, dim_name="dim")
         return cls(tuple((c, dim, tuple(p)) for c, p in sorted(by_cell.items())),
                    params.int_list(seeds, "seeds", minimum=0), models, get_recipe("seed"),
                    device)
