@@ -205,9 +205,15 @@ def test_output_folder_rules(tmp_path, capsys, monkeypatch):
     code, _, _ = cli(capsys, "hunt", "recipe:fp32", *SMALL, "--trials", "1", "--out",
                      str(foreign), "--force")
     assert code == 0 and (foreign / "notes.txt").read_text() == "mine"
+    # its own folder now: a hunt's trials are not thrown away without --force
+    code, _, err = cli(capsys, "hunt", "recipe:fp32", *SMALL, "--trials", "2", "--out",
+                       str(foreign))
+    assert code == 2 and "holds a hunt; --resume continues it, --force" in err
+    assert len(_trials(foreign)) == 1
     code, _, _ = cli(capsys, "hunt", "recipe:fp32", *SMALL, "--trials", "2", "--out",
-                     str(foreign))  # its own folder now: replaced
+                     str(foreign), "--force")  # replaced, the other files kept
     assert code == 0 and len(_trials(foreign)) == 2
+    assert (foreign / "notes.txt").read_text() == "mine"
     monkeypatch.setenv("HOME", str(tmp_path))
     code, _, _ = cli(capsys, "hunt", "recipe:fp32", *SMALL, "--trials", "1", "--out", "~/h")
     assert code == 0 and (tmp_path / "h" / "worst.json").exists()

@@ -99,7 +99,8 @@ def hunt_command(
                                 "default 2)", show_default=False)] = None,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/hunt"),
     force: Annotated[bool, typer.Option(
-        "--force", help="write into --out even if it holds files that are not a hunt's")]
+        "--force", help="write into --out even if it holds a hunt (started afresh) or files "
+                        "that are not a hunt's (kept)")]
     = False,
     resume: Annotated[bool, typer.Option(
         "--resume", help="continue the hunt in --out (an error if it holds none): the same "

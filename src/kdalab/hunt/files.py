@@ -33,11 +33,16 @@ OWN = (META, TRIALS, WORST, CASE, "progress.png", "progress.svg", "report.md")
 
 
 def prepare_folder(out: str | Path, *, force: bool = False) -> Path:
-    """The output folder (``~`` expanded; created if missing). A non-empty folder that is not a
-    hunt's (no hunt.json) is refused unless ``force``; a hunt's own files are replaced."""
+    """The output folder (``~`` expanded; created if missing). A non-empty folder is refused
+    unless ``force``: a hunt's (hunt.json) because its trials would be lost (``--resume``
+    continues it), another's because it is not the hunt's; with ``force`` a hunt's own files
+    are replaced and nothing else is touched."""
     path = params.output_folder(out, "--out")
     entries = set(os.listdir(path)) - {".lock"}  # a hunt's lock (kdalab.records.identity)
-    if entries and META not in entries and not force:
+    if entries and not force:
+        if META in entries:
+            raise ValueError(f"--out: {str(path)!r} holds a hunt; --resume continues it, "
+                             f"--force starts it afresh (its trials are replaced)")
         raise ValueError(f"--out: {str(path)!r} holds files that are not a hunt's; choose "
                          f"another folder or give --force")
     for name in OWN:
