@@ -295,3 +295,33 @@ def test_an_interrupted_redraw_says_the_records_are_kept(tmp_path, capsys, monke
     code, _, err = cli(capsys, *args, "--redraw")
     assert code == 130 and err.strip() == (f"interrupted: every record in {out} (the views are "
                                            "not drawn); --redraw again draws them"), err
+
+
+@pytest.mark.parametrize("case", ["huge-budget", "nan-inputs"])
+def test_check_plots_without_warnings(tmp_path, capsys, case):
+    # a budget of 1e308 (the budget line overflowed matplotlib's log transform) and captured
+    # inputs whose errors are all non-finite (a log axis with nothing positive): the report is
+    # drawn and nothing but kdalab's own lines reaches stderr
+    import warnings
+
+    args = ["check", "recipe:fp32", "--device", "cpu", "--out", str(tmp_path / "o"), "--quiet"]
+    if case == "huge-budget":
+        args += ["--cases", "T/1", "--budget", "1e308"]
+    else:
+        from kdalab.hunt.files import write_case
+        from kdalab.inputs.sequences import SequenceSpec, draw
+
+        x = draw(SequenceSpec(T=32, heads=1, K=32, V=32), 0, "cpu")
+        x["q"][:] = float("nan")
+        write_case(tmp_path / "nan.safetensors", x)
+        args = [a for a in args if a != "--device" and a != "cpu"]
+        args += ["--inputs", str(tmp_path / "nan.safetensors")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, _, err = cli(capsys, *args)
+    assert code in (0, 1), err
+    assert err == "", err
+    drawing = [str(w.message) for w in caught
+               if "matplotlib" in w.filename or "views" in w.filename]
+    assert not drawing, drawing
+    assert (tmp_path / "o" / "errors.png").is_file()

@@ -155,6 +155,15 @@ def summary(records) -> pd.DataFrame:
 _FLOOR = "o_floor_err"
 
 
+def _levels(ax, x: np.ndarray, values: np.ndarray, **style) -> None:
+    """A short horizontal line at each case's level (floor, budget, threshold), where the level
+    can be drawn on a log axis: positive and finite; past 1e100 (a budget of 1e308) it is off
+    any chart, and matplotlib's log transform overflows on it."""
+    ok = np.isfinite(values) & (values > 0) & (values < 1e100)
+    if ok.any():
+        ax.hlines(values[ok], (x - 0.4)[ok], (x + 0.4)[ok], **style)
+
+
 def _case_floor(df: pd.DataFrame, case: str, column: str = "bf16_floor") -> float:
     """The case's bf16 floor (the same in every record that has it: a property of the case)."""
     if column not in df:
@@ -273,19 +282,21 @@ def plot_check(records) -> bytes:
             floor_col = "o_floor_err" if column == "o_rel_err" else "state_floor_err"
             floor_col = floor_col if floor_col in df else "bf16_floor"
             floors = np.array([_case_floor(df, c, floor_col) for c in cases], dtype=float)
-            ax.hlines(floors, x - 0.4, x + 0.4, colors="black", linewidth=1.6,
-                      label="floor (fp32 recurrence on the same inputs, rounded)", zorder=2)
+            _levels(ax, x, floors, colors="black", linewidth=1.6,
+                    label="floor (fp32 recurrence on the same inputs, rounded)", zorder=2)
             if "budget" in df:
-                ax.hlines(floors * float(df["budget"].iloc[0]), x - 0.4, x + 0.4, colors="red",
-                          linestyles="--", linewidth=1, label="budget (multiple of the floor)")
+                _levels(ax, x, floors * float(df["budget"].iloc[0]), colors="red",
+                        linestyles="--", linewidth=1, label="budget (multiple of the floor)")
             limit = df.get("max_output_error" if column == "o_rel_err" else "max_state_error")
             if limit is not None and limit.notna().any():
-                ax.axhline(float(limit.dropna().iloc[0]), color="red", linestyle=":",
-                           linewidth=1, label="absolute threshold")
+                _levels(ax, x, np.full(len(x), float(limit.dropna().iloc[0])), colors="red",
+                        linestyles=":", linewidth=1, label="absolute threshold")
         else:
             if column == "o_identical":
                 ax.axhline(1 - float(df["min_identical"].iloc[0]), color="red", linestyle="--",
                            linewidth=1, label="threshold")
+        if not np.isfinite(ax.dataLim.minposy):  # nothing positive and finite drawn (every
+            ax.set_ylim(1e-8, 1.0)  # error non-finite or exact): a log axis all the same
         ax.set_yscale("log")
         ax.set_ylabel(label, fontsize=8)
         ax.grid(True, which="major", axis="y", alpha=0.3)
