@@ -16,18 +16,11 @@ import pytest
 import torch
 
 from kdalab.cli import main
+from tests.cli_run import cli
 
 ROOT = Path(__file__).parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH",
                                                                                  "")}
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    """Run the command line in this process, through its error boundary."""
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def kdalab(*args: str, **kw) -> subprocess.CompletedProcess:

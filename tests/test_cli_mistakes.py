@@ -11,14 +11,7 @@ import json
 import pytest
 import torch
 
-from kdalab.cli import main
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
+from tests.cli_run import cli
 
 
 def one_error(code: int, err: str, says: str) -> None:

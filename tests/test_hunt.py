@@ -15,16 +15,10 @@ from kdalab.hunt import Bounds, Target, objective, read_case, rebuild, resolve
 from kdalab.hunt.evaluate import NONFINITE_OBJECTIVE, evaluate
 from kdalab.hunt.search import supported_bounds
 from kdalab.inputs.sequences import SequenceSpec, draw
+from tests.cli_run import cli
 
 #: tiny shapes: a trial takes a few hundredths of a second on the CPU
 SMALL = ("--device", "cpu", "--max-T", "40", "--max-heads", "2", "--dims", "16,32", "--quiet")
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def _trials(folder: Path) -> list[dict]:

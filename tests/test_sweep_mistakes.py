@@ -13,16 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from kdalab.cli import main
+from tests.cli_run import cli
 
 ROOT = Path(__file__).parents[1]
-
-
-def cli(capsys, *args: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(args))
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def one_error(code: int, err: str, starts: str) -> None:
