@@ -139,19 +139,17 @@ def check_command(
     from kdalab import params
     from kdalab.check import records as store
     from kdalab.cli.common import default_device
-
-    out = out.expanduser()
     from kdalab.cli.stored import refuse_resume_with_force, refuse_with_redraw
 
+    out = out.expanduser()
     if redraw:
         refuse_with_redraw()
-    refuse_resume_with_force(resume, force)
-    _refuse_meaningless(inputs, against)
-    if redraw:
         run = store.read_run(out)  # said if stopped while the report is drawn:
         STATE.kept[:], STATE.resume = [f"every record in {out} (no report)"], "--redraw again"
         _report(run, out, as_json=as_json, quiet=quiet)
         return
+    refuse_resume_with_force(resume, force)
+    _refuse_meaningless(inputs, against)
     device = params.device(default_device() if device is None else device, "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
                  inputs, thresholds_args=(budget, max_output_error, max_state_error,

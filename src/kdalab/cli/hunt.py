@@ -114,8 +114,16 @@ def hunt_command(
     from kdalab.cli.stored import refuse_resume_with_force
     from kdalab.errors import KdalabError
     from kdalab.hunt import HuntConfig, default_threshold, resolve
-    from kdalab.hunt.files import TrialWriter, prepare_folder, read_meta, resume_folder, write_meta
+    from kdalab.hunt.files import (
+        META,
+        TrialWriter,
+        prepare_folder,
+        read_meta,
+        resume_folder,
+        write_meta,
+    )
     from kdalab.hunt.search import summarize, supported_bounds
+    from kdalab.records.identity import lock
 
     refuse_resume_with_force(resume, force)
     if resume:  # the options left out are the hunt's (those given are checked against it)
@@ -156,14 +164,14 @@ def hunt_command(
     history: list[dict] = []
     path = params.user_path(out, "--out")
     # one hunt at a time in a folder: another one writing it is refused, not interleaved
-    held = _hold(path) if resume or (path / "hunt.json").is_file() else None
+    held = lock(path) if resume or (path / META).is_file() else None
     try:
         if resume:
             folder, before, history = resume_folder(out, cfg)
         else:
             existed = path.exists()
             folder, before = prepare_folder(out, force=force), {}
-            held = _hold(folder) if held is None else held
+            held = lock(folder) if held is None else held
         run = {"command": " ".join(["kdalab", *sys.argv[1:]]) if sys.argv[1:2] == ["hunt"]
                else f"kdalab hunt {target}",
                "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
@@ -206,14 +214,6 @@ def hunt_command(
     finally:
         if held is not None:
             os.close(held)
-
-
-def _hold(folder: Path) -> int:
-    """The folder's lock (:func:`kdalab.records.identity.lock`, as every store's): a
-    ValueError when another kdalab process holds it."""
-    from kdalab.records.identity import lock
-
-    return lock(folder)
 
 
 def _take_back(folder: Path, existed: bool) -> None:

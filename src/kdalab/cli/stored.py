@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 from kdalab.cli.app import STATE, console, mark
@@ -54,6 +55,18 @@ def refuse_resume_with_force(resume: bool, force: bool) -> None:
     if resume and force:
         raise ValueError("--resume keeps the records in --out and --force replaces them: "
                          "give one")
+
+
+@contextmanager
+def _said_if_stopped(kept: str, resume: str):
+    """What the interrupt boundary says (:data:`kdalab.cli.app.STATE`) if the command stops
+    inside the block: every record is stored, the views are not drawn, and how to draw them.
+    Taken back when the block completes."""
+    STATE.kept.append(kept)
+    STATE.resume = resume
+    yield
+    STATE.kept.pop()
+    STATE.resume = ""
 
 
 def _current_context():
@@ -139,12 +152,9 @@ def _run_into_store(study, out, draw, again, resume, force, backend, address, qu
         elapsed = time.perf_counter() - t0
         if summary is not None and not quiet:
             console.print(summary(ran, elapsed), highlight=False)
-        # every record is stored: said so if stopped while the views are drawn
-        STATE.kept.append(f"all {store.runs} {noun} stored in {out} (the views are not drawn)")
-        STATE.resume = f"'{again.format(out=out)}' draws them"
-        paths = draw_views(store, draw, show=not quiet)
-        STATE.kept.pop()
-        STATE.resume = ""
+        with _said_if_stopped(f"all {store.runs} {noun} stored in {out} (the views are not "
+                              f"drawn)", f"'{again.format(out=out)}' draws them"):
+            paths = draw_views(store, draw, show=not quiet)
         mark("views drawn")
     return paths, ran, elapsed
 
@@ -198,12 +208,9 @@ def redraw_folder(folder: Path, kind: str, draw: Callable, *, option: str = "--r
         if not quiet and not store.complete:
             console.print(f"{folder} holds {stored} of {store.runs} runs (--resume completes "
                           "it); drawing from those", highlight=False)
-        STATE.kept.append(f"every record in {folder} (the views are not drawn)")
-        STATE.resume = f"{option} again draws them"  # said if stopped while drawing
-        paths = draw_views(store, draw, show=not quiet)
-        STATE.kept.pop()
-        STATE.resume = ""
-        return paths, stored
+        with _said_if_stopped(f"every record in {folder} (the views are not drawn)",
+                              f"{option} again draws them"):
+            return draw_views(store, draw, show=not quiet), stored
 
 
 def draw_views(store, draw: Callable, *, show: bool = True) -> list[Path]:

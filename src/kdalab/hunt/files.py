@@ -23,6 +23,7 @@ from pathlib import Path
 from kdalab import params
 from kdalab.hunt.search import HuntConfig, HuntResult
 from kdalab.inputs.sequences import SequenceSpec, draw
+from kdalab.records.identity import LOCK
 
 __all__ = ["prepare_folder", "resume_folder", "read_meta", "read_trials", "MATCHED", "TrialWriter",
            "write_meta", "write_results", "worst_document", "rebuild", "write_case", "read_case",
@@ -38,7 +39,7 @@ def prepare_folder(out: str | Path, *, force: bool = False) -> Path:
     continues it), another's because it is not the hunt's; with ``force`` a hunt's own files
     are replaced and nothing else is touched."""
     path = params.output_folder(out, "--out")
-    entries = set(os.listdir(path)) - {".lock"}  # a hunt's lock (kdalab.records.identity)
+    entries = set(os.listdir(path)) - {LOCK}  # a hunt's lock, as every store's
     if entries and not force:
         if META in entries:
             raise ValueError(f"--out: {str(path)!r} holds a hunt; --resume continues it, "
