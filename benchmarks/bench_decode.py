@@ -15,7 +15,7 @@
 3. Many short sequences: kdalab's prefill under each candidate (``CANDIDATES``)
    against FlashKDA and fla on the four batch shapes of issue 24 (varlen 1024 x 8 H 64; 37
    random lengths in [16, 512] H 32; B 128 T 64 H 16; B 8 T 4096 H 32), in interleaved
-   rounds, and stage 1 alone with and without KEND's split.
+   rounds, and stage 1 alone (the default, KLO in fp16, and KEND not split).
 
 Rows go to stdout as JSON lines and, with ``--json PATH``, into the BENCHMARKS.md JSON file
 (every measured field also into PATH's stem + ``.raw.json``). fla's
@@ -83,15 +83,17 @@ SHORT = [
 
 
 #: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
-#: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
-#: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
-#: collinear keys, docs/hunt.md). Stage-1 head-fastest and value-blocks-adjacent orders were
-#: measured no faster and deleted (docs/kernels.md, "Pruned").
+#: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, KEND's
+#: rounding error stored in fp16 rather than int8, and KEND as one rounded operand (what the
+#: split of chunk_prepare.py costs: inaccurate on collinear keys, docs/hunt.md). Stage-1
+#: head-fastest and value-blocks-adjacent orders were measured no faster and deleted
+#: (docs/kernels.md, "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "guard_launch": KernelConfig(fp16_guard="launch"),
-    "kend_single": KernelConfig(kend_split=False),
+    "kend_single": KernelConfig(kend_split="off"),
+    "klo_fp16": KernelConfig(kend_split="fp16"),
 }
 ROUNDS = 5
 
@@ -227,6 +229,7 @@ def pool_rows(quick, rounds):
         h0 = torch.randn(n, H, D, D, device="cuda") * 0.1
         pool = torch.randn(2 * n, H, D, D, device="cuda") * 0.1
         idx = torch.randperm(2 * n, device="cuda")[:n]
+        h0b, poolb = h0.bfloat16(), pool.bfloat16()
         args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
         # the VK layout, as bench_kernel's grid (FlashKDA's)
         gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
@@ -237,15 +240,20 @@ def pool_rows(quick, rounds):
             "pool": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx, **gate),
             "pool_ck64": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
                                                checkpoint_every=64, **gate),
+            # a bf16 pool: its checkpoints are bf16 too (half the bytes)
+            "plain_bf16": lambda: chunk_kda_fwd(*args, initial_state=h0b,
+                                                output_final_state=True, **gate),
+            "pool_bf16_ck64": lambda: chunk_kda_fwd(*args, state_pool=poolb, state_indices=idx,
+                                                    checkpoint_every=64, **gate),
         }
         row = dict(shape=name)
         ms = interleaved(fns, rounds, rep=60)
         for key, value in ms.items():
             row[f"{key}_ms"] = value
-        for key in ("pool", "pool_ck64"):
-            if isinstance(ms.get(key), float) and isinstance(ms.get("plain"), float):
-                label = {"pool": "pool", "pool_ck64": "ck64"}[key]
-                row[f"{label}_over_plain"] = ms[key] / ms["plain"]
+        for key, base, label in (("pool", "plain", "pool"), ("pool_ck64", "plain", "ck64"),
+                                 ("pool_bf16_ck64", "plain_bf16", "ck64_bf16")):
+            if isinstance(ms.get(key), float) and isinstance(ms.get(base), float):
+                row[f"{label}_over_plain"] = ms[key] / ms[base]
         # the checkpoints' bytes (fp32) over the plain call's time: the floor a store that
         # does not overlap would add
         T = x["q"].shape[1] * x["q"].shape[0]
@@ -269,7 +277,7 @@ def short_rows(quick, rounds, candidates=None):
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "kend_single")}
+              for c in ("default", "klo_fp16", "kend_single")}
         ms = interleaved({**fns, **s1}, rounds)
         for key, value in ms.items():
             row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value
@@ -306,7 +314,7 @@ def to_json_rows(bw, dec, pools, short):
         out.append(dict(target=f"{tag}: graph time over memory floor",
                         value=round(r["over_floor_graph"], 3), unit="x"))
     for r in pools:
-        for key in ("pool_over_plain", "ck64_over_plain"):
+        for key in ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain"):
             if key in r:
                 out.append(dict(target=f"prefill {r['shape']}: {key}", value=round(r[key], 4),
                                 unit="x", note=f"plain {r['plain_ms']:.3f} ms; checkpoints "
@@ -326,7 +334,7 @@ def to_json_rows(bw, dec, pools, short):
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
                                 note=f"kdalab [{c}] {r[f'kdalab_{c}_ms']:.3f} ms"))
-        for c in ("default", "kend_single"):
+        for c in ("default", "klo_fp16", "kend_single"):
             if f"stage1_{c}_ms" in r:
                 out.append(dict(target=f"prefill {r['shape']}: stage 1 [{c}]",
                                 value=round(r[f"stage1_{c}_ms"], 4), unit="ms"))

@@ -13,7 +13,8 @@
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh)
 #   serving   benchmarks/bench_decode.py: decode, pool, checkpoints, many short sequences
-#             (SERVING_PARTS: some of decode,pool,short)
+#             (SERVING_PARTS: some of decode,pool,short; SERVING_ARGS: more options, e.g.
+#             "--candidates default,klo_fp16 --rounds 3")
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
 # `a+b` runs steps a and b side by side (for steps that are not timed: check, hunt, cublas,
@@ -81,7 +82,7 @@ step_gpu-tests() {
 
 step_serving() {
     timeout "${SERVING_S:-300}" python3 benchmarks/bench_decode.py --json "$D/decode.json" \
-        --parts "${SERVING_PARTS:-decode,pool,short}" > "$D/serving.log" 2>&1
+        --parts "${SERVING_PARTS:-decode,pool,short}" ${SERVING_ARGS:-} > "$D/serving.log" 2>&1
     echo "serving exit $?"; grep -E "RESULT|x " "$D/serving.log" | tail -n 40
 }
 

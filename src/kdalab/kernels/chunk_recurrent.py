@@ -6,7 +6,8 @@ per warpgroup; the untransposed products would have M = 16, the chunk):
 
     U^T = V^T AINV^T - S^T W^T             [BV, 16]
     O^T = S^T QG^T + U^T MQK^T             [BV, 16]
-    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO)
+    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO,
+                                                      KLO an int8 with fp16 operands)
 
 The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT`` is the
 products' operand type: fp16 (S and U rounded to fp16 as operands, fp32 accumulation) or fp32
@@ -34,6 +35,7 @@ import math
 import triton
 import triton.language as tl
 
+from .chunk_prepare import dequantize_lo
 from .indexing import segment_of_program, sequence_of_program
 
 CHUNK = 16
@@ -59,8 +61,10 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
     wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
     qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
     kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
-    if KSPLIT:
-        klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
+    if KSPLIT:  # an int8 KLO stays int8 until its product (a quarter of the registers)
+        klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0)
+        if klo_ptr.dtype.element_ty != tl.int8:
+            klo = klo.to(DT)
     else:
         klo = kend  # unused
     vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0).to(DT)
@@ -152,7 +156,10 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
                      mask=v_ok[:, None] & (rows < eos)[None, :])
         St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
         if KSPLIT:
-            St += tl.dot(ud, klo, input_precision="tf32")
+            if klo_ptr.dtype.element_ty == tl.int8:
+                St += tl.dot(ud, dequantize_lo(klo, DT), input_precision="tf32")
+            else:
+                St += tl.dot(ud, klo, input_precision="tf32")
         if CKC > 0:
             if WRITE_O:
                 ck_count += 1
