@@ -15,7 +15,7 @@
 3. Many short sequences: kdalab's prefill under each candidate (``CANDIDATES``)
    against FlashKDA and fla on the four batch shapes of issue 24 (varlen 1024 x 8 H 64; 37
    random lengths in [16, 512] H 32; B 128 T 64 H 16; B 8 T 4096 H 32), in interleaved
-   rounds, and stage 1 alone (the default, KLO in fp16, and KEND not split).
+   rounds, and stage 1 alone with and without KEND's split.
 
 Rows go to stdout as JSON lines and, with ``--json PATH``, into the BENCHMARKS.md JSON file
 (every measured field also into PATH's stem + ``.raw.json``). fla's
@@ -83,17 +83,15 @@ SHORT = [
 
 
 #: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
-#: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, KEND's
-#: rounding error stored in fp16 rather than int8, and KEND as one rounded operand (what the
-#: split of chunk_prepare.py costs: inaccurate on collinear keys, docs/hunt.md). Stage-1
-#: head-fastest and value-blocks-adjacent orders were measured no faster and deleted
-#: (docs/kernels.md, "Pruned").
+#: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
+#: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
+#: collinear keys, docs/hunt.md). Stage-1 head-fastest and value-blocks-adjacent orders and
+#: an int8 KLO were measured slower and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "guard_launch": KernelConfig(fp16_guard="launch"),
-    "kend_single": KernelConfig(kend_split="off"),
-    "klo_fp16": KernelConfig(kend_split="fp16"),
+    "kend_single": KernelConfig(kend_split=False),
 }
 ROUNDS = 5
 
@@ -277,7 +275,7 @@ def short_rows(quick, rounds, candidates=None):
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "klo_fp16", "kend_single")}
+              for c in ("default", "kend_single")}
         ms = interleaved({**fns, **s1}, rounds)
         for key, value in ms.items():
             row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value
@@ -334,7 +332,7 @@ def to_json_rows(bw, dec, pools, short):
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
                                 note=f"kdalab [{c}] {r[f'kdalab_{c}_ms']:.3f} ms"))
-        for c in ("default", "klo_fp16", "kend_single"):
+        for c in ("default", "kend_single"):
             if f"stage1_{c}_ms" in r:
                 out.append(dict(target=f"prefill {r['shape']}: stage 1 [{c}]",
                                 value=round(r[f"stage1_{c}_ms"], 4), unit="ms"))

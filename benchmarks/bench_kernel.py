@@ -140,7 +140,18 @@ def emit(row):
     return row
 
 
-def grid(names):
+def parse_config(text):
+    """``--alt``'s ``field=value,...`` as a KernelConfig (ints, True/False, else strings)."""
+    fields = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        fields[key] = (int(value) if value.lstrip("-").isdigit()
+                       else {"True": True, "False": False}.get(value, value))
+    return KernelConfig(**fields)
+
+
+def grid(names, alt=None):
+    """kdalab (the default config, and ``alt`` after it when given) and the peers per shape."""
     peers = {"fla": load_fla(), "flashkda": load_flashkda()}
     rows = []
     for name in names:
@@ -150,6 +161,10 @@ def grid(names):
         run_kdalab(x)  # compile / plan outside the timing
         row["kdalab_first_call_s"] = time.perf_counter() - t0
         row["kdalab_ms"] = bench(lambda: run_kdalab(x))
+        if alt is not None:
+            run_kdalab(x, alt)
+            row["kdalab_alt_ms"] = bench(lambda: run_kdalab(x, alt))
+            row["alt_over_default"] = row["kdalab_ms"] / row["kdalab_alt_ms"]
         for peer, fn in peers.items():
             if fn is None:
                 continue
@@ -172,7 +187,9 @@ def grid(names):
     for r in rows:
         cells = [f"{r.get(k, float('nan')):8.3f}" for k in ("kdalab_ms", "fla_ms")]
         cells.append(f"{r.get('flashkda_ms', float('nan')):9.3f}")
-        print(f"{r['shape']:22s} {' '.join(cells)}  {r.get('ratio', float('nan')):5.2f}x")
+        print(f"{r['shape']:22s} {' '.join(cells)}  {r.get('ratio', float('nan')):5.2f}x"
+              + (f"  alt {r['alt_over_default']:.3f}x the default" if "alt_over_default" in r
+                 else ""))
     if ratios:
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
         print(f"geometric mean of the ratios: {geo:.2f}x over {len(ratios)} shapes; "
@@ -401,6 +418,9 @@ def main():
                          "shapes beyond it)")
     ap.add_argument("--extra", action="store_true",
                     help="the shapes beyond the grid (EXTRA) instead of the grid")
+    ap.add_argument("--alt", default=None, metavar="FIELD=VALUE,...",
+                    help="--grid: also time kdalab under this KernelConfig (e.g. "
+                         "fp16_guard=launch), after the default on each shape")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = (args.shapes.split(",") if args.shapes
@@ -421,7 +441,10 @@ def main():
     if args.accuracy:
         result["accuracy"] = accuracy()
     if args.grid:
-        result["grid"], result["geomean"] = grid(names)
+        alt = parse_config(args.alt) if args.alt else None
+        result["grid"], result["geomean"] = grid(names, alt)
+        if alt is not None:
+            result["alt"] = args.alt
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -7,7 +7,6 @@ Registers per thread, spill stores/loads, shared memory and the tensor-core inst
     python scripts/sm90_report.py            # the kdalab kernels' configurations
     SM90_PTX_DIR=dir python scripts/sm90_report.py   # also keep each kernel's PTX (no debug
                                                      # info), to compare two versions
-    SM90_ONLY=label SM90_KLO=fp16 ...                # some kernels; KLO stored in fp16
 
 Uses the ptxas shipped with triton. Numbers are triton's (this machine's version); the device
 may run another triton.
@@ -26,8 +25,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
-#: KLO's type (chunk_prepare.py): the default int8, or SM90_KLO=fp16 (KernelConfig's "fp16")
-KLO = "*" + os.environ.get("SM90_KLO", "i8")
 
 
 def _ptxas() -> str:
@@ -122,7 +119,7 @@ def kdalab_rows(only: str | None = None):
 
     prep = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", w_ptr="*fp16", qg_ptr="*fp16",
-                kend_ptr="*fp16", klo_ptr=KLO, ainv_ptr="*fp16", mqk_ptr="*fp16",
+                kend_ptr="*fp16", klo_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16",
                 gamma_ptr="*fp32",
                 chunk_table_ptr="*i32", cu_seqlens_ptr="*i32", T="i32",
                 scale="fp32", lower_bound="fp32", H="i32")
@@ -130,7 +127,7 @@ def kdalab_rows(only: str | None = None):
               BETA_LOGITS=True, IS_VARLEN=False)
     for nw in (2, 4):
         yield timed(chunk_kda_prepare_kernel, prep, ce, num_warps=nw, label=f"stage 1 w{nw}")
-    sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr=KLO,
+    sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
                chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32", T="i32",

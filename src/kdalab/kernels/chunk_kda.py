@@ -45,9 +45,8 @@ class KernelConfig:
     second launch of only the programs the first flagged; the same bits) or ``"off"`` (a
     measurement candidate only: an fp16 overflow then leaves inf or NaN). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
-    ``chunk_prepare.py``), KLO stored as an int8 (``"int8"``: 2^-19 of KEND lost) or as the
-    other operands (``"fp16"``); ``"off"`` is a measurement candidate only (one rounded
-    KEND: what the split costs; it fails the hunt's collinear keys, docs/hunt.md).
+    ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
+    the split costs; it fails the hunt's collinear keys, docs/hunt.md).
     """
 
     dot: str = "auto"
@@ -56,7 +55,7 @@ class KernelConfig:
     prepare_warps: int | None = None
     segment_chunks: int | None = None
     fp16_guard: str = "inline"
-    kend_split: str = "int8"
+    kend_split: bool = True
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -71,8 +70,8 @@ class KernelConfig:
         if self.fp16_guard not in ("inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        if self.kend_split not in ("int8", "fp16", "off"):
-            raise ValueError(f"config.kend_split must be 'int8', 'fp16' or 'off', "
+        if not isinstance(self.kend_split, bool):
+            raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
@@ -166,7 +165,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split="int8"):
+            beta_is_logits, plan, kend_split=True):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32

@@ -10,8 +10,7 @@ that the recurrent stage (``chunk_recurrent.py``) needs and nothing it can rebui
     W    = (I + L)^-1 diag(β) (Γ ⊙ K)       [16, K]  token rows   (state correction)
     QG   = scale · Γ ⊙ Q                     [16, K]  token rows   (inter-chunk output)
     KEND = exp(G_last - G) ⊙ K               [16, K]  token rows   (state update)
-    KLO  = KEND - KEND rounded               [16, K]  token rows   (its rounding error;
-                                                                    int8 of KLO · 2^18)
+    KLO  = KEND - KEND rounded               [16, K]  token rows   (its rounding error)
     AINV = (I + L)^-1 diag(β)                [16, 16] per chunk
     MQK  = tril(scale · (Γ⊙Q)(K/Γ)^T)        [16, 16] per chunk
     GAMMA = exp(G_last)                      [K]      per chunk    (state decay)
@@ -27,13 +26,6 @@ writes along KEND's rows and the delta rule erases only along the keys, so KEND'
 error, orthogonal to the keys, stays in the state and adds up over chunks where the decay is
 near 1: with collinear keys, β ≈ 1 and decay ≈ 1 it took the output error past check's
 threshold (docs/hunt.md has the figures).
-
-With fp16 operands KLO is stored as an int8, ``round(KLO · 2^18)`` (``KLO_SCALE``): KEND is at
-most 1 in size (a unit key times a decay), so |KLO| <= 2^-12 (half of fp16's spacing below 1)
-and the integer lies in [-64, 64]. What the integer loses is at most 2^-19 of KEND, 128 times
-less than one rounded KEND's 2^-12, in a quarter of the bytes of KEND and KLO in fp32 (and
-half of KLO's in fp16); ``dequantize_lo`` makes it an exact fp16 again (a multiple of 2^-18 at
-most 2^-12 in size has at most 7 significant bits).
 """
 
 from __future__ import annotations
@@ -45,8 +37,6 @@ import triton.language as tl
 from .indexing import chunk_of_program
 
 CHUNK = 16
-#: KLO's int8 scale (stage 1 stores round(KLO · KLO_SCALE), stage 2 divides it back)
-KLO_SCALE = 2.0 ** 18
 
 
 @triton.jit
@@ -84,18 +74,6 @@ def split_operand(x, DT: tl.constexpr):
     else:
         hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     return hi, x - hi
-
-
-@triton.jit
-def quantize_lo(lo):
-    """KLO (fp32, at most 2^-12 in size) as the int8 ``round(lo · 2^18)``, in [-64, 64]."""
-    return tl.floor(lo * 262144.0 + 0.5).to(tl.int8)
-
-
-@triton.jit
-def dequantize_lo(lo, DT: tl.constexpr):
-    """The int8 KLO back as ``DT``: lo · 2^-18, exact in fp16 and tf32."""
-    return (lo.to(tl.float32) * 3.814697265625e-06).to(DT)
 
 
 @triton.jit
@@ -156,8 +134,6 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
     tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
     if KSPLIT:
-        if klo_ptr.dtype.element_ty == tl.int8:
-            klo = quantize_lo(klo)
         tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
     # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
@@ -201,26 +177,22 @@ def chunk_kda_prepare_kernel(
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, kend_split="int8",
+    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True,
 ):
-    """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO
-    [B, T, H, K], AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k
-    are normalized, else fp32), GAMMA [num_chunks, H, K] fp32.
+    """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
+    q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
+    normalized, else fp32), GAMMA [num_chunks, H, K] fp32.
 
     ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
-    variable-length input (None for fixed length). ``kend_split``: KLO as int8 (``"int8"``,
-    with fp16 operands; fp32 operands keep an fp32 KLO), as the operands (``"fp16"``), or not
-    at all (``"off"``: KLO None; a measurement candidate).
+    variable-length input (None for fixed length). ``kend_split=False``: KEND not split
+    (KLO None; a measurement candidate).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
-    same = kend_split == "fp16" or (kend_split == "int8" and operand_dtype != torch.float16)
-    w, qg, kend, *klo = torch.empty(4 if same else 3, B, T, H, K, device=q.device,
+    w, qg, kend, *klo = torch.empty(4 if kend_split else 3, B, T, H, K, device=q.device,
                                     dtype=operand_dtype).unbind(0)
-    klo = klo[0] if same else None
-    if kend_split == "int8" and operand_dtype == torch.float16:
-        klo = torch.empty(B, T, H, K, device=q.device, dtype=torch.int8)
+    klo = klo[0] if kend_split else None
     ainv, mqk = torch.empty(2, num_chunks, H, CHUNK, CHUNK, device=q.device,
                             dtype=operand_dtype).unbind(0)
     gamma = torch.empty(num_chunks, H, K, device=q.device, dtype=torch.float32)
@@ -231,13 +203,13 @@ def chunk_kda_prepare(
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
-        w, qg, kend, klo if klo is not None else dummy, ainv, mqk, gamma,
+        w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
         chunk_table if chunk_table is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,
         T, float(scale), float(lower_bound),
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=cu_seqlens is not None, KSPLIT=klo is not None, num_warps=num_warps,
+        IS_VARLEN=cu_seqlens is not None, KSPLIT=kend_split, num_warps=num_warps,
     )
     return w, qg, kend, klo, ainv, mqk, gamma

@@ -6,8 +6,7 @@ per warpgroup; the untransposed products would have M = 16, the chunk):
 
     U^T = V^T AINV^T - S^T W^T             [BV, 16]
     O^T = S^T QG^T + U^T MQK^T             [BV, 16]
-    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO,
-                                                      KLO an int8 with fp16 operands)
+    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO)
 
 The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT`` is the
 products' operand type: fp16 (S and U rounded to fp16 as operands, fp32 accumulation) or fp32
@@ -35,7 +34,6 @@ import math
 import triton
 import triton.language as tl
 
-from .chunk_prepare import dequantize_lo
 from .indexing import segment_of_program, sequence_of_program
 
 CHUNK = 16
@@ -61,10 +59,8 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
     wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
     qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
     kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
-    if KSPLIT:  # an int8 KLO stays int8 until its product (a quarter of the registers)
-        klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0)
-        if klo_ptr.dtype.element_ty != tl.int8:
-            klo = klo.to(DT)
+    if KSPLIT:
+        klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
     else:
         klo = kend  # unused
     vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0).to(DT)
@@ -156,10 +152,7 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
                      mask=v_ok[:, None] & (rows < eos)[None, :])
         St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
         if KSPLIT:
-            if klo_ptr.dtype.element_ty == tl.int8:
-                St += tl.dot(ud, dequantize_lo(klo, DT), input_precision="tf32")
-            else:
-                St += tl.dot(ud, klo, input_precision="tf32")
+            St += tl.dot(ud, klo, input_precision="tf32")
         if CKC > 0:
             if WRITE_O:
                 ck_count += 1
@@ -237,8 +230,10 @@ def chunk_kda_recurrent_kernel(
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
     FLAG: tl.constexpr = 0, flag_ptr=None, KSPLIT: tl.constexpr = True,
 ):
-    # the guard in two launches (FLAG 1: a program whose state is not finite flags itself and
-    # writes no final state; FLAG 2: the tf32 redo, only the flagged programs)
+    # the guard in two launches (FLAG 1: every program writes its flag, 1 when its state is
+    # not finite, and then writes no final state; FLAG 2: the tf32 redo, only the flagged
+    # programs). Every program of the first launch writes its flag, so the flags need no
+    # zeroing (a memset launch less)
     lin = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
     if FLAG == 2:
         if tl.load(flag_ptr + lin) == 0:
@@ -258,6 +253,8 @@ def chunk_kda_recurrent_kernel(
         if PASS == 1:
             if SKIP_LAST:  # nothing after a sequence's last segment needs its summary
                 if last != 0:
+                    if FLAG == 1:
+                        tl.store(flag_ptr + lin, 0)
                     return
         slot = sum_ptr + (i_s * H + i_h) * (V + K) * K  # summaries: [segments, H, V + K, K]
         slot_ptrs = slot + o_v[:, None] * K + o_k[None, :]
@@ -294,8 +291,7 @@ def chunk_kda_recurrent_kernel(
     ok = 1
     if FLAG == 1:
         bad = not_finite(St)
-        if bad != 0:
-            tl.store(flag_ptr + lin, 1)
+        tl.store(flag_ptr + lin, bad)
         ok = 1 - bad  # a pool row keeps its start state for the redo
 
     if PASS == 1:
@@ -369,7 +365,7 @@ def chunk_kda_recurrent(
         kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
                   ck_offsets_ptr=checkpoint_offsets, PASS=pass_)
         if guard == "launch":  # the redo as a second launch (flags: one a program)
-            flags = torch.zeros(math.prod(grid), device=v.device, dtype=torch.int32)
+            flags = torch.empty(math.prod(grid), device=v.device, dtype=torch.int32)
             chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=1),
                                              flag_ptr=flags)
             chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=2,
