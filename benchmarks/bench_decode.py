@@ -91,6 +91,7 @@ CANDIDATES = {
     "default": KernelConfig(),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "guard_launch": KernelConfig(fp16_guard="launch"),
+    "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
 }
 ROUNDS = 5

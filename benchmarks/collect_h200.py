@@ -116,7 +116,8 @@ def grid_doc(path: Path) -> dict:
 #: and the candidates still in the code (the pruned ones' figures are in docs/kernels.md; the
 #: copy bandwidth is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
-                "[kend_single] speed-up", "[guard_launch] speed-up")
+                "[kend_single] speed-up", "[guard_launch] speed-up",
+                "[guard_inline] speed-up")
 
 
 def main() -> None:

@@ -16,7 +16,7 @@
 #             (SERVING_PARTS: some of decode,pool,short; SERVING_ARGS: more options, e.g.
 #             "--candidates default,klo_fp16 --rounds 3")
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
-#             also a candidate KernelConfig, e.g. fp16_guard=launch)
+#             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
 # `a+b` runs steps a and b side by side (for steps that are not timed: check, hunt, cublas,
 # gpu-tests). Each step has its own time limit and writes under /tmp/kd/<step>; after each step everything
@@ -88,9 +88,10 @@ step_serving() {
 }
 
 step_grid() {
-    timeout 150 python3 benchmarks/bench_kernel.py --warm-peers > "$D/grid.log" 2>&1
+    local shapes=(${GRID_SHAPES:+--shapes "$GRID_SHAPES"})
+    timeout 150 python3 benchmarks/bench_kernel.py --warm-peers "${shapes[@]}" > "$D/grid.log" 2>&1
     timeout "${GRID_S:-300}" python3 benchmarks/bench_kernel.py --grid --json "$D/grid.json" \
-        ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
+        "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
 }
 

@@ -223,7 +223,7 @@ def test_pool_gpu_checkpoints_guard_modes_agree(layout):
                      KernelConfig(segment_chunks=0, block_v=128, num_warps=8)):
             runs = [chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                   config=dataclasses.replace(base, **change), **kw)
-                    for change in (dict(), dict(fp16_guard="launch"))]
+                    for change in (dict(fp16_guard="inline"), dict(fp16_guard="launch"))]
             o, f, ck = runs[0]
             assert torch.equal(ck[15], f[0]) and torch.equal(ck[31], f[1]), (dtype, base)
             for other in runs[1:]:

@@ -33,7 +33,7 @@ from kdalab.kernels import (  # noqa: E402
     chunk_kda_fwd,
     chunk_kda_transition,
 )
-from kdalab.kernels.plan import plan_launch, segment_table  # noqa: E402
+from kdalab.kernels.plan import fp16_guard, plan_launch, segment_table  # noqa: E402
 from kdalab.studies.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -168,6 +168,20 @@ def test_plan_splits_long_sequences_with_few_heads(T, H):
     # programs, so it splits less finely or not at all
     small = plan_launch([nc], H, 128, 128, 16)
     assert small.segment_chunks == 0 or small.segment_chunks >= plan.segment_chunks
+
+
+@pytest.mark.parametrize("n_chunks,H,guard", [
+    ([256] * 8, 32, "launch"),    # B 8 T 4096 H 32: serial, BV 128 on 8 warps
+    ([64] * 8, 64, "launch"),     # varlen 1024 x 8 H 64: the same
+    ([512], 64, "inline"),        # T 8192 H 64: serial, BV 64 on 4 warps
+    ([8192], 8, "inline"),        # T 131072 H 8: the split pass
+])
+def test_plan_places_the_fp16_guard(n_chunks, H, guard):
+    # "auto": the redo in a second launch only where the redo's code spills (serial, BV 128
+    # on 8 warps); each case's plan shape asserted too, so that the rule is what is tested
+    plan = plan_launch(n_chunks, H, 128, 128, 132)
+    assert (plan.block_v == 128 and plan.segment_chunks == 0) == (guard == "launch")
+    assert fp16_guard(plan) == guard
 
 
 def test_plan_keeps_given_values():
@@ -536,7 +550,7 @@ def test_interp_fp16_guard(segment_chunks, guard, monkeypatch):
     guarded = run(big, config)
     plain = run(v, config)
     if guard == "launch":  # the redo in a second launch: the same bits as in the first
-        inline = run(big, KernelConfig(segment_chunks=segment_chunks))
+        inline = run(big, KernelConfig(segment_chunks=segment_chunks, fp16_guard="inline"))
         assert torch.equal(guarded[0], inline[0]) and torch.equal(guarded[1], inline[1])
     tf32 = run(big, KernelConfig(dot="tf32", segment_chunks=segment_chunks))
     assert guarded[0].isfinite().all() and guarded[1].isfinite().all()

@@ -18,7 +18,7 @@ import torch
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
-from .plan import LaunchPlan, plan_launch
+from .plan import LaunchPlan, fp16_guard, plan_launch
 from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
 from .shapes import check_gate, check_tensor, head_shapes
@@ -41,9 +41,11 @@ class KernelConfig:
     pass's segment length in 16-token chunks (0: a serial pass per sequence).
     ``fp16_guard``: where the fp16 range
     guard's tf32 redo runs — ``"inline"`` (in the same launch: its code costs registers; on
-    triton 3.6 BV 128 on 8 warps spills 216-340 bytes with it, 0 without), ``"launch"`` (a
-    second launch of only the programs the first flagged; the same bits) or ``"off"`` (a
-    measurement candidate only: an fp16 overflow then leaves inf or NaN). ``kend_split``:
+    triton 3.6 BV 128 on 8 warps spills 432 bytes with it, 0 without), ``"launch"`` (a
+    second launch of only the programs the first flagged; the same bits), ``"auto"`` (the
+    launch plan's choice, ``plan.fp16_guard``: a second launch for the serial pass at BV 128
+    on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
+    overflow then leaves inf or NaN). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -54,7 +56,7 @@ class KernelConfig:
     num_warps: int | None = None
     prepare_warps: int | None = None
     segment_chunks: int | None = None
-    fp16_guard: str = "inline"
+    fp16_guard: str = "auto"
     kend_split: bool = True
 
     def __post_init__(self):
@@ -67,8 +69,8 @@ class KernelConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"config.{name} must be one of {allowed} or None, "
                                  f"got {value!r}")
-        if self.fp16_guard not in ("inline", "launch", "off"):
-            raise ValueError(f"config.fp16_guard must be 'inline', 'launch' or 'off', "
+        if self.fp16_guard not in ("auto", "inline", "launch", "off"):
+            raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
         if not isinstance(self.kend_split, bool):
             raise ValueError(f"config.kend_split must be True or False, "
@@ -295,7 +297,8 @@ def chunk_kda_fwd(
                   state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
                   chunk_offsets=seqs.chunk_offsets, seq_order=seqs.seq_order,
                   num_seqs=num_seqs, block_v=plan.block_v,
-                  num_warps=plan.num_warps, dot=dot, guard=_GUARDS[config.fp16_guard]
+                  num_warps=plan.num_warps, dot=dot, guard=_GUARDS[
+                      fp16_guard(plan) if config.fp16_guard == "auto" else config.fp16_guard]
                   if dot == "fp16" else False,
                   **serving)
     o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)

@@ -176,6 +176,19 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
     return LaunchPlan(cost.block_v, cost.num_warps, pw, L, t)
 
 
+def fp16_guard(plan: LaunchPlan) -> str:
+    """Where the fp16 range guard's tf32 redo runs under ``KernelConfig(fp16_guard="auto")``:
+    in a second launch for the serial pass of value blocks of 128 on 8 warps, in the same
+    launch otherwise. The redo's code in the same launch costs registers: at BV 128 on 8
+    warps ptxas spills 432 bytes a thread with it (triton 3.6, sm_90a), none without; at BV 64
+    on 4 warps it fits. Measured on the H200 (docs/kernels.md "The fp16 range guard"): a
+    second launch is 1.4-5% faster on five serial BV-128 shapes and 1.2% slower at B 128
+    T 64 (one more launch in a 0.24 ms call); 1% slower on the split pass (two passes, two
+    more launches) and 5% at T 8192 H 64 (BV 64)."""
+    serial_wide = plan.segment_chunks == 0 and plan.block_v == 128 and plan.num_warps == 8
+    return "launch" if serial_wide else "inline"
+
+
 def segment_table(seq_starts: torch.Tensor, seq_ends: torch.Tensor, chunk_starts: torch.Tensor,
                   segment_chunks: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The sequence-parallel pass's tables for sequences of rows [start, end) whose first
