@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -91,25 +92,55 @@ def hunt_rows(folders: list[Path]) -> list[dict]:
     return rows
 
 
-def grid_doc(path: Path) -> dict:
+def _grid_json(path: Path) -> dict:
+    """A grid run's JSON; from its log (``grid.log`` beside it: the rows printed as they were
+    timed) when the time limit stopped it before the JSON was written."""
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))
+    lines = [json.loads(ln) for ln in (path.parent / "grid.log").read_text(
+        encoding="utf-8").splitlines() if ln.startswith("{")]
+    infos = [r for r in lines if "device" in r]
+    return {"info": infos[-1], "grid": [r for r in lines if "kdalab_ms" in r], "cut_off": True}
+
+
+def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
     """kernel_grid.json from bench_kernel.py --grid's JSON: each shape's best peer over kdalab
-    (every time in the note), the geometric mean."""
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    (every time in the note), the geometric mean. ``earlier`` (a grid.json and its commit):
+    the shapes this run did not time, from that run (its commit in the row's note); a run of
+    some shapes only (``GRID_SHAPES``) completes an earlier whole one this way. ``--alt``'s
+    candidate, where timed, in the shape's note."""
+    doc = _grid_json(path)
     info = doc["info"]
+    grid = [dict(r) for r in doc["grid"] if "ratio" in r]
+    if earlier is not None:
+        old = _grid_json(earlier[0])
+        have = {r["shape"] for r in grid}
+        grid += [dict(r, commit=earlier[1]) for r in old["grid"]
+                 if "ratio" in r and r["shape"] not in have]
     rows = []
-    for r in doc["grid"]:
+    for r in grid:
         times = ", ".join(f"{p} {r[f'{p}_ms']:.3f} ms" for p in ("kdalab", "fla", "flashkda")
                           if f"{p}_ms" in r)
+        if "commit" in r:
+            times += f" (commit {r['commit']}, {old['info']['date']})"
+        elif "alt_over_default" in r:  # --alt's candidate, timed after the default
+            times += (f"; [{doc['alt']}] {r['kdalab_alt_ms']:.3f} ms, "
+                      f"{r['alt_over_default']:.3f}x the default's speed")
         rows.append({"target": f"{r['shape']}: best peer / kdalab", "value": round(r["ratio"], 3),
                      "unit": "x", "note": times})
-    slowest = min(doc["grid"], key=lambda r: r["ratio"])
-    rows.append({"target": f"geometric mean over the grid ({len(doc['grid'])} shapes)",
-                 "value": round(doc["geomean"], 3), "unit": "x",
+    slowest = min(grid, key=lambda r: r["ratio"])
+    geomean = math.exp(sum(math.log(r["ratio"]) for r in grid) / len(grid))
+    rows.append({"target": f"geometric mean over the grid ({len(grid)} shapes)",
+                 "value": round(geomean, 3), "unit": "x",
                  "note": f"slowest {slowest['shape']} {slowest['ratio']:.3f}x"})
+    command = ("python benchmarks/bench_kernel.py --warm-peers && python "
+               "benchmarks/bench_kernel.py --grid (benchmarks/h200.sh grid; peers in the same "
+               "process)")
+    if earlier is not None or doc.get("alt"):
+        command += (f"; this run: --shapes {','.join(r['shape'] for r in doc['grid'])}"
+                    + (f" --alt {doc['alt']}" if doc.get("alt") else ""))
     return {"benchmark": "kernel_grid", "date": info["date"].replace(" UTC", "Z").replace(
-        " ", "T"), "command": "python benchmarks/bench_kernel.py --warm-peers && python "
-        "benchmarks/bench_kernel.py --grid (benchmarks/h200.sh grid; peers in the same "
-        "process)", "rows": rows}
+        " ", "T"), "command": command, "rows": rows}
 
 
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
@@ -128,18 +159,32 @@ def main() -> None:
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--hunt", action="store_true")
     ap.add_argument("--grid", action="store_true")
+    ap.add_argument("--grid-earlier", nargs=2, metavar=("GRID_JSON", "COMMIT"), default=None,
+                    help="--grid: the shapes RUNS did not time, from this earlier run")
     ap.add_argument("--serving", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     a = ap.parse_args()
     if a.grid:
-        _write("kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json"), "device": a.device,
+        earlier = (Path(a.grid_earlier[0]), a.grid_earlier[1]) if a.grid_earlier else None
+        _write("kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),
+                               "device": a.device,
                                "commit": a.commit})
     if a.serving:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]
+        if not any("_over_plain" in r["target"] for r in rows):
+            # a run without the pool part (SERVING_PARTS=short): the page's pool and
+            # checkpoint rows stay, marked with the commit and date they were measured at
+            before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(
+                encoding="utf-8"))
+            tag = f" (commit {before['commit']}, {before['date']})"
+            rows = [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
+                                                      else tag))
+                    for r in before["rows"] if "_over_plain" in r["target"]] + rows
         _write("serving_prefill_h200", {
             "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
-            "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/"),
+            "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(
+                "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving)",
             "rows": rows})
     if a.sweep:
         doc = json.loads((a.runs / "sweep" / "sweep_ab_h200.json").read_text(encoding="utf-8"))
