@@ -14,7 +14,7 @@
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh)
 #   serving   benchmarks/bench_decode.py: decode, pool, checkpoints, many short sequences
 #             (SERVING_PARTS: some of decode,pool,short; SERVING_ARGS: more options, e.g.
-#             "--candidates default,klo_fp16 --rounds 3")
+#             "--candidates default,guard_inline --rounds 3")
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
