@@ -15,6 +15,7 @@ from kdalab.kda.chunk import prepare_for_recipe
 from kdalab.records import StoreReader
 from kdalab.studies.end_to_end import (
     QUICK,
+    EndToEndStudy,
     StudyConfig,
     Variant,
     gate_label,
@@ -69,6 +70,19 @@ def test_config_validation():
         Variant.parse("fp7/chunk_start/exact")
     with pytest.raises(ValueError, match="variant"):
         Variant.parse("fp32/chunk_start")
+
+
+@pytest.mark.parametrize("change,says", [
+    (dict(heads=100_000), "^heads 100000, long_length 256, dim 32 and chunks up to 64: one "
+                          "family's tensors need at least"),
+    (dict(length=99_999_999_999, families=("model_like",)), "^heads 1, length 99999999999, dim 32"),
+])
+def test_a_study_too_large_for_memory_is_refused_naming_its_fields(change, says):
+    # the API refuses what the command line refuses (naming the fields, not the options),
+    # when the study is made: nothing has run or been allocated
+    with pytest.raises(ValueError, match=says):
+        EndToEndStudy(replace(QUICK, **change))
+    EndToEndStudy(QUICK)  # the quick study fits
 
 
 def test_cli_quick_writes_records_tables_and_plots(tmp_path):

@@ -60,7 +60,7 @@ def end_to_end(
 
     if redraw:
         return redraw_study(out, "end-to-end", _views, quiet=quiet)
-    from kdalab.studies.end_to_end import FULL, QUICK, EndToEndStudy
+    from kdalab.studies.end_to_end import FULL, QUICK, EndToEndStudy, check_memory
 
     device = params.device(device, "--device")
     base = QUICK if quick else FULL
@@ -70,32 +70,9 @@ def end_to_end(
     changes = {k: v for k, v in given.items() if v is not None}
     names = {k: "--" + k.replace("_", "-") for k in given}
     cfg = labelled(lambda **kw: replace(base, **kw), changes, names)
-    _check_memory(cfg, device)
+    check_memory(cfg, device, names)  # the study checks it too, naming its fields
     run_study(EndToEndStudy(cfg, device), out, _views, command="end-to-end", resume=resume,
               force=force, quiet=quiet)
-
-
-def _check_memory(cfg, device: str) -> None:
-    """A ValueError naming the shape's options where one family's tensors could not be held on
-    ``device``, before anything runs or is made (a process the system kills for its memory says
-    nothing). A lower bound of what a family holds at once: the gates' and seeds' q, k, v, g
-    and output in float64 with their states, and a chunk's C×C scores per head; so a study
-    refused here could not have run."""
-    import math
-
-    from kdalab.studies.plan import memory_budget
-
-    n, h, d = len(cfg.lower_bounds) * len(cfg.seeds), cfg.heads, cfg.dim
-    t = max(cfg.seq_len(f) for f in cfg.families)
-    c = max(cfg.chunks)
-    need = 8 * n * h * (t * 8 * d + 2 * d * d + math.ceil(t / c) * c * c)
-    budget = memory_budget(device)
-    if need > budget:
-        length = "--long-length" if t == cfg.long_length and "long" in cfg.families else (
-            "--length")
-        raise ValueError(f"--heads {h}, {length} {t}, --dim {d} and --chunks up to {c}: one "
-                         f"family's tensors need at least {need / 2**30:,.0f} GiB, more than "
-                         f"{device}'s budget of {budget / 2**30:,.0f} GiB; lower them")
 
 
 def _views(store, show: bool) -> list[Path]:

@@ -19,7 +19,7 @@ gate's statistics (mean and minimum log-decay per step) for context.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -36,6 +36,7 @@ from kdalab.kda.naive import recurrent_core
 from kdalab.kda.recipe import get_recipe
 from kdalab.kda.tiles import get_tiles
 from kdalab.studies.cells import CellStudy
+from kdalab.studies.plan import memory_budget
 
 __all__ = ["E2E_FAMILIES", "Variant", "DEFAULT_VARIANTS", "StudyConfig", "QUICK", "FULL",
            "study_inputs", "run_study", "gate_label", "summarize", "cell_cost",
@@ -231,6 +232,26 @@ class _Family:
         } for i, (lb, seed) in enumerate(self.keys)]
 
 
+def check_memory(cfg: StudyConfig, device: str, names: Mapping[str, str] | None = None) -> None:
+    """A ValueError naming the shape's fields (as ``names`` labels them: the command line's
+    options) where one family's tensors could not be held on ``device``, before anything runs
+    or is made (a process the system kills for its memory says nothing). A lower bound of what
+    a family holds at once: the gates' and seeds' q, k, v, g and output in float64 with their
+    states, and a chunk's C×C scores per head; so a study refused here could not have run."""
+    label = (names or {}).get
+    n, h, d = len(cfg.lower_bounds) * len(cfg.seeds), cfg.heads, cfg.dim
+    t = max(cfg.seq_len(f) for f in cfg.families)
+    c = max(cfg.chunks)
+    need = 8 * n * h * (t * 8 * d + 2 * d * d + math.ceil(t / c) * c * c)
+    budget = memory_budget(device)
+    if need > budget:
+        length = "long_length" if t == cfg.long_length and "long" in cfg.families else "length"
+        raise ValueError(f"{label('heads', 'heads')} {h}, {label(length, length)} {t}, "
+                         f"{label('dim', 'dim')} {d} and {label('chunks', 'chunks')} up to {c}: "
+                         f"one family's tensors need at least {need / 2**30:,.0f} GiB, more "
+                         f"than {device}'s budget of {budget / 2**30:,.0f} GiB; lower them")
+
+
 class EndToEndStudy(CellStudy):
     """The study as cells (:class:`~kdalab.studies.cells.CellStudy`): one per (family,
     variant, chunk) in :meth:`StudyConfig.cell_keys` order, each a record per (gate, seed).
@@ -248,6 +269,7 @@ class EndToEndStudy(CellStudy):
     def __init__(self, cfg: StudyConfig, device: str | torch.device = "cpu"):
         self.cfg = cfg
         self.device = str(device)
+        check_memory(cfg, self.device)
         self.records_per_run = len(cfg.lower_bounds) * len(cfg.seeds)
         self._variants = {v.name: v for v in cfg.variants}
         self._family: _Family | None = None
