@@ -60,7 +60,7 @@ def end_to_end(
 
     if redraw:
         return redraw_study(out, "end-to-end", _views, quiet=quiet)
-    from kdalab.studies.end_to_end import FULL, QUICK, EndToEndStudy, check_memory
+    from kdalab.studies.end_to_end import FULL, QUICK, EndToEndStudy
 
     device = params.device(device, "--device")
     base = QUICK if quick else FULL
@@ -70,8 +70,7 @@ def end_to_end(
     changes = {k: v for k, v in given.items() if v is not None}
     names = {k: "--" + k.replace("_", "-") for k in given}
     cfg = labelled(lambda **kw: replace(base, **kw), changes, names)
-    check_memory(cfg, device, names)  # the study checks it too, naming its fields
-    run_study(EndToEndStudy(cfg, device), out, _views, command="end-to-end", resume=resume,
+    run_study(EndToEndStudy(cfg, device, names), out, _views, command="end-to-end", resume=resume,
               force=force, quiet=quiet)
 
 

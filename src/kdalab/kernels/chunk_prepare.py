@@ -170,8 +170,7 @@ def chunk_kda_prepare_kernel(
     i_h = tl.program_id(1)
     prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                      chunk_table_ptr,
-                      cu_seqlens_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
+                      chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
                       HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT)
 
 

@@ -71,27 +71,12 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
 
 
 @triton.jit
-def store_state(ptr, row, i_h, v0, St, H, K: tl.constexpr, V: tl.constexpr,
-                STATE_VK: tl.constexpr):
-    """Store S^T [BV, K] (value rows from ``v0``) as row ``row``, head ``i_h`` of a state
-    tensor [rows, H, K, V] (or [rows, H, V, K])."""
-    o_v = v0 + tl.arange(0, St.shape[0])
-    o_k = tl.arange(0, K)
-    base = ptr + (row * H + i_h).to(tl.int64) * K * V
-    if STATE_VK:
-        ptrs = base + (o_v[:, None] * K + o_k[None, :])
-    else:
-        ptrs = base + (o_k[None, :] * V + o_v[:, None])
-    tl.store(ptrs, St.to(ptr.dtype.element_ty), mask=(o_v < V)[:, None])
-
-
-@triton.jit
 def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.constexpr):
     """Checkpoint row ``row`` of head ``i_h`` from S^T (value rows from ``v0``) through the
     tensor descriptor ``ck`` of the checkpoints viewed as [rows * H, V, K] (VK) or
     [rows * H, K, V] (KV): one bulk copy from shared memory, no [BV, K] tile of addresses or
     masks in registers (the descriptor's bounds drop value rows past V). A store through
-    pointers (``store_state``) spilled and measured slower (docs/kernels.md, "Pruned")."""
+    pointers spilled and measured slower (docs/kernels.md, "Pruned")."""
     r = (row * H + i_h).to(tl.int32)
     BV: tl.constexpr = St.shape[0]
     if STATE_VK:
@@ -127,8 +112,7 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
     ck_due = 0  # 1: St is a checkpoint not yet stored
     wt, qgt, kend, klo, vt, ainvt, mqkt, gamma = load_chunk(
         v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0,
-        i_h,
-        o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT, KSPLIT)
+        i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT, KSPLIT)
     for i_t in range(0, n_chunks):
         if CKC > 0:
             if WRITE_O:
@@ -212,8 +196,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
     else:
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                      o_ptr,
-                      bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
+                      o_ptr, bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
                       ck_ptr, ck_base, j0, v0, CKC, STATE_VK, KSPLIT)
 
 

@@ -266,10 +266,12 @@ class EndToEndStudy(CellStudy):
               ("state_nonfinite", "int"), ("finite", "int"), ("log_decay_mean", "float"),
               ("log_decay_min", "float"), ("device", "str"))
 
-    def __init__(self, cfg: StudyConfig, device: str | torch.device = "cpu"):
+    def __init__(self, cfg: StudyConfig, device: str | torch.device = "cpu",
+                 names: Mapping[str, str] | None = None):
+        """``names``: how errors name ``cfg``'s fields (the command line's options)."""
         self.cfg = cfg
         self.device = str(device)
-        check_memory(cfg, self.device)
+        check_memory(cfg, self.device, names)
         self.records_per_run = len(cfg.lower_bounds) * len(cfg.seeds)
         self._variants = {v.name: v for v in cfg.variants}
         self._family: _Family | None = None
