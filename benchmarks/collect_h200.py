@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import statistics
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -143,6 +144,40 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
         " ", "T"), "command": command, "rows": rows}
 
 
+def gpu_test_row(runs: Path, commit: str) -> tuple[dict, str]:
+    """One row from a ``gpu-tests`` step's JUnit file (RUNS/gpu-tests/gpu_tests.xml): the GPU
+    tests that passed at ``commit``, what failed, erred or skipped, and the test files that
+    ran (a ``TESTS_K`` selection runs some of them); and the run's timestamp."""
+    root = ET.parse(runs / "gpu-tests" / "gpu_tests.xml").getroot()
+    cases = list(root.iter("testcase"))
+    bad = {t: sum(c.find(t) is not None for c in cases) for t in ("failure", "error", "skipped")}
+    files = sorted({c.get("classname").rsplit(".", 1)[-1] for c in cases})
+    when = next(root.iter("testsuite")).get("timestamp", "")[:16] + "Z"
+    return ({"target": f"GPU tests at {commit}: passed, of {len(cases)} run", "unit": "tests",
+             "value": len(cases) - sum(bad.values()),
+             "note": f"{bad['failure']} failed, {bad['error']} errors, {bad['skipped']} skipped; "
+                     f"{when}; {len(files)} test files: {', '.join(files)}"}, when)
+
+
+def fold_short(rows: list[dict]) -> list[dict]:
+    """The many-short rows, one a shape: kdalab vs FlashKDA, with fla's ratio and each
+    candidate's speed-up over the default in its note (every figure kept, in fewer lines)."""
+    out, extra = [], {}
+    for r in rows:
+        shape, _, what = r["target"].partition(": ")
+        if what.startswith("kdalab vs fla") and what != "kdalab vs flashkda" or "speed-up" in what:
+            label = "fla" if what.startswith("kdalab vs fla") else what.split("]")[0].split("[")[1]
+            extra.setdefault(shape, []).append(f"{label} {r['value']}x")
+        else:
+            out.append(r)
+    for r in out:
+        shape = r["target"].partition(": ")[0]
+        if r["target"].endswith("kdalab vs flashkda") and shape in extra:
+            r["note"] = (r.get("note", "") + "; " + ", ".join(extra[shape])
+                         + " (vs fla; [candidate] speed-up over the default)")
+    return out
+
+
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
 #: and the candidates still in the code (the pruned ones' figures are in docs/kernels.md; the
 #: copy bandwidth is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
@@ -163,7 +198,17 @@ def main() -> None:
                     help="--grid: the shapes RUNS did not time, from this earlier run")
     ap.add_argument("--serving", action="store_true")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
+                    default=None, help="a gpu-tests step's folder and its commit (repeat: the "
+                                       "latest first, e.g. a selection, then the last whole run)")
     a = ap.parse_args()
+    if a.gpu_tests:
+        found = [gpu_test_row(Path(runs), commit) for runs, commit in a.gpu_tests]
+        _write("gpu_tests_h200", {
+            "benchmark": "gpu_tests_h200", "device": a.device, "date": found[0][1],
+            "commit": a.gpu_tests[0][1], "command": "bash scripts/device/gpu_tests.sh "
+            "[-k SELECTION] (benchmarks/h200.sh gpu-tests [TESTS_K]); it fails on any skip",
+            "rows": [row for row, _ in found]})
     if a.grid:
         earlier = (Path(a.grid_earlier[0]), a.grid_earlier[1]) if a.grid_earlier else None
         _write("kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),
@@ -181,6 +226,7 @@ def main() -> None:
             rows = [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
                                                       else tag))
                     for r in before["rows"] if "_over_plain" in r["target"]] + rows
+        rows = fold_short(rows)
         _write("serving_prefill_h200", {
             "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(
