@@ -69,6 +69,8 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
         name = re.sub(r"[^A-Za-z0-9]+", "_", label or jit.__name__) + ".ptx"
         with open(os.path.join(os.environ["SM90_PTX_DIR"], name), "w") as fh:
             fh.write("\n".join(keep))
+        with open(os.path.join(os.environ["SM90_PTX_DIR"], name[:-4] + ".ttgir"), "w") as fh:
+            fh.write(compiled.asm["ttgir"])  # where the compiler placed waits and copies
     with tempfile.TemporaryDirectory() as d:
         p = os.path.join(d, "k.ptx")
         with open(p, "w") as fh:
