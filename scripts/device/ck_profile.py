@@ -14,7 +14,7 @@ import triton
 sys.path.insert(0, "benchmarks")
 from bench_kernel import LOWER_BOUND, SHAPES, D, make_inputs  # noqa: E402
 
-from kdalab.kernels import chunk_kda_fwd  # noqa: E402
+from kdalab.kernels import chunk_kda_fwd, chunk_recurrent  # noqa: E402
 
 
 def calls(name):
@@ -27,38 +27,62 @@ def calls(name):
     args = (x["q"], x["k"], x["v"], x["g"], x["beta"])
     gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND,
                 cu_seqlens=x["cu"], state_layout="VK")
-    fns = {"pool": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx, **gate),
-           "pool_bf16": lambda: chunk_kda_fwd(*args, state_pool=poolb, state_indices=idx,
-                                              **gate)}
-    for c in (64, 128, 256):
-        fns[f"ck{c}"] = lambda c=c: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
-                                                  checkpoint_every=c, **gate)
-    fns["ck64_bf16"] = lambda: chunk_kda_fwd(*args, state_pool=poolb, state_indices=idx,
-                                             checkpoint_every=64, **gate)
-    return fns
+
+    def call(p, late, c=None):
+        def fn():
+            chunk_recurrent.CHECKPOINT_AFTER_LOADS = late
+            return chunk_kda_fwd(*args, state_pool=p, state_indices=idx, checkpoint_every=c,
+                                 **gate)
+        return fn
+    fns = {"pool": call(pool, False), "pool_bf16": call(poolb, False)}
+    for late in (False, True):
+        tag = "_late" if late else ""
+        for c in (64, 256):
+            fns[f"ck{c}{tag}"] = call(pool, late, c)
+        fns[f"ck64_bf16{tag}"] = call(poolb, late, 64)
+    return fns, pool, poolb
 
 
-def timings(names):
+def same_bits(name):
+    """The two placements store the same checkpoints and final states, bit for bit."""
+    fns, pool, poolb = calls(name)
+    for key in ("ck64", "ck64_bf16"):
+        p = poolb if "bf16" in key else pool
+        p0 = p.clone()
+        out = []
+        for k in (key, key + "_late"):
+            p.copy_(p0)
+            _, _, ck = fns[k]()
+            out.append((ck.clone(), p.clone()))
+        p.copy_(p0)
+        print(json.dumps(dict(shape=name, check=key, checkpoints_equal=torch.equal(
+            out[0][0], out[1][0]), pool_equal=torch.equal(out[0][1], out[1][1]))), flush=True)
+
+
+def timings(names, rounds=3):
     for name in names:
-        fns = calls(name)
-        row = dict(shape=name)
-        for key, fn in fns.items():
+        same_bits(name)
+        fns = calls(name)[0]
+        times = {k: [] for k in fns}
+        for fn in fns.values():
             fn()
-            torch.cuda.synchronize()
-            row[f"{key}_eager_ms"] = triton.testing.do_bench(fn, warmup=10, rep=150,
-                                                             return_mode="median")
-            row[f"{key}_graph_ms"] = triton.testing.do_bench_cudagraph(fn, rep=150,
-                                                                       return_mode="median")
-        for mode in ("eager", "graph"):
-            base = row[f"pool_{mode}_ms"]
-            for key in fns:
-                row[f"{key}_{mode}_x"] = round(row[f"{key}_{mode}_ms"] / base, 4)
+        torch.cuda.synchronize()
+        for _ in range(rounds):  # interleaved: drifts fall on every candidate alike
+            for key, fn in fns.items():
+                times[key].append(triton.testing.do_bench(fn, warmup=5, rep=60,
+                                                          return_mode="median"))
+        row = dict(shape=name, rounds=rounds)
+        for key, ts in times.items():
+            row[f"{key}_ms"] = sorted(ts)[len(ts) // 2]
+        for key in fns:
+            base = row["pool_bf16_ms"] if "bf16" in key else row["pool_ms"]
+            row[f"{key}_x"] = round(row[f"{key}_ms"] / base, 4)
         print(json.dumps(row), flush=True)
         torch.cuda.empty_cache()
 
 
 def profile(name):
-    fns = calls(name)
+    fns = calls(name)[0]
     for _ in range(3):
         fns["pool"](), fns["ck64"]()
     torch.cuda.synchronize()
