@@ -162,19 +162,18 @@ def kdalab_rows(only: str | None = None):
             # the serial pass at BV 128 runs the guard's redo as a second launch (plan.py)
             for bv, nw, launch in ((64, 4, False), (32, 4, False), (128, 8, False),
                                    (128, 8, True)):
-                for ckc, late in ((0, False), (4, False), (4, True)):
+                for ckc in (0, 4):
                     ce = dict(K=128, V=128, BT=16, BV=bv, HAS_H0=True, STORE_HT=True,
                               STATE_VK=vk, IS_VARLEN=False, PASS=pass_, SKIP_LAST=True,
                               DT=tl.float16, GUARD=not launch, HAS_IDX=True, CKC=ckc,
-                              FLAG=1 if launch else 0, CK_LATE=late)
+                              FLAG=1 if launch else 0)
                     block = f"1,{bv},128" if vk else f"1,128,{bv}"
                     base = dict(pool, flag_ptr="*i32") if launch else pool
                     sig_ck = dict(base, ck_ptr=f"tensordesc<fp32[{block}]>") if ckc else base
                     yield timed(chunk_kda_recurrent_kernel, sig_ck, ce, num_warps=nw,
                                 label=f"pool pass {pass_} {'VK' if vk else 'KV'} BV{bv} w{nw}"
                                       + (" launch" if launch else "")
-                                      + (f" ck{ckc}" if ckc else "")
-                                      + (" late" if late else ""))
+                                      + (f" ck{ckc}" if ckc else ""))
     comb = dict(sum_ptr="*fp32", seg_offsets_ptr="*i32", h0_ptr="*fp32", H="i32")
     yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=16, HAS_H0=True,
                                                      STATE_VK=False), num_warps=8,

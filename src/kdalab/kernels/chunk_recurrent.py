@@ -90,7 +90,7 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O,
                ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
-               KSPLIT: tl.constexpr = True, CK_LATE: tl.constexpr = False):
+               KSPLIT: tl.constexpr = True):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
     end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
@@ -116,23 +116,14 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
     for i_t in range(0, n_chunks):
         if CKC > 0:
             if WRITE_O:
-                if not CK_LATE:
-                    # the checkpoint of the chunk before, stored before the next chunk's
-                    # operands are loaded (fewer registers live than after)
-                    if ck_due != 0:
-                        store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
-                        ck_row += 1
+                # the checkpoint of the chunk before, stored before the next chunk's operands
+                # are loaded (fewer registers live than after)
+                if ck_due != 0:
+                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+                    ck_row += 1
         nwt, nqgt, nkend, nklo, nvt, nainvt, nmqkt, ngamma = load_chunk(
             v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
             c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT, KSPLIT)
-        if CKC > 0:
-            if WRITE_O:
-                if CK_LATE:
-                    # after the next chunk's loads are issued: they go out ahead of the
-                    # checkpoint's bytes
-                    if ck_due != 0:
-                        store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
-                        ck_row += 1
         Sd = St.to(DT)
         ud = (tl.dot(vt, ainvt, input_precision="tf32")
               - tl.dot(Sd, wt, input_precision="tf32")).to(DT)
@@ -187,7 +178,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
                   DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
-                  KSPLIT: tl.constexpr = True, CK_LATE: tl.constexpr = False):
+                  KSPLIT: tl.constexpr = True):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -206,7 +197,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       o_ptr, bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, KSPLIT, CK_LATE)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, KSPLIT)
 
 
 @triton.jit
@@ -221,7 +212,6 @@ def chunk_kda_recurrent_kernel(
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
     FLAG: tl.constexpr = 0, flag_ptr=None, KSPLIT: tl.constexpr = True,
-    CK_LATE: tl.constexpr = False,
 ):
     # the guard in two launches (FLAG 1: every program writes its flag, 1 when its state is
     # not finite, and then writes no final state; FLAG 2: the tf32 redo, only the flagged
@@ -271,7 +261,7 @@ def chunk_kda_recurrent_kernel(
     St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr,
                        mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V,
                        BT, BV, HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC,
-                       KSPLIT, CK_LATE)
+                       KSPLIT)
     if GUARD:
         # the fp16 products overflowed (or the input was not finite): redo with tf32 products
         # from the start state loaded again (kept, it would cost 64 registers in the loop)
@@ -279,7 +269,7 @@ def chunk_kda_recurrent_kernel(
             St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
                                ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h,
                                o_v, v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32,
-                               ck_ptr, ck_base, j0, i_v * BV, CKC, KSPLIT, CK_LATE)
+                               ck_ptr, ck_base, j0, i_v * BV, CKC, KSPLIT)
 
     ok = 1
     if FLAG == 1:
@@ -300,8 +290,6 @@ def chunk_kda_recurrent_kernel(
 
 
 DOT_TYPES = {"tf32": tl.float32, "fp16": tl.float16}
-#: a measurement candidate: checkpoints stored after the next chunk's loads are issued
-CHECKPOINT_AFTER_LOADS = False
 
 
 def chunk_kda_recurrent(
@@ -346,7 +334,7 @@ def chunk_kda_recurrent(
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
                   CKC=checkpoint_chunks if checkpoints is not None else 0,
-                  KSPLIT=klo is not None, CK_LATE=CHECKPOINT_AFTER_LOADS,
+                  KSPLIT=klo is not None,
                   num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
