@@ -178,6 +178,24 @@ def fold_short(rows: list[dict]) -> list[dict]:
     return out
 
 
+def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
+    """Each shape's cost of checkpoints every 128 and 256 tokens over the pool call (graph
+    replay, fp32), read from ck_profile.py's JSON lines, in the note of its 64-token row."""
+    found = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line) if line.startswith("{") else {}
+        if "ck128_graph_x" in r:
+            found[r["shape"]] = (f"every 128 / 256 tokens {r['ck128_graph_x']}x / "
+                                 f"{r['ck256_graph_x']}x (graph replay, commit {commit})")
+    out = []
+    for r in rows:
+        shape = r["target"].removeprefix("prefill ").partition(":")[0]
+        if r["target"].endswith(": ck64_over_plain") and shape in found:
+            r = dict(r, note=r.get("note", "") + "; " + found[shape])
+        out.append(r)
+    return out
+
+
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
 #: and the candidates still in the code (the pruned ones' figures are in docs/kernels.md; the
 #: copy bandwidth is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
@@ -197,6 +215,10 @@ def main() -> None:
     ap.add_argument("--grid-earlier", nargs=2, metavar=("GRID_JSON", "COMMIT"), default=None,
                     help="--grid: the shapes RUNS did not time, from this earlier run")
     ap.add_argument("--serving", action="store_true")
+    ap.add_argument("--ck-intervals", nargs=2, metavar=("JSONL", "COMMIT"), default=None,
+                    help="--serving: the longer checkpoint intervals' cost (graph replay) "
+                         "from the one-off ck_profile.py's output (scripts/device/ at baefdd0) "
+                         "into the notes of the 64-token rows")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -217,16 +239,18 @@ def main() -> None:
     if a.serving:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]
-        if not any("_over_plain" in r["target"] for r in rows):
-            # a run without the pool part (SERVING_PARTS=short): the page's pool and
-            # checkpoint rows stay, marked with the commit and date they were measured at
-            before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(
-                encoding="utf-8"))
-            tag = f" (commit {before['commit']}, {before['date']})"
-            rows = [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
-                                                      else tag))
-                    for r in before["rows"] if "_over_plain" in r["target"]] + rows
+        # a run without one of the parts (SERVING_PARTS=short, or =pool): the page's rows of
+        # that part stay, marked with the commit and date they were measured at
+        before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(encoding="utf-8"))
+        tag = f" (commit {before['commit']}, {before['date']})"
+        for part in ("_over_plain", "kdalab vs"):  # the pool part's rows, the short part's
+            if not any(part in r["target"] for r in rows):
+                rows += [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
+                                                           else tag))
+                         for r in before["rows"] if part in r["target"]]
         rows = fold_short(rows)
+        if a.ck_intervals:
+            rows = note_ck_intervals(rows, Path(a.ck_intervals[0]), a.ck_intervals[1])
         _write("serving_prefill_h200", {
             "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(
