@@ -241,10 +241,11 @@ def main() -> None:
         rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]
         # a run without one of the parts (SERVING_PARTS=short, or =pool): the page's rows of
         # that part stay, marked with the commit and date they were measured at
-        before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(encoding="utf-8"))
-        tag = f" (commit {before['commit']}, {before['date']})"
         for part in ("_over_plain", "kdalab vs"):  # the pool part's rows, the short part's
             if not any(part in r["target"] for r in rows):
+                before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(
+                    encoding="utf-8"))
+                tag = f" (commit {before['commit']}, {before['date']})"
                 rows += [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
                                                            else tag))
                          for r in before["rows"] if part in r["target"]]
