@@ -93,10 +93,6 @@ CANDIDATES = {
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
-    # stage 1 as looping programs, the next chunk's inputs prefetched (pipeline stages)
-    "loop4": KernelConfig(prepare_loop=4),
-    "loop4_s3": KernelConfig(prepare_loop=4, prepare_stages=3),
-    "loop2_w4": KernelConfig(prepare_loop=2, prepare_warps=4),
 }
 ROUNDS = 5
 
@@ -280,7 +276,7 @@ def short_rows(quick, rounds, candidates=None):
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "kend_single", *(c for c in chosen if "loop" in c))}
+              for c in ("default", "kend_single")}
         ms = interleaved({**fns, **s1}, rounds)
         for key, value in ms.items():
             row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value

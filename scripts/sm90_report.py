@@ -108,7 +108,7 @@ def kdalab_rows(only: str | None = None):
     import triton.language as tl
 
     from kdalab.kernels.chunk_combine import chunk_kda_combine_kernel
-    from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel, chunk_kda_prepare_loop_kernel
+    from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
 
     def timed(*args, **kw):
@@ -129,11 +129,6 @@ def kdalab_rows(only: str | None = None):
               BETA_LOGITS=True, IS_VARLEN=False)
     for nw in (2, 4):
         yield timed(chunk_kda_prepare_kernel, prep, ce, num_warps=nw, label=f"stage 1 w{nw}")
-    # the looping candidate (KernelConfig.prepare_loop): its pipeline stages
-    for nw, st in ((2, 2), (2, 3), (4, 2)):
-        yield timed(chunk_kda_prepare_loop_kernel, dict(prep, n_work="i32"),
-                    dict(ce, IS_VARLEN=True, STAGES=st), num_warps=nw,
-                    label=f"stage 1 loop varlen w{nw} s{st}")
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",

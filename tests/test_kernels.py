@@ -255,8 +255,6 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(segment_chunks=2.5), "config.segment_chunks"),
     (dict(kend_split=1), "config.kend_split"),
     (dict(fp16_guard=True), "config.fp16_guard"),
-    (dict(prepare_loop=-1), "config.prepare_loop"),
-    (dict(prepare_stages=True), "config.prepare_stages"),
 ])
 def test_bad_config_raises_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -415,27 +413,6 @@ def test_interp_guard_modes_same_bits(segment_chunks):
         got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
                             config=dataclasses.replace(base, **change))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change
-
-
-@interp
-@pytest.mark.parametrize("stages", [1, 2, 3])
-def test_interp_stage1_loop_same_bits(stages):
-    # stage 1 as looping programs (KernelConfig.prepare_loop; on the CPU two programs take
-    # every other (chunk, head) pair) computes each pair as the one-program-a-pair kernel:
-    # the same outputs and final states, bit for bit; GVA and a varlen batch with an empty
-    # and a 1-token sequence
-    (q, k, v, g, beta), kw = _slow_decay(77, 2, 32, seed=9)
-    v = torch.cat([v, v.flip(2)], dim=2)   # 4 value heads on 2 q/k heads
-    beta = torch.cat([beta, beta.flip(2)], dim=2)
-    g = torch.cat([g, g.flip(2)], dim=2)
-    kw = dict(kw, A_log=None, dt_bias=None)
-    cu = torch.tensor([0, 5, 5, 6, 77], dtype=torch.int32)
-    common = dict(**kw, initial_state=_state(4, 4, 32, 32, seed=6), output_final_state=True,
-                  cu_seqlens=cu)
-    want = chunk_kda_fwd(q, k, v.float(), g, beta, **common)
-    got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
-                        config=KernelConfig(prepare_loop=1, prepare_stages=stages))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @interp
@@ -702,23 +679,6 @@ def test_gpu_launch_shapes(config):
         eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config,
                       cu_seqlens=[0, 700, 701, 2000])
         assert eo < TOL_BF16_GPU and es < TOL_FP32, (family, eo, es)
-
-
-@gpu
-@pytest.mark.parametrize("config", [KernelConfig(prepare_loop=4),
-                                    KernelConfig(prepare_loop=4, prepare_stages=3),
-                                    KernelConfig(prepare_loop=2, prepare_warps=4)],
-                         ids=["loop4", "loop4_s3", "loop2_w4"])
-def test_gpu_stage1_loop_same_bits(config):
-    # the looping stage 1 at full shape (more (chunk, head) pairs than programs): the same
-    # bits as one program a pair, fixed length and varlen
-    for B, T, cu in ((2, 3000, None), (1, 8192, [0, 1, 1, 1000, 4000, 8192])):
-        q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", B, T, 8, 128, device="cuda")
-        args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True,
-                    cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
-        want = chunk_kda_fwd(q, k, v, g, beta, **args)
-        got = chunk_kda_fwd(q, k, v, g, beta, **args, config=config)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), T
 
 
 @gpu

@@ -45,9 +45,7 @@ class KernelConfig:
     second launch of only the programs the first flagged; the same bits), ``"auto"`` (the
     launch plan's choice, ``plan.fp16_guard``: a second launch for the serial pass at BV 128
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
-    overflow then leaves inf or NaN). ``prepare_loop``: a measurement candidate — stage 1
-    as that many looping programs an SM, the next chunk's inputs prefetched through
-    ``prepare_stages`` pipeline stages (0: one program a chunk and head). ``kend_split``:
+    overflow then leaves inf or NaN). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -60,8 +58,6 @@ class KernelConfig:
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
     kend_split: bool = True
-    prepare_loop: int = 0
-    prepare_stages: int = 2
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -76,10 +72,6 @@ class KernelConfig:
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        for name in ("prepare_loop", "prepare_stages"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"config.{name} must be an integer >= 0, got {value!r}")
         if not isinstance(self.kend_split, bool):
             raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
@@ -175,7 +167,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True, loop=(0, 2)):
+            beta_is_logits, plan, kend_split=True):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -183,8 +175,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, kend_split=kend_split, loop_per_sm=loop[0],
-        loop_stages=loop[1])
+        num_warps=plan.prepare_warps, kend_split=kend_split)
 
 
 class _Call(NamedTuple):
@@ -225,8 +216,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  kend_split=config.kend_split,
-                  loop=(config.prepare_loop, config.prepare_stages))
+                  kend_split=config.kend_split)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 

@@ -174,34 +174,9 @@ def chunk_kda_prepare_kernel(
                       HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT)
 
 
-@triton.jit
-def chunk_kda_prepare_loop_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-    w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    chunk_table_ptr, cu_seqlens_ptr,
-    T, scale, lower_bound, n_work,
-    H, K: tl.constexpr, BT: tl.constexpr,
-    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
-    STAGES: tl.constexpr = 2,
-):
-    """Stage 1 with fewer programs than (chunk, head) pairs: each takes every
-    ``num_programs``-th pair (heads fastest) in a loop that the compiler pipelines
-    (``STAGES``): the next pair's inputs are copied into shared memory while this one
-    computes. The same arithmetic per pair as ``chunk_kda_prepare_kernel``."""
-    for w in tl.range(tl.program_id(0), n_work, tl.num_programs(0), num_stages=STAGES):
-        prepare_and_store(w // H, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                          w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                          chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, w % H, H,
-                          GQ, GG, K, BT, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS,
-                          IS_VARLEN, KSPLIT)
-
-
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True,
-    loop_per_sm=0, loop_stages=2,
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
@@ -223,23 +198,17 @@ def chunk_kda_prepare(
     if num_chunks == 0:
         return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    args = (q, k, g, beta,
-            A_log if A_log is not None else dummy,
-            dt_bias if dt_bias is not None else dummy,
-            w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
-            chunk_table if chunk_table is not None else dummy,
-            cu_seqlens if cu_seqlens is not None else dummy,
-            T, float(scale), float(lower_bound))
-    kw = dict(H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
-              HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
-              USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-              IS_VARLEN=cu_seqlens is not None, KSPLIT=kend_split, num_warps=num_warps)
-    if loop_per_sm:
-        n_work = num_chunks * H
-        sms = (torch.cuda.get_device_properties(q.device).multi_processor_count
-               if q.device.type == "cuda" else 2)
-        chunk_kda_prepare_loop_kernel[(min(n_work, loop_per_sm * sms),)](
-            *args, n_work, **kw, STAGES=loop_stages)
-    else:
-        chunk_kda_prepare_kernel[(num_chunks, H)](*args, **kw)
+    chunk_kda_prepare_kernel[(num_chunks, H)](
+        q, k, g, beta,
+        A_log if A_log is not None else dummy,
+        dt_bias if dt_bias is not None else dummy,
+        w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
+        chunk_table if chunk_table is not None else dummy,
+        cu_seqlens if cu_seqlens is not None else dummy,
+        T, float(scale), float(lower_bound),
+        H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
+        HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+        USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
+        IS_VARLEN=cu_seqlens is not None, KSPLIT=kend_split, num_warps=num_warps,
+    )
     return w, qg, kend, klo, ainv, mqk, gamma
