@@ -93,8 +93,6 @@ CANDIDATES = {
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
-    # KEND and KLO the two fp16 halves of one int32 (one store, one load; the same bits)
-    "kend_paired": KernelConfig(kend_split="paired"),
 }
 ROUNDS = 5
 
@@ -278,7 +276,7 @@ def short_rows(quick, rounds, candidates=None):
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "kend_single", *(c for c in chosen if c == "kend_paired"))}
+              for c in ("default", "kend_single")}
         ms = interleaved({**fns, **s1}, rounds)
         for key, value in ms.items():
             row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value
@@ -335,7 +333,7 @@ def to_json_rows(bw, dec, pools, short):
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
                                 note=f"kdalab [{c}] {r[f'kdalab_{c}_ms']:.3f} ms"))
-        for c in ("default", "kend_single", "kend_paired"):
+        for c in ("default", "kend_single"):
             if f"stage1_{c}_ms" in r:
                 out.append(dict(target=f"prefill {r['shape']}: stage 1 [{c}]",
                                 value=round(r[f"stage1_{c}_ms"], 4), unit="ms"))

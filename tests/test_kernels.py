@@ -253,7 +253,7 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(num_warps=3), "config.num_warps"), (dict(prepare_warps=32), "config.prepare_warps"),
     (dict(segment_chunks=-1), "config.segment_chunks"),
     (dict(segment_chunks=2.5), "config.segment_chunks"),
-    (dict(kend_split=1), "config.kend_split"), (dict(kend_split="pair"), "config.kend_split"),
+    (dict(kend_split=1), "config.kend_split"),
     (dict(fp16_guard=True), "config.fp16_guard"),
 ])
 def test_bad_config_raises_value_error(kw, match):
@@ -413,25 +413,6 @@ def test_interp_guard_modes_same_bits(segment_chunks):
         got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
                             config=dataclasses.replace(base, **change))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change
-
-
-@interp
-@pytest.mark.parametrize("segment_chunks", [0, 2], ids=["serial", "split"])
-def test_interp_kend_paired_same_bits(segment_chunks):
-    # KEND and KLO packed as the fp16 halves of one int32 (kend_split="paired") give the
-    # outputs and final states of the two fp16 tensors, bit for bit; GVA, varlen with an
-    # empty and a 1-token sequence
-    (q, k, v, g, beta), kw = _slow_decay(77, 2, 32, seed=9)
-    v, beta, g = (torch.cat([x, x.flip(2)], dim=2) for x in (v, beta, g))  # 4 value heads
-    kw = dict(kw, A_log=None, dt_bias=None)
-    cu = torch.tensor([0, 5, 5, 6, 77], dtype=torch.int32)
-    common = dict(**kw, initial_state=_state(4, 4, 32, 32, seed=6), output_final_state=True,
-                  cu_seqlens=cu)
-    base = KernelConfig(segment_chunks=segment_chunks)
-    want = chunk_kda_fwd(q, k, v.float(), g, beta, **common, config=base)
-    got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
-                        config=dataclasses.replace(base, kend_split="paired"))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @interp
@@ -698,22 +679,6 @@ def test_gpu_launch_shapes(config):
         eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config,
                       cu_seqlens=[0, 700, 701, 2000])
         assert eo < TOL_BF16_GPU and es < TOL_FP32, (family, eo, es)
-
-
-@gpu
-@pytest.mark.parametrize("segment_chunks", [0, 64], ids=["serial", "split"])
-def test_gpu_kend_paired_same_bits(segment_chunks):
-    # kend_split="paired" at full shape: the same bits as KEND and KLO in two tensors, both
-    # program shapes (BV 64 at H 64, BV 128 at H 8 after the plan), fixed length and varlen
-    for B, T, H, cu in ((2, 3000, 8, None), (1, 8192, 64, [0, 1, 1, 1000, 4000, 8192])):
-        q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", B, T, H, 128, device="cuda")
-        args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True,
-                    cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
-        base = KernelConfig(segment_chunks=segment_chunks)
-        want = chunk_kda_fwd(q, k, v, g, beta, **args, config=base)
-        got = chunk_kda_fwd(q, k, v, g, beta, **args,
-                            config=dataclasses.replace(base, kend_split="paired"))
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (T, H)
 
 
 @gpu

@@ -45,9 +45,7 @@ class KernelConfig:
     second launch of only the programs the first flagged; the same bits), ``"auto"`` (the
     launch plan's choice, ``plan.fp16_guard``: a second launch for the serial pass at BV 128
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
-    overflow then leaves inf or NaN). ``kend_split="paired"``: a measurement candidate —
-    KEND and KLO stored side by side (one [.., K, 2] tensor: one store, one load; the same
-    bits). ``kend_split``:
+    overflow then leaves inf or NaN). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -59,7 +57,7 @@ class KernelConfig:
     prepare_warps: int | None = None
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
-    kend_split: bool | str = True
+    kend_split: bool = True
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -74,8 +72,8 @@ class KernelConfig:
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        if not (isinstance(self.kend_split, bool) or self.kend_split == "paired"):
-            raise ValueError(f"config.kend_split must be True, False or 'paired', "
+        if not isinstance(self.kend_split, bool):
+            raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):

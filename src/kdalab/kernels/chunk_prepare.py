@@ -131,16 +131,10 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
-    KDT: tl.constexpr = tl.float16 if KSPLIT == 2 else kend_ptr.dtype.element_ty
-    kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), KDT)
-    if KSPLIT == 2:  # KEND (low 16 bits) and KLO (high 16 bits) as one int32: one store
-        lo = kend.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        hi = klo.to(tl.float16).to(tl.int16, bitcast=True).to(tl.int32) << 16
-        tl.store(kend_ptr + offs, lo | hi, mask=m2)
-    else:
-        tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
-        if KSPLIT:
-            tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
+    kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
+    tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
+    if KSPLIT:
+        tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
     # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
     decay = tl.exp2(g2)
@@ -195,15 +189,9 @@ def chunk_kda_prepare(
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
-    paired = kend_split == "paired" and operand_dtype == torch.float16
-    kend_split = bool(kend_split)
-    parts = torch.empty(2 if paired else 4 if kend_split else 3, B, T, H, K, device=q.device,
-                        dtype=operand_dtype).unbind(0)
-    w, qg = parts[:2]
-    if paired:  # KEND and KLO as the two fp16 halves of one int32 [B, T, H, K]
-        kend, klo = torch.empty(B, T, H, K, device=q.device, dtype=torch.int32), None
-    else:
-        kend, klo = parts[2], parts[3] if kend_split else None
+    w, qg, kend, *klo = torch.empty(4 if kend_split else 3, B, T, H, K, device=q.device,
+                                    dtype=operand_dtype).unbind(0)
+    klo = klo[0] if kend_split else None
     ainv, mqk = torch.empty(2, num_chunks, H, CHUNK, CHUNK, device=q.device,
                             dtype=operand_dtype).unbind(0)
     gamma = torch.empty(num_chunks, H, K, device=q.device, dtype=torch.float32)
@@ -214,14 +202,13 @@ def chunk_kda_prepare(
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
-        w, qg, kend, klo if klo is not None else dummy, ainv, mqk, gamma,
+        w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
         chunk_table if chunk_table is not None else dummy,
         cu_seqlens if cu_seqlens is not None else dummy,
         T, float(scale), float(lower_bound),
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=cu_seqlens is not None, KSPLIT=2 if paired else kend_split,
-        num_warps=num_warps,
+        IS_VARLEN=cu_seqlens is not None, KSPLIT=kend_split, num_warps=num_warps,
     )
     return w, qg, kend, klo, ainv, mqk, gamma

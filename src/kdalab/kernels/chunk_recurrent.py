@@ -58,16 +58,11 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
     cc = (c0 + i_t) * H + i_h
     wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
     qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
-    if KSPLIT == 2:  # KEND and KLO the fp16 halves of one int32: one load, then unpacked
-        pair = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0)
-        kend = pair.to(tl.int16).to(tl.float16, bitcast=True).to(DT)
-        klo = (pair >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(DT)
+    kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
+    if KSPLIT:
+        klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
     else:
-        kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
-        if KSPLIT:
-            klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
-        else:
-            klo = kend  # unused
+        klo = kend  # unused
     vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0).to(DT)
     ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
     mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
@@ -339,7 +334,7 @@ def chunk_kda_recurrent(
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
                   CKC=checkpoint_chunks if checkpoints is not None else 0,
-                  KSPLIT=2 if kend.dtype == torch.int32 else klo is not None,
+                  KSPLIT=klo is not None,
                   num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
