@@ -167,6 +167,7 @@ def fold_short(rows: list[dict]) -> list[dict]:
         shape, _, what = r["target"].partition(": ")
         if what.startswith("kdalab vs fla") and what != "kdalab vs flashkda" or "speed-up" in what:
             label = "fla" if what.startswith("kdalab vs fla") else what.split("]")[0].split("[")[1]
+            label += " (pruned)" if label in PRUNED else ""
             extra.setdefault(shape, []).append(f"{label} {r['value']}x")
         else:
             out.append(r)
@@ -185,8 +186,8 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
     for line in path.read_text(encoding="utf-8").splitlines():
         r = json.loads(line) if line.startswith("{") else {}
         if "ck128_graph_x" in r:
-            found[r["shape"]] = (f"every 128 / 256 tokens {r['ck128_graph_x']}x / "
-                                 f"{r['ck256_graph_x']}x (graph replay, commit {commit})")
+            found[r["shape"]] = (f"[every 128 / 256 tokens {r['ck128_graph_x']}x / "
+                                 f"{r['ck256_graph_x']}x: graph replay at {commit}]")
     out = []
     for r in rows:
         shape = r["target"].removeprefix("prefill ").partition(":")[0]
@@ -197,11 +198,14 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
 
 
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
-#: and the candidates still in the code (the pruned ones' figures are in docs/kernels.md; the
-#: copy bandwidth is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
+#: the candidates still in the code, and the speed-up of a pruned candidate timed in the run
+#: (its code at the run's commit; docs/kernels.md "Pruned" has them all; the copy bandwidth
+#: is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
                 "[kend_single] speed-up", "[guard_launch] speed-up",
-                "[guard_inline] speed-up")
+                "[guard_inline] speed-up", "[kend_paired] speed-up")
+#: candidates measured and deleted whose speed-up a kept run still shows (marked "pruned")
+PRUNED = ("kend_paired",)
 
 
 def main() -> None:
