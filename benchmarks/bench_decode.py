@@ -93,6 +93,7 @@ CANDIDATES = {
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
+    "s1_r168": KernelConfig(prepare_maxnreg=168),
 }
 ROUNDS = 5
 

@@ -271,8 +271,9 @@ def test_varlen_tables_cached_per_tensor():
     assert varlen_sequences(cu, 37) is first
     assert torch.equal(first.cu32, cu.int()) and first.num_chunks == 1 + 1 + 2
     assert first.n_chunks == (1, 1, 2)
+    # stage 1's table: each chunk's first row and its sequence's end row
     assert torch.equal(first.chunk_table,
-                       torch.tensor([[0, 0], [1, 0], [2, 0], [2, 1]], dtype=torch.int32))
+                       torch.tensor([[0, 5], [5, 20], [20, 37], [36, 37]], dtype=torch.int32))
     assert torch.equal(first.chunk_offsets, torch.tensor([0, 1, 2], dtype=torch.int32))
     assert first.segments(1) is first.segments(1)  # segment tables cached too
     other = varlen_sequences(cu.clone(), 37)  # an equal tensor: its own entry, same tables

@@ -35,9 +35,8 @@ class _Capped:
 
 chunk_prepare.chunk_kda_prepare_kernel = _Capped()
 
-VARIANTS = {  # name: (prepare_warps, maxnreg)
-    "w2": (2, None), "w2_r168": (2, 168), "w2_r152": (2, 152), "w2_r128": (2, 128),
-    "w4": (4, None), "w4_r80": (4, 80), "w1": (1, None),
+VARIANTS = {  # name: (prepare_warps, maxnreg); call 1 (8013908) also had w2_r128, w4, w4_r80, w1
+    "w2": (2, None), "w2_r168": (2, 168), "w2_r152": (2, 152),
 }
 SHAPE_OF = {s[0]: s for s in SHORT}
 

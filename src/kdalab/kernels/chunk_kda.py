@@ -45,7 +45,8 @@ class KernelConfig:
     second launch of only the programs the first flagged; the same bits), ``"auto"`` (the
     launch plan's choice, ``plan.fp16_guard``: a second launch for the serial pass at BV 128
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
-    overflow then leaves inf or NaN). ``kend_split``:
+    overflow then leaves inf or NaN). ``prepare_maxnreg``: a ptxas register cap for stage 1
+    (more programs an SM; the same bits; a measurement candidate). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -58,6 +59,7 @@ class KernelConfig:
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
     kend_split: bool = True
+    prepare_maxnreg: int | None = None
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -69,6 +71,10 @@ class KernelConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"config.{name} must be one of {allowed} or None, "
                                  f"got {value!r}")
+        if self.prepare_maxnreg is not None and not (isinstance(self.prepare_maxnreg, int)
+                                                     and 32 <= self.prepare_maxnreg <= 255):
+            raise ValueError(f"config.prepare_maxnreg must be an int in [32, 255] or None, "
+                             f"got {self.prepare_maxnreg!r}")
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
@@ -167,15 +173,15 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True):
+            beta_is_logits, plan, kend_split=True, maxnreg=None):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
     return chunk_kda_prepare(
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
-        use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits, cu_seqlens=seqs.cu32,
+        use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, kend_split=kend_split)
+        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg)
 
 
 class _Call(NamedTuple):
@@ -216,7 +222,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  kend_split=config.kend_split)
+                  kend_split=config.kend_split, maxnreg=config.prepare_maxnreg)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 

@@ -95,7 +95,7 @@ def neumann_inverse16(L, BT: tl.constexpr):
 @triton.jit
 def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                      chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h,
+                      chunk_table_ptr, T, scale, lower_bound, i_h,
                       H, GQ: tl.constexpr, GG: tl.constexpr, K: tl.constexpr,
                       BT: tl.constexpr,
                       HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
@@ -109,8 +109,8 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     before the inverse)."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
-    i_n, i_t, bos, eos = chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT, IS_VARLEN)
-    rows = bos + i_t * BT + o_r
+    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
+    rows = row0 + o_r
     r_ok = rows < eos
     m2 = r_ok[:, None]
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
@@ -159,7 +159,7 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
 def chunk_kda_prepare_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    chunk_table_ptr, cu_seqlens_ptr,
+    chunk_table_ptr,
     T, scale, lower_bound,
     H, K: tl.constexpr, BT: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
@@ -170,21 +170,22 @@ def chunk_kda_prepare_kernel(
     i_h = tl.program_id(1)
     prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                      chunk_table_ptr, cu_seqlens_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
+                      chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
                       HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT)
 
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    cu_seqlens, chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True,
+    chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, maxnreg=None,
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
     normalized, else fp32), GAMMA [num_chunks, H, K] fp32.
 
-    ``chunk_table`` is an int32 [num_chunks, 2] table of (sequence, chunk-in-sequence) for
-    variable-length input (None for fixed length). ``kend_split=False``: KEND not split
-    (KLO None; a measurement candidate).
+    ``chunk_table`` is an int32 [num_chunks, 2] table of (the chunk's first row, its
+    sequence's end row) for variable-length input (None for fixed length).
+    ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``maxnreg``: a
+    ptxas register cap (None: none).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
@@ -204,11 +205,11 @@ def chunk_kda_prepare(
         dt_bias if dt_bias is not None else dummy,
         w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
         chunk_table if chunk_table is not None else dummy,
-        cu_seqlens if cu_seqlens is not None else dummy,
         T, float(scale), float(lower_bound),
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=cu_seqlens is not None, KSPLIT=kend_split, num_warps=num_warps,
+        IS_VARLEN=chunk_table is not None, KSPLIT=kend_split, num_warps=num_warps,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return w, qg, kend, klo, ainv, mqk, gamma

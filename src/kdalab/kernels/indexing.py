@@ -11,22 +11,20 @@ import triton.language as tl
 
 
 @triton.jit
-def chunk_of_program(i_c, chunk_table_ptr, cu_seqlens_ptr, T, BT: tl.constexpr,
-                     IS_VARLEN: tl.constexpr):
-    """A token-parallel program's chunk: global chunk ``i_c`` → (sequence, chunk in the
-    sequence, bos, eos). Varlen reads the (sequence, chunk) table built on the host."""
+def chunk_of_program(i_c, chunk_table_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """A token-parallel program's rows: global chunk ``i_c`` → (its first row, its sequence's
+    eos). Varlen reads both from the host's table (``Sequences.chunk_table``) in one pair of
+    independent loads: a (sequence, chunk) table then ``cu_seqlens[sequence]`` put two
+    dependent load latencies before every program's first input load."""
     if IS_VARLEN:
-        i_n = tl.load(chunk_table_ptr + 2 * i_c).to(tl.int64)
-        i_t = tl.load(chunk_table_ptr + 2 * i_c + 1).to(tl.int64)
-        bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
-        eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
+        row0 = tl.load(chunk_table_ptr + 2 * i_c).to(tl.int64)
+        eos = tl.load(chunk_table_ptr + 2 * i_c + 1).to(tl.int64)
     else:
         nt = tl.cdiv(T, BT)
         i_n = (i_c // nt).to(tl.int64)
-        i_t = (i_c % nt).to(tl.int64)
-        bos = i_n * T
-        eos = bos + T
-    return i_n, i_t, bos, eos
+        row0 = i_n * T + (i_c % nt).to(tl.int64) * BT
+        eos = i_n * T + T
+    return row0, eos
 
 
 @triton.jit

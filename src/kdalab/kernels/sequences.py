@@ -27,9 +27,10 @@ class Sequences:
         self.device = device
         self.cu32 = cu32
         if varlen:
+            # stage 1's table: each chunk's first row and its sequence's end row
             seq = torch.repeat_interleave(torch.arange(self.num_seqs), n_chunks)
             local = torch.arange(self.num_chunks) - offsets[seq]
-            table = torch.stack([seq, local], dim=1).to(torch.int32)
+            table = torch.stack([starts[seq] + CHUNK * local, ends[seq]], dim=1).to(torch.int32)
             self.chunk_table = table.to(device)
             self.chunk_offsets = offsets.to(torch.int32).to(device)
             # the serial pass takes the sequences longest first (kernels/indexing.py)
