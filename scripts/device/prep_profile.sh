@@ -6,10 +6,12 @@
 export PYTHONUNBUFFERED=1 COLUMNS=200
 date -u +"%Y-%m-%dT%H:%MZ"; nvidia-smi --query-gpu=name --format=csv,noheader
 source scripts/device/peers.sh
-timeout 200 python3 scripts/device/prep_profile.py varlen1024x8_H64 varlen37_H32 B128_T64_H16 \
-    B8_T4096_H32_state 2>&1 | tee "$OUT/prep_timings.jsonl" | cut -c1-3000
-timeout 90 python3 scripts/device/prep_profile.py flashkda varlen1024x8_H64 \
-    2>&1 | tee "$OUT/kernels.jsonl" | cut -c1-3000
+timeout 240 python3 scripts/device/prep_profile.py ${PREP_SHAPES:-varlen1024x8_H64 varlen37_H32 \
+    B128_T64_H16 B8_T4096_H32_state} 2>&1 | tee "$OUT/prep_timings.jsonl" | cut -c1-3000
+if [ -n "${PREP_FLASHKDA:-}" ]; then
+    timeout 90 python3 scripts/device/prep_profile.py flashkda varlen1024x8_H64 \
+        2>&1 | tee "$OUT/kernels.jsonl" | cut -c1-3000
+fi
 if [ -n "${PREP_SHORT:-}" ]; then
     timeout 240 python3 benchmarks/bench_decode.py --json "$OUT/decode.json" --parts short \
         --candidates default,s1_r168 --rounds 3 > "$OUT/serving.log" 2>&1
@@ -18,7 +20,7 @@ fi
 [ -n "${PREP_NCU:-}" ] || exit 0
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
 echo "ncu: $NCU"
-for shape in varlen1024x8_H64; do
+for shape in ${PREP_NCU_SHAPES:-varlen1024x8_H64}; do
     timeout 150 "$NCU" --clock-control none --profile-from-start off \
         -k regex:'chunk_kda_prepare_kernel' \
         --section SpeedOfLight --section Occupancy --section LaunchStats \
