@@ -85,7 +85,8 @@ SHORT = [
 #: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
 #: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
 #: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
-#: collinear keys, docs/hunt.md). Stage-1 head-fastest and value-blocks-adjacent orders and
+#: collinear keys, docs/hunt.md), and stage 1 without its register cap (``plan.prepare_maxnreg``:
+#: 168 on varlen input). Stage-1 head-fastest and value-blocks-adjacent orders and
 #: an int8 KLO were measured slower and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
@@ -93,7 +94,7 @@ CANDIDATES = {
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
-    "s1_r168": KernelConfig(prepare_maxnreg=168),
+    "s1_uncapped": KernelConfig(prepare_maxnreg=0),
 }
 ROUNDS = 5
 

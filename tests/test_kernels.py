@@ -33,7 +33,7 @@ from kdalab.kernels import (  # noqa: E402
     chunk_kda_fwd,
     chunk_kda_transition,
 )
-from kdalab.kernels.plan import fp16_guard, plan_launch, segment_table  # noqa: E402
+from kdalab.kernels.plan import fp16_guard, plan_launch, prepare_maxnreg, segment_table  # noqa: E402
 from kdalab.studies.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -191,6 +191,16 @@ def test_plan_keeps_given_values():
             plan.segment_chunks) == (32, 2, 8, 7)
 
 
+def test_prepare_register_cap_rule():
+    # the cap where stage 1's rows are not known to come in whole chunks, at K = 128 on 2
+    # warps only (the shape whose registers were measured on either side of 168)
+    assert prepare_maxnreg(128, 2, rows_aligned=False) == 168
+    assert prepare_maxnreg(128, 2, rows_aligned=True) is None
+    assert prepare_maxnreg(64, 4, rows_aligned=False) is None
+    assert prepare_maxnreg(128, 4, rows_aligned=False) is None
+    assert prepare_maxnreg(256, 8, rows_aligned=False) is None
+
+
 def test_segment_table_varlen():
     # sequences of 5, 16, 0, 49 and 80 tokens (1, 1, 0, 4, 5 chunks), segments of 2 chunks
     cu = torch.tensor([0, 5, 21, 21, 70, 150])
@@ -255,6 +265,10 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(segment_chunks=2.5), "config.segment_chunks"),
     (dict(kend_split=1), "config.kend_split"),
     (dict(fp16_guard=True), "config.fp16_guard"),
+    (dict(prepare_maxnreg=16), "config.prepare_maxnreg"),
+    (dict(prepare_maxnreg=256), "config.prepare_maxnreg"),
+    (dict(prepare_maxnreg=True), "config.prepare_maxnreg"),
+    (dict(prepare_maxnreg=168.0), "config.prepare_maxnreg"),
 ])
 def test_bad_config_raises_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -680,6 +694,22 @@ def test_gpu_launch_shapes(config):
         eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config,
                       cu_seqlens=[0, 700, 701, 2000])
         assert eo < TOL_BF16_GPU and es < TOL_FP32, (family, eo, es)
+
+
+@gpu
+@pytest.mark.parametrize("T,cu", [(2000, [0, 700, 701, 2000]), (1000, None), (1024, None)],
+                         ids=["varlen", "fixed_unaligned", "fixed_aligned"])
+def test_gpu_prepare_register_cap_same_bits(T, cu):
+    # stage 1's register cap (the plan's, none, or another) changes where values live, not
+    # what is computed: the same outputs and final states, bit for bit
+    (q, k, v, g, beta), kw = _slow_decay(T, 2, 128, seed=4, device="cuda")
+    common = dict(**kw, output_final_state=True,
+                  cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
+    want = chunk_kda_fwd(q, k, v, g, beta, **common)
+    for cap in (0, 168, 128):
+        got = chunk_kda_fwd(q, k, v, g, beta, **common,
+                            config=KernelConfig(prepare_maxnreg=cap))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), cap
 
 
 @gpu

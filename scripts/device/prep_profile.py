@@ -1,6 +1,6 @@
 """Where stage 1's time goes on many short sequences (issue 24 item 6): stage 1 alone under
-launch variants that keep its bits (warps, a register cap ``maxnreg`` for more programs an
-SM), checked bit for bit against the default, timed in interleaved rounds; the whole forward
+launch variants that keep its bits (its register cap: the plan's, none, 168), checked bit
+for bit against the default, timed in interleaved rounds; the whole forward
 with each; FlashKDA's kernels one by one (torch.profiler); and with ``profile SHAPE`` one
 stage-1 launch between cudaProfilerStart/Stop for Nsight Compute. One-off script of a
 device call (prep_profile.sh)."""
@@ -16,40 +16,17 @@ import bench_kernel  # noqa: E402
 from bench_decode import SHORT  # noqa: E402
 from bench_kernel import SHAPES, load_flashkda, make_inputs, run_kdalab  # noqa: E402
 
-from kdalab.kernels import KernelConfig, chunk_prepare  # noqa: E402
+from kdalab.kernels import KernelConfig  # noqa: E402
 
-_KERNEL = chunk_prepare.chunk_kda_prepare_kernel
-MAXNREG = {"v": None}
-
-
-class _Capped:
-    """The stage-1 kernel launched with ``maxnreg`` = MAXNREG["v"] (None: the default)."""
-
-    def __getitem__(self, grid):
-        def launch(*args, **kw):
-            if MAXNREG["v"] is not None:
-                kw["maxnreg"] = MAXNREG["v"]
-            return _KERNEL[grid](*args, **kw)
-        return launch
-
-
-chunk_prepare.chunk_kda_prepare_kernel = _Capped()
-
-VARIANTS = {  # name: (prepare_warps, maxnreg); call 1 (8013908) also had w2_r128, w4, w4_r80, w1
-    "w2": (2, None), "w2_r168": (2, 168), "w2_r152": (2, 152),
+VARIANTS = {  # name: KernelConfig; calls 1-3 (8013908, 94535aa, 76c7740) capped by hand
+    "default": KernelConfig(), "uncapped": KernelConfig(prepare_maxnreg=0),
+    "r168": KernelConfig(prepare_maxnreg=168),
 }
-SHAPE_OF = {s[0]: s for s in SHORT}
+SHAPE_OF = {s[0]: s for s in SHORT} | {"T8100_H64": ("T8100_H64", 1, 8100, 64, None, False)}
 
 
 def variant(name, fn):
-    """``fn(config)`` built once for variant ``name``; the call sets its register cap."""
-    warps, cap = VARIANTS[name]
-    inner = fn(KernelConfig(prepare_warps=warps))
-
-    def call():
-        MAXNREG["v"] = cap
-        return inner()
-    return call
+    return fn(VARIANTS[name])
 
 
 def timings(names, rounds=3):
@@ -57,7 +34,7 @@ def timings(names, rounds=3):
         shape = SHAPE_OF.get(sname) or SHAPES[sname]
         x = make_inputs(shape)
         s1 = {v: variant(v, lambda c: bench_kernel._stage1_fn(x, c)[0]) for v in VARIANTS}
-        ref = s1["w2"]()
+        ref = s1["default"]()
         same = {}
         for v, f in s1.items():
             out = f()
@@ -72,7 +49,6 @@ def timings(names, rounds=3):
                                                               return_mode="median"))
         med = {k: sorted(v)[len(v) // 2] for k, v in ms.items()}
         print(json.dumps(dict(shape=sname, same_bits=same, ms=med)), flush=True)
-        MAXNREG["v"] = None
         torch.cuda.empty_cache()
 
 

@@ -18,7 +18,7 @@ import torch
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
-from .plan import LaunchPlan, fp16_guard, plan_launch
+from .plan import LaunchPlan, fp16_guard, plan_launch, prepare_maxnreg
 from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
 from .shapes import check_gate, check_tensor, head_shapes
@@ -45,8 +45,9 @@ class KernelConfig:
     second launch of only the programs the first flagged; the same bits), ``"auto"`` (the
     launch plan's choice, ``plan.fp16_guard``: a second launch for the serial pass at BV 128
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
-    overflow then leaves inf or NaN). ``prepare_maxnreg``: a ptxas register cap for stage 1
-    (more programs an SM; the same bits; a measurement candidate). ``kend_split``:
+    overflow then leaves inf or NaN). ``prepare_maxnreg``: stage 1's ptxas register cap
+    (more programs an SM; the same bits): None the plan's choice (``plan.prepare_maxnreg``),
+    0 none, else the cap. ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -71,10 +72,10 @@ class KernelConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"config.{name} must be one of {allowed} or None, "
                                  f"got {value!r}")
-        if self.prepare_maxnreg is not None and not (isinstance(self.prepare_maxnreg, int)
-                                                     and 32 <= self.prepare_maxnreg <= 255):
-            raise ValueError(f"config.prepare_maxnreg must be an int in [32, 255] or None, "
-                             f"got {self.prepare_maxnreg!r}")
+        cap = self.prepare_maxnreg
+        if cap is not None and not (type(cap) is int and (cap == 0 or 32 <= cap <= 255)):
+            raise ValueError(f"config.prepare_maxnreg must be None, 0 or an int in [32, 255], "
+                             f"got {cap!r}")
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
@@ -177,11 +178,14 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
+    if maxnreg is None:
+        maxnreg = prepare_maxnreg(K, plan.prepare_warps,
+                                  rows_aligned=seqs.chunk_table is None and q.shape[1] % 16 == 0)
     return chunk_kda_prepare(
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg)
+        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg or None)
 
 
 class _Call(NamedTuple):
