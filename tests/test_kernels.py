@@ -193,12 +193,14 @@ def test_plan_keeps_given_values():
 
 def test_prepare_register_cap_rule():
     # the cap where stage 1's rows are not known to come in whole chunks, at K = 128 on 2
-    # warps only (the shape whose registers were measured on either side of 168)
+    # warps with fp16 operands only (the kernel whose registers were measured on either side
+    # of 168; the fp32-operand one takes 250-255 and would spill)
     assert prepare_maxnreg(128, 2, rows_aligned=False) == 168
     assert prepare_maxnreg(128, 2, rows_aligned=True) is None
     assert prepare_maxnreg(64, 4, rows_aligned=False) is None
     assert prepare_maxnreg(128, 4, rows_aligned=False) is None
     assert prepare_maxnreg(256, 8, rows_aligned=False) is None
+    assert prepare_maxnreg(128, 2, rows_aligned=False, fp16_operands=False) is None
 
 
 def test_segment_table_varlen():

@@ -180,7 +180,8 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
     if maxnreg is None:
         maxnreg = prepare_maxnreg(K, plan.prepare_warps,
-                                  rows_aligned=seqs.chunk_table is None and q.shape[1] % 16 == 0)
+                                  rows_aligned=seqs.chunk_table is None and q.shape[1] % 16 == 0,
+                                  fp16_operands=operand_dtype == torch.float16)
     return chunk_kda_prepare(
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
