@@ -14,8 +14,8 @@ import triton.language as tl
 def chunk_of_program(i_c, chunk_table_ptr, T, BT: tl.constexpr, IS_VARLEN: tl.constexpr):
     """A token-parallel program's rows: global chunk ``i_c`` → (its first row, its sequence's
     eos). Varlen reads both from the host's table (``Sequences.chunk_table``) in one pair of
-    independent loads: a (sequence, chunk) table then ``cu_seqlens[sequence]`` put two
-    dependent load latencies before every program's first input load."""
+    independent loads (a (sequence, chunk) table then ``cu_seqlens[sequence]`` were two
+    dependent loads: measured no slower on the H200, docs/kernels.md "Launch plan")."""
     if IS_VARLEN:
         row0 = tl.load(chunk_table_ptr + 2 * i_c).to(tl.int64)
         eos = tl.load(chunk_table_ptr + 2 * i_c + 1).to(tl.int64)
