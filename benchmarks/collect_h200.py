@@ -93,13 +93,18 @@ def hunt_rows(folders: list[Path]) -> list[dict]:
     return rows
 
 
+def _json_lines(path: Path) -> list[dict]:
+    """The JSON objects a benchmark printed one a line (other lines skipped)."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.startswith("{")]
+
+
 def _grid_json(path: Path) -> dict:
     """A grid run's JSON; from its log (``grid.log`` beside it: the rows printed as they were
     timed) when the time limit stopped it before the JSON was written."""
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))
-    lines = [json.loads(ln) for ln in (path.parent / "grid.log").read_text(
-        encoding="utf-8").splitlines() if ln.startswith("{")]
+    lines = _json_lines(path.parent / "grid.log")
     infos = [r for r in lines if "device" in r]
     return {"info": infos[-1], "grid": [r for r in lines if "kdalab_ms" in r], "cut_off": True}
 
@@ -183,8 +188,7 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
     """Each shape's cost of checkpoints every 128 and 256 tokens over the pool call (graph
     replay, fp32), read from ck_profile.py's JSON lines, in the note of its 64-token row."""
     found = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        r = json.loads(line) if line.startswith("{") else {}
+    for r in _json_lines(path):
         if "ck128_graph_x" in r:
             found[r["shape"]] = (f"[every 128 / 256 tokens {r['ck128_graph_x']}x / "
                                  f"{r['ck256_graph_x']}x: graph replay at {commit}]")
@@ -201,8 +205,7 @@ def stage1_cap_row(path: Path, commit: str) -> dict:
     """Stage 1 alone under the plan's register cap against none (``plan.prepare_maxnreg``),
     one row: its value at the first shape of the one-off prep_profile.py's JSON lines
     (scripts/device/ at ``commit``), every shape and the whole forward in the note."""
-    found = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
-             if line.startswith("{") and '"same_bits"' in line]
+    found = [r for r in _json_lines(path) if "same_bits" in r]
     if not found:
         raise SystemExit(f"{path}: no stage-1 timings (lines with same_bits)")
 
