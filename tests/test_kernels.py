@@ -406,8 +406,8 @@ def test_interp_options_off():
 @pytest.mark.parametrize("config", [
     KernelConfig(block_v=16), KernelConfig(block_v=32, num_warps=2),
     KernelConfig(block_v=128, num_warps=8), KernelConfig(prepare_warps=2),
-    TF32_CONFIG, KernelConfig(dot="tf32", block_v=32), KernelConfig(inverse="tf32x3")],
-    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "tf32", "tf32_bv32", "inv_tf32x3"])
+    TF32_CONFIG, KernelConfig(dot="tf32", block_v=32), KernelConfig(inverse="fma")],
+    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "tf32", "tf32_bv32", "inv_fma"])
 def test_interp_launch_shapes(config):
     # every launch shape the plan may choose computes the same function
     eo, es = _run("weak_decay_correlated", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
@@ -690,8 +690,8 @@ def test_gpu_layouts_without_and_with_state(layout, state_dtype):
 @pytest.mark.parametrize("config", [KernelConfig(block_v=32), KernelConfig(block_v=16),
                                     KernelConfig(block_v=128, num_warps=8),
                                     KernelConfig(prepare_warps=4),
-                                    TF32_CONFIG, KernelConfig(inverse="tf32x3")],
-                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "tf32", "inv_tf32x3"])
+                                    TF32_CONFIG, KernelConfig(inverse="fma")],
+                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "tf32", "inv_fma"])
 def test_gpu_launch_shapes(config):
     for family in FAMILIES:
         eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config,

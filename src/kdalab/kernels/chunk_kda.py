@@ -47,10 +47,10 @@ class KernelConfig:
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
     overflow then leaves inf or NaN). ``prepare_maxnreg``: stage 1's ptxas register cap
     (more programs an SM; the same bits): None the plan's choice (``plan.prepare_maxnreg``),
-    0 none, else the cap. ``inverse``: the Neumann inverse's products in stage 1, ``"fma"``
-    (fp32 on FMA units) or ``"tf32x3"`` (three tf32 tensor-core products each: fewer
-    shared-memory wavefronts and FMAs in the compiled code, docs/kernels.md; a measurement
-    candidate, not yet timed on the H200). ``kend_split``:
+    0 none, else the cap. ``inverse``: the Neumann inverse's products in stage 1, ``"tf32x3"``
+    (three tf32 tensor-core products each: fewer shared-memory wavefronts and FMAs than fp32
+    FMA products, 1.01-1.03x faster on the H200, docs/kernels.md) or ``"fma"`` (fp32 on FMA
+    units; the earlier default, a measurement candidate). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -64,7 +64,7 @@ class KernelConfig:
     fp16_guard: str = "auto"
     kend_split: bool = True
     prepare_maxnreg: int | None = None
-    inverse: str = "fma"
+    inverse: str = "tf32x3"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -180,7 +180,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True, maxnreg=None, inverse="fma"):
+            beta_is_logits, plan, kend_split=True, maxnreg=None, inverse="tf32x3"):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32

@@ -3,7 +3,7 @@
 One program handles one 16-token chunk of one head. It fuses the gate
 (``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``), the within-chunk cumulative sum,
 the L2 normalization of q and k, the β sigmoid, the scaled-operand GEMMs for ``L`` and the
-causal q·k scores, and the fp32 Neumann inverse
+causal q·k scores, and the Neumann inverse (fp32-accurate 3xTF32 products)
 ``(I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8)``. It writes the per-chunk operands
 that the recurrent stage (``chunk_recurrent.py``) needs and nothing it can rebuild:
 
@@ -77,12 +77,12 @@ def split_operand(x, DT: tl.constexpr):
 
 
 @triton.jit
-def neumann_inverse16(L, BT: tl.constexpr, PRECISION: tl.constexpr = "ieee"):
+def neumann_inverse16(L, BT: tl.constexpr, PRECISION: tl.constexpr = "tf32x3"):
     """(I + L)^-1 of a strictly lower BT×BT block by the Neumann product
     (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of order 16, so four factors are exact.
-    fp32 products on FMA units ("ieee"; or "tf32x3", three tf32 tensor-core products each, a
-    measurement candidate): FlashKDA's fp16 operands raised the weak-decay family's
-    final-state error from 2.0e-3 to 1.2e-2 (docs/kernels.md)."""
+    Products as accurate as fp32 ("tf32x3": three tf32 tensor-core products each; or "ieee",
+    fp32 on FMA units, the earlier default): FlashKDA's fp16 operands raised the weak-decay
+    family's final-state error from 2.0e-3 to 1.2e-2 (docs/kernels.md)."""
     o_r = tl.arange(0, BT)
     eye = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0)
     p = L
@@ -167,7 +167,7 @@ def chunk_kda_prepare_kernel(
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
-    INV_PRECISION: tl.constexpr = "ieee",
+    INV_PRECISION: tl.constexpr = "tf32x3",
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -181,7 +181,7 @@ def chunk_kda_prepare_kernel(
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, maxnreg=None,
-    inverse="fma",
+    inverse="tf32x3",
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
@@ -190,8 +190,9 @@ def chunk_kda_prepare(
     ``chunk_table`` is an int32 [num_chunks, 2] table of (the chunk's first row, its
     sequence's end row) for variable-length input (None for fixed length).
     ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``maxnreg``: a
-    ptxas register cap (None: none). ``inverse``: the Neumann products' precision, "fma"
-    (fp32 on FMA units) or "tf32x3" (a measurement candidate).
+    ptxas register cap (None: none). ``inverse``: the Neumann products' precision, "tf32x3"
+    (three tf32 tensor-core products each) or "fma" (fp32 on FMA units, a measurement
+    candidate).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
