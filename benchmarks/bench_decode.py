@@ -86,8 +86,7 @@ SHORT = [
 #: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
 #: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
 #: collinear keys, docs/hunt.md), and stage 1 without its register cap (``plan.prepare_maxnreg``:
-#: 168 on varlen input), and the Neumann inverse's fp32 FMA products (``inverse="fma"``, the earlier
-#: default). Stage-1 head-fastest and value-blocks-adjacent orders and
+#: 168 on varlen input). Stage-1 head-fastest and value-blocks-adjacent orders and
 #: an int8 KLO were measured slower and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
@@ -96,7 +95,6 @@ CANDIDATES = {
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
     "s1_uncapped": KernelConfig(prepare_maxnreg=0),
-    "inv_fma": KernelConfig(inverse="fma"),
 }
 ROUNDS = 5
 

@@ -271,7 +271,6 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(prepare_maxnreg=256), "config.prepare_maxnreg"),
     (dict(prepare_maxnreg=True), "config.prepare_maxnreg"),
     (dict(prepare_maxnreg=168.0), "config.prepare_maxnreg"),
-    (dict(inverse="fp16"), "config.inverse"),
 ])
 def test_bad_config_raises_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -406,8 +405,8 @@ def test_interp_options_off():
 @pytest.mark.parametrize("config", [
     KernelConfig(block_v=16), KernelConfig(block_v=32, num_warps=2),
     KernelConfig(block_v=128, num_warps=8), KernelConfig(prepare_warps=2),
-    TF32_CONFIG, KernelConfig(dot="tf32", block_v=32), KernelConfig(inverse="fma")],
-    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "tf32", "tf32_bv32", "inv_fma"])
+    TF32_CONFIG, KernelConfig(dot="tf32", block_v=32)],
+    ids=["bv16", "bv32_w2", "bv128_w8", "prepare_w2", "tf32", "tf32_bv32"])
 def test_interp_launch_shapes(config):
     # every launch shape the plan may choose computes the same function
     eo, es = _run("weak_decay_correlated", 1, 83, 1, 64, v_dtype=torch.float32, h0=True,
@@ -690,8 +689,8 @@ def test_gpu_layouts_without_and_with_state(layout, state_dtype):
 @pytest.mark.parametrize("config", [KernelConfig(block_v=32), KernelConfig(block_v=16),
                                     KernelConfig(block_v=128, num_warps=8),
                                     KernelConfig(prepare_warps=4),
-                                    TF32_CONFIG, KernelConfig(inverse="fma")],
-                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "tf32", "inv_fma"])
+                                    TF32_CONFIG],
+                         ids=["bv32", "bv16", "bv128_w8", "prepare_w4", "tf32"])
 def test_gpu_launch_shapes(config):
     for family in FAMILIES:
         eo, es = _run(family, 1, 2000, 4, 128, device="cuda", h0=True, config=config,

@@ -47,10 +47,7 @@ class KernelConfig:
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
     overflow then leaves inf or NaN). ``prepare_maxnreg``: stage 1's ptxas register cap
     (more programs an SM; the same bits): None the plan's choice (``plan.prepare_maxnreg``),
-    0 none, else the cap. ``inverse``: the Neumann inverse's products in stage 1, ``"tf32x3"``
-    (three tf32 tensor-core products each: fewer shared-memory wavefronts and FMAs than fp32
-    FMA products, 1.01-1.03x faster on the H200, docs/kernels.md) or ``"fma"`` (fp32 on FMA
-    units; the earlier default, a measurement candidate). ``kend_split``:
+    0 none, else the cap. ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -64,7 +61,6 @@ class KernelConfig:
     fp16_guard: str = "auto"
     kend_split: bool = True
     prepare_maxnreg: int | None = None
-    inverse: str = "tf32x3"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -80,8 +76,6 @@ class KernelConfig:
         if cap is not None and not (type(cap) is int and (cap == 0 or 32 <= cap <= 255)):
             raise ValueError(f"config.prepare_maxnreg must be None, 0 or an int in [32, 255], "
                              f"got {cap!r}")
-        if self.inverse not in ("fma", "tf32x3"):
-            raise ValueError(f"config.inverse must be 'fma' or 'tf32x3', got {self.inverse!r}")
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
@@ -180,7 +174,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True, maxnreg=None, inverse="tf32x3"):
+            beta_is_logits, plan, kend_split=True, maxnreg=None):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -192,8 +186,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg or None,
-        inverse=inverse)
+        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg or None)
 
 
 class _Call(NamedTuple):
@@ -234,8 +227,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  kend_split=config.kend_split, maxnreg=config.prepare_maxnreg,
-                  inverse=config.inverse)
+                  kend_split=config.kend_split, maxnreg=config.prepare_maxnreg)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 

@@ -77,19 +77,20 @@ def split_operand(x, DT: tl.constexpr):
 
 
 @triton.jit
-def neumann_inverse16(L, BT: tl.constexpr, PRECISION: tl.constexpr = "tf32x3"):
+def neumann_inverse16(L, BT: tl.constexpr):
     """(I + L)^-1 of a strictly lower BT×BT block by the Neumann product
     (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of order 16, so four factors are exact.
-    Products as accurate as fp32 ("tf32x3": three tf32 tensor-core products each; or "ieee",
-    fp32 on FMA units, the earlier default): FlashKDA's fp16 operands raised the weak-decay
-    family's final-state error from 2.0e-3 to 1.2e-2 (docs/kernels.md)."""
+    Products as accurate as fp32, each three tf32 tensor-core products (3xTF32; fp32 on FMA
+    units measured 1-3 % slower on the H200: more shared-memory traffic). FlashKDA's fp16
+    operands raised the weak-decay family's final-state error from 2.0e-3 to 1.2e-2
+    (docs/kernels.md)."""
     o_r = tl.arange(0, BT)
     eye = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0)
     p = L
     inv = eye - L
     for _ in tl.static_range(3):
-        p = tl.dot(p, p, input_precision=PRECISION)  # L^2, L^4, L^8
-        inv = inv + tl.dot(inv, p, input_precision=PRECISION)
+        p = tl.dot(p, p, input_precision="tf32x3")  # L^2, L^4, L^8
+        inv = inv + tl.dot(inv, p, input_precision="tf32x3")
     return inv
 
 
@@ -101,8 +102,7 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
                       BT: tl.constexpr,
                       HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                       USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, KSPLIT: tl.constexpr,
-                      INV_PRECISION: tl.constexpr):
+                      IS_VARLEN: tl.constexpr, KSPLIT: tl.constexpr):
     """Stage 1 of global chunk ``i_c`` of head ``i_h`` (token rows past the sequence's end
     are zero in every product, and not stored).
 
@@ -151,7 +151,7 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     L = tl.dot(kd, kit, input_precision="tf32")
     L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
 
-    ainv = neumann_inverse16(L, BT, INV_PRECISION) * b[None, :]
+    ainv = neumann_inverse16(L, BT) * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
     w = tl.dot(ainv, kd, input_precision="tf32")
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
@@ -167,21 +167,18 @@ def chunk_kda_prepare_kernel(
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
-    INV_PRECISION: tl.constexpr = "tf32x3",
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
-                      HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT,
-                      INV_PRECISION)
+                      HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT)
 
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, maxnreg=None,
-    inverse="tf32x3",
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
@@ -190,9 +187,7 @@ def chunk_kda_prepare(
     ``chunk_table`` is an int32 [num_chunks, 2] table of (the chunk's first row, its
     sequence's end row) for variable-length input (None for fixed length).
     ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``maxnreg``: a
-    ptxas register cap (None: none). ``inverse``: the Neumann products' precision, "tf32x3"
-    (three tf32 tensor-core products each) or "fma" (fp32 on FMA units, a measurement
-    candidate).
+    ptxas register cap (None: none).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
@@ -217,7 +212,7 @@ def chunk_kda_prepare(
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
         IS_VARLEN=chunk_table is not None, KSPLIT=kend_split,
-        INV_PRECISION={"fma": "ieee", "tf32x3": "tf32x3"}[inverse], num_warps=num_warps,
+        num_warps=num_warps,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
     return w, qg, kend, klo, ainv, mqk, gamma
