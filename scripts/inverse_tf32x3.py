@@ -1,6 +1,6 @@
-"""Does stage 1's Neumann inverse lose accuracy with 3xTF32 products (``KernelConfig(inverse=
-"tf32x3")``) instead of fp32 FMA products? A CPU check in numpy on 16 x 16 blocks like stage
-1's: near-collinear unit keys (spread 0 to 1), decays from weak to the bound's, beta from
+"""Does stage 1's Neumann inverse lose accuracy with 3xTF32 products (its products since ba6b0fd)
+instead of fp32 FMA products (the earlier ones)? A CPU check in numpy on 16 x 16 blocks like
+stage 1's: near-collinear unit keys (spread 0 to 1), decays from weak to the bound's, beta from
 sigmoid(-2) to sigmoid(12). 3xTF32 is emulated as tf32(a)·tf32(b) + tf32(a)·tf32(b - tf32(b)) +
 tf32(a - tf32(a))·tf32(b), exact products summed in fp32 (the tensor cores' accumulation order
 differs; the size of the error does not). Prints the worst relative error (Frobenius) of each
