@@ -86,8 +86,9 @@ SHORT = [
 #: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
 #: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
 #: collinear keys, docs/hunt.md), and stage 1 without its register cap (``plan.prepare_maxnreg``:
-#: 168 on varlen input). Stage-1 head-fastest and value-blocks-adjacent orders and
-#: an int8 KLO were measured slower and deleted (docs/kernels.md, "Pruned").
+#: 168 on varlen input), and stage 1's whole chunks without row masks (``s1_whole``).
+#: Stage-1 head-fastest and value-blocks-adjacent orders and an int8 KLO were measured slower
+#: and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
@@ -95,6 +96,7 @@ CANDIDATES = {
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
     "s1_uncapped": KernelConfig(prepare_maxnreg=0),
+    "s1_whole": KernelConfig(prepare_whole_branch=True),
 }
 ROUNDS = 5
 
@@ -265,6 +267,11 @@ def pool_rows(quick, rounds):
     return rows
 
 
+def _outputs(result):
+    """A forward's output tensors (o, or o and the final state) as a tuple."""
+    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+
+
 def short_rows(quick, rounds, candidates=None):
     """kdalab (each candidate of CANDIDATES, or those named), FlashKDA and fla on the
     many-short shapes, in interleaved rounds; stage 1 alone with and without KEND's split."""
@@ -278,8 +285,13 @@ def short_rows(quick, rounds, candidates=None):
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "kend_single")}
+              for c in ("default", "kend_single", *(c for c in chosen if c[:3] == "s1_"))}
         ms = interleaved({**fns, **s1}, rounds)
+        ref = _outputs(run_kdalab(x, chosen["default"]))
+        for c, cfg in chosen.items():  # a candidate that changes no arithmetic: the same bits
+            if c != "default" and not isinstance(ms.get(f"kdalab_{c}"), str):
+                row[f"{c}_same_bits"] = all(torch.equal(a, b) for a, b in zip(
+                    ref, _outputs(run_kdalab(x, cfg)), strict=True))
         for key, value in ms.items():
             row[f"{key}_ms" if isinstance(value, float) else f"{key}_error"] = value
         for c in chosen:

@@ -271,6 +271,7 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(prepare_maxnreg=256), "config.prepare_maxnreg"),
     (dict(prepare_maxnreg=True), "config.prepare_maxnreg"),
     (dict(prepare_maxnreg=168.0), "config.prepare_maxnreg"),
+    (dict(prepare_whole_branch=1), "config.prepare_whole_branch"),
 ])
 def test_bad_config_raises_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -430,6 +431,22 @@ def test_interp_guard_modes_same_bits(segment_chunks):
         got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
                             config=dataclasses.replace(base, **change))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change
+
+
+@interp
+@pytest.mark.parametrize("T,cu", [(83, [0, 30, 32, 83]), (83, None), (64, None)],
+                         ids=["varlen", "fixed_unaligned", "fixed_aligned"])
+def test_interp_prepare_whole_branch_same_bits(T, cu):
+    # stage 1's whole chunks without row masks (prepare_whole_branch): the same outputs and
+    # final states, bit for bit; sequences of 30, 2 and 51 tokens give whole chunks, partial
+    # ones and a chunk of 2 rows; fixed length with a ragged tail and without one
+    (q, k, v, g, beta), kw = _slow_decay(T, 2, 32, seed=7)
+    common = dict(**kw, output_final_state=True,
+                  cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32))
+    want = chunk_kda_fwd(q, k, v.float(), g, beta, **common)
+    got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
+                        config=KernelConfig(prepare_whole_branch=True))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 @interp
@@ -701,17 +718,18 @@ def test_gpu_launch_shapes(config):
 @gpu
 @pytest.mark.parametrize("T,cu", [(2000, [0, 700, 701, 2000]), (1000, None), (1024, None)],
                          ids=["varlen", "fixed_unaligned", "fixed_aligned"])
-def test_gpu_prepare_register_cap_same_bits(T, cu):
+def test_gpu_prepare_launch_same_bits(T, cu):
     # stage 1's register cap (the plan's, none, or another) changes where values live, not
-    # what is computed: the same outputs and final states, bit for bit
+    # what is computed, and so does a copy of its code without row masks for whole chunks
+    # (prepare_whole_branch): the same outputs and final states, bit for bit
     (q, k, v, g, beta), kw = _slow_decay(T, 2, 128, seed=4, device="cuda")
     common = dict(**kw, output_final_state=True,
                   cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
     want = chunk_kda_fwd(q, k, v, g, beta, **common)
-    for cap in (0, 168, 128):
-        got = chunk_kda_fwd(q, k, v, g, beta, **common,
-                            config=KernelConfig(prepare_maxnreg=cap))
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), cap
+    for change in (dict(prepare_maxnreg=0), dict(prepare_maxnreg=168),
+                   dict(prepare_maxnreg=128), dict(prepare_whole_branch=True)):
+        got = chunk_kda_fwd(q, k, v, g, beta, **common, config=KernelConfig(**change))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change
 
 
 @gpu

@@ -47,7 +47,9 @@ class KernelConfig:
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
     overflow then leaves inf or NaN). ``prepare_maxnreg``: stage 1's ptxas register cap
     (more programs an SM; the same bits): None the plan's choice (``plan.prepare_maxnreg``),
-    0 none, else the cap. ``kend_split``:
+    0 none, else the cap. ``prepare_whole_branch``: where rows are not known to come in
+    whole chunks (varlen, T % 16 != 0), stage 1's whole chunks take a copy of its code
+    without row masks (a measurement candidate; the same bits). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -61,6 +63,7 @@ class KernelConfig:
     fp16_guard: str = "auto"
     kend_split: bool = True
     prepare_maxnreg: int | None = None
+    prepare_whole_branch: bool = False
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -79,9 +82,10 @@ class KernelConfig:
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        if not isinstance(self.kend_split, bool):
-            raise ValueError(f"config.kend_split must be True or False, "
-                             f"got {self.kend_split!r}")
+        for name in ("kend_split", "prepare_whole_branch"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"config.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -174,19 +178,20 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True, maxnreg=None):
+            beta_is_logits, plan, kend_split=True, maxnreg=None, whole_branch=False):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
+    rows_aligned = seqs.chunk_table is None and q.shape[1] % 16 == 0
     if maxnreg is None:
-        maxnreg = prepare_maxnreg(K, plan.prepare_warps,
-                                  rows_aligned=seqs.chunk_table is None and q.shape[1] % 16 == 0,
+        maxnreg = prepare_maxnreg(K, plan.prepare_warps, rows_aligned=rows_aligned,
                                   fp16_operands=operand_dtype == torch.float16)
     return chunk_kda_prepare(
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg or None)
+        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg or None,
+        whole_branch=whole_branch and not rows_aligned)
 
 
 class _Call(NamedTuple):
@@ -227,7 +232,8 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  kend_split=config.kend_split, maxnreg=config.prepare_maxnreg)
+                  kend_split=config.kend_split, maxnreg=config.prepare_maxnreg,
+                  whole_branch=config.prepare_whole_branch)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 

@@ -41,16 +41,19 @@ CHUNK = 16
 
 @triton.jit
 def gate_log2(x, a_log_ptr, dt_bias_ptr, r_ok, i_h, o_k, lower_bound,
-              HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
+              HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, MASKED: tl.constexpr = True):
     """Base-2 log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) * log2(e)`` of
     the gate tile ``x`` (token rows, key columns ``o_k``) of head ``i_h``, zero in padded rows
-    (``r_ok`` false), so that a cumulative sum ends at the last real row's."""
+    (``r_ok`` false; ``MASKED`` false: every row is real), so that a cumulative sum ends at
+    the last real row's."""
     x = x.to(tl.float32)
     if HAS_DT_BIAS:
         x += tl.load(dt_bias_ptr + i_h * o_k.shape[0] + o_k).to(tl.float32)[None, :]
     if HAS_A_LOG:
         x *= tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
-    gate = tl.where(r_ok[:, None], lower_bound * tl.sigmoid(x), 0.0)
+    gate = lower_bound * tl.sigmoid(x)
+    if MASKED:
+        gate = tl.where(r_ok[:, None], gate, 0.0)
     return gate * 1.4426950408889634
 
 
@@ -95,6 +98,17 @@ def neumann_inverse16(L, BT: tl.constexpr):
 
 
 @triton.jit
+def load_rows(ptrs, mask, MASKED: tl.constexpr):
+    """``tl.load`` of a chunk's rows: zero where ``mask`` is false (``MASKED`` false: no
+    mask, every row is real)."""
+    if MASKED:
+        x = tl.load(ptrs, mask=mask, other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
 def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                       w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       chunk_table_ptr, T, scale, lower_bound, i_h,
@@ -102,9 +116,11 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
                       BT: tl.constexpr,
                       HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                       USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, KSPLIT: tl.constexpr):
+                      IS_VARLEN: tl.constexpr, KSPLIT: tl.constexpr,
+                      MASKED: tl.constexpr = True):
     """Stage 1 of global chunk ``i_c`` of head ``i_h`` (token rows past the sequence's end
-    are zero in every product, and not stored).
+    are zero in every product, and not stored; ``MASKED`` false: the chunk is known whole,
+    and nothing is masked).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
     as soon as it is formed, so that few [BT, K] tiles are live at once (KEND and QG are gone
@@ -114,22 +130,27 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
     rows = row0 + o_r
     r_ok = rows < eos
-    m2 = r_ok[:, None]
+    m1 = None  # the row masks of the loads and stores (none for a whole chunk)
+    m2 = None
+    if MASKED:
+        m1 = r_ok
+        m2 = r_ok[:, None]
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
     # GVA: GQ value heads share a q/k head, GG a gate head (1: one each)
     i_g = i_h // GG
     offs_q = (rows[:, None] * (H // GQ) + i_h // GQ) * K + o_k[None, :]
-    g_raw = tl.load(g_ptr + (rows[:, None] * (H // GG) + i_g) * K + o_k[None, :], mask=m2,
-                    other=0.0)
-    k_raw = tl.load(k_ptr + offs_q, mask=m2, other=0.0)
-    q_raw = tl.load(q_ptr + offs_q, mask=m2, other=0.0)
-    b = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
+    g_raw = load_rows(g_ptr + (rows[:, None] * (H // GG) + i_g) * K + o_k[None, :], m2,
+                      MASKED)
+    k_raw = load_rows(k_ptr + offs_q, m2, MASKED)
+    q_raw = load_rows(q_ptr + offs_q, m2, MASKED)
+    b = load_rows(beta_ptr + rows * H + i_h, m1, MASKED).to(tl.float32)
     if BETA_LOGITS:
         b = tl.sigmoid(b)
-    b = tl.where(r_ok, b, 0.0)
+    if MASKED:
+        b = tl.where(r_ok, b, 0.0)
 
     g2 = tl.cumsum(gate_log2(g_raw, a_log_ptr, dt_bias_ptr, r_ok, i_g, o_k, lower_bound,
-                             HAS_A_LOG, HAS_DT_BIAS), axis=0)  # base-2 cumulative log-decay
+                             HAS_A_LOG, HAS_DT_BIAS, MASKED), axis=0)  # base-2 cumulative log-decay
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
@@ -167,18 +188,31 @@ def chunk_kda_prepare_kernel(
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
+    WHOLE_BRANCH: tl.constexpr = False,
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
-    prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                      w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                      chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
-                      HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT)
+    masked = True
+    if WHOLE_BRANCH:  # whole chunks take a copy of the code without row masks
+        row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
+        masked = eos - row0 < BT
+    if masked:
+        prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+                          w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                          chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
+                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT)
+    else:
+        prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+                          w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                          chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
+                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT,
+                          False)
 
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, maxnreg=None,
+    whole_branch=False,
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
@@ -187,7 +221,8 @@ def chunk_kda_prepare(
     ``chunk_table`` is an int32 [num_chunks, 2] table of (the chunk's first row, its
     sequence's end row) for variable-length input (None for fixed length).
     ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``maxnreg``: a
-    ptxas register cap (None: none).
+    ptxas register cap (None: none). ``whole_branch``:
+    whole chunks take a copy of the code without row masks (a measurement candidate).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
@@ -211,7 +246,7 @@ def chunk_kda_prepare(
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=chunk_table is not None, KSPLIT=kend_split,
+        IS_VARLEN=chunk_table is not None, KSPLIT=kend_split, WHOLE_BRANCH=whole_branch,
         num_warps=num_warps,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
     )
