@@ -269,7 +269,8 @@ def pool_rows(quick, rounds):
 
 def _outputs(result):
     """A forward's output tensors (o, or o and the final state) as a tuple."""
-    return tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    out = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    return tuple(x for x in out if x is not None)
 
 
 def short_rows(quick, rounds, candidates=None):
