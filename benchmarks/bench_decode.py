@@ -341,14 +341,16 @@ def to_json_rows(bw, dec, pools, short):
                                 note=f"kdalab {r['kdalab_ms']:.3f} ms"))
         for c in CANDIDATES:
             if c != "default" and f"{c}_over_default" in r:
+                same = r.get(f"{c}_same_bits")
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] speed-up over "
                                        f"the default", value=round(r[f"{c}_over_default"], 3),
-                                unit="x"))
+                                unit="x", **({} if same is None else {
+                                    "note": "the same bits" if same else "other bits"})))
             if c != "default" and f"{c}_vs_flashkda" in r:
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
                                 note=f"kdalab [{c}] {r[f'kdalab_{c}_ms']:.3f} ms"))
-        for c in ("default", "kend_single"):
+        for c in ("default", "kend_single", *(c for c in CANDIDATES if c[:3] == "s1_")):
             if f"stage1_{c}_ms" in r:
                 out.append(dict(target=f"prefill {r['shape']}: stage 1 [{c}]",
                                 value=round(r[f"stage1_{c}_ms"], 4), unit="ms"))

@@ -173,7 +173,8 @@ def fold_short(rows: list[dict]) -> list[dict]:
         if what.startswith("kdalab vs fla") and what != "kdalab vs flashkda" or "speed-up" in what:
             label = "fla" if what.startswith("kdalab vs fla") else what.split("]")[0].split("[")[1]
             label += " (pruned)" if label in PRUNED else ""
-            extra.setdefault(shape, []).append(f"{label} {r['value']}x")
+            bits = f" ({r['note']})" if "speed-up" in what and r.get("note") else ""
+            extra.setdefault(shape, []).append(f"{label} {r['value']}x{bits}")
         else:
             out.append(r)
     for r in out:
@@ -195,7 +196,8 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
     out = []
     for r in rows:
         shape = r["target"].removeprefix("prefill ").partition(":")[0]
-        if r["target"].endswith(": ck64_over_plain") and shape in found:
+        if (r["target"].endswith(": ck64_over_plain") and shape in found
+                and found[shape] not in r.get("note", "")):  # a kept row may have it already
             r = dict(r, note=r.get("note", "") + "; " + found[shape])
         out.append(r)
     return out
@@ -231,7 +233,7 @@ def stage1_cap_row(path: Path, commit: str) -> dict:
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
                 "[kend_single] speed-up", "[guard_launch] speed-up",
                 "[guard_inline] speed-up", "[kend_paired] speed-up", "[s1_uncapped] speed-up",
-                "[inv_fma] speed-up")
+                "[inv_fma] speed-up", "[s1_whole] speed-up")
 #: candidates measured and deleted whose speed-up a kept run still shows (marked "pruned")
 PRUNED = ("kend_paired", "inv_fma")
 

@@ -41,19 +41,20 @@ CHUNK = 16
 
 @triton.jit
 def gate_log2(x, a_log_ptr, dt_bias_ptr, r_ok, i_h, o_k, lower_bound,
-              HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr, MASKED: tl.constexpr = True):
+              HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
     """Base-2 log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) * log2(e)`` of
     the gate tile ``x`` (token rows, key columns ``o_k``) of head ``i_h``, zero in padded rows
-    (``r_ok`` false; ``MASKED`` false: every row is real), so that a cumulative sum ends at
-    the last real row's."""
+    (``r_ok`` false), so that a cumulative sum ends at the last real row's.
+
+    The select stays on whole chunks too: it keeps the product by log2(e) apart from the
+    cumulative sum's first addition, which the compiler would otherwise contract into an FMA
+    (other bits: the first whole-chunk copy of stage 1, docs/kernels.md)."""
     x = x.to(tl.float32)
     if HAS_DT_BIAS:
         x += tl.load(dt_bias_ptr + i_h * o_k.shape[0] + o_k).to(tl.float32)[None, :]
     if HAS_A_LOG:
         x *= tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
-    gate = lower_bound * tl.sigmoid(x)
-    if MASKED:
-        gate = tl.where(r_ok[:, None], gate, 0.0)
+    gate = tl.where(r_ok[:, None], lower_bound * tl.sigmoid(x), 0.0)
     return gate * 1.4426950408889634
 
 
@@ -150,7 +151,7 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
         b = tl.where(r_ok, b, 0.0)
 
     g2 = tl.cumsum(gate_log2(g_raw, a_log_ptr, dt_bias_ptr, r_ok, i_g, o_k, lower_bound,
-                             HAS_A_LOG, HAS_DT_BIAS, MASKED), axis=0)  # base-2 cumulative log-decay
+                             HAS_A_LOG, HAS_DT_BIAS), axis=0)  # base-2 cumulative log-decay
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
