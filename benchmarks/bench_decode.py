@@ -289,7 +289,7 @@ def short_rows(quick, rounds, candidates=None):
               for c in ("default", "kend_single", *(c for c in chosen if c[:3] == "s1_"))}
         ms = interleaved({**fns, **s1}, rounds)
         ref = _outputs(run_kdalab(x, chosen["default"]))
-        for c, cfg in chosen.items():  # a candidate that changes no arithmetic: the same bits
+        for c, cfg in chosen.items():  # does each candidate give the default's bits?
             if c != "default" and not isinstance(ms.get(f"kdalab_{c}"), str):
                 row[f"{c}_same_bits"] = all(torch.equal(a, b) for a, b in zip(
                     ref, _outputs(run_kdalab(x, cfg)), strict=True))

@@ -37,3 +37,30 @@ def test_the_page_is_what_the_results_give():
 ])
 def test_the_schema_check_can_fail(broken):
     assert report.check_schema(broken, "x.json") != []
+
+
+def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_path):
+    # the serving rows as bench_decode writes them (a candidate's bits check in the note of its
+    # speed-up row) and as collect_h200 folds them into the page: the bits stay readable, and
+    # a checkpoint-interval note already on a kept row is not added again
+    import bench_decode
+    import collect_h200
+
+    short = [dict(shape="S", kdalab_ms=1.0, vs_flashkda=0.98, vs_fla=2.0,
+                  s1_whole_over_default=1.041, s1_whole_same_bits=False,
+                  kend_single_over_default=1.1, kend_single_same_bits=True,
+                  stage1_default_ms=0.457, stage1_s1_whole_ms=0.418)]
+    rows = bench_decode.to_json_rows(4.2e12, [], [], short)
+    notes = {r["target"]: r.get("note") for r in rows}
+    assert notes["prefill S: kdalab [s1_whole] speed-up over the default"] == "other bits"
+    assert notes["prefill S: kdalab [kend_single] speed-up over the default"] == "the same bits"
+    assert "prefill S: stage 1 [s1_whole]" in notes
+    folded = collect_h200.fold_short([r for r in rows if "stage 1" not in r["target"]])
+    note = next(r["note"] for r in folded if r["target"] == "prefill S: kdalab vs flashkda")
+    assert "s1_whole 1.041x (other bits)" in note and "fla 2.0x" in note
+    path = tmp_path / "ck.jsonl"
+    path.write_text('{"shape": "S", "ck128_graph_x": 1.1, "ck256_graph_x": 1.05}\n')
+    ck = [dict(target="prefill S: ck64_over_plain", value=1.2, unit="x", note="plain 1 ms")]
+    once = collect_h200.note_ck_intervals(ck, path, "abc1234")
+    twice = collect_h200.note_ck_intervals(once, path, "abc1234")
+    assert once == twice and once[0]["note"].count("every 128 / 256 tokens") == 1

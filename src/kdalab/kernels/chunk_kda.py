@@ -49,7 +49,8 @@ class KernelConfig:
     (more programs an SM; the same bits): None the plan's choice (``plan.prepare_maxnreg``),
     0 none, else the cap. ``prepare_whole_branch``: where rows are not known to come in
     whole chunks (varlen, T % 16 != 0), stage 1's whole chunks take a copy of its code
-    without row masks (a measurement candidate; the same bits). ``kend_split``:
+    without row masks (a measurement candidate meant to give the same bits; this form has
+    not run on the H200 yet, docs/kernels.md). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).

@@ -121,7 +121,7 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
                       MASKED: tl.constexpr = True):
     """Stage 1 of global chunk ``i_c`` of head ``i_h`` (token rows past the sequence's end
     are zero in every product, and not stored; ``MASKED`` false: the chunk is known whole,
-    and nothing is masked).
+    and no load or store is masked; the gate keeps its row select, ``gate_log2``).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
     as soon as it is formed, so that few [BT, K] tiles are live at once (KEND and QG are gone
@@ -222,8 +222,8 @@ def chunk_kda_prepare(
     ``chunk_table`` is an int32 [num_chunks, 2] table of (the chunk's first row, its
     sequence's end row) for variable-length input (None for fixed length).
     ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``maxnreg``: a
-    ptxas register cap (None: none). ``whole_branch``:
-    whole chunks take a copy of the code without row masks (a measurement candidate).
+    ptxas register cap (None: none). ``whole_branch``: whole chunks take a copy of the code
+    without row masks (a measurement candidate).
     """
     B, T, HQ, K = q.shape
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
