@@ -86,7 +86,8 @@ SHORT = [
 #: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
 #: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
 #: collinear keys, docs/hunt.md), and stage 1 without its register cap (``plan.prepare_maxnreg``:
-#: 168 on varlen input), and stage 1's whole chunks without row masks (``s1_whole``).
+#: 168 on varlen input), and stage 1's rows unmasked: whole chunks in a copy of the code
+#: (``s1_whole``), or loads clamped to the sequence's last row (``s1_clamped``).
 #: Stage-1 head-fastest and value-blocks-adjacent orders and an int8 KLO were measured slower
 #: and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
@@ -96,7 +97,8 @@ CANDIDATES = {
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
     "s1_uncapped": KernelConfig(prepare_maxnreg=0),
-    "s1_whole": KernelConfig(prepare_whole_branch=True),
+    "s1_whole": KernelConfig(prepare_rows="whole"),
+    "s1_clamped": KernelConfig(prepare_rows="clamped"),
 }
 ROUNDS = 5
 

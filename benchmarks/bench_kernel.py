@@ -227,7 +227,7 @@ def _stage1_fn(x, config):
                           lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
                           plan=plan, kend_split=config.kend_split,
                           maxnreg=config.prepare_maxnreg,
-                          whole_branch=config.prepare_whole_branch)
+                          rows=config.prepare_rows)
     return s1, seqs, plan
 
 

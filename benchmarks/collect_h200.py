@@ -233,7 +233,8 @@ def stage1_cap_row(path: Path, commit: str) -> dict:
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
                 "[kend_single] speed-up", "[guard_launch] speed-up",
                 "[guard_inline] speed-up", "[kend_paired] speed-up", "[s1_uncapped] speed-up",
-                "[inv_fma] speed-up", "[s1_whole] speed-up")
+                "[inv_fma] speed-up", "[s1_whole] speed-up",
+                "[s1_clamped] speed-up")
 #: candidates measured and deleted whose speed-up a kept run still shows (marked "pruned")
 PRUNED = ("kend_paired", "inv_fma")
 

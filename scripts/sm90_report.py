@@ -130,8 +130,9 @@ def kdalab_rows(only: str | None = None):
         yield timed(chunk_kda_prepare_kernel, prep, ce, num_warps=nw, label=f"stage 1 w{nw}")
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True), num_warps=2,
                 label="stage 1 varlen w2")
-    yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True, WHOLE_BRANCH=True),
-                num_warps=2, label="stage 1 varlen w2 whole")  # KernelConfig.prepare_whole_branch
+    for rows in ("whole", "clamped"):  # KernelConfig.prepare_rows
+        yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True, ROWS=rows),
+                    num_warps=2, label=f"stage 1 varlen w2 {rows}")
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",

@@ -271,7 +271,8 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(prepare_maxnreg=256), "config.prepare_maxnreg"),
     (dict(prepare_maxnreg=True), "config.prepare_maxnreg"),
     (dict(prepare_maxnreg=168.0), "config.prepare_maxnreg"),
-    (dict(prepare_whole_branch=1), "config.prepare_whole_branch"),
+    (dict(prepare_rows="whole_branch"), "config.prepare_rows"),
+    (dict(prepare_rows=True), "config.prepare_rows"),
 ])
 def test_bad_config_raises_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -434,19 +435,31 @@ def test_interp_guard_modes_same_bits(segment_chunks):
 
 
 @interp
+@pytest.mark.parametrize("rows", ["whole", "clamped"])
 @pytest.mark.parametrize("T,cu", [(83, [0, 30, 32, 83]), (83, None), (64, None)],
                          ids=["varlen", "fixed_unaligned", "fixed_aligned"])
-def test_interp_prepare_whole_branch_same_bits(T, cu):
-    # stage 1's whole chunks without row masks (prepare_whole_branch): the same outputs and
-    # final states, bit for bit; sequences of 30, 2 and 51 tokens give whole chunks, partial
-    # ones and a chunk of 2 rows; fixed length with a ragged tail and without one
+def test_interp_prepare_rows_same_bits(T, cu, rows):
+    # stage 1's rows unmasked (prepare_rows: whole chunks in a copy of the code, or loads
+    # clamped to the sequence's last row): the same outputs and final states, bit for bit;
+    # sequences of 30, 2 and 51 tokens give whole chunks, partial ones and a chunk of 2 rows;
+    # fixed length with a ragged tail and without one
     (q, k, v, g, beta), kw = _slow_decay(T, 2, 32, seed=7)
     common = dict(**kw, output_final_state=True,
                   cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32))
     want = chunk_kda_fwd(q, k, v.float(), g, beta, **common)
     got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
-                        config=KernelConfig(prepare_whole_branch=True))
+                        config=KernelConfig(prepare_rows=rows))
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # and stage 1's operands themselves, padded rows of AINV and MQK included (the fp16
+    # guard of the recurrent stage reads them)
+    from kdalab.kernels import chunk_kda as ck
+
+    seqs = ck._sequences(common["cu_seqlens"], q.device, 1, T)
+    plan = ck._plan(seqs, 2, 32, 32, KernelConfig())
+    ops = [ck._stage1(q, k, g, beta, kw["A_log"], kw["dt_bias"].reshape(-1), seqs, 2, 32,
+                      scale=32 ** -0.5, lower_bound=kw["lower_bound"], use_qk_l2norm=True,
+                      beta_is_logits=True, plan=plan, rows=r) for r in ("masked", rows)]
+    assert all(torch.equal(a, b) for a, b in zip(*ops, strict=True))
 
 
 @interp
@@ -721,13 +734,15 @@ def test_gpu_launch_shapes(config):
 def test_gpu_prepare_launch_same_bits(T, cu):
     # stage 1's register cap (the plan's, none, or another) changes where values live, not
     # what is computed, and so does a copy of its code without row masks for whole chunks
-    # (prepare_whole_branch): the same outputs and final states, bit for bit
+    # (prepare_rows "whole"), and so do loads clamped to a sequence's last row ("clamped"):
+    # the same outputs and final states, bit for bit
     (q, k, v, g, beta), kw = _slow_decay(T, 2, 128, seed=4, device="cuda")
     common = dict(**kw, output_final_state=True,
                   cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
     want = chunk_kda_fwd(q, k, v, g, beta, **common)
     for change in (dict(prepare_maxnreg=0), dict(prepare_maxnreg=168),
-                   dict(prepare_maxnreg=128), dict(prepare_whole_branch=True)):
+                   dict(prepare_maxnreg=128), dict(prepare_rows="whole"),
+                   dict(prepare_rows="clamped")):
         got = chunk_kda_fwd(q, k, v, g, beta, **common, config=KernelConfig(**change))
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change
 

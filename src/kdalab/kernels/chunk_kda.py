@@ -47,10 +47,12 @@ class KernelConfig:
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
     overflow then leaves inf or NaN). ``prepare_maxnreg``: stage 1's ptxas register cap
     (more programs an SM; the same bits): None the plan's choice (``plan.prepare_maxnreg``),
-    0 none, else the cap. ``prepare_whole_branch``: where rows are not known to come in
-    whole chunks (varlen, T % 16 != 0), stage 1's whole chunks take a copy of its code
-    without row masks (a measurement candidate meant to give the same bits; this form has
-    not run on the H200 yet, docs/kernels.md). ``kend_split``:
+    0 none, else the cap. ``prepare_rows``: where rows are not known to come in whole
+    chunks (varlen, T % 16 != 0), how stage 1 masks them: ``"masked"`` (every load and store
+    by row), ``"whole"`` (chunks of 16 real rows take a copy of the code without masks) or
+    ``"clamped"`` (loads read the sequence's last row in place of rows past its end, and are
+    not masked); the last two are measurement candidates meant to give the same bits, which
+    the H200 has not yet run in this form (docs/kernels.md). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -64,7 +66,7 @@ class KernelConfig:
     fp16_guard: str = "auto"
     kend_split: bool = True
     prepare_maxnreg: int | None = None
-    prepare_whole_branch: bool = False
+    prepare_rows: str = "masked"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -83,10 +85,12 @@ class KernelConfig:
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        for name in ("kend_split", "prepare_whole_branch"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"config.{name} must be True or False, "
-                                 f"got {getattr(self, name)!r}")
+        if self.prepare_rows not in ("masked", "whole", "clamped"):
+            raise ValueError(f"config.prepare_rows must be 'masked', 'whole' or 'clamped', "
+                             f"got {self.prepare_rows!r}")
+        if not isinstance(self.kend_split, bool):
+            raise ValueError(f"config.kend_split must be True or False, "
+                             f"got {self.kend_split!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -179,7 +183,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True, maxnreg=None, whole_branch=False):
+            beta_is_logits, plan, kend_split=True, maxnreg=None, rows="masked"):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -192,7 +196,7 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
         num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg or None,
-        whole_branch=whole_branch and not rows_aligned)
+        rows="masked" if rows_aligned else rows)
 
 
 class _Call(NamedTuple):
@@ -234,7 +238,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
                   kend_split=config.kend_split, maxnreg=config.prepare_maxnreg,
-                  whole_branch=config.prepare_whole_branch)
+                  rows=config.prepare_rows)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 
