@@ -201,27 +201,22 @@ def chunk_kda_prepare_kernel(
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
-    if ROWS == "whole":  # whole chunks take a copy of the code without row masks
+    whole = False  # "whole": chunks of 16 real rows take a copy of the code without masks
+    if ROWS == "whole":
         row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
-        if eos - row0 < BT:
-            prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                              w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                              chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
-                              HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN,
-                              KSPLIT, "masked")
-        else:
-            prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                              w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                              chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
-                              HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN,
-                              KSPLIT, "whole")
-    else:
+        whole = eos - row0 >= BT
+    if whole:
         prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
                           w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                           chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
                           HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT,
-                          ROWS)
-
+                          "whole")
+    else:  # the other chunks of "whole" are masked
+        prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+                          w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                          chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
+                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT,
+                          "masked" if ROWS == "whole" else ROWS)
 
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
