@@ -130,6 +130,10 @@ def test_interp_gva_prefill(gate_heads):
     ro, rs = reference_forward(q, k, v, g, beta, initial_state=h0, output_final_state=True,
                                **kw)
     assert err(o, ro) < TOL_FP32 and err(s, rs) < TOL_FP32
+    for rows in ("whole", "clamped"):  # stage 1's unmasked row forms (T = 37: a ragged tail)
+        o3, s3 = chunk_kda_fwd(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                               config=KernelConfig(prepare_rows=rows), **kw)
+        assert torch.equal(o, o3) and torch.equal(s, s3), rows
     # GVA only changes which q/k (and gate) rows stage 1 reads: the heads repeated by hand
     # give the same bits
     rep = lambda x: x.repeat_interleave(2, dim=2)  # noqa: E731
