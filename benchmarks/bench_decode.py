@@ -85,20 +85,15 @@ SHORT = [
 #: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
 #: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
 #: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
-#: collinear keys, docs/hunt.md), and stage 1 without its register cap (``plan.prepare_maxnreg``:
-#: 168 on varlen input), and stage 1's rows unmasked: whole chunks in a copy of the code
-#: (``s1_whole``), or loads clamped to the sequence's last row (``s1_clamped``).
-#: Stage-1 head-fastest and value-blocks-adjacent orders and an int8 KLO were measured slower
-#: and deleted (docs/kernels.md, "Pruned").
+#: collinear keys, docs/hunt.md). Stage-1 head-fastest and value-blocks-adjacent orders, an
+#: int8 KLO, a register cap, and masked or whole-chunk rows on varlen input were measured
+#: slower or no faster and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
-    "s1_uncapped": KernelConfig(prepare_maxnreg=0),
-    "s1_whole": KernelConfig(prepare_rows="whole"),
-    "s1_clamped": KernelConfig(prepare_rows="clamped"),
 }
 ROUNDS = 5
 
@@ -288,7 +283,7 @@ def short_rows(quick, rounds, candidates=None):
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
         s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "kend_single", *(c for c in chosen if c[:3] == "s1_"))}
+              for c in ("default", "kend_single")}
         ms = interleaved({**fns, **s1}, rounds)
         ref = _outputs(run_kdalab(x, chosen["default"]))
         for c, cfg in chosen.items():  # does each candidate give the default's bits?
@@ -352,7 +347,7 @@ def to_json_rows(bw, dec, pools, short):
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",
                                 note=f"kdalab [{c}] {r[f'kdalab_{c}_ms']:.3f} ms"))
-        for c in ("default", "kend_single", *(c for c in CANDIDATES if c[:3] == "s1_")):
+        for c in ("default", "kend_single"):
             if f"stage1_{c}_ms" in r:
                 out.append(dict(target=f"prefill {r['shape']}: stage 1 [{c}]",
                                 value=round(r[f"stage1_{c}_ms"], 4), unit="ms"))

@@ -203,38 +203,13 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
     return out
 
 
-def stage1_cap_row(path: Path, commit: str) -> dict:
-    """Stage 1 alone under the plan's register cap against none (``plan.prepare_maxnreg``),
-    one row: its value at the first shape of the one-off prep_profile.py's JSON lines
-    (scripts/device/ at ``commit``), every shape and the whole forward in the note."""
-    found = [r for r in _json_lines(path) if "same_bits" in r]
-    if not found:
-        raise SystemExit(f"{path}: no stage-1 timings (lines with same_bits)")
-
-    def gain(r, part="s1"):
-        return round(r["ms"][f"{part}_uncapped"] / r["ms"][f"{part}_default"], 3)
-    first, rest = found[0], found[1:]
-    fwd = ", ".join("%s %.3fx" % (r["shape"], gain(r, "fwd")) for r in found)
-    cap168 = ", ".join("%s %.3fx" % (r["shape"], r["ms"]["s1_uncapped"] / r["ms"]["s1_r168"])
-                       for r in found)
-    same = all(all(r["same_bits"].values()) for r in found)
-    notes = ["%s %sx" % (r["shape"], gain(r)) for r in rest]
-    notes += [f"whole forward {fwd}", f"a cap of 168 on every shape: {cap168}",
-              f"bits equal under every cap: {same}",
-              f"prep_profile.py at {commit}, 3 interleaved rounds"]
-    return dict(target=f"stage 1 alone, {first['shape']}: the plan's register cap over none",
-                value=gain(first), unit="x", note="; ".join(notes))
-
-
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
 #: the candidates still in the code, and the speed-up of a pruned candidate timed in the run
 #: (its code at the run's commit; docs/kernels.md "Pruned" has them all; the copy bandwidth
 #: is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
                 "[kend_single] speed-up", "[guard_launch] speed-up",
-                "[guard_inline] speed-up", "[kend_paired] speed-up", "[s1_uncapped] speed-up",
-                "[inv_fma] speed-up", "[s1_whole] speed-up",
-                "[s1_clamped] speed-up")
+                "[guard_inline] speed-up", "[kend_paired] speed-up", "[inv_fma] speed-up")
 #: candidates measured and deleted whose speed-up a kept run still shows (marked "pruned")
 PRUNED = ("kend_paired", "inv_fma")
 
@@ -254,9 +229,6 @@ def main() -> None:
                     help="--serving: the longer checkpoint intervals' cost (graph replay) "
                          "from the one-off ck_profile.py's output (scripts/device/ at baefdd0) "
                          "into the notes of the 64-token rows")
-    ap.add_argument("--stage1-cap", nargs=2, metavar=("JSONL", "COMMIT"), default=None,
-                    help="--serving: stage 1 under the plan's register cap against none, from "
-                         "the one-off prep_profile.py's output (scripts/device/ at COMMIT)")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -290,8 +262,6 @@ def main() -> None:
         rows = fold_short(rows)
         if a.ck_intervals:
             rows = note_ck_intervals(rows, Path(a.ck_intervals[0]), a.ck_intervals[1])
-        if a.stage1_cap:
-            rows.append(stage1_cap_row(Path(a.stage1_cap[0]), a.stage1_cap[1]))
         _write("serving_prefill_h200", {
             "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(

@@ -126,13 +126,14 @@ def kdalab_rows(only: str | None = None):
                 chunk_table_ptr="*i32", T="i32", scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
               BETA_LOGITS=True, IS_VARLEN=False)
+    # rows in whole chunks (fixed length, T % 16 == 0) masked; other rows (varlen, or a
+    # ragged tail) clamped
     for nw in (2, 4):
         yield timed(chunk_kda_prepare_kernel, prep, ce, num_warps=nw, label=f"stage 1 w{nw}")
-    yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True), num_warps=2,
-                label="stage 1 varlen w2")
-    for rows in ("whole", "clamped"):  # KernelConfig.prepare_rows
-        yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True, ROWS=rows),
-                    num_warps=2, label=f"stage 1 varlen w2 {rows}")
+    yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True, CLAMP_ROWS=True),
+                num_warps=2, label="stage 1 varlen w2")
+    yield timed(chunk_kda_prepare_kernel, prep, dict(ce, CLAMP_ROWS=True), num_warps=2,
+                label="stage 1 ragged w2")
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",

@@ -64,3 +64,20 @@ def run_interpreter_tests(tmp_path: Path, timeout=600):
            if any(c.find(t) is not None for t in ("failure", "error", "skipped"))]
     assert cases and not bad, (bad, log)
     return len(cases)
+
+
+def stage1_clamped_and_masked(q, k, g, beta, *, A_log, dt_bias, lower_bound, cu_seqlens=None):
+    """Stage 1's operands (W, QG, KEND, KLO, AINV, MQK, GAMMA) with the loads' rows clamped
+    to the sequence and with every load masked by row, for the tests that compare the two
+    bit for bit (``chunk_prepare``: clamped where rows are not known to come in whole
+    chunks)."""
+    from kdalab.kernels import chunk_kda as ck
+
+    B, T, _, K = q.shape
+    H, V = beta.shape[2], K
+    seqs = ck._sequences(cu_seqlens, q.device, B, T)
+    plan = ck._plan(seqs, H, K, V, ck.KernelConfig())
+    return [ck._stage1(q, k, g, beta, A_log, dt_bias.reshape(-1), seqs, H, K, scale=K ** -0.5,
+                       lower_bound=lower_bound, use_qk_l2norm=True, beta_is_logits=True,
+                       plan=plan, clamp_rows=clamp) for clamp in (True, False)]
+

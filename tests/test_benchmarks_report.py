@@ -47,17 +47,17 @@ def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_pat
     import collect_h200
 
     short = [dict(shape="S", kdalab_ms=1.0, vs_flashkda=0.98, vs_fla=2.0,
-                  s1_whole_over_default=1.041, s1_whole_same_bits=False,
+                  guard_launch_over_default=1.041, guard_launch_same_bits=False,
                   kend_single_over_default=1.1, kend_single_same_bits=True,
-                  stage1_default_ms=0.457, stage1_s1_whole_ms=0.418)]
+                  stage1_default_ms=0.457, stage1_kend_single_ms=0.418)]
     rows = bench_decode.to_json_rows(4.2e12, [], [], short)
     notes = {r["target"]: r.get("note") for r in rows}
-    assert notes["prefill S: kdalab [s1_whole] speed-up over the default"] == "other bits"
+    assert notes["prefill S: kdalab [guard_launch] speed-up over the default"] == "other bits"
     assert notes["prefill S: kdalab [kend_single] speed-up over the default"] == "the same bits"
-    assert "prefill S: stage 1 [s1_whole]" in notes
+    assert "prefill S: stage 1 [kend_single]" in notes
     folded = collect_h200.fold_short([r for r in rows if "stage 1" not in r["target"]])
     note = next(r["note"] for r in folded if r["target"] == "prefill S: kdalab vs flashkda")
-    assert "s1_whole 1.041x (other bits)" in note and "fla 2.0x" in note
+    assert "guard_launch 1.041x (other bits)" in note and "fla 2.0x" in note
     path = tmp_path / "ck.jsonl"
     path.write_text('{"shape": "S", "ck128_graph_x": 1.1, "ck256_graph_x": 1.05}\n')
     ck = [dict(target="prefill S: ck64_over_plain", value=1.2, unit="x", note="plain 1 ms")]

@@ -33,8 +33,9 @@ from kdalab.kernels import (  # noqa: E402
     chunk_kda_fwd,
     chunk_kda_transition,
 )
-from kdalab.kernels.plan import fp16_guard, plan_launch, prepare_maxnreg, segment_table  # noqa: E402
+from kdalab.kernels.plan import fp16_guard, plan_launch, segment_table  # noqa: E402
 from kdalab.studies.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
+from tests.serving_inputs import stage1_clamped_and_masked  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 HAS_CUDA = torch.cuda.is_available()
@@ -191,18 +192,6 @@ def test_plan_keeps_given_values():
             plan.segment_chunks) == (32, 2, 8, 7)
 
 
-def test_prepare_register_cap_rule():
-    # the cap where stage 1's rows are not known to come in whole chunks, at K = 128 on 2
-    # warps with fp16 operands only (the kernel whose registers were measured on either side
-    # of 168; the fp32-operand one takes 250-255 and would spill)
-    assert prepare_maxnreg(128, 2, rows_aligned=False) == 168
-    assert prepare_maxnreg(128, 2, rows_aligned=True) is None
-    assert prepare_maxnreg(64, 4, rows_aligned=False) is None
-    assert prepare_maxnreg(128, 4, rows_aligned=False) is None
-    assert prepare_maxnreg(256, 8, rows_aligned=False) is None
-    assert prepare_maxnreg(128, 2, rows_aligned=False, fp16_operands=False) is None
-
-
 def test_segment_table_varlen():
     # sequences of 5, 16, 0, 49 and 80 tokens (1, 1, 0, 4, 5 chunks), segments of 2 chunks
     cu = torch.tensor([0, 5, 21, 21, 70, 150])
@@ -267,12 +256,6 @@ def test_bad_arguments_raise_value_error(mutate, match):
     (dict(segment_chunks=2.5), "config.segment_chunks"),
     (dict(kend_split=1), "config.kend_split"),
     (dict(fp16_guard=True), "config.fp16_guard"),
-    (dict(prepare_maxnreg=16), "config.prepare_maxnreg"),
-    (dict(prepare_maxnreg=256), "config.prepare_maxnreg"),
-    (dict(prepare_maxnreg=True), "config.prepare_maxnreg"),
-    (dict(prepare_maxnreg=168.0), "config.prepare_maxnreg"),
-    (dict(prepare_rows="whole_branch"), "config.prepare_rows"),
-    (dict(prepare_rows=True), "config.prepare_rows"),
 ])
 def test_bad_config_raises_value_error(kw, match):
     with pytest.raises(ValueError, match=match):
@@ -435,31 +418,19 @@ def test_interp_guard_modes_same_bits(segment_chunks):
 
 
 @interp
-@pytest.mark.parametrize("rows", ["whole", "clamped"])
 @pytest.mark.parametrize("T,cu", [(83, [0, 30, 32, 83]), (83, None), (64, None)],
                          ids=["varlen", "fixed_unaligned", "fixed_aligned"])
-def test_interp_prepare_rows_same_bits(T, cu, rows):
-    # stage 1's rows unmasked (prepare_rows: whole chunks in a copy of the code, or loads
-    # clamped to the sequence's last row): the same outputs and final states, bit for bit;
-    # sequences of 30, 2 and 51 tokens give whole chunks, partial ones and a chunk of 2 rows;
-    # fixed length with a ragged tail and without one
-    (q, k, v, g, beta), kw = _slow_decay(T, 2, 32, seed=7)
-    common = dict(**kw, output_final_state=True,
-                  cu_seqlens=None if cu is None else torch.tensor(cu, dtype=torch.int32))
-    want = chunk_kda_fwd(q, k, v.float(), g, beta, **common)
-    got = chunk_kda_fwd(q, k, v.float(), g, beta, **common,
-                        config=KernelConfig(prepare_rows=rows))
-    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    # and stage 1's operands themselves, padded rows of AINV and MQK included (the fp16
-    # guard of the recurrent stage reads them)
-    from kdalab.kernels import chunk_kda as ck
-
-    seqs = ck._sequences(common["cu_seqlens"], q.device, 1, T)
-    plan = ck._plan(seqs, 2, 32, 32, KernelConfig())
-    ops = [ck._stage1(q, k, g, beta, kw["A_log"], kw["dt_bias"].reshape(-1), seqs, 2, 32,
-                      scale=32 ** -0.5, lower_bound=kw["lower_bound"], use_qk_l2norm=True,
-                      beta_is_logits=True, plan=plan, rows=r) for r in ("masked", rows)]
-    assert all(torch.equal(a, b) for a, b in zip(*ops, strict=True))
+def test_interp_prepare_clamped_rows_same_bits(T, cu):
+    # stage 1 with its loads' rows clamped to the sequence (what runs where rows are not known
+    # to come in whole chunks) against every load masked: the same operands, bit for bit,
+    # padded rows of AINV and MQK included (the recurrent stage's fp16 guard reads them);
+    # sequences of 30, 2 and 51 tokens give whole chunks, partial ones and a chunk of 2 rows,
+    # and fixed length comes with a ragged tail and without one
+    (q, k, _, g, beta), kw = _slow_decay(T, 2, 32, seed=7)
+    clamped, masked = stage1_clamped_and_masked(
+        q, k, g, beta, **kw, cu_seqlens=None if cu is None else torch.tensor(cu))
+    assert len(clamped) == 7 and clamped[3] is not None
+    assert all(torch.equal(a, b) for a, b in zip(clamped, masked, strict=True))
 
 
 @interp
@@ -731,20 +702,14 @@ def test_gpu_launch_shapes(config):
 @gpu
 @pytest.mark.parametrize("T,cu", [(2000, [0, 700, 701, 2000]), (1000, None), (1024, None)],
                          ids=["varlen", "fixed_unaligned", "fixed_aligned"])
-def test_gpu_prepare_launch_same_bits(T, cu):
-    # stage 1's register cap (the plan's, none, or another) changes where values live, not
-    # what is computed, and so does a copy of its code without row masks for whole chunks
-    # (prepare_rows "whole"), and so do loads clamped to a sequence's last row ("clamped"):
-    # the same outputs and final states, bit for bit
-    (q, k, v, g, beta), kw = _slow_decay(T, 2, 128, seed=4, device="cuda")
-    common = dict(**kw, output_final_state=True,
-                  cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
-    want = chunk_kda_fwd(q, k, v, g, beta, **common)
-    for change in (dict(prepare_maxnreg=0), dict(prepare_maxnreg=168),
-                   dict(prepare_maxnreg=128), dict(prepare_rows="whole"),
-                   dict(prepare_rows="clamped")):
-        got = chunk_kda_fwd(q, k, v, g, beta, **common, config=KernelConfig(**change))
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), change
+def test_gpu_prepare_clamped_rows_same_bits(T, cu):
+    # stage 1 compiled for sm_90a: its loads' rows clamped to the sequence against every load
+    # masked (test_interp_prepare_clamped_rows_same_bits on the interpreter): the same
+    # operands, bit for bit
+    (q, k, _, g, beta), kw = _slow_decay(T, 2, 128, seed=4, device="cuda")
+    clamped, masked = stage1_clamped_and_masked(
+        q, k, g, beta, **kw, cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
+    assert all(torch.equal(a, b) for a, b in zip(clamped, masked, strict=True))
 
 
 @gpu

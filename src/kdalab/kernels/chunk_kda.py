@@ -18,7 +18,7 @@ import torch
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
-from .plan import LaunchPlan, fp16_guard, plan_launch, prepare_maxnreg
+from .plan import LaunchPlan, fp16_guard, plan_launch
 from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
 from .shapes import check_gate, check_tensor, head_shapes
@@ -45,14 +45,7 @@ class KernelConfig:
     second launch of only the programs the first flagged; the same bits), ``"auto"`` (the
     launch plan's choice, ``plan.fp16_guard``: a second launch for the serial pass at BV 128
     on 8 warps, inline otherwise) or ``"off"`` (a measurement candidate only: an fp16
-    overflow then leaves inf or NaN). ``prepare_maxnreg``: stage 1's ptxas register cap
-    (more programs an SM; the same bits): None the plan's choice (``plan.prepare_maxnreg``),
-    0 none, else the cap. ``prepare_rows``: where rows are not known to come in whole
-    chunks (varlen, T % 16 != 0), how stage 1 masks them: ``"masked"`` (every load and store
-    by row), ``"whole"`` (chunks of 16 real rows take a copy of the code without masks) or
-    ``"clamped"`` (loads read the sequence's last row in place of rows past its end, and are
-    not masked); the last two are measurement candidates meant to give the same bits, which
-    the H200 has not yet run in this form (docs/kernels.md). ``kend_split``:
+    overflow then leaves inf or NaN). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md).
@@ -65,8 +58,6 @@ class KernelConfig:
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
     kend_split: bool = True
-    prepare_maxnreg: int | None = None
-    prepare_rows: str = "masked"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -78,16 +69,9 @@ class KernelConfig:
             if value is not None and value not in allowed:
                 raise ValueError(f"config.{name} must be one of {allowed} or None, "
                                  f"got {value!r}")
-        cap = self.prepare_maxnreg
-        if cap is not None and not (type(cap) is int and (cap == 0 or 32 <= cap <= 255)):
-            raise ValueError(f"config.prepare_maxnreg must be None, 0 or an int in [32, 255], "
-                             f"got {cap!r}")
         if self.fp16_guard not in ("auto", "inline", "launch", "off"):
             raise ValueError(f"config.fp16_guard must be 'auto', 'inline', 'launch' or 'off', "
                              f"got {self.fp16_guard!r}")
-        if self.prepare_rows not in ("masked", "whole", "clamped"):
-            raise ValueError(f"config.prepare_rows must be 'masked', 'whole' or 'clamped', "
-                             f"got {self.prepare_rows!r}")
         if not isinstance(self.kend_split, bool):
             raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
@@ -183,20 +167,15 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True, maxnreg=None, rows="masked"):
+            beta_is_logits, plan, kend_split=True, clamp_rows=None):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
-    rows_aligned = seqs.chunk_table is None and q.shape[1] % 16 == 0
-    if maxnreg is None:
-        maxnreg = prepare_maxnreg(K, plan.prepare_warps, rows_aligned=rows_aligned,
-                                  fp16_operands=operand_dtype == torch.float16)
     return chunk_kda_prepare(
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, kend_split=kend_split, maxnreg=maxnreg or None,
-        rows="masked" if rows_aligned else rows)
+        num_warps=plan.prepare_warps, kend_split=kend_split, clamp_rows=clamp_rows)
 
 
 class _Call(NamedTuple):
@@ -237,8 +216,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  kend_split=config.kend_split, maxnreg=config.prepare_maxnreg,
-                  rows=config.prepare_rows)
+                  kend_split=config.kend_split)
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 

@@ -99,62 +99,62 @@ def neumann_inverse16(L, BT: tl.constexpr):
 
 
 @triton.jit
-def load_rows(ptrs, mask, ROWS: tl.constexpr):
-    """``tl.load`` of a chunk's rows: zero where ``mask`` is false (``ROWS`` "masked"), or
-    unmasked (every row read is one of the sequence's)."""
-    if ROWS == "masked":
-        x = tl.load(ptrs, mask=mask, other=0.0)
-    else:
+def load_rows(ptrs, mask, CLAMP_ROWS: tl.constexpr):
+    """``tl.load`` of a chunk's rows: zero where ``mask`` is false, or unmasked where the
+    rows are clamped (every row read is one of the sequence's)."""
+    if CLAMP_ROWS:
         x = tl.load(ptrs)
+    else:
+        x = tl.load(ptrs, mask=mask, other=0.0)
     return x
 
 
 @triton.jit
-def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                      w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                      chunk_table_ptr, T, scale, lower_bound, i_h,
-                      H, GQ: tl.constexpr, GG: tl.constexpr, K: tl.constexpr,
-                      BT: tl.constexpr,
-                      HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-                      USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
-                      IS_VARLEN: tl.constexpr, KSPLIT: tl.constexpr,
-                      ROWS: tl.constexpr = "masked"):
-    """Stage 1 of global chunk ``i_c`` of head ``i_h``: token rows past the sequence's end
-    are zero in every product, and not stored. ``ROWS``: "masked", every load and store
-    masked by row; "whole", the chunk is known whole and nothing is masked; "clamped", the
-    loads read row min(row, end - 1), so that none is masked, and the stores, β and q·Γ are
-    masked by row. The gate keeps its row select in every form (``gate_log2``): the same
-    bits.
+def chunk_kda_prepare_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+    w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    chunk_table_ptr,
+    T, scale, lower_bound,
+    H, K: tl.constexpr, BT: tl.constexpr,
+    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
+    CLAMP_ROWS: tl.constexpr = False,
+):
+    """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
+    the sequence's end are zero in every product, and not stored. Where rows are not known
+    to come in whole chunks (varlen, or T not a multiple of 16: ``CLAMP_ROWS``), the loads
+    read row min(row, end - 1), always one of the sequence's, so that none is masked; the
+    stores, β, the gate and q·Γ stay masked by row. Otherwise every load is masked by row.
+    Both give the same bits; clamped, the varlen kernel takes 168 registers where masked
+    loads took 175 (6 programs an SM against 4, docs/kernels.md).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
     as soon as it is formed, so that few [BT, K] tiles are live at once (KEND and QG are gone
     before the inverse)."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
     rows = row0 + o_r
     r_ok = rows < eos
-    m1 = None  # the row masks of the stores and β (none for a whole chunk)
-    m2 = None
-    if ROWS != "whole":
-        m1 = r_ok
-        m2 = r_ok[:, None]
+    m2 = r_ok[:, None]
     lrows = rows  # the rows the loads read
-    if ROWS == "clamped":
+    if CLAMP_ROWS:
         lrows = tl.minimum(rows, eos - 1)
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
     # GVA: GQ value heads share a q/k head, GG a gate head (1: one each)
     i_g = i_h // GG
     offs_q = (lrows[:, None] * (H // GQ) + i_h // GQ) * K + o_k[None, :]
     g_raw = load_rows(g_ptr + (lrows[:, None] * (H // GG) + i_g) * K + o_k[None, :], m2,
-                      ROWS)
-    k_raw = load_rows(k_ptr + offs_q, m2, ROWS)
-    q_raw = load_rows(q_ptr + offs_q, m2, ROWS)
-    b = load_rows(beta_ptr + lrows * H + i_h, m1, ROWS).to(tl.float32)
+                      CLAMP_ROWS)
+    k_raw = load_rows(k_ptr + offs_q, m2, CLAMP_ROWS)
+    q_raw = load_rows(q_ptr + offs_q, m2, CLAMP_ROWS)
+    b = load_rows(beta_ptr + lrows * H + i_h, r_ok, CLAMP_ROWS).to(tl.float32)
     if BETA_LOGITS:
         b = tl.sigmoid(b)
-    if ROWS != "whole":
-        b = tl.where(r_ok, b, 0.0)
+    b = tl.where(r_ok, b, 0.0)
 
     g2 = tl.cumsum(gate_log2(g_raw, a_log_ptr, dt_bias_ptr, r_ok, i_g, o_k, lower_bound,
                              HAS_A_LOG, HAS_DT_BIAS), axis=0)  # base-2 cumulative log-decay
@@ -170,7 +170,7 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     decay = tl.exp2(g2)
     kit = tl.trans(kv * tl.exp2(-g2))
     qd = l2_normalize(q_raw, USE_L2NORM) * decay * scale
-    if ROWS == "clamped":  # MQK's rows past the end zero, as in the masked form
+    if CLAMP_ROWS:  # MQK's rows past the end zero, as masked loads leave them
         qd = tl.where(m2, qd, 0.0)
     tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
@@ -187,41 +187,9 @@ def prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
-@triton.jit
-def chunk_kda_prepare_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-    w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    chunk_table_ptr,
-    T, scale, lower_bound,
-    H, K: tl.constexpr, BT: tl.constexpr,
-    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
-    ROWS: tl.constexpr = "masked",
-):
-    i_c = tl.program_id(0)
-    i_h = tl.program_id(1)
-    whole = False  # "whole": chunks of 16 real rows take a copy of the code without masks
-    if ROWS == "whole":
-        row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
-        whole = eos - row0 >= BT
-    if whole:
-        prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                          w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                          chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
-                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT,
-                          "whole")
-    else:  # the other chunks of "whole" are masked
-        prepare_and_store(i_c, q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-                          w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-                          chunk_table_ptr, T, scale, lower_bound, i_h, H, GQ, GG, K, BT,
-                          HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS, IS_VARLEN, KSPLIT,
-                          "masked" if ROWS == "whole" else ROWS)
-
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, maxnreg=None,
-    rows="masked",
+    chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, clamp_rows=None,
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
@@ -229,12 +197,14 @@ def chunk_kda_prepare(
 
     ``chunk_table`` is an int32 [num_chunks, 2] table of (the chunk's first row, its
     sequence's end row) for variable-length input (None for fixed length).
-    ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``maxnreg``: a
-    ptxas register cap (None: none). ``rows``: how a chunk's rows are masked,
-    "masked", "whole" or "clamped" (``prepare_and_store``; the last two are measurement
-    candidates).
+    ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``clamp_rows``:
+    clamp the loads' rows to the sequence (the kernel's ``CLAMP_ROWS``; None: where rows are
+    not known to come in whole chunks, i.e. varlen or T % 16 != 0; the tests compare both
+    forms).
     """
     B, T, HQ, K = q.shape
+    if clamp_rows is None:
+        clamp_rows = chunk_table is not None or T % CHUNK != 0
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
     w, qg, kend, *klo = torch.empty(4 if kend_split else 3, B, T, H, K, device=q.device,
@@ -256,8 +226,7 @@ def chunk_kda_prepare(
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=chunk_table is not None, KSPLIT=kend_split, ROWS=rows,
-        num_warps=num_warps,
-        **({} if maxnreg is None else {"maxnreg": maxnreg}),
+        IS_VARLEN=chunk_table is not None, KSPLIT=kend_split,
+        CLAMP_ROWS=clamp_rows, num_warps=num_warps,
     )
     return w, qg, kend, klo, ainv, mqk, gamma

@@ -81,29 +81,6 @@ def default_prepare_warps(K: int) -> int:
     return 4 if K <= 64 else 2 if K == 128 else 8
 
 
-def prepare_maxnreg(K: int, num_warps: int, rows_aligned: bool,
-                    fp16_operands: bool = True) -> int | None:
-    """Stage 1's ptxas register cap: 168 at K = 128 on 2 warps with fp16 operands (q and k
-    L2-normalized) when its rows are not known to come in whole chunks (variable-length input,
-    or T not a multiple of 16), else none.
-
-    Registers are allocated per warp from each scheduler's 16,384 (in steps of 8 a thread): at
-    169-255 a thread a scheduler holds two 2-warp programs' warps, 4 programs an SM; at 161-168,
-    three, 6 programs an SM. Fixed-length input with T a multiple of 16 compiled to 165
-    registers (triton 3.6 on the H200: the row mask is then constant over a chunk's 16 rows);
-    varlen to 174, so 4 programs an SM (Nsight Compute: 12.5 % theoretical occupancy against
-    18.75 %). With the 3xTF32 inverse (ba6b0fd) they are 166 and 175
-    (``scripts/sm90_report.py``). Capped at 168 (44 bytes of spills; the same bits) stage 1 ran
-    1.13x faster on varlen input (0.466 against 0.527 ms at 1024 x 8 H 64, 0.465 against 0.526
-    at 512 x 16 H 64, 0.468 against 0.529 at varlen6 H 64, 0.289 against 0.327 at 37 lengths H
-    32); on the aligned fixed-length shapes it cost 0.5-1.0 %, so they go without it
-    (docs/kernels.md "Launch plan"). The fp32-operand kernel (no L2 norm) takes 250-255
-    registers and would spill 300 bytes under the cap: not measured, so not capped."""
-    if K == 128 and num_warps == 2 and fp16_operands and not rows_aligned:
-        return 168
-    return None
-
-
 def _step(cost: StepCost, programs: int, sms: int, summary: bool) -> float:
     """A step's latency when ``programs`` programs share ``sms`` SMs."""
     alone = cost.summary_alone if summary else cost.full_alone
