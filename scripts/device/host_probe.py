@@ -6,6 +6,7 @@ interleaved rounds: the eager call (do_bench, median), the host's time to issue 
 replayed from a CUDA graph (the GPU's time alone); FlashKDA's eager call beside them.
 
     python scripts/device/host_probe.py --json $OUT/host_probe.json
+    python scripts/device/host_probe.py --profile   # where kdalab's host time goes (cProfile)
 """
 
 from __future__ import annotations
@@ -47,11 +48,39 @@ def graphed(fn):
     return g.replay
 
 
+def profile(n=300):
+    """cProfile of ``n`` kdalab calls on each many-short shape (after warm-up): the functions
+    with the most time of their own, and with the most time under them."""
+    import cProfile
+    import pstats
+
+    for shape in SHORT:
+        x = make_inputs(shape)
+        run_kdalab(x)
+        torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for _ in range(n):
+            run_kdalab(x)
+        prof.disable()
+        host = (time.perf_counter() - t0) / n * 1e6
+        torch.cuda.synchronize()
+        print(f"== {shape[0]}: {host:.0f} us a call under cProfile", flush=True)
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(14)
+        st.sort_stats("cumulative").print_stats(22)
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--json", required=True)
+    ap.add_argument("--json")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    if args.profile:
+        return profile()
     flashkda = bench_decode.load_flashkda()
     rows = []
     for shape in SHORT:
