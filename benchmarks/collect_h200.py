@@ -180,8 +180,10 @@ def fold_short(rows: list[dict]) -> list[dict]:
     for r in out:
         shape = r["target"].partition(": ")[0]
         if r["target"].endswith("kdalab vs flashkda") and shape in extra:
+            cands = any(not e.startswith("fla ") for e in extra[shape])
             r["note"] = (r.get("note", "") + "; " + ", ".join(extra[shape])
-                         + " (vs fla; [candidate] speed-up over the default)")
+                         + (" (vs fla; [candidate] speed-up over the default)" if cands
+                            else " (kdalab vs fla)"))
     return out
 
 
@@ -198,6 +200,28 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
         shape = r["target"].removeprefix("prefill ").partition(":")[0]
         if (r["target"].endswith(": ck64_over_plain") and shape in found
                 and found[shape] not in r.get("note", "")):  # a kept row may have it already
+            r = dict(r, note=r.get("note", "") + "; " + found[shape])
+        out.append(r)
+    return out
+
+
+def note_host_probe(rows: list[dict], path: Path, commit: str) -> list[dict]:
+    """Each many-short shape's host time a call (kdalab's and FlashKDA's) and kdalab's
+    CUDA-graph replay against FlashKDA's eager call, from the one-off host_probe.py's JSON
+    (scripts/device/ at ``commit``), in the note of its "kdalab vs flashkda" row."""
+    found = {}
+    for r in json.loads(path.read_text(encoding="utf-8"))["rows"]:
+        if "kdalab_graph_ms" in r:
+            found[r["shape"]] = (
+                f"[host {r['kdalab_host_us']:.0f} us a call against FlashKDA's "
+                f"{r['flashkda_host_us']:.0f}; CUDA-graph replay {r['kdalab_graph_ms']:.3f} ms, "
+                f"{r['flashkda_ms'] / r['kdalab_graph_ms']:.3f}x FlashKDA's eager "
+                f"{r['flashkda_ms']:.3f}: host_probe.py at {commit}]")
+    out = []
+    for r in rows:
+        shape = r["target"].removeprefix("prefill ").partition(":")[0]
+        if (r["target"].endswith(": kdalab vs flashkda") and shape in found
+                and found[shape] not in r.get("note", "")):
             r = dict(r, note=r.get("note", "") + "; " + found[shape])
         out.append(r)
     return out
@@ -229,6 +253,10 @@ def main() -> None:
                     help="--serving: the longer checkpoint intervals' cost (graph replay) "
                          "from the one-off ck_profile.py's output (scripts/device/ at baefdd0) "
                          "into the notes of the 64-token rows")
+    ap.add_argument("--host-probe", nargs=2, metavar=("JSON", "COMMIT"), default=None,
+                    help="--serving: the many-short shapes' host time a call and CUDA-graph "
+                         "replay, from the one-off host_probe.py's JSON (scripts/device/ at "
+                         "COMMIT), into the notes of the kdalab-vs-FlashKDA rows")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -262,6 +290,8 @@ def main() -> None:
         rows = fold_short(rows)
         if a.ck_intervals:
             rows = note_ck_intervals(rows, Path(a.ck_intervals[0]), a.ck_intervals[1])
+        if a.host_probe:
+            rows = note_host_probe(rows, Path(a.host_probe[0]), a.host_probe[1])
         _write("serving_prefill_h200", {
             "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(

@@ -3,6 +3,7 @@ result file has the schema, and the page is exactly what the files give, so the 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -64,3 +65,21 @@ def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_pat
     once = collect_h200.note_ck_intervals(ck, path, "abc1234")
     twice = collect_h200.note_ck_intervals(once, path, "abc1234")
     assert once == twice and once[0]["note"].count("every 128 / 256 tokens") == 1
+
+
+def test_collect_notes_the_host_probe_once(tmp_path):
+    # host_probe.py's JSON into the note of each shape's kdalab-vs-FlashKDA row, once, with
+    # the graph replay's ratio computed from the file's own figures
+    import collect_h200
+
+    path = tmp_path / "host_probe.json"
+    path.write_text(json.dumps({"rows": [dict(shape="S", kdalab_ms=0.337, flashkda_ms=0.224,
+                                              kdalab_graph_ms=0.234, kdalab_host_us=271.4,
+                                              flashkda_host_us=85.8)]}))
+    rows = [dict(target="prefill S: kdalab vs flashkda", value=0.66, unit="x", note="k"),
+            dict(target="prefill S: pool_over_plain", value=1.0, unit="x", note="p")]
+    once = collect_h200.note_host_probe(rows, path, "abc1234")
+    assert once == collect_h200.note_host_probe(once, path, "abc1234")
+    assert "host 271 us a call against FlashKDA's 86" in once[0]["note"]
+    assert "0.957x FlashKDA's eager 0.224" in once[0]["note"] and once[1]["note"] == "p"
+
