@@ -46,9 +46,10 @@ def gate_log2(x, a_log_ptr, dt_bias_ptr, r_ok, i_h, o_k, lower_bound,
     the gate tile ``x`` (token rows, key columns ``o_k``) of head ``i_h``, zero in padded rows
     (``r_ok`` false), so that a cumulative sum ends at the last real row's.
 
-    The select stays on whole chunks too: it keeps the product by log2(e) apart from the
-    cumulative sum's first addition, which the compiler would otherwise contract into an FMA
-    (other bits: the first whole-chunk copy of stage 1, docs/kernels.md)."""
+    The select stays where every row is real too: it keeps the product by log2(e) apart from
+    the cumulative sum's first addition, which the compiler would otherwise contract into an
+    FMA (other bits: a whole-chunk copy of stage 1 without it, since deleted, "Pruned" in
+    docs/kernels.md)."""
     x = x.to(tl.float32)
     if HAS_DT_BIAS:
         x += tl.load(dt_bias_ptr + i_h * o_k.shape[0] + o_k).to(tl.float32)[None, :]
