@@ -15,7 +15,9 @@
 3. Many short sequences: kdalab's prefill under each candidate (``CANDIDATES``)
    against FlashKDA and fla on the four batch shapes of issue 24 (varlen 1024 x 8 H 64; 37
    random lengths in [16, 512] H 32; B 128 T 64 H 16; B 8 T 4096 H 32), in interleaved
-   rounds, and stage 1 alone with and without KEND's split.
+   rounds, and stage 1 alone with and without KEND's split; kdalab's default also under
+   CUDA-graph replay (the GPU's time alone), and the host's time to issue one call of kdalab
+   and of FlashKDA (these calls are short enough for the host to bound them).
 
 Rows go to stdout as JSON lines and, with ``--json PATH``, into the BENCHMARKS.md JSON file
 (every measured field also into PATH's stem + ``.raw.json``). fla's
@@ -104,6 +106,29 @@ def bench(fn, rep=100):
 
 def bench_graph(fn, rep=100):
     return triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+
+
+def host_us(fn, n=100):
+    """Microseconds of host time to issue one call of ``fn``: ``n`` calls back to back, not
+    synchronized (the launch queue holds them all)."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / n * 1e6
+
+
+def host_note(r):
+    """The note of a many-short shape's host time and graph replay (fields of a short row,
+    or of the one-off host_probe.py's JSON), or "" when the row has none."""
+    if not isinstance(r.get("kdalab_graph_ms"), float) or "flashkda_ms" not in r:
+        return ""
+    return (f"host {r['kdalab_host_us']:.0f} us a call against FlashKDA's "
+            f"{r['flashkda_host_us']:.0f}; CUDA-graph replay {r['kdalab_graph_ms']:.3f} ms, "
+            f"{r['flashkda_ms'] / r['kdalab_graph_ms']:.3f}x FlashKDA's eager "
+            f"{r['flashkda_ms']:.3f}")
 
 
 def interleaved(fns, rounds, rep=40):
@@ -272,7 +297,8 @@ def _outputs(result):
 
 def short_rows(quick, rounds, candidates=None):
     """kdalab (each candidate of CANDIDATES, or those named), FlashKDA and fla on the
-    many-short shapes, in interleaved rounds; stage 1 alone with and without KEND's split."""
+    many-short shapes, in interleaved rounds; stage 1 alone with and without KEND's split;
+    the default under CUDA-graph replay, and kdalab's and FlashKDA's host time a call."""
     peers = {"fla": load_fla(), "flashkda": load_flashkda()}
     chosen = {c: CANDIDATES[c] for c in (candidates or CANDIDATES)}
     chosen.setdefault("default", CANDIDATES["default"])
@@ -305,6 +331,13 @@ def short_rows(quick, rounds, candidates=None):
             for p in peers:
                 if f"default_vs_{p}" in row:
                     row[f"vs_{p}"] = row[f"default_vs_{p}"]
+        if "flashkda" in fns and isinstance(ms.get("kdalab_default"), float):
+            try:  # the GPU's time alone, and what the host takes to issue a call
+                row["kdalab_graph_ms"] = bench_graph(fns["kdalab_default"], rep=40)
+                row["kdalab_host_us"] = host_us(fns["kdalab_default"])
+                row["flashkda_host_us"] = host_us(fns["flashkda"])
+            except Exception as exc:  # noqa: BLE001 - keep the row's other figures
+                row["kdalab_graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
         print(json.dumps(row), flush=True)
         rows.append(row)
         torch.cuda.empty_cache()
@@ -333,9 +366,11 @@ def to_json_rows(bw, dec, pools, short):
     for r in short:
         for peer in ("flashkda", "fla"):
             if f"vs_{peer}" in r:
+                host = host_note(r) if peer == "flashkda" else ""
                 out.append(dict(target=f"prefill {r['shape']}: kdalab vs {peer}",
                                 value=round(r[f"vs_{peer}"], 3), unit="x",
-                                note=f"kdalab {r['kdalab_ms']:.3f} ms"))
+                                note=f"kdalab {r['kdalab_ms']:.3f} ms"
+                                     + (f"; [{host}]" if host else "")))
         for c in CANDIDATES:
             if c != "default" and f"{c}_over_default" in r:
                 same = r.get(f"{c}_same_bits")

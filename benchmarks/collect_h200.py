@@ -208,15 +208,13 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
 def note_host_probe(rows: list[dict], path: Path, commit: str) -> list[dict]:
     """Each many-short shape's host time a call (kdalab's and FlashKDA's) and kdalab's
     CUDA-graph replay against FlashKDA's eager call, from the one-off host_probe.py's JSON
-    (scripts/device/ at ``commit``), in the note of its "kdalab vs flashkda" row."""
-    found = {}
-    for r in json.loads(path.read_text(encoding="utf-8"))["rows"]:
-        if "kdalab_graph_ms" in r:
-            found[r["shape"]] = (
-                f"[host {r['kdalab_host_us']:.0f} us a call against FlashKDA's "
-                f"{r['flashkda_host_us']:.0f}; CUDA-graph replay {r['kdalab_graph_ms']:.3f} ms, "
-                f"{r['flashkda_ms'] / r['kdalab_graph_ms']:.3f}x FlashKDA's eager "
-                f"{r['flashkda_ms']:.3f}: host_probe.py at {commit}]")
+    (scripts/device/ at ``commit``; bench_decode's short part measures both since), in the
+    note of its "kdalab vs flashkda" row."""
+    import bench_decode  # noqa: PLC0415 - torch and triton, for this option only
+
+    found = {r["shape"]: f"[{bench_decode.host_note(r)}: host_probe.py at {commit}]"
+             for r in json.loads(path.read_text(encoding="utf-8"))["rows"]
+             if bench_decode.host_note(r)}
     out = []
     for r in rows:
         shape = r["target"].removeprefix("prefill ").partition(":")[0]

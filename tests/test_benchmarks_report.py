@@ -50,9 +50,15 @@ def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_pat
     short = [dict(shape="S", kdalab_ms=1.0, vs_flashkda=0.98, vs_fla=2.0,
                   guard_launch_over_default=1.041, guard_launch_same_bits=False,
                   kend_single_over_default=1.1, kend_single_same_bits=True,
-                  stage1_default_ms=0.457, stage1_kend_single_ms=0.418)]
+                  stage1_default_ms=0.457, stage1_kend_single_ms=0.418, flashkda_ms=0.98,
+                  kdalab_graph_ms=0.9, kdalab_host_us=250.4, flashkda_host_us=80.0)]
     rows = bench_decode.to_json_rows(4.2e12, [], [], short)
     notes = {r["target"]: r.get("note") for r in rows}
+    # the host's time a call and the graph replay, in the FlashKDA row's note only
+    assert notes["prefill S: kdalab vs flashkda"] == (
+        "kdalab 1.000 ms; [host 250 us a call against FlashKDA's 80; CUDA-graph replay "
+        "0.900 ms, 1.089x FlashKDA's eager 0.980]")
+    assert notes["prefill S: kdalab vs fla"] == "kdalab 1.000 ms"
     assert notes["prefill S: kdalab [guard_launch] speed-up over the default"] == "other bits"
     assert notes["prefill S: kdalab [kend_single] speed-up over the default"] == "the same bits"
     assert "prefill S: stage 1 [kend_single]" in notes
