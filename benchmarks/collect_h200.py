@@ -190,16 +190,20 @@ def fold_short(rows: list[dict]) -> list[dict]:
 def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
     """Each shape's cost of checkpoints every 128 and 256 tokens over the pool call (graph
     replay, fp32), read from ck_profile.py's JSON lines, in the note of its 64-token row."""
-    found = {}
-    for r in _json_lines(path):
-        if "ck128_graph_x" in r:
-            found[r["shape"]] = (f"[every 128 / 256 tokens {r['ck128_graph_x']}x / "
-                                 f"{r['ck256_graph_x']}x: graph replay at {commit}]")
+    found = {r["shape"]: (f"[every 128 / 256 tokens {r['ck128_graph_x']}x / "
+                          f"{r['ck256_graph_x']}x: graph replay at {commit}]")
+             for r in _json_lines(path) if "ck128_graph_x" in r}
+    return _add_notes(rows, ": ck64_over_plain", found)
+
+
+def _add_notes(rows: list[dict], ending: str, found: dict[str, str]) -> list[dict]:
+    """``rows`` with ``found[shape]`` added to the note of each prefill row of that shape
+    whose target ends with ``ending``, unless the note has it already (a kept row may)."""
     out = []
     for r in rows:
         shape = r["target"].removeprefix("prefill ").partition(":")[0]
-        if (r["target"].endswith(": ck64_over_plain") and shape in found
-                and found[shape] not in r.get("note", "")):  # a kept row may have it already
+        if (r["target"].endswith(ending) and shape in found
+                and found[shape] not in r.get("note", "")):
             r = dict(r, note=r.get("note", "") + "; " + found[shape])
         out.append(r)
     return out
@@ -212,17 +216,11 @@ def note_host_probe(rows: list[dict], path: Path, commit: str) -> list[dict]:
     note of its "kdalab vs flashkda" row."""
     import bench_decode  # noqa: PLC0415 - torch and triton, for this option only
 
-    found = {r["shape"]: f"[{bench_decode.host_note(r)}: host_probe.py at {commit}]"
-             for r in json.loads(path.read_text(encoding="utf-8"))["rows"]
-             if bench_decode.host_note(r)}
-    out = []
-    for r in rows:
-        shape = r["target"].removeprefix("prefill ").partition(":")[0]
-        if (r["target"].endswith(": kdalab vs flashkda") and shape in found
-                and found[shape] not in r.get("note", "")):
-            r = dict(r, note=r.get("note", "") + "; " + found[shape])
-        out.append(r)
-    return out
+    notes = {r["shape"]: bench_decode.host_note(r)
+             for r in json.loads(path.read_text(encoding="utf-8"))["rows"]}
+    found = {shape: f"[{note}: host_probe.py at {commit}]" for shape, note in notes.items()
+             if note}
+    return _add_notes(rows, ": kdalab vs flashkda", found)
 
 
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
