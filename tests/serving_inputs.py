@@ -74,10 +74,9 @@ def stage1_clamped_and_masked(q, k, g, beta, *, A_log, dt_bias, lower_bound, cu_
     from kdalab.kernels import chunk_kda as ck
 
     B, T, _, K = q.shape
-    H, V = beta.shape[2], K
+    H = beta.shape[2]
     seqs = ck._sequences(cu_seqlens, q.device, B, T)
-    plan = ck._plan(seqs, H, K, V, ck.KernelConfig())
+    plan = ck._plan(seqs, H, K, K, ck.KernelConfig())  # stage 1 takes only its warps from it
     return [ck._stage1(q, k, g, beta, A_log, dt_bias.reshape(-1), seqs, H, K, scale=K ** -0.5,
                        lower_bound=lower_bound, use_qk_l2norm=True, beta_is_logits=True,
                        plan=plan, clamp_rows=clamp) for clamp in (True, False)]
-
