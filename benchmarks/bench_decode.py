@@ -87,7 +87,9 @@ SHORT = [
 #: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
 #: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
 #: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
-#: collinear keys, docs/hunt.md). Stage-1 head-fastest and value-blocks-adjacent orders, an
+#: collinear keys, docs/hunt.md), and every launch through Triton's ``kernel[grid]`` rather
+#: than the compiled kernel's launcher (``kernels/launch.py``: what the direct launch saves).
+#: Stage-1 head-fastest and value-blocks-adjacent orders, an
 #: int8 KLO, a register cap, and masked or whole-chunk rows on varlen input were measured
 #: slower or no faster and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
@@ -96,6 +98,7 @@ CANDIDATES = {
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
+    "launch_triton": KernelConfig(launch="triton"),
 }
 ROUNDS = 5
 
@@ -129,6 +132,15 @@ def host_note(r):
             f"{r['flashkda_host_us']:.0f}; CUDA-graph replay {r['kdalab_graph_ms']:.3f} ms, "
             f"{r['flashkda_ms'] / r['kdalab_graph_ms']:.3f}x FlashKDA's eager "
             f"{r['flashkda_ms']:.3f}")
+
+
+def decode_host_note(r):
+    """A decode row's host time a call: kdalab (direct launch), through Triton's launch path
+    (and that path's eager time), fla."""
+    fla = f", fla {r['fla_host_us']:.0f}" if "fla_host_us" in r else ""
+    return (f"host {r['kdalab_host_us']:.0f} us a call, {r['kdalab_triton_launch_host_us']:.0f}"
+            f" through Triton's launch path (eager "
+            f"{r['kdalab_triton_launch_ms'] * 1e3:.2f} us){fla}")
 
 
 def interleaved(fns, rounds, rep=40):
@@ -197,10 +209,17 @@ def decode_rows(bw, quick):
             mine = lambda x=x, gate=gate: kda_decode(  # noqa: E731
                 x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
                 state_indices=x["idx"], **gate)
+            slow = lambda x=x, gate=gate: kda_decode(  # noqa: E731 - Triton's launch path
+                x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
+                state_indices=x["idx"], launch="triton", **gate)
             row = dict(N=N, H=H)
             mine()
+            slow()
             row["kdalab_ms"] = bench(mine)
             row["kdalab_graph_ms"] = bench_graph(mine)
+            row["kdalab_triton_launch_ms"] = bench(slow)
+            row["kdalab_host_us"] = host_us(mine)
+            row["kdalab_triton_launch_host_us"] = host_us(slow)
             # the state read and written (fp32), q, k, g, v read and o written (bf16), beta
             moved = N * H * (2 * D * D * 4 + 4 * D * 2 + D * 2 + 2)
             row["floor_ms"] = moved / bw * 1e3
@@ -213,6 +232,7 @@ def decode_rows(bw, quick):
                 theirs()
                 row["fla_ms"] = bench(theirs)
                 row["fla_graph_ms"] = bench_graph(theirs)
+                row["fla_host_us"] = host_us(theirs)
                 row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
                 row["speedup_graph"] = row["fla_graph_ms"] / row["kdalab_graph_ms"]
             row["over_floor_graph"] = row["kdalab_graph_ms"] / row["floor_ms"]
@@ -336,6 +356,9 @@ def short_rows(quick, rounds, candidates=None):
                 row["kdalab_graph_ms"] = bench_graph(fns["kdalab_default"], rep=40)
                 row["kdalab_host_us"] = host_us(fns["kdalab_default"])
                 row["flashkda_host_us"] = host_us(fns["flashkda"])
+                for c in chosen:
+                    if c != "default":
+                        row[f"{c}_host_us"] = host_us(fns[f"kdalab_{c}"])
             except Exception as exc:  # noqa: BLE001 - keep the row's other figures
                 row["kdalab_graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
         print(json.dumps(row), flush=True)
@@ -351,7 +374,9 @@ def to_json_rows(bw, dec, pools, short):
         tag = f"decode N={r['N']} H={r['H']}"
         out.append(dict(target=f"{tag}: kdalab", value=round(r["kdalab_ms"] * 1e3, 2),
                         unit="us", note=f"graph {r['kdalab_graph_ms'] * 1e3:.2f} us, floor "
-                                        f"{r['floor_ms'] * 1e3:.2f} us"))
+                                        f"{r['floor_ms'] * 1e3:.2f} us"
+                                        + (f"; {decode_host_note(r)}" if "kdalab_host_us" in r
+                                           else "")))
         if "speedup" in r:
             out.append(dict(target=f"{tag}: vs fla fused_recurrent_kda", value=round(
                 r["speedup"], 3), unit="x", note=f"graph replay {r['speedup_graph']:.3f}x"))
@@ -374,10 +399,13 @@ def to_json_rows(bw, dec, pools, short):
         for c in CANDIDATES:
             if c != "default" and f"{c}_over_default" in r:
                 same = r.get(f"{c}_same_bits")
+                note = [] if same is None else ["the same bits" if same else "other bits"]
+                if f"{c}_host_us" in r:
+                    note.append(f"host {r[f'{c}_host_us']:.0f} us a call against the "
+                                f"default's {r['kdalab_host_us']:.0f}")
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] speed-up over "
                                        f"the default", value=round(r[f"{c}_over_default"], 3),
-                                unit="x", **({} if same is None else {
-                                    "note": "the same bits" if same else "other bits"})))
+                                unit="x", **({"note": "; ".join(note)} if note else {})))
             if c != "default" and f"{c}_vs_flashkda" in r:
                 out.append(dict(target=f"prefill {r['shape']}: kdalab [{c}] vs flashkda",
                                 value=round(r[f"{c}_vs_flashkda"], 3), unit="x",

@@ -225,7 +225,8 @@ def _stage1_fn(x, config):
     def s1():
         return ck._stage1(q, k, g, beta, x["A_log"], dt_bias, seqs, H, K, scale=K ** -0.5,
                           lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
-                          plan=plan, kend_split=config.kend_split)
+                          plan=plan, kend_split=config.kend_split,
+                          direct=config.launch == "direct")
     return s1, seqs, plan
 
 

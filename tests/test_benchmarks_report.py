@@ -51,8 +51,13 @@ def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_pat
                   guard_launch_over_default=1.041, guard_launch_same_bits=False,
                   kend_single_over_default=1.1, kend_single_same_bits=True,
                   stage1_default_ms=0.457, stage1_kend_single_ms=0.418, flashkda_ms=0.98,
-                  kdalab_graph_ms=0.9, kdalab_host_us=250.4, flashkda_host_us=80.0)]
-    rows = bench_decode.to_json_rows(4.2e12, [], [], short)
+                  kdalab_graph_ms=0.9, kdalab_host_us=250.4, flashkda_host_us=80.0,
+                  launch_triton_over_default=1.25, launch_triton_same_bits=True,
+                  launch_triton_host_us=301.2)]
+    dec = [dict(N=1, H=12, kdalab_ms=0.01, kdalab_graph_ms=0.005, floor_ms=0.004,
+                kdalab_host_us=20.2, kdalab_triton_launch_host_us=60.7,
+                kdalab_triton_launch_ms=0.061, fla_host_us=40.0, over_floor_graph=1.25)]
+    rows = bench_decode.to_json_rows(4.2e12, dec, [], short)
     notes = {r["target"]: r.get("note") for r in rows}
     # the host's time a call and the graph replay, in the FlashKDA row's note only
     assert notes["prefill S: kdalab vs flashkda"] == (
@@ -61,6 +66,11 @@ def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_pat
     assert notes["prefill S: kdalab vs fla"] == "kdalab 1.000 ms"
     assert notes["prefill S: kdalab [guard_launch] speed-up over the default"] == "other bits"
     assert notes["prefill S: kdalab [kend_single] speed-up over the default"] == "the same bits"
+    assert notes["prefill S: kdalab [launch_triton] speed-up over the default"] == (
+        "the same bits; host 301 us a call against the default's 250")
+    assert notes["decode N=1 H=12: kdalab"] == (
+        "graph 5.00 us, floor 4.00 us; host 20 us a call, 61 through Triton's launch path "
+        "(eager 61.00 us), fla 40")
     assert "prefill S: stage 1 [kend_single]" in notes
     folded = collect_h200.fold_short([r for r in rows if "stage 1" not in r["target"]])
     note = next(r["note"] for r in folded if r["target"] == "prefill S: kdalab vs flashkda")

@@ -48,7 +48,10 @@ class KernelConfig:
     overflow then leaves inf or NaN). ``kend_split``:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
-    the split costs; it fails the hunt's collinear keys, docs/hunt.md).
+    the split costs; it fails the hunt's collinear keys, docs/hunt.md). ``launch``: how
+    each kernel is launched — ``"direct"`` (the compiled kernel's launcher, once Triton has
+    compiled it for the call's specialization: ``launch.py``) or ``"triton"``
+    (``kernel[grid]`` every call: the same kernels and bits, more host time).
     """
 
     dot: str = "auto"
@@ -58,6 +61,7 @@ class KernelConfig:
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
     kend_split: bool = True
+    launch: str = "direct"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -75,6 +79,8 @@ class KernelConfig:
         if not isinstance(self.kend_split, bool):
             raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
+        if self.launch not in ("direct", "triton"):
+            raise ValueError(f"config.launch must be 'direct' or 'triton', got {self.launch!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -167,7 +173,7 @@ def _sequences(cu_seqlens, device, B, T) -> Sequences:
 
 
 def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, use_qk_l2norm,
-            beta_is_logits, plan, kend_split=True, clamp_rows=None):
+            beta_is_logits, plan, kend_split=True, clamp_rows=None, direct=True):
     # fp16 holds every stage-1 operand when q, k are unit vectors (all are <= 1 in size,
     # AINV's entries are bounded by the Neumann terms); otherwise keep fp32.
     operand_dtype = torch.float16 if use_qk_l2norm else torch.float32
@@ -175,7 +181,8 @@ def _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, *, scale, lower_bound, us
         q, k, g, beta, A_log, dt_bias, scale=scale, lower_bound=lower_bound,
         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
         chunk_table=seqs.chunk_table, num_chunks=seqs.num_chunks, operand_dtype=operand_dtype,
-        num_warps=plan.prepare_warps, kend_split=kend_split, clamp_rows=clamp_rows)
+        num_warps=plan.prepare_warps, kend_split=kend_split, clamp_rows=clamp_rows,
+        direct=direct)
 
 
 class _Call(NamedTuple):
@@ -216,7 +223,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  kend_split=config.kend_split)
+                  kend_split=config.kend_split, direct=config.launch == "direct")
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 
@@ -299,7 +306,7 @@ def chunk_kda_fwd(
                   num_seqs=num_seqs, block_v=plan.block_v,
                   num_warps=plan.num_warps, dot=dot, guard=_GUARDS[
                       fp16_guard(plan) if config.fp16_guard == "auto" else config.fp16_guard]
-                  if dot == "fp16" else False,
+                  if dot == "fp16" else False, direct=config.launch == "direct",
                   **serving)
     o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)
     if state_pool is not None:
@@ -322,7 +329,7 @@ def _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout
     chunk_kda_recurrent(v, *ops, **stages, passes=(1,))
     chunk_kda_combine(summary, seg_offsets, initial_state, num_seqs=num_seqs,
                       state_vk=state_layout == "VK", H=H, K=K, V=V,
-                      state_indices=launch.get("state_indices"))
+                      state_indices=launch.get("state_indices"), direct=launch["direct"])
     chunk_kda_recurrent(v, *ops, **stages, passes=(2,))
     return o
 
@@ -365,7 +372,7 @@ def chunk_kda_transition(
                         cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                         num_seqs=num_seqs, block_v=plan.block_v, num_warps=plan.num_warps,
                         dot=dot, guard=dot == "fp16", segments=table, summary=summary,
-                        passes=(1,), skip_last=False)
+                        passes=(1,), skip_last=False, direct=config.launch == "direct")
     R = summary[:, :, :V, :].transpose(-1, -2)
     M = summary[:, :, V:, :].transpose(-1, -2)
     return M, R

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .indexing import chunk_of_program
+from .launch import launch
 
 CHUNK = 16
 
@@ -191,6 +192,7 @@ def chunk_kda_prepare_kernel(
 def chunk_kda_prepare(
     q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
     chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, clamp_rows=None,
+    direct=True,
 ):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
@@ -201,7 +203,7 @@ def chunk_kda_prepare(
     ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``clamp_rows``:
     clamp the loads' rows to the sequence (the kernel's ``CLAMP_ROWS``; None: where rows are
     not known to come in whole chunks, i.e. varlen or T % 16 != 0; the tests compare both
-    forms).
+    forms). ``direct``: launch through ``launch.py`` (False: ``kernel[grid]`` every call).
     """
     B, T, HQ, K = q.shape
     if clamp_rows is None:
@@ -217,17 +219,18 @@ def chunk_kda_prepare(
     if num_chunks == 0:
         return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    chunk_kda_prepare_kernel[(num_chunks, H)](
+    launch(chunk_kda_prepare_kernel, (num_chunks, H), (
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
         w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
         chunk_table if chunk_table is not None else dummy,
         T, float(scale), float(lower_bound),
+    ), dict(
         H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
         IS_VARLEN=chunk_table is not None, KSPLIT=kend_split,
         CLAMP_ROWS=clamp_rows, num_warps=num_warps,
-    )
+    ), direct=direct)
     return w, qg, kend, klo, ainv, mqk, gamma

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .indexing import segment_of_program, sequence_of_program
+from .launch import launch
 
 CHUNK = 16
 
@@ -296,7 +297,7 @@ def chunk_kda_recurrent(
     v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
-    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0,
+    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, direct=True,
 ):
     """Launch stage 2. Returns o (like v).
 
@@ -309,7 +310,9 @@ def chunk_kda_recurrent(
     and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``),
     stored through a tensor descriptor. ``klo``: KEND's rounding error (stage 1's KLO; None:
     KEND alone, a measurement candidate). ``guard``: the fp16 range guard's redo in the same
-    launch (True), in a second launch (``"launch"``), or none (False).
+    launch (True), in a second launch (``"launch"``), or none (False). ``direct``: launch
+    through ``launch.py`` (False: ``kernel[grid]`` every call; a checkpoint descriptor always
+    takes that path).
     """
     import torch
 
@@ -349,10 +352,10 @@ def chunk_kda_recurrent(
                   ck_offsets_ptr=checkpoint_offsets, PASS=pass_)
         if guard == "launch":  # the redo as a second launch (flags: one a program)
             flags = torch.empty(math.prod(grid), device=v.device, dtype=torch.int32)
-            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=1),
-                                             flag_ptr=flags)
-            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, GUARD=False, FLAG=2,
-                                                           DT=tl.float32), flag_ptr=flags)
+            launch(chunk_kda_recurrent_kernel, grid, args,
+                   dict(kw, GUARD=False, FLAG=1, flag_ptr=flags), direct=direct)
+            launch(chunk_kda_recurrent_kernel, grid, args,
+                   dict(kw, GUARD=False, FLAG=2, DT=tl.float32, flag_ptr=flags), direct=direct)
         else:
-            chunk_kda_recurrent_kernel[grid](*args, **kw)
+            launch(chunk_kda_recurrent_kernel, grid, args, kw, direct=direct)
     return o

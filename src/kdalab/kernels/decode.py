@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
 from .shapes import check_gate, check_state_pool, check_tensor, head_shapes
 
 
@@ -122,8 +123,9 @@ def decode_launch_shape(K: int, V: int) -> tuple[int, int]:
 
 def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, cu_seqlens, *,
                       num_seqs, T, scale, lower_bound, use_qk_l2norm, beta_is_logits, state_vk,
-                      block_v=None, num_warps=None):
-    """Launch the decode kernel on validated, contiguous tensors (``kernels.decode_api``)."""
+                      block_v=None, num_warps=None, direct=True):
+    """Launch the decode kernel on validated, contiguous tensors (``kernels.decode_api``);
+    ``direct``: through ``launch.py`` (False: ``kernel[grid]`` every call)."""
     H, K = q.shape[-2:]
     HV, V = v.shape[-2:]
     HG = g.shape[-2]
@@ -134,15 +136,15 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
     grid = (-(-V // bv), num_seqs * HV)  # not triton.cdiv: a JIT function, ~15 us a call
     if grid[1] == 0:
         return o
-    kda_decode_kernel[grid](
+    launch(kda_decode_kernel, grid, (
         q, k, v, g, beta, A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy, o, pool, idx,
         accepted if accepted is not None else idx, cu_seqlens if cu_seqlens is not None else idx,
         T, float(scale), float(lower_bound), idx.shape[1] if idx.ndim == 2 else 1,
-        H, HV, HG, K=K, V=V, BV=bv, HAS_A_LOG=A_log is not None,
+        H, HV, HG), dict(K=K, V=V, BV=bv, HAS_A_LOG=A_log is not None,
         HAS_DT_BIAS=dt_bias is not None, USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
         STATE_VK=state_vk, PER_TOKEN=idx.ndim == 2, HAS_ACCEPTED=accepted is not None,
-        IS_VARLEN=cu_seqlens is not None, num_warps=warps)
+        IS_VARLEN=cu_seqlens is not None, num_warps=warps), direct=direct)
     return o
 
 
@@ -188,7 +190,7 @@ def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
 def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log=None,
                dt_bias=None, lower_bound=-5.0, use_qk_l2norm=True, beta_is_logits=True,
                state_layout="KV", num_accepted_tokens=None, cu_seqlens=None, out=None,
-               block_v=None, num_warps=None):
+               block_v=None, num_warps=None, launch="direct"):
     """KDA decode: ``T_new`` new tokens of each of N sequences whose states live in a pool.
 
     q, k ``[N, T_new, H, K]``; v ``[N, T_new, HV, V]`` (GVA: HV a multiple of H, value head i
@@ -199,10 +201,15 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
     place at the rows ``state_indices`` names (module docstring: ``[N]``, or ``[N, T_new]``
     with per-token states and ``num_accepted_tokens`` for speculative decoding; negative
     indices skip). Index contents are not checked (a check would sync the host); two
-    sequences naming one row race. Returns o like v (or written into ``out``).
+    sequences naming one row race. Returns o like v (or written into ``out``). ``block_v``,
+    ``num_warps``: the program shape (None: ``decode_launch_shape``); ``launch``:
+    ``"direct"`` (the compiled kernel's launcher, ``launch.py``) or ``"triton"``
+    (``kernel[grid]`` every call; the same kernel, more host time).
     """
     N, T = validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
                            lower_bound, state_layout, num_accepted_tokens, cu_seqlens)
+    if launch not in ("direct", "triton"):
+        raise ValueError(f"launch must be 'direct' or 'triton', got {launch!r}")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise RuntimeError("kdalab.kernels.kda_decode runs a Triton kernel: it needs CUDA "
                            f"tensors, or TRITON_INTERPRET=1 on the CPU; got {q.device}")
@@ -224,4 +231,4 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
                              num_accepted_tokens, cu_seqlens, num_seqs=N, T=T, scale=scale,
                              lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                              beta_is_logits=beta_is_logits, state_vk=state_layout == "VK",
-                             block_v=block_v, num_warps=num_warps)
+                             block_v=block_v, num_warps=num_warps, direct=launch == "direct")

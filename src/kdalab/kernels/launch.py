@@ -1,0 +1,108 @@
+"""Launching a Triton kernel that has already been compiled, without the per-call work of
+``JITFunction.run``.
+
+``kernel[grid](*args, **kwargs)`` binds the arguments, specializes each one natively,
+builds a cache key from the specialization and ``str(options)``, looks the compiled kernel
+up, checks the globals it used, builds launch metadata and only then calls the compiled
+kernel's launcher. On the H200's host that is about 54 µs a launch, of which the launcher
+itself is 13 (cProfile, docs/kernels.md "Host overhead"); a short prefill makes three
+launches and is bound by the host.
+
+:func:`launch` keeps, per JIT function, a table from what Triton specializes on to the
+compiled kernel Triton returned the first time (through ``kernel[grid]``, which compiles it),
+and later calls that kernel's launcher with the same arguments ``JITFunction.run`` would
+pass it: every parameter in signature order, constexprs included. What Triton specializes a
+non-constexpr argument on (``native_specialize_impl``; triton 3.6 and 3.9 alike): a tensor's
+dtype and whether its address is a multiple of 16; an integer's width (int32, int64,
+uint64), whether it is 1 and whether it is a multiple of 16; a float or bool by type; None
+as a constexpr. The key here holds each of those, every constexpr's value and the options
+(``num_warps``, ``num_stages``), so a call that Triton would compile differently misses the
+table and goes through ``kernel[grid]`` (which compiles or finds the other kernel). Anything
+else — a tensor descriptor, launch hooks (profilers), pre-run hooks, the interpreter — takes
+``kernel[grid]`` every time.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_TABLES: dict = {}  # JIT function -> (names, their set, constexpr flags, defaults, {key: kernel})
+_DRIVER: list = []  # (get_current_device, knobs.runtime), found once
+
+
+class _Unkeyed(Exception):
+    """An argument whose specialization this module does not know (take Triton's path)."""
+
+
+def _spec(value):
+    """What Triton specializes a non-constexpr argument on (module docstring)."""
+    if isinstance(value, torch.Tensor):
+        return value.dtype, value.data_ptr() % 16 == 0
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, int):
+        width = 0 if -2**31 <= value < 2**31 else 1 if -2**63 <= value < 2**63 else 2
+        return width, value == 1, value % 16 == 0
+    if isinstance(value, float):
+        return float
+    raise _Unkeyed
+
+
+def _table(fn):
+    table = _TABLES.get(fn)
+    if table is None:
+        params = fn.params
+        names = [p.name for p in params]
+        table = (names, frozenset(names), [p.is_constexpr for p in params],
+                 [p.default if p.has_default else _Unkeyed for p in params], {})
+        _TABLES[fn] = table
+    return table
+
+
+def _driver():
+    if not _DRIVER:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        _DRIVER.extend((driver.active.get_current_device, knobs.runtime))
+    return _DRIVER
+
+
+def launch(fn, grid, args, kwargs, *, direct=True):
+    """``fn[grid](*args, **kwargs)``; with ``direct``, through the compiled kernel's launcher
+    once Triton has compiled it for this specialization (module docstring). ``grid`` is a
+    tuple of one to three ints."""
+    from triton.runtime.jit import JITFunction
+
+    if not direct or not isinstance(fn, JITFunction) or fn.pre_run_hooks:
+        fn[grid](*args, **kwargs)
+        return
+    get_device, runtime = _driver()
+    if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+        fn[grid](*args, **kwargs)
+        return
+    names, known, constexpr, defaults, kernels = _table(fn)
+    values = list(args)
+    try:
+        for name in names[len(args):]:
+            value = kwargs.get(name, defaults[len(values)])
+            if value is _Unkeyed:
+                raise _Unkeyed  # a missing argument: let Triton say so
+            values.append(value)
+        options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
+        key = (get_device(), options,
+               tuple(v if c else _spec(v) for v, c in zip(values, constexpr)))
+        kernel = kernels.get(key)
+    except (_Unkeyed, TypeError):  # TypeError: an unhashable constexpr or option
+        fn[grid](*args, **kwargs)
+        return
+    if kernel is None:
+        kernel = fn[grid](*args, **kwargs)
+        if kernel is not None:
+            kernels[key] = kernel
+        return
+    # the compiled kernel's own launch (CompiledKernel.__getitem__): the current stream, no
+    # launch metadata without hooks, then its launcher with every parameter's value
+    kernel[tuple(grid) + (1,) * (3 - len(grid))](*values)
