@@ -54,6 +54,15 @@ def test_launch_falls_back_to_kernel_grid():
     assert fn.calls == [((3, 2), (1, None), dict(BLOCK=4, num_warps=2))] * 2
 
 
+def test_hooks_are_seen_in_either_form():
+    from triton.knobs import HookChain
+
+    chain = HookChain()
+    assert not L._hooked(None) and not L._hooked(chain)
+    chain.add(print)
+    assert L._hooked(chain) and L._hooked(print)
+
+
 def test_launch_option_is_checked():
     with pytest.raises(ValueError, match="config.launch"):
         KernelConfig(launch="fast")
@@ -126,6 +135,8 @@ def test_gpu_prefill_direct_launch_same_bits(base):
         runs.append(out + (pp,))
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other) if a is not None)
+    from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
+    assert L._TABLES[chunk_kda_prepare_kernel][-1]  # the direct path was taken
     # varlen (B = 1), GVA, an initial state; then the same inputs one element off alignment
     cu = torch.tensor([0, 17, 200, 512], device=dev, dtype=torch.int32)
     flat = [x.reshape(1, -1, *x.shape[2:])[:, :512] for x in (q, k, v, g, beta)]
@@ -161,5 +172,7 @@ def test_gpu_decode_direct_launch_same_bits():
         outs.append((o, pp))
     for o, pp in outs[1:]:
         assert torch.equal(o, outs[0][0]) and torch.equal(pp, outs[0][1])
+    from kdalab.kernels.decode import kda_decode_kernel
+    assert L._TABLES[kda_decode_kernel][-1]  # the direct path was taken
     with pytest.raises(ValueError, match="launch"):
         kda_decode(q, k, v, g, beta, state_pool=p, state_indices=idx, launch="fast", **kw)

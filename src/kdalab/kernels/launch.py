@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 _TABLES: dict = {}  # JIT function -> (names, their set, constexpr flags, defaults, {key: kernel})
-_DRIVER: list = []  # (get_current_device, knobs.runtime), found once
+_DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime), found once
 
 
 class _Unkeyed(Exception):
@@ -66,8 +66,16 @@ def _driver():
         from triton import knobs
         from triton.runtime.driver import driver
 
-        _DRIVER.extend((driver.active.get_current_device, knobs.runtime))
+        _DRIVER.extend((driver.active.get_current_device, driver.active.get_current_stream,
+                        knobs.runtime))
     return _DRIVER
+
+
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: triton 3.6 and 3.9 hold a chain of hooks (empty when
+    none is set, then JITFunction.run still builds launch metadata and calls it), earlier
+    versions None."""
+    return hook is not None and getattr(hook, "calls", True) != []
 
 
 def launch(fn, grid, args, kwargs, *, direct=True):
@@ -79,8 +87,8 @@ def launch(fn, grid, args, kwargs, *, direct=True):
     if not direct or not isinstance(fn, JITFunction) or fn.pre_run_hooks:
         fn[grid](*args, **kwargs)
         return
-    get_device, runtime = _driver()
-    if runtime.launch_enter_hook is not None or runtime.launch_exit_hook is not None:
+    get_device, get_stream, runtime = _driver()
+    if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
         fn[grid](*args, **kwargs)
         return
     names, known, constexpr, defaults, kernels = _table(fn)
@@ -92,7 +100,8 @@ def launch(fn, grid, args, kwargs, *, direct=True):
                 raise _Unkeyed  # a missing argument: let Triton say so
             values.append(value)
         options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
-        key = (get_device(), options,
+        device = get_device()
+        key = (device, options,
                tuple(v if c else _spec(v) for v, c in zip(values, constexpr)))
         kernel = kernels.get(key)
     except (_Unkeyed, TypeError):  # TypeError: an unhashable constexpr or option
@@ -103,6 +112,8 @@ def launch(fn, grid, args, kwargs, *, direct=True):
         if kernel is not None:
             kernels[key] = kernel
         return
-    # the compiled kernel's own launch (CompiledKernel.__getitem__): the current stream, no
-    # launch metadata without hooks, then its launcher with every parameter's value
-    kernel[tuple(grid) + (1,) * (3 - len(grid))](*values)
+    # what JITFunction.run then does: the launcher with the grid, the current stream, no
+    # launch metadata and no hooks (None: the launcher skips them), every parameter's value
+    kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+               get_stream(device), kernel.function, kernel.packed_metadata, None, None, None,
+               *values)
