@@ -25,9 +25,11 @@ else — a tensor descriptor, launch hooks (profilers), pre-run hooks, the inter
 from __future__ import annotations
 
 import torch
+from triton.runtime.jit import JITFunction
 
 _TABLES: dict = {}  # JIT function -> (names, their set, constexpr flags, defaults, {key: kernel})
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime), found once
+_TENSOR = torch.Tensor
 
 
 class _Unkeyed(Exception):
@@ -82,10 +84,8 @@ def launch(fn, grid, args, kwargs, *, direct=True):
     """``fn[grid](*args, **kwargs)``; with ``direct``, through the compiled kernel's launcher
     once Triton has compiled it for this specialization (module docstring). ``grid`` is a
     tuple of one to three ints."""
-    from triton.runtime.jit import JITFunction
-
     if not direct or not isinstance(fn, JITFunction) or fn.pre_run_hooks:
-        fn[grid](*args, **kwargs)
+        fn[grid](*args, **kwargs)  # the interpreter's functions are not JITFunctions
         return
     get_device, get_stream, runtime = _driver()
     if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
@@ -99,10 +99,13 @@ def launch(fn, grid, args, kwargs, *, direct=True):
             if value is _Unkeyed:
                 raise _Unkeyed  # a missing argument: let Triton say so
             values.append(value)
-        options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in known))
+        # the options in the caller's order (another order is another entry, as correct)
+        options = tuple([(k, v) for k, v in kwargs.items() if k not in known])
         device = get_device()
-        key = (device, options,
-               tuple(v if c else _spec(v) for v, c in zip(values, constexpr)))
+        # _spec inlined for tensors, the most common argument (half the time of a key)
+        key = (device, options, tuple([
+            v if c else (v.dtype, not v.data_ptr() & 15) if v.__class__ is _TENSOR
+            else _spec(v) for v, c in zip(values, constexpr)]))
         kernel = kernels.get(key)
     except (_Unkeyed, TypeError):  # TypeError: an unhashable constexpr or option
         fn[grid](*args, **kwargs)
