@@ -54,6 +54,56 @@ def test_launch_falls_back_to_kernel_grid():
     assert fn.calls == [((3, 2), (1, None), dict(BLOCK=4, num_warps=2))] * 2
 
 
+def test_launch_table_hands_the_launcher_every_parameter_in_order(monkeypatch):
+    """The direct path's argument list on the CPU, with Triton's compile and the launcher
+    stubbed: every parameter in signature order (positional, keyword, default, constexpr),
+    the grid padded to three, the current stream; a new specialization (a misaligned
+    pointer, an int of 1) or another constexpr goes through ``kernel[grid]`` again; the
+    table keeps no tensor of the call that filled it."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kern(x_ptr, n, y_ptr, scale, BLOCK: tl.constexpr, FLAG: tl.constexpr = 3):
+        pass
+
+    launched, compiled = [], []
+
+    class Compiled:
+        function, packed_metadata = "fn", "meta"
+
+        @staticmethod
+        def run(*a):
+            launched.append(a)
+
+    def compile_and_launch(*args, grid, warmup, **kwargs):
+        compiled.append((grid, args, kwargs))
+        return Compiled()
+
+    monkeypatch.setattr(kern, "run", compile_and_launch)
+    monkeypatch.setattr(L, "_DRIVER", [lambda: 0, lambda device: "stream", _NoHooks])
+    x, y = torch.zeros(64), torch.zeros(64)
+    call = lambda x, n, BLOCK=128: L.launch(kern, (5,), (x, n),  # noqa: E731
+                                            dict(y_ptr=y, scale=0.5, BLOCK=BLOCK, num_warps=2))
+    call(x, 100)
+    assert len(compiled) == 1 and not launched
+    flat = lambda xs: [y for x in xs for y in (flat(x) if isinstance(x, tuple) else [x])]  # noqa: E731
+    assert not any(isinstance(v, torch.Tensor) for v in flat(tuple(L._TABLES[kern][-1])))
+    call(x, 200)
+    assert len(compiled) == 1
+    assert launched == [(5, 1, 1, "stream", "fn", "meta", None, None, None,
+                         x, 200, y, 0.5, 128, 3)]
+    for other in ((x[1:], 100), (x, 1), (x, 100, 64)):
+        call(*other)
+    assert len(compiled) == 4 and len(launched) == 1
+    call(x[4:], 100)  # 16 bytes on: aligned, as the first call
+    assert len(compiled) == 4 and launched[-1][9].data_ptr() == x[4:].data_ptr()
+
+
+class _NoHooks:
+    launch_enter_hook = launch_exit_hook = None
+
+
 def test_hooks_are_seen_in_either_form():
     from triton.knobs import HookChain
 
