@@ -11,7 +11,8 @@
 #   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
-#   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh)
+#   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh; TESTS_S, default 540: 64
+#             tests ran past 420 s at aa848c3)
 #   serving   benchmarks/bench_decode.py: decode, pool, checkpoints, many short sequences
 #             (SERVING_PARTS: some of decode,pool,short; SERVING_ARGS: more options, e.g.
 #             "--candidates default,guard_inline --rounds 3")
@@ -76,7 +77,7 @@ step_fla-causal() {
 }
 
 step_gpu-tests() {
-    OUT=$D timeout "${TESTS_S:-420}" bash scripts/device/gpu_tests.sh ${TESTS_K:+-k "$TESTS_K"} \
+    OUT=$D timeout "${TESTS_S:-540}" bash scripts/device/gpu_tests.sh ${TESTS_K:+-k "$TESTS_K"} \
         > "$D/gpu_tests.log" 2>&1
     echo "gpu tests exit $?"; tail -n 25 "$D/gpu_tests.log"
 }

@@ -169,8 +169,9 @@ def _prefill_runs(q, k, v, g, beta, kw, base):
                          ids=["plan", "split", "guard-launch", "bv128-inline"])
 def test_gpu_prefill_direct_launch_same_bits(base):
     """Direct launches (twice: the second from the table) and Triton's give the same bits:
-    fixed length with a pool and checkpoints, varlen with GVA, and inputs whose pointers are
-    not 16-byte aligned after aligned ones of the same shapes."""
+    fixed length with a pool and checkpoints, varlen with GVA, and (with the plan's
+    choices) inputs whose pointers are not 16-byte aligned after aligned ones of the same
+    shapes."""
     dev = "cuda"
     q, k, v, g, beta, kw = inputs(2, 256, 2, 4, 128, 128, seed=3, device=dev,
                                   dtype=torch.bfloat16)
@@ -195,6 +196,8 @@ def test_gpu_prefill_direct_launch_same_bits(base):
     runs = _prefill_runs(*flat, kw2, base)
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    if base != KernelConfig():
+        return  # misaligned inputs once: each compiles every kernel again (the suite's time)
     shifted = []
     for x in flat:
         buf = torch.empty(x.numel() + 1, device=dev, dtype=x.dtype)
