@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .launch import launch
+from .launch import launch as launch_kernel
 from .shapes import check_gate, check_state_pool, check_tensor, head_shapes
 
 
@@ -136,7 +136,7 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
     grid = (-(-V // bv), num_seqs * HV)  # not triton.cdiv: a JIT function, ~15 us a call
     if grid[1] == 0:
         return o
-    launch(kda_decode_kernel, grid, (
+    launch_kernel(kda_decode_kernel, grid, (
         q, k, v, g, beta, A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy, o, pool, idx,
         accepted if accepted is not None else idx, cu_seqlens if cu_seqlens is not None else idx,
