@@ -19,6 +19,8 @@
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
+# PEERS_BUILD=background builds FlashKDA (when its source is carried) while fla warms up; the
+# grid waits for it, and the build comes back as $OUT/flash_kda_build.tar.xz to carry next time.
 # `a+b` runs steps a and b side by side (for steps that are not timed: check, hunt, cublas,
 # gpu-tests). Each step has its own time limit and writes under /tmp/kd/<step>; after each step everything
 # is packed into $OUT/h200.tar.gz (one file back, whatever stops the call), and its last lines
@@ -91,6 +93,7 @@ step_serving() {
 step_grid() {
     local shapes=(${GRID_SHAPES:+--shapes "$GRID_SHAPES"})
     timeout 150 python3 benchmarks/bench_kernel.py --warm-peers "${shapes[@]}" > "$D/grid.log" 2>&1
+    peers_wait  # a FlashKDA build started in the background (PEERS_BUILD=background) ends first
     timeout "${GRID_S:-300}" python3 benchmarks/bench_kernel.py --grid --json "$D/grid.json" \
         "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
@@ -114,4 +117,5 @@ for group in "$@"; do  # a+b: steps a and b side by side (neither is timed)
     wait
     for s in "${steps[@]}"; do cat "$R/$s.out"; done
 done
+peers_wait  # a background build's result lands in $OUT before the call ends
 echo "== done  $(date -u +%H:%M:%S)"
