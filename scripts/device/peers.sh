@@ -72,5 +72,9 @@ elif [ "${PEERS_BUILD:-}" = background ]; then
 else
     _peers_build
 fi
-peers_wait() { [ -n "$PEERS_BUILD_PID" ] && wait "$PEERS_BUILD_PID"; PEERS_BUILD_PID=; return 0; }
+# polls rather than waits: a subshell (h200.sh's steps) cannot wait for its parent's child
+peers_wait() {
+    while [ -n "$PEERS_BUILD_PID" ] && kill -0 "$PEERS_BUILD_PID" 2>/dev/null; do sleep 1; done
+    return 0
+}
 python3 -c "import fla; print('peers: fla', fla.__version__)" 2>/dev/null || echo "peers: fla missing"
