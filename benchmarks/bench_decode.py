@@ -127,8 +127,8 @@ def host_us(fn, n=100):
 
 
 def host_note(r):
-    """The note of a many-short shape's host time and graph replay (fields of a short row,
-    or of the one-off host_probe.py's JSON), or "" when the row has none."""
+    """The note of a many-short shape's host time and graph replay (fields of a short row),
+    or "" when the row has none."""
     if not isinstance(r.get("kdalab_graph_ms"), float) or "flashkda_ms" not in r:
         return ""
     return (f"host {r['kdalab_host_us']:.0f} us a call against FlashKDA's "

@@ -3,11 +3,12 @@
 (each step's ``$OUT/<step>.tar.gz``, unpacked into RUNS): the check run's check.json and
 records.json (``--check``), each hunt's hunt.json and worst.json (``--hunt``, the folders
 RUNS/hunt-*), the grid's grid.json (``--grid``: kernel_grid.json), bench_decode's decode.json
-(``--serving``: serving_prefill_h200.json) and the start-up A/B's sweep_ab_h200.json
+(``--serving``: serving_prefill_h200.json; ``--decode``: its decode part, decode_h200.json)
+and the start-up A/B's sweep_ab_h200.json
 (``--sweep``). The figures are read from those files, never typed in.
 
     python benchmarks/collect_h200.py RUNS --device "NVIDIA H200 (nvidia-h200), ..." \\
-        --commit abc1234 [--check] [--hunt] [--grid] [--serving] [--sweep]
+        --commit abc1234 [--check] [--hunt] [--grid] [--serving] [--decode] [--sweep]
 """
 
 from __future__ import annotations
@@ -209,18 +210,27 @@ def _add_notes(rows: list[dict], ending: str, found: dict[str, str]) -> list[dic
     return out
 
 
-def note_host_probe(rows: list[dict], path: Path, commit: str) -> list[dict]:
-    """Each many-short shape's host time a call (kdalab's and FlashKDA's) and kdalab's
-    CUDA-graph replay against FlashKDA's eager call, from the one-off host_probe.py's JSON
-    (scripts/device/ at ``commit``; bench_decode's short part measures both since), in the
-    note of its "kdalab vs flashkda" row."""
-    import bench_decode  # noqa: PLC0415 - torch and triton, for this option only
-
-    notes = {r["shape"]: bench_decode.host_note(r)
-             for r in json.loads(path.read_text(encoding="utf-8"))["rows"]}
-    found = {shape: f"[{note}: host_probe.py at {commit}]" for shape, note in notes.items()
-             if note}
-    return _add_notes(rows, ": kdalab vs flashkda", found)
+def decode_rows(rows: list[dict]) -> list[dict]:
+    """bench_decode's decode part, one row a shape: kdalab vs fla eager, with the graph
+    replay's ratio, kdalab's times, the floor and the host times in its note; the copy
+    bandwidth as it is."""
+    by = {}
+    for r in rows:
+        shape, _, what = r["target"].partition(": ")
+        if shape.startswith("decode "):
+            by.setdefault(shape, {})[what] = r
+    out = [r for r in rows if r["target"].startswith("H200 copy bandwidth")]
+    for shape, parts in by.items():
+        mine, vs = parts["kdalab"], parts.get("vs fla fused_recurrent_kda")
+        if vs is None:  # fla skipped: kdalab's own figures only
+            out.append(dict(mine, target=f"{shape}: kdalab (eager)"))
+            continue
+        floor = parts["graph time over memory floor"]["value"]
+        out.append({"target": f"{shape}: kdalab vs fla fused_recurrent_kda (eager)",
+                    "value": vs["value"], "unit": "x",
+                    "note": f"{vs['note']}; kdalab eager {mine['value']} us, {mine['note']}; "
+                            f"graph {floor}x the floor"})
+    return out
 
 
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
@@ -250,10 +260,8 @@ def main() -> None:
                     help="--serving: the longer checkpoint intervals' cost (graph replay) "
                          "from the one-off ck_profile.py's output (scripts/device/ at baefdd0) "
                          "into the notes of the 64-token rows")
-    ap.add_argument("--host-probe", nargs=2, metavar=("JSON", "COMMIT"), default=None,
-                    help="--serving: the many-short shapes' host time a call and CUDA-graph "
-                         "replay, from the one-off host_probe.py's JSON (scripts/device/ at "
-                         "COMMIT), into the notes of the kdalab-vs-FlashKDA rows")
+    ap.add_argument("--decode", action="store_true",
+                    help="decode_h200.json from RUNS/serving/decode.json's decode part")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -287,13 +295,19 @@ def main() -> None:
         rows = fold_short(rows)
         if a.ck_intervals:
             rows = note_ck_intervals(rows, Path(a.ck_intervals[0]), a.ck_intervals[1])
-        if a.host_probe:
-            rows = note_host_probe(rows, Path(a.host_probe[0]), a.host_probe[1])
         _write("serving_prefill_h200", {
             "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(
                 "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving)",
             "rows": rows})
+    if a.decode:
+        doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
+        _write("decode_h200", {
+            "benchmark": "decode_h200", "device": a.device, "date": doc["date"],
+            "commit": a.commit, "command": doc["command"].replace(
+                "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving, "
+            "SERVING_PARTS=decode; peers in the same process)",
+            "rows": decode_rows(doc["rows"])})
     if a.sweep:
         doc = json.loads((a.runs / "sweep" / "sweep_ab_h200.json").read_text(encoding="utf-8"))
         _write("sweep_command_h200", {

@@ -3,7 +3,6 @@ result file has the schema, and the page is exactly what the files give, so the 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -83,19 +82,26 @@ def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_pat
     assert once == twice and once[0]["note"].count("every 128 / 256 tokens") == 1
 
 
-def test_collect_notes_the_host_probe_once(tmp_path):
-    # host_probe.py's JSON into the note of each shape's kdalab-vs-FlashKDA row, once, with
-    # the graph replay's ratio computed from the file's own figures
+def test_collect_folds_the_decode_part_one_row_a_shape():
+    # the three rows bench_decode writes a decode shape become the page's one, every figure
+    # kept; a shape without fla keeps kdalab's own row
     import collect_h200
 
-    path = tmp_path / "host_probe.json"
-    path.write_text(json.dumps({"rows": [dict(shape="S", kdalab_ms=0.337, flashkda_ms=0.224,
-                                              kdalab_graph_ms=0.234, kdalab_host_us=271.4,
-                                              flashkda_host_us=85.8)]}))
-    rows = [dict(target="prefill S: kdalab vs flashkda", value=0.66, unit="x", note="k"),
-            dict(target="prefill S: pool_over_plain", value=1.0, unit="x", note="p")]
-    once = collect_h200.note_host_probe(rows, path, "abc1234")
-    assert once == collect_h200.note_host_probe(once, path, "abc1234")
-    assert "host 271 us a call against FlashKDA's 86" in once[0]["note"]
-    assert "0.957x FlashKDA's eager 0.224" in once[0]["note"] and once[1]["note"] == "p"
-
+    rows = [dict(target="H200 copy bandwidth (1 GiB d2d)", value=4.2, unit="TB/s"),
+            dict(target="decode N=8 H=48: kdalab", value=57.68, unit="us",
+                 note="graph 11.53 us, floor 12.02 us; host 49 us a call"),
+            dict(target="decode N=8 H=48: vs fla fused_recurrent_kda", value=0.683, unit="x",
+                 note="graph replay 1.414x"),
+            dict(target="decode N=8 H=48: graph time over memory floor", value=0.959,
+                 unit="x"),
+            dict(target="decode N=1 H=12: kdalab", value=70.0, unit="us", note="graph 3 us"),
+            dict(target="decode N=1 H=12: graph time over memory floor", value=7.6, unit="x")]
+    out = collect_h200.decode_rows(rows)
+    assert [r["target"] for r in out] == [
+        "H200 copy bandwidth (1 GiB d2d)",
+        "decode N=8 H=48: kdalab vs fla fused_recurrent_kda (eager)",
+        "decode N=1 H=12: kdalab (eager)"]
+    assert out[1]["value"] == 0.683 and out[1]["note"] == (
+        "graph replay 1.414x; kdalab eager 57.68 us, graph 11.53 us, floor 12.02 us; host 49 "
+        "us a call; graph 0.959x the floor")
+    assert out[2]["value"] == 70.0 and out[2]["unit"] == "us"
