@@ -140,6 +140,9 @@ def test_interp_decode_bf16_pool():
     (dict(state_layout="XY"), "state_layout"),
     (dict(num_accepted_tokens=torch.ones(2, dtype=torch.int64)), "num_accepted_tokens"),
     (dict(A_log=torch.zeros(3)), "A_log"),
+    (dict(scale="0.1"), "scale"),
+    (dict(scale=float("inf")), "scale"),
+    (dict(use_qk_l2norm=1), "use_qk_l2norm"),
 ])
 def test_decode_rejects_bad_arguments(change, match):
     q, k, v, g, beta, kw = inputs(2, 1, 2, 2, 16, 16)

@@ -241,6 +241,11 @@ def _args(B=1, T=20, H=2, K=32):
     (lambda a, kw: kw.update(cu_seqlens=torch.tensor([0, 5, 20]),
                              initial_state=torch.zeros(1, 2, 32, 32)), "initial_state"),
     (lambda a, kw: kw.update(config="fast"), "config"),
+    (lambda a, kw: kw.update(scale="0.1"), "scale"),
+    (lambda a, kw: kw.update(scale=float("nan")), "scale"),
+    (lambda a, kw: kw.update(scale=True), "scale"),
+    (lambda a, kw: kw.update(use_qk_l2norm="yes"), "use_qk_l2norm"),
+    (lambda a, kw: kw.update(beta_is_logits=None), "beta_is_logits"),
 ])
 def test_bad_arguments_raise_value_error(mutate, match):
     args, kw = _args()

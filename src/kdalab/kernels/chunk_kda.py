@@ -21,7 +21,7 @@ from .chunk_recurrent import chunk_kda_recurrent
 from .plan import LaunchPlan, fp16_guard, plan_launch
 from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
-from .shapes import check_gate, check_tensor, head_shapes
+from .shapes import check_gate, check_options, check_tensor, head_shapes
 
 _SUPPORTED_DIMS = (16, 32, 64, 128, 256)
 _STATE_DTYPES = (torch.float32, torch.bfloat16)
@@ -123,7 +123,7 @@ def _plan(seqs: Sequences, H: int, K: int, V: int, config: KernelConfig) -> Laun
 
 
 def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_seqlens,
-              state_layout, config, use_qk_l2norm):
+              state_layout, config, use_qk_l2norm, scale, beta_is_logits):
     # value heads H: GVA shares each of q's HQ heads among H // HQ of them
     B, T, HQ, H, K, V = head_shapes(q, k, v, g, beta)
     HG = g.shape[2]
@@ -132,6 +132,7 @@ def _validate(q, k, v, g, beta, initial_state, A_log, dt_bias, lower_bound, cu_s
     if V not in _SUPPORTED_DIMS:
         raise ValueError(f"v head dim must be one of {_SUPPORTED_DIMS}, got {V}")
     check_gate(A_log, dt_bias, lower_bound, state_layout, HG=HG, K=K)
+    check_options(scale, use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits)
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
     if config.dot == "fp16" and not use_qk_l2norm:
@@ -205,7 +206,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     inputs contiguous and run stage 1."""
     B, T, H, K, V, num_seqs = _validate(q, k, v, g, beta, initial_state, A_log, dt_bias,
                                         lower_bound, cu_seqlens, state_layout, config,
-                                        use_qk_l2norm)
+                                        use_qk_l2norm, scale, beta_is_logits)
     validate_pool(pool[0], pool[1], initial_state, pool[2], num_seqs=num_seqs, H=H, K=K, V=V,
                   state_layout=state_layout, device=q.device)
     if scale is None:

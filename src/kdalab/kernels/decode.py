@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from .launch import launch as launch_kernel
-from .shapes import check_gate, check_state_pool, check_tensor, head_shapes
+from .shapes import check_gate, check_options, check_state_pool, check_tensor, head_shapes
 
 
 @triton.jit
@@ -208,6 +208,7 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
     """
     N, T = validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
                            lower_bound, state_layout, num_accepted_tokens, cu_seqlens)
+    check_options(scale, use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits)
     if launch not in ("direct", "triton"):
         raise ValueError(f"launch must be 'direct' or 'triton', got {launch!r}")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):

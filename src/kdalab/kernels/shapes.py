@@ -1,12 +1,15 @@
 """The argument checks the prefill and the decode share: a tensor's kind, rank and dtype, the
 shapes of q, k, v, g and beta (GVA: v and beta with HV value heads, a multiple of q's H), the
-gate's parameters, the state layout and a state pool."""
+gate's parameters, the state layout, the scale and flags, and a state pool."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["FLOATS", "check_tensor", "head_shapes", "check_gate", "check_state_pool"]
+__all__ = ["FLOATS", "check_tensor", "head_shapes", "check_gate", "check_options",
+           "check_state_pool"]
 
 FLOATS = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -57,6 +60,17 @@ def check_gate(A_log, dt_bias, lower_bound, state_layout, *, HG: int, K: int) ->
             if tuple(p.shape) not in shapes:
                 raise ValueError(f"{name} must have shape {' or '.join(map(str, shapes))} "
                                  f"(per gate head), got {tuple(p.shape)}")
+
+
+def check_options(scale, **flags) -> None:
+    """``scale`` None or a finite real number, each flag a bool; ValueError naming the
+    argument otherwise (the kernels take them as a float and as compile-time switches)."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be None or a finite number, got {scale!r}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
 def check_state_pool(state_pool, *, HV: int, K: int, V: int, state_layout: str) -> None:
