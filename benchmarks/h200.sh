@@ -19,6 +19,8 @@
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
+# fla autotunes every new shape (30-90 s; the whole grid's ten take longer than one call):
+# the grid step leaves fla's choices in $OUT/triton_autotune.tar, carried as .peers/ next time.
 # PEERS_BUILD=background builds FlashKDA (when its source is carried) while fla warms up; the
 # grid waits for it, and the build comes back as $OUT/flash_kda_build.tar.xz to carry next time.
 # `a+b` runs steps a and b side by side (for steps that are not timed: check, hunt, cublas,
@@ -97,6 +99,7 @@ step_grid() {
     timeout "${GRID_S:-300}" python3 benchmarks/bench_kernel.py --grid --json "$D/grid.json" \
         "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
+    peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
 }
 
 step_sweep() {  # the plain command against the start-up candidates, interleaved
@@ -111,7 +114,9 @@ for group in "$@"; do  # a+b: steps a and b side by side (neither is timed)
     IFS=+ read -ra steps <<< "$group"
     for s in "${steps[@]}"; do
         echo "== $s  $(date -u +%H:%M:%S)"
-        ( D=$R/$s; mkdir -p "$D"; "step_$s" > "$R/$s.out" 2>&1
+        # a warm machine keeps /tmp/kd from the previous call: a step starts from an empty
+        # folder, so that a step cut short never returns an earlier call's JSON as its own
+        ( D=$R/$s; rm -rf "$D"; mkdir -p "$D"; "step_$s" > "$R/$s.out" 2>&1
           tar czf "$OUT/$s.tar.gz" --exclude .lock --exclude '*.safetensors' -C "$R" "$s" ) &
     done
     wait
