@@ -266,7 +266,7 @@ def decode_rows(bw, quick):
     return rows
 
 
-def pool_rows(quick, rounds, stagger=()):
+def pool_rows(quick, rounds):
     """Plain prefill (initial and final state tensors), the pool, and the pool with checkpoints
     every 64 tokens (fp32: the pool's dtype), timed in interleaved rounds; ratios over plain."""
     rows = []
@@ -294,28 +294,12 @@ def pool_rows(quick, rounds, stagger=()):
             "pool_bf16_ck64": lambda: chunk_kda_fwd(*args, state_pool=poolb, state_indices=idx,
                                                     checkpoint_every=64, **gate),
         }
-        for ns in stagger:  # checkpoint candidates: recurrent programs' starts staggered
-            cfg = KernelConfig(ck_stagger_ns=ns)
-            fns[f"pool_ck64_stagger{ns}"] = (
-                lambda cfg=cfg: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
-                                              checkpoint_every=64, config=cfg, **gate))
         row = dict(shape=name)
-        for ns in stagger:  # the same bits: outputs, pool rows and checkpoints, fresh pools
-            outs = []
-            for cfg in (KernelConfig(), KernelConfig(ck_stagger_ns=ns)):
-                p = pool.clone()
-                o, _, ck = chunk_kda_fwd(*args, state_pool=p, state_indices=idx,
-                                         checkpoint_every=64, config=cfg, **gate)
-                outs.append((o, p, ck))
-            row[f"stagger{ns}_same_bits"] = all(torch.equal(a, b)
-                                                for a, b in zip(*outs))
         ms = interleaved(fns, rounds, rep=60)
         for key, value in ms.items():
             row[f"{key}_ms"] = value
         for key, base, label in (("pool", "plain", "pool"), ("pool_ck64", "plain", "ck64"),
-                                 ("pool_bf16_ck64", "plain_bf16", "ck64_bf16"),
-                                 *[(f"pool_ck64_stagger{ns}", "plain", f"ck64_stagger{ns}")
-                                   for ns in stagger]):
+                                 ("pool_bf16_ck64", "plain_bf16", "ck64_bf16")):
             if isinstance(ms.get(key), float) and isinstance(ms.get(base), float):
                 row[f"{label}_over_plain"] = ms[key] / ms[base]
         # the checkpoints' bytes (fp32) over the plain call's time: the floor a store that
@@ -443,9 +427,6 @@ def main():
     ap.add_argument("--parts", default="decode,pool,short")
     ap.add_argument("--rounds", type=int, default=ROUNDS,
                     help="interleaved rounds of the pool and short parts (median over them)")
-    ap.add_argument("--ck-stagger", type=lambda t: [int(x) for x in t.split(",") if x],
-                    default=[], help="pool part: also checkpoints with the recurrent programs' "
-                                     "starts staggered by these ns a step (comma-separated)")
     ap.add_argument("--candidates", default=None,
                     help=f"short part: comma-separated names of {', '.join(CANDIDATES)} "
                          "(default: all; 'default' is always timed)")
@@ -458,7 +439,7 @@ def main():
     bw = copy_bandwidth()
     print(json.dumps(dict(copy_bandwidth_TBps=bw / 1e12)), flush=True)
     dec = decode_rows(bw, args.quick) if "decode" in parts else []
-    pools = pool_rows(args.quick, args.rounds, args.ck_stagger) if "pool" in parts else []
+    pools = pool_rows(args.quick, args.rounds) if "pool" in parts else []
     short = short_rows(args.quick, args.rounds, names) if "short" in parts else []
     print(f"total {time.perf_counter() - t0:.1f} s", flush=True)
     if args.json:

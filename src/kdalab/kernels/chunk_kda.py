@@ -52,9 +52,6 @@ class KernelConfig:
     each kernel is launched — ``"direct"`` (the compiled kernel's launcher, once Triton has
     compiled it for the call's specialization: ``launch.py``) or ``"triton"``
     (``kernel[grid]`` every call: the same kernels and bits, more host time).
-    ``ck_stagger_ns``: with checkpoints, delay each recurrent program's start by (program
-    mod checkpoint interval) times this many ns (a measurement candidate: spreads the
-    checkpoint stores of programs that run side by side; the same bits).
     """
 
     dot: str = "auto"
@@ -65,7 +62,6 @@ class KernelConfig:
     fp16_guard: str = "auto"
     kend_split: bool = True
     launch: str = "direct"
-    ck_stagger_ns: int = 0
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -83,10 +79,6 @@ class KernelConfig:
         if not isinstance(self.kend_split, bool):
             raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
-        if isinstance(self.ck_stagger_ns, bool) or not isinstance(self.ck_stagger_ns, int) \
-                or not 0 <= self.ck_stagger_ns <= 100_000:
-            raise ValueError(f"config.ck_stagger_ns must be an int in [0, 100000], "
-                             f"got {self.ck_stagger_ns!r}")
         if self.launch not in ("direct", "triton"):
             raise ValueError(f"config.launch must be 'direct' or 'triton', got {self.launch!r}")
         s = self.segment_chunks
@@ -302,8 +294,7 @@ def chunk_kda_fwd(
                                            checkpoint_every, state_layout=state_layout,
                                            dtype=ck_dtype)
         serving.update(checkpoints=ck, checkpoint_offsets=ck_offsets,
-                       checkpoint_chunks=checkpoint_every // 16,
-                       ck_stagger_ns=config.ck_stagger_ns)
+                       checkpoint_chunks=checkpoint_every // 16)
     if state_pool is not None:
         final_state = state_pool
     elif output_final_state:

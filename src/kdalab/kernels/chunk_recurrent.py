@@ -213,7 +213,6 @@ def chunk_kda_recurrent_kernel(
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
     FLAG: tl.constexpr = 0, flag_ptr=None, KSPLIT: tl.constexpr = True,
-    CK_STAGGER_NS: tl.constexpr = 0,
 ):
     # the guard in two launches (FLAG 1: every program writes its flag, 1 when its state is
     # not finite, and then writes no final state; FLAG 2: the tf32 redo, only the flagged
@@ -223,14 +222,6 @@ def chunk_kda_recurrent_kernel(
     if FLAG == 2:
         if tl.load(flag_ptr + lin) == 0:
             return
-    if CKC > 0:
-        if CK_STAGGER_NS > 0:
-            # a candidate (docs/kernels.md): programs that run side by side reach their
-            # checkpoints at the same step; a start delayed by (program % CKC) steps spreads
-            # their stores over the CKC steps of an interval
-            tl.inline_asm_elementwise("nanosleep.u32 $1;\n mov.u32 $0, 0;", "=r,r",
-                                      [(lin % CKC) * CK_STAGGER_NS], dtype=tl.int32,
-                                      is_pure=False, pack=1)
     i_sh = tl.program_id(0)   # sequence (PASS 0) or segment (PASS 1, 2), times H, + head
     i_v = tl.program_id(1)    # block of BV state rows
     o_k = tl.arange(0, K)
@@ -307,7 +298,6 @@ def chunk_kda_recurrent(
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
     checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, direct=True,
-    ck_stagger_ns=0,
 ):
     """Launch stage 2. Returns o (like v).
 
@@ -347,7 +337,7 @@ def chunk_kda_recurrent(
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
                   CKC=checkpoint_chunks if checkpoints is not None else 0,
-                  KSPLIT=klo is not None, CK_STAGGER_NS=ck_stagger_ns,
+                  KSPLIT=klo is not None,
                   num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
