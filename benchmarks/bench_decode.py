@@ -202,7 +202,7 @@ def decode_inputs(N, H, seed=0):
                 idx=idx.cuda(), A_log=x["A_log"], dt_bias=x["dt_bias"].reshape(-1))
 
 
-def decode_rows(bw, quick):
+def decode_rows(bw, quick, rounds=ROUNDS):
     fla = load_fla_decode()
     rows = []
     for N in NS[:2] if quick else NS:
@@ -216,24 +216,27 @@ def decode_rows(bw, quick):
                 x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
                 state_indices=x["idx"], launch="triton", **gate)
             row = dict(N=N, H=H)
-            mine()
-            slow()
-            row["kdalab_ms"] = bench(mine)
+            theirs = None if fla is None else (
+                lambda x=x, gate=gate: fla(  # noqa: E731
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["pool"],
+                    ssm_state_indices=x["idx"], inplace_final_state=True,
+                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                    use_beta_sigmoid_in_kernel=True, **gate))
+            # eager: interleaved rounds, the median (one do_bench a function varied by 2-3x
+            # between neighbouring shapes at N <= 8, where the host's time a call is longer
+            # than the kernel: docs/kernels.md)
+            eager = interleaved(dict(kdalab=mine, triton=slow, **(
+                {"fla": theirs} if theirs is not None else {})), rounds)
+            row["kdalab_ms"] = eager["kdalab"]
             row["kdalab_graph_ms"] = bench_graph(mine)
-            row["kdalab_triton_launch_ms"] = bench(slow)
+            row["kdalab_triton_launch_ms"] = eager["triton"]
             row["kdalab_host_us"] = host_us(mine)
             row["kdalab_triton_launch_host_us"] = host_us(slow)
             # the state read and written (fp32), q, k, g, v read and o written (bf16), beta
             moved = N * H * (2 * D * D * 4 + 4 * D * 2 + D * 2 + 2)
             row["floor_ms"] = moved / bw * 1e3
-            if fla is not None:
-                theirs = lambda x=x, gate=gate: fla(  # noqa: E731
-                    x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=x["pool"],
-                    ssm_state_indices=x["idx"], inplace_final_state=True,
-                    use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                    use_beta_sigmoid_in_kernel=True, **gate)
-                theirs()
-                row["fla_ms"] = bench(theirs)
+            if theirs is not None and isinstance(eager["fla"], float):
+                row["fla_ms"] = eager["fla"]
                 row["fla_graph_ms"] = bench_graph(theirs)
                 row["fla_host_us"] = host_us(theirs)
                 row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
@@ -426,7 +429,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="a corner of each grid (a smoke run)")
     ap.add_argument("--parts", default="decode,pool,short")
     ap.add_argument("--rounds", type=int, default=ROUNDS,
-                    help="interleaved rounds of the pool and short parts (median over them)")
+                    help="interleaved rounds of every part's eager timings (median over them)")
     ap.add_argument("--candidates", default=None,
                     help=f"short part: comma-separated names of {', '.join(CANDIDATES)} "
                          "(default: all; 'default' is always timed)")
@@ -438,7 +441,7 @@ def main():
     t0 = time.perf_counter()
     bw = copy_bandwidth()
     print(json.dumps(dict(copy_bandwidth_TBps=bw / 1e12)), flush=True)
-    dec = decode_rows(bw, args.quick) if "decode" in parts else []
+    dec = decode_rows(bw, args.quick, args.rounds) if "decode" in parts else []
     pools = pool_rows(args.quick, args.rounds) if "pool" in parts else []
     short = short_rows(args.quick, args.rounds, names) if "short" in parts else []
     print(f"total {time.perf_counter() - t0:.1f} s", flush=True)
