@@ -18,6 +18,7 @@ import torch
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
+from .launch import LAUNCH_MODES
 from .plan import LaunchPlan, fp16_guard, plan_launch
 from .pool import checkpoint_buffer, validate_pool
 from .sequences import Sequences, fixed_sequences, varlen_sequences
@@ -50,8 +51,10 @@ class KernelConfig:
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md). ``launch``: how
     each kernel is launched — ``"direct"`` (the compiled kernel's launcher, once Triton has
-    compiled it for the call's specialization: ``launch.py``) or ``"triton"``
-    (``kernel[grid]`` every call: the same kernels and bits, more host time).
+    compiled it for the call's specialization: ``launch.py``), ``"pointers"`` (the same, the
+    tensors handed to the launcher as their addresses: a candidate that skips a driver call a
+    pointer) or ``"triton"`` (``kernel[grid]`` every call: the same kernels and bits, more host
+    time).
     """
 
     dot: str = "auto"
@@ -79,8 +82,9 @@ class KernelConfig:
         if not isinstance(self.kend_split, bool):
             raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
-        if self.launch not in ("direct", "triton"):
-            raise ValueError(f"config.launch must be 'direct' or 'triton', got {self.launch!r}")
+        if self.launch not in LAUNCH_MODES:
+            raise ValueError(f"config.launch must be one of {tuple(LAUNCH_MODES)}, "
+                             f"got {self.launch!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
@@ -224,7 +228,7 @@ def _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound, 
     ops = _stage1(q, k, g, beta, A_log, dt_bias, seqs, H, K, scale=scale,
                   lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                   beta_is_logits=beta_is_logits, plan=plan,
-                  kend_split=config.kend_split, direct=config.launch == "direct")
+                  kend_split=config.kend_split, direct=LAUNCH_MODES[config.launch])
     return _Call(H, K, V, num_seqs, seqs, plan, dot, v, initial_state, ops)
 
 
@@ -307,7 +311,7 @@ def chunk_kda_fwd(
                   num_seqs=num_seqs, block_v=plan.block_v,
                   num_warps=plan.num_warps, dot=dot, guard=_GUARDS[
                       fp16_guard(plan) if config.fp16_guard == "auto" else config.fp16_guard]
-                  if dot == "fp16" else False, direct=config.launch == "direct",
+                  if dot == "fp16" else False, direct=LAUNCH_MODES[config.launch],
                   **serving)
     o = _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V)
     if state_pool is not None:
@@ -373,7 +377,7 @@ def chunk_kda_transition(
                         cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                         num_seqs=num_seqs, block_v=plan.block_v, num_warps=plan.num_warps,
                         dot=dot, guard=dot == "fp16", segments=table, summary=summary,
-                        passes=(1,), skip_last=False, direct=config.launch == "direct")
+                        passes=(1,), skip_last=False, direct=LAUNCH_MODES[config.launch])
     R = summary[:, :, :V, :].transpose(-1, -2)
     M = summary[:, :, V:, :].transpose(-1, -2)
     return M, R

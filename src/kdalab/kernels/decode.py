@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import LAUNCH_MODES
 from .launch import launch as launch_kernel
 from .shapes import check_gate, check_options, check_state_pool, check_tensor, head_shapes
 
@@ -125,7 +126,8 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
                       num_seqs, T, scale, lower_bound, use_qk_l2norm, beta_is_logits, state_vk,
                       block_v=None, num_warps=None, direct=True):
     """Launch the decode kernel on validated, contiguous tensors (``kernels.decode_api``);
-    ``direct``: through ``launch.py`` (False: ``kernel[grid]`` every call)."""
+    ``direct``: through ``launch.py`` (False: ``kernel[grid]`` every call; ``"pointers"``:
+    tensors handed to the launcher as addresses)."""
     H, K = q.shape[-2:]
     HV, V = v.shape[-2:]
     HG = g.shape[-2]
@@ -149,6 +151,7 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
 
 
 _INTS = (torch.int32, torch.int64)
+
 _DIMS = (16, 32, 64, 128, 256)
 
 
@@ -203,14 +206,15 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
     indices skip). Index contents are not checked (a check would sync the host); two
     sequences naming one row race. Returns o like v (or written into ``out``). ``block_v``,
     ``num_warps``: the program shape (None: ``decode_launch_shape``); ``launch``:
-    ``"direct"`` (the compiled kernel's launcher, ``launch.py``) or ``"triton"``
+    ``"direct"`` (the compiled kernel's launcher, ``launch.py``), ``"pointers"`` (the same,
+    tensors handed to it as addresses: a candidate) or ``"triton"``
     (``kernel[grid]`` every call; the same kernel, more host time).
     """
     N, T = validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
                            lower_bound, state_layout, num_accepted_tokens, cu_seqlens)
     check_options(scale, use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits)
-    if launch not in ("direct", "triton"):
-        raise ValueError(f"launch must be 'direct' or 'triton', got {launch!r}")
+    if launch not in LAUNCH_MODES:
+        raise ValueError(f"launch must be one of {tuple(LAUNCH_MODES)}, got {launch!r}")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise RuntimeError("kdalab.kernels.kda_decode runs a Triton kernel: it needs CUDA "
                            f"tensors, or TRITON_INTERPRET=1 on the CPU; got {q.device}")
@@ -232,4 +236,4 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
                              num_accepted_tokens, cu_seqlens, num_seqs=N, T=T, scale=scale,
                              lower_bound=lower_bound, use_qk_l2norm=use_qk_l2norm,
                              beta_is_logits=beta_is_logits, state_vk=state_layout == "VK",
-                             block_v=block_v, num_warps=num_warps, direct=launch == "direct")
+                             block_v=block_v, num_warps=num_warps, direct=LAUNCH_MODES[launch])

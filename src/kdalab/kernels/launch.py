@@ -20,6 +20,13 @@ as a constexpr. The key here holds each of those, every constexpr's value and th
 table and goes through ``kernel[grid]`` (which compiles or finds the other kernel). Anything
 else — a tensor descriptor, launch hooks (profilers), pre-run hooks, the interpreter — takes
 ``kernel[grid]`` every time.
+
+With ``direct="pointers"`` (a candidate, ``KernelConfig(launch="pointers")``) the launcher
+gets each tensor's address as an int instead of the tensor: for a tensor it calls
+``data_ptr`` and then ``cuPointerGetAttribute`` (a driver call that only checks the address
+is the device's), for an int it takes the value (triton 3.6's generated launcher and 3.9's
+``extractPointer`` alike). kdalab's entry points have already checked that every tensor is on
+the one CUDA device.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from triton.runtime.jit import JITFunction
 _TABLES: dict = {}  # JIT function -> (names, their set, constexpr flags, defaults, {key: kernel})
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime), found once
 _TENSOR = torch.Tensor
+#: the entry points' ``launch=`` / ``KernelConfig.launch`` -> :func:`launch`'s ``direct``
+LAUNCH_MODES = {"direct": True, "pointers": "pointers", "triton": False}
 
 
 class _Unkeyed(Exception):
@@ -82,8 +91,8 @@ def _hooked(hook) -> bool:
 
 def launch(fn, grid, args, kwargs, *, direct=True):
     """``fn[grid](*args, **kwargs)``; with ``direct``, through the compiled kernel's launcher
-    once Triton has compiled it for this specialization (module docstring). ``grid`` is a
-    tuple of one to three ints."""
+    once Triton has compiled it for this specialization (module docstring; ``"pointers"``:
+    tensors handed to it as their addresses). ``grid`` is a tuple of one to three ints."""
     if not direct or not isinstance(fn, JITFunction) or fn.pre_run_hooks:
         fn[grid](*args, **kwargs)  # the interpreter's functions are not JITFunctions
         return
@@ -115,6 +124,8 @@ def launch(fn, grid, args, kwargs, *, direct=True):
         if kernel is not None:
             kernels[key] = kernel
         return
+    if direct == "pointers":
+        values = [v.data_ptr() if v.__class__ is _TENSOR else v for v in values]
     # what JITFunction.run then does: the launcher with the grid, the current stream, no
     # launch metadata and no hooks (None: the launcher skips them), every parameter's value
     kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
