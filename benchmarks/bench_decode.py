@@ -93,7 +93,8 @@ SHORT = [
 #: collinear keys, docs/hunt.md), and every launch through Triton's ``kernel[grid]`` rather
 #: than the compiled kernel's launcher (``kernels/launch.py``: what the direct launch saves),
 #: or through the launcher with the tensors as their addresses (``launch_ptr``: a driver call
-#: a pointer less). Stage-1 head-fastest and value-blocks-adjacent orders, an
+#: a pointer less), or a call of a seen key replayed (``launch_replay``, kernels/replay.py).
+#: Stage-1 head-fastest and value-blocks-adjacent orders, an
 #: int8 KLO, a register cap, and masked or whole-chunk rows on varlen input were measured
 #: slower or no faster and deleted (docs/kernels.md, "Pruned").
 CANDIDATES = {
@@ -104,6 +105,7 @@ CANDIDATES = {
     "kend_single": KernelConfig(kend_split=False),
     "launch_triton": KernelConfig(launch="triton"),
     "launch_ptr": KernelConfig(launch="pointers"),
+    "launch_replay": KernelConfig(launch="replay"),
 }
 ROUNDS = 5
 
@@ -140,11 +142,14 @@ def host_note(r):
 
 
 def decode_host_note(r):
-    """A decode row's host time a call: kdalab (direct launch), through Triton's launch path
-    and with tensors as addresses (and those forms' eager times), fla."""
+    """A decode row's host time a call: kdalab (direct launch), through Triton's launch path,
+    with tensors as addresses and replayed (and those forms' eager times), fla."""
     fla = f", fla {r['fla_host_us']:.0f}" if "fla_host_us" in r else ""
-    addr = (f", {r['kdalab_pointers_host_us']:.0f} with tensors as addresses (eager "
-            f"{r['kdalab_pointers_ms'] * 1e3:.2f} us)" if "kdalab_pointers_host_us" in r else "")
+    addr = "".join(f", {r[f'kdalab_{form}_host_us']:.0f} {what} (eager "
+                   f"{r[f'kdalab_{form}_ms'] * 1e3:.2f} us)"
+                   for form, what in (("pointers", "with tensors as addresses"),
+                                      ("replay", "replayed"))
+                   if f"kdalab_{form}_host_us" in r)
     return (f"host {r['kdalab_host_us']:.0f} us a call, {r['kdalab_triton_launch_host_us']:.0f}"
             f" through Triton's launch path (eager "
             f"{r['kdalab_triton_launch_ms'] * 1e3:.2f} us){addr}{fla}")
@@ -219,9 +224,11 @@ def decode_rows(bw, quick, rounds=ROUNDS):
             slow = lambda x=x, gate=gate: kda_decode(  # noqa: E731 - Triton's launch path
                 x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
                 state_indices=x["idx"], launch="triton", **gate)
-            addr = lambda x=x, gate=gate: kda_decode(  # noqa: E731 - tensors as addresses
-                x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
-                state_indices=x["idx"], launch="pointers", **gate)
+            addr, again = (
+                lambda x=x, gate=gate, how=how: kda_decode(  # noqa: E731 - the candidates
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
+                    state_indices=x["idx"], launch=how, **gate)
+                for how in ("pointers", "replay"))
             row = dict(N=N, H=H)
             theirs = None if fla is None else (
                 lambda x=x, gate=gate: fla(  # noqa: E731
@@ -232,15 +239,16 @@ def decode_rows(bw, quick, rounds=ROUNDS):
             # eager: interleaved rounds, the median (one do_bench a function varied by 2-3x
             # between neighbouring shapes at N <= 8, where the host's time a call is longer
             # than the kernel: docs/kernels.md)
-            eager = interleaved(dict(kdalab=mine, triton=slow, pointers=addr, **(
+            eager = interleaved(dict(kdalab=mine, triton=slow, pointers=addr, replay=again, **(
                 {"fla": theirs} if theirs is not None else {})), rounds)
             row["kdalab_ms"] = eager["kdalab"]
             row["kdalab_graph_ms"] = bench_graph(mine)
             row["kdalab_triton_launch_ms"] = eager["triton"]
             row["kdalab_host_us"] = host_us(mine)
             row["kdalab_triton_launch_host_us"] = host_us(slow)
-            row["kdalab_pointers_ms"] = eager["pointers"]
-            row["kdalab_pointers_host_us"] = host_us(addr)
+            for form, fn in (("pointers", addr), ("replay", again)):
+                row[f"kdalab_{form}_ms"] = eager[form]
+                row[f"kdalab_{form}_host_us"] = host_us(fn)
             # the state read and written (fp32), q, k, g, v read and o written (bf16), beta
             moved = N * H * (2 * D * D * 4 + 4 * D * 2 + D * 2 + 2)
             row["floor_ms"] = moved / bw * 1e3

@@ -240,6 +240,7 @@ def decode_rows(rows: list[dict]) -> list[dict]:
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
                 "[kend_single] speed-up", "[guard_launch] speed-up",
                 "[guard_inline] speed-up", "[launch_triton] speed-up", "[launch_ptr] speed-up",
+                "[launch_replay] speed-up",
                 "[kend_paired] speed-up", "[inv_fma] speed-up")
 #: candidates measured and deleted whose speed-up a kept run still shows (marked "pruned")
 PRUNED = ("kend_paired", "inv_fma")

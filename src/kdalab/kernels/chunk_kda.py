@@ -18,9 +18,10 @@ import torch
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
-from .launch import LAUNCH_MODES
+from .launch import LAUNCH_MODES, current_device
 from .plan import LaunchPlan, fp16_guard, plan_launch
 from .pool import checkpoint_buffer, validate_pool
+from .replay import Replayer, buffer_like, new_buffer, tensors_key
 from .sequences import Sequences, fixed_sequences, varlen_sequences
 from .shapes import check_gate, check_options, check_tensor, head_shapes
 
@@ -53,8 +54,9 @@ class KernelConfig:
     each kernel is launched — ``"direct"`` (the compiled kernel's launcher, once Triton has
     compiled it for the call's specialization: ``launch.py``), ``"pointers"`` (the same, the
     tensors handed to the launcher as their addresses: a candidate that skips a driver call a
-    pointer) or ``"triton"`` (``kernel[grid]`` every call: the same kernels and bits, more host
-    time).
+    pointer), ``"replay"`` (a candidate: a call whose shapes, options and alignment were seen
+    before replays that call's launches on new buffers and addresses, ``replay.py``) or
+    ``"triton"`` (``kernel[grid]`` every call: the same kernels and bits, more host time).
     """
 
     dot: str = "auto"
@@ -282,6 +284,10 @@ def chunk_kda_fwd(
     the host): NaN or inf in a sequence's inputs propagates to that sequence's outputs and
     final state (for the heads it reaches) and leaves the others untouched.
     """
+    if config.__class__ is KernelConfig and config.launch == "replay":
+        return _replayed(q, k, v, g, beta, scale, initial_state, output_final_state, A_log,
+                         dt_bias, lower_bound, cu_seqlens, use_qk_l2norm, beta_is_logits,
+                         state_layout, config, state_pool, state_indices, checkpoint_every)
     c = _front(q, k, v, g, beta, initial_state, A_log, dt_bias, scale, lower_bound,
                cu_seqlens, state_layout, config, use_qk_l2norm, beta_is_logits,
                pool=(state_pool, state_indices, checkpoint_every))
@@ -304,7 +310,7 @@ def chunk_kda_fwd(
     elif output_final_state:
         state_dtype = initial_state.dtype if initial_state is not None else torch.float32
         shape = (num_seqs, H, V, K) if state_layout == "VK" else (num_seqs, H, K, V)
-        final_state = torch.empty(shape, device=device, dtype=state_dtype)
+        final_state = new_buffer(shape, device=device, dtype=state_dtype)
     launch = dict(initial_state=initial_state, final_state=final_state,
                   state_vk=state_layout == "VK", cu_seqlens=seqs.cu32,
                   chunk_offsets=seqs.chunk_offsets, seq_order=seqs.seq_order,
@@ -321,6 +327,45 @@ def chunk_kda_fwd(
     return o, final_state
 
 
+_REPLAY = Replayer()
+
+
+def _replayed(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias,
+              lower_bound, cu_seqlens, use_qk_l2norm, beta_is_logits, state_layout, config,
+              state_pool, state_indices, checkpoint_every):
+    """``chunk_kda_fwd`` with ``config.launch == "replay"`` (``replay.py``): the first call
+    of a key through the direct path, recorded; later calls of the key replayed."""
+    inputs = (q, k, v, g, beta, initial_state, A_log, dt_bias, state_pool, state_indices,
+              cu_seqlens)
+    direct = dataclasses.replace(config, launch="direct")
+
+    def call():
+        return chunk_kda_fwd(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, A_log=A_log, dt_bias=dt_bias,
+            lower_bound=lower_bound, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+            beta_is_logits=beta_is_logits, state_layout=state_layout, config=direct,
+            state_pool=state_pool, state_indices=state_indices,
+            checkpoint_every=checkpoint_every)
+
+    def constants():  # the call's sequence tables (cached by it: no host read here)
+        seqs = (fixed_sequences(q.device, q.shape[0], q.shape[1]) if cu_seqlens is None
+                else varlen_sequences(cu_seqlens, q.shape[1]))
+        return [cu_seqlens, *seqs.tensors()]
+
+    if any(not isinstance(x, torch.Tensor) for x in (q, k, v, g, beta)):
+        return call()  # the ordinary path says what is wrong
+    try:
+        device = current_device()
+        key = (device, tensors_key(inputs), scale, lower_bound, use_qk_l2norm, beta_is_logits,
+               state_layout, output_final_state, checkpoint_every, config,
+               None if cu_seqlens is None else (id(cu_seqlens), cu_seqlens._version))
+        hash(key)
+    except (TypeError, AttributeError, RuntimeError):  # an unhashable or odd argument
+        return call()
+    return _REPLAY(key, device, inputs, call, constants, list, tuple)
+
+
 def _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V):
     """Stage 2: the serial pass, or the sequence-parallel passes and their combine."""
     device = v.device
@@ -328,8 +373,8 @@ def _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout
         return chunk_kda_recurrent(v, *ops, **launch)
 
     table, seg_offsets, n_segs = seqs.segments(plan.segment_chunks)
-    summary = torch.empty(n_segs, H, V + K, K, device=device, dtype=torch.float32)
-    o = torch.empty_like(v)
+    summary = new_buffer((n_segs, H, V + K, K), device=device, dtype=torch.float32)
+    o = buffer_like(v)
     stages = dict(launch, segments=table, summary=summary, o=o)
     chunk_kda_recurrent(v, *ops, **stages, passes=(1,))
     chunk_kda_combine(summary, seg_offsets, initial_state, num_seqs=num_seqs,

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from .indexing import chunk_of_program
 from .launch import launch
+from .replay import new_buffer
 
 CHUNK = 16
 
@@ -211,12 +212,12 @@ def chunk_kda_prepare(
         clamp_rows = chunk_table is not None or T % CHUNK != 0
     H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
-    w, qg, kend, *klo = torch.empty(4 if kend_split else 3, B, T, H, K, device=q.device,
-                                    dtype=operand_dtype).unbind(0)
+    w, qg, kend, *klo = new_buffer((4 if kend_split else 3, B, T, H, K), device=q.device,
+                                   dtype=operand_dtype).unbind(0)
     klo = klo[0] if kend_split else None
-    ainv, mqk = torch.empty(2, num_chunks, H, CHUNK, CHUNK, device=q.device,
-                            dtype=operand_dtype).unbind(0)
-    gamma = torch.empty(num_chunks, H, K, device=q.device, dtype=torch.float32)
+    ainv, mqk = new_buffer((2, num_chunks, H, CHUNK, CHUNK), device=q.device,
+                           dtype=operand_dtype).unbind(0)
+    gamma = new_buffer((num_chunks, H, K), device=q.device, dtype=torch.float32)
     if num_chunks == 0:
         return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from .indexing import segment_of_program, sequence_of_program
 from .launch import launch
+from .replay import buffer_like, new_buffer
 
 CHUNK = 16
 
@@ -319,7 +320,7 @@ def chunk_kda_recurrent(
     B, T, H, V = v.shape
     K = w.shape[-1]
     if o is None:
-        o = torch.empty_like(v)
+        o = buffer_like(v)
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
     if checkpoints is not None and checkpoints.shape[0] == 0:
@@ -351,7 +352,7 @@ def chunk_kda_recurrent(
         kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
                   ck_offsets_ptr=checkpoint_offsets, PASS=pass_)
         if guard == "launch":  # the redo as a second launch (flags: one a program)
-            flags = torch.empty(math.prod(grid), device=v.device, dtype=torch.int32)
+            flags = new_buffer((math.prod(grid),), device=v.device, dtype=torch.int32)
             launch(chunk_kda_recurrent_kernel, grid, args,
                    dict(kw, GUARD=False, FLAG=1, flag_ptr=flags), direct=direct)
             launch(chunk_kda_recurrent_kernel, grid, args,

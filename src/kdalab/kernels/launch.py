@@ -31,14 +31,18 @@ the one CUDA device.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from triton.runtime.jit import JITFunction
 
 _TABLES: dict = {}  # JIT function -> (names, their set, constexpr flags, defaults, {key: kernel})
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime), found once
+#: ``.recorder``: the call being recorded on this thread (``replay.Recorder``), or None
+RECORDING = threading.local()
 _TENSOR = torch.Tensor
 #: the entry points' ``launch=`` / ``KernelConfig.launch`` -> :func:`launch`'s ``direct``
-LAUNCH_MODES = {"direct": True, "pointers": "pointers", "triton": False}
+LAUNCH_MODES = {"direct": True, "pointers": "pointers", "triton": False, "replay": True}
 
 
 class _Unkeyed(Exception):
@@ -82,6 +86,11 @@ def _driver():
     return _DRIVER
 
 
+def current_device():
+    """The device Triton launches on (its driver's current device)."""
+    return _driver()[0]()
+
+
 def _hooked(hook) -> bool:
     """Whether a launch hook is set: triton 3.6 and 3.9 hold a chain of hooks (empty when
     none is set, then JITFunction.run still builds launch metadata and calls it), earlier
@@ -93,12 +102,17 @@ def launch(fn, grid, args, kwargs, *, direct=True):
     """``fn[grid](*args, **kwargs)``; with ``direct``, through the compiled kernel's launcher
     once Triton has compiled it for this specialization (module docstring; ``"pointers"``:
     tensors handed to it as their addresses). ``grid`` is a tuple of one to three ints."""
+    rec = getattr(RECORDING, "recorder", None)
     if not direct or not isinstance(fn, JITFunction) or fn.pre_run_hooks:
         fn[grid](*args, **kwargs)  # the interpreter's functions are not JITFunctions
+        if rec is not None:
+            rec.refused = True
         return
     get_device, get_stream, runtime = _driver()
     if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
         fn[grid](*args, **kwargs)
+        if rec is not None:
+            rec.refused = True
         return
     names, known, constexpr, defaults, kernels = _table(fn)
     values = list(args)
@@ -118,12 +132,18 @@ def launch(fn, grid, args, kwargs, *, direct=True):
         kernel = kernels.get(key)
     except (_Unkeyed, TypeError):  # TypeError: an unhashable constexpr or option
         fn[grid](*args, **kwargs)
+        if rec is not None:
+            rec.refused = True
         return
     if kernel is None:
         kernel = fn[grid](*args, **kwargs)
         if kernel is not None:
             kernels[key] = kernel
+        if rec is not None:
+            rec.launched(kernel, grid, values)
         return
+    if rec is not None:
+        rec.launched(kernel, grid, values)
     if direct == "pointers":
         values = [v.data_ptr() if v.__class__ is _TENSOR else v for v in values]
     # what JITFunction.run then does: the launcher with the grid, the current stream, no

@@ -41,6 +41,11 @@ class Sequences:
         self._segments: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
         self.plans: dict[tuple, LaunchPlan] = {}
 
+    def tensors(self) -> list:
+        """Every table on the device (a replayed call reads them: ``replay.py``)."""
+        return [self.cu32, self.chunk_table, self.chunk_offsets, self.seq_order,
+                *[t for table, offs, _ in self._segments.values() for t in (table, offs)]]
+
     def segments(self, segment_chunks: int):
         """(segment table, seg_offsets, segment count) on the device, per segment length."""
         hit = self._segments.get(segment_chunks)
