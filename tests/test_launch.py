@@ -123,6 +123,8 @@ def test_launch_option_is_checked():
     with pytest.raises(ValueError, match="config.launch"):
         KernelConfig(launch="fast")
     assert KernelConfig(launch="pointers").launch == "pointers"
+    with pytest.raises(ValueError, match="config.launch"):
+        KernelConfig(launch=["direct"])
 
 
 # ------------------------------------------------------------ GPU

@@ -84,7 +84,7 @@ class KernelConfig:
         if not isinstance(self.kend_split, bool):
             raise ValueError(f"config.kend_split must be True or False, "
                              f"got {self.kend_split!r}")
-        if self.launch not in LAUNCH_MODES:
+        if not isinstance(self.launch, str) or self.launch not in LAUNCH_MODES:
             raise ValueError(f"config.launch must be one of {tuple(LAUNCH_MODES)}, "
                              f"got {self.launch!r}")
         s = self.segment_chunks

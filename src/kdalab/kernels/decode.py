@@ -152,7 +152,6 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
 
 
 _INTS = (torch.int32, torch.int64)
-
 _DIMS = (16, 32, 64, 128, 256)
 
 
@@ -219,7 +218,7 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
     N, T = validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
                            lower_bound, state_layout, num_accepted_tokens, cu_seqlens)
     check_options(scale, use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits)
-    if launch not in LAUNCH_MODES:
+    if not isinstance(launch, str) or launch not in LAUNCH_MODES:
         raise ValueError(f"launch must be one of {tuple(LAUNCH_MODES)}, got {launch!r}")
     if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         raise RuntimeError("kdalab.kernels.kda_decode runs a Triton kernel: it needs CUDA "
