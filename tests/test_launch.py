@@ -171,11 +171,14 @@ def _prefill_runs(q, k, v, g, beta, kw, base):
             for how in ("direct", "triton", "direct", "pointers")]
 
 
+#: the plans the GPU launch-form tests run under (test_replay.py too)
+PLAN_BASES = {"plan": KernelConfig(), "split": KernelConfig(segment_chunks=4),
+              "guard-launch": KernelConfig(fp16_guard="launch"),
+              "bv128-inline": KernelConfig(fp16_guard="inline", block_v=128, num_warps=8)}
+
+
 @gpu
-@pytest.mark.parametrize("base", [KernelConfig(), KernelConfig(segment_chunks=4),
-                                  KernelConfig(fp16_guard="launch"),
-                                  KernelConfig(fp16_guard="inline", block_v=128, num_warps=8)],
-                         ids=["plan", "split", "guard-launch", "bv128-inline"])
+@pytest.mark.parametrize("base", PLAN_BASES.values(), ids=PLAN_BASES.keys())
 def test_gpu_prefill_direct_launch_same_bits(base):
     """Direct launches (twice: the second from the table; then with the tensors as addresses)
     and Triton's give the same bits:

@@ -27,6 +27,7 @@ from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel  # noqa: E
 from kdalab.kernels.decode import _REPLAY as DEC_REPLAY  # noqa: E402
 from kdalab.kernels.decode import kda_decode_kernel  # noqa: E402
 from tests.serving_inputs import inputs, pool  # noqa: E402
+from tests.test_launch import PLAN_BASES  # noqa: E402
 
 gpu = pytest.mark.gpu
 KERNELS = (chunk_kda_prepare_kernel, chunk_kda_recurrent_kernel, chunk_kda_combine_kernel,
@@ -248,10 +249,7 @@ def test_replay_option_is_accepted():
 # ------------------------------------------------------------ GPU
 
 @gpu
-@pytest.mark.parametrize("base", [KernelConfig(), KernelConfig(segment_chunks=4),
-                                  KernelConfig(fp16_guard="launch"),
-                                  KernelConfig(fp16_guard="inline", block_v=128, num_warps=8)],
-                         ids=["plan", "split", "guard-launch", "bv128-inline"])
+@pytest.mark.parametrize("base", PLAN_BASES.values(), ids=PLAN_BASES.keys())
 def test_gpu_prefill_replay_same_bits(base):
     """Replayed calls (the second and third of a key, on new inputs) give the direct path's
     bits: fixed length through a pool, and varlen with GVA and an initial state."""
