@@ -337,14 +337,14 @@ def _replayed(q, k, v, g, beta, scale, initial_state, output_final_state, A_log,
     of a key through the direct path, recorded; later calls of the key replayed."""
     inputs = (q, k, v, g, beta, initial_state, A_log, dt_bias, state_pool, state_indices,
               cu_seqlens)
-    direct = dataclasses.replace(config, launch="direct")
 
-    def call():
+    def call():  # the ordinary path (a key's first call, or one that is not replayed)
         return chunk_kda_fwd(
             q, k, v, g, beta, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, A_log=A_log, dt_bias=dt_bias,
             lower_bound=lower_bound, cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
-            beta_is_logits=beta_is_logits, state_layout=state_layout, config=direct,
+            beta_is_logits=beta_is_logits, state_layout=state_layout,
+            config=dataclasses.replace(config, launch="direct"),
             state_pool=state_pool, state_indices=state_indices,
             checkpoint_every=checkpoint_every)
 

@@ -142,9 +142,9 @@ def tensors_key(tensors) -> tuple:
     device and 16-byte alignment (Triton specializes on it), None where absent, and which
     of them are the same tensor (a launch slot names its input by address)."""
     ptrs = [None if x is None else x.data_ptr() for x in tensors]
-    return (tuple(None if x is None else (x.shape, x.stride(), x.dtype, x.device,
-                                          not p & 15) for x, p in zip(tensors, ptrs)),
-            tuple(ptrs.index(p) for p in ptrs))
+    return (tuple([None if x is None else (x.shape, x.stride(), x.dtype, x.device, not p & 15)
+                   for x, p in zip(tensors, ptrs)]),
+            tuple([ptrs.index(p) for p in ptrs]))
 
 
 def hooks_set() -> bool:
