@@ -18,10 +18,10 @@ import torch
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare import chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
-from .launch import LAUNCH_MODES, current_device
+from .launch import LAUNCH_MODES
 from .plan import LaunchPlan, fp16_guard, plan_launch
 from .pool import checkpoint_buffer, validate_pool
-from .replay import Replayer, buffer_like, new_buffer, tensors_key
+from .replay import Replayer, buffer_like, new_buffer
 from .sequences import Sequences, fixed_sequences, varlen_sequences
 from .shapes import check_gate, check_options, check_tensor, head_shapes
 
@@ -353,17 +353,12 @@ def _replayed(q, k, v, g, beta, scale, initial_state, output_final_state, A_log,
                 else varlen_sequences(cu_seqlens, q.shape[1]))
         return [cu_seqlens, *seqs.tensors()]
 
-    if any(not isinstance(x, torch.Tensor) for x in (q, k, v, g, beta)):
-        return call()  # the ordinary path says what is wrong
-    try:
-        device = current_device()
-        key = (device, tensors_key(inputs), scale, lower_bound, use_qk_l2norm, beta_is_logits,
-               state_layout, output_final_state, checkpoint_every, config,
-               None if cu_seqlens is None else (id(cu_seqlens), cu_seqlens._version))
-        hash(key)
-    except (TypeError, AttributeError, RuntimeError):  # an unhashable or odd argument
-        return call()
-    return _REPLAY(key, device, inputs, call, constants, list, tuple)
+    # the sequence tables were built for this cu_seqlens object at this version (sequences.py)
+    seqs_of = None if cu_seqlens is None else (id(cu_seqlens), getattr(cu_seqlens, "_version",
+                                                                        None))
+    options = (scale, lower_bound, use_qk_l2norm, beta_is_logits, state_layout,
+               output_final_state, checkpoint_every, config, seqs_of)
+    return _REPLAY(options, inputs, call, constants, list, tuple)
 
 
 def _recurrent(v, ops, launch, seqs, plan, initial_state, num_seqs, state_layout, H, K, V):

@@ -161,11 +161,20 @@ class Replayer:
     def __init__(self):
         self.records: OrderedDict = OrderedDict()
 
-    def __call__(self, key, device_index, inputs, call, constants, outputs_of, rebuild):
-        """``call()`` (the ordinary path through direct launches) the first time ``key`` is
-        seen, recorded; later, the record run on ``inputs`` and ``rebuild(outputs)``.
-        ``constants()``: the tensors the call may read that outlive it (sequence tables);
-        ``outputs_of(result)``: the result's tensors, in ``rebuild``'s order."""
+    def __call__(self, options, inputs, call, constants, outputs_of, rebuild):
+        """``call()`` (the ordinary path through direct launches) the first time a key is
+        seen, recorded; later, the record run on ``inputs`` and ``rebuild(outputs)``. The
+        key: the device, :func:`tensors_key` of ``inputs`` (tensors or None) and the hashable
+        ``options``; an argument that cannot be keyed takes ``call()``, whose checks say
+        what is wrong. ``constants()``: the tensors the call may read that outlive it
+        (sequence tables); ``outputs_of(result)``: the result's tensors, in ``rebuild``'s
+        order."""
+        try:
+            device_index = _launch.current_device()
+            key = (device_index, tensors_key(inputs), options)
+            hash(key)
+        except (TypeError, AttributeError, RuntimeError):  # not a tensor, unhashable, no GPU
+            return call()
         rec = self.records.get(key)
         if rec is not None and rec is not _NO and not hooks_set():
             self.records.move_to_end(key)
