@@ -218,17 +218,17 @@ def decode_rows(bw, quick, rounds=ROUNDS):
         for H in HS[:2] if quick else HS:
             x = decode_inputs(N, H)
             gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND)
-            mine = lambda x=x, gate=gate: kda_decode(  # noqa: E731
-                x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
-                state_indices=x["idx"], **gate)
-            slow = lambda x=x, gate=gate: kda_decode(  # noqa: E731 - Triton's launch path
-                x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
-                state_indices=x["idx"], launch="triton", **gate)
-            addr, again = (
-                lambda x=x, gate=gate, how=how: kda_decode(  # noqa: E731 - the candidates
-                    x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
-                    state_indices=x["idx"], launch=how, **gate)
-                for how in ("pointers", "replay"))
+
+            def step(how, x=x, gate=gate):  # one decode step through a launch form
+                return lambda: kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                          state_pool=x["pool"], state_indices=x["idx"],
+                                          launch=how, **gate)
+
+            # kdalab's launch forms (row keys: kdalab_<name>_ms, _host_us; the default's
+            # are kdalab_ms, kdalab_host_us): Triton's path and the two candidates
+            forms = {"": step("direct"), "_triton_launch": step("triton"),
+                     "_pointers": step("pointers"), "_replay": step("replay")}
+            mine = forms[""]
             row = dict(N=N, H=H)
             theirs = None if fla is None else (
                 lambda x=x, gate=gate: fla(  # noqa: E731
@@ -239,16 +239,12 @@ def decode_rows(bw, quick, rounds=ROUNDS):
             # eager: interleaved rounds, the median (one do_bench a function varied by 2-3x
             # between neighbouring shapes at N <= 8, where the host's time a call is longer
             # than the kernel: docs/kernels.md)
-            eager = interleaved(dict(kdalab=mine, triton=slow, pointers=addr, replay=again, **(
-                {"fla": theirs} if theirs is not None else {})), rounds)
-            row["kdalab_ms"] = eager["kdalab"]
+            eager = interleaved({**{f"kdalab{f}": fn for f, fn in forms.items()}, **(
+                {"fla": theirs} if theirs is not None else {})}, rounds)
+            for form, fn in forms.items():
+                row[f"kdalab{form}_ms"] = eager[f"kdalab{form}"]
+                row[f"kdalab{form}_host_us"] = host_us(fn)
             row["kdalab_graph_ms"] = bench_graph(mine)
-            row["kdalab_triton_launch_ms"] = eager["triton"]
-            row["kdalab_host_us"] = host_us(mine)
-            row["kdalab_triton_launch_host_us"] = host_us(slow)
-            for form, fn in (("pointers", addr), ("replay", again)):
-                row[f"kdalab_{form}_ms"] = eager[form]
-                row[f"kdalab_{form}_host_us"] = host_us(fn)
             # the state read and written (fp32), q, k, g, v read and o written (bf16), beta
             moved = N * H * (2 * D * D * 4 + 4 * D * 2 + D * 2 + 2)
             row["floor_ms"] = moved / bw * 1e3
