@@ -98,22 +98,23 @@ def _hooked(hook) -> bool:
     return hook is not None and getattr(hook, "calls", True) != []
 
 
+def _triton_path(fn, grid, args, kwargs, rec) -> None:
+    """``fn[grid](*args, **kwargs)``; a call being recorded cannot be replayed then."""
+    fn[grid](*args, **kwargs)
+    if rec is not None:
+        rec.refused = True
+
+
 def launch(fn, grid, args, kwargs, *, direct=True):
     """``fn[grid](*args, **kwargs)``; with ``direct``, through the compiled kernel's launcher
     once Triton has compiled it for this specialization (module docstring; ``"pointers"``:
     tensors handed to it as their addresses). ``grid`` is a tuple of one to three ints."""
     rec = getattr(RECORDING, "recorder", None)
     if not direct or not isinstance(fn, JITFunction) or fn.pre_run_hooks:
-        fn[grid](*args, **kwargs)  # the interpreter's functions are not JITFunctions
-        if rec is not None:
-            rec.refused = True
-        return
+        return _triton_path(fn, grid, args, kwargs, rec)  # the interpreter's: not JITFunctions
     get_device, get_stream, runtime = _driver()
     if _hooked(runtime.launch_enter_hook) or _hooked(runtime.launch_exit_hook):
-        fn[grid](*args, **kwargs)
-        if rec is not None:
-            rec.refused = True
-        return
+        return _triton_path(fn, grid, args, kwargs, rec)
     names, known, constexpr, defaults, kernels = _table(fn)
     values = list(args)
     try:
@@ -131,10 +132,7 @@ def launch(fn, grid, args, kwargs, *, direct=True):
             else _spec(v) for v, c in zip(values, constexpr)]))
         kernel = kernels.get(key)
     except (_Unkeyed, TypeError):  # TypeError: an unhashable constexpr or option
-        fn[grid](*args, **kwargs)
-        if rec is not None:
-            rec.refused = True
-        return
+        return _triton_path(fn, grid, args, kwargs, rec)
     if kernel is None:
         kernel = fn[grid](*args, **kwargs)
         if kernel is not None:
