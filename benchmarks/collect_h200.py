@@ -188,6 +188,40 @@ def fold_short(rows: list[dict]) -> list[dict]:
     return out
 
 
+def fold_pool(rows: list[dict]) -> list[dict]:
+    """The pool part's rows, one a shape: the checkpoints' cost over plain, with the pool's
+    alone and a bf16 pool's checkpoints in its note (every figure kept, in fewer lines)."""
+    extra, out = {}, []
+    for r in rows:
+        shape, _, what = r["target"].partition(": ")
+        if what in ("pool_over_plain", "ck64_bf16_over_plain"):
+            label = "pool alone" if what == "pool_over_plain" else "a bf16 pool's checkpoints"
+            extra.setdefault(shape, []).append(f"{label} {r['value']}x")
+        else:
+            out.append(r)
+    return [dict(r, note=r.get("note", "") + "; " + ", ".join(extra[shape]))
+            if r["target"].endswith(": ck64_over_plain") and (
+                shape := r["target"].partition(": ")[0]) in extra else r for r in out]
+
+
+def note_ck_stagger(rows: list[dict], path: Path, commit: str) -> list[dict]:
+    """The pruned staggered-start candidate's cost (``ck64_stagger<ns>_over_plain`` fields of
+    a pool part's raw JSON, with the unstaggered cost of the same run) in the note of each
+    shape's 64-token row."""
+    found = {}
+    for r in json.loads(path.read_text(encoding="utf-8"))["pool"]:
+        ns = sorted(int(k[len("ck64_stagger"):-len("_over_plain")]) for k in r
+                    if k.startswith("ck64_stagger") and k.endswith("_over_plain"))
+        if ns:
+            same = all(r.get(f"stagger{n}_same_bits") for n in ns)
+            found[r["shape"]] = (
+                f"[starts staggered {'/'.join(map(str, ns))} ns: "
+                + "/".join(f"{r[f'ck64_stagger{n}_over_plain']:.3f}" for n in ns)
+                + f"x against {r['ck64_over_plain']:.3f}x unstaggered in that run, "
+                + ("the same bits" if same else "OTHER BITS") + f"; pruned, at {commit}]")
+    return _add_notes(rows, ": ck64_over_plain", found)
+
+
 def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
     """Each shape's cost of checkpoints every 128 and 256 tokens over the pool call (graph
     replay, fp32), read from ck_profile.py's JSON lines, in the note of its 64-token row."""
@@ -261,6 +295,10 @@ def main() -> None:
                     help="--serving: the longer checkpoint intervals' cost (graph replay) "
                          "from the one-off ck_profile.py's output (scripts/device/ at baefdd0) "
                          "into the notes of the 64-token rows")
+    ap.add_argument("--ck-stagger", nargs=2, metavar=("RAW_JSON", "COMMIT"), default=None,
+                    help="--serving: the pruned staggered-start candidate's cost from a pool "
+                         "part's decode.raw.json (bench_decode.py --ck-stagger at COMMIT) "
+                         "into the notes of the 64-token rows")
     ap.add_argument("--decode", action="store_true",
                     help="decode_h200.json from RUNS/serving/decode.json's decode part")
     ap.add_argument("--sweep", action="store_true")
@@ -293,7 +331,9 @@ def main() -> None:
                 rows += [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
                                                            else tag))
                          for r in before["rows"] if part in r["target"]]
-        rows = fold_short(rows)
+        rows = fold_pool(fold_short(rows))
+        if a.ck_stagger:
+            rows = note_ck_stagger(rows, Path(a.ck_stagger[0]), a.ck_stagger[1])
         if a.ck_intervals:
             rows = note_ck_intervals(rows, Path(a.ck_intervals[0]), a.ck_intervals[1])
         _write("serving_prefill_h200", {

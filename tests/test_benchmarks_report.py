@@ -105,3 +105,32 @@ def test_collect_folds_the_decode_part_one_row_a_shape():
         "graph replay 1.414x; kdalab eager 57.68 us, graph 11.53 us, floor 12.02 us; host 49 "
         "us a call; graph 0.959x the floor")
     assert out[2]["value"] == 70.0 and out[2]["unit"] == "us"
+
+
+def test_collect_folds_the_pool_part_and_notes_the_stagger_once(tmp_path):
+    # the pool's and the bf16 pool's ratios go into the note of the shape's 64-token row;
+    # a pool part's raw stagger figures are added there once
+    import json
+
+    import collect_h200
+
+    rows = [dict(target="prefill S: pool_over_plain", value=1.005, unit="x", note="p"),
+            dict(target="prefill S: ck64_over_plain", value=1.208, unit="x", note="plain 1 ms"),
+            dict(target="prefill S: ck64_bf16_over_plain", value=1.097, unit="x", note="b"),
+            dict(target="prefill S: kdalab vs flashkda", value=1.03, unit="x", note="k")]
+    folded = collect_h200.fold_pool(rows)
+    assert [r["target"] for r in folded] == ["prefill S: ck64_over_plain",
+                                             "prefill S: kdalab vs flashkda"]
+    assert folded[0]["note"] == "plain 1 ms; pool alone 1.005x, a bf16 pool's checkpoints 1.097x"
+    assert collect_h200.fold_pool(folded) == folded
+    path = tmp_path / "decode.raw.json"
+    path.write_text(json.dumps({"pool": [dict(
+        shape="S", ck64_over_plain=1.2075, ck64_stagger600_over_plain=1.2107,
+        ck64_stagger1200_over_plain=1.212, stagger600_same_bits=True,
+        stagger1200_same_bits=True)]}))
+    once = collect_h200.note_ck_stagger(folded, path, "abc1234")
+    assert once == collect_h200.note_ck_stagger(once, path, "abc1234")
+    assert once[0]["note"].endswith("[starts staggered 600/1200 ns: 1.211/1.212x against "
+                                    "1.208x unstaggered in that run, the same bits; pruned, "
+                                    "at abc1234]")
+    assert once[1] == folded[1]
