@@ -90,22 +90,21 @@ SHORT = [
 #: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
 #: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
 #: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
-#: collinear keys, docs/hunt.md), and every launch through Triton's ``kernel[grid]`` rather
-#: than the compiled kernel's launcher (``kernels/launch.py``: what the direct launch saves),
-#: or through the launcher with the tensors as their addresses (``launch_ptr``: a driver call
-#: a pointer less), or a call of a seen key replayed (``launch_replay``, kernels/replay.py).
-#: Stage-1 head-fastest and value-blocks-adjacent orders, an
-#: int8 KLO, a register cap, and masked or whole-chunk rows on varlen input were measured
-#: slower or no faster and deleted (docs/kernels.md, "Pruned").
+#: collinear keys, docs/hunt.md), and every launch direct (``launch_direct``: the compiled
+#: kernel's launcher, kernels/launch.py; what the default's replay of a seen key saves,
+#: kernels/replay.py) or through Triton's ``kernel[grid]`` (``launch_triton``: what the direct
+#: launch saves). Stage-1 head-fastest and value-blocks-adjacent orders, an int8 KLO, a
+#: register cap, masked or whole-chunk rows on varlen input and tensors handed to the
+#: launcher as addresses were measured slower or no faster and deleted (docs/kernels.md,
+#: "Pruned").
 CANDIDATES = {
     "default": KernelConfig(),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
     "kend_single": KernelConfig(kend_split=False),
+    "launch_direct": KernelConfig(launch="direct"),
     "launch_triton": KernelConfig(launch="triton"),
-    "launch_ptr": KernelConfig(launch="pointers"),
-    "launch_replay": KernelConfig(launch="replay"),
 }
 ROUNDS = 5
 
@@ -142,17 +141,15 @@ def host_note(r):
 
 
 def decode_host_note(r):
-    """A decode row's host time a call: kdalab (direct launch), through Triton's launch path,
-    with tensors as addresses and replayed (and those forms' eager times), fla."""
+    """A decode row's host time a call: kdalab (the default, replayed), launched direct and
+    through Triton's launch path (and those forms' eager times), fla."""
     fla = f", fla {r['fla_host_us']:.0f}" if "fla_host_us" in r else ""
-    addr = "".join(f", {r[f'kdalab_{form}_host_us']:.0f} {what} (eager "
-                   f"{r[f'kdalab_{form}_ms'] * 1e3:.2f} us)"
-                   for form, what in (("pointers", "with tensors as addresses"),
-                                      ("replay", "replayed"))
-                   if f"kdalab_{form}_host_us" in r)
-    return (f"host {r['kdalab_host_us']:.0f} us a call, {r['kdalab_triton_launch_host_us']:.0f}"
-            f" through Triton's launch path (eager "
-            f"{r['kdalab_triton_launch_ms'] * 1e3:.2f} us){addr}{fla}")
+    forms = "".join(f", {r[f'kdalab_{form}_host_us']:.0f} {what} (eager "
+                    f"{r[f'kdalab_{form}_ms'] * 1e3:.2f} us)"
+                    for form, what in (("direct", "launched direct"),
+                                       ("triton_launch", "through Triton's launch path"))
+                    if f"kdalab_{form}_host_us" in r)
+    return f"host {r['kdalab_host_us']:.0f} us a call{forms}{fla}"
 
 
 def interleaved(fns, rounds, rep=40):
@@ -225,9 +222,9 @@ def decode_rows(bw, quick, rounds=ROUNDS):
                                           launch=how, **gate)
 
             # kdalab's launch forms (row keys: kdalab_<name>_ms, _host_us; the default's
-            # are kdalab_ms, kdalab_host_us): Triton's path and the two candidates
-            forms = {"": step("direct"), "_triton_launch": step("triton"),
-                     "_pointers": step("pointers"), "_replay": step("replay")}
+            # are kdalab_ms, kdalab_host_us): launched direct and through Triton's path
+            forms = {"": step("replay"), "_direct": step("direct"),
+                     "_triton_launch": step("triton")}
             mine = forms[""]
             row = dict(N=N, H=H)
             theirs = None if fla is None else (

@@ -4,14 +4,14 @@
 
 What the host does to issue a call — validation, tables, plan, buffers, the launch path —
 measured on the CPU with Triton's compiled-kernel launcher stubbed (no GPU: the kernels are
-never run), for the default direct launch and the two candidates of docs/kernels.md "Host
-overhead": ``pointers`` (tensors handed to the launcher as addresses: what it saves is in the
-real launcher, so it shows nothing here) and ``replay`` (a seen call's launches replayed).
+never run), for the default ``replay`` (a seen call's launches replayed) against ``direct``
+(every call through the entry point and the compiled kernel's launcher), docs/kernels.md
+"Host overhead".
 Forms are timed in interleaved rounds; each figure is the best round (the host's own cost,
 least disturbed by other load), the ratio is direct over the form in the same run. Buffers
 are CPU ``torch.empty`` here (page-mapped allocations), dearer than the CUDA caching
 allocator's, so the absolute figures are this machine's; the H200's host is measured by
-``bench_decode.py`` (host µs a call, candidates ``launch_ptr`` and ``launch_replay``).
+``bench_decode.py`` (host µs a call of each launch form; candidate ``launch_direct``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from triton import knobs  # noqa: E402
 from kdalab.kernels import KernelConfig, chunk_kda_fwd, kda_decode  # noqa: E402
 from kdalab.kernels import launch as L  # noqa: E402
 
-FORMS = ("direct", "pointers", "replay")
+FORMS = ("direct", "replay")
 K = 128
 
 
@@ -129,8 +129,7 @@ def main():
     for name, us in rows:  # decode: one row, N 128 in the note of N 1's
         if name == "decode N128_H16":
             continue
-        note = (f"direct {us['direct']:.1f} us, pointers {us['pointers']:.1f} us, replay "
-                f"{us['replay']:.1f} us a call")
+        note = f"direct {us['direct']:.1f} us, replay {us['replay']:.1f} us a call"
         if name == "decode N1_H16":
             n128 = dict(rows)["decode N128_H16"]
             note += (f"; N 128: direct {n128['direct']:.1f}, replay {n128['replay']:.1f} us "

@@ -40,6 +40,7 @@ from kdalab import peers
 from kdalab.arith import rel_rmse
 from kdalab.inputs.sequences import draw, preset
 from kdalab.kernels import KernelConfig, chunk_kda_fwd
+from kdalab.kernels.launch import LAUNCH_MODES
 
 LOWER_BOUND = -5.0
 D = 128
@@ -226,7 +227,7 @@ def _stage1_fn(x, config):
         return ck._stage1(q, k, g, beta, x["A_log"], dt_bias, seqs, H, K, scale=K ** -0.5,
                           lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
                           plan=plan, kend_split=config.kend_split,
-                          direct=config.launch == "direct")
+                          direct=LAUNCH_MODES[config.launch])
     return s1, seqs, plan
 
 

@@ -273,11 +273,11 @@ def decode_rows(rows: list[dict]) -> list[dict]:
 #: is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
                 "[kend_single] speed-up", "[guard_launch] speed-up",
-                "[guard_inline] speed-up", "[launch_triton] speed-up", "[launch_ptr] speed-up",
-                "[launch_replay] speed-up",
+                "[guard_inline] speed-up", "[launch_triton] speed-up", "[launch_direct] speed-up",
+                "[launch_ptr] speed-up",
                 "[kend_paired] speed-up", "[inv_fma] speed-up")
 #: candidates measured and deleted whose speed-up a kept run still shows (marked "pruned")
-PRUNED = ("kend_paired", "inv_fma")
+PRUNED = ("kend_paired", "inv_fma", "launch_ptr")
 
 
 def main() -> None:

@@ -98,12 +98,6 @@ def test_launch_table_hands_the_launcher_every_parameter_in_order(monkeypatch):
     assert len(compiled) == 4 and len(launched) == 1
     call(x[4:], 100)  # 16 bytes on: aligned, as the first call
     assert len(compiled) == 4 and launched[-1][9].data_ptr() == x[4:].data_ptr()
-    # "pointers": the same kernel from the table, the tensors as their addresses
-    L.launch(kern, (5,), (x, 200), dict(y_ptr=y, scale=0.5, BLOCK=128, num_warps=2),
-             direct="pointers")
-    assert len(compiled) == 4
-    assert launched[-1] == (5, 1, 1, "stream", "fn", "meta", None, None, None,
-                            x.data_ptr(), 200, y.data_ptr(), 0.5, 128, 3)
 
 
 class _NoHooks:
@@ -122,7 +116,9 @@ def test_hooks_are_seen_in_either_form():
 def test_launch_option_is_checked():
     with pytest.raises(ValueError, match="config.launch"):
         KernelConfig(launch="fast")
-    assert KernelConfig(launch="pointers").launch == "pointers"
+    assert KernelConfig().launch == "replay"  # the default (docs/kernels.md "Host overhead")
+    with pytest.raises(ValueError, match="config.launch"):
+        KernelConfig(launch="pointers")  # pruned (docs/kernels.md "Pruned")
     with pytest.raises(ValueError, match="config.launch"):
         KernelConfig(launch=["direct"])
 
@@ -168,7 +164,7 @@ def test_gpu_launch_table_and_specializations():
 
 def _prefill_runs(q, k, v, g, beta, kw, base):
     return [chunk_kda_fwd(q, k, v, g, beta, config=dataclasses.replace(base, launch=how), **kw)
-            for how in ("direct", "triton", "direct", "pointers")]
+            for how in ("replay", "triton", "direct", "replay")]
 
 
 #: the plans the GPU launch-form tests run under (test_replay.py too)
@@ -180,8 +176,8 @@ PLAN_BASES = {"plan": KernelConfig(), "split": KernelConfig(segment_chunks=4),
 @gpu
 @pytest.mark.parametrize("base", PLAN_BASES.values(), ids=PLAN_BASES.keys())
 def test_gpu_prefill_direct_launch_same_bits(base):
-    """Direct launches (twice: the second from the table; then with the tensors as addresses)
-    and Triton's give the same bits:
+    """Replayed launches (the default: recorded, then replayed), direct launches (from the
+    table) and Triton's give the same bits:
     fixed length with a pool and checkpoints, varlen with GVA, and (with the plan's
     choices) inputs whose pointers are not 16-byte aligned after aligned ones of the same
     shapes."""
@@ -191,7 +187,7 @@ def test_gpu_prefill_direct_launch_same_bits(base):
     p = pool(5, 4, 128, 128, device=dev)
     idx = torch.tensor([3, 0], device=dev)
     runs = []
-    for how in ("direct", "triton", "direct", "pointers"):
+    for how in ("replay", "triton", "direct", "replay"):
         pp = p.clone()
         out = chunk_kda_fwd(q, k, v, g, beta, state_pool=pp, state_indices=idx,
                             checkpoint_every=64,
@@ -225,7 +221,7 @@ def test_gpu_prefill_direct_launch_same_bits(base):
 
 @gpu
 def test_gpu_decode_direct_launch_same_bits():
-    """kda_decode through the table (tensors, then addresses) and through kernel[grid]: the
+    """kda_decode replayed, through the table and through kernel[grid]: the
     same outputs and pool."""
     dev = "cuda"
     q, k, v, g, beta, kw = inputs(3, 2, 2, 4, 128, 128, seed=4, device=dev,
@@ -233,7 +229,7 @@ def test_gpu_decode_direct_launch_same_bits():
     p = pool(6, 4, 128, 128, device=dev)
     idx = torch.tensor([5, 1, 2], device=dev)
     outs = []
-    for how in ("direct", "triton", "direct", "pointers"):
+    for how in ("replay", "triton", "direct", "replay"):
         pp = p.clone()
         o = kda_decode(q, k, v, g, beta, state_pool=pp, state_indices=idx, launch=how, **kw)
         outs.append((o, pp))

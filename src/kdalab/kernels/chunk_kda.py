@@ -51,12 +51,13 @@ class KernelConfig:
     KEND enters the state update as its rounding plus the rounding's error (KLO,
     ``chunk_prepare.py``); ``False`` is a measurement candidate only (one rounded KEND: what
     the split costs; it fails the hunt's collinear keys, docs/hunt.md). ``launch``: how
-    each kernel is launched — ``"direct"`` (the compiled kernel's launcher, once Triton has
-    compiled it for the call's specialization: ``launch.py``), ``"pointers"`` (the same, the
-    tensors handed to the launcher as their addresses: a candidate that skips a driver call a
-    pointer), ``"replay"`` (a candidate: a call whose shapes, options and alignment were seen
-    before replays that call's launches on new buffers and addresses, ``replay.py``) or
-    ``"triton"`` (``kernel[grid]`` every call: the same kernels and bits, more host time).
+    each kernel is launched — ``"replay"`` (a call whose shapes, options and alignment were
+    seen before replays that call's launches on new buffers and addresses, ``replay.py``;
+    a key's first call goes direct), ``"direct"`` (the compiled kernel's launcher, once
+    Triton has compiled it for the call's specialization: ``launch.py``; nothing kept but
+    the compiled kernels) or ``"triton"`` (``kernel[grid]`` every call). All three give the
+    same kernels and bits; they differ in host time a call (docs/kernels.md "Host
+    overhead").
     """
 
     dot: str = "auto"
@@ -66,7 +67,7 @@ class KernelConfig:
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
     kend_split: bool = True
-    launch: str = "direct"
+    launch: str = "replay"
 
     def __post_init__(self):
         if self.dot not in ("auto", "fp16", "tf32"):
@@ -333,8 +334,9 @@ _REPLAY = Replayer()
 def _replayed(q, k, v, g, beta, scale, initial_state, output_final_state, A_log, dt_bias,
               lower_bound, cu_seqlens, use_qk_l2norm, beta_is_logits, state_layout, config,
               state_pool, state_indices, checkpoint_every):
-    """``chunk_kda_fwd`` with ``config.launch == "replay"`` (``replay.py``): the first call
-    of a key through the direct path, recorded; later calls of the key replayed."""
+    """``chunk_kda_fwd`` with ``config.launch == "replay"``, the default (``replay.py``): the
+    first call of a key through the direct path, recorded; later calls of the key
+    replayed."""
     inputs = (q, k, v, g, beta, initial_state, A_log, dt_bias, state_pool, state_indices,
               cu_seqlens)
 

@@ -204,8 +204,7 @@ def chunk_kda_prepare(
     ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``clamp_rows``:
     clamp the loads' rows to the sequence (the kernel's ``CLAMP_ROWS``; None: where rows are
     not known to come in whole chunks, i.e. varlen or T % 16 != 0; the tests compare both
-    forms). ``direct``: launch through ``launch.py`` (False: ``kernel[grid]`` every call;
-    ``"pointers"``: tensors handed to the launcher as addresses).
+    forms). ``direct``: launch through ``launch.py`` (False: ``kernel[grid]`` every call).
     """
     B, T, HQ, K = q.shape
     if clamp_rows is None:

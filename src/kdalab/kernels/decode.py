@@ -127,8 +127,7 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
                       num_seqs, T, scale, lower_bound, use_qk_l2norm, beta_is_logits, state_vk,
                       block_v=None, num_warps=None, direct=True):
     """Launch the decode kernel on validated, contiguous tensors (``kernels.decode_api``);
-    ``direct``: through ``launch.py`` (False: ``kernel[grid]`` every call; ``"pointers"``:
-    tensors handed to the launcher as addresses)."""
+    ``direct``: through ``launch.py`` (False: ``kernel[grid]`` every call)."""
     H, K = q.shape[-2:]
     HV, V = v.shape[-2:]
     HG = g.shape[-2]
@@ -193,7 +192,7 @@ def validate_decode(q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
 def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log=None,
                dt_bias=None, lower_bound=-5.0, use_qk_l2norm=True, beta_is_logits=True,
                state_layout="KV", num_accepted_tokens=None, cu_seqlens=None, out=None,
-               block_v=None, num_warps=None, launch="direct"):
+               block_v=None, num_warps=None, launch="replay"):
     """KDA decode: ``T_new`` new tokens of each of N sequences whose states live in a pool.
 
     q, k ``[N, T_new, H, K]``; v ``[N, T_new, HV, V]`` (GVA: HV a multiple of H, value head i
@@ -206,10 +205,9 @@ def kda_decode(q, k, v, g, beta, *, state_pool, state_indices, scale=None, A_log
     indices skip). Index contents are not checked (a check would sync the host); two
     sequences naming one row race. Returns o like v (or written into ``out``). ``block_v``,
     ``num_warps``: the program shape (None: ``decode_launch_shape``); ``launch``:
-    ``"direct"`` (the compiled kernel's launcher, ``launch.py``), ``"pointers"`` (the same,
-    tensors handed to it as addresses: a candidate), ``"replay"`` (a candidate: a step of a
-    seen key replays its launch, ``replay.py``) or ``"triton"``
-    (``kernel[grid]`` every call; the same kernel, more host time).
+    ``"replay"`` (a step of a seen key replays its launch, ``replay.py``), ``"direct"`` (the
+    compiled kernel's launcher, ``launch.py``) or ``"triton"`` (``kernel[grid]`` every call);
+    the same kernel and bits, less host time in that order.
     """
     if launch == "replay":
         return _replayed(q, k, v, g, beta, state_pool, state_indices, scale, A_log, dt_bias,
@@ -250,8 +248,8 @@ _REPLAY = Replayer()
 def _replayed(q, k, v, g, beta, state_pool, state_indices, scale, A_log, dt_bias, lower_bound,
               use_qk_l2norm, beta_is_logits, state_layout, num_accepted_tokens, cu_seqlens,
               out, block_v, num_warps):
-    """``kda_decode(launch="replay")`` (``replay.py``): a step of a seen key replays its
-    one launch on the new tensors."""
+    """``kda_decode(launch="replay")``, the default (``replay.py``): a step of a seen key
+    replays its one launch on the new tensors."""
     inputs = (q, k, v, g, beta, state_pool, state_indices, A_log, dt_bias,
               num_accepted_tokens, cu_seqlens, out)
 

@@ -21,12 +21,8 @@ table and goes through ``kernel[grid]`` (which compiles or finds the other kerne
 else — a tensor descriptor, launch hooks (profilers), pre-run hooks, the interpreter — takes
 ``kernel[grid]`` every time.
 
-With ``direct="pointers"`` (a candidate, ``KernelConfig(launch="pointers")``) the launcher
-gets each tensor's address as an int instead of the tensor: for a tensor it calls
-``data_ptr`` and then ``cuPointerGetAttribute`` (a driver call that only checks the address
-is the device's), for an int it takes the value (triton 3.6's generated launcher and 3.9's
-``extractPointer`` alike). kdalab's entry points have already checked that every tensor is on
-the one CUDA device.
+The entry points' default, ``launch="replay"`` (``replay.py``), goes further: a call of a key
+seen before replays the first call's launches, and none of this runs.
 """
 
 from __future__ import annotations
@@ -42,7 +38,7 @@ _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime), f
 RECORDING = threading.local()
 _TENSOR = torch.Tensor
 #: the entry points' ``launch=`` / ``KernelConfig.launch`` -> :func:`launch`'s ``direct``
-LAUNCH_MODES = {"direct": True, "pointers": "pointers", "triton": False, "replay": True}
+LAUNCH_MODES = {"replay": True, "direct": True, "triton": False}
 
 
 class _Unkeyed(Exception):
@@ -107,8 +103,8 @@ def _triton_path(fn, grid, args, kwargs, rec) -> None:
 
 def launch(fn, grid, args, kwargs, *, direct=True):
     """``fn[grid](*args, **kwargs)``; with ``direct``, through the compiled kernel's launcher
-    once Triton has compiled it for this specialization (module docstring; ``"pointers"``:
-    tensors handed to it as their addresses). ``grid`` is a tuple of one to three ints."""
+    once Triton has compiled it for this specialization (module docstring). ``grid`` is a
+    tuple of one to three ints."""
     rec = getattr(RECORDING, "recorder", None)
     if not direct or not isinstance(fn, JITFunction) or fn.pre_run_hooks:
         return _triton_path(fn, grid, args, kwargs, rec)  # the interpreter's: not JITFunctions
@@ -142,8 +138,6 @@ def launch(fn, grid, args, kwargs, *, direct=True):
         return
     if rec is not None:
         rec.launched(kernel, grid, values)
-    if direct == "pointers":
-        values = [v.data_ptr() if v.__class__ is _TENSOR else v for v in values]
     # what JITFunction.run then does: the launcher with the grid, the current stream, no
     # launch metadata and no hooks (None: the launcher skips them), every parameter's value
     kernel.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,

@@ -1,5 +1,5 @@
-"""Replaying a call's launches (a candidate: ``KernelConfig(launch="replay")``,
-``kda_decode(launch="replay")``; docs/kernels.md "Host overhead").
+"""Replaying a call's launches: the entry points' default (``KernelConfig.launch``,
+``kda_decode(launch=)``; docs/kernels.md "Host overhead").
 
 A short call is bound by the host: validation, the sequence tables, the launch plan, the
 wrappers' arguments, the launch key and the launcher's pointer checks take longer than the
@@ -177,7 +177,10 @@ class Replayer:
             return call()
         rec = self.records.get(key)
         if rec is not None and rec is not _NO and not hooks_set():
-            self.records.move_to_end(key)
+            try:
+                self.records.move_to_end(key)
+            except KeyError:  # dropped by another thread meanwhile: the record still runs
+                pass
             return rebuild(rec.run(inputs, device_index))
         if rec is not None or getattr(_launch.RECORDING, "recorder", None) is not None:
             return call()
