@@ -1,10 +1,11 @@
-"""kernels/replay.py (the ``launch="replay"`` candidate): a replayed call hands every compiled
-kernel the arguments the direct path would — the same kernels, grids and scalars, the new
-call's inputs at their addresses, and its own fresh buffers where the direct path has its
-buffers (views of one allocation at the same offsets) — checked on the CPU with Triton's
-compile and launcher stubbed; what cannot be replayed is not (checkpoint descriptors, launch
-hooks), and a changed key records again. On the GPU: the same bits as the direct path
-(prefill: fixed length, pool, varlen with GVA, split, both guard forms; decode)."""
+"""kernels/replay.py (``launch="replay"``, the entry points' default): a replayed call hands
+every compiled kernel the arguments the direct path would — the same kernels, grids and
+scalars, the new call's inputs at their addresses, and its own fresh buffers where the
+direct path has its buffers (views of one allocation at the same offsets) — checked on the
+CPU with Triton's compile and launcher stubbed; what cannot be replayed is not (checkpoint
+descriptors, launch hooks), a changed key records again, and the records are capped. On
+the GPU: the same bits as the direct path (prefill: fixed length, pool, varlen with GVA,
+split, both guard forms; decode)."""
 
 from __future__ import annotations
 
@@ -239,6 +240,33 @@ def test_what_is_not_replayed_and_what_records_again(stubbed, monkeypatch):
     with pytest.raises(ValueError, match="lower_bound"):
         chunk_kda_fwd(q, k, v, g, beta, config=replay, **dict(kw, lower_bound=3.0))
     assert len(FWD_REPLAY.records) == n + 5
+
+
+def test_records_are_capped_and_release_what_they_kept(stubbed, monkeypatch):
+    # a server may pass a new cu_seqlens tensor every call: each is a new key, recorded; past
+    # CACHE_SIZE the least recently used record goes, and with it the tensors it kept alive
+    import gc
+    import weakref
+
+    monkeypatch.setattr(R, "CACHE_SIZE", 3)
+    q, k, v, g, beta, kw = inputs(1, 128, 2, 2, 32, 32)
+    first = None
+    for n in range(5):
+        cu = torch.tensor([0, 16 * (n + 1), 128], dtype=torch.int32)
+        if first is None:
+            first = weakref.ref(cu)
+        chunk_kda_fwd(q, k, v, g, beta, cu_seqlens=cu, **kw)
+        assert len(FWD_REPLAY.records) == min(n + 1, 3)
+    del cu
+    gc.collect()
+    assert first() is None  # the first call's cu_seqlens, dropped with its record
+    # a kept key still replays (addresses), the most recent one
+    stubbed.clear()
+    last = torch.tensor([0, 80, 128], dtype=torch.int32)
+    chunk_kda_fwd(q, k, v, g, beta, cu_seqlens=last, **kw)
+    stubbed.clear()
+    chunk_kda_fwd(q, k, v, g, beta, cu_seqlens=last, **kw)
+    assert stubbed and all(not isinstance(x, torch.Tensor) for _, _, vs in stubbed for x in vs)
 
 
 def test_replay_option_is_accepted():
