@@ -120,13 +120,13 @@ class Record:
                 raise _Unreplayable("an output that is not a buffer of the call")
             self.outputs.append(None if o is None else ids[id(o)])
 
-    def run(self, inputs, device_index: int) -> tuple:
-        """The recorded launches on new buffers and ``inputs`` (a call of the same key);
-        returns the output buffers (None where the call returned None)."""
+    def run(self, addresses, device_index: int) -> tuple:
+        """The recorded launches on new buffers and the inputs at ``addresses`` (a call of the
+        same key: None where it has None, as the record's call had); returns the output
+        buffers (None where the call returned None)."""
         bufs = [torch.empty(shape, dtype=dtype, device=dev)
                 for shape, dtype, dev in self.buffers]
-        bases = ([b.data_ptr() for b in bufs],
-                 [0 if x is None else x.data_ptr() for x in inputs])
+        bases = ([b.data_ptr() for b in bufs], addresses)
         stream = _launch._driver()[1](device_index)
         for kernel, (g0, g1, g2), template, slots in self.launches:
             values = list(template)
@@ -137,11 +137,18 @@ class Record:
         return tuple(None if i is None else bufs[i] for i in self.outputs)
 
 
-def tensors_key(tensors) -> tuple:
+def addresses(tensors) -> list:
+    """Each tensor's address, None where absent."""
+    return [None if x is None else x.data_ptr() for x in tensors]
+
+
+def tensors_key(tensors, ptrs=None) -> tuple:
     """What the tensor arguments contribute to a key: each one's shape, strides, dtype,
     device and 16-byte alignment (Triton specializes on it), None where absent, and which
-    of them are the same tensor (a launch slot names its input by address)."""
-    ptrs = [None if x is None else x.data_ptr() for x in tensors]
+    of them are the same tensor (a launch slot names its input by address). ``ptrs``: their
+    :func:`addresses`, when the caller has them."""
+    if ptrs is None:
+        ptrs = addresses(tensors)
     return (tuple([None if x is None else (x.shape, x.stride(), x.dtype, x.device, not p & 15)
                    for x, p in zip(tensors, ptrs)]),
             tuple([ptrs.index(p) for p in ptrs]))
@@ -171,17 +178,17 @@ class Replayer:
         order."""
         try:
             device_index = _launch.current_device()
-            key = (device_index, tensors_key(inputs), options)
-            hash(key)
+            ptrs = addresses(inputs)
+            key = (device_index, tensors_key(inputs, ptrs), options)
+            rec = self.records.get(key)  # hashes the key
         except (TypeError, AttributeError, RuntimeError):  # not a tensor, unhashable, no GPU
             return call()
-        rec = self.records.get(key)
         if rec is not None and rec is not _NO and not hooks_set():
             try:
                 self.records.move_to_end(key)
             except KeyError:  # dropped by another thread meanwhile: the record still runs
                 pass
-            return rebuild(rec.run(inputs, device_index))
+            return rebuild(rec.run(ptrs, device_index))
         if rec is not None or getattr(_launch.RECORDING, "recorder", None) is not None:
             return call()
         with Recorder() as r:
