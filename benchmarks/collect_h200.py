@@ -274,10 +274,7 @@ def decode_log_doc(log: Path, date: str, args: str) -> dict:
     ``kdalab_replay_ms`` a candidate) are read under today's names, the default's
     figures being replay's; the pruned ``pointers`` form's stay as they were printed.
     ``args``: bench_decode's arguments in that run (the log does not hold them)."""
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from bench_decode import to_json_rows
+    from bench_decode import to_json_rows  # noqa: PLC0415 - torch and triton: this option's
 
     lines = _json_lines(log)
     bw = next(r["copy_bandwidth_TBps"] for r in lines if "copy_bandwidth_TBps" in r) * 1e12

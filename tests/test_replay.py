@@ -28,15 +28,11 @@ from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel  # noqa: E
 from kdalab.kernels.decode import _REPLAY as DEC_REPLAY  # noqa: E402
 from kdalab.kernels.decode import kda_decode_kernel  # noqa: E402
 from tests.serving_inputs import inputs, pool  # noqa: E402
-from tests.test_launch import PLAN_BASES  # noqa: E402
+from tests.test_launch import PLAN_BASES, _NoHooks  # noqa: E402
 
 gpu = pytest.mark.gpu
 KERNELS = (chunk_kda_prepare_kernel, chunk_kda_recurrent_kernel, chunk_kda_combine_kernel,
            kda_decode_kernel)
-
-
-class _NoHooks:
-    launch_enter_hook = launch_exit_hook = None
 
 
 class _Hooked:
