@@ -108,8 +108,8 @@ class RunStore(StoreReader):
         runs = np.unique(int64s(table.column("run")))
         if len(runs) and (runs.min() < 0 or runs.max() >= self.runs or self.done[runs].any()):
             raise ValueError("records of runs already stored (or outside the study) appended")
-        self.done[runs] = True
         self._buffers.setdefault(group, []).append(table)
+        self.done[runs] = True  # right after the buffer holds them (^C: see _hand_off)
         self._buffered_rows[group] = self._buffered_rows.get(group, 0) + table.num_rows
         if self._buffered_rows[group] >= PART_ROWS:
             self._hand_off(group)
@@ -127,17 +127,23 @@ class RunStore(StoreReader):
         self._written(0)
 
     def _hand_off(self, group: str) -> None:
-        """A group's buffered records to the writer thread, as the next part."""
-        tables = self._buffers.pop(group, None)
-        self._buffered_rows.pop(group, None)
+        """A group's buffered records to the writer thread, as the next part. The buffer is
+        let go only once the part is queued: an interrupt (^C raises anywhere in the caller)
+        before that leaves the records buffered, for ``close`` to write; one after the
+        queueing and before the buffer goes writes them twice, and the reader drops the
+        later part (``reader._scan``) — nothing appended is lost either way."""
+        tables = self._buffers.get(group)
         if not tables:
             return
-        name = part_name(group, self._seq)
-        self._seq += 1
+        part = pa.concat_tables(tables)
         if self._writer is None:
             self._writer = ThreadPoolExecutor(1, thread_name_prefix="kdalab-parts")
-        self._writing.append((group, self._writer.submit(
-            _write_part, self.folder / PARTS, name, pa.concat_tables(tables))))
+        name = part_name(group, self._seq)
+        self._seq += 1
+        self._writing.append((group, self._writer.submit(_write_part, self.folder / PARTS,
+                                                         name, part)))
+        del self._buffers[group]
+        self._buffered_rows.pop(group, None)
 
     def _written(self, keep: int) -> None:
         """Collect the parts written, waiting until at most ``keep`` are still being written
