@@ -147,8 +147,7 @@ def decode_host_note(r):
     forms = "".join(f", {r[f'kdalab_{form}_host_us']:.0f} {what} (eager "
                     f"{r[f'kdalab_{form}_ms'] * 1e3:.2f} us)"
                     for form, what in (("direct", "launched direct"),
-                                       ("triton_launch", "through Triton's launch path"),
-                                       ("pointers", "with tensors as addresses (pruned)"))
+                                       ("triton_launch", "through Triton's launch path"))
                     if f"kdalab_{form}_host_us" in r)
     return f"host {r['kdalab_host_us']:.0f} us a call{forms}{fla}"
 

@@ -267,43 +267,15 @@ def decode_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def decode_log_doc(log: Path, date: str, args: str) -> dict:
-    """A decode part cut short by its time limit (bench_decode.py wrote no decode.json): the
-    rows it printed to ``log`` as bench_decode's decode.json would hold them. Rows printed
-    before replay became the default (e5311e7: ``kdalab_ms`` the direct launch,
-    ``kdalab_replay_ms`` a candidate) are read under today's names, the default's
-    figures being replay's; the pruned ``pointers`` form's stay as they were printed.
-    ``args``: bench_decode's arguments in that run (the log does not hold them)."""
-    from bench_decode import to_json_rows  # noqa: PLC0415 - torch and triton: this option's
-
-    lines = _json_lines(log)
-    bw = next(r["copy_bandwidth_TBps"] for r in lines if "copy_bandwidth_TBps" in r) * 1e12
-    rows = []
-    for r in (r for r in lines if "N" in r and "kdalab_ms" in r):
-        if "kdalab_replay_ms" in r and "kdalab_direct_ms" not in r:
-            r = dict(r)
-            for what in ("ms", "host_us"):
-                r[f"kdalab_direct_{what}"] = r[f"kdalab_{what}"]
-                r[f"kdalab_{what}"] = r.pop(f"kdalab_replay_{what}")
-            if "fla_ms" in r:
-                r["speedup"] = r["fla_ms"] / r["kdalab_ms"]
-        rows.append(r)
-    return dict(date=date, command=f"python benchmarks/bench_decode.py {args} (cut short by "
-                                   f"its time limit: the decode rows from its log)",
-                rows=to_json_rows(bw, rows, [], []))
-
-
 #: bench_decode.py's rows kept for the page: the pool and checkpoint overheads, the peers,
 #: the candidates still in the code, and the speed-up of a pruned candidate timed in the run
 #: (its code at the run's commit; docs/kernels.md "Pruned" has them all; the copy bandwidth
 #: is decode_h200's; value blocks of 128 on 8 warps measured 1.00x)
 SERVING_KEEP = ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain", "kdalab vs",
                 "[kend_single] speed-up", "[guard_launch] speed-up",
-                "[guard_inline] speed-up", "[launch_triton] speed-up", "[launch_direct] speed-up",
-                "[launch_ptr] speed-up",
-                "[kend_paired] speed-up", "[inv_fma] speed-up")
+                "[guard_inline] speed-up", "[launch_triton] speed-up", "[launch_direct] speed-up")
 #: candidates measured and deleted whose speed-up a kept run still shows (marked "pruned")
-PRUNED = ("kend_paired", "inv_fma", "launch_ptr")
+PRUNED: tuple[str, ...] = ()
 
 
 def main() -> None:
@@ -327,10 +299,6 @@ def main() -> None:
                          "into the notes of the 64-token rows")
     ap.add_argument("--decode", action="store_true",
                     help="decode_h200.json from RUNS/serving/decode.json's decode part")
-    ap.add_argument("--decode-log", nargs=2, metavar=("DATE", "ARGS"), default=None,
-                    help="--decode: from RUNS/serving/serving.log, the rows of a decode part "
-                         "cut short by its time limit (no decode.json), measured on DATE by "
-                         "bench_decode.py ARGS")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -372,8 +340,7 @@ def main() -> None:
                 "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving)",
             "rows": rows})
     if a.decode:
-        doc = (decode_log_doc(a.runs / "serving" / "serving.log", *a.decode_log) if a.decode_log
-               else json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8")))
+        doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         _write("decode_h200", {
             "benchmark": "decode_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace(

@@ -107,36 +107,6 @@ def test_collect_folds_the_decode_part_one_row_a_shape():
     assert out[2]["value"] == 70.0 and out[2]["unit"] == "us"
 
 
-def test_collect_reads_a_cut_short_decode_part_from_its_log(tmp_path):
-    # a run cut short writes no decode.json: its printed rows are read; a row from before
-    # replay became the default (kdalab_ms direct, kdalab_replay_ms a candidate) is read under
-    # today's names, the speed-up over fla recomputed from replay's eager time
-    import json
-
-    import collect_h200
-
-    log = tmp_path / "serving.log"
-    old = dict(N=1, H=12, kdalab_ms=0.02, kdalab_host_us=100.0, kdalab_replay_ms=0.005,
-               kdalab_replay_host_us=50.0, kdalab_pointers_ms=0.019,
-               kdalab_pointers_host_us=99.0, kdalab_triton_launch_ms=0.03,
-               kdalab_triton_launch_host_us=110.0, kdalab_graph_ms=0.003, floor_ms=0.001,
-               fla_ms=0.025, fla_graph_ms=0.006, fla_host_us=120.0, speedup=1.25,
-               speedup_graph=2.0, over_floor_graph=3.0)
-    short = dict(shape="S", kdalab_ms=1.0)  # another part's row: not a decode row
-    log.write_text("\n".join([json.dumps(dict(copy_bandwidth_TBps=4.2)), json.dumps(old),
-                              json.dumps(short), "total 520 s"]) + "\n")
-    doc = collect_h200.decode_log_doc(log, "2026-12-02T04:43Z", "--parts decode")
-    assert doc["date"] == "2026-12-02T04:43Z" and "--parts decode" in doc["command"]
-    rows = {r["target"]: r for r in collect_h200.decode_rows(doc["rows"])}
-    row = rows["decode N=1 H=12: kdalab vs fla fused_recurrent_kda (eager)"]
-    assert row["value"] == 5.0  # 0.025 / 0.005, not the direct form's 1.25
-    assert ("kdalab eager 5.0 us" in row["note"] and "host 50 us a call, 100 launched direct "
-            "(eager 20.00 us)" in row["note"] and "99 with tensors as addresses (pruned)"
-            in row["note"])
-    assert rows["H200 copy bandwidth (1 GiB d2d)"]["value"] == 4.2
-    assert len(rows) == 2
-
-
 def test_collect_folds_the_pool_part_and_notes_the_stagger_once(tmp_path):
     # the pool's and the bf16 pool's ratios go into the note of the shape's 64-token row;
     # a pool part's raw stagger figures are added there once
