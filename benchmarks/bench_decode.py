@@ -107,6 +107,8 @@ CANDIDATES = {
     "launch_triton": KernelConfig(launch="triton"),
 }
 ROUNDS = 5
+#: decode launch shapes (value block, warps) timed under graph replay beside the default's
+LAUNCH_SHAPES = ((16, 2), (16, 4), (32, 2), (64, 4), (64, 8))
 
 
 def bench(fn, rep=100):
@@ -150,6 +152,19 @@ def decode_host_note(r):
                                        ("triton_launch", "through Triton's launch path"))
                     if f"kdalab_{form}_host_us" in r)
     return f"host {r['kdalab_host_us']:.0f} us a call{forms}{fla}"
+
+
+def launch_shape_note(r):
+    """A decode row's other launch shapes and its bf16 pool (fla's too), under graph replay,
+    in microseconds (none timed: empty)."""
+    found = [f"{bv}/{w} {r[f'kdalab_graph_ms_bv{bv}_w{w}'] * 1e3:.2f}" for bv, w in LAUNCH_SHAPES
+             if f"kdalab_graph_ms_bv{bv}_w{w}" in r]
+    note = f"; graph us at BV/warps {', '.join(found)}" if found else ""
+    if "kdalab_graph_ms_bf16_pool" in r:
+        note += f"; bf16 pool graph {r['kdalab_graph_ms_bf16_pool'] * 1e3:.2f} us" + (
+            f" (fla {r['fla_graph_ms_bf16_pool'] * 1e3:.2f})" if "fla_graph_ms_bf16_pool" in r
+            else "")
+    return note
 
 
 def interleaved(fns, rounds, rep=40):
@@ -252,13 +267,16 @@ def decode_rows(bw, quick, rounds=ROUNDS):
                 row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
                 row["speedup_graph"] = row["fla_graph_ms"] / row["kdalab_graph_ms"]
             row["over_floor_graph"] = row["kdalab_graph_ms"] / row["floor_ms"]
-            if (N, H) in ((256, 96), (1, 12), (64, 48)):  # the launch shape, measured
-                for bv, warps in ((16, 2), (16, 4), (32, 2), (64, 4), (64, 8)):
-                    fn = lambda x=x, gate=gate, bv=bv, w=warps: kda_decode(  # noqa: E731
-                        x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
-                        state_indices=x["idx"], block_v=bv, num_warps=w, **gate)
-                    fn()
-                    row[f"kdalab_graph_ms_bv{bv}_w{warps}"] = bench_graph(fn)
+            # the launch shape, measured at every shape (the default's is BV 32 on 4 warps):
+            # BV 64 on 4 warps read 5-7 % faster at N 64 H 48 and N 256 H 96, 15 % slower at
+            # N 1 H 12 (docs/kernels.md); where it turns is what a rule would need
+            for bv, warps in LAUNCH_SHAPES:
+                fn = lambda x=x, gate=gate, bv=bv, w=warps: kda_decode(  # noqa: E731
+                    x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
+                    state_indices=x["idx"], block_v=bv, num_warps=w, **gate)
+                fn()
+                row[f"kdalab_graph_ms_bv{bv}_w{warps}"] = bench_graph(fn)
+            if (N, H) in ((256, 96), (1, 12), (64, 48)):
                 # a bf16 pool (half the bytes; both kernels keep the state fp32 in registers)
                 xb = dict(x, pool=x["pool"].bfloat16())
                 fb = lambda xb=xb, gate=gate: kda_decode(  # noqa: E731
@@ -392,7 +410,7 @@ def to_json_rows(bw, dec, pools, short):
                         unit="us", note=f"graph {r['kdalab_graph_ms'] * 1e3:.2f} us, floor "
                                         f"{r['floor_ms'] * 1e3:.2f} us"
                                         + (f"; {decode_host_note(r)}" if "kdalab_host_us" in r
-                                           else "")))
+                                           else "") + launch_shape_note(r)))
         if "speedup" in r:
             out.append(dict(target=f"{tag}: vs fla fused_recurrent_kda", value=round(
                 r["speedup"], 3), unit="x", note=f"graph replay {r['speedup_graph']:.3f}x"))

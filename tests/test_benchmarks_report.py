@@ -107,6 +107,22 @@ def test_collect_folds_the_decode_part_one_row_a_shape():
     assert out[2]["value"] == 70.0 and out[2]["unit"] == "us"
 
 
+def test_decode_rows_carry_the_launch_shapes_and_the_bf16_pool():
+    # the launch shapes bench_decode times beside the default, and a bf16 pool, reach the
+    # kdalab row's note (graph replay, us); a row without them has no such note
+    import bench_decode
+
+    r = dict(N=64, H=48, kdalab_ms=0.1116, kdalab_graph_ms=0.1094, floor_ms=0.0962,
+             over_floor_graph=1.137, kdalab_graph_ms_bv32_w2=0.1091,
+             kdalab_graph_ms_bv64_w4=0.1035, kdalab_graph_ms_bf16_pool=0.0825,
+             fla_graph_ms_bf16_pool=0.0971)
+    bare = {k: v for k, v in r.items() if "bv" not in k and "bf16" not in k}
+    mine, plain = (bench_decode.to_json_rows(4.2e12, [x], [], [])[1] for x in (r, bare))
+    assert mine["note"] == ("graph 109.40 us, floor 96.20 us; graph us at BV/warps 32/2 109.10, "
+                            "64/4 103.50; bf16 pool graph 82.50 us (fla 97.10)")
+    assert plain["note"] == "graph 109.40 us, floor 96.20 us"
+
+
 def test_collect_folds_the_pool_part_and_notes_the_stagger_once(tmp_path):
     # the pool's and the bf16 pool's ratios go into the note of the shape's 64-token row;
     # a pool part's raw stagger figures are added there once
