@@ -65,8 +65,9 @@ def stub_launcher():
 
 
 def workloads():
-    """(name, {form: a function making one call}) for prefill T 1024 H 16, B 128 T 64 H 16
-    and decode N 1 and N 128, H 16 (bf16 inputs, the model's gate)."""
+    """(name, {form: a function making one call}) for prefill T 1024 H 16 (plain, and through
+    a pool with checkpoints every 64 tokens), B 128 T 64 H 16 and decode N 1 and N 128, H 16
+    (bf16 inputs, the model's gate)."""
     out = []
     for name, B, T, H in (("prefill T1024_H16", 1, 1024, 16),
                           ("prefill B128_T64_H16", 128, 64, 16)):
@@ -75,6 +76,12 @@ def workloads():
         gate = dict(A_log=torch.zeros(H), dt_bias=torch.zeros(H * K), lower_bound=-5.0)
         out.append((name, {f: (lambda x=x, gate=gate, cfg=KernelConfig(launch=f):
                                chunk_kda_fwd(*x, config=cfg, **gate)) for f in FORMS}))
+        if T == 1024:  # through a pool with checkpoints every 64 tokens (a tensor descriptor)
+            ck = dict(gate, state_pool=torch.zeros(2, H, K, K), state_indices=torch.tensor([1]),
+                      checkpoint_every=64)
+            out.append((f"{name} pool checkpoints", {
+                f: (lambda x=x, ck=ck, cfg=KernelConfig(launch=f):
+                    chunk_kda_fwd(*x, config=cfg, **ck)) for f in FORMS}))
     for N in (1, 128):
         H = 16
         q = torch.randn(N, 1, H, K, dtype=torch.bfloat16)

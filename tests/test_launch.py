@@ -35,6 +35,19 @@ def test_spec_keys_what_triton_specializes():
     assert L._spec(None) is None and L._spec(True) is bool and L._spec(0.5) is float
     with pytest.raises(L._Unkeyed):
         L._spec("a string")
+    # a tensor descriptor (the checkpoints' store): its base's dtype and its block, rank,
+    # padding and tf32 flag; not its address, shape or strides (Triton's type string has
+    # no alignment key: native_specialize_impl gives ('tensordesc<fp32[1, 8, 16]>', None))
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    ck = torch.zeros(6, 8, 16)
+    desc = TensorDescriptor.from_tensor
+    assert L._spec(desc(ck, [1, 8, 16])) == L._spec(desc(ck[2:], [1, 8, 16]))
+    assert L._spec(desc(ck, [1, 8, 16])) == L._spec(desc(torch.zeros(9, 8, 16), [1, 8, 16]))
+    assert len({L._spec(d) for d in (desc(ck, [1, 8, 16]), desc(ck, [1, 8, 8]),
+                                      desc(ck.bfloat16(), [1, 8, 16]),
+                                      desc(ck.view(48, 16), [8, 16]),
+                                      desc(ck, [1, 8, 16], padding="nan"))}) == 5
 
 
 class _Recorder:

@@ -2,10 +2,11 @@
 every compiled kernel the arguments the direct path would — the same kernels, grids and
 scalars, the new call's inputs at their addresses, and its own fresh buffers where the
 direct path has its buffers (views of one allocation at the same offsets) — checked on the
-CPU with Triton's compile and launcher stubbed; what cannot be replayed is not (checkpoint
-descriptors, launch hooks), a changed key records again, and the records are capped. On
-the GPU: the same bits as the direct path (prefill: fixed length, pool, varlen with GVA,
-split, both guard forms; decode)."""
+CPU with Triton's compile and launcher stubbed (checkpoints too: their tensor descriptor
+rebuilt on the new buffer, the rows past the last checkpoint zeroed); what cannot be
+replayed is not (launch hooks), a changed key records again, and the records are capped.
+On the GPU: the same bits as the direct path (prefill: fixed length, pool, varlen with GVA,
+checkpoints, split, both guard forms; decode)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 pytest.importorskip("triton")
 
 from triton.runtime.jit import JITFunction  # noqa: E402
+from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: E402
 
 from kdalab.kernels import KernelConfig, chunk_kda_fwd, kda_decode  # noqa: E402
 from kdalab.kernels import launch as L  # noqa: E402
@@ -88,6 +90,14 @@ def _same_launches(replayed, direct, inputs):
     for (k1, g1, v1), (k2, g2, v2) in zip(replayed, direct, strict=True):
         assert k1 is k2 and g1 == g2 and len(v1) == len(v2)
         for a, b in zip(v1, v2):
+            if isinstance(b, TensorDescriptor):  # the checkpoints: rebuilt on a new buffer
+                assert isinstance(a, TensorDescriptor) and a.base.dtype == b.base.dtype
+                assert [list(a.shape), list(a.strides), list(a.block_shape), a.padding] == [
+                    list(b.shape), list(b.strides), list(b.block_shape), b.padding]
+                base, moved = b.base.untyped_storage().data_ptr(), a.base.data_ptr()
+                assert b.base.data_ptr() == base  # a whole buffer
+                assert shift.setdefault(base, moved - base) == moved - base
+                continue
             if not isinstance(b, torch.Tensor):
                 assert a == b
                 continue
@@ -127,6 +137,11 @@ FWD_CASES = {
     "varlen_gva": dict(varlen=True, HV=4),
     "split": dict(config=KernelConfig(segment_chunks=2), state=True),
     "guard_launch": dict(config=KernelConfig(fp16_guard="launch", block_v=128, num_warps=8)),
+    # checkpoints (a tensor descriptor); varlen: 3 of the 4 rows written, the last zeroed
+    "pool_checkpoints": dict(pool=True, checkpoint_every=32),
+    "varlen_checkpoints": dict(varlen=True, HV=4, pool=True, checkpoint_every=16),
+    "split_checkpoints": dict(config=KernelConfig(segment_chunks=2), pool=True,
+                              checkpoint_every=16),
 }
 
 
@@ -147,7 +162,9 @@ def test_prefill_replay_hands_the_launcher_what_the_direct_path_does(stubbed, ca
             extra = dict(initial_state=pool(n, HV, 32, 32, seed=s), output_final_state=True)
         if c.get("pool"):
             extra = dict(state_pool=pool(5, HV, 32, 32, seed=s),
-                         state_indices=torch.tensor([4, 1]))
+                         state_indices=torch.tensor([4, 1, 2][:n]))
+        if c.get("checkpoint_every"):
+            extra["checkpoint_every"] = c["checkpoint_every"]
         return (q, k, v, g, beta), dict(kw, cu_seqlens=cu, **extra)
 
     def run(x, how):
@@ -163,6 +180,12 @@ def test_prefill_replay_hands_the_launcher_what_the_direct_path_does(stubbed, ca
         assert (a is None) == (b is None)
         if a is not None:
             assert a.shape == b.shape and a.dtype == b.dtype and a.data_ptr() != b.data_ptr()
+    if c.get("checkpoint_every"):
+        assert any(r is not R._NO for r in FWD_REPLAY.records.values())  # replayed
+        if cu is not None:  # rows past the last checkpoint: zeroed on each replay too
+            (rec,) = FWD_REPLAY.records.values()
+            assert [z for *_, z in rec.buffers if z is not None] == [3]
+            assert not out[2][3:].any() and not ref[2][3:].any()
 
 
 @pytest.mark.parametrize("with_out", [False, True])
@@ -197,14 +220,6 @@ def test_what_is_not_replayed_and_what_records_again(stubbed, monkeypatch):
     def addresses_only():
         return all(not isinstance(x, torch.Tensor) for _, _, vs in stubbed for x in vs)
 
-    # checkpoints go through a tensor descriptor (Triton's path): never replayed
-    p, idx = pool(4, 2, 32, 32), torch.tensor([0, 3])
-    for _ in range(3):
-        stubbed.clear()
-        chunk_kda_fwd(q, k, v, g, beta, state_pool=p, state_indices=idx, checkpoint_every=32,
-                      config=replay, **kw)
-        assert not addresses_only()
-    assert list(FWD_REPLAY.records.values()) == [R._NO]
     # a key seen: replayed; with launch hooks set (a profiler): the ordinary path
     chunk_kda_fwd(q, k, v, g, beta, config=replay, **kw)
     stubbed.clear()
@@ -276,7 +291,7 @@ def test_replay_option_is_accepted():
 @pytest.mark.parametrize("base", PLAN_BASES.values(), ids=PLAN_BASES.keys())
 def test_gpu_prefill_replay_same_bits(base):
     """Replayed calls (the second and third of a key, on new inputs) give the direct path's
-    bits: fixed length through a pool, and varlen with GVA and an initial state."""
+    bits: fixed length through a pool, and varlen with GVA through a pool with checkpoints."""
     dev = "cuda"
     replay = dataclasses.replace(base, launch="replay")
     direct = dataclasses.replace(base, launch="direct")
@@ -295,10 +310,15 @@ def test_gpu_prefill_replay_same_bits(base):
         assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
         flat = [x.reshape(1, -1, *x.shape[2:])[:, :512] for x in (q, k, v, g, beta)]
         h0 = pool(3, 4, 128, 128, device=dev, seed=seed)
-        kw2 = dict(kw, cu_seqlens=cu, initial_state=h0, output_final_state=True)
+        kw2 = dict(kw, cu_seqlens=cu, state_pool=h0.clone(), state_indices=idx.new_tensor(
+            [2, 0, 1]), checkpoint_every=64)
+        # checkpoints: 0 + 2 + 4 of the 8 rows, the last 2 zeroed (the replay zeroes them too)
+        pools = [kw2["state_pool"], kw2["state_pool"].clone()]
         a = chunk_kda_fwd(*flat, config=replay, **kw2)
-        b = chunk_kda_fwd(*flat, config=direct, **kw2)
-        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        b = chunk_kda_fwd(*flat, config=direct, **dict(kw2, state_pool=pools[1]))
+        assert a[2].shape[0] == 8 and not a[2][6:].any()
+        assert torch.equal(a[0], b[0]) and torch.equal(a[2], b[2])
+        assert torch.equal(pools[0], pools[1])
     assert any(r is not R._NO for r in FWD_REPLAY.records.values())  # something replayed
 
 

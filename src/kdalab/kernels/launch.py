@@ -15,11 +15,13 @@ pass it: every parameter in signature order, constexprs included. What Triton sp
 non-constexpr argument on (``native_specialize_impl``; triton 3.6 and 3.9 alike): a tensor's
 dtype and whether its address is a multiple of 16; an integer's width (int32, int64,
 uint64), whether it is 1 and whether it is a multiple of 16; a float or bool by type; None
-as a constexpr. The key here holds each of those, every constexpr's value and the options
+as a constexpr; a tensor descriptor by its base's dtype and its block (the launcher builds
+its TMA map from the descriptor every call, as on Triton's path). The key here holds each
+of those, every constexpr's value and the options
 (``num_warps``, ``num_stages``), so a call that Triton would compile differently misses the
 table and goes through ``kernel[grid]`` (which compiles or finds the other kernel). Anything
-else — a tensor descriptor, launch hooks (profilers), pre-run hooks, the interpreter — takes
-``kernel[grid]`` every time.
+else — launch hooks (profilers), pre-run hooks, the interpreter — takes ``kernel[grid]``
+every time.
 
 The entry points' default, ``launch="replay"`` (``replay.py``), goes further: a call of a key
 seen before replays the first call's launches, and none of this runs.
@@ -31,6 +33,7 @@ import threading
 
 import torch
 from triton.runtime.jit import JITFunction
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 _TABLES: dict = {}  # JIT function -> (names, their set, constexpr flags, defaults, {key: kernel})
 _DRIVER: list = []  # (get_current_device, get_current_stream, knobs.runtime), found once
@@ -58,6 +61,13 @@ def _spec(value):
         return width, value == 1, value % 16 == 0
     if isinstance(value, float):
         return float
+    if isinstance(value, TensorDescriptor):
+        # Triton's type string is the base's dtype and the block (and the padding), with no
+        # alignment key (``native_specialize_impl``: ``('tensordesc<fp32[1, 64, 128]>',
+        # None)`` whatever the base's address, triton 3.9); the round-to-tf32 flag and the
+        # rank are kept too, as the launcher's map depends on them
+        return (TensorDescriptor, value.base.dtype, tuple(value.block_shape), len(value.shape),
+                getattr(value, "padding", None), getattr(value, "round_f32_to_tf32", None))
     raise _Unkeyed
 
 

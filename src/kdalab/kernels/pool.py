@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .replay import new_buffer
 from .shapes import check_state_pool
 
 _INTS = (torch.int32, torch.int64)
@@ -59,13 +60,12 @@ def checkpoint_offsets(cu_seqlens: torch.Tensor, checkpoint_every: int) -> torch
 
 def checkpoint_table(seqs, checkpoint_every: int):
     """(int32 offsets on the device, number of checkpoints) for a cached sequence table."""
-    key = ("ck", checkpoint_every)
-    hit = seqs.plans.get(key)
+    hit = seqs.checkpoint_tables.get(checkpoint_every)
     if hit is None:
         counts = (seqs.ends - seqs.starts) // checkpoint_every
         offsets = torch.cumsum(counts, 0) - counts
         hit = (offsets.to(torch.int32).to(seqs.device), int(counts.sum()))
-        seqs.plans[key] = hit
+        seqs.checkpoint_tables[checkpoint_every] = hit
     return hit
 
 
@@ -74,7 +74,5 @@ def checkpoint_buffer(seqs, B, T, H, K, V, checkpoint_every, *, state_layout, dt
     offsets, count = checkpoint_table(seqs, checkpoint_every)
     rows = B * (T // checkpoint_every)
     shape = (rows, H, V, K) if state_layout == "VK" else (rows, H, K, V)
-    ck = torch.empty(shape, device=seqs.device, dtype=dtype)
-    if count < rows:
-        ck[count:].zero_()
-    return ck, offsets
+    # a buffer of the call (replay.py: a replayed call zeroes the same rows)
+    return new_buffer(shape, device=seqs.device, dtype=dtype, zero_from=count), offsets

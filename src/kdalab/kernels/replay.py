@@ -11,19 +11,24 @@ sequence tables' cache). So the first call of a key runs the ordinary path (dire
 under a :class:`Recorder`: it notes each buffer the call allocates (:func:`new_buffer`) and
 each launch (the compiled kernel, the grid, every parameter's value). A launch's tensor is
 then an input (by address), a buffer of the call (by storage, with its offset: views of one
-allocation) or a sequence table (a constant the record keeps alive). A later call of the key
-allocates the same buffers and hands each compiled kernel's launcher the new addresses, and
-nothing else runs. A call the record cannot describe — a tensor that is none of those, a
-launch outside the direct path (a tensor descriptor, launch hooks, the interpreter), an
-output that is not a buffer of the call — is never replayed (its key remembers that), and
-nothing is replayed while Triton's launch hooks are set (a profiler).
+allocation) or a sequence table (a constant the record keeps alive); a tensor descriptor (the
+checkpoints' store) names a whole buffer and its layout. A later call of the key allocates
+the same buffers (zeroing the rows a buffer had zeroed: the checkpoints past the last),
+builds each descriptor again on its new buffer and hands each compiled kernel's launcher
+the new addresses, and nothing else runs. A call the record cannot describe — a tensor that
+is none of those, a descriptor on anything but a whole buffer, a launch outside the direct
+path (launch hooks, the interpreter), an output that is not a buffer of the call — is never
+replayed (its key remembers that), and nothing is replayed while Triton's launch hooks are
+set (a profiler).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 
 import torch
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import launch as _launch
 
@@ -33,12 +38,18 @@ CACHE_SIZE = 64
 _NO = object()  # a key whose call cannot be replayed
 
 
-def new_buffer(shape, *, dtype, device) -> torch.Tensor:
-    """``torch.empty``, noted by the call being recorded on this thread (if any)."""
+def new_buffer(shape, *, dtype, device, zero_from=None) -> torch.Tensor:
+    """``torch.empty``, noted by the call being recorded on this thread (if any); with
+    ``zero_from``, its rows from that one on are zeroed (on each replay too)."""
     t = torch.empty(shape, dtype=dtype, device=device)
+    if zero_from is not None and zero_from < shape[0]:
+        t[zero_from:].zero_()
+    else:
+        zero_from = None
     rec = getattr(_launch.RECORDING, "recorder", None)
     if rec is not None:
         rec.buffers.append(t)
+        rec.zeroed.append(zero_from)
     return t
 
 
@@ -52,6 +63,7 @@ class Recorder:
 
     def __init__(self):
         self.buffers: list[torch.Tensor] = []
+        self.zeroed: list[int | None] = []  # each buffer's first zeroed row (None: none)
         self.launches: list[tuple] = []  # (compiled kernel, grid of 3, values)
         self.refused = False
 
@@ -83,7 +95,8 @@ class Record:
     which buffers the call returns."""
 
     def __init__(self, rec: Recorder, inputs, constants, outputs):
-        self.buffers = [(tuple(b.shape), b.dtype, b.device) for b in rec.buffers]
+        self.buffers = [(tuple(b.shape), b.dtype, b.device, z)
+                        for b, z in zip(rec.buffers, rec.zeroed, strict=True)]
         by_address = {}
         for j, x in enumerate(inputs):
             if x is not None:
@@ -93,8 +106,20 @@ class Record:
         fixed = {_storage(c) for c in self.constants}
         self.launches = []
         for kernel, grid, values in rec.launches:
-            slots = []
+            slots, descriptors = [], []
             for pos, v in enumerate(values):
+                if isinstance(v, TensorDescriptor):
+                    # rebuilt on the new buffer each run: its base must be a whole buffer
+                    i, base = by_storage.get(_storage(v.base), (None, None))
+                    if (i is None or v.base.data_ptr() != base
+                            or v.base.dtype != rec.buffers[i].dtype):
+                        raise _Unreplayable("a tensor descriptor on no buffer of the call")
+                    # every field but the base, as this Triton's TensorDescriptor has them
+                    descriptors.append((pos, i, {f.name: getattr(v, f.name)
+                                                 for f in dataclasses.fields(v)
+                                                 if f.name != "base"}))
+                    values[pos] = None
+                    continue
                 if not isinstance(v, torch.Tensor):
                     continue
                 if v.__class__ is not _TENSOR:
@@ -112,7 +137,8 @@ class Record:
                     raise _Unreplayable("a tensor that is neither an input, a buffer of the "
                                         "call nor a sequence table")
                 values[pos] = None
-            self.launches.append((kernel, grid, tuple(values), tuple(slots)))
+            self.launches.append((kernel, grid, tuple(values), tuple(slots),
+                                  tuple(descriptors)))
         ids = {id(b): i for i, b in enumerate(rec.buffers)}
         self.outputs = []
         for o in outputs:
@@ -125,13 +151,18 @@ class Record:
         same key: None where it has None, as the record's call had); returns the output
         buffers (None where the call returned None)."""
         bufs = [torch.empty(shape, dtype=dtype, device=dev)
-                for shape, dtype, dev in self.buffers]
+                for shape, dtype, dev, _ in self.buffers]
+        for b, (*_, zero_from) in zip(bufs, self.buffers):
+            if zero_from is not None:
+                b[zero_from:].zero_()
         bases = ([b.data_ptr() for b in bufs], addresses)
         stream = _launch._driver()[1](device_index)
-        for kernel, (g0, g1, g2), template, slots in self.launches:
+        for kernel, (g0, g1, g2), template, slots, descriptors in self.launches:
             values = list(template)
             for pos, kind, idx, off in slots:
                 values[pos] = bases[kind][idx] + off
+            for pos, idx, layout in descriptors:
+                values[pos] = TensorDescriptor(bufs[idx], **layout)
             kernel.run(g0, g1, g2, stream, kernel.function, kernel.packed_metadata, None,
                        None, None, *values)
         return tuple(None if i is None else bufs[i] for i in self.outputs)
