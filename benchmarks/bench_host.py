@@ -133,12 +133,20 @@ def main():
               flush=True)
         rows.append((name, us))
     out = []
-    for name, us in rows:  # decode: one row, N 128 in the note of N 1's
-        if name == "decode N128_H16":
+    found = dict(rows)
+    # one row a shape: decode N 128 in the note of N 1's, the checkpointed call in the plain
+    # call's
+    for name, us in rows:
+        if name in ("decode N128_H16", "prefill T1024_H16 pool checkpoints"):
             continue
         note = f"direct {us['direct']:.1f} us, replay {us['replay']:.1f} us a call"
+        ck = found.get(f"{name} pool checkpoints")
+        if ck:
+            note += (f"; through a pool with checkpoints every 64 tokens: direct "
+                     f"{ck['direct']:.1f}, replay {ck['replay']:.1f} us "
+                     f"({ck['direct'] / ck['replay']:.2f}x)")
         if name == "decode N1_H16":
-            n128 = dict(rows)["decode N128_H16"]
+            n128 = found["decode N128_H16"]
             note += (f"; N 128: direct {n128['direct']:.1f}, replay {n128['replay']:.1f} us "
                      f"({n128['direct'] / n128['replay']:.2f}x)")
         out.append(dict(target=f"{name}: replay's speed-up over direct (host time a call)",
