@@ -95,8 +95,9 @@ class Record:
     which buffers the call returns."""
 
     def __init__(self, rec: Recorder, inputs, constants, outputs):
-        self.buffers = [(tuple(b.shape), b.dtype, b.device, z)
-                        for b, z in zip(rec.buffers, rec.zeroed, strict=True)]
+        self.buffers = [(tuple(b.shape), b.dtype, b.device) for b in rec.buffers]
+        # (buffer, its first zeroed row) for the buffers the call zeroed rows of
+        self.zero_rows = tuple((i, z) for i, z in enumerate(rec.zeroed) if z is not None)
         by_address = {}
         for j, x in enumerate(inputs):
             if x is not None:
@@ -151,10 +152,9 @@ class Record:
         same key: None where it has None, as the record's call had); returns the output
         buffers (None where the call returned None)."""
         bufs = [torch.empty(shape, dtype=dtype, device=dev)
-                for shape, dtype, dev, _ in self.buffers]
-        for b, (*_, zero_from) in zip(bufs, self.buffers):
-            if zero_from is not None:
-                b[zero_from:].zero_()
+                for shape, dtype, dev in self.buffers]
+        for i, zero_from in self.zero_rows:
+            bufs[i][zero_from:].zero_()
         bases = ([b.data_ptr() for b in bufs], addresses)
         stream = _launch._driver()[1](device_index)
         for kernel, (g0, g1, g2), template, slots, descriptors in self.launches:
