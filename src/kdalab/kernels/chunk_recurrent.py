@@ -312,8 +312,8 @@ def chunk_kda_recurrent(
     stored through a tensor descriptor. ``klo``: KEND's rounding error (stage 1's KLO; None:
     KEND alone, a measurement candidate). ``guard``: the fp16 range guard's redo in the same
     launch (True), in a second launch (``"launch"``), or none (False). ``direct``: launch
-    through ``launch.py`` (False: ``kernel[grid]`` every call; a checkpoint descriptor
-    always takes ``kernel[grid]``).
+    through ``launch.py`` (False: ``kernel[grid]`` every call; the checkpoints' descriptor
+    is keyed there like any argument).
     """
     import torch
 
