@@ -108,7 +108,8 @@ CANDIDATES = {
 }
 ROUNDS = 5
 #: decode launch shapes (value block, warps) timed under graph replay beside the default's
-LAUNCH_SHAPES = ((16, 2), (16, 4), (32, 2), (64, 4), (64, 8))
+#: (``decode_launch_shape``: BV 32 on 4 warps below DECODE_WIDE_FROM programs, BV 64 from it)
+LAUNCH_SHAPES = ((16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))
 
 
 def bench(fn, rep=100):
@@ -267,9 +268,8 @@ def decode_rows(bw, quick, rounds=ROUNDS):
                 row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
                 row["speedup_graph"] = row["fla_graph_ms"] / row["kdalab_graph_ms"]
             row["over_floor_graph"] = row["kdalab_graph_ms"] / row["floor_ms"]
-            # the launch shape, measured at every shape (the default's is BV 32 on 4 warps):
-            # BV 64 on 4 warps read 5-7 % faster at N 64 H 48 and N 256 H 96, 15 % slower at
-            # N 1 H 12 (docs/kernels.md); where it turns is what a rule would need
+            # the launch shapes, measured at every shape: the default's rule
+            # (decode_launch_shape) came from them (docs/kernels.md), and they keep checking it
             for bv, warps in LAUNCH_SHAPES:
                 fn = lambda x=x, gate=gate, bv=bv, w=warps: kda_decode(  # noqa: E731
                     x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],

@@ -159,6 +159,18 @@ def test_decode_rejects_gva_mismatch():
                    state_indices=torch.tensor([0, 1]), **kw)
 
 
+def test_decode_launch_shape_rule():
+    """The value block doubles from DECODE_WIDE_FROM programs on, on the same warps, and never
+    past V; explicit block_v / num_warps still win (the launch's own arguments)."""
+    from kdalab.kernels.decode import DECODE_WIDE_FROM, decode_launch_shape
+    assert decode_launch_shape(128, 128, 1) == (32, 4)
+    assert decode_launch_shape(128, 128, DECODE_WIDE_FROM - 1) == (32, 4)
+    assert decode_launch_shape(128, 128, DECODE_WIDE_FROM) == (64, 4)
+    assert decode_launch_shape(128, 32, 10 ** 6) == (32, 4)   # 2 BV > V: unchanged
+    assert decode_launch_shape(256, 256, 10 ** 6) == (32, 4)  # 16 -> 32 at K = 256
+    assert decode_launch_shape(16, 16, 10 ** 6) == (16, 2)    # 2 warps: unchanged
+
+
 def test_interpreter_suite(tmp_path):
     """Every ``interp_`` test of the serving test files, in one TRITON_INTERPRET=1 child."""
     if INTERP:
@@ -213,3 +225,32 @@ def test_decode_gpu_matches_fp64(T, layout):
     floor = err(ro.to(o.dtype), ro)
     assert err(o, ro) <= 1.1 * floor and err(p[idx], rs) < 1e-5
     assert torch.equal(p[rest], before[rest])
+
+
+@gpu
+def test_decode_gpu_batch_invariant():
+    """A sequence decoded alone (N · HV = 4: BV 32) gives the same bits as in a batch of 200
+    (N · HV = 800 >= DECODE_WIDE_FROM: BV 64), and an explicit BV 32 / BV 64 / BV 16 at the
+    batch's size too: the launch shape changes which program owns a column, not its sums."""
+    from kdalab.kernels.decode import DECODE_WIDE_FROM, decode_launch_shape
+    N, dev = 200, "cuda"
+    assert decode_launch_shape(128, 128, N * 4) != decode_launch_shape(128, 128, 4)
+    assert N * 4 >= DECODE_WIDE_FROM
+    q, k, v, g, beta, kw = inputs(N, 3, 2, 4, 128, 128, seed=11, device=dev,
+                                  dtype=torch.bfloat16)
+    kw["lower_bound"] = -5.0
+    p0 = pool(N, 4, 128, 128, device=dev)
+    idx = torch.arange(N, device=dev)
+    outs = {}
+    for shape in (None, (32, 4), (64, 4), (16, 2)):
+        p = p0.clone()
+        bv, w = shape or (None, None)
+        outs[shape] = kda_decode(q, k, v, g, beta, state_pool=p, state_indices=idx,
+                                 block_v=bv, num_warps=w, **kw), p
+    for n in (0, 77, N - 1):
+        p = p0.clone()
+        o1 = kda_decode(*(x[n:n + 1] for x in (q, k, v, g, beta)), state_pool=p,
+                        state_indices=idx[n:n + 1], **kw)
+        assert torch.equal(o1[0], outs[None][0][n]) and torch.equal(p[n], outs[None][1][n])
+    for shape, (o, p) in outs.items():
+        assert torch.equal(o, outs[None][0]) and torch.equal(p, outs[None][1]), shape

@@ -115,12 +115,27 @@ def kda_decode_kernel(
                  S.to(pool_ptr.dtype.element_ty), mask=m0)
 
 
-def decode_launch_shape(K: int, V: int) -> tuple[int, int]:
-    """(BV, warps): a [K, BV] fp32 tile of 32 values a thread (K = 128: BV = 32 on 4 warps,
-    fla's shape), no autotuning (a decode step must not pay it, and graphs capture one
-    launch)."""
+#: decode's programs (sequences × value heads) from which a program owns twice the value block
+#: on the same warps: under graph replay at K = V = 128 (H200, f4492ce, all 16 decode shapes),
+#: BV 64 on 4 warps was 5.2–7.7 % faster than BV 32 at every N · HV >= 768 (8 shapes, N 8–256)
+#: and 0.6–18 % slower at every N · HV <= 384 (8 shapes): with few programs each SM holds
+#: only a few, and halving them halves the loads in flight; with many, fewer and longer
+#: programs cost less (docs/kernels.md, "Decode")
+DECODE_WIDE_FROM = 768
+
+
+def decode_launch_shape(K: int, V: int, programs: int = 1) -> tuple[int, int]:
+    """(BV, warps) for ``programs`` (sequences × value heads): a [K, BV] fp32 tile of 32
+    values a thread (K = 128: BV = 32 on 4 warps, fla's shape), 64 a thread (BV 64 at
+    K = 128) from ``DECODE_WIDE_FROM`` programs on. No autotuning (a decode step must not pay
+    it, and graphs capture one launch). The block changes which program computes a column,
+    not how: each column's sums over K are the same (tested bit for bit on the H200), so a
+    sequence's results do not depend on the batch it is decoded in."""
     bv = max(16, min(V, 4096 // K))
-    return bv, 4 if K * bv >= 4096 else 2
+    warps = 4 if K * bv >= 4096 else 2
+    if programs >= DECODE_WIDE_FROM and warps == 4 and 2 * bv <= V:
+        bv *= 2
+    return bv, warps
 
 
 def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, cu_seqlens, *,
@@ -131,7 +146,7 @@ def kda_decode_launch(q, k, v, g, beta, A_log, dt_bias, o, pool, idx, accepted, 
     H, K = q.shape[-2:]
     HV, V = v.shape[-2:]
     HG = g.shape[-2]
-    bv, warps = decode_launch_shape(K, V)
+    bv, warps = decode_launch_shape(K, V, num_seqs * HV)
     bv = block_v or bv
     warps = num_warps or warps
     dummy = o
