@@ -228,10 +228,11 @@ def test_decode_gpu_matches_fp64(T, layout):
 
 
 @gpu
-def test_decode_gpu_batch_invariant():
-    """A sequence decoded alone (N · HV = 4: BV 32) gives the same bits as in a batch of 200
-    (N · HV = 800 >= DECODE_WIDE_FROM: BV 64), and an explicit BV 32 / BV 64 / BV 16 at the
-    batch's size too: the launch shape changes which program owns a column, not its sums."""
+def test_decode_gpu_launch_shape_and_batch():
+    """The launch shape moves which threads sum a column over K, so the fp32 state's last bits
+    depend on it (seen on the H200 at ede5c90: BV 32 and BV 64 differ). A pinned shape gives
+    a sequence the same bits alone as in a batch of 200; the default (BV 32 alone,
+    N · HV = 4; BV 64 in the batch, N · HV = 800) agrees within fp32 reassociation."""
     from kdalab.kernels.decode import DECODE_WIDE_FROM, decode_launch_shape
     N, dev = 200, "cuda"
     assert decode_launch_shape(128, 128, N * 4) != decode_launch_shape(128, 128, 4)
@@ -241,16 +242,18 @@ def test_decode_gpu_batch_invariant():
     kw["lower_bound"] = -5.0
     p0 = pool(N, 4, 128, 128, device=dev)
     idx = torch.arange(N, device=dev)
-    outs = {}
     for shape in (None, (32, 4), (64, 4), (16, 2)):
-        p = p0.clone()
         bv, w = shape or (None, None)
-        outs[shape] = kda_decode(q, k, v, g, beta, state_pool=p, state_indices=idx,
-                                 block_v=bv, num_warps=w, **kw), p
-    for n in (0, 77, N - 1):
-        p = p0.clone()
-        o1 = kda_decode(*(x[n:n + 1] for x in (q, k, v, g, beta)), state_pool=p,
-                        state_indices=idx[n:n + 1], **kw)
-        assert torch.equal(o1[0], outs[None][0][n]) and torch.equal(p[n], outs[None][1][n])
-    for shape, (o, p) in outs.items():
-        assert torch.equal(o, outs[None][0]) and torch.equal(p, outs[None][1]), shape
+        pb = p0.clone()
+        ob = kda_decode(q, k, v, g, beta, state_pool=pb, state_indices=idx, block_v=bv,
+                        num_warps=w, **kw)
+        for n in (0, 77, N - 1):
+            p = p0.clone()
+            o1 = kda_decode(*(x[n:n + 1] for x in (q, k, v, g, beta)), state_pool=p,
+                            state_indices=idx[n:n + 1], block_v=bv, num_warps=w, **kw)
+            if shape is not None:  # pinned: the batch around it changes nothing
+                assert torch.equal(o1[0], ob[n]) and torch.equal(p[n], pb[n]), (shape, n)
+            else:  # 128-term fp32 sums in another order over 3 tokens: a few ulps (6e-8
+                # each), far inside TOL_DECODE, while a wrong row or head is off by >= 1e-1
+                assert err(o1[0].float(), ob[n].float()) < TOL_DECODE
+                assert err(p[n], pb[n]) < TOL_DECODE

@@ -128,9 +128,11 @@ def decode_launch_shape(K: int, V: int, programs: int = 1) -> tuple[int, int]:
     """(BV, warps) for ``programs`` (sequences × value heads): a [K, BV] fp32 tile of 32
     values a thread (K = 128: BV = 32 on 4 warps, fla's shape), 64 a thread (BV 64 at
     K = 128) from ``DECODE_WIDE_FROM`` programs on. No autotuning (a decode step must not pay
-    it, and graphs capture one launch). The block changes which program computes a column,
-    not how: each column's sums over K are the same (tested bit for bit on the H200), so a
-    sequence's results do not depend on the batch it is decoded in."""
+    it, and graphs capture one launch). The block also moves which threads sum a column over
+    K, so the fp32 state's last bits differ between shapes: a sequence decoded in a batch
+    past the threshold and alone agree within fp32 reassociation, not bit for bit. Pin
+    ``block_v`` and ``num_warps`` for bits that do not depend on the batch (tested on the
+    H200)."""
     bv = max(16, min(V, 4096 // K))
     warps = 4 if K * bv >= 4096 else 2
     if programs >= DECODE_WIDE_FROM and warps == 4 and 2 * bv <= V:
