@@ -117,8 +117,8 @@ def kda_decode_kernel(
 
 #: decode's programs (sequences × value heads) from which a program owns twice the value block
 #: on the same warps: under graph replay at K = V = 128 (H200, f4492ce, all 16 decode shapes),
-#: BV 64 on 4 warps was 5.2–7.7 % faster than BV 32 at every N · HV >= 768 (8 shapes, N 8–256)
-#: and 0.6–18 % slower at every N · HV <= 384 (8 shapes): with few programs each SM holds
+#: BV 64 on 4 warps was 4.6–7.7 % faster than BV 32 at every N · HV >= 768 (9 shapes, N 8–256)
+#: and 0.6–18 % slower at every N · HV <= 384 (7 shapes): with few programs each SM holds
 #: only a few, and halving them halves the loads in flight; with many, fewer and longer
 #: programs cost less (docs/kernels.md, "Decode")
 DECODE_WIDE_FROM = 768
