@@ -161,7 +161,7 @@ def test_decode_rejects_gva_mismatch():
 
 def test_decode_launch_shape_rule():
     """The value block doubles from DECODE_WIDE_FROM programs on, on the same warps, and never
-    past V; explicit block_v / num_warps still win (the launch's own arguments)."""
+    past V nor on a 2-warp tile."""
     from kdalab.kernels.decode import DECODE_WIDE_FROM, decode_launch_shape
     assert decode_launch_shape(128, 128, 1) == (32, 4)
     assert decode_launch_shape(128, 128, DECODE_WIDE_FROM - 1) == (32, 4)
