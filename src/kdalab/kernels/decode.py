@@ -124,7 +124,7 @@ def kda_decode_kernel(
 DECODE_WIDE_FROM = 768
 
 
-def decode_launch_shape(K: int, V: int, programs: int = 1) -> tuple[int, int]:
+def decode_launch_shape(K: int, V: int, programs: int) -> tuple[int, int]:
     """(BV, warps) for ``programs`` (sequences × value heads): a [K, BV] fp32 tile of 32
     values a thread (K = 128: BV = 32 on 4 warps, fla's shape), 64 a thread (BV 64 at
     K = 128) from ``DECODE_WIDE_FROM`` programs on. No autotuning (a decode step must not pay
