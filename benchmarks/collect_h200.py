@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -231,6 +232,25 @@ def note_ck_intervals(rows: list[dict], path: Path, commit: str) -> list[dict]:
     return _add_notes(rows, ": ck64_over_plain", found)
 
 
+EARLIER_NOTE = re.compile(r"\[[^\[\]]* at [0-9a-f]{7,40}\]")
+
+
+def note_earlier(rows: list[dict], before: list[dict]) -> list[dict]:
+    """Each 64-token row with the bracketed notes of other runs (``[... at COMMIT]``, added
+    by ``note_ck_stagger`` and ``note_ck_intervals`` from files of those runs) that the page's
+    row of the same shape had: a new run keeps them without the earlier runs' files."""
+    found: dict[str, list[str]] = {}
+    for r in before:
+        if r["target"].endswith(": ck64_over_plain"):
+            shape = r["target"].removeprefix("prefill ").partition(":")[0]
+            found[shape] = EARLIER_NOTE.findall(r.get("note", ""))
+    out = rows
+    for i in range(max(map(len, found.values()), default=0)):
+        out = _add_notes(out, ": ck64_over_plain",
+                         {s: notes[i] for s, notes in found.items() if i < len(notes)})
+    return out
+
+
 def _add_notes(rows: list[dict], ending: str, found: dict[str, str]) -> list[dict]:
     """``rows`` with ``found[shape]`` added to the note of each prefill row of that shape
     whose target ends with ``ending``, unless the note has it already (a kept row may)."""
@@ -330,6 +350,8 @@ def main() -> None:
                                                            else tag))
                          for r in before["rows"] if part in r["target"]]
         rows = fold_pool(fold_short(rows))
+        before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(encoding="utf-8"))
+        rows = note_earlier(rows, before["rows"])
         if a.ck_stagger:
             rows = note_ck_stagger(rows, Path(a.ck_stagger[0]), a.ck_stagger[1])
         if a.ck_intervals:

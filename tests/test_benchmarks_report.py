@@ -150,3 +150,28 @@ def test_collect_folds_the_pool_part_and_notes_the_stagger_once(tmp_path):
                                     "1.208x unstaggered in that run, the same bits; pruned, "
                                     "at abc1234]")
     assert once[1] == folded[1]
+
+
+def test_collect_keeps_earlier_runs_notes_on_the_64_token_rows():
+    # the bracketed notes of other runs ([... at COMMIT]) on the page's 64-token rows reach
+    # the new run's rows of the same shape, once each and in order; other notes and other
+    # rows are not carried, and a shape the page lacked gets nothing
+    import collect_h200
+
+    before = [dict(target="prefill S: ck64_over_plain", value=1.2, unit="x",
+                   note="plain 1 ms; pool alone 1.0x; [starts staggered 600 ns: 1.211x "
+                        "against 1.208x unstaggered in that run, the same bits; pruned, at "
+                        "1afa292]; [every 128 / 256 tokens 1.1x / 1.05x: graph replay at "
+                        "36a6ecd]"),
+              dict(target="prefill S: kdalab vs flashkda", value=1.0, unit="x",
+                   note="[x at abc1234]")]
+    rows = [dict(target="prefill S: ck64_over_plain", value=1.21, unit="x", note="plain 2 ms"),
+            dict(target="prefill U: ck64_over_plain", value=1.3, unit="x", note="plain 3 ms"),
+            dict(target="prefill S: kdalab vs flashkda", value=1.1, unit="x", note="k")]
+    out = collect_h200.note_earlier(rows, before)
+    assert out[0]["note"] == (
+        "plain 2 ms; [starts staggered 600 ns: 1.211x against 1.208x unstaggered in that run, "
+        "the same bits; pruned, at 1afa292]; [every 128 / 256 tokens 1.1x / 1.05x: graph "
+        "replay at 36a6ecd]")
+    assert out[1:] == rows[1:]
+    assert collect_h200.note_earlier(out, before) == out
