@@ -339,19 +339,16 @@ def main() -> None:
     if a.serving:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]
+        before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(encoding="utf-8"))
         # a run without one of the parts (SERVING_PARTS=short, or =pool): the page's rows of
         # that part stay, marked with the commit and date they were measured at
         for part in ("_over_plain", "kdalab vs"):  # the pool part's rows, the short part's
             if not any(part in r["target"] for r in rows):
-                before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(
-                    encoding="utf-8"))
                 tag = f" (commit {before['commit']}, {before['date']})"
                 rows += [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
                                                            else tag))
                          for r in before["rows"] if part in r["target"]]
-        rows = fold_pool(fold_short(rows))
-        before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(encoding="utf-8"))
-        rows = note_earlier(rows, before["rows"])
+        rows = note_earlier(fold_pool(fold_short(rows)), before["rows"])
         if a.ck_stagger:
             rows = note_ck_stagger(rows, Path(a.ck_stagger[0]), a.ck_stagger[1])
         if a.ck_intervals:
