@@ -244,11 +244,10 @@ def note_earlier(rows: list[dict], before: list[dict]) -> list[dict]:
         if r["target"].endswith(": ck64_over_plain"):
             shape = r["target"].removeprefix("prefill ").partition(":")[0]
             found[shape] = EARLIER_NOTE.findall(r.get("note", ""))
-    out = rows
-    for i in range(max(map(len, found.values()), default=0)):
-        out = _add_notes(out, ": ck64_over_plain",
-                         {s: notes[i] for s, notes in found.items() if i < len(notes)})
-    return out
+    for shape, notes in found.items():
+        for note in notes:
+            rows = _add_notes(rows, ": ck64_over_plain", {shape: note})
+    return rows
 
 
 def _add_notes(rows: list[dict], ending: str, found: dict[str, str]) -> list[dict]:
