@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from .chunk_recurrent import user_state_ptrs
-from .launch import launch
 
 
 @triton.jit
@@ -56,7 +55,7 @@ def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexp
 
 
 def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk, H, K, V,
-                      block_v=16, num_warps=8, state_indices=None, direct=True):
+                      block_v=16, num_warps=8, state_indices=None):
     """Turn pass 1's summaries into each segment's start state, in place (see above).
 
     Blocks of 16 value rows on 8 warps by default: the whole M^T in registers, one product per
@@ -64,8 +63,7 @@ def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk
     blocks spill). A first form that re-read S^T from memory in K-slices took 8.5 µs per
     segment on the H200 (docs/kernels.md)."""
     grid = (num_seqs * H, -(-V // block_v))
-    launch(chunk_kda_combine_kernel, grid, (
+    chunk_kda_combine_kernel[grid](
         summary, seg_offsets, initial_state if initial_state is not None else summary,
-    ), dict(idx_ptr=state_indices, H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None,
-            STATE_VK=state_vk, HAS_IDX=state_indices is not None, num_warps=num_warps),
-        direct=direct)
+        idx_ptr=state_indices, H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None,
+        STATE_VK=state_vk, HAS_IDX=state_indices is not None, num_warps=num_warps)
