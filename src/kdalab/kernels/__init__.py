@@ -18,9 +18,10 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from . import ops  # noqa: F401, E402 - registers torch.ops.kdalab.*
 from .api import chunk_kda_fwd, chunk_kda_transition  # noqa: E402
+from .autograd import chunk_kda  # noqa: E402 - registers torch.ops.kdalab.chunk_kda(_bwd)
 from .config import DEFAULT_CONFIG, KernelConfig  # noqa: E402
 from .decode import kda_decode  # noqa: E402
 from .pool import checkpoint_offsets  # noqa: E402
 
-__all__ = ["chunk_kda_fwd", "chunk_kda_transition", "kda_decode", "checkpoint_offsets",
+__all__ = ["chunk_kda", "chunk_kda_fwd", "chunk_kda_transition", "kda_decode", "checkpoint_offsets",
            "KernelConfig", "DEFAULT_CONFIG"]
