@@ -31,6 +31,9 @@ __all__ = ["chunk_kda"]
 
 #: the forward keeps the state every this many tokens for the backward
 SAVE_EVERY = 16 * CKC
+#: the reverse pass's operand types for its products with S and with dS (fp32: tf32
+#: products; docs/training.md "Precision")
+BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -130,7 +133,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                   cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                   num_seqs=p.num_seqs, num_chunks=seqs.num_chunks, block_v=block_v,
                   num_warps=8, programs=2 * _sm_count(v.device),
-                  dh0_dtype=torch.float32)
+                  dh0_dtype=torch.float32, **BWD_PRODUCTS)
     if plan.segment_chunks <= 0:
         out = chunk_kda_bwd_recurrent(v, do, c.ops, **common)
     else:

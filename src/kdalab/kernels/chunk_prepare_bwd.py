@@ -33,7 +33,7 @@ from .gate import SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
 from .indexing import chunk_of_program
 
 CHUNK = 16
-LN2: tl.constexpr = 0.6931471805599453
+LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -52,7 +52,7 @@ def pairwise_grads(dP, dM, kv, qs, g2, o_r, BT: tl.constexpr):
     drow = tl.zeros(kv.shape, dtype=tl.float32)
     dqs = tl.zeros(kv.shape, dtype=tl.float32)
     dcol = tl.zeros(kv.shape, dtype=tl.float32)
-    for j in tl.static_range(BT):
+    for j in range(0, BT):  # not unrolled: 16 bodies would spill
         sel = (o_r == j)[:, None]
         kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
         gj = tl.sum(tl.where(sel, g2, 0.0), axis=0)
@@ -128,7 +128,7 @@ def chunk_kda_prepare_bwd_kernel(
     ki = kv * tl.exp2(tl.minimum(-g2, 126.0))
     if wide:
         P = tl.zeros([BT, BT], dtype=tl.float32)
-        for j in tl.static_range(BT):
+        for j in range(0, BT):  # not unrolled: 16 bodies would spill
             sel = (o_r == j)[:, None]
             kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
             gj = tl.sum(tl.where(sel, g2, 0.0), axis=0)

@@ -45,13 +45,15 @@ from .indexing import segment_of_program
 CHUNK = 16
 #: chunks between the forward's stored states (the block the backward recomputes)
 CKC = 4
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
 
 
 @triton.jit
 def _tile_t(ptr, rows, r_ok, i_h, H, o_k, K: tl.constexpr):
-    """A [K, 16] tile (transposed) of a token-major [T, H, K] tensor, fp32."""
-    return tl.load(ptr + (rows[None, :] * H + i_h) * K + o_k[:, None], mask=r_ok[None, :],
-                   other=0.0).to(tl.float32)
+    """A [K, 16] tile (transposed) of a token-major [T, H, K] tensor, fp32: loaded as its
+    [16, K] rows (contiguous along K: vector loads), transposed in registers."""
+    return tl.trans(tl.load(ptr + (rows[:, None] * H + i_h) * K + o_k[None, :],
+                            mask=r_ok[:, None], other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -75,6 +77,12 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
+def _mm(a, b, DT: tl.constexpr):
+    """a @ b with ``DT`` operands (fp32: tf32 products), fp32 accumulation."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision="tf32")
+
+
+@triton.jit
 def chunk_kda_bwd_recurrent_kernel(
     v_ptr, do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ck_ptr, ck_offsets_ptr, dht_ptr,
@@ -84,7 +92,10 @@ def chunk_kda_bwd_recurrent_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, IS_VARLEN: tl.constexpr, PASS: tl.constexpr,
+    DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
 ):
+    """``DS``: the operand type of the products with S, ``DD`` of those with dS (fp32: tf32
+    products)."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -97,9 +108,13 @@ def chunk_kda_bwd_recurrent_kernel(
     else:
         v_ok = o_v < V
         is_v = v_ok
-    # this program's scratch: CKC chunk-start states [CKC, BV, K]
-    scr = scratch_ptr + (pid * tl.num_programs(1) + i_v).to(tl.int64) * (CKC * BV * K)
-    scr_ptrs = scr + tl.arange(0, BV)[:, None] * K + o_k[None, :]
+    # this program's scratch: per chunk of a block its start state S^T [BV, K] (in DS) and
+    # U^T [BV, 16] (fp32)
+    slot = (pid * tl.num_programs(1) + i_v).to(tl.int64) * CKC
+    scr_s = (scratch_ptr.to(tl.pointer_type(DS)) + slot * (BV * K)
+             + tl.arange(0, BV)[:, None] * K + o_k[None, :])
+    scr_u = (scratch_ptr + tl.num_programs(0) * tl.num_programs(1) * CKC * BV * K
+             + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
     for item in range(pid, n_items, nprog):
         i_h = item % H
         if PASS == 0:
@@ -113,7 +128,6 @@ def chunk_kda_bwd_recurrent_kernel(
                 eos = bos + T
                 c0 = i_n * tl.cdiv(T, BT)
             first = 1
-            last = 1
         else:
             i_s = (item // H).to(tl.int64)
             i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
@@ -129,8 +143,8 @@ def chunk_kda_bwd_recurrent_kernel(
         if PASS == 1:
             dSt = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
         elif PASS == 2:
-            slot = sum_ptr + (i_s * H + i_h) * (V + K) * K
-            dSt = tl.load(slot + o_v[:, None] * K + o_k[None, :], mask=v_ok[:, None],
+            slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+            dSt = tl.load(slot_s + o_v[:, None] * K + o_k[None, :], mask=v_ok[:, None],
                           other=0.0)
         else:
             dSt = tl.zeros([BV, K], dtype=tl.float32)
@@ -164,24 +178,31 @@ def chunk_kda_bwd_recurrent_kernel(
                         St = tl.load(_state_ptrs(ck_ptr, ck_base + jb - 1, i_h, o_v, H, K, V,
                                                  STATE_VK), mask=v_ok[:, None],
                                      other=0.0).to(tl.float32)
-                    # forward through the block: each chunk's start state to the scratch
+                    # forward through the block: each chunk's S^T and U^T to the scratch, and
+                    # dQG (it needs S and dO only)
                     for c in range(c_lo, c_hi):
-                        tl.store(scr_ptrs + (c - c_lo) * BV * K, St)
                         rows = bos + c * BT + o_r
                         r_ok = rows < eos
                         c_ok = (bos + c * BT + o_r * 0) < eos
                         cc = (c0 + c) * H + i_h
-                        vt = tl.load(v_ptr + (rows[None, :] * H + i_h) * V + o_v[:, None],
-                                     mask=v_ok[:, None] & r_ok[None, :],
+                        tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
+                        vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
                                      other=0.0).to(tl.float32)
+                        dot_ = tl.load(do_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
+                                       other=0.0).to(tl.float32)
                         wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
                         kendt = (_tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
                                  + _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K))
                         ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
                         gam = tl.load(gamma_ptr + cc * K + o_k,
                                       mask=(bos + c * BT + o_k * 0) < eos, other=0.0)
-                        ut = (tl.dot(vt, tl.trans(ainv), input_precision="tf32")
-                              - tl.dot(St, wt, input_precision="tf32"))
+                        Sd = St.to(DS)
+                        tl.store(scr_s + (c - c_lo) * BV * K, Sd)
+                        ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
+                        tl.store(scr_u + (c - c_lo) * BV * BT, ut)
+                        dqgt = _mm(tl.trans(Sd), dot_, DS)
+                        offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
+                        tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
                         St = St * gam[None, :] + tl.dot(ut, tl.trans(kendt),
                                                         input_precision="tf32")
                     tl.debug_barrier()  # the scratch rows are read by other threads
@@ -202,46 +223,40 @@ def chunk_kda_bwd_recurrent_kernel(
                     mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
                     gam = tl.load(gamma_ptr + cc * K + o_k,
                                   mask=(bos + c * BT + o_k * 0) < eos, other=0.0)
-                    dut = (tl.dot(dSt, kendt, input_precision="tf32")
-                           + tl.dot(dot_, mqk, input_precision="tf32"))
+                    dut = _mm(dSt, kendt, DD) + tl.dot(dot_, mqk, input_precision="tf32")
                     if PASS != 1:
-                        St = tl.load(scr_ptrs + (c - c_lo) * BV * K)
+                        Sd = tl.load(scr_s + (c - c_lo) * BV * K)
+                        ut = tl.load(scr_u + (c - c_lo) * BV * BT)
                         vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
                                      other=0.0).to(tl.float32)
                         ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
-                        ut = (tl.dot(vt, tl.trans(ainv), input_precision="tf32")
-                              - tl.dot(St, wt, input_precision="tf32"))
                         dvt = tl.dot(dut, ainv, input_precision="tf32")
                         tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty),
                                  mask=v_ok[:, None] & r_ok[None, :])
                         # the sums over this block's value columns (partial with V > BV)
-                        Sx = tl.trans(St)
-                        dqgt = tl.dot(Sx, dot_, input_precision="tf32")
-                        dwt = -tl.dot(Sx, dut, input_precision="tf32")
-                        dkendt = tl.dot(tl.trans(dSt), ut, input_precision="tf32")
-                        dgam = tl.sum(St * dSt, axis=0)
+                        dwt = -_mm(tl.trans(Sd), dut, DS)
+                        dkendt = _mm(tl.trans(dSt), ut, DD)
+                        dgam = tl.sum(Sd.to(tl.float32) * dSt, axis=0)
                         tril = o_r[:, None] >= o_r[None, :]
                         dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut,
                                                      input_precision="tf32"), 0.0)
                         dainv = tl.where(tril, tl.dot(tl.trans(dut), vt,
                                                       input_precision="tf32"), 0.0)
                         offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-                        tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
                         tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
                         tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
                         tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
                         o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
                         tl.store(dmqk_ptr + o_cc, dmqk)
                         tl.store(dainv_ptr + o_cc, dainv)
-                    qg = tl.trans(qgt)
-                    dSt = (dSt * gam[None, :] + tl.dot(dot_, qg, input_precision="tf32")
+                    dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
                            - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
                 if PASS != 1:
                     tl.debug_barrier()  # the next block's forward overwrites the scratch
             # the gradient at the program's start
             if PASS == 1:
-                slot = sum_ptr + (i_s * H + i_h) * (V + K) * K
-                tl.store(slot + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
+                slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+                tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
             elif STORE_DH0:
                 if first != 0:
                     tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
@@ -251,7 +266,8 @@ def chunk_kda_bwd_recurrent_kernel(
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, programs, segments=None, summary=None,
-                            passes=(0,), dh0_dtype=torch.float32, out=None):
+                            passes=(0,), dh0_dtype=torch.float32, out=None,
+                            s_dtype=torch.float32, ds_dtype=torch.float32):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout) with each sequence's first row; ``dht``: the final
@@ -284,7 +300,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         n_prog = max(1, min(items, programs))
         if items == 0:
             continue
-        scratch = (torch.empty((n_prog * nvb, CKC, block_v, K), device=dev,
+        # per program: CKC states S^T [BV, K] then CKC U^T [BV, 16] (fp32 words)
+        scratch = (torch.empty((n_prog * nvb * CKC * block_v * (K + CHUNK),), device=dev,
                                dtype=torch.float32) if pass_ != 1 else dummy)
         chunk_kda_bwd_recurrent_kernel[(n_prog, nvb)](
             v, do, w, qg, kend, klo, ainv, mqk, gamma,
@@ -295,5 +312,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             num_chunks * H * CHUNK * CHUNK,
             H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
             HAS_DHT=dht is not None, STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk,
-            IS_VARLEN=cu_seqlens is not None, PASS=pass_, num_warps=num_warps)
+            IS_VARLEN=cu_seqlens is not None, PASS=pass_, DS=_TL[s_dtype], DD=_TL[ds_dtype],
+            num_warps=num_warps)
     return out

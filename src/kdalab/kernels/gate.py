@@ -23,12 +23,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LOG2E: tl.constexpr = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)
 #: the split exponent's range in base 2: 80 · log2(e)
-SPLIT_SPAN2: tl.constexpr = 115.41560327111707
-GATE_LOWER_BOUND: tl.constexpr = 0
-GATE_SOFTPLUS: tl.constexpr = 1
-GATE_LOG_DECAY: tl.constexpr = 2
+SPLIT_SPAN2 = tl.constexpr(115.41560327111707)
+GATE_LOWER_BOUND = tl.constexpr(0)
+GATE_SOFTPLUS = tl.constexpr(1)
+GATE_LOG_DECAY = tl.constexpr(2)
 
 
 @triton.jit
