@@ -88,23 +88,13 @@ SHORT = [
 
 
 #: kdalab's candidates for many short sequences (KernelConfig fields): value blocks of 128 on
-#: 8 warps (the plan's other program shape), the fp16 guard's redo in a second launch, and
-#: KEND as one rounded operand (what the split of chunk_prepare.py costs: inaccurate on
-#: collinear keys, docs/hunt.md), and every launch direct (``launch_direct``: the compiled
-#: kernel's launcher, kernels/launch.py; what the default's replay of a seen key saves,
-#: kernels/replay.py) or through Triton's ``kernel[grid]`` (``launch_triton``: what the direct
-#: launch saves). Stage-1 head-fastest and value-blocks-adjacent orders, an int8 KLO, a
-#: register cap, masked or whole-chunk rows on varlen input and tensors handed to the
-#: launcher as addresses were measured slower or no faster and deleted (docs/kernels.md,
-#: "Pruned").
+#: 8 warps (the plan's other program shape) and the fp16 guard's redo in a second launch or
+#: inline. Variants measured slower or no faster were deleted (docs/kernels.md, "Decisions").
 CANDIDATES = {
     "default": KernelConfig(),
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
-    "kend_single": KernelConfig(kend_split=False),
-    "launch_direct": KernelConfig(launch="direct"),
-    "launch_triton": KernelConfig(launch="triton"),
 }
 ROUNDS = 5
 #: decode launch shapes (value block, warps) timed under graph replay beside the default's
@@ -232,15 +222,12 @@ def decode_rows(bw, quick, rounds=ROUNDS):
             x = decode_inputs(N, H)
             gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND)
 
-            def step(how, x=x, gate=gate):  # one decode step through a launch form
+            def step(x=x, gate=gate):  # one decode step (Triton's launch path)
                 return lambda: kda_decode(x["q"], x["k"], x["v"], x["g"], x["beta"],
                                           state_pool=x["pool"], state_indices=x["idx"],
-                                          launch=how, **gate)
+                                          **gate)
 
-            # kdalab's launch forms (row keys: kdalab_<name>_ms, _host_us; the default's
-            # are kdalab_ms, kdalab_host_us): launched direct and through Triton's path
-            forms = {"": step("replay"), "_direct": step("direct"),
-                     "_triton_launch": step("triton")}
+            forms = {"": step()}  # row keys kdalab_ms, kdalab_host_us
             mine = forms[""]
             row = dict(N=N, H=H)
             theirs = None if fla is None else (
@@ -273,7 +260,8 @@ def decode_rows(bw, quick, rounds=ROUNDS):
             for bv, warps in LAUNCH_SHAPES:
                 fn = lambda x=x, gate=gate, bv=bv, w=warps: kda_decode(  # noqa: E731
                     x["q"], x["k"], x["v"], x["g"], x["beta"], state_pool=x["pool"],
-                    state_indices=x["idx"], block_v=bv, num_warps=w, **gate)
+                    state_indices=x["idx"], config=KernelConfig(block_v=bv, num_warps=w),
+                    **gate)
                 fn()
                 row[f"kdalab_graph_ms_bv{bv}_w{warps}"] = bench_graph(fn)
             if (N, H) in ((256, 96), (1, 12), (64, 48)):
@@ -362,8 +350,7 @@ def short_rows(quick, rounds, candidates=None):
         row = dict(shape=shape[0])
         fns = {f"kdalab_{c}": (lambda cfg=cfg: run_kdalab(x, cfg)) for c, cfg in chosen.items()}
         fns.update({p: (lambda fn=fn: fn(x)) for p, fn in peers.items() if fn is not None})
-        s1 = {f"stage1_{c}": bench_kernel._stage1_fn(x, CANDIDATES[c])[0]
-              for c in ("default", "kend_single")}
+        s1 = {"stage1_default": bench_kernel._stage1_fn(x, CANDIDATES["default"])[0]}
         ms = interleaved({**fns, **s1}, rounds)
         ref = _outputs(run_kdalab(x, chosen["default"]))
         for c, cfg in chosen.items():  # does each candidate give the default's bits?

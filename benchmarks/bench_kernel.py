@@ -40,7 +40,6 @@ from kdalab import peers
 from kdalab.arith import rel_rmse
 from kdalab.inputs.sequences import draw, preset
 from kdalab.kernels import KernelConfig, chunk_kda_fwd
-from kdalab.kernels.launch import LAUNCH_MODES
 
 LOWER_BOUND = -5.0
 D = 128
@@ -215,19 +214,22 @@ def explore_configs(shape):
 
 def _stage1_fn(x, config):
     """Stage 1 alone for inputs ``x`` under ``config``: (its function, the sequences, plan)."""
-    from kdalab.kernels import chunk_kda as ck
+    from kdalab.kernels import api
+    from kdalab.kernels.chunk_prepare import chunk_kda_prepare
+    from kdalab.kernels.contract import prefill_problem
 
     q, k, v, g, beta = (x[n] for n in ("q", "k", "v", "g", "beta"))
-    B, T, H, K = q.shape
-    seqs = ck._sequences(x["cu"], q.device, B, T)
-    plan = ck._plan(seqs, H, K, v.shape[-1], config)
-    dt_bias = x["dt_bias"].reshape(H * K)
+    p = prefill_problem(q, k, v, g, beta, scale=None, initial_state=None, A_log=x["A_log"],
+                        dt_bias=x["dt_bias"], gate="raw", lower_bound=LOWER_BOUND,
+                        cu_seqlens=x["cu"], use_qk_l2norm=True, beta_is_logits=True,
+                        state_layout="KV", config=config)
+    seqs = api.sequences_for(p, x["cu"], q.device)
+    plan = api.plan_for(seqs, p, config)
+    dt_bias = x["dt_bias"].reshape(-1)
 
     def s1():
-        return ck._stage1(q, k, g, beta, x["A_log"], dt_bias, seqs, H, K, scale=K ** -0.5,
-                          lower_bound=LOWER_BOUND, use_qk_l2norm=True, beta_is_logits=True,
-                          plan=plan, kend_split=config.kend_split,
-                          direct=LAUNCH_MODES[config.launch])
+        return chunk_kda_prepare(q, k, g, beta, x["A_log"], dt_bias, p, seqs,
+                                 num_warps=plan.prepare_warps)
     return s1, seqs, plan
 
 

@@ -101,15 +101,17 @@ def print_row(r: dict) -> None:
 
 
 def kdalab_rows(only: str | None = None):
-    """The Triton KDA forward's kernels at K = V = 128 (the benchmarks' head dims); ``only``:
-    the labels containing it."""
+    """The Triton KDA kernels (forward and backward) at K = V = 128 (the benchmarks' head
+    dims); ``only``: the labels containing it."""
     import time
 
     import triton.language as tl
 
     from kdalab.kernels.chunk_combine import chunk_kda_combine_kernel
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
+    from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd_kernel
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
+    from kdalab.kernels.chunk_recurrent_bwd import chunk_kda_bwd_recurrent_kernel
 
     def timed(*args, **kw):
         if only and only not in kw["label"]:
@@ -124,37 +126,40 @@ def kdalab_rows(only: str | None = None):
                 kend_ptr="*fp16", klo_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16",
                 gamma_ptr="*fp32",
                 chunk_table_ptr="*i32", T="i32", scale="fp32", lower_bound="fp32", H="i32")
-    ce = dict(K=128, BT=16, HAS_A_LOG=True, HAS_DT_BIAS=True, USE_L2NORM=True,
-              BETA_LOGITS=True, IS_VARLEN=False)
+    ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
+              USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=False)
     # rows in whole chunks (fixed length, T % 16 == 0) masked; other rows (varlen, or a
-    # ragged tail) clamped
+    # ragged tail) clamped; the span-checked gates (softplus, log-decay) with their per-pair
+    # path
     for nw in (2, 4):
         yield timed(chunk_kda_prepare_kernel, prep, ce, num_warps=nw, label=f"stage 1 w{nw}")
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True, CLAMP_ROWS=True),
                 num_warps=2, label="stage 1 varlen w2")
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, CLAMP_ROWS=True), num_warps=2,
                 label="stage 1 ragged w2")
+    for gate, name in ((1, "softplus"), (2, "log-decay")):
+        yield timed(chunk_kda_prepare_kernel, prep, dict(ce, GATE=gate, SPAN_CHECK=True),
+                    num_warps=2, label=f"stage 1 {name} w2")
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
                chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32", T="i32",
                H="i32")
     # "fp16-launch": the guard's first launch (it flags; KernelConfig.fp16_guard="launch"),
-    # "tf32-redo" its second; "fp16-off": no guard
+    # "redo" its second
     flagged = dict(sig, flag_ptr="*i32")
     for pass_, bv, nw, dt, h0 in ((0, 64, 4, "fp16", False), (0, 64, 4, "fp16", True),
                                   (0, 128, 8, "fp16", False), (0, 128, 8, "fp16", True),
-                                  (0, 64, 4, "fp16-launch", True), (0, 64, 4, "tf32-redo", True),
-                                  (0, 128, 8, "fp16-launch", True),
-                                  (0, 128, 8, "tf32-redo", True),
-                                  (0, 128, 8, "fp16-off", True), (0, 64, 4, "tf32", False),
+                                  (0, 64, 4, "fp16-launch", True), (0, 64, 4, "redo", True),
+                                  (0, 128, 8, "fp16-launch", True), (0, 128, 8, "redo", True),
+                                  (0, 64, 4, "tf32", False),
                                   (1, 64, 4, "fp16", False), (1, 64, 4, "fp16", True),
                                   (2, 64, 4, "fp16", False), (2, 64, 4, "fp16", True),
                                   (2, 64, 4, "fp16-launch", True)):
         ce = dict(K=128, V=128, BT=16, BV=bv, HAS_H0=h0, STORE_HT=h0, STATE_VK=False,
                   IS_VARLEN=False, PASS=pass_, SKIP_LAST=True,
-                  DT=tl.float32 if dt.startswith("tf32") else tl.float16, GUARD=dt == "fp16",
-                  FLAG={"fp16-launch": 1, "tf32-redo": 2}.get(dt, 0))
+                  DT=tl.float32 if dt == "tf32" else tl.float16, GUARD=dt == "fp16",
+                  FLAG={"fp16-launch": 1, "redo": 2}.get(dt, 0))
         yield timed(chunk_kda_recurrent_kernel, flagged if ce["FLAG"] else sig, ce,
                     num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
@@ -183,6 +188,38 @@ def kdalab_rows(only: str | None = None):
     yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=16, HAS_H0=True,
                                                      STATE_VK=False), num_warps=8,
                 label="combine BV16 w8")
+    # the backward: the reverse pass (serial, summaries, segments) and stage 1's backward
+    bwd = dict(v_ptr="*bf16", do_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16",
+               kend_ptr="*fp16", klo_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16",
+               gamma_ptr="*fp32", h0_ptr="*fp32", ck_ptr="*fp32", ck_offsets_ptr="*i32",
+               dht_ptr="*fp32", dv_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
+               dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
+               dh0_ptr="*fp32", scratch_ptr="*fp32", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
+               chunk_offsets_ptr="*i32", seg_ptr="*i32", T="i32", n_items="i32",
+               part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
+    dts = {"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
+    for pass_, bv, nw, ds, dd in ((0, 128, 8, "bf16", "bf16"), (0, 128, 8, "bf16", "tf32"),
+                                  (0, 64, 4, "bf16", "tf32"), (0, 64, 4, "tf32", "tf32"),
+                                  (0, 32, 4, "tf32", "tf32"),
+                                  (1, 128, 8, "tf32", "tf32"), (2, 128, 8, "bf16", "tf32")):
+        ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, HAS_DHT=True,
+                  STORE_DH0=True, STATE_VK=False, IS_VARLEN=False, PASS=pass_, DS=dts[ds],
+                  DD=dts[dd])
+        yield timed(chunk_kda_bwd_recurrent_kernel, bwd, ce, num_warps=nw,
+                    label=f"bwd pass {pass_} BV{bv} w{nw} S {ds} dS {dd}")
+    pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
+                a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
+                dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
+                dq_ptr="*fp32", dk_ptr="*fp32", dg_ptr="*fp32", db_ptr="*fp32",
+                dalog_ptr="*fp32", ddt_ptr="*fp32", chunk_table_ptr="*i32", T="i32",
+                scale="fp32", lower_bound="fp32", H="i32")
+    ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
+              USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=False)
+    for nw in (4, 8):
+        yield timed(chunk_kda_prepare_bwd_kernel, pbwd, ce, num_warps=nw,
+                    label=f"bwd stage 1 w{nw}")
+    yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, GATE=1, SPAN_CHECK=True),
+                num_warps=8, label="bwd stage 1 softplus w8")
 
 
 if __name__ == "__main__":

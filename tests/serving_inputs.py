@@ -71,12 +71,17 @@ def stage1_clamped_and_masked(q, k, g, beta, *, A_log, dt_bias, lower_bound, cu_
     to the sequence and with every load masked by row, for the tests that compare the two
     bit for bit (``chunk_prepare``: clamped where rows are not known to come in whole
     chunks)."""
-    from kdalab.kernels import chunk_kda as ck
+    from kdalab.kernels import KernelConfig, api
+    from kdalab.kernels.chunk_prepare import chunk_kda_prepare
+    from kdalab.kernels.contract import prefill_problem
 
-    B, T, _, K = q.shape
-    H = beta.shape[2]
-    seqs = ck._sequences(cu_seqlens, q.device, B, T)
-    plan = ck._plan(seqs, H, K, K, ck.KernelConfig())  # stage 1 takes only its warps from it
-    return [ck._stage1(q, k, g, beta, A_log, dt_bias.reshape(-1), seqs, H, K, scale=K ** -0.5,
-                       lower_bound=lower_bound, use_qk_l2norm=True, beta_is_logits=True,
-                       plan=plan, clamp_rows=clamp) for clamp in (True, False)]
+    v = q.new_zeros(q.shape[:3] + (q.shape[-1],))
+    p = prefill_problem(q, k, v, g, beta, scale=None, initial_state=None, A_log=A_log,
+                        dt_bias=dt_bias, gate="raw", lower_bound=lower_bound,
+                        cu_seqlens=cu_seqlens, use_qk_l2norm=True, beta_is_logits=True,
+                        state_layout="KV", config=KernelConfig())
+    seqs = api.sequences_for(p, cu_seqlens, q.device)
+    plan = api.plan_for(seqs, p, KernelConfig())  # stage 1 takes only its warps from it
+    return [chunk_kda_prepare(q, k, g, beta, A_log, dt_bias.reshape(-1), p, seqs,
+                              num_warps=plan.prepare_warps, clamp_rows=clamp)
+            for clamp in (True, False)]

@@ -12,7 +12,7 @@ import torch
 pytest.importorskip("triton")
 
 from kdalab.kda import reference_forward  # noqa: E402
-from kdalab.kernels import chunk_kda_fwd, kda_decode  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda_fwd, kda_decode  # noqa: E402
 from tests.serving_inputs import INTERP, err, inputs, pool, run_interpreter_tests  # noqa: E402
 
 interp = pytest.mark.skipif(not INTERP, reason="runs in the TRITON_INTERPRET=1 child process")
@@ -136,13 +136,16 @@ def test_interp_decode_bf16_pool():
     (dict(state_pool=torch.zeros(3, 2, 16, 8)), "state_pool"),
     (dict(state_indices=torch.zeros(3, dtype=torch.int64)), "state_indices"),
     (dict(state_indices=torch.zeros(2)), "state_indices"),
-    (dict(lower_bound=-6.0), "lower_bound"),
+    (dict(lower_bound=0.5), "lower_bound"),
+    (dict(gate="log"), "gate"),
+    (dict(gate="log_decay"), "A_log"),  # g is the log-decay: no gate parameters
     (dict(state_layout="XY"), "state_layout"),
     (dict(num_accepted_tokens=torch.ones(2, dtype=torch.int64)), "num_accepted_tokens"),
     (dict(A_log=torch.zeros(3)), "A_log"),
     (dict(scale="0.1"), "scale"),
     (dict(scale=float("inf")), "scale"),
     (dict(use_qk_l2norm=1), "use_qk_l2norm"),
+    (dict(config=dict(block_v=32)), "config"),
 ])
 def test_decode_rejects_bad_arguments(change, match):
     q, k, v, g, beta, kw = inputs(2, 1, 2, 2, 16, 16)
@@ -230,7 +233,7 @@ def test_decode_gpu_matches_fp64(T, layout):
 @gpu
 def test_decode_gpu_launch_shape_and_batch():
     """The launch shape moves which threads sum a column over K, so the fp32 state's last bits
-    depend on it (seen on the H200 at ede5c90: BV 32 and BV 64 differ). A pinned shape gives
+    depend on it (seen on the H200: BV 32 and BV 64 differ). A pinned shape gives
     a sequence the same bits alone as in a batch of 200; the default (BV 32 alone,
     N · HV = 4; BV 64 in the batch, N · HV = 800) agrees within fp32 reassociation."""
     from kdalab.kernels.decode import DECODE_WIDE_FROM, decode_launch_shape
@@ -245,12 +248,13 @@ def test_decode_gpu_launch_shape_and_batch():
     for shape in (None, (32, 4), (64, 4), (16, 2)):
         bv, w = shape or (None, None)
         pb = p0.clone()
-        ob = kda_decode(q, k, v, g, beta, state_pool=pb, state_indices=idx, block_v=bv,
-                        num_warps=w, **kw)
+        config = KernelConfig(block_v=bv, num_warps=w)
+        ob = kda_decode(q, k, v, g, beta, state_pool=pb, state_indices=idx, config=config,
+                        **kw)
         for n in (0, 77, N - 1):
             p = p0.clone()
             o1 = kda_decode(*(x[n:n + 1] for x in (q, k, v, g, beta)), state_pool=p,
-                            state_indices=idx[n:n + 1], block_v=bv, num_warps=w, **kw)
+                            state_indices=idx[n:n + 1], config=config, **kw)
             if shape is not None:  # pinned: the batch around it changes nothing
                 assert torch.equal(o1[0], ob[n]) and torch.equal(p[n], pb[n]), (shape, n)
             else:  # 128-term fp32 sums in another order over 3 tokens: the state a few

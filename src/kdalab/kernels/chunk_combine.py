@@ -17,14 +17,16 @@ import triton
 import triton.language as tl
 
 from .chunk_recurrent import user_state_ptrs
-from .launch import launch
 
 
 @triton.jit
 def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexpr,
                              V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                              STATE_VK: tl.constexpr, HAS_IDX: tl.constexpr = False,
-                             idx_ptr=None):
+                             idx_ptr=None, REVERSE: tl.constexpr = False):
+    """``REVERSE``: the backward's combine (``chunk_recurrent_bwd.py``): from the final
+    state's gradient (``h0_ptr``), the segments from the last to the second, each slot left
+    with its segment's gradient at its end."""
     i_nh = tl.program_id(0)
     i_v = tl.program_id(1)
     i_n = (i_nh // H).to(tl.int64)
@@ -42,7 +44,11 @@ def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexp
                     mask=(v_ok & (o_v * 0 + row >= 0))[:, None], other=0.0).to(tl.float32)
     else:
         S = tl.zeros([BV, K], dtype=tl.float32)
-    for s in range(s0, s1 - 1):  # the segments with a summary
+    for i in range(0, s1 - 1 - s0):  # the segments with a summary
+        if REVERSE:
+            s = s1 - 1 - i
+        else:
+            s = s0 + i
         slot = sum_ptr + (s * H + i_h) * (V + K) * K  # R^T rows, then M^T rows
         rows = slot + o_v[:, None] * K + o_k[None, :]
         r = tl.load(rows, mask=v_ok[:, None], other=0.0)
@@ -50,13 +56,17 @@ def chunk_kda_combine_kernel(sum_ptr, seg_offsets_ptr, h0_ptr, H, K: tl.constexp
         tl.debug_barrier()  # every thread has read R's rows before any overwrites them
         tl.store(rows, S, mask=v_ok[:, None])
         S = tl.dot(S, m, r, input_precision="tf32x3")
-    # the last segment has no summary: only its start state is written
-    last = sum_ptr + ((s1 - 1) * H + i_h) * (V + K) * K
-    tl.store(last + o_v[:, None] * K + o_k[None, :], S, mask=v_ok[:, None])
+    # the segment without a summary: only its start state (gradient at its end) is written
+    if REVERSE:
+        edge = s0
+    else:
+        edge = s1 - 1
+    tail = sum_ptr + (edge * H + i_h) * (V + K) * K
+    tl.store(tail + o_v[:, None] * K + o_k[None, :], S, mask=v_ok[:, None])
 
 
 def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk, H, K, V,
-                      block_v=16, num_warps=8, state_indices=None, direct=True):
+                      block_v=16, num_warps=8, state_indices=None, reverse=False):
     """Turn pass 1's summaries into each segment's start state, in place (see above).
 
     Blocks of 16 value rows on 8 warps by default: the whole M^T in registers, one product per
@@ -64,8 +74,8 @@ def chunk_kda_combine(summary, seg_offsets, initial_state, *, num_seqs, state_vk
     blocks spill). A first form that re-read S^T from memory in K-slices took 8.5 µs per
     segment on the H200 (docs/kernels.md)."""
     grid = (num_seqs * H, -(-V // block_v))
-    launch(chunk_kda_combine_kernel, grid, (
+    chunk_kda_combine_kernel[grid](
         summary, seg_offsets, initial_state if initial_state is not None else summary,
-    ), dict(idx_ptr=state_indices, H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None,
-            STATE_VK=state_vk, HAS_IDX=state_indices is not None, num_warps=num_warps),
-        direct=direct)
+        idx_ptr=state_indices, H=H, K=K, V=V, BV=block_v, HAS_H0=initial_state is not None,
+        STATE_VK=state_vk, HAS_IDX=state_indices is not None, REVERSE=reverse,
+        num_warps=num_warps)

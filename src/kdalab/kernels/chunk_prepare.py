@@ -1,23 +1,27 @@
 """Stage 1 of the Triton KDA forward: everything that is parallel over tokens.
 
-One program handles one 16-token chunk of one head. It fuses the gate
-(``lower_bound * sigmoid(exp(A_log) * (g + dt_bias))``), the within-chunk cumulative sum,
-the L2 normalization of q and k, the β sigmoid, the scaled-operand GEMMs for ``L`` and the
-causal q·k scores, and the Neumann inverse (fp32-accurate 3xTF32 products)
-``(I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8)``. It writes the per-chunk operands
-that the recurrent stage (``chunk_recurrent.py``) needs and nothing it can rebuild:
+One program handles one 16-token chunk of one head. It fuses the gate (any of the three,
+``gate.py``), the within-chunk cumulative sum, the L2 normalization of q and k, the β sigmoid,
+the scaled-operand GEMMs for ``L`` and the causal q·k scores, and the Neumann inverse
+(fp32-accurate 3xTF32 products) ``(I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8)``. It
+writes the per-chunk operands that the recurrent stage (``chunk_recurrent.py``) needs and
+nothing it can rebuild:
 
     W    = (I + L)^-1 diag(β) (Γ ⊙ K)       [16, K]  token rows   (state correction)
     QG   = scale · Γ ⊙ Q                     [16, K]  token rows   (inter-chunk output)
     KEND = exp(G_last - G) ⊙ K               [16, K]  token rows   (state update)
     KLO  = KEND - KEND rounded               [16, K]  token rows   (its rounding error)
     AINV = (I + L)^-1 diag(β)                [16, 16] per chunk
-    MQK  = tril(scale · (Γ⊙Q)(K/Γ)^T)        [16, 16] per chunk
+    MQK  = tril(scale · Q K^T ⊙ exp(G_i - G_j))  [16, 16] per chunk
     GAMMA = exp(G_last)                      [K]      per chunk    (state decay)
 
-where G is the in-chunk cumulative log-decay and Γ = exp(G). Because the gate is
-bounded below by ``lower_bound >= -5``, |G| <= 80 inside a chunk, so exp(±G) stays
-finite in fp32 (limit e^88.7) and the diagonal tile is one dense GEMM.
+where G is the in-chunk cumulative log-decay and Γ = exp(G). Every factor but the pairwise
+decay of L and MQK is <= 1. The pairwise decay is split, exp(G_i) · exp(-G_j), so that both
+tiles are one dense product each; that needs |G| within the split's range (80, natural log)
+inside the chunk. A bounded gate with ``lower_bound >= -5`` always fits (16 · 5 = 80); for
+any other gate each chunk checks its span and a wider chunk forms the two tiles per pair
+(``pairwise_tiles``: every exponent G_i - G_j <= 0), so bounded inputs pay nothing and
+strong decay costs only its own chunks.
 
 KEND goes to the state as two operands, its rounding to the products' 10-bit significand
 (fp16, or tf32 for fp32 operands) and what that rounding lost (KLO), so that the state update
@@ -34,31 +38,11 @@ import torch
 import triton
 import triton.language as tl
 
+from .contract import Problem
+from .gate import SPLIT_SPAN2, gate_params, log2_decay
 from .indexing import chunk_of_program
-from .launch import launch
-from .replay import new_buffer
 
 CHUNK = 16
-
-
-@triton.jit
-def gate_log2(x, a_log_ptr, dt_bias_ptr, r_ok, i_h, o_k, lower_bound,
-              HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr):
-    """Base-2 log-decay ``lower_bound * sigmoid(exp(A_log) * (g + dt_bias)) * log2(e)`` of
-    the gate tile ``x`` (token rows, key columns ``o_k``) of head ``i_h``, zero in padded rows
-    (``r_ok`` false), so that a cumulative sum ends at the last real row's.
-
-    The select stays where every row is real too: it keeps the product by log2(e) apart from
-    the cumulative sum's first addition, which the compiler would otherwise contract into an
-    FMA (other bits: a whole-chunk copy of stage 1 without it, since deleted, "Pruned" in
-    docs/kernels.md)."""
-    x = x.to(tl.float32)
-    if HAS_DT_BIAS:
-        x += tl.load(dt_bias_ptr + i_h * o_k.shape[0] + o_k).to(tl.float32)[None, :]
-    if HAS_A_LOG:
-        x *= tl.exp(tl.load(a_log_ptr + i_h).to(tl.float32))
-    gate = tl.where(r_ok[:, None], lower_bound * tl.sigmoid(x), 0.0)
-    return gate * 1.4426950408889634
 
 
 @triton.jit
@@ -113,28 +97,48 @@ def load_rows(ptrs, mask, CLAMP_ROWS: tl.constexpr):
 
 
 @triton.jit
+def pairwise_tiles(qd, kv, g2, o_r, BT: tl.constexpr):
+    """(Q·K^T, K·K^T) with the pairwise decay, entry (i, j) = Σ_c x_ic k_jc 2^(G_ic - G_jc),
+    one column j at a time, the exponent formed per pair: 2^(G_i - G_j) <= 1 for i >= j
+    (clamped there for i < j, which the caller masks), so no factor can overflow or flush
+    however wide the chunk's decay. ``qd`` is q already scaled (not decayed)."""
+    L = tl.zeros([BT, BT], dtype=tl.float32)
+    M = tl.zeros([BT, BT], dtype=tl.float32)
+    for j in range(0, BT):  # not unrolled: 16 bodies would spill
+        sel = (o_r == j)[:, None]
+        kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
+        gj = tl.sum(tl.where(sel, g2, 0.0), axis=0)
+        ke = kj[None, :] * tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
+        col = (o_r == j)[None, :]
+        L += tl.where(col, tl.sum(kv * ke, axis=1)[:, None], 0.0)
+        M += tl.where(col, tl.sum(qd * ke, axis=1)[:, None], 0.0)
+    return M, L
+
+
+@triton.jit
 def chunk_kda_prepare_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     chunk_table_ptr,
     T, scale, lower_bound,
-    H, K: tl.constexpr, BT: tl.constexpr,
+    H, K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, KSPLIT: tl.constexpr = True,
-    CLAMP_ROWS: tl.constexpr = False,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
     to come in whole chunks (varlen, or T not a multiple of 16: ``CLAMP_ROWS``), the loads
     read row min(row, end - 1), always one of the sequence's, so that none is masked; the
     stores, β, the gate and q·Γ stay masked by row. Otherwise every load is masked by row.
-    Both give the same bits; clamped, the varlen kernel takes 168 registers where masked
-    loads took 175 (6 programs an SM against 4, docs/kernels.md).
+    Both give the same bits; clamped, the varlen kernel takes fewer registers.
+
+    ``SPAN_CHECK``: the chunk's cumulative log-decay is checked against the split's range
+    (``gate.py``); a wider chunk forms its tiles per pair (``pairwise_tiles``). Without it (a
+    bounded gate whose 16 steps fit) every chunk takes the split.
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
-    as soon as it is formed, so that few [BT, K] tiles are live at once (KEND and QG are gone
-    before the inverse)."""
+    as soon as it is formed, so that few [BT, K] tiles are live at once."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     o_r = tl.arange(0, BT)
@@ -159,29 +163,37 @@ def chunk_kda_prepare_kernel(
         b = tl.sigmoid(b)
     b = tl.where(r_ok, b, 0.0)
 
-    g2 = tl.cumsum(gate_log2(g_raw, a_log_ptr, dt_bias_ptr, r_ok, i_g, o_k, lower_bound,
-                             HAS_A_LOG, HAS_DT_BIAS), axis=0)  # base-2 cumulative log-decay
+    a, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
+    g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
     kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
     tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
-    if KSPLIT:
-        tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
+    tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
-    # scaled operands: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
     decay = tl.exp2(g2)
-    kit = tl.trans(kv * tl.exp2(-g2))
-    qd = l2_normalize(q_raw, USE_L2NORM) * decay * scale
+    qs = l2_normalize(q_raw, USE_L2NORM) * scale
     if CLAMP_ROWS:  # MQK's rows past the end zero, as masked loads leave them
-        qd = tl.where(m2, qd, 0.0)
+        qs = tl.where(m2, qs, 0.0)
+    qd = qs * decay
     tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
+    kd = kv * decay
+    if SPAN_CHECK:
+        wide = tl.max(tl.max(tl.abs(g2), axis=1), axis=0) > SPLIT_SPAN2
+    else:
+        wide = False
+    if wide:
+        mqk, L = pairwise_tiles(qs, kv, g2, o_r, BT)
+    else:
+        # the split exponent: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
+        kit = tl.trans(kv * tl.exp2(-g2))
+        mqk = tl.dot(qd, kit, input_precision="tf32")
+        L = tl.dot(kd, kit, input_precision="tf32")
     base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
     o_cc = o_r[:, None] * BT + o_r[None, :]
-    mqk = tl.where(o_r[:, None] >= o_r[None, :], tl.dot(qd, kit, input_precision="tf32"), 0.0)
+    mqk = tl.where(o_r[:, None] >= o_r[None, :], mqk, 0.0)
     tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
-    kd = kv * decay
-    L = tl.dot(kd, kit, input_precision="tf32")
     L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
 
     ainv = neumann_inverse16(L, BT) * b[None, :]
@@ -190,48 +202,37 @@ def chunk_kda_prepare_kernel(
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
-def chunk_kda_prepare(
-    q, k, g, beta, A_log, dt_bias, *, scale, lower_bound, use_qk_l2norm, beta_is_logits,
-    chunk_table, num_chunks, operand_dtype, num_warps, kend_split=True, clamp_rows=None,
-    direct=True,
-):
+def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
+                      clamp_rows=None):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
-    q, AINV and MQK [num_chunks, H, 16, 16] (``operand_dtype``: fp16 when q and k are
-    normalized, else fp32), GAMMA [num_chunks, H, K] fp32.
-
-    ``chunk_table`` is an int32 [num_chunks, 2] table of (the chunk's first row, its
-    sequence's end row) for variable-length input (None for fixed length).
-    ``kend_split=False``: KEND not split (KLO None; a measurement candidate). ``clamp_rows``:
-    clamp the loads' rows to the sequence (the kernel's ``CLAMP_ROWS``; None: where rows are
-    not known to come in whole chunks, i.e. varlen or T % 16 != 0; the tests compare both
-    forms). ``direct``: launch through ``launch.py`` (False: ``kernel[grid]`` every call).
-    """
-    B, T, HQ, K = q.shape
+    q with the value heads, AINV and MQK [num_chunks, H, 16, 16] (fp16 when q and k are
+    normalized: every operand is then <= 1 in size, AINV's entries bounded by the Neumann
+    terms; fp32 otherwise), GAMMA [num_chunks, H, K] fp32. Inputs contiguous; ``seqs`` the
+    call's tables (``tables.py``). ``clamp_rows``: clamp the loads' rows to the sequence
+    (the kernel's ``CLAMP_ROWS``; None: where rows are not known to come in whole chunks,
+    i.e. varlen or T % 16 != 0; the tests compare both forms)."""
+    B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
-        clamp_rows = chunk_table is not None or T % CHUNK != 0
-    H, HG = beta.shape[2], g.shape[2]  # value heads (the operands' heads), gate heads
+        clamp_rows = p.varlen or T % CHUNK != 0
+    dtype = torch.float16 if p.use_qk_l2norm else torch.float32
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
-    w, qg, kend, *klo = new_buffer((4 if kend_split else 3, B, T, H, K), device=q.device,
-                                   dtype=operand_dtype).unbind(0)
-    klo = klo[0] if kend_split else None
-    ainv, mqk = new_buffer((2, num_chunks, H, CHUNK, CHUNK), device=q.device,
-                           dtype=operand_dtype).unbind(0)
-    gamma = new_buffer((num_chunks, H, K), device=q.device, dtype=torch.float32)
-    if num_chunks == 0:
+    w, qg, kend, klo = torch.empty((4, B, T, H, K), device=q.device, dtype=dtype).unbind(0)
+    ainv, mqk = torch.empty((2, seqs.num_chunks, H, CHUNK, CHUNK), device=q.device,
+                            dtype=dtype).unbind(0)
+    gamma = torch.empty((seqs.num_chunks, H, K), device=q.device, dtype=torch.float32)
+    if seqs.num_chunks == 0:
         return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    launch(chunk_kda_prepare_kernel, (num_chunks, H), (
+    chunk_kda_prepare_kernel[(seqs.num_chunks, H)](
         q, k, g, beta,
         A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
-        w, qg, kend, klo if kend_split else dummy, ainv, mqk, gamma,
-        chunk_table if chunk_table is not None else dummy,
-        T, float(scale), float(lower_bound),
-    ), dict(
-        H=H, GQ=H // HQ, GG=H // HG, K=K, BT=CHUNK,
+        w, qg, kend, klo, ainv, mqk, gamma,
+        seqs.chunk_table if seqs.chunk_table is not None else dummy,
+        T, p.scale, p.gate.kernel_bound,
+        H=H, GQ=H // p.HQ, GG=H // p.HG, K=K, BT=CHUNK, GATE=p.gate.code,
+        SPAN_CHECK=p.gate.span_checked,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
-        USE_L2NORM=use_qk_l2norm, BETA_LOGITS=beta_is_logits,
-        IS_VARLEN=chunk_table is not None, KSPLIT=kend_split,
-        CLAMP_ROWS=clamp_rows, num_warps=num_warps,
-    ), direct=direct)
+        USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
+        IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows, num_warps=num_warps)
     return w, qg, kend, klo, ainv, mqk, gamma

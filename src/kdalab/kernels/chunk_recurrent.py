@@ -10,9 +10,19 @@ per warpgroup; the untransposed products would have M = 16, the chunk):
 
 The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT`` is the
 products' operand type: fp16 (S and U rounded to fp16 as operands, fp32 accumulation) or fp32
-(tf32 products). The fp16 form is guarded: a program whose state leaves fp16's range ends with
-a non-finite state (inf propagates through every later product and decay, inf·0 = NaN), and
-then recomputes its rows with tf32 products from the same stage-1 operands (``GUARD``).
+(tf32 products).
+
+The fp16 guard (``GUARD``). An fp16 product overflows only where S or U leaves fp16's range;
+inf then propagates through every later product and decay (inf·0 = NaN), so a program whose
+end state is not finite had an overflow. Its redo (``run_chunks(REDO=True)``) starts again from
+the start state and repeats the fp16 steps, writing nothing (they give the same bits as
+before), up to the first chunk whose fp16 step is not finite. In that chunk the outputs of
+the tokens before the first non-finite column of U (every token if S itself left fp16's range)
+are the fp16 step's, with the non-finite columns of U zeroed (each such output reads only
+earlier columns: the zeroed ones enter it multiplied by MQK's zeros above the diagonal), and
+the rest tf32's; from there on every step is tf32. An output therefore depends only on its
+own and earlier tokens, bit for bit, whatever overflows later (docs/kernels.md "The fp16
+guard").
 
 Three passes share the kernel (``PASS``):
 
@@ -21,7 +31,8 @@ Three passes share the kernel (``PASS``):
   in the state, S_end = M S_start + R, so each segment of a sequence (but the last, with
   ``SKIP_LAST``) computes R (its end state from a zero start: rows 0..V-1 of its summary
   slot) and M^T (rows V..V+K-1: the same recurrence from an identity start with v = 0), no
-  outputs;
+  outputs; its guard redoes the whole segment with tf32 products (a summary reaches only
+  later segments' start states);
 * 2 — segment outputs: every segment restarts from its true start state, which the combine
   (``chunk_combine.py``) left in its slot, writes o, and a sequence's last segment the final
   state.
@@ -31,12 +42,11 @@ from __future__ import annotations
 
 import math
 
+import torch
 import triton
 import triton.language as tl
 
 from .indexing import segment_of_program, sequence_of_program
-from .launch import launch
-from .replay import buffer_like, new_buffer
 
 CHUNK = 16
 
@@ -44,10 +54,10 @@ CHUNK = 16
 @triton.jit
 def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                bos, eos, c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t,
-               H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
-               DT: tl.constexpr, KSPLIT: tl.constexpr):
-    """Operands of chunk ``i_t`` (from row ``bos``, global chunk ``c0 + i_t``), transposed
-    where the products need it; zeros past ``eos`` and in rows without a value (``v_ok``)."""
+               H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr):
+    """Operands of chunk ``i_t`` (from row ``bos``, global chunk ``c0 + i_t``) in their
+    stored types, transposed where the products need it; zeros past ``eos`` and in rows
+    without a value (``v_ok``)."""
     rows = bos + i_t * BT + o_r
     r_ok = rows < eos
     # tensor masks built from tensors: the interpreter rejects scalar ones
@@ -58,18 +68,66 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
     offs_k = (rows[:, None] * H + i_h) * K + o_k[None, :]       # [16, K]
     offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]      # [BV, 16]
     cc = (c0 + i_t) * H + i_h
-    wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
-    qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0).to(DT)
-    kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
-    if KSPLIT:
-        klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0.0).to(DT)
-    else:
-        klo = kend  # unused
-    vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0).to(DT)
-    ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
-    mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0).to(DT)
+    wt = tl.load(w_ptr + offs_kt, mask=r_ok[None, :], other=0.0)
+    qgt = tl.load(qg_ptr + offs_kt, mask=r_ok[None, :], other=0.0)
+    kend = tl.load(kend_ptr + offs_k, mask=r_ok[:, None], other=0.0)
+    klo = tl.load(klo_ptr + offs_k, mask=r_ok[:, None], other=0.0)
+    vt = tl.load(v_ptr + offs_vt, mask=v_ok[:, None] & r_ok[None, :], other=0.0)
+    ainvt = tl.load(ainv_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0)
+    mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0)
     gamma = tl.load(gamma_ptr + cc * K + o_k, mask=m_g, other=0.0)
     return wt, qgt, kend, klo, vt, ainvt, mqkt, gamma
+
+
+@triton.jit
+def chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT: tl.constexpr,
+               WRITE_O: tl.constexpr):
+    """One chunk with ``DT`` operands: (S^T after it, O^T; without ``WRITE_O`` a
+    placeholder)."""
+    Sd = St.to(DT)
+    ud = (tl.dot(vt.to(DT), ainvt.to(DT), input_precision="tf32")
+          - tl.dot(Sd, wt.to(DT), input_precision="tf32")).to(DT)
+    ot = St  # a placeholder: without outputs nothing reads it
+    if WRITE_O:
+        ot = (tl.dot(Sd, qgt.to(DT), input_precision="tf32")
+              + tl.dot(ud, mqkt.to(DT), input_precision="tf32"))
+    St = St * gamma[None, :] + tl.dot(ud, kend.to(DT), input_precision="tf32")
+    St += tl.dot(ud, klo.to(DT), input_precision="tf32")
+    return St, ot
+
+
+@triton.jit
+def not_finite(x):
+    """1 if any entry of ``x`` is inf or NaN."""
+    bad = ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
+    return tl.max(tl.max(bad, 1), 0)
+
+
+@triton.jit
+def switch_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma):
+    """The redo's chunk whose fp16 step is not finite (module docstring): (S^T after it by
+    tf32 products, O^T with the fp16 step's outputs before the first non-finite column of U
+    and tf32's from it on). U is formed as ``chunk_step`` forms it, so its finite columns
+    have the first pass's bits."""
+    Sd = St.to(tl.float16)
+    ud = (tl.dot(vt.to(tl.float16), ainvt.to(tl.float16), input_precision="tf32")
+          - tl.dot(Sd, wt.to(tl.float16), input_precision="tf32")).to(tl.float16)
+    fin = (ud == ud) & (tl.abs(ud) != float("inf"))
+    col_bad = tl.max(1 - fin.to(tl.int32), axis=0) | not_finite(Sd)  # [16] by token
+    keep = tl.cumsum(col_bad, axis=0) == 0                            # before the first bad
+    o16 = (tl.dot(Sd, qgt.to(tl.float16), input_precision="tf32")
+           + tl.dot(tl.where(fin, ud, 0.0).to(tl.float16), mqkt.to(tl.float16),
+                    input_precision="tf32"))
+    St32, o32 = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, tl.float32, True)
+    return St32, tl.where(keep[None, :], o16, o32)
+
+
+@triton.jit
+def store_outputs(o_ptr, ot, rows, eos, i_h, o_v, v_ok, H, V: tl.constexpr):
+    """O^T of the token ``rows`` (those before ``eos``)."""
+    offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]
+    tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty),
+             mask=v_ok[:, None] & (rows < eos)[None, :])
 
 
 @triton.jit
@@ -78,7 +136,7 @@ def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.cons
     tensor descriptor ``ck`` of the checkpoints viewed as [rows * H, V, K] (VK) or
     [rows * H, K, V] (KV): one bulk copy from shared memory, no [BV, K] tile of addresses or
     masks in registers (the descriptor's bounds drop value rows past V). A store through
-    pointers spilled and measured slower (docs/kernels.md, "Pruned")."""
+    pointers spilled and measured slower (docs/kernels.md)."""
     r = (row * H + i_h).to(tl.int32)
     BV: tl.constexpr = St.shape[0]
     if STATE_VK:
@@ -90,16 +148,17 @@ def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.cons
 @triton.jit
 def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
-               V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O,
+               V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O: tl.constexpr,
                ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
-               KSPLIT: tl.constexpr = True):
+               REDO: tl.constexpr = False):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
-    ``c0``), writing O^T when ``WRITE_O`` (a constant, or a flag of the program); returns the
-    end state. With ``CKC`` > 0 (and ``WRITE_O``) the state after every full chunk whose
-    index in the sequence (``j0`` + i) + 1 is a multiple of ``CKC`` goes to checkpoint row
-    ``ck_base`` + (j0 + i + 1) / CKC - 1 of ``ck_ptr`` (prefix caching). Chunk i+1's
-    operands are loaded while chunk i computes (hand-pipelined: their
-    latency hides behind the serial chain S^T W^T -> U^T -> U^T KEND -> S^T)."""
+    ``c0``), writing O^T when ``WRITE_O``; returns the end state. With ``CKC`` > 0 (and
+    ``WRITE_O``) the state after every full chunk whose index in the sequence (``j0`` + i) + 1
+    is a multiple of ``CKC`` goes to checkpoint row ``ck_base`` + (j0 + i + 1) / CKC - 1 of
+    ``ck_ptr`` (prefix caching). ``REDO``: the fp16 guard's redo (module docstring): nothing
+    is written before the first chunk whose fp16 step is not finite. Chunk i+1's operands
+    are loaded while chunk i computes (hand-pipelined: their latency hides behind the serial
+    chain S^T W^T -> U^T -> U^T KEND -> S^T)."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_cc_t = o_r[None, :] * BT + o_r[:, None]  # element (c, r) of X^T is X[r, c]
@@ -112,33 +171,49 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
         ck_count = j0 % CKC
         ck_row = ck_base + j0 // CKC
     ck_due = 0  # 1: St is a checkpoint not yet stored
+    # the redo writes from its first non-finite fp16 step on
+    if REDO:
+        writing = tl.zeros([], dtype=tl.int32)
+    else:
+        writing = tl.full([], 1, dtype=tl.int32)
     wt, qgt, kend, klo, vt, ainvt, mqkt, gamma = load_chunk(
         v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0,
-        i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT, KSPLIT)
+        i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
     for i_t in range(0, n_chunks):
         if CKC > 0:
             if WRITE_O:
                 # the checkpoint of the chunk before, stored before the next chunk's operands
                 # are loaded (fewer registers live than after)
                 if ck_due != 0:
-                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+                    if REDO:
+                        if writing != 0:
+                            store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+                    else:
+                        store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
                     ck_row += 1
         nwt, nqgt, nkend, nklo, nvt, nainvt, nmqkt, ngamma = load_chunk(
             v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
-            c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT, DT, KSPLIT)
-        Sd = St.to(DT)
-        ud = (tl.dot(vt, ainvt, input_precision="tf32")
-              - tl.dot(Sd, wt, input_precision="tf32")).to(DT)
+            c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
+        if REDO:
+            ot = tl.zeros([o_v.shape[0], BT], dtype=tl.float32)
+            if writing == 0:
+                S16, _ = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT, False)
+                if not_finite(S16) == 0:
+                    St = S16
+                else:
+                    St, ot = switch_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma)
+                    writing += 1
+            else:
+                St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma,
+                                    tl.float32, True)
+        else:
+            St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT, WRITE_O)
         if WRITE_O:
-            ot = tl.dot(Sd, qgt, input_precision="tf32") + tl.dot(ud, mqkt,
-                                                                  input_precision="tf32")
-            rows = bos + i_t * BT + o_r
-            offs_vt = (rows[None, :] * H + i_h) * V + o_v[:, None]
-            tl.store(o_ptr + offs_vt, ot.to(o_ptr.dtype.element_ty),
-                     mask=v_ok[:, None] & (rows < eos)[None, :])
-        St = St * gamma[None, :] + tl.dot(ud, kend, input_precision="tf32")
-        if KSPLIT:
-            St += tl.dot(ud, klo, input_precision="tf32")
+            if REDO:
+                if writing != 0:
+                    store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
+            else:
+                store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
         if CKC > 0:
             if WRITE_O:
                 ck_count += 1
@@ -152,15 +227,12 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
     if CKC > 0:
         if WRITE_O:
             if ck_due != 0:  # the last chunk's
-                store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+                if REDO:
+                    if writing != 0:
+                        store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+                else:
+                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
     return St
-
-
-@triton.jit
-def not_finite(St):
-    """1 if any entry of S^T is inf or NaN (an fp16 overflow leaves one for good)."""
-    bad = ((St != St) | (tl.abs(St) == float("inf"))).to(tl.int32)
-    return tl.max(tl.max(bad, 1), 0)
 
 
 @triton.jit
@@ -180,7 +252,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
                   DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
-                  KSPLIT: tl.constexpr = True):
+                  REDO: tl.constexpr = False):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -199,7 +271,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       o_ptr, bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, KSPLIT)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, REDO)
 
 
 @triton.jit
@@ -213,10 +285,10 @@ def chunk_kda_recurrent_kernel(
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
-    FLAG: tl.constexpr = 0, flag_ptr=None, KSPLIT: tl.constexpr = True,
+    FLAG: tl.constexpr = 0, flag_ptr=None,
 ):
     # the guard in two launches (FLAG 1: every program writes its flag, 1 when its state is
-    # not finite, and then writes no final state; FLAG 2: the tf32 redo, only the flagged
+    # not finite, and then writes no final state; FLAG 2: the redo, only the flagged
     # programs). Every program of the first launch writes its flag, so the flags need no
     # zeroing (a memset launch less)
     lin = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
@@ -260,18 +332,27 @@ def chunk_kda_recurrent_kernel(
     if HAS_IDX:
         i_row = tl.load(idx_ptr + i_n).to(tl.int64)
 
-    St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr,
-                       mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v, v_ok, H, K, V,
-                       BT, BV, HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base, j0, i_v * BV, CKC,
-                       KSPLIT)
-    if GUARD:
-        # the fp16 products overflowed (or the input was not finite): redo with tf32 products
-        # from the start state loaded again (kept, it would cost 64 registers in the loop)
-        if not_finite(St) != 0:
-            St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
-                               ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h,
-                               o_v, v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, tl.float32,
-                               ck_ptr, ck_base, j0, i_v * BV, CKC, KSPLIT)
+    # pass 1's redo is the whole segment in tf32; passes 0 and 2 resume (module docstring)
+    redo_dt: tl.constexpr = tl.float32 if PASS == 1 else DT
+    redo: tl.constexpr = PASS != 1
+    if FLAG == 2:
+        St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
+                           ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v,
+                           v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, redo_dt, ck_ptr,
+                           ck_base, j0, i_v * BV, CKC, redo)
+    else:
+        St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
+                           ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v,
+                           v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base,
+                           j0, i_v * BV, CKC)
+        if GUARD:
+            # the fp16 products overflowed (or the input was not finite): redo (the start
+            # state loaded again: kept, it would cost 64 registers in the loop)
+            if not_finite(St) != 0:
+                St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
+                                   ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row,
+                                   i_h, o_v, v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS,
+                                   redo_dt, ck_ptr, ck_base, j0, i_v * BV, CKC, redo)
 
     ok = 1
     if FLAG == 1:
@@ -298,29 +379,25 @@ def chunk_kda_recurrent(
     v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
-    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, direct=True,
+    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0,
 ):
     """Launch stage 2. Returns o (like v).
 
-    ``segments`` (an int32 table [S, 6], ``kernels.plan``) selects the sequence-parallel
-    passes named in ``passes`` (1: summaries into ``summary`` [S, H, V + K, K] fp32; 2:
-    outputs from the combined start states); without it one serial pass (0) per sequence.
-    ``o``: write the outputs there (pass 2 completes pass 1's). ``state_indices`` [N]: the
-    initial and final states are rows of a pool (``initial_state`` and ``final_state`` both
-    the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each sequence's first row)
-    and ``checkpoint_chunks`` > 0: the state every that many chunks (``run_chunks``),
-    stored through a tensor descriptor. ``klo``: KEND's rounding error (stage 1's KLO; None:
-    KEND alone, a measurement candidate). ``guard``: the fp16 range guard's redo in the same
-    launch (True), in a second launch (``"launch"``), or none (False). ``direct``: launch
-    through ``launch.py`` (False: ``kernel[grid]`` every call; the checkpoints' descriptor
-    is keyed there like any argument).
+    ``segments`` (an int32 table [S, 6], ``launch_plan.segment_table``) selects the
+    sequence-parallel passes named in ``passes`` (1: summaries into ``summary``
+    [S, H, V + K, K] fp32; 2: outputs from the combined start states); without it one serial
+    pass (0) per sequence. ``o``: write the outputs there (pass 2 completes pass 1's).
+    ``state_indices`` [N]: the initial and final states are rows of a pool (``initial_state``
+    and ``final_state`` both the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each
+    sequence's first row) and ``checkpoint_chunks`` > 0: the state every that many chunks
+    (``run_chunks``), stored through a tensor descriptor. ``guard``: the fp16 guard's redo in
+    the same launch (True), in a second launch (``"launch"``), or none (False: tf32
+    products).
     """
-    import torch
-
     B, T, H, V = v.shape
     K = w.shape[-1]
     if o is None:
-        o = buffer_like(v)
+        o = torch.empty_like(v)
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
     if checkpoints is not None and checkpoints.shape[0] == 0:
@@ -335,10 +412,9 @@ def chunk_kda_recurrent(
         checkpoints = TensorDescriptor.from_tensor(view, box)
     common = dict(H=H, K=K, V=V, BT=CHUNK, BV=block_v, HAS_H0=initial_state is not None,
                   STORE_HT=final_state is not None, STATE_VK=state_vk,
-                  IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard,
+                  IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard is True,
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
                   CKC=checkpoint_chunks if checkpoints is not None else 0,
-                  KSPLIT=klo is not None,
                   num_warps=num_warps, num_stages=num_stages)
     for pass_ in passes:
         if pass_ == 0:
@@ -346,17 +422,15 @@ def chunk_kda_recurrent(
         else:
             rows = V + K if pass_ == 1 else V
             grid = (segments.shape[0] * H, -(-rows // block_v))
-        args = (v, w, qg, kend, opt(klo), ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
+        args = (v, w, qg, kend, klo, ainv, mqk, gamma, opt(initial_state), opt(final_state), o,
                 opt(summary), opt(cu_seqlens), opt(chunk_offsets), opt(seq_order),
                 opt(segments), T)
         kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
                   ck_offsets_ptr=checkpoint_offsets, PASS=pass_)
         if guard == "launch":  # the redo as a second launch (flags: one a program)
-            flags = new_buffer((math.prod(grid),), device=v.device, dtype=torch.int32)
-            launch(chunk_kda_recurrent_kernel, grid, args,
-                   dict(kw, GUARD=False, FLAG=1, flag_ptr=flags), direct=direct)
-            launch(chunk_kda_recurrent_kernel, grid, args,
-                   dict(kw, GUARD=False, FLAG=2, DT=tl.float32, flag_ptr=flags), direct=direct)
+            flags = torch.empty((math.prod(grid),), device=v.device, dtype=torch.int32)
+            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, FLAG=1, flag_ptr=flags))
+            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, FLAG=2, flag_ptr=flags))
         else:
-            launch(chunk_kda_recurrent_kernel, grid, args, kw, direct=direct)
+            chunk_kda_recurrent_kernel[grid](*args, **kw)
     return o

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .chunk_kda import chunk_kda_fwd
+from .api import chunk_kda_fwd
 from .decode import kda_decode
 
 __all__ = ["chunk_kda_fwd_op", "kda_decode_op"]
@@ -32,11 +32,13 @@ def kda_decode_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, stat
                   dt_bias: Optional[Tensor] = None,
                   num_accepted_tokens: Optional[Tensor] = None,
                   cu_seqlens: Optional[Tensor] = None, scale: Optional[float] = None,
-                  lower_bound: float = -5.0, use_qk_l2norm: bool = True,
-                  beta_is_logits: bool = True, state_layout: str = "KV") -> Tensor:
+                  lower_bound: Optional[float] = -5.0, gate: str = "raw",
+                  use_qk_l2norm: bool = True, beta_is_logits: bool = True,
+                  state_layout: str = "KV") -> Tensor:
     """``kernels.kda_decode`` as an op: returns o, updates ``state_pool`` in place."""
     return kda_decode(q, k, v, g, beta, state_pool=state_pool, state_indices=state_indices,
                       scale=scale, A_log=A_log, dt_bias=dt_bias, lower_bound=lower_bound,
+                      gate=gate,
                       use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
                       state_layout=state_layout, num_accepted_tokens=num_accepted_tokens,
                       cu_seqlens=cu_seqlens)
@@ -44,7 +46,7 @@ def kda_decode_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, stat
 
 @kda_decode_op.register_fake
 def _(q, k, v, g, beta, state_pool, state_indices, A_log=None, dt_bias=None,
-      num_accepted_tokens=None, cu_seqlens=None, scale=None, lower_bound=-5.0,
+      num_accepted_tokens=None, cu_seqlens=None, scale=None, lower_bound=-5.0, gate="raw",
       use_qk_l2norm=True, beta_is_logits=True, state_layout="KV"):
     return torch.empty_like(v)
 
@@ -56,14 +58,14 @@ def chunk_kda_fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                      state_pool: Optional[Tensor] = None,
                      state_indices: Optional[Tensor] = None,
                      cu_seqlens: Optional[Tensor] = None, scale: Optional[float] = None,
-                     lower_bound: float = -5.0, use_qk_l2norm: bool = True,
-                     beta_is_logits: bool = True, state_layout: str = "KV",
-                     output_final_state: bool = False, checkpoint_every: int = 0,
-                     ) -> tuple[Tensor, Tensor, Tensor]:
+                     lower_bound: Optional[float] = -5.0, gate: str = "raw",
+                     use_qk_l2norm: bool = True, beta_is_logits: bool = True,
+                     state_layout: str = "KV", output_final_state: bool = False,
+                     checkpoint_every: int = 0) -> tuple[Tensor, Tensor, Tensor]:
     """``kernels.chunk_kda_fwd`` as an op: (o, final state or [0], checkpoints or [0])."""
     out = chunk_kda_fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                         output_final_state=output_final_state, A_log=A_log, dt_bias=dt_bias,
-                        lower_bound=lower_bound, cu_seqlens=cu_seqlens,
+                        lower_bound=lower_bound, gate=gate, cu_seqlens=cu_seqlens,
                         use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits,
                         state_layout=state_layout, state_pool=state_pool,
                         state_indices=state_indices,
@@ -76,8 +78,9 @@ def chunk_kda_fwd_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
 
 @chunk_kda_fwd_op.register_fake
 def _(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None, state_pool=None,
-      state_indices=None, cu_seqlens=None, scale=None, lower_bound=-5.0, use_qk_l2norm=True,
-      beta_is_logits=True, state_layout="KV", output_final_state=False, checkpoint_every=0):
+      state_indices=None, cu_seqlens=None, scale=None, lower_bound=-5.0, gate="raw",
+      use_qk_l2norm=True, beta_is_logits=True, state_layout="KV", output_final_state=False,
+      checkpoint_every=0):
     B, T, HV, V = v.shape
     K = q.shape[-1]
     n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1

@@ -19,37 +19,6 @@ from __future__ import annotations
 
 import torch
 
-from .replay import new_buffer
-from .shapes import check_state_pool
-
-_INTS = (torch.int32, torch.int64)
-
-
-def validate_pool(state_pool, state_indices, initial_state, checkpoint_every, *, num_seqs, H,
-                  K, V, state_layout, device):
-    """The pool's and the checkpoints' arguments (shapes, dtypes, device; index contents are
-    not read: that would sync the host)."""
-    if (state_pool is None) != (state_indices is None):
-        raise ValueError("state_pool and state_indices go together (give both or neither)")
-    if state_pool is not None:
-        if initial_state is not None:
-            raise ValueError("initial_state cannot be given with state_pool (the initial "
-                             "states are the pool's rows at state_indices)")
-        check_state_pool(state_pool, HV=H, K=K, V=V, state_layout=state_layout)
-        if not isinstance(state_indices, torch.Tensor) or state_indices.dtype not in _INTS \
-                or tuple(state_indices.shape) != (num_seqs,):
-            raise ValueError(f"state_indices must be an int32/int64 tensor of shape "
-                             f"({num_seqs},), one pool row a sequence")
-        for x in (state_pool, state_indices):
-            if x.device != device:
-                raise ValueError(f"state_pool and state_indices must be on {device}, "
-                                 f"got {x.device}")
-    if checkpoint_every is not None:
-        c = checkpoint_every
-        if isinstance(c, bool) or not isinstance(c, int) or c <= 0 or c % 16:
-            raise ValueError(f"checkpoint_every must be a positive multiple of 16 (tokens), "
-                             f"got {c!r}")
-
 
 def checkpoint_offsets(cu_seqlens: torch.Tensor, checkpoint_every: int) -> torch.Tensor:
     """Each sequence's first checkpoint row (module docstring), int64 on cu_seqlens' device,
@@ -74,5 +43,6 @@ def checkpoint_buffer(seqs, B, T, H, K, V, checkpoint_every, *, state_layout, dt
     offsets, count = checkpoint_table(seqs, checkpoint_every)
     rows = B * (T // checkpoint_every)
     shape = (rows, H, V, K) if state_layout == "VK" else (rows, H, K, V)
-    # a buffer of the call (replay.py: a replayed call zeroes the same rows)
-    return new_buffer(shape, device=seqs.device, dtype=dtype, zero_from=count), offsets
+    ck = torch.empty(shape, device=seqs.device, dtype=dtype)
+    ck[count:].zero_()
+    return ck, offsets

@@ -9,7 +9,7 @@ import weakref
 
 import torch
 
-from .plan import CHUNK, LaunchPlan, segment_table
+from .launch_plan import CHUNK, LaunchPlan, segment_table
 
 
 class Sequences:
@@ -43,12 +43,6 @@ class Sequences:
         #: checkpoint interval -> (each sequence's first checkpoint row, int32 on the device;
         #: the number of checkpoints): ``pool.checkpoint_table``
         self.checkpoint_tables: dict[int, tuple[torch.Tensor, int]] = {}
-
-    def tensors(self) -> list:
-        """Every table on the device (a replayed call reads them: ``replay.py``)."""
-        return [self.cu32, self.chunk_table, self.chunk_offsets, self.seq_order,
-                *[t for table, offs, _ in self._segments.values() for t in (table, offs)],
-                *[offs for offs, _ in self.checkpoint_tables.values()]]
 
     def segments(self, segment_chunks: int):
         """(segment table, seg_offsets, segment count) on the device, per segment length."""

@@ -1,0 +1,362 @@
+"""Training speed, memory and gradient accuracy of kdalab.kernels.chunk_kda against fla's
+chunk_kda (its own Triton forward and backward), in one process (H200).
+
+    python benchmarks/bench_train.py [--shapes a,b] [--rounds 3] [--json out.json]
+        [--accuracy] [--variants] [--quick]
+
+1. Speed (the issue-11 grid of bench_kernel.py, bf16, K = V = 128, model-like inputs, the
+   lower-bounded gate): forward + backward (``torch.autograd.grad`` of o and the final state
+   with dO, dHT drawn once) and the backward alone (of a forward kept), median of
+   ``triton.testing.do_bench`` over interleaved rounds, kdalab against fla, with the floor
+   beside each figure: the bytes a training step must move (the inputs read twice, dO, the
+   gradients written, the forward's kept states) at the copy bandwidth measured in this run,
+   and the products' FLOPs (counted below) at the bf16 rate measured in this run.
+2. Memory: the peak allocated during one forward + backward above what the inputs hold
+   (``torch.cuda.max_memory_allocated``), each.
+3. Accuracy (``--accuracy``): each gradient's relative RMS error against autograd through the
+   fp64 token recurrence (kdalab.kda.reference_forward), T = 1024, H = 4, on model-like,
+   collinear and weak-decay inputs and the three gates, kdalab's and fla's on the same inputs.
+4. ``--variants``: the reverse pass's product operand types (``autograd.BWD_PRODUCTS``), speed
+   at two shapes and accuracy at T = 1024.
+
+Rows go to stdout as JSON lines and with ``--json`` into the BENCHMARKS.md JSON (raw figures
+into the stem + ``.raw.json``). fla autotunes each new shape (30-90 s, forward and backward):
+its first call per shape is outside the timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernel import GRID, SHAPES, make_inputs  # noqa: E402
+
+from kdalab.arith import rel_rmse  # noqa: E402
+from kdalab.inputs.sequences import draw, preset  # noqa: E402
+from kdalab.kda import reference_forward  # noqa: E402
+from kdalab.kernels import chunk_kda  # noqa: E402
+from kdalab.kernels import autograd as kernel_autograd  # noqa: E402
+
+LOWER_BOUND = -5.0
+D = 128
+LEAVES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "h0")
+
+
+def _fla():
+    os.environ["FLA_FLASH_KDA"] = "0"  # grads are on anyway: fla's own Triton path
+    try:
+        from fla.ops.kda import chunk_kda as fla
+    except Exception as exc:  # noqa: BLE001 - a missing peer is reported and skipped
+        print(json.dumps(dict(peer="fla", skipped=repr(exc)[:200])), flush=True)
+        return None
+    return fla
+
+
+def _runners(fla, gate="lower_bound"):
+    """(kdalab, fla) forward functions on a dict of leaves (states VK: every kernel's)."""
+    lb = LOWER_BOUND if gate == "lower_bound" else None
+
+    def mine(x):
+        kw = dict(gate="log_decay") if gate == "log_decay" else dict(
+            A_log=x["A_log"], dt_bias=x["dt_bias"])
+        return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb,
+                         initial_state=x.get("h0"), output_final_state=True,
+                         cu_seqlens=x.get("cu"), state_layout="VK", **kw)
+
+    def theirs(x):
+        return fla(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"),
+                   dt_bias=None if x.get("dt_bias") is None else x["dt_bias"].reshape(-1),
+                   lower_bound=lb, initial_state=x.get("h0"), output_final_state=True,
+                   cu_seqlens=x.get("cu"), state_v_first=True, use_qk_l2norm_in_kernel=True,
+                   use_gate_in_kernel=gate != "log_decay", use_beta_sigmoid_in_kernel=True,
+                   safe_gate=lb is not None)
+    return mine, (theirs if fla is not None else None)
+
+
+def _leaves(x, gate="lower_bound"):
+    out = {n: x[n] for n in ("q", "k", "v", "g", "beta")}
+    if gate == "log_decay":
+        out["g"] = out["g"].float().neg().abs().neg() * 0.1  # a log-decay <= 0
+    else:
+        out.update(A_log=x["A_log"], dt_bias=x["dt_bias"])
+    if x.get("h0") is not None:
+        out["h0"] = x["h0"]
+    out = {n: t.detach().clone().requires_grad_(True) for n, t in out.items()}
+    if x.get("cu") is not None:
+        out["cu"] = x["cu"]
+    return out
+
+
+def _step(fn, x, do, dht):
+    """forward + backward: the gradients of every leaf."""
+    leaves = [x[n] for n in LEAVES if n in x]
+    o, s = fn(x)
+    return torch.autograd.grad((o, s), leaves, (do, dht.to(s.dtype)))
+
+
+def copy_bandwidth():
+    src = torch.empty(2 ** 28, device="cuda", dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms = triton.testing.do_bench(lambda: dst.copy_(src), rep=200, return_mode="median")
+    return 2 * 2 ** 30 / (ms * 1e-3)
+
+
+def matmul_rate():
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = triton.testing.do_bench(lambda: a @ b, rep=200, return_mode="median")
+    return 2 * 8192 ** 3 / (ms * 1e-3)
+
+
+def floor_ms(tokens, H, bw, rate, chunks, state):
+    """The floor of a training step: bytes (read q, k, v, g twice, β, dO; write o, the four
+    gradients and dβ; the forward's states every 64 tokens written and read, fp32) over the
+    copy bandwidth, and FLOPs over the bf16 rate: the forward's products per chunk and head
+    (stage 1: Q·K^T, K·K^T, W at 16 x 16 x K; stage 2: U, O and the state update in two parts
+    at 16 x K x V, and the 16 x 16 x V ones), the backward's (the forward again, and 10
+    products at 16 x K x V: dU, dV, dS (two), dQG, dW, dKEND, dMQK, dAINV, the block's
+    state), taken as the larger."""
+    K = V = D
+    tok = tokens * H
+    nbytes = tok * (4 * K * 2 * 2 + 2 * 2 + V * 2 * 2 + 4 * K * 2 + 2) + \
+        (tokens // 64) * H * K * V * 4 * 2 + (2 * H * K * V * 4 if state else 0)
+    fwd = chunks * H * (3 * 2 * 16 * 16 * K + 4 * 2 * 16 * K * V + 2 * 2 * 16 * 16 * V)
+    bwd = fwd + chunks * H * 10 * 2 * 16 * K * V
+    return max(nbytes / bw, (fwd + bwd) / rate) * 1e3, nbytes, fwd + bwd
+
+
+def interleaved(fns, rounds, rep=40):
+    times = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            if fn is None:
+                continue
+            try:
+                times[n].append(triton.testing.do_bench(fn, rep=rep, return_mode="median"))
+            except Exception as exc:  # noqa: BLE001 - keep the other contenders' rows
+                times[n] = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+    return {n: (sorted(t)[len(t) // 2] if isinstance(t, list) and t else t)
+            for n, t in times.items()}
+
+
+def peak_mb(fn, x, do, dht):
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grads = _step(fn, x, do, dht)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del grads
+    return peak / 2 ** 20
+
+
+def speed_rows(names, rounds, bw, rate, fla):
+    rows = []
+    for name in names:
+        shape = SHAPES[name]
+        x = _leaves(make_inputs(shape))
+        mine, theirs = _runners(fla)
+        o, s = mine(x)
+        gen = torch.Generator().manual_seed(5)
+        do = torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
+        dht = torch.randn(s.shape, generator=gen).cuda()
+        del o, s
+        row = dict(shape=name)
+        t0 = time.time()
+        for fn in (mine, theirs):  # compile / autotune outside the timing
+            if fn is not None:
+                try:
+                    _step(fn, x, do, dht)
+                except Exception as exc:  # noqa: BLE001
+                    row[f"{'kdalab' if fn is mine else 'fla'}_error"] = repr(exc)[:200]
+        row["warm_s"] = round(time.time() - t0, 1)
+        fns = {"kdalab": lambda: _step(mine, x, do, dht)}
+        if theirs is not None and "fla_error" not in row:
+            fns["fla"] = lambda: _step(theirs, x, do, dht)
+        # the backward alone: of one forward kept (retain_graph)
+        kept = {}
+        for n, fn in (("kdalab", mine), ("fla", theirs if "fla" in fns else None)):
+            if fn is None:
+                continue
+            o, s = fn(x)
+            leaves = [x[m] for m in LEAVES if m in x]
+            kept[n] = (o, s, leaves)
+            fns[f"{n}_bwd"] = (lambda o=o, s=s, leaves=leaves: torch.autograd.grad(
+                (o, s), leaves, (do, dht.to(s.dtype)), retain_graph=True))
+        ms = interleaved(fns, rounds)
+        for n, v in ms.items():
+            row[f"{n}_ms"] = v
+        kept.clear()
+        for n in ("kdalab", "fla"):
+            if n in fns:
+                row[f"{n}_peak_mb"] = peak_mb(mine if n == "kdalab" else theirs, x, do, dht)
+        _, B, T, H, lens, state = shape
+        tokens = B * T
+        chunks = sum(-(-L // 16) for L in lens) if lens else B * -(-T // 16)
+        row["floor_ms"], row["bytes"], row["flops"] = floor_ms(tokens, H, bw, rate, chunks,
+                                                               state)
+        if isinstance(row.get("fla_ms"), float) and isinstance(row.get("kdalab_ms"), float):
+            row["speedup"] = row["fla_ms"] / row["kdalab_ms"]
+        if isinstance(row.get("fla_bwd_ms"), float) and isinstance(row.get("kdalab_bwd_ms"),
+                                                                   float):
+            row["speedup_bwd"] = row["fla_bwd_ms"] / row["kdalab_bwd_ms"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+        del x
+        torch.cuda.empty_cache()
+    return rows
+
+
+FAMILIES = ("model_like", "collinear", "weak_decay_correlated")
+
+
+def accuracy_rows(fla, gates=("lower_bound", "unbounded", "log_decay"), T=1024, H=4):
+    rows = []
+    for family in FAMILIES:
+        for gate in gates:
+            if family != "model_like" and gate != "lower_bound":
+                continue
+            spec = preset(family, T=T, batch=1, heads=H, K=D, V=D,
+                          lower_bound=LOWER_BOUND if gate == "lower_bound" else None,
+                          initial_state="fp32")
+            d = draw(spec, 0, "cuda")
+            base = dict(q=d["q"], k=d["k"], v=d["v"], g=d["g"], beta=d["beta"],
+                        A_log=d["A_log"], dt_bias=d["dt_bias"], h0=d["initial_state"])
+            x = _leaves(base, gate)
+            mine, theirs = _runners(fla, gate)
+            o, s = mine(x)
+            gen = torch.Generator().manual_seed(11)
+            do = torch.randn(o.shape, generator=gen).to(o.device, o.dtype)
+            dht = torch.randn(s.shape, generator=gen).cuda()
+            ref_x = {n: (t.detach().double().requires_grad_(True) if torch.is_tensor(t)
+                         and n != "cu" else t) for n, t in x.items()}
+            mode = "log_decay" if gate == "log_decay" else gate
+            ro, rs = reference_forward(
+                ref_x["q"], ref_x["k"], ref_x["v"], ref_x["g"], ref_x["beta"],
+                A_log=ref_x.get("A_log"), dt_bias=ref_x.get("dt_bias"),
+                lower_bound=LOWER_BOUND if gate == "lower_bound" else None, gate=mode,
+                initial_state=ref_x["h0"], output_final_state=True, state_layout="VK")
+            leaves = [ref_x[n] for n in LEAVES if n in ref_x]
+            want = torch.autograd.grad((ro, rs), leaves, (do.double(), dht.double()))
+            row = dict(family=family, gate=gate, T=T, H=H)
+            for who, fn in (("kdalab", mine), ("fla", theirs)):
+                if fn is None:
+                    continue
+                try:
+                    got = _step(fn, x, do, dht)
+                except Exception as exc:  # noqa: BLE001
+                    row[f"{who}_error"] = repr(exc)[:200]
+                    continue
+                names = [n for n in LEAVES if n in x]
+                for n, a, b in zip(names, got, want, strict=True):
+                    row[f"{who}_d{n}"] = float(rel_rmse(a.double(), b, a.dim()))
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    return rows
+
+
+def variant_rows(fla, names, rounds):
+    rows = []
+    variants = {"s_fp32_ds_fp32": (torch.float32, torch.float32),
+                "s_bf16_ds_fp32": (torch.bfloat16, torch.float32),
+                "s_bf16_ds_bf16": (torch.bfloat16, torch.bfloat16),
+                "s_fp16_ds_bf16": (torch.float16, torch.bfloat16)}
+    saved = dict(kernel_autograd.BWD_PRODUCTS)
+    try:
+        for vname, (sd, dd) in variants.items():
+            kernel_autograd.BWD_PRODUCTS.update(s_dtype=sd, ds_dtype=dd)
+            for name in names:
+                x = _leaves(make_inputs(SHAPES[name]))
+                mine, _ = _runners(None)
+                o, s = mine(x)
+                do = torch.randn_like(o)
+                dht = torch.randn(s.shape, device="cuda")
+                del o, s
+                _step(mine, x, do, dht)
+                ms = interleaved({"k": lambda: _step(mine, x, do, dht)}, rounds)["k"]
+                row = dict(variant=vname, shape=name, kdalab_ms=ms)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
+            acc = accuracy_rows(None, gates=("lower_bound",))
+            for r in acc:
+                rows.append(dict(r, variant=vname))
+    finally:
+        kernel_autograd.BWD_PRODUCTS.clear()
+        kernel_autograd.BWD_PRODUCTS.update(saved)
+    return rows
+
+
+def to_json_rows(bw, rate, speed, acc):
+    out = [dict(target="H200 copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 2),
+                unit="TB/s"),
+           dict(target="H200 bf16 matmul rate (8192^3)", value=round(rate / 1e12, 1),
+                unit="TFLOP/s")]
+    ratios = []
+    for r in speed:
+        if "speedup" in r:
+            ratios.append(r["speedup"])
+            out.append(dict(
+                target=f"train {r['shape']}: kdalab vs fla forward+backward", unit="x",
+                value=round(r["speedup"], 3),
+                note=(f"kdalab {r['kdalab_ms']:.3f} ms, fla {r['fla_ms']:.3f} ms, floor "
+                      f"{r['floor_ms']:.3f} ms ({r['kdalab_ms'] / r['floor_ms']:.1f}x it); "
+                      f"backward alone {r.get('kdalab_bwd_ms', float('nan')):.3f} vs "
+                      f"{r.get('fla_bwd_ms', float('nan')):.3f} ms; peak memory "
+                      f"{r.get('kdalab_peak_mb', float('nan')):.0f} vs "
+                      f"{r.get('fla_peak_mb', float('nan')):.0f} MiB")))
+    if ratios:
+        out.append(dict(target="train: geometric mean over the shapes, kdalab vs fla", unit="x",
+                        value=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
+                        note=f"{len(ratios)} shapes; slowest {min(ratios):.3f}x"))
+    for r in acc:
+        for n in LEAVES:
+            if f"kdalab_d{n}" in r:
+                fla_err = r.get(f"fla_d{n}")
+                out.append(dict(
+                    target=f"grad {r['family']} {r['gate']}: d{n} rel RMS vs fp64 (kdalab)",
+                    unit="rel", value=float(f"{r[f'kdalab_d{n}']:.3g}"),
+                    note=f"fla {fla_err:.3g}" if isinstance(fla_err, float) else "fla n/a"))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=None, help="comma-separated grid shape names")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--accuracy", action="store_true")
+    ap.add_argument("--variants", default=None,
+                    help="comma-separated shapes at which to time the product variants")
+    ap.add_argument("--no-speed", action="store_true")
+    args = ap.parse_args()
+    names = args.shapes.split(",") if args.shapes else [s[0] for s in GRID]
+    fla = _fla()
+    bw, rate = copy_bandwidth(), matmul_rate()
+    print(json.dumps(dict(copy_bw_tbs=bw / 1e12, bf16_tflops=rate / 1e12)), flush=True)
+    speed = [] if args.no_speed else speed_rows(names, args.rounds, bw, rate, fla)
+    acc = accuracy_rows(fla) if args.accuracy else []
+    var = variant_rows(fla, args.variants.split(","), args.rounds) if args.variants else []
+    if args.json:
+        doc = dict(benchmark="train_h200", device=torch.cuda.get_device_name(),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   commit=os.environ.get("KDALAB_COMMIT", "unknown"),
+                   command="python benchmarks/bench_train.py " + " ".join(sys.argv[1:]),
+                   rows=to_json_rows(bw, rate, speed, acc))
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1)
+        with open(args.json.replace(".json", ".raw.json"), "w") as fh:
+            json.dump(dict(speed=speed, accuracy=acc, variants=var), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,246 @@
+"""The differentiable ``chunk_kda``: a torch custom op (``torch.ops.kdalab.chunk_kda``) with its
+backward registered (``torch.library.register_autograd``), so that autograd and
+``torch.compile(fullgraph=True)`` see one opaque operator each way.
+
+Forward: stage 1, then stage 2 keeping the state every 64 tokens (fp32; the checkpoints of
+``pool.py``, written from the recurrence as it runs). Saved for the backward: the inputs (no
+copies) and those states. Nothing of stage 1 is kept: the backward forms it again.
+
+Backward (docs/training.md): stage 1 again, the reverse pass (``chunk_recurrent_bwd.py``,
+serial or sequence-parallel as the forward's plan), then stage 1's backward
+(``chunk_prepare_bwd.py``); GVA's heads and the per-chunk parameter gradients are summed on the
+host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .api import _sm_count, contiguous, forward_stage2, prepare
+from .chunk_combine import chunk_kda_combine
+from .chunk_prepare_bwd import chunk_kda_prepare_bwd
+from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
+from .config import DEFAULT_CONFIG, KernelConfig
+from .contract import prefill_problem
+
+__all__ = ["chunk_kda"]
+
+#: the forward keeps the state every this many tokens for the backward
+SAVE_EVERY = 16 * CKC
+#: the reverse pass's operand types for its products with S and with dS (fp32: tf32
+#: products; docs/training.md "Precision")
+BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
+
+
+def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
+    none = lambda x: None if x < 0 else x  # noqa: E731 - the op's ints: -1 for None
+    return KernelConfig(dot=dot, block_v=none(block_v), num_warps=none(num_warps),
+                        prepare_warps=none(prepare_warps), segment_chunks=none(segment_chunks),
+                        fp16_guard=fp16_guard)
+
+
+def _problem(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, lower_bound,
+             gate, use_qk_l2norm, beta_is_logits, state_layout, config):
+    return prefill_problem(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                           A_log=A_log, dt_bias=dt_bias, gate=gate, lower_bound=lower_bound,
+                           cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+                           beta_is_logits=beta_is_logits, state_layout=state_layout,
+                           config=config)
+
+
+@torch.library.custom_op("kdalab::chunk_kda", mutates_args=())
+def chunk_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+                 A_log: Optional[Tensor], dt_bias: Optional[Tensor],
+                 initial_state: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                 scale: Optional[float], lower_bound: Optional[float], gate: str,
+                 use_qk_l2norm: bool, beta_is_logits: bool, state_layout: str,
+                 output_final_state: bool, dot: str, block_v: int, num_warps: int,
+                 prepare_warps: int, segment_chunks: int, fp16_guard: str,
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+    """(o, final state or [0], the states the backward reads)."""
+    config = _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard)
+    p = _problem(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+                 lower_bound, gate, use_qk_l2norm, beta_is_logits, state_layout, config)
+    q, k, v, g, beta, A_log, dt_bias, h0 = contiguous(q, k, v, g, beta, A_log, dt_bias,
+                                                      initial_state)
+    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config)
+    o, final, ck = forward_stage2(v, c, h0, config, output_final_state=output_final_state,
+                                  checkpoint_every=SAVE_EVERY, checkpoint_dtype=torch.float32)
+    return o, (final if final is not None else v.new_empty(0)), ck
+
+
+@chunk_kda_op.register_fake
+def _(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, lower_bound, gate,
+      use_qk_l2norm, beta_is_logits, state_layout, output_final_state, dot, block_v,
+      num_warps, prepare_warps, segment_chunks, fp16_guard):
+    B, T, H, V = v.shape
+    K = q.shape[-1]
+    n = B if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    tail = (H, V, K) if state_layout == "VK" else (H, K, V)
+    dtype = initial_state.dtype if initial_state is not None else torch.float32
+    final = v.new_empty((n, *tail), dtype=dtype) if output_final_state else v.new_empty(0)
+    ck = v.new_empty((B * (T // SAVE_EVERY), *tail), dtype=torch.float32)
+    return torch.empty_like(v), final, ck
+
+
+@torch.library.custom_op("kdalab::chunk_kda_bwd", mutates_args=())
+def chunk_kda_bwd_op(do: Tensor, dht: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
+                     g: Tensor, beta: Tensor, A_log: Optional[Tensor],
+                     dt_bias: Optional[Tensor], initial_state: Optional[Tensor],
+                     checkpoints: Tensor, cu_seqlens: Optional[Tensor],
+                     scale: Optional[float], lower_bound: Optional[float], gate: str,
+                     use_qk_l2norm: bool, beta_is_logits: bool, state_layout: str,
+                     dot: str, block_v: int, num_warps: int, prepare_warps: int,
+                     segment_chunks: int, fp16_guard: str) -> list[Tensor]:
+    """[dq, dk, dv, dg, dbeta, dA_log or [0], ddt_bias or [0], dh0 or [0]]."""
+    config = _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard)
+    p = _problem(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale,
+                 lower_bound, gate, use_qk_l2norm, beta_is_logits, state_layout, config)
+    grads = backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoints,
+                     cu_seqlens, p, config)
+    return [x if x is not None else v.new_empty(0) for x in grads]
+
+
+@chunk_kda_bwd_op.register_fake
+def _(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoints, cu_seqlens,
+      scale, lower_bound, gate, use_qk_l2norm, beta_is_logits, state_layout, dot, block_v,
+      num_warps, prepare_warps, segment_chunks, fp16_guard):
+    like = lambda x: torch.empty_like(x) if x is not None else v.new_empty(0)  # noqa: E731
+    return [like(q), like(k), like(v), like(g), like(beta), like(A_log), like(dt_bias),
+            like(initial_state)]
+
+
+def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoints,
+             cu_seqlens, p, config: KernelConfig):
+    """The gradients (dq, dk, dv, dg, dbeta, dA_log, ddt_bias, dh0), each like its input
+    (None where the input is absent)."""
+    dt_shape = None if dt_bias is None else dt_bias.shape
+    q, k, v, g, beta, A_log, dt_bias, h0 = contiguous(q, k, v, g, beta, A_log, dt_bias,
+                                                      initial_state)
+    do = do.contiguous()
+    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config)
+    seqs, plan = c.seqs, c.plan
+    if dht is not None:
+        dht = dht.contiguous()
+    B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
+    block_v = min(V, 128)
+    common = dict(initial_state=h0, checkpoints=checkpoints,
+                  checkpoint_offsets=_offsets(seqs), dht=dht, state_vk=p.state_vk,
+                  cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
+                  num_seqs=p.num_seqs, num_chunks=seqs.num_chunks, block_v=block_v,
+                  num_warps=8, programs=2 * _sm_count(v.device),
+                  dh0_dtype=torch.float32, **BWD_PRODUCTS)
+    if plan.segment_chunks <= 0:
+        out = chunk_kda_bwd_recurrent(v, do, c.ops, **common)
+    else:
+        L = -(-plan.segment_chunks // CKC) * CKC  # segments of whole blocks
+        table, seg_offsets, n_segs = seqs.segments(L)
+        summary = torch.empty((n_segs, H, V + K, K), device=v.device, dtype=torch.float32)
+        out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=summary,
+                                      passes=(1,))
+        chunk_kda_combine(summary, seg_offsets, dht, num_seqs=p.num_seqs, state_vk=p.state_vk,
+                          H=H, K=K, V=V, reverse=True)
+        chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=summary,
+                                passes=(2,), out=out)
+    grads = dict(out)
+    for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
+        grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
+    dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
+                                                       grads)
+    GQ, GG = H // p.HQ, H // p.HG
+    if GQ > 1:  # GVA: the value heads of a q/k head
+        dq = dq.view(B, T, p.HQ, GQ, K).sum(3)
+        dk = dk.view(B, T, p.HQ, GQ, K).sum(3)
+    if GG > 1:
+        dg = dg.view(B, T, p.HG, GG, K).sum(3)
+    if dalog is not None:
+        dalog = dalog.sum(0)
+        dalog = (dalog.view(p.HG, GG).sum(1) if GG > 1 else dalog).to(A_log.dtype)
+    if ddt is not None:
+        ddt = ddt.sum(0)
+        ddt = (ddt.view(p.HG, GG, K).sum(1) if GG > 1 else ddt).reshape(dt_shape)
+        ddt = ddt.to(dt_bias.dtype)
+    dh0 = out["dh0"]
+    return (dq.to(q.dtype), dk.to(k.dtype), out["dv"].to(v.dtype), dg.to(g.dtype),
+            db.to(beta.dtype), dalog, ddt,
+            None if dh0 is None else dh0.to(initial_state.dtype))
+
+
+def _offsets(seqs):
+    from .pool import checkpoint_table
+
+    return checkpoint_table(seqs, SAVE_EVERY)[0]
+
+
+_OPTIONS = ("scale", "lower_bound", "gate", "use_qk_l2norm", "beta_is_logits", "state_layout",
+            "dot", "block_v", "num_warps", "prepare_warps", "segment_chunks", "fp16_guard")
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, scale, lower_bound, gate,
+     use_qk_l2norm, beta_is_logits, state_layout, output_final_state, dot, block_v,
+     num_warps, prepare_warps, segment_chunks, fp16_guard) = inputs
+    ctx.save_for_backward(q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+                          output[2])
+    ctx.options = (scale, lower_bound, gate, use_qk_l2norm, beta_is_logits, state_layout,
+                   dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard)
+    ctx.output_final_state = output_final_state
+
+
+def _backward(ctx, do, dht, _dck):
+    q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens, ck = ctx.saved_tensors
+    if not ctx.output_final_state or dht is None or dht.numel() == 0:
+        dht = None
+    grads = torch.ops.kdalab.chunk_kda_bwd(do, dht, q, k, v, g, beta, A_log, dt_bias,
+                                           initial_state, ck, cu_seqlens, *ctx.options)
+    dq, dk, dv, dg, db, dalog, ddt, dh0 = grads
+    none = lambda x, ref: x if ref is not None else None  # noqa: E731
+    return (dq, dk, dv, dg, db, none(dalog, A_log), none(ddt, dt_bias),
+            none(dh0, initial_state), None, None, None, None, None, None, None, None, None,
+            None, None, None, None, None)
+
+
+torch.library.register_autograd("kdalab::chunk_kda", _backward, setup_context=_setup_context)
+
+
+def chunk_kda(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    output_final_state: bool = False,
+    A_log: Tensor | None = None,
+    dt_bias: Tensor | None = None,
+    lower_bound: float | None = -5.0,
+    gate: str = "raw",
+    cu_seqlens: Tensor | None = None,
+    use_qk_l2norm: bool = True,
+    beta_is_logits: bool = True,
+    state_layout: str = "KV",
+    config: KernelConfig = DEFAULT_CONFIG,
+):
+    """Chunked KDA, differentiable: ``chunk_kda_fwd``'s arguments (no pool, no checkpoints),
+    returning ``(o, final_state)`` (final_state None unless ``output_final_state``).
+    Gradients reach q, k, v, g (the gate's input, or the log-decay with ``gate="log_decay"``),
+    beta (logits or probabilities), A_log, dt_bias and initial_state, and flow in through the
+    final state too. One custom op each way (``torch.ops.kdalab.chunk_kda`` and
+    ``.chunk_kda_bwd``), so ``torch.compile(fullgraph=True)`` traces a training step."""
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
+    if not isinstance(output_final_state, bool):
+        raise ValueError(f"output_final_state must be True or False, got {output_final_state!r}")
+    opt = lambda x: -1 if x is None else x  # noqa: E731
+    c = dataclasses.astuple(config)
+    names = [f.name for f in dataclasses.fields(config)]
+    cfg = dict(zip(names, c))
+    o, final, _ = torch.ops.kdalab.chunk_kda(
+        q, k, v, g, beta, A_log, dt_bias, initial_state, cu_seqlens,
+        None if scale is None else float(scale),
+        None if lower_bound is None else lower_bound, gate, use_qk_l2norm, beta_is_logits,
+        state_layout, output_final_state, cfg["dot"], opt(cfg["block_v"]),
+        opt(cfg["num_warps"]), opt(cfg["prepare_warps"]), opt(cfg["segment_chunks"]),
+        cfg["fp16_guard"])
+    return o, (final if output_final_state else None)

@@ -1,0 +1,218 @@
+"""Backward of stage 1: from the gradients of the chunk operands (``chunk_recurrent_bwd.py``)
+to those of the inputs, one program per 16-token chunk and head, recomputing what stage 1
+formed (``chunk_prepare.py``) in fp32.
+
+With G the in-chunk cumulative log-decay (base 2 here: G₂; ∂2^x/∂x = ln 2 · 2^x), Γ = 2^G₂,
+k̂, q̂ the normalized rows, qs = scale · q̂, and T = (I + L)^-1:
+
+    W = A Kd,  A = T diag(β),  Kd = Γ ⊙ k̂           dA += dW Kd^T,   dKd = A^T dW
+                                                    dβ_j += Σ_i T_ij dA_ij,   dT = dA diag(β)
+    T = (I + L)^-1                                  dL = -T^T dT T^T   (strictly lower)
+    L_ij = β_i P_ij,  P_ij = Σ_c k̂_ic k̂_jc 2^(G_ic - G_jc)      dβ_i += Σ_j dL_ij P_ij
+    MQK_ij = Σ_c qs_ic k̂_jc 2^(G_ic - G_jc)  (i >= j)
+    QG = Γ ⊙ qs,  KEND = 2^(G_last - G) ⊙ k̂,  GAMMA = 2^G_last
+
+P and MQK's gradients reach k̂ (as a row and as a column), qs and G through the same pairwise
+decay the forward used: split (2^G_i · 2^-G_j, dense products) where the chunk's span allows,
+per pair otherwise (``gate.py``). Their G-gradient is ln 2 · (k̂ ⊙ dk̂_row + qs ⊙ dqs_pair
+- k̂ ⊙ dk̂_col). G's gradient then goes back through the cumulative sum (a reverse sum over
+the chunk's rows), the gate (``gate.log2_decay_grads``: dg, and per chunk the sums for
+dA_log and ddt_bias), β's sigmoid and the L2 norms (dx = r (dy - y (y · dy)), y = x r).
+Outputs are per value head (GVA's q/k and gate heads are summed on the host).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .chunk_prepare import l2_normalize, load_rows, neumann_inverse16
+from .contract import Problem
+from .gate import SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
+from .indexing import chunk_of_program
+
+CHUNK = 16
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def l2_normalize_bwd(x, y, dy, USE_L2NORM: tl.constexpr):
+    """The gradient of the rows of x through y = x · rsqrt(Σx² + 1e-6)."""
+    if USE_L2NORM:
+        r = tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)
+        return r[:, None] * (dy - y * tl.sum(y * dy, axis=1)[:, None])
+    return dy
+
+
+@triton.jit
+def pairwise_grads(dP, dM, kv, qs, g2, o_r, BT: tl.constexpr):
+    """(dk̂ as a row, dqs, dk̂ as a column) of Σ dP_ij P_ij + Σ dM_ij MQK_ij, each pair's
+    decay formed per pair (``chunk_prepare.pairwise_tiles``)."""
+    drow = tl.zeros(kv.shape, dtype=tl.float32)
+    dqs = tl.zeros(kv.shape, dtype=tl.float32)
+    dcol = tl.zeros(kv.shape, dtype=tl.float32)
+    for j in range(0, BT):  # not unrolled: 16 bodies would spill
+        sel = (o_r == j)[:, None]
+        kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
+        gj = tl.sum(tl.where(sel, g2, 0.0), axis=0)
+        ke = kj[None, :] * tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
+        e = tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
+        cp = tl.sum(tl.where((o_r == j)[None, :], dP, 0.0), axis=1)  # column j of dP
+        cm = tl.sum(tl.where((o_r == j)[None, :], dM, 0.0), axis=1)
+        drow += cp[:, None] * ke
+        dqs += cm[:, None] * ke
+        colj = tl.sum((cp[:, None] * kv + cm[:, None] * qs) * e, axis=0)
+        dcol += tl.where(sel, colj[None, :], 0.0)
+    return drow, dqs, dcol
+
+
+@triton.jit
+def chunk_kda_prepare_bwd_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+    dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr,
+    dq_ptr, dk_ptr, dg_ptr, db_ptr, dalog_ptr, ddt_ptr,
+    chunk_table_ptr, T, scale, lower_bound,
+    H, K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
+    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
+):
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
+    rows = row0 + o_r
+    r_ok = rows < eos
+    m2 = r_ok[:, None]
+    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+    i_g = i_h // GG
+    offs_q = (rows[:, None] * (H // GQ) + i_h // GQ) * K + o_k[None, :]
+    g_raw = load_rows(g_ptr + (rows[:, None] * (H // GG) + i_g) * K + o_k[None, :], m2, False)
+    k_raw = load_rows(k_ptr + offs_q, m2, False).to(tl.float32)
+    q_raw = load_rows(q_ptr + offs_q, m2, False).to(tl.float32)
+    b = load_rows(beta_ptr + rows * H + i_h, r_ok, False).to(tl.float32)
+    if BETA_LOGITS:
+        b = tl.sigmoid(b)
+    b = tl.where(r_ok, b, 0.0)
+    # the gradients of the chunk's operands (rows past the end are zero there)
+    dqg = tl.load(dqg_ptr + offs, mask=m2, other=0.0)
+    dw = tl.load(dw_ptr + offs, mask=m2, other=0.0)
+    dkend = tl.load(dkend_ptr + offs, mask=m2, other=0.0)
+    cc = i_c.to(tl.int64) * H + i_h
+    dgam = tl.load(dgam_ptr + cc * K + o_k)
+    o_cc = cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
+    dM = tl.load(dmqk_ptr + o_cc)
+    dainv = tl.load(dainv_ptr + o_cc)
+
+    # stage 1 again, in fp32
+    a, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
+    g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
+    last = (o_r == BT - 1)[:, None]
+    g2_last = tl.sum(tl.where(last, g2, 0.0), axis=0)
+    kv = l2_normalize(k_raw, USE_L2NORM)
+    qn = l2_normalize(q_raw, USE_L2NORM)
+    kv = tl.where(m2, kv, 0.0)
+    qs = tl.where(m2, qn * scale, 0.0)
+    decay = tl.exp2(g2)
+    kd = kv * decay
+    qd = qs * decay
+    ekend = tl.exp2(g2_last[None, :] - g2)
+    if SPAN_CHECK:
+        wide = tl.max(tl.max(tl.abs(g2), axis=1), axis=0) > SPLIT_SPAN2
+    else:
+        wide = False
+    strict = o_r[:, None] > o_r[None, :]
+    # the split's column factor (clamped: a wide chunk does not use it, and it stays finite)
+    ki = kv * tl.exp2(tl.minimum(-g2, 126.0))
+    if wide:
+        P = tl.zeros([BT, BT], dtype=tl.float32)
+        for j in range(0, BT):  # not unrolled: 16 bodies would spill
+            sel = (o_r == j)[:, None]
+            kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
+            gj = tl.sum(tl.where(sel, g2, 0.0), axis=0)
+            ke = kj[None, :] * tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
+            P += tl.where((o_r == j)[None, :], tl.sum(kv * ke, axis=1)[:, None], 0.0)
+    else:
+        P = tl.dot(kd, tl.trans(ki), input_precision="tf32x3")
+    P = tl.where(strict, P, 0.0)
+    Tinv = neumann_inverse16(P * b[:, None], BT)
+    A = Tinv * b[None, :]
+
+    # W = A Kd
+    dA = tl.where(o_r[:, None] >= o_r[None, :],
+                  dainv + tl.dot(dw, tl.trans(kd), input_precision="tf32x3"), 0.0)
+    dkd = tl.dot(tl.trans(A), dw, input_precision="tf32x3")
+    db = tl.sum(Tinv * dA, axis=0)
+    dT = dA * b[None, :]
+    TiT = tl.trans(Tinv)
+    dL = -tl.dot(tl.dot(TiT, dT, input_precision="tf32x3"), TiT, input_precision="tf32x3")
+    dL = tl.where(strict, dL, 0.0)
+    db += tl.sum(dL * P, axis=1)
+    dP = dL * b[:, None]
+    dM = tl.where(o_r[:, None] >= o_r[None, :], dM, 0.0)
+    if wide:
+        drow, dqs, dcol = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
+    else:
+        drow = decay * tl.dot(dP, ki, input_precision="tf32x3")
+        dqs = decay * tl.dot(dM, ki, input_precision="tf32x3")
+        dcol = tl.exp2(tl.minimum(-g2, 126.0)) * (tl.dot(tl.trans(dP), kd, input_precision="tf32x3")
+                               + tl.dot(tl.trans(dM), qd, input_precision="tf32x3"))
+    dg2 = kv * (drow - dcol) + qs * dqs
+    dkv = drow + dcol + decay * dkd + ekend * dkend
+    dg2 += kd * dkd + qd * dqg
+    kend = kv * ekend
+    dg2 -= kend * dkend
+    dqs += decay * dqg
+    dlast = tl.sum(kend * dkend, axis=0) + tl.exp2(g2_last) * dgam
+    dg2 = LN2 * (dg2 + tl.where(last, dlast[None, :], 0.0))
+    # back through the cumulative sum: each step's gradient sums the later rows'
+    dstep = tl.sum(dg2, axis=0)[None, :] - tl.cumsum(dg2, axis=0) + dg2
+    dx, da = log2_decay_grads(g_raw, a, bias[None, :], lower_bound, GATE)
+    dgate = tl.where(m2, dstep * dx, 0.0)
+    tl.store(dg_ptr + offs, dgate, mask=m2)
+    if HAS_DT_BIAS:
+        tl.store(ddt_ptr + cc * K + o_k, tl.sum(dgate, axis=0))
+    if HAS_A_LOG:
+        tl.store(dalog_ptr + cc, tl.sum(tl.sum(tl.where(m2, dstep * da, 0.0), axis=1), axis=0))
+    if BETA_LOGITS:
+        db = db * b * (1.0 - b)
+    tl.store(db_ptr + rows * H + i_h, db, mask=r_ok)
+    dk = l2_normalize_bwd(k_raw, kv, dkv, USE_L2NORM)
+    dq = l2_normalize_bwd(q_raw, qn, dqs * scale, USE_L2NORM)
+    tl.store(dk_ptr + offs, dk, mask=m2)
+    tl.store(dq_ptr + offs, dq, mask=m2)
+
+
+def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
+                          num_warps=8):
+    """Launch stage 1's backward. ``grads``: the reverse pass's dict (its partial sums over
+    value blocks already added). Returns (dq, dk, dg, dbeta, dA_log, ddt_bias) per value head
+    and fp32: dq, dk, dg [B, T, H, K], dbeta [B, T, H], dA_log [chunks, H] and ddt_bias
+    [chunks, H, K] per chunk (None without A_log / dt_bias)."""
+    B, T, H, K = p.B, p.T, p.H, p.K
+    dev = q.device
+    f32 = dict(device=dev, dtype=torch.float32)
+    dq, dk, dg = (torch.empty((B, T, H, K), **f32) for _ in range(3))  # returned: apart
+    db = torch.empty((B, T, H), **f32)
+    nc = seqs.num_chunks
+    dalog = torch.empty((nc, H), **f32) if A_log is not None else None
+    ddt = torch.empty((nc, H, K), **f32) if dt_bias is not None else None
+    if nc == 0:
+        return dq, dk, dg, db, dalog, ddt
+    dummy = db
+    chunk_kda_prepare_bwd_kernel[(nc, H)](
+        q, k, g, beta, A_log if A_log is not None else dummy,
+        dt_bias if dt_bias is not None else dummy,
+        grads["dqg"], grads["dw"], grads["dkend"], grads["dgam"], grads["dmqk"],
+        grads["dainv"], dq, dk, dg, db, dalog if dalog is not None else dummy,
+        ddt if ddt is not None else dummy,
+        seqs.chunk_table if seqs.chunk_table is not None else dummy,
+        T, p.scale, p.gate.kernel_bound,
+        H=H, K=K, BT=CHUNK, GATE=p.gate.code, SPAN_CHECK=p.gate.span_checked,
+        HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+        USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
+        IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
+        num_warps=num_warps)
+    return dq, dk, dg, db, dalog, ddt

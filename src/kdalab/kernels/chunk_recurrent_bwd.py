@@ -1,0 +1,317 @@
+"""Backward of stage 2: the reverse pass over chunks, on dS^T [BV, K] (value rows first).
+
+The forward's chunk (``chunk_recurrent.py``), in the same transposed form,
+
+    U^T  = V^T AINV^T - S^T W^T,   O^T = S^T QG^T + U^T MQK^T,   S'^T = S^T diag(γ) + U^T KEND
+
+has, for dO^T and the gradient dS'^T of the state after the chunk,
+
+    dU^T  = dS'^T KEND^T + dO^T MQK                 [BV, 16]
+    dV^T  = dU^T AINV                               [BV, 16]
+    dS^T  = dS'^T diag(γ) + dO^T QG - dU^T W        [BV, K]   (the state before the chunk)
+
+and the gradients of stage 1's operands, sums over the value columns:
+
+    dQG = dO S^T,  dW = -dU S^T,  dKEND = U dS'^T   [16, K]   (stored token-major)
+    dγ = Σ_v S ⊙ dS'                                [K]
+    dMQK = tril(dO U^T),  dAINV = tril(dU V^T)      [16, 16]
+
+The reverse pass needs S at every chunk. The forward keeps the state every ``CKC`` chunks
+(64 tokens, fp32, ``chunk_kda``'s checkpoints); here each block of CKC chunks first runs
+forward again from its checkpoint (tf32 products), leaving each chunk's start state in the
+program's scratch rows, then runs backward through the block reading them. A program owns BV
+value columns and all K; with several value blocks (V > BV) the sums over value columns are
+partial, one per block, and added on the host (a deterministic sum, no atomics).
+
+The dS recurrence is affine, dS_before^T = dS_after^T B + R with B = diag(γ) - KEND^T W, and
+needs no forward state, so it splits into segments as the forward does (``launch_plan``):
+pass 1 computes each segment's (R^T, B) from a zero and an identity start (rows V..V+K-1,
+dO = 0), the combine (``chunk_combine.py``, in reverse) each segment's dS at its end, and
+pass 2 the whole backward of every segment from there. Passes (``PASS``): 0 serial, 1
+summaries, 2 segments.
+
+Programs are persistent: at most ``programs`` run, each looping over (sequence or segment,
+head) items, so the scratch holds CKC states per running program, not per item.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .indexing import segment_of_program
+
+CHUNK = 16
+#: chunks between the forward's stored states (the block the backward recomputes)
+CKC = 4
+_TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+@triton.jit
+def _tile_t(ptr, rows, r_ok, i_h, H, o_k, K: tl.constexpr):
+    """A [K, 16] tile (transposed) of a token-major [T, H, K] tensor, fp32: loaded as its
+    [16, K] rows (contiguous along K: vector loads), transposed in registers."""
+    return tl.trans(tl.load(ptr + (rows[:, None] * H + i_h) * K + o_k[None, :],
+                            mask=r_ok[:, None], other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _cc(ptr, cc, o_r, c_ok, BT: tl.constexpr):
+    """The [16, 16] tile of chunk-and-head ``cc``, fp32."""
+    m = c_ok[:, None] & c_ok[None, :]
+    return tl.load(ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :], mask=m,
+                   other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
+                STATE_VK: tl.constexpr):
+    """Pointers to S^T's rows ``o_v`` of state ``row`` of a [N, H, K, V] (VK: [N, H, V, K])
+    tensor."""
+    o_k = tl.arange(0, K)
+    base = ptr + (row * H + i_h) * K * V
+    if STATE_VK:
+        return base + o_v[:, None] * K + o_k[None, :]
+    return base + o_k[None, :] * V + o_v[:, None]
+
+
+@triton.jit
+def _mm(a, b, DT: tl.constexpr):
+    """a @ b with ``DT`` operands (fp32: tf32 products), fp32 accumulation."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision="tf32")
+
+
+@triton.jit
+def chunk_kda_bwd_recurrent_kernel(
+    v_ptr, do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    h0_ptr, ck_ptr, ck_offsets_ptr, dht_ptr,
+    dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
+    scratch_ptr, sum_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seg_ptr,
+    T, n_items, part_tok, part_gam, part_cc,
+    H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    CKC: tl.constexpr, HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
+    STATE_VK: tl.constexpr, IS_VARLEN: tl.constexpr, PASS: tl.constexpr,
+    DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
+):
+    """``DS``: the operand type of the products with S, ``DD`` of those with dS (fp32: tf32
+    products)."""
+    pid = tl.program_id(0)
+    i_v = tl.program_id(1)
+    nprog = tl.num_programs(0)
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    if PASS == 1:
+        v_ok = o_v < V + K
+        is_v = o_v < V          # rows of R (the dO-driven part); the rest: the transition's
+    else:
+        v_ok = o_v < V
+        is_v = v_ok
+    # this program's scratch: per chunk of a block its start state S^T [BV, K] (in DS) and
+    # U^T [BV, 16] (fp32)
+    slot = (pid * tl.num_programs(1) + i_v).to(tl.int64) * CKC
+    scr_s = (scratch_ptr.to(tl.pointer_type(DS)) + slot * (BV * K)
+             + tl.arange(0, BV)[:, None] * K + o_k[None, :])
+    scr_u = (scratch_ptr + tl.num_programs(0) * tl.num_programs(1) * CKC * BV * K
+             + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
+    for item in range(pid, n_items, nprog):
+        i_h = item % H
+        if PASS == 0:
+            i_n = (item // H).to(tl.int64)
+            if IS_VARLEN:
+                bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+                eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
+                c0 = tl.load(chunk_offsets_ptr + i_n).to(tl.int64)
+            else:
+                bos = i_n * T
+                eos = bos + T
+                c0 = i_n * tl.cdiv(T, BT)
+            first = 1
+        else:
+            i_s = (item // H).to(tl.int64)
+            i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
+            first = (p == 0).to(tl.int32)
+        seq_bos = bos
+        if PASS == 2:
+            if IS_VARLEN:
+                seq_bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+            else:
+                seq_bos = i_n * T
+        n_ch = tl.cdiv(eos - bos, BT)
+        # the gradient of the state after the program's last chunk
+        if PASS == 1:
+            dSt = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
+        elif PASS == 2:
+            slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+            dSt = tl.load(slot_s + o_v[:, None] * K + o_k[None, :], mask=v_ok[:, None],
+                          other=0.0)
+        else:
+            dSt = tl.zeros([BV, K], dtype=tl.float32)
+            if HAS_DHT:
+                dSt = tl.load(_state_ptrs(dht_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
+                              mask=v_ok[:, None], other=0.0).to(tl.float32)
+        # nothing before a sequence's first segment needs its summary
+        run = 1
+        if PASS == 1:
+            run = 1 - first
+        if run != 0:
+            ck_base = 0
+            if PASS != 1:
+                ck_base = tl.load(ck_offsets_ptr + i_n).to(tl.int64)
+            j_blk0 = (bos - seq_bos) // (BT * CKC)   # the program's first block in its sequence
+            n_blk = tl.cdiv(n_ch, CKC)
+            for ib in range(0, n_blk):
+                blk = n_blk - 1 - ib
+                c_lo = blk * CKC
+                c_hi = tl.minimum(c_lo + CKC, n_ch)
+                if PASS != 1:
+                    # the block's start state: the initial state, or the forward's checkpoint
+                    jb = j_blk0 + blk
+                    if jb == 0:
+                        if HAS_H0:
+                            St = tl.load(_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
+                                         mask=v_ok[:, None], other=0.0).to(tl.float32)
+                        else:
+                            St = tl.zeros([BV, K], dtype=tl.float32)
+                    else:
+                        St = tl.load(_state_ptrs(ck_ptr, ck_base + jb - 1, i_h, o_v, H, K, V,
+                                                 STATE_VK), mask=v_ok[:, None],
+                                     other=0.0).to(tl.float32)
+                    # forward through the block: each chunk's S^T and U^T to the scratch, and
+                    # dQG (it needs S and dO only)
+                    for c in range(c_lo, c_hi):
+                        rows = bos + c * BT + o_r
+                        r_ok = rows < eos
+                        c_ok = (bos + c * BT + o_r * 0) < eos
+                        cc = (c0 + c) * H + i_h
+                        tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
+                        vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
+                                     other=0.0).to(tl.float32)
+                        dot_ = tl.load(do_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
+                                       other=0.0).to(tl.float32)
+                        wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+                        kendt = (_tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+                                 + _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K))
+                        ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
+                        gam = tl.load(gamma_ptr + cc * K + o_k,
+                                      mask=(bos + c * BT + o_k * 0) < eos, other=0.0)
+                        Sd = St.to(DS)
+                        tl.store(scr_s + (c - c_lo) * BV * K, Sd)
+                        ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
+                        tl.store(scr_u + (c - c_lo) * BV * BT, ut)
+                        dqgt = _mm(tl.trans(Sd), dot_, DS)
+                        offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
+                        tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
+                        St = St * gam[None, :] + tl.dot(ut, tl.trans(kendt),
+                                                        input_precision="tf32")
+                    tl.debug_barrier()  # the scratch rows are read by other threads
+                # backward through the block
+                for ic in range(0, c_hi - c_lo):
+                    c = c_hi - 1 - ic
+                    rows = bos + c * BT + o_r
+                    r_ok = rows < eos
+                    c_ok = (bos + c * BT + o_r * 0) < eos
+                    cc = (c0 + c) * H + i_h
+                    tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
+                    dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
+                                   other=0.0).to(tl.float32)
+                    wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+                    qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+                    kendt = (_tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+                             + _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K))
+                    mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
+                    gam = tl.load(gamma_ptr + cc * K + o_k,
+                                  mask=(bos + c * BT + o_k * 0) < eos, other=0.0)
+                    dut = _mm(dSt, kendt, DD) + tl.dot(dot_, mqk, input_precision="tf32")
+                    if PASS != 1:
+                        Sd = tl.load(scr_s + (c - c_lo) * BV * K)
+                        ut = tl.load(scr_u + (c - c_lo) * BV * BT)
+                        vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
+                                     other=0.0).to(tl.float32)
+                        ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
+                        dvt = tl.dot(dut, ainv, input_precision="tf32")
+                        tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty),
+                                 mask=v_ok[:, None] & r_ok[None, :])
+                        # the sums over this block's value columns (partial with V > BV)
+                        dwt = -_mm(tl.trans(Sd), dut, DS)
+                        dkendt = _mm(tl.trans(dSt), ut, DD)
+                        dgam = tl.sum(Sd.to(tl.float32) * dSt, axis=0)
+                        tril = o_r[:, None] >= o_r[None, :]
+                        dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut,
+                                                     input_precision="tf32"), 0.0)
+                        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt,
+                                                      input_precision="tf32"), 0.0)
+                        offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
+                        tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
+                        tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
+                        tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
+                        o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
+                        tl.store(dmqk_ptr + o_cc, dmqk)
+                        tl.store(dainv_ptr + o_cc, dainv)
+                    dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
+                           - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
+                if PASS != 1:
+                    tl.debug_barrier()  # the next block's forward overwrites the scratch
+            # the gradient at the program's start
+            if PASS == 1:
+                slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+                tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
+            elif STORE_DH0:
+                if first != 0:
+                    tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
+                             dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
+
+
+def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
+                            dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
+                            block_v, num_warps, programs, segments=None, summary=None,
+                            passes=(0,), dh0_dtype=torch.float32, out=None,
+                            s_dtype=torch.float32, ds_dtype=torch.float32):
+    """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
+    ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
+    sequence (fp32, ``pool.py``'s layout) with each sequence's first row; ``dht``: the final
+    state's gradient or None. Returns ``out``, a dict of dv (fp32, like v), the partial sums
+    dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv
+    [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient, or
+    None); a second call (pass 2 after pass 1) fills the same dict."""
+    w, qg, kend, klo, ainv, mqk, gamma = ops
+    B, T, H, V = v.shape
+    K = w.shape[-1]
+    nv = -(-V // block_v)
+    dev = v.device
+    if out is None:
+        f32 = dict(device=dev, dtype=torch.float32)
+        out = dict(dv=torch.empty(v.shape, **f32),
+                   dqg=torch.empty((nv, B, T, H, K), **f32),
+                   dw=torch.empty((nv, B, T, H, K), **f32),
+                   dkend=torch.empty((nv, B, T, H, K), **f32),
+                   dgam=torch.empty((nv, num_chunks, H, K), **f32),
+                   dmqk=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
+                   dainv=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
+                   dh0=None if initial_state is None else torch.empty(
+                       initial_state.shape, device=dev, dtype=dh0_dtype))
+    dummy = gamma
+    opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
+    for pass_ in passes:
+        items = (num_seqs if pass_ == 0 else segments.shape[0]) * H
+        rows = V + K if pass_ == 1 else V
+        nvb = -(-rows // block_v)
+        n_prog = max(1, min(items, programs))
+        if items == 0:
+            continue
+        # per program: CKC states S^T [BV, K] then CKC U^T [BV, 16] (fp32 words)
+        scratch = (torch.empty((n_prog * nvb * CKC * block_v * (K + CHUNK),), device=dev,
+                               dtype=torch.float32) if pass_ != 1 else dummy)
+        chunk_kda_bwd_recurrent_kernel[(n_prog, nvb)](
+            v, do, w, qg, kend, klo, ainv, mqk, gamma,
+            opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), opt(dht),
+            out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
+            out["dainv"], opt(out["dh0"]), scratch, opt(summary), opt(cu_seqlens),
+            opt(chunk_offsets), opt(segments), T, items, B * T * H * K, num_chunks * H * K,
+            num_chunks * H * CHUNK * CHUNK,
+            H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
+            HAS_DHT=dht is not None, STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk,
+            IS_VARLEN=cu_seqlens is not None, PASS=pass_, DS=_TL[s_dtype], DD=_TL[ds_dtype],
+            num_warps=num_warps)
+    return out

@@ -1,0 +1,99 @@
+"""The gate, one set of Triton helpers for every kernel (prefill stage 1, decode, backward):
+the per-step log-decay of a gate tile in base 2, its derivatives, and the split exponent's
+range.
+
+Three gates (``contract.Gate``; codes ``GATE_*``), in base 2 (the kernels take exp2):
+
+    lower-bounded  lower_bound · sigmoid(a · (g + dt_bias)) · log2(e)     a = exp(A_log)
+    softplus       -a · softplus(g + dt_bias) · log2(e)                    (fla's unbounded)
+    log-decay      g · log2(e)                                             (g given)
+
+Absent ``A_log``/``dt_bias`` are passed as ``a = 1`` and ``bias = 0``: x·1 and x + 0 are x
+exactly, so one code path serves both.
+
+The split exponent: a chunk's pairwise decay exp(G_i - G_j) is formed as exp(G_i) · exp(-G_j)
+(dense tensor-core products). That needs both factors normal in fp32: the chunk's cumulative
+log-decay must stay within ``SPLIT_SPAN2`` (base 2; 80 natural: 16 steps of the bound -5, the
+lab's dynamic-range boundary at chunk 16, docs/dynamic-range.md), or a chunk takes the
+per-pair path (``chunk_prepare.py``).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+LOG2E = tl.constexpr(1.4426950408889634)
+#: the split exponent's range in base 2: 80 · log2(e)
+SPLIT_SPAN2 = tl.constexpr(115.41560327111707)
+GATE_LOWER_BOUND = tl.constexpr(0)
+GATE_SOFTPLUS = tl.constexpr(1)
+GATE_LOG_DECAY = tl.constexpr(2)
+
+
+@triton.jit
+def softplus(x):
+    """log(1 + e^x) in fp32 without overflow and without losing small values:
+    max(x, 0) + log1p(e^-|x|), log1p(u) as log(1 + u) · u / ((1 + u) - 1) (exact to a few ulp;
+    u itself where 1 + u rounds to 1)."""
+    u = tl.exp(-tl.abs(x))
+    w = 1.0 + u
+    l1p = tl.where(w == 1.0, u, tl.log(w) * (u / (w - 1.0)))
+    return tl.maximum(x, 0.0) + l1p
+
+
+@triton.jit
+def gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K: tl.constexpr, HAS_A_LOG: tl.constexpr,
+                HAS_DT_BIAS: tl.constexpr):
+    """(a = exp(A_log[i_g]) or 1, dt_bias[i_g, o_k] or 0) for gate head ``i_g``."""
+    if HAS_A_LOG:
+        a = tl.exp(tl.load(a_log_ptr + i_g).to(tl.float32))
+    else:
+        a = 1.0
+    if HAS_DT_BIAS:
+        bias = tl.load(dt_bias_ptr + i_g * K + o_k).to(tl.float32)
+    else:
+        bias = tl.zeros(o_k.shape, dtype=tl.float32)
+    return a, bias
+
+
+@triton.jit
+def log2_decay(x, a, bias, lower_bound, keep, GATE: tl.constexpr):
+    """The base-2 log-decay of gate tile ``x`` (any shape; ``bias`` broadcast over its last
+    axis), zero where ``keep`` is false (padded rows, so a cumulative sum ends at the last
+    real row's). The select comes before the product by log2(e): it keeps that product apart
+    from a following cumulative sum's first addition, which the compiler would otherwise
+    contract into an FMA."""
+    x = x.to(tl.float32)
+    if GATE == GATE_LOG_DECAY:
+        y = x
+    elif GATE == GATE_LOWER_BOUND:
+        y = lower_bound * tl.sigmoid(a * (x + bias))
+    else:
+        y = -(a * softplus(x + bias))
+    return tl.where(keep, y, 0.0) * LOG2E
+
+
+@triton.jit
+def log2_decay_grads(x, a, bias, lower_bound, GATE: tl.constexpr):
+    """(dy/dx, dy/dA_log) of y = ``log2_decay(x)`` (base 2), elementwise; dt_bias's
+    derivative is dy/dx. With a = exp(A_log), z = x + bias:
+
+        lower-bounded  dy/dx = lb·log2e · a·σ(az)(1-σ(az)),   dy/dA_log = dy/dx · z
+        softplus       dy/dx = -log2e · a·σ(z),                dy/dA_log = y
+        log-decay      dy/dx = log2e,                          dy/dA_log = 0
+    """
+    x = x.to(tl.float32)
+    if GATE == GATE_LOG_DECAY:
+        dx = tl.full(x.shape, 1.0, tl.float32) * LOG2E
+        da = tl.zeros(x.shape, dtype=tl.float32)
+    elif GATE == GATE_LOWER_BOUND:
+        z = x + bias
+        s = tl.sigmoid(a * z)
+        dx = (lower_bound * LOG2E) * (a * (s * (1.0 - s)))
+        da = dx * z
+    else:
+        z = x + bias
+        dx = -LOG2E * (a * tl.sigmoid(z))
+        da = -LOG2E * (a * softplus(z))
+    return dx, da

@@ -1,0 +1,319 @@
+"""kdalab.kernels.chunk_kda's gradients against autograd through the fp64 token recurrence
+(``kdalab.kda.reference_forward``): every gradient (q, k, v, g, β, A_log, dt_bias, the initial
+state) with a gradient flowing into the final state too, for the three gates, GVA, varlen with
+an empty and a one-token sequence, T not a multiple of 16, both state layouts, bf16 states,
+the sequence-parallel reverse pass, and a strong decay that takes the per-pair path; the
+custom op under torch.compile(fullgraph=True).
+
+Interpreter tests (``interp_``) run in one TRITON_INTERPRET=1 child (``test_interpreter_suite``);
+GPU tests (``gpu``) at real shapes, bf16 inputs, against fla's backward on the same inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kdalab.arith import rel_rmse  # noqa: E402
+from kdalab.kda import reference_forward  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda  # noqa: E402
+
+INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+interp = pytest.mark.skipif(not INTERP, reason="runs in the TRITON_INTERPRET=1 child process")
+gpu = pytest.mark.gpu
+NAMES = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
+# fp32 inputs in the interpreter: the forward stores stage 1's operands in fp16 and its
+# recurrent products take fp16 operands (unit roundoff 4.9e-4); the backward recomputes in
+# fp32 with tf32-rounded products. Measured 1e-5 .. 6e-4 over the cases below; 3e-3 leaves 5x
+# margin, while a wrong sign, index or missing term in any gradient gives >= 5e-2 (tried:
+# dropping KLO from the backward's KEND 2e-3 on dk only under collinear keys, so it is not
+# relied on here; dropping the cumulative sum's reverse 0.4 on dg).
+TOL = 3e-3
+
+
+def _err(x, ref):
+    return float(rel_rmse(x.detach(), ref.detach(), x.dim()))
+
+
+def _case(B, T, HQ, H, HG, K, V, *, gate="lower_bound", h0=True, cu=None, seed=1,
+          layout="KV", state_dtype=torch.float32, strong=False, device="cpu",
+          dtype=torch.float32):
+    """Inputs (leaves that require grad) and kernel keywords for one case."""
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    x = dict(q=r(B, T, HQ, K), k=r(B, T, HQ, K), v=r(B, T, H, V), beta=r(B, T, H))
+    kw = dict(lower_bound=-5.0 if gate == "lower_bound" else None)
+    if gate == "log_decay":
+        x["g"] = -torch.rand(B, T, HG, K, generator=gen) * (20.0 if strong else 0.5)
+        kw["gate"] = "log_decay"
+    else:
+        x["g"] = r(B, T, HG, K) * (3.0 if strong else 1.0) + (4.0 if strong else 0.0)
+        x["A_log"] = r(HG) * 0.3 + (2.5 if strong else 0.0)
+        x["dt_bias"] = r(HG * K) * 0.3
+    n = B if cu is None else len(cu) - 1
+    if h0:
+        shape = (n, H, K, V) if layout == "KV" else (n, H, V, K)
+        x["initial_state"] = (r(*shape) * 0.5).to(state_dtype)
+    x = {name: t.to(device=device, dtype=dtype if name in ("q", "k", "v", "g", "beta") else t.dtype)
+         for name, t in x.items()}
+    for t in x.values():
+        t.requires_grad_(True)
+    if cu is not None:
+        kw["cu_seqlens"] = torch.tensor(cu, device=device)
+    kw["state_layout"] = layout
+    return x, kw
+
+
+def _grads(x, kw, forward, do, dht):
+    o, s = forward(x, kw)
+    for t in x.values():
+        t.grad = None
+    ((o.double() * do.double()).sum() + (s.double() * dht.double()).sum()).backward()
+    return {name: t.grad.clone() for name, t in x.items()}
+
+
+def _kernel(config=KernelConfig()):
+    def run(x, kw):
+        return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"),
+                         dt_bias=x.get("dt_bias"), initial_state=x.get("initial_state"),
+                         output_final_state=True, config=config, **kw)
+    return run
+
+
+def _reference(x, kw):
+    gate = kw.get("gate", "raw")
+    mode = "log_decay" if gate == "log_decay" else (
+        "lower_bound" if kw["lower_bound"] is not None else "unbounded")
+    rest = {k: v for k, v in kw.items() if k != "gate"}
+    return reference_forward(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"),
+                             dt_bias=x.get("dt_bias"), initial_state=x.get("initial_state"),
+                             output_final_state=True, gate=mode, **rest)
+
+
+def _compare(x, kw, config=KernelConfig(), tol=TOL):
+    o, s = _kernel(config)(x, kw)
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(o.shape, generator=gen).to(o.device)
+    dht = torch.randn(s.shape, generator=gen).to(o.device)
+    got = _grads(x, kw, _kernel(config), do, dht)
+    want = _grads(x, kw, _reference, do, dht)
+    errors = {name: _err(got[name], want[name]) for name in got}
+    assert all(got[n].dtype == x[n].dtype and got[n].shape == x[n].shape for n in got)
+    bad = {n: e for n, e in errors.items() if not e < tol}
+    assert not bad, (bad, errors)
+    return errors
+
+
+@interp
+@pytest.mark.parametrize("case", [
+    dict(B=1, T=32, HQ=1, H=1, HG=1, K=16, V=16),
+    dict(B=2, T=83, HQ=1, H=2, HG=2, K=16, V=32),                  # T % 16, blocks, V != K
+    dict(B=1, T=150, HQ=2, H=4, HG=2, K=16, V=16, cu=[0, 0, 70, 71, 150]),  # varlen, GVA
+    dict(B=1, T=40, HQ=1, H=1, HG=1, K=32, V=16, h0=False),
+    dict(B=2, T=70, HQ=1, H=1, HG=1, K=16, V=16, layout="VK", state_dtype=torch.bfloat16),
+], ids=["plain", "ragged_gva", "varlen_empty", "no_state", "vk_bf16_state"])
+def test_interp_gradients_match_fp64(case):
+    _compare(*_case(**case))
+
+
+@interp
+@pytest.mark.parametrize("gate,strong", [("unbounded", False), ("unbounded", True),
+                                         ("log_decay", False), ("log_decay", True)])
+def test_interp_gradients_every_gate(gate, strong):
+    # strong: spans of 16 steps past the split's range, the per-pair path forward and back
+    _compare(*_case(1, 64, 1, 1, 1, 16, 16, gate=gate, strong=strong))
+
+
+@interp
+def test_interp_sequence_parallel_backward():
+    # the reverse pass split into segments (summaries, the combine in reverse, segments):
+    # the same gradients as the serial pass, to fp32 rounding of the composed transitions
+    x, kw = _case(1, 150, 1, 2, 1, 16, 16, cu=[0, 5, 150])
+    split = _compare(x, kw, KernelConfig(dot="tf32", segment_chunks=4))
+    serial = _compare(x, kw, KernelConfig(dot="tf32", segment_chunks=0))
+    assert split.keys() == serial.keys()
+
+
+@interp
+def test_interp_final_state_gradient_only():
+    # a loss on the final state alone: every gradient flows back from dHT (dO = 0)
+    x, kw = _case(1, 48, 1, 1, 1, 16, 16)
+    o, s = _kernel()(x, kw)
+    s.sum().backward()
+    got = {n: t.grad.clone() for n, t in x.items()}
+    for t in x.values():
+        t.grad = None
+    _, rs = _reference(x, kw)
+    rs.sum().backward()
+    for n, t in x.items():
+        assert _err(got[n], t.grad) < TOL, n
+
+
+@interp
+def test_interp_compile_fullgraph_training_step():
+    # torch.compile(fullgraph=True) traces the custom op's forward and backward: a step of a
+    # small layer compiled equals the eager step
+    x, kw = _case(1, 32, 1, 1, 1, 16, 16, h0=False)
+    w = torch.nn.Parameter(torch.randn(16, 16) * 0.1)
+
+    def step(q, k, v, g, beta, A_log, dt_bias):
+        o, _ = chunk_kda(q @ w, k, v, g, beta, A_log=A_log, dt_bias=dt_bias,
+                         output_final_state=True, **kw)
+        return (o * o).sum()
+
+    args = [x[n] for n in ("q", "k", "v", "g", "beta", "A_log", "dt_bias")]
+    eager = step(*args)
+    eager.backward()
+    want = w.grad.clone()
+    w.grad = None
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss = compiled(*args)
+    loss.backward()
+    assert torch.equal(loss, eager) and torch.equal(w.grad, want)
+
+
+def _interp_count():
+    count = 0
+    for name, fn in list(globals().items()):
+        if name.startswith("test_interp_") and callable(fn):
+            n = 1
+            for mark in getattr(fn, "pytestmark", []):
+                if mark.name == "parametrize":
+                    n *= len(mark.args[1])
+            count += n
+    return count
+
+
+def test_interpreter_suite(tmp_path):
+    """The interpreter tests above in one TRITON_INTERPRET=1 child; all must pass."""
+    if INTERP:
+        pytest.skip("already interpreting: the interpreter tests run in this process")
+    report = tmp_path / "interp.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "interp_",
+         f"--junitxml={report}", __file__],
+        env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
+        timeout=1800)
+    log = proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert proc.returncode == 0, log
+    cases = list(ET.parse(report).getroot().iter("testcase"))
+    bad = [c.get("name") for c in cases if any(ch.tag in ("failure", "error", "skipped")
+                                                for ch in c)]
+    assert not bad and len(cases) == _interp_count(), (bad, len(cases), log)
+
+
+def test_bad_arguments_name_the_argument():
+    x, kw = _case(1, 16, 1, 1, 1, 16, 16)
+    with pytest.raises(ValueError, match="config"):
+        chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], config="fast")
+    with pytest.raises(ValueError, match="output_final_state"):
+        chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], output_final_state=1)
+
+
+# ------------------------------------------------------------------ GPU (real shapes)
+
+def _fla_grads(x, kw, do, dht):
+    """fla's chunk_kda backward on the same inputs (its gate, norms and β conventions)."""
+    from fla.ops.kda import chunk_kda as fla  # grads on: fla's own Triton path
+
+    for t in x.values():
+        t.grad = None
+    o, s = fla(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"),
+               dt_bias=x.get("dt_bias"), initial_state=x.get("initial_state"),
+               cu_seqlens=kw.get("cu_seqlens"),
+               output_final_state=True, use_qk_l2norm_in_kernel=True,
+               use_gate_in_kernel=kw.get("gate") != "log_decay",
+               use_beta_sigmoid_in_kernel=True, lower_bound=kw["lower_bound"],
+               safe_gate=kw["lower_bound"] is not None)
+    ((o.float() * do).sum() + (s.float() * dht).sum()).backward()
+    return {n: t.grad.clone() for n, t in x.items()}
+
+
+@gpu
+@pytest.mark.parametrize("gate", ["lower_bound", "unbounded", "log_decay"])
+def test_gpu_gradients_match_fp64_and_beat_fla(gate):
+    """bf16 inputs at T = 1024, H = 4, K = V = 128: every gradient within fla's own test
+    tolerances (dq, dk, dv, dh0 8e-3; dg, dβ 2e-2; dA_log 3e-3) against fp64, and no worse
+    than fla's on the same inputs (the issue's target is half of fla's: BENCHMARKS.md has
+    the figures; here the test holds the weaker line so that a regression fails)."""
+    x, kw = _case(1, 1024, 4, 4, 4, 128, 128, gate=gate, device="cuda",
+                  dtype=torch.bfloat16)
+    o, s = _kernel()(x, kw)
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(o.shape, generator=gen).cuda()
+    dht = torch.randn(s.shape, generator=gen).cuda()
+    got = _grads(x, kw, _kernel(), do, dht)
+    want = _grads(x, kw, _reference, do, dht)
+    theirs = _fla_grads(x, kw, do, dht)
+    tol = dict(dq=8e-3, dk=8e-3, dv=8e-3, dh0=8e-3, dg=2e-2, dbeta=2e-2, dA_log=3e-3,
+               ddt_bias=2e-2)
+    names = dict(q="dq", k="dk", v="dv", g="dg", beta="dbeta", A_log="dA_log",
+                 dt_bias="ddt_bias", initial_state="dh0")
+    for n in got:
+        mine, fla = _err(got[n], want[n]), _err(theirs[n], want[n])
+        assert mine < tol[names[n]] and mine <= 1.05 * fla, (n, mine, fla)
+
+
+@gpu
+def test_gpu_two_optimizer_steps_match_fla():
+    """A layer (q, k, v projections, the gate's parameters) trained two Adam steps through
+    kdalab and through fla from the same start: the parameters agree to the gradients'
+    accuracy (both within 1e-3 relative of each other after two steps of lr 1e-3)."""
+    from fla.ops.kda import chunk_kda as fla  # grads on: fla's own Triton path
+
+    D, H, K = 256, 2, 128
+    x = torch.randn(1, 512, D, device="cuda", dtype=torch.bfloat16)
+
+    def params():
+        g = torch.Generator(device="cpu").manual_seed(1)
+        p = dict(wq=torch.randn(D, H * K, generator=g) * D ** -0.5,
+                 wk=torch.randn(D, H * K, generator=g) * D ** -0.5,
+                 wv=torch.randn(D, H * K, generator=g) * D ** -0.5,
+                 wg=torch.randn(D, H * K, generator=g) * D ** -0.5,
+                 wb=torch.randn(D, H, generator=g) * D ** -0.5,
+                 A_log=torch.randn(H, generator=g) * 0.3,
+                 dt_bias=torch.randn(H * K, generator=g) * 0.3)
+        return {n: torch.nn.Parameter(t.cuda()) for n, t in p.items()}
+
+    def loss(p, fn, **extra):
+        def proj(name):
+            return (x @ p[name].bfloat16()).view(1, 512, H, K)
+        beta = (x @ p["wb"].bfloat16()).view(1, 512, H)
+        o, _ = fn(proj("wq"), proj("wk"), proj("wv"), proj("wg"), beta, A_log=p["A_log"],
+                  dt_bias=p["dt_bias"], lower_bound=-5.0, **extra)
+        return (o.float() ** 2).mean()
+
+    runs = {}
+    for name, fn, extra in (("kdalab", chunk_kda, {}),
+                            ("fla", fla, dict(use_qk_l2norm_in_kernel=True,
+                                              use_gate_in_kernel=True,
+                                              use_beta_sigmoid_in_kernel=True,
+                                              safe_gate=True))):
+        p = params()
+        opt = torch.optim.Adam(p.values(), lr=1e-3)
+        for _ in range(2):
+            opt.zero_grad()
+            loss(p, fn, **extra).backward()
+            opt.step()
+        runs[name] = p
+    for n in runs["kdalab"]:
+        a, b = runs["kdalab"][n].detach(), runs["fla"][n].detach()
+        assert _err(a, b) < 1e-3, (n, _err(a, b))
+
+
+@gpu
+@pytest.mark.parametrize("T,H,segments", [(8192, 16, 0), (32768, 2, None)])
+def test_gpu_long_sequences_serial_and_split(T, H, segments):
+    """T = 32768 at H = 2 takes the sequence-parallel reverse pass (the plan splits); both
+    hold the bf16 tolerance on every gradient."""
+    x, kw = _case(1, T, H, H, H, 128, 128, device="cuda", dtype=torch.bfloat16)
+    config = KernelConfig(segment_chunks=segments)
+    errors = _compare(x, kw, config, tol=2e-2)
+    assert errors["dv"] < 8e-3 and errors["dq"] < 8e-3, errors
