@@ -19,6 +19,8 @@
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
+#   train     benchmarks/bench_train.py: forward+backward against fla, memory, gradient
+#             accuracy (TRAIN_ARGS: its options, e.g. "--shapes T8192_H64 --accuracy")
 # fla autotunes every new shape (30-90 s; the whole grid's ten take longer than one call):
 # the grid step leaves fla's choices in $OUT/triton_autotune.tar, carried as .peers/ next time.
 # PEERS_BUILD=background builds FlashKDA (when its source is carried) while fla warms up; the
@@ -102,6 +104,13 @@ step_grid() {
         "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
     peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
+}
+
+step_train() {
+    timeout "${TRAIN_S:-400}" python3 benchmarks/bench_train.py --json "$D/train.json" \
+        ${TRAIN_ARGS:-} > "$D/train.log" 2>&1
+    echo "train exit $?"; tail -n 40 "$D/train.log"
+    peers_save_autotune
 }
 
 step_sweep() {  # the plain command against the start-up candidates, interleaved
