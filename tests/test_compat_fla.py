@@ -1,7 +1,8 @@
-"""kdalab.compat.fla: fla's chunk_kda and fused_recurrent_kda call sites, forward only, on
-kdalab's kernels. Interpreter tests against kdalab's own entry points (same bits) and the fp64
-recurrence; what is not supported raises ValueError naming it; on the GPU the same keyword
-arguments go to fla's own functions and both results are held to the fp64 recurrence."""
+"""kdalab.compat.fla: fla's chunk_kda (differentiable) and fused_recurrent_kda call sites on
+kdalab's kernels, in every calling pattern of fla-core 0.6 the module's docstring lists.
+Interpreter tests against kdalab's own entry points (same bits) and the fp64 recurrence; what
+is not supported raises NotImplementedError naming it; on the GPU the same keyword arguments
+go to fla's own functions and both results are held to the fp64 recurrence."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def test_interp_chunk_kda_intermediate_states():
     # fla's h for vLLM: the state at the start of every 32-token chunk, bf16 [B, NT, HV, K, V]
     q, k, v, g, beta, kw = inputs(2, 70, 1, 1, 16, 16)
     h0 = pool(2, 1, 16, 16)
-    o, s, h = compat.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                               return_intermediate_states=True, chunk_size=32,
-                               **_fla_kwargs(kw))
+    with torch.inference_mode():
+        o, s, h = compat.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                   return_intermediate_states=True, chunk_size=32,
+                                   **_fla_kwargs(kw))
     assert h.shape == (2, 3, 1, 16, 16) and h.dtype == torch.bfloat16
     assert torch.equal(h[:, 0], h0.bfloat16())
     for j in (1, 2):
@@ -77,25 +79,110 @@ def test_interp_fused_recurrent_kda_pool_and_plain():
     assert err(o, ro) < 1e-5 and err(s, rs) < 1e-5 and torch.equal(h0, keep)
 
 
+@interp
+@pytest.mark.parametrize("pattern", ["precomputed_g", "unbounded", "beta_probs",
+                                     "neg_eigval"])
+def test_interp_chunk_kda_patterns(pattern):
+    # fla's other calling patterns: a precomputed log-decay (use_gate_in_kernel=False, fla's
+    # default), the unbounded softplus gate (lower_bound=None), β as probabilities, and
+    # allow_neg_eigval (β = 2 sigmoid): the same as kdalab's entry point with the gate and β
+    # it means, and within the fp32 bound of the fp64 recurrence
+    q, k, v, g, beta, kw = inputs(1, 40, 1, 2, 16, 16)
+    fla_kw = _fla_kwargs(kw)
+    mine = dict(A_log=kw["A_log"], dt_bias=kw["dt_bias"], lower_bound=kw["lower_bound"])
+    ref = dict(mine, gate="lower_bound")
+    if pattern == "precomputed_g":
+        g = -torch.rand(g.shape) * 2
+        fla_kw.update(use_gate_in_kernel=False, lower_bound=None)
+        mine = dict(gate="log_decay", lower_bound=None)
+        ref = dict(gate="log_decay", lower_bound=None)
+    elif pattern == "unbounded":
+        fla_kw.update(lower_bound=None)
+        mine.update(lower_bound=None)
+        ref.update(lower_bound=None, gate="unbounded")
+    elif pattern == "beta_probs":
+        beta = torch.sigmoid(beta)
+        fla_kw.update(use_beta_sigmoid_in_kernel=False)
+        mine.update(beta_is_logits=False)
+        ref.update(beta_is_logits=False)
+    else:
+        fla_kw.update(allow_neg_eigval=True)
+        mine.update(beta_is_logits=False)
+        ref.update(beta_is_logits=False)
+        beta_kernel = 2 * torch.sigmoid(beta)
+    o, s = compat.chunk_kda(q, k, v, g, beta, output_final_state=True, **fla_kw)
+    b = beta_kernel if pattern == "neg_eigval" else beta
+    o2, s2 = chunk_kda_fwd(q, k, v, g, b, output_final_state=True, **mine)
+    assert torch.equal(o, o2) and torch.equal(s, s2)
+    ro, rs = reference_forward(q, k, v, g, b, output_final_state=True, **ref)
+    assert err(o, ro) < 3e-3 and err(s, rs) < 3e-3  # tests/test_kernels.py's TOL_FP32
+
+
+@interp
+def test_interp_intermediate_states_with_cu_seqlens():
+    # vLLM's prefill: h for packed sequences, [1, NT_total, HV, K, V], each sequence's chunks
+    # in order, its first the initial state
+    q, k, v, g, beta, kw = inputs(1, 90, 1, 1, 16, 16)
+    cu = torch.tensor([0, 40, 40, 90])
+    h0 = pool(3, 1, 16, 16)
+    with torch.inference_mode():
+        o, s, h = compat.chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                                   return_intermediate_states=True, chunk_size=32,
+                                   cu_seqlens=cu, **_fla_kwargs(kw))
+    assert h.shape == (1, 2 + 0 + 2, 1, 16, 16) and h.dtype == torch.bfloat16
+    assert torch.equal(h[0, 0], h0[0].bfloat16()) and torch.equal(h[0, 2], h0[2].bfloat16())
+    for start, n, row in ((0, 32, 1), (40, 32, 3)):
+        x = [t[:, start:start + n] for t in (q, k, v, g, beta)]
+        _, want = chunk_kda_fwd(*x, initial_state=h0[[0 if start == 0 else 2]],
+                                output_final_state=True, **kw)
+        assert torch.equal(h[0, row], want[0].bfloat16())
+
+
+@interp
+def test_interp_chunk_kda_backward_through_compat():
+    # a user's loss.backward() after swapping the import: gradients equal kdalab's own
+    q, k, v, g, beta, kw = inputs(1, 32, 1, 1, 16, 16)
+    leaves = [t.requires_grad_(True) for t in (q, k, v, g, beta)]
+    o, _ = compat.chunk_kda(*leaves, **_fla_kwargs(kw))
+    o.square().sum().backward()
+    got = [t.grad.clone() for t in leaves]
+    for t in leaves:
+        t.grad = None
+    from kdalab.kernels import chunk_kda
+
+    o2, _ = chunk_kda(*leaves, **kw)
+    o2.square().sum().backward()
+    assert all(torch.equal(a, t.grad) for a, t in zip(got, leaves, strict=True))
+
+
 @pytest.mark.parametrize("fn", ["chunk_kda", "fused_recurrent_kda"])
 @pytest.mark.parametrize("change,match", [
-    (dict(use_gate_in_kernel=False), "use_gate_in_kernel"),
-    (dict(lower_bound=None), "lower_bound"),
-    (dict(allow_neg_eigval=True), "allow_neg_eigval"),
+    (dict(cp_context=object()), "cp_context"),
     (dict(some_new_flag=True), "some_new_flag"),
 ])
-def test_compat_rejects_what_it_does_not_do(fn, change, match):
+def test_compat_refuses_what_its_docstring_lists(fn, change, match):
     q, k, v, g, beta, kw = inputs(1, 4, 1, 1, 16, 16)
+    if fn == "fused_recurrent_kda" and "cp_context" in change:
+        change = dict(cp_context=None, other_unknown=1)
+        match = "other_unknown"
     args = dict(_fla_kwargs(kw), **change)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(NotImplementedError, match=match):
         getattr(compat, fn)(q, k, v, g, beta, **args)
 
 
-def test_compat_is_forward_only():
+def test_compat_refuses_headwise_beta_and_decode_gradients():
     q, k, v, g, beta, kw = inputs(1, 4, 1, 1, 16, 16)
+    with pytest.raises(NotImplementedError, match="headwise"):
+        compat.chunk_kda(q, k, v, g, beta[..., None].expand(*beta.shape, 16), **_fla_kwargs(kw))
     q.requires_grad_(True)
-    with pytest.raises(ValueError, match="forward only"):
-        compat.chunk_kda(q, k, v, g, beta, **_fla_kwargs(kw))
+    with pytest.raises(NotImplementedError, match="fused_recurrent_kda"):
+        compat.fused_recurrent_kda(q, k, v, g, beta, **_fla_kwargs(kw))
+
+
+def test_compat_intermediate_states_need_inference_mode():
+    q, k, v, g, beta, kw = inputs(1, 32, 1, 1, 16, 16)
+    with pytest.raises(NotImplementedError, match="inference_mode"):
+        compat.chunk_kda(q, k, v, g, beta, return_intermediate_states=True, **_fla_kwargs(kw))
 
 
 # ------------------------------------------------------------ GPU: against fla itself

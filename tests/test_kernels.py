@@ -601,6 +601,81 @@ def test_interp_initial_state_beyond_fp16(guard):
 
 
 @interp
+@pytest.mark.parametrize("segment_chunks,guard,P", [(0, "inline", 37), (0, "launch", 48),
+                                                    (2, "inline", 70), (2, "launch", 37)])
+def test_interp_fp16_guard_is_bit_causal(segment_chunks, guard, P):
+    # values from position P on past fp16's range (v x 1e5: U overflows fp16 at P's chunk):
+    # the guard trips, and every output before P keeps the bits of the run without the large
+    # values, on the serial and the sequence-parallel passes, P inside a chunk and at a
+    # chunk's start (48); outputs from P on stay finite and accurate
+    (q, k, v, g, beta), kw = _slow_decay(100, 2, 32, seed=8)
+    v = v.float()
+    big = v.clone()
+    big[:, P:] *= 1e5
+    h0 = _state(1, 2, 32, 32, seed=4)
+    config = KernelConfig(segment_chunks=segment_chunks, fp16_guard=guard, block_v=16)
+
+    def run(values):
+        return chunk_kda_fwd(q, k, values, g, beta, **kw, initial_state=h0,
+                             output_final_state=True, config=config)
+
+    plain, perturbed = run(v), run(big)
+    assert torch.equal(perturbed[0][:, :P], plain[0][:, :P])
+    assert perturbed[0].isfinite().all() and perturbed[1].isfinite().all()
+    ro, rs = _reference(q, k, big, g, beta, **kw, initial_state=h0, output_final_state=True)
+    assert _err(perturbed[0], ro) < TOL_FP32 and _err(perturbed[1], rs) < TOL_FP32
+    # (v x 1e5 puts U past 65504 at P: the fp16 products overflowed there, so finite outputs
+    # mean the guard's redo ran)
+
+
+@interp
+@pytest.mark.parametrize("gate", ["unbounded", "log_decay", "lower_bound_8"])
+def test_interp_gates_match_fp64(gate):
+    # fla's unbounded softplus gate, a precomputed log-decay (fp32 and bf16 g), and a bound
+    # below -5 (its 16 steps past the split's range: the span is checked per chunk)
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 70, 2, 32)
+    kw = dict(initial_state=_state(1, 2, 32, 32, seed=3), output_final_state=True)
+    if gate == "log_decay":
+        for ld in (-torch.rand(g.shape) * 3, (-torch.rand(g.shape) * 3).bfloat16()):
+            o, s = chunk_kda_fwd(q, k, v.float(), ld, beta, gate="log_decay", lower_bound=None,
+                                 **kw)
+            ro, rs = reference_forward(q, k, v.float(), ld, beta, gate="log_decay",
+                                       lower_bound=None, **kw)
+            assert _err(o, ro) < TOL_FP32 and _err(s, rs) < TOL_FP32
+        return
+    lb = None if gate == "unbounded" else -8.0
+    ref_gate = "unbounded" if lb is None else "lower_bound"
+    o, s = chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias,
+                         lower_bound=lb, **kw)
+    ro, rs = reference_forward(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias,
+                               lower_bound=lb, gate=ref_gate, **kw)
+    assert _err(o, ro) < TOL_FP32 and _err(s, rs) < TOL_FP32
+
+
+@interp
+@pytest.mark.parametrize("mixed", [False, True], ids=["strong", "mixed_channels"])
+def test_interp_strong_decay_takes_the_per_pair_path(mixed, monkeypatch):
+    # log-decay down to -20 a step (every chunk spans far past the split's 80), and a mixture
+    # of strong and weak key channels: within the bound against fp64, finite; with the span
+    # check disabled (the split on every chunk) the same inputs give inf/NaN or garbage, so
+    # the case does exercise the per-pair path
+    from kdalab.kernels import contract
+
+    q, k, v, g, beta, _, _ = _inputs("model_like", 1, 64, 1, 32)
+    gen = torch.Generator().manual_seed(2)
+    ld = -5.0 - 15.0 * torch.rand(g.shape, generator=gen)
+    if mixed:
+        ld[..., ::2] = -0.01 * torch.rand(ld[..., ::2].shape, generator=gen)
+    kw = dict(gate="log_decay", lower_bound=None, output_final_state=True)
+    o, s = chunk_kda_fwd(q, k, v.float(), ld, beta, **kw)
+    ro, rs = reference_forward(q, k, v.float(), ld, beta, **kw)
+    assert o.isfinite().all() and _err(o, ro) < TOL_FP32 and _err(s, rs) < TOL_FP32
+    monkeypatch.setattr(contract.Gate, "span_checked", property(lambda self: False))
+    o2, _ = chunk_kda_fwd(q, k, v.float(), ld, beta, **kw)
+    assert not o2.isfinite().all() or _err(o2, ro) > 100 * TOL_FP32
+
+
+@interp
 def test_interp_no_final_state_and_empty_input():
     q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 20, 1, 32)
     o, ht = chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias)

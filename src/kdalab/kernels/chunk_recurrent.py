@@ -106,14 +106,20 @@ def not_finite(x):
 @triton.jit
 def switch_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma):
     """The redo's chunk whose fp16 step is not finite (module docstring): (S^T after it by
-    tf32 products, O^T with the fp16 step's outputs before the first non-finite column of U
-    and tf32's from it on). U is formed as ``chunk_step`` forms it, so its finite columns
-    have the first pass's bits."""
+    tf32 products, O^T with the fp16 step's outputs before the first token whose value or
+    column of U is not finite in fp16, and tf32's from it on). U is formed as ``chunk_step``
+    forms it, so the columns before that token have the first pass's bits."""
     Sd = St.to(tl.float16)
-    ud = (tl.dot(vt.to(tl.float16), ainvt.to(tl.float16), input_precision="tf32")
+    # a value past fp16's range is inf as an operand, and inf·0 = NaN would reach the earlier
+    # columns through AINV's zeros: such values are zeroed, and their columns marked bad
+    v16 = vt.to(tl.float16)
+    v_fin = (v16 == v16) & (tl.abs(v16) != float("inf"))
+    ud = (tl.dot(tl.where(v_fin, v16, 0.0).to(tl.float16), ainvt.to(tl.float16),
+                 input_precision="tf32")
           - tl.dot(Sd, wt.to(tl.float16), input_precision="tf32")).to(tl.float16)
     fin = (ud == ud) & (tl.abs(ud) != float("inf"))
-    col_bad = tl.max(1 - fin.to(tl.int32), axis=0) | not_finite(Sd)  # [16] by token
+    col_bad = (tl.max(1 - fin.to(tl.int32), axis=0) | tl.max(1 - v_fin.to(tl.int32), axis=0)
+               | not_finite(Sd))  # [16] by token
     keep = tl.cumsum(col_bad, axis=0) == 0                            # before the first bad
     o16 = (tl.dot(Sd, qgt.to(tl.float16), input_precision="tf32")
            + tl.dot(tl.where(fin, ud, 0.0).to(tl.float16), mqkt.to(tl.float16),
