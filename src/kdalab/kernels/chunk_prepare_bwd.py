@@ -124,8 +124,15 @@ def chunk_kda_prepare_bwd_kernel(
     else:
         wide = False
     strict = o_r[:, None] > o_r[None, :]
-    # the split's column factor (clamped: a wide chunk does not use it, and it stays finite)
-    ki = kv * tl.exp2(tl.minimum(-g2, 126.0))
+    # the split anchored at the middle of the chunk's span, m = G_last / 2: 2^(G_i - G_j) =
+    # 2^(G_i - m) 2^(m - G_j), each factor within 2^±58 (the span is at most 115 where the
+    # split runs), so that the products with the gradients (dP, dMQK of any size) stay
+    # finite; anchored at the chunk's start a factor reached 2^115 (clamped: a wide chunk
+    # does not use them)
+    mid = g2_last[None, :] * 0.5
+    up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))    # 2^(G - m)
+    dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))    # 2^(m - G)
+    ki = kv * dn
     if wide:
         P = tl.zeros([BT, BT], dtype=tl.float32)
         for j in range(0, BT):  # not unrolled: 16 bodies would spill
@@ -135,7 +142,7 @@ def chunk_kda_prepare_bwd_kernel(
             ke = kj[None, :] * tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
             P += tl.where((o_r == j)[None, :], tl.sum(kv * ke, axis=1)[:, None], 0.0)
     else:
-        P = tl.dot(kd, tl.trans(ki), input_precision="tf32x3")
+        P = tl.dot(kv * up, tl.trans(ki), input_precision="tf32x3")
     P = tl.where(strict, P, 0.0)
     Tinv = neumann_inverse16(P * b[:, None], BT)
     A = Tinv * b[None, :]
@@ -155,10 +162,10 @@ def chunk_kda_prepare_bwd_kernel(
     if wide:
         drow, dqs, dcol = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
     else:
-        drow = decay * tl.dot(dP, ki, input_precision="tf32x3")
-        dqs = decay * tl.dot(dM, ki, input_precision="tf32x3")
-        dcol = tl.exp2(tl.minimum(-g2, 126.0)) * (tl.dot(tl.trans(dP), kd, input_precision="tf32x3")
-                               + tl.dot(tl.trans(dM), qd, input_precision="tf32x3"))
+        drow = up * tl.dot(dP, ki, input_precision="tf32x3")
+        dqs = up * tl.dot(dM, ki, input_precision="tf32x3")
+        dcol = dn * (tl.dot(tl.trans(dP), kv * up, input_precision="tf32x3")
+                     + tl.dot(tl.trans(dM), qs * up, input_precision="tf32x3"))
     dg2 = kv * (drow - dcol) + qs * dqs
     dkv = drow + dcol + decay * dkd + ekend * dkend
     dg2 += kd * dkd + qd * dqg

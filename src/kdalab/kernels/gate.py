@@ -79,7 +79,7 @@ def log2_decay_grads(x, a, bias, lower_bound, GATE: tl.constexpr):
     """(dy/dx, dy/dA_log) of y = ``log2_decay(x)`` (base 2), elementwise; dt_bias's
     derivative is dy/dx. With a = exp(A_log), z = x + bias:
 
-        lower-bounded  dy/dx = lb·log2e · a·σ(az)(1-σ(az)),   dy/dA_log = dy/dx · z
+        lower-bounded  dy/dx = lb·log2e · a·σ(az)σ(-az),     dy/dA_log = dy/dx · z
         softplus       dy/dx = -log2e · a·σ(z),                dy/dA_log = y
         log-decay      dy/dx = log2e,                          dy/dA_log = 0
     """
@@ -89,8 +89,9 @@ def log2_decay_grads(x, a, bias, lower_bound, GATE: tl.constexpr):
         da = tl.zeros(x.shape, dtype=tl.float32)
     elif GATE == GATE_LOWER_BOUND:
         z = x + bias
-        s = tl.sigmoid(a * z)
-        dx = (lower_bound * LOG2E) * (a * (s * (1.0 - s)))
+        # σ'(u) = σ(u) σ(-u): σ(1 - σ) rounds to 0 where σ saturates to 1 in fp32, and the
+        # gate's gradient with it
+        dx = (lower_bound * LOG2E) * (a * (tl.sigmoid(a * z) * tl.sigmoid(-(a * z))))
         da = dx * z
     else:
         z = x + bias
