@@ -44,6 +44,10 @@ def matmul64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     m, n = a.shape[-2], b.shape[-1]
     if a.device.type != "cpu" or not _odd(m, n) or (a.dim() == 2 and b.dim() == 2):
         return torch.matmul(a, b)
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        # bmm into a buffer has no gradient; a gradient's reference does not need the bits of
+        # each matrix alone
+        return torch.matmul(a, b)
     lead = lead_shape(a.shape[:-2], b.shape[:-2])
     a3 = a.expand(lead + a.shape[-2:]).reshape((-1,) + a.shape[-2:])
     b3 = b.expand(lead + b.shape[-2:]).reshape((-1,) + b.shape[-2:])

@@ -12,6 +12,9 @@ For each token t (per sequence, per value head), with per-channel log-decay g_t 
 Variable-length batches (``cu_seqlens``) run each sequence from its own initial state; internally
 they are packed into a zero-padded batch, which is exact: a padded token has g = 0, k = 0, β = 0,
 so it leaves S bit-for-bit unchanged.
+
+Differentiable: torch's autograd through it gives the float64 gradients (the gradient reference
+of ``kdalab check --grad``, docs/training.md); the forward's bits are those of the plain call.
 """
 
 from __future__ import annotations
@@ -32,14 +35,14 @@ def recurrent_core(q, k, v, log_decay, beta, scale: float, state=None):
     s = (torch.zeros(n, hv, kd, v.shape[-1], dtype=torch.float64, device=q.device)
          if state is None else state.double().clone())
     q = q * scale
-    o = torch.empty_like(v)
+    o = []  # stacked at the end: no in-place writes, so autograd can differentiate it
     for i in range(t):
         k_i = k[:, :, i].unsqueeze(-2)  # [N, HV, 1, K]
         s = s * torch.exp(g[:, :, i]).unsqueeze(-1)
         pred = matmul64(k_i, s)  # [N, HV, 1, V]
         s = s + k_i.transpose(-1, -2) * (b[:, :, i, None, None] * (v[:, :, i].unsqueeze(-2) - pred))
-        o[:, :, i] = matmul64(q[:, :, i].unsqueeze(-2), s).squeeze(-2)
-    return o, s
+        o.append(matmul64(q[:, :, i].unsqueeze(-2), s).squeeze(-2))
+    return (torch.stack(o, dim=2) if o else torch.empty_like(v)), s
 
 
 def _run(prep: Prepared, output_final_state: bool, state_layout: str):
