@@ -79,6 +79,8 @@ class Thresholds:
                 continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.grad, bool):
+            raise ValueError(f"grad must be True or False, got {self.grad!r}")
         if not (isinstance(self.min_identical, (int, float)) and 0 <= self.min_identical <= 1):
             raise ValueError(f"min_identical must be a fraction in [0, 1], got "
                              f"{self.min_identical!r}")

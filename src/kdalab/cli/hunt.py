@@ -25,7 +25,8 @@ _EPILOG = (
     "this run adds, the reports cover all trials); a split hunt is reproducible for the same "
     "split, but differs from the unsplit one after the split. Exit codes: 0 nothing above "
     "--threshold, 1 an output "
-    "error above it (or a non-finite value, or a kernel that raised), 2 usage error. "
+    "error (--grad: a gradient error) above it (or a non-finite value, or a kernel that "
+    "raised), 2 usage error. "
     "docs/hunt.md."
 )
 
