@@ -18,10 +18,8 @@ import pandas as pd  # noqa: E402
 from kdalab.views.tables import fmt_sci  # noqa: E402
 
 __all__ = ["kernels_of", "cases_of", "summary", "cell_text", "terminal_table", "notes",
-           "plot_check", "verdict", "contract_rows", "GRADS", "worst_gradient", "gradient_rows"]
-
-#: the gradients a ``--grad`` record judges, in the records' order (kdalab.check.gradients)
-GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
+           "plot_check", "verdict", "contract_rows", "gradients_of", "worst_gradient",
+           "gradient_rows"]
 
 _STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "skipped": "·", "excluded": "·"}
 
@@ -71,10 +69,20 @@ def cell_text(rec: dict) -> str:
     return f"{text}; ∇ {name} {_fmt_multiple(mult)}" if name else text
 
 
+def gradients_of(records) -> list[str]:
+    """The gradients a ``--grad`` run's records judge (dq … dh0), in the records' order, read
+    from their fields (none for a forward-only run)."""
+    fields = records.columns if isinstance(records, pd.DataFrame) else (
+        records[0] if len(records) else {})
+    return [f.removesuffix("_budget_multiple") for f in fields
+            if f.endswith("_budget_multiple") and f not in ("o_budget_multiple",
+                                                            "state_budget_multiple")]
+
+
 def worst_gradient(rec: dict) -> tuple[str, float]:
     """The gradient with the largest multiple of its floor and that multiple (``--grad``
     records), or ``("", nan)``."""
-    mults = [(n, _num(rec.get(f"{n}_budget_multiple"))) for n in GRADS]
+    mults = [(n, _num(rec.get(f"{n}_budget_multiple"))) for n in gradients_of([rec])]
     mults = [(n, m) for n, m in mults if not math.isnan(m)]
     return max(mults, key=lambda p: p[1]) if mults else ("", math.nan)
 
@@ -84,17 +92,19 @@ def gradient_rows(records) -> list[dict]:
     (each gradient's floor error) and one row per kernel that ran: ``case``, ``kernel``,
     ``status`` and per gradient ``(relative error, multiple of the floor)`` (NaN: not judged)."""
     df = _frame(records)
-    if "dq_rel_err" not in df:
+    names = gradients_of(df)
+    if not names:
         return []
-    ran = df[df["status"].isin(("pass", "fail")) & df["dq_rel_err"].notna()].to_dict("records")
+    ran = df[df["status"].isin(("pass", "fail")) & df[f"{names[0]}_rel_err"].notna()]
+    ran = ran.to_dict("records")
     rows = []
     for case in dict.fromkeys(r["case"] for r in ran):
         mine = [r for r in ran if r["case"] == case]
         rows.append({"case": case, "kernel": "floor", "status": "",
-                     **{n: (_num(mine[0].get(f"{n}_floor_err")), math.nan) for n in GRADS}})
+                     **{n: (_num(mine[0].get(f"{n}_floor_err")), math.nan) for n in names}})
         rows += [{"case": case, "kernel": r["kernel"], "status": r["status"],
                   **{n: (_num(r.get(f"{n}_rel_err")), _num(r.get(f"{n}_budget_multiple")))
-                     for n in GRADS}} for r in mine]
+                     for n in names}} for r in mine]
     return rows
 
 
@@ -174,7 +184,7 @@ def summary(records) -> pd.DataFrame:
             mult = mult[~np.isnan(mult)]
             row["median × floor"] = float(np.median(mult)) if len(mult) else math.nan
             row["worst × floor"] = float(np.max(mult)) if len(mult) else math.nan
-            if "dq_rel_err" in df:
+            if gradients_of(df):
                 grads = [worst_gradient(r)[1] for r in ran.to_dict("records")]
                 grads = [g for g in grads if not math.isnan(g)]
                 row["worst ∇ × floor"] = max(grads) if grads else math.nan
@@ -274,7 +284,7 @@ def plot_check(records) -> bytes:
     else:
         panels = [("o_rel_err", "output relative error vs fp64", None),
                   ("state_rel_err", "final-state relative error vs fp64", None)]
-        if "dq_rel_err" in df:  # --grad: each record's worst gradient, as a multiple
+        if gradients_of(df):  # --grad: each record's worst gradient, as a multiple
             df = df.assign(grad_worst=[worst_gradient(r)[1] for r in df.to_dict("records")])
             panels.append(("grad_worst", "worst gradient error / its floor", None))
     width = max(8.0, 0.42 * len(cases) + 2.5)

@@ -13,7 +13,6 @@ import pandas as pd
 from kdalab.views.check import (
     _FLOOR,
     _STATUS_MARK,
-    GRADS,
     _case_floor,
     _frame,
     _mode,
@@ -21,6 +20,7 @@ from kdalab.views.check import (
     cell_text,
     contract_rows,
     gradient_rows,
+    gradients_of,
     kernels_of,
     notes,
     plot_check,
@@ -74,16 +74,15 @@ def _contract_cells(r: dict) -> list[str]:
 
 _CONTRACT_HEAD = ["contract", "kernel", "status", "compared", "largest difference",
                   "× floor", "message"]
-_GRAD_HEAD = ["case", "kernel", *GRADS]
 _GRAD_ABOUT = ("each gradient's relative error against the fp64 reference's, and its multiple "
                "of the floor; the floor row: the floor's own error (the float32 recurrence's "
                "gradients rounded to bf16 at the tokens; docs/training.md)")
 
 
-def _grad_cells(r: dict) -> list[str]:
+def _grad_cells(r: dict, names: list[str]) -> list[str]:
     mark = f"{_STATUS_MARK[r['status']]} " if r["status"] else ""
     cells = [f"`{r['case']}`", f"{mark}{r['kernel']}"]
-    for name in GRADS:
+    for name in names:
         err, mult = r[name]
         cells.append("" if err != err else fmt_sci(err) if mult != mult
                      else f"{fmt_sci(err)} ({mult:.1f}×)" if mult < 1e3
@@ -130,11 +129,12 @@ def markdown_report(records, meta: dict, image: str | None = "errors.png") -> st
                   "|" + "---|" * len(_CONTRACT_HEAD)]
         lines += ["| " + " | ".join(_md_escape(str(c)) for c in _contract_cells(r)) + " |"
                   for r in contracts]
-    grads = gradient_rows(df)
+    grads, names = gradient_rows(df), gradients_of(df)
     if grads:
+        head = ["case", "kernel", *names]
         lines += ["", "## Gradients", "", f"{_GRAD_ABOUT[0].upper()}{_GRAD_ABOUT[1:]}.", "",
-                  "| " + " | ".join(_GRAD_HEAD) + " |", "|" + "---|" * len(_GRAD_HEAD)]
-        lines += ["| " + " | ".join(_grad_cells(r)) + " |" for r in grads]
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(_grad_cells(r, names)) + " |" for r in grads]
     found = notes(df)
     if found:
         lines += ["", "## Failures and unsupported cases", ""]
@@ -244,12 +244,13 @@ def html_report(records, meta: dict, png: bytes | None = None) -> str:
             parts.append(f"<tr class='{r['status']}'>" + "".join(
                 f"<td>{e(str(c))}</td>" for c in _contract_cells(r)) + "</tr>")
         parts.append("</table>")
-    grads = gradient_rows(df)
+    grads, names = gradient_rows(df), gradients_of(df)
     if grads:
         parts.append(f"<h2>Gradients</h2><p>{e(_GRAD_ABOUT)}.</p><table><tr>"
-                     + "".join(f"<th>{e(h)}</th>" for h in _GRAD_HEAD) + "</tr>")
+                     + "".join(f"<th>{e(h)}</th>" for h in ["case", "kernel", *names])
+                     + "</tr>")
         for r in grads:
-            cells = [c.strip("`") for c in _grad_cells(r)]
+            cells = [c.strip("`") for c in _grad_cells(r, names)]
             parts.append(f"<tr class='{r['status']}'>" + "".join(
                 f"<td class='num'>{e(c)}</td>" for c in cells) + "</tr>")
         parts.append("</table>")

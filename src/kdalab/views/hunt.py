@@ -8,7 +8,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from kdalab.views.check import GRADS
 from kdalab.views.tables import fmt_sci
 
 __all__ = ["plot_progress", "markdown_report", "write_hunt_views"]
@@ -156,8 +155,8 @@ def _worst_gradients(worst: dict) -> list[str]:
     """The worst case's gradient errors (a ``--grad`` hunt's), as one line."""
     if worst.get("grad_error") is None:
         return []
-    each = ", ".join(f"{n} {fmt_sci(worst[f'{n}_error'])}" for n in GRADS
-                     if worst.get(f"{n}_error") is not None)
+    each = ", ".join(f"{k.removesuffix('_error')} {fmt_sci(v)}" for k, v in worst.items()
+                     if k.startswith("d") and k.endswith("_error") and v is not None)  # dq … dh0
     return [f"Gradients (relative error against the fp64 reference's, upstream dO and dHT "
             f"drawn from the case's seed): worst **{worst['worst_grad']} "
             f"{fmt_sci(worst['grad_error'])}**; {each}; non-finite: "
