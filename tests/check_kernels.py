@@ -1,6 +1,6 @@
 """Kernels for tests/test_check.py, loaded by ``kdalab check tests.check_kernels:NAME`` or
-``tests/check_kernels.py:NAME``: an honest fp32 kernel, three planted bugs, and wrappers that
-break the convention."""
+``tests/check_kernels.py:NAME``: an honest fp32 kernel, planted bugs (in forwards and in
+backwards), and wrappers that break the convention."""
 
 from __future__ import annotations
 
@@ -255,3 +255,54 @@ honest_decode_vk = KernelAdapter(_vk_kernel, state_layout="VK", dt_bias_shape="f
                                  qk_l2norm_flag=None, decode=_vk_decode)
 decode_forgets = KernelAdapter(fp32_recurrence, decode=_decode_forgets)
 decode_leaks = KernelAdapter(fp32_recurrence, decode=_decode_leaks)
+
+
+# -- planted backwards (tests/test_check_grad.py): the forward honest, the gradient wrong --------
+
+class _ScaleGrad(torch.autograd.Function):
+    """The identity, whose backward scales the gradient."""
+
+    @staticmethod
+    def forward(ctx, x, factor):
+        ctx.factor = factor
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+
+def grad_dk_scaled(q, k, v, g, beta, **kw):
+    """Bug: the backward's dk is 2 % too large (every other gradient right)."""
+    return honest_fp32(q, _ScaleGrad.apply(k, 1.02), v, g, beta, **kw)
+
+
+def grad_drops_final_state(q, k, v, g, beta, **kw):
+    """Bug: the final state's gradient (dHT) does not flow back: the right state, no gradient
+    through it."""
+    o, s = honest_fp32(q, k, v, g, beta, **kw)
+    return o, s.detach() + 0 * s
+
+
+def grad_of_late_gate(q, k, v, g, beta, **kw):
+    """Bug: the forward is right, the backward is that of a gate one token late."""
+    o, s = honest_fp32(q, k, v, g, beta, **kw)
+    o_late, s_late = gate_one_token_late(q, k, v, g, beta, **kw)
+    return o.detach() + (o_late - o_late.detach()), s.detach() + (s_late - s_late.detach())
+
+
+def grad_detached(q, k, v, g, beta, **kw):
+    """Bug: answers without an autograd graph (and declares no missing backward)."""
+    o, s = honest_fp32(q, k, v, g, beta, **kw)
+    return o.detach(), s.detach()
+
+
+def grad_nondeterministic(q, k, v, g, beta, **kw):
+    """Bug: the same outputs every call, dv different from call to call (by 2^-9 of it: within
+    the budget, so that only determinism fails)."""
+    grad_nondeterministic.calls = getattr(grad_nondeterministic, "calls", 0) + 1
+    return honest_fp32(q, k, _ScaleGrad.apply(v, 1 + grad_nondeterministic.calls * 2.0 ** -9),
+                       g, beta, **kw)
+
+
+no_backward = KernelAdapter(honest_fp32, no_backward="a forward only (planted)")

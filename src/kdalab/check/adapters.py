@@ -24,6 +24,9 @@ g, beta, *, state_pool, state_indices, scale, A_log, dt_bias, lower_bound)``, ``
 convention: N sequences' next ``T_new`` tokens, the float32 pool ``[P, H, K, V]`` (in
 ``state_layout``) updated in place at rows ``state_indices`` (int64 ``[N]``).
 
+**Gradients** (``--grad``): torch's autograd through the kernel (or its ``grad_fn``), see
+:meth:`KernelAdapter.differentiate`; a kernel without a backward declares why (``no_backward``).
+
 A kernel says it does not support a case by raising NotImplementedError (or through its adapter's
 declared capabilities); any other exception fails the case. An answer of the wrong form (not a
 pair of tensors of the right shapes) is a :class:`ConventionError`.
@@ -45,6 +48,7 @@ import torch
 
 from kdalab import peers
 from kdalab.check.cases import CaseInputs
+from kdalab.check.tensors import GRADIENTS
 
 __all__ = ["KernelAdapter", "ConventionError", "KernelUnavailable", "BUILTIN", "load_kernel",
            "recipe_kernel", "KERNEL_HELP"]
@@ -86,6 +90,9 @@ class KernelAdapter:
                           (None: it takes one; the layout contract is then unsupported)
     ``decode``            its decode function (module docstring; ``dt_bias`` as above), or
                           None: the decode contract is then unsupported
+    ``grad_fn``           its differentiable form (the convention; torch autograd through it
+                          gives the gradients), or None: ``fn`` itself
+    ``no_backward``       why it has no backward (``--grad``: every case unsupported), or ""
     ``requires``          import names that must be importable (checked before the run)
     ``note``              appended to the message when the kernel cannot run here
     """
@@ -104,15 +111,18 @@ class KernelAdapter:
     empty_sequences: bool = True
     other_layout: dict | None = None
     decode: Callable | None = None
+    grad_fn: Callable | None = None
+    no_backward: str = ""
     requires: tuple[str, ...] = ()
     note: str = ""
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
             raise ValueError(f"KernelAdapter.fn must be callable, got {type(self.fn).__name__}")
-        if self.decode is not None and not callable(self.decode):
-            raise ValueError(f"KernelAdapter.decode must be callable or None, got "
-                             f"{type(self.decode).__name__}")
+        for name in ("decode", "grad_fn"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ValueError(f"KernelAdapter.{name} must be callable or None, got "
+                                 f"{type(getattr(self, name)).__name__}")
         if self.state_layout not in ("KV", "VK"):
             raise ValueError(f"state_layout must be 'KV' or 'VK', got {self.state_layout!r}")
         if self.dt_bias_shape not in ("HK", "flat"):
@@ -181,6 +191,34 @@ class KernelAdapter:
 
     def __call__(self, x: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the kernel on ``x``; ``(o [B, T, H, V], final_state [N, H, K, V])``."""
+        o, s = self._call(self.fn, x)
+        return o.detach(), s.detach()
+
+    def differentiate(self, x: CaseInputs, do: torch.Tensor, dht: torch.Tensor):
+        """The kernel's differentiable form on ``x`` (every input that takes a gradient a leaf),
+        ``do`` and ``dht [N, H, K, V]`` backpropagated from o and the final state: ``(o,
+        final_state, {name: gradient})`` (:data:`~kdalab.check.tensors.GRADIENTS`; zeros for
+        an unused input). NotImplementedError if the adapter declares no backward."""
+        if self.no_backward:
+            raise NotImplementedError(f"no backward: {self.no_backward}")
+        leaves = {n: getattr(x, i).detach().requires_grad_() for n, i in GRADIENTS.items()
+                  if getattr(x, i) is not None}
+        with torch.enable_grad():
+            o, s = self._call(self.grad_fn or self.fn,
+                              replace(x, **{GRADIENTS[n]: t for n, t in leaves.items()}))
+            for label, t in (("o", o), ("final_state", s)):
+                if t.grad_fn is None:  # a kernel without a backward says so (no_backward)
+                    raise ConventionError(f"kernel {self.name!r} returned {label} without a "
+                                          "gradient (no autograd graph)")
+            got = torch.autograd.grad((o, s), list(leaves.values()),
+                                      (do.to(o.dtype), dht.to(s.dtype)), allow_unused=True)
+        grads = {n: torch.zeros_like(t) if g is None else g.detach()
+                 for (n, t), g in zip(leaves.items(), got)}
+        return o.detach(), s.detach(), grads
+
+    def _call(self, fn: Callable, x: CaseInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """``fn`` on ``x`` in the convention, its answer checked; the final state ``[N, H, K,
+        V]`` (transposed back from the adapter's layout), neither detached."""
         h0 = x.initial_state
         if h0 is not None and self.state_layout == "VK":
             h0 = h0.transpose(-1, -2).contiguous()
@@ -190,15 +228,16 @@ class KernelAdapter:
                   dt_bias=dt_bias, lower_bound=x.lower_bound, cu_seqlens=cu)
         if not x.use_qk_l2norm:
             kw[self.qk_l2norm_flag] = False
-        out = self.fn(x.q, x.k, x.v, x.g, x.beta, **kw)
-        return self._check_answer(out, x)
+        return self._check_answer(fn(x.q, x.k, x.v, x.g, x.beta, **kw), x)
 
     def in_other_layout(self) -> KernelAdapter | None:
         """The same kernel called with its states in the other layout, or None."""
         if self.other_layout is None:
             return None
+        grad_fn = (None if self.grad_fn is None
+                   else functools.partial(self.grad_fn, **self.other_layout))
         return replace(self, fn=functools.partial(self.fn, **self.other_layout),
-                       state_layout="VK" if self.state_layout == "KV" else "KV",
+                       grad_fn=grad_fn, state_layout="VK" if self.state_layout == "KV" else "KV",
                        other_layout=None, decode=None)  # the decode keeps its own layout
 
     def decode_step(self, x: CaseInputs, pool, indices) -> torch.Tensor:
@@ -241,9 +280,7 @@ class KernelAdapter:
             if t.device != x.v.device:
                 raise ConventionError(f"{where} {label} on {t.device}; the inputs are on "
                                       f"{x.v.device}")
-        if self.state_layout == "VK":
-            s = s.transpose(-1, -2)
-        return o.detach(), s.detach()
+        return o, (s.transpose(-1, -2) if self.state_layout == "VK" else s)
 
 
 # -- the built-in kernels ------------------------------------------------------------------
@@ -263,9 +300,16 @@ def _kdalab(config_name: str) -> KernelAdapter:
         from kdalab.kernels import kda_decode
         return kda_decode(q, k, v, g, beta, **kw)
 
+    def kdalab_chunk_kda(q, k, v, g, beta, **kw):  # the differentiable kernel
+        from kdalab.kernels import chunk_kda
+        return chunk_kda(q, k, v, g, beta, **kw)
+
     devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
+    tf32 = config_name != "DEFAULT_CONFIG"  # chunk_kda takes no config: its backward is kdalab's
     return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
                          other_layout={"state_layout": "VK"}, decode=kdalab_decode,
+                         grad_fn=kdalab_chunk_kda, no_backward="the differentiable chunk_kda "
+                         "has one configuration, kdalab's" if tf32 else "",
                          note=" (TRITON_INTERPRET=1 runs it on the CPU, slowly: tiny cases only)")
 
 
@@ -288,14 +332,16 @@ def _fla_decode(q, k, v, g, beta, *, state_pool, state_indices, **kw):
 def _fla_recurrent() -> KernelAdapter:
     return KernelAdapter(peers.fla_fused_recurrent_kda, name="fla-recurrent",
                          devices=("cuda",), other_layout={"state_v_first": True},
-                         decode=_fla_decode, requires=(peers.PEERS["fla-recurrent"],))
+                         decode=_fla_decode, requires=(peers.PEERS["fla-recurrent"],),
+                         no_backward="fla's fused_recurrent_kda is a forward only")
 
 
 def _flashkda() -> KernelAdapter:
     # flash_kda.fwd takes K = V = 128 only (its docstring and csrc/flash_kda.cpp)
     return KernelAdapter(peers.flashkda_fwd, name="flashkda", state_layout="VK",
                          devices=("cuda",), head_dims=(128,), same_head_dims=True,
-                         qk_l2norm_flag=None, requires=(peers.PEERS["flashkda"],))
+                         qk_l2norm_flag=None, requires=(peers.PEERS["flashkda"],),
+                         no_backward="FlashKDA is a forward only (flash_kda.fwd)")
 
 
 #: Built-in kernels by name (factories: nothing is imported until one is asked for).
@@ -342,7 +388,11 @@ def recipe_kernel(spec: str) -> KernelAdapter:
 
     # kda.forward checks its inputs: it refuses NaN and inf, and empty packed sequences
     return KernelAdapter(recipe_forward, name=f"recipe:{spec}", finite_only=True,
-                         empty_sequences=False, other_layout={"state_layout": "VK"})
+                         empty_sequences=False, other_layout={"state_layout": "VK"},
+                         no_backward=f"{recipe.name} emulates {', '.join(recipe.emulated())}: "
+                         "autograd through an emulated rounding is no backward's arithmetic"
+                         if recipe.emulated() else "")
+
 
 
 def _load_object(spec: str):

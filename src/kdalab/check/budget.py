@@ -17,10 +17,10 @@ import math
 import torch
 
 from kdalab.check.cases import CaseInputs, recurrence
-from kdalab.kda.gate import prepare_inputs
+from kdalab.kda.gate import Prepared, prepare_inputs
 
-__all__ = ["DEFAULT_BUDGET", "Floors", "floor_reference", "fp32_forward", "multiple",
-           "judge_errors"]
+__all__ = ["DEFAULT_BUDGET", "Floors", "floor_reference", "fp32_forward", "fp32_recurrence",
+           "multiple", "judge_errors"]
 
 #: The default budget, a multiple of the floor. The production kernels' precision paths reach
 #: 3.5x the floor on ordinary inputs on the H200 (FlashKDA 5.8e-3 against 1.65e-3; fla 2.5x) and
@@ -35,15 +35,20 @@ def fp32_forward(q, k, v, g, beta, *, initial_state=None, cu_seqlens=None,
                  output_final_state=True, **kw):
     """The token recurrence in float32 (``reference_forward``'s arguments): the gate, β and the
     q/k normalization prepared as the reference does, then every step in float32."""
-    prep = prepare_inputs(q, k, v, g, beta, initial_state=initial_state, cu_seqlens=cu_seqlens,
-                          **kw)
+    return fp32_recurrence(prepare_inputs(q, k, v, g, beta, initial_state=initial_state,
+                                          cu_seqlens=cu_seqlens, **kw))
+
+
+def fp32_recurrence(prep: Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every step of the recurrence on prepared inputs in float32: ``(o, final state)``
+    (differentiable: no in-place writes, so autograd gives the floor's gradients)."""
     qq, kk, vv = (t.float() for t in (prep.q, prep.k, prep.v))
     gg, bb = prep.log_decay.float(), prep.beta.float()
     n, hv, t, kd = qq.shape
     s = (torch.zeros(n, hv, kd, vv.shape[-1], dtype=torch.float32, device=qq.device)
          if prep.state is None else prep.state.float().clone())
     qq = qq * prep.scale
-    o = torch.empty_like(vv)
+    o = []
     # products as multiply-and-sum, not matmul: a GPU may run an fp32 matmul in TF32 (a
     # setting any imported package can change), which would raise the floor
     for i in range(t):
@@ -51,7 +56,8 @@ def fp32_forward(q, k, v, g, beta, *, initial_state=None, cu_seqlens=None,
         s = s * torch.exp(gg[:, :, i]).unsqueeze(-1)
         pred = (k_i * s).sum(-2, keepdim=True)  # [N, HV, 1, V]
         s = s + k_i * (bb[:, :, i, None, None] * (vv[:, :, i].unsqueeze(-2) - pred))
-        o[:, :, i] = (qq[:, :, i].unsqueeze(-1) * s).sum(-2)
+        o.append((qq[:, :, i].unsqueeze(-1) * s).sum(-2))
+    o = torch.stack(o, dim=2) if o else torch.empty_like(vv)
     return prep.unpack(o), s
 
 

@@ -106,11 +106,14 @@ class Raised(Exception):
         super().__init__(first if self.declared else f"raised {type(exc).__name__}: {first}")
 
 
-def call(kernel: KernelAdapter, x: CaseInputs, where: str):
-    """One call on fresh copies of the inputs: ``((o, s), names of inputs it modified)``."""
+def call(kernel: KernelAdapter, x: CaseInputs, where: str, upstream=None):
+    """One call on fresh copies of the inputs: ``((o, s), names of inputs it modified)``; with
+    ``upstream`` (``(do, dht)``) its backward too: ``((o, s, gradients), ...)``
+    (:meth:`~kdalab.check.adapters.KernelAdapter.differentiate`)."""
     work = x.clone()
     try:
-        o, s = kernel(work)
+        out = kernel(work) if upstream is None else kernel.differentiate(work, *upstream)
+        o = out[0]
         if o.device.type == "cuda":
             torch.cuda.synchronize(o.device)
     except ConventionError as exc:  # a wrong answer (None, a shape, a dtype): this case fails
@@ -123,6 +126,6 @@ def call(kernel: KernelAdapter, x: CaseInputs, where: str):
         raise Raised(exc) from exc
     original = x.tensors()
     modified = [n for n, t in work.tensors().items() if not same(t, original[n])]
-    return (o, s), modified
+    return out, modified
 
 

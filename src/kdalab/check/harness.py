@@ -8,7 +8,9 @@ reference, :mod:`kdalab.check.budget`) and the error as a multiple of it, determ
 call gives identical bits) and whether the kernel left its inputs untouched. A case passes when
 all of it holds: errors within ``budget`` × the floor (and within the absolute thresholds, if
 given), everything finite, two calls identical, inputs untouched. Contract cases
-(:mod:`kdalab.check.contracts`) are judged by their contract.
+(:mod:`kdalab.check.contracts`) are judged by their contract. With ``Thresholds(grad=True)``
+every accuracy case also judges each gradient against the fp64 reference's, as a multiple of
+its floor (:mod:`kdalab.check.gradients`); contracts judge the forward, as without it.
 
 **Fidelity mode** (``against``): against another kernel instead of fp64. Per case: the fraction
 of output (and state) elements whose bits are identical, the worst relative difference
@@ -25,6 +27,7 @@ case (its first line in the message). An answer of the wrong form raises
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -47,6 +50,7 @@ from kdalab.check.calls import (
 )
 from kdalab.check.cases import Case, CaseInputs, case_inputs, reference
 from kdalab.check.contracts import CONTRACT_FIELDS, judge_contract
+from kdalab.check.gradients import GRAD_FIELDS, GradientCheck, grad_references
 
 __all__ = ["Thresholds", "DeviceFault", "run_check", "blank_record", "identical", "MODES",
            "case_references"]
@@ -59,12 +63,14 @@ class Thresholds:
     """What a case must meet. ``budget``: the largest error, as a multiple of the case's floor
     (the same-precision reference's error; :mod:`kdalab.check.budget`). ``max_output_error``,
     ``max_state_error``: absolute limits on top of it (None: none). ``min_identical`` (fidelity
-    mode): the fraction of output elements that must be bit-identical."""
+    mode): the fraction of output elements that must be bit-identical. ``grad``: the gradients
+    too must be within ``budget`` × their floors (fp64 mode; ``kdalab check --grad``)."""
 
     budget: float = DEFAULT_BUDGET
     max_output_error: float | None = None
     max_state_error: float | None = None
     min_identical: float = 0.999
+    grad: bool = False
 
     def __post_init__(self) -> None:
         for name in ("budget", "max_output_error", "max_state_error"):
@@ -73,6 +79,8 @@ class Thresholds:
                 continue
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+        if not isinstance(self.grad, bool):
+            raise ValueError(f"grad must be True or False, got {self.grad!r}")
         if not (isinstance(self.min_identical, (int, float)) and 0 <= self.min_identical <= 1):
             raise ValueError(f"min_identical must be a fraction in [0, 1], got "
                              f"{self.min_identical!r}")
@@ -92,26 +100,41 @@ _FIDELITY_FIELDS = ("o_identical", "state_identical", "o_worst_rel_diff",
 _FLOORS = ("bf16_floor", "state_bf16_floor", "o_floor_err", "state_floor_err")
 
 
-def _run_twice(kernel, x, case):
-    """``(first answer, deterministic, problems)``; raises Raised if the first call raises."""
-    (o, s), modified = call(kernel, x, case.name)
+def _run_twice(kernel, x, case, upstream=None):
+    """``(first answer, deterministic, problems)``; raises Raised if the first call raises.
+    With ``upstream`` the answer has the gradients too, and ``deterministic`` is a pair
+    (outputs, gradients)."""
+    first, modified = call(kernel, x, case.name, upstream)
     problems = [f"modified its inputs: {', '.join(modified)}"] if modified else []
     try:
-        (o2, s2), _ = call(kernel, x, case.name)
+        again, _ = call(kernel, x, case.name, upstream)
     except Raised as exc:
-        return (o, s), False, problems + [f"the second call raised: {exc}"]
-    deterministic = same(o, o2) and same(s, s2)
+        return first, (False, False) if upstream else False, problems + [
+            f"the second call raised: {exc}"]
+    deterministic = same(first[0], again[0]) and same(first[1], again[1])
     if not deterministic:
         problems.append("two calls gave different bits")
-    return (o, s), deterministic, problems
+    if upstream is None:
+        return first, deterministic, problems
+    grads = all(same(g, again[2][n]) for n, g in first[2].items())
+    if not grads:
+        problems.append("two calls gave different gradient bits")
+    return first, (deterministic, grads), problems
 
 
-def _judge_fp64(kernel, x, case, ref, floors, th: Thresholds) -> tuple[dict, list[str]]:
+def _judge_fp64(kernel, x, case, ref, floors, th: Thresholds,
+                grads: GradientCheck | None = None) -> tuple[dict, list[str]]:
     o_ref, s_ref = ref
-    (o, s), deterministic, problems = _run_twice(kernel, x, case)
+    answer, deterministic, problems = _run_twice(kernel, x, case, grads and grads.upstream)
+    (o, s), rec = answer[:2], {}
+    if grads is not None:
+        deterministic, rec["grad_deterministic"] = deterministic
+        fields, failures = grads.judge(answer[2], th)
+        rec.update(fields)
+        problems = failures + problems
     oj, sj = o[x.rows], s[x.states]
     rec = {
-        "o_rel_err": rel(oj, o_ref[x.rows]), "state_rel_err": rel(sj, s_ref[x.states]),
+        **rec, "o_rel_err": rel(oj, o_ref[x.rows]), "state_rel_err": rel(sj, s_ref[x.states]),
         "o_max_abs": max_abs(oj, o_ref[x.rows]), "state_max_abs": max_abs(sj, s_ref[x.states]),
         "o_nonfinite": nonfinite(oj), "state_nonfinite": nonfinite(sj),
         "o_nonfinite_all": nonfinite(o), "deterministic": deterministic,
@@ -188,16 +211,21 @@ def run_check(
     so the records made are those an uninterrupted run makes.
     """
     device = torch.device(device)
+    if against is not None and thresholds.grad:
+        raise ValueError("grad: gradients are judged against fp64, not against another kernel")
     with one_thread(device):
         return _run(kernels, cases, device, thresholds, against, sink, progress, timings,
-                    exclude or {}, references or case_references, set(stored))
+                    exclude or {}, references or functools.partial(
+                        case_references, grad=thresholds.grad), set(stored))
 
 
-def case_references(case: Case, x: CaseInputs) -> tuple:
+def case_references(case: Case, x: CaseInputs, grad: bool = False) -> tuple:
     """A case's references, computed once for every kernel: ``(o, state)`` of the fp64
     recurrence and of the same-precision reference (:func:`~kdalab.check.budget.floor_reference`),
-    float64 tensors."""
-    return (*reference(x), *floor_reference(x))
+    float64 tensors; with ``grad`` (an accuracy case) then its gradient references
+    (:func:`~kdalab.check.gradients.grad_references`, upstream drawn from the case's seed)."""
+    refs = (*reference(x), *floor_reference(x))
+    return refs + (grad_references(x, case.seed),) if grad and case.kind == "accuracy" else refs
 
 
 def blank_record(kernel: str, case: Case, *, device: str | torch.device,
@@ -211,7 +239,7 @@ def blank_record(kernel: str, case: Case, *, device: str | torch.device,
         rec.update({f: None for f in _FLOORS}, budget=thresholds.budget,
                    max_output_error=thresholds.max_output_error,
                    max_state_error=thresholds.max_state_error)
-        fields = _FP64_FIELDS
+        fields = _FP64_FIELDS + (GRAD_FIELDS if thresholds.grad else ())
     else:
         rec.update(against=against, min_identical=thresholds.min_identical)
         fields = _FIDELITY_FIELDS
@@ -219,9 +247,12 @@ def blank_record(kernel: str, case: Case, *, device: str | torch.device,
     return rec
 
 
-def _measure(rec: dict, kernel, x, case, ref, floors, thresholds, against, why) -> None:
+def _measure(rec: dict, kernel, x, case, ref, floors, thresholds, against, why,
+             grads=None) -> None:
     """Fill ``rec`` with one kernel's measurements on one case (or why it did not run)."""
     why_not = kernel.unsupported(x)
+    if why_not is None and thresholds.grad and kernel.no_backward:
+        why_not = f"no backward: {kernel.no_backward}"
     if why_not is not None:
         rec["message"] = f"declared: {why_not}"
         return
@@ -235,7 +266,7 @@ def _measure(rec: dict, kernel, x, case, ref, floors, thresholds, against, why) 
         if against is not None:
             measured, failures = _judge_fidelity(kernel, x, case, ref, floors, thresholds)
         elif case.kind == "accuracy":
-            measured, failures = _judge_fp64(kernel, x, case, ref, floors, thresholds)
+            measured, failures = _judge_fp64(kernel, x, case, ref, floors, thresholds, grads)
         else:
             measured, failures = judge_contract(kernel, x, case, ref, floors, thresholds)
     except Raised as exc:
@@ -247,22 +278,24 @@ def _measure(rec: dict, kernel, x, case, ref, floors, thresholds, against, why) 
 
 
 def _judge_by(case, x, against, references):
-    """What the case's kernels are measured against: ``(floors, (o, s) or None, why none)``:
-    the fp64 reference and the case's :class:`~kdalab.check.budget.Floors`, or the ``against``
+    """What the case's kernels are measured against: ``(floors, (o, s) or None, why none,
+    gradients)``: the fp64 reference and the case's :class:`~kdalab.check.budget.Floors` (and
+    its :class:`~kdalab.check.gradients.GradientCheck`, under ``grad``), or the ``against``
     kernel's answer (and no floors)."""
     if against is None:
-        o, s, fo, fs = references(case, x)
-        return Floors(x, (o, s), (fo, fs), rel), (o, s), None
+        o, s, fo, fs, *grads = references(case, x)
+        return (Floors(x, (o, s), (fo, fs), rel), (o, s), None,
+                GradientCheck(x, grads[0], rel) if grads else None)
     why = against.unsupported(x)
     if why is not None:
-        return None, None, f"declared: {why}"
+        return None, None, f"declared: {why}", None
     if case.kind != "accuracy":
-        return None, None, "contract"
+        return None, None, "contract", None
     try:
         ref, _ = call(against, x, case.name)
     except Raised as exc:
-        return None, None, str(exc)
-    return None, ref, None
+        return None, None, str(exc), None
+    return None, ref, None, None
 
 
 def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
@@ -275,8 +308,8 @@ def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
             continue
         runs = [k for k in todo[case.name] if case.name not in exclude.get(k.name, ())]
         x = case_inputs(case, device)
-        floors, ref, why = (_judge_by(case, x, against, references) if runs
-                            else (None, None, None))
+        floors, ref, why, grads = (_judge_by(case, x, against, references) if runs
+                                   else (None, None, None, None))
         cell = []
         for kernel in todo[case.name]:
             t0 = time.perf_counter()
@@ -286,7 +319,8 @@ def _run(kernels, cases, device, thresholds, against, sink, progress, timings,
                 rec.update(status="excluded", message="not run: excluded by the caller")
             else:
                 rec.update({} if floors is None else floors.default)
-                _measure(rec, kernel, x, case, ref, floors, thresholds, against, why)
+                rec.update({} if grads is None else grads.floors)
+                _measure(rec, kernel, x, case, ref, floors, thresholds, against, why, grads)
             cell.append(rec)
             if timings is not None:
                 timings[kernel.name] = timings.get(kernel.name, 0.0) + time.perf_counter() - t0

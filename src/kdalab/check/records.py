@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from kdalab.check.tensors import GRADIENTS
 from kdalab.records import Manifest, RunStore, StoreError, StoreReader, is_store, records_table
 
 __all__ = ["KIND", "META", "CheckStore", "schema", "open_run", "write_meta", "read",
@@ -41,8 +42,10 @@ _STR, _INT, _FLOAT, _BOOL = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 _FIELDS = {
     **dict.fromkeys(("kernel", "case", "mode", "about", "device", "against", "o_dtype",
                      "state_dtype", "contract_compared", "status", "message", "seqlens"), _STR),
-    **dict.fromkeys(("o_nonfinite", "state_nonfinite", "o_nonfinite_all"), _INT),
-    "deterministic": _BOOL,
+    **dict.fromkeys(("o_nonfinite", "state_nonfinite", "o_nonfinite_all", "grad_nonfinite"),
+                    _INT),
+    **dict.fromkeys(("deterministic", "grad_deterministic"), _BOOL),
+    **{f"{n}_{m}": _FLOAT for n in GRADIENTS for m in ("rel_err", "floor_err", "budget_multiple")},
     **dict.fromkeys(("bf16_floor", "state_bf16_floor", "o_floor_err", "state_floor_err",
                      "budget", "max_output_error", "max_state_error", "o_rel_err",
                      "state_rel_err", "o_max_abs", "state_max_abs", "floor_multiple",

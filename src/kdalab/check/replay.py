@@ -3,7 +3,9 @@
 A file holds one call's inputs, tensors named as ``chunk_kda_fwd``'s arguments: ``q, k, g [B, T,
 H, K]``, ``v [B, T, H, V]``, ``beta [B, T, H]`` (logits), ``A_log [H]``, ``dt_bias [H, K]`` (or
 ``[H*K]``), and optionally ``initial_state [N, H, K, V]`` and ``cu_seqlens [N + 1]``; metadata
-strings ``lower_bound`` and ``scale`` (default ``K ** -0.5``). :mod:`kdalab.check.capture`
+strings ``lower_bound`` and ``scale`` (default ``K ** -0.5``), and optionally ``seed`` (the case's
+seed: ``--grad`` draws the upstream gradients from it; a hunt's worst case carries its draw's,
+so that ``check --grad --inputs`` replays the hunt's gradients). :mod:`kdalab.check.capture`
 writes such files from a model's real activations.
 """
 
@@ -42,8 +44,20 @@ def replay_cases(path: str | Path) -> tuple[Case, ...]:
         name = "inputs/" + "".join(c if c.isalnum() or c in "._-" else "_" for c in file.stem)
         out.append(Case(name, T=n_t, batch=b, seqlens=seqlens, heads=h, K=kd, V=x.v.shape[-1],
                         lower_bound=x.lower_bound, initial_state=state, source=str(file.resolve()),
-                        about=f"captured inputs from {file.name}"))
+                        seed=_seed(file), about=f"captured inputs from {file.name}"))
     return tuple(out)
+
+
+def _seed(file: Path) -> int:
+    """The file's ``seed`` metadata (an integer >= 0), else 0."""
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as fh:
+        text = (fh.metadata() or {}).get("seed", "0")
+    if not text.isdigit():
+        raise ValueError(f"--inputs: {str(file)!r}: metadata 'seed' must be an integer >= 0, "
+                         f"got {text!r}")
+    return int(text)
 
 
 def write_inputs(path: str | Path, tensors: dict[str, torch.Tensor], *, lower_bound: float,

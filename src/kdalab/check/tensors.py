@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["CaseInputs", "REQUIRED", "OPTIONAL", "read_inputs"]
+__all__ = ["CaseInputs", "REQUIRED", "OPTIONAL", "GRADIENTS", "read_inputs"]
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,9 @@ class CaseInputs:
 
 REQUIRED = ("q", "k", "v", "g", "beta", "A_log", "dt_bias")
 OPTIONAL = ("initial_state", "cu_seqlens")
+#: the gradients a case's inputs take, by name: the input each is the gradient of
+GRADIENTS = {"dq": "q", "dk": "k", "dv": "v", "dg": "g", "dbeta": "beta", "dA_log": "A_log",
+             "ddt_bias": "dt_bias", "dh0": "initial_state"}
 
 
 def _load(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -16,7 +16,7 @@ EXIT_CONVENTION = 3
 EXIT_DEVICE_FAULT = 4
 
 
-def _shared_references(folder: Path):
+def _shared_references(folder: Path, grad: bool):
     """The references (fp64 and same-precision), computed by the first worker that needs them
     and loaded from ``folder`` by the others (the token recurrences are the slow part of a
     worker's start); ``folder`` is the parent's temporary one, removed when the check ends."""
@@ -28,7 +28,7 @@ def _shared_references(folder: Path):
         path = folder / (case.name.replace("/", "__") + ".pt")
         if path.exists():
             return tuple(torch.load(path, map_location=x.q.device))
-        refs = case_references(case, x)
+        refs = case_references(case, x, grad=grad)
         folder.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         torch.save(refs, tmp)
@@ -59,7 +59,8 @@ def main(path: str) -> int:
             run_check([kernel], cases, device=job["device"],
                       thresholds=Thresholds(**job["thresholds"]), against=against,
                       sink=sink, exclude={kernel.name: job["exclude"]},
-                      references=_shared_references(Path(job["references"])))
+                      references=_shared_references(Path(job["references"]),
+                                                    job["thresholds"]["grad"]))
     except ConventionError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CONVENTION

@@ -105,6 +105,7 @@ def check_command(
         show_default=False)] = None,
     min_identical: Annotated[float, typer.Option(
         help="fidelity mode: smallest fraction of bit-identical output elements")] = 0.999,
+    grad: Annotated[bool, typer.Option("--grad", help="also judge every gradient")] = False,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/check"),
     as_json: Annotated[bool, typer.Option(
         "--json", help="print the summary and records as JSON instead of tables")] = False,
@@ -129,7 +130,7 @@ def check_command(
 ) -> None:
     """Accuracy and conformance report card: run each KERNEL on a suite of cases (families ×
     shapes × options) and measure its output and final state against the fp64 token recurrence
-    (or, with --against, against another kernel bit for bit).
+    (--grad: its gradients too; --against: another kernel instead, bit for bit).
 
     Writes the records to a store in --out (Parquet parts and a manifest, as cases finish: an
     interrupted run keeps them, and --resume completes it), check.json (the run), records.json
@@ -153,7 +154,7 @@ def check_command(
     device = params.device(default_device() if device is None else device, "--device")
     plan = _plan(kernels, suite, device, cases, against, exclude, list_cases, case_timeout,
                  inputs, thresholds_args=(budget, max_output_error, max_state_error,
-                                          min_identical))
+                                          min_identical, grad))
     if plan is None:
         return
     isolate = device.startswith("cuda") if isolate is None else isolate
@@ -169,6 +170,7 @@ def check_command(
             "inputs": None if inputs is None else str(inputs),
             "thresholds": ({"min identical": min_identical} if against else
                            {"budget": f"{_exact(budget)}x the floor",
+                            **({"gradients": "judged"} if grad else {}),
                             **({"output": max_output_error} if max_output_error else {}),
                             **({"state": max_state_error} if max_state_error else {})}),
             "complete": False}
@@ -186,7 +188,8 @@ def _refuse_meaningless(inputs, against) -> None:
     """An option the run would ignore, given beside the one that voids it: a ValueError."""
     from kdalab.cli.stored import given_options
     given = given_options()
-    judged = [o for o in ("--budget", "--max-output-error", "--max-state-error") if o in given]
+    judged = [o for o in ("--budget", "--max-output-error", "--max-state-error", "--grad")
+              if o in given]
     for ignored, why in ((inputs is not None and "--suite" in given,
                           "--suite: --inputs grades the captured inputs instead of a suite"),
                          (against is not None and judged, f"{', '.join(judged)}: with --against "

@@ -25,7 +25,8 @@ _EPILOG = (
     "this run adds, the reports cover all trials); a split hunt is reproducible for the same "
     "split, but differs from the unsplit one after the split. Exit codes: 0 nothing above "
     "--threshold, 1 an output "
-    "error above it (or a non-finite value, or a kernel that raised), 2 usage error. "
+    "error (--grad: a gradient error) above it (or a non-finite value, or a kernel that "
+    "raised), 2 usage error. "
     "docs/hunt.md."
 )
 
@@ -107,6 +108,9 @@ def hunt_command(
                          "TARGET; options left out are the hunt's, those given must match it; "
                          "--trials and --budget-s count what this run adds")]
     = False,
+    grad: Annotated[bool, typer.Option(
+        "--grad", help="hunt the worst gradient error (dq … dh0 against fp64's) instead of the "
+                       "output's; the threshold then judges it (docs/training.md)")] = False,
     quiet: Annotated[bool, typer.Option(help="no progress bar or summary")] = False,
 ) -> None:
     from kdalab import params
@@ -133,6 +137,7 @@ def hunt_command(
             device = saved["device"] if device is None else device
             seed, threshold = (saved[k] if x is None else x
                                for k, x in (("seed", seed), ("threshold", threshold)))
+            grad = grad or saved.get("grad", False)
             min_t, max_t, min_heads, max_heads, max_sequences = (
                 b[k] if x is None else x for k, x in (
                     ("min_T", min_t), ("max_T", max_t), ("min_heads", min_heads),
@@ -154,9 +159,10 @@ def hunt_command(
     cfg = _renamed(lambda: HuntConfig(
         target=target, device=device, seed=0 if seed is None else seed, trials=trials,
         budget_s=budget_s,
-        threshold=default_threshold() if threshold is None else threshold, bounds=bounds))
+        threshold=default_threshold() if threshold is None else threshold, bounds=bounds,
+        grad=grad))
     _fits(bounds, device)
-    tgt = resolve(target, device)
+    tgt = resolve(target, device, grad)
     try:
         cfg_bounds = supported_bounds(cfg.bounds, tgt)
     except ValueError as exc:
@@ -203,7 +209,8 @@ def hunt_command(
         except Interrupted:
             writer.close()
             elapsed = records[-1]["elapsed_s"] if records else 0.0
-            _finish(folder, summarize(records, cfg.threshold, elapsed), cfg, meta, quiet=True)
+            _finish(folder, summarize(records, cfg.threshold, elapsed, cfg.grad), cfg, meta,
+                    quiet=True)
             STATE.kept.append(f"{len(records)} trials and the worst so far in {folder}/")
             STATE.resume = f"'kdalab hunt {target} --out {folder} --resume' continues the hunt"
             raise
@@ -302,6 +309,7 @@ def _search(cfg, target, sink, quiet, history):
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kdalab.hunt import run_hunt
+    from kdalab.hunt.evaluate import score
     from kdalab.views.tables import fmt_sci
 
     by_time = cfg.trials is None
@@ -311,10 +319,12 @@ def _search(cfg, target, sink, quiet, history):
                   disable=quiet or not err_console.is_terminal) as bar:
         task = bar.add_task("starting", total=total)
 
+        what = "gradient" if cfg.grad else "output"
+
         def progress(n, seconds, best):
-            worst = "—" if best is None else fmt_sci(best["output_error"])
+            worst = "—" if best is None else fmt_sci(score(best, cfg.grad))
             bar.update(task, completed=min(seconds, total) if by_time else n - len(history),
-                       description=f"{n} trials, worst output error {worst}")
+                       description=f"{n} trials, worst {what} error {worst}")
 
         return run_hunt(cfg, sink=sink, progress=progress, target=target, history=history)
 
@@ -338,8 +348,9 @@ def _finish(folder, result, cfg, meta, *, quiet):
         console.print(f"worst: trial {worst['trial']}, output error "
                       f"{fmt_sci(worst['output_error'])}, state error "
                       f"{fmt_sci(worst['state_error'])}, non-finite {worst['output_nonfinite']} "
-                      f"(output) / {worst['state_nonfinite']} (state)", highlight=False,
-                      soft_wrap=True)
+                      f"(output) / {worst['state_nonfinite']} (state)"
+                      + (f"; worst gradient {worst['worst_grad']} {fmt_sci(worst['grad_error'])}"
+                         if cfg.grad else ""), highlight=False, soft_wrap=True)
     verdict = ("[bold red]FOUND[/]: above the threshold " if result.found
                else "[bold green]nothing[/] above the threshold ")
     console.print(f"{verdict}{fmt_sci(cfg.threshold)}; wrote {', '.join(p.name for p in paths)} "

@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 
 from kdalab import params
+from kdalab.check.gradients import GRADIENTS
+from kdalab.hunt.evaluate import score
 from kdalab.hunt.search import HuntConfig, HuntResult
 from kdalab.inputs.sequences import SequenceSpec, draw
 from kdalab.records.identity import LOCK
@@ -53,7 +55,7 @@ def prepare_folder(out: str | Path, *, force: bool = False) -> Path:
 
 #: what a resumed hunt must share with the hunt in its folder, by the option that sets it
 MATCHED = {"target": "TARGET", "device": "--device", "seed": "--seed",
-           "threshold": "--threshold", "sampler": "the sampler",
+           "threshold": "--threshold", "sampler": "the sampler", "grad": "--grad",
            **{f"bounds.{k}": v for k, v in (
                ("min_T", "--min-T"), ("max_T", "--max-T"), ("min_heads", "--min-heads"),
                ("max_heads", "--max-heads"), ("dims", "--dims"), ("lower_bound", "--lower-bound"),
@@ -162,14 +164,20 @@ def worst_document(result: HuntResult, cfg: HuntConfig) -> dict | None:
     w = result.worst
     if w is None:
         return None
+    grads = {k: w.get(k) for k in (*(f"{n}_error" for n in GRADIENTS), "grad_error",
+                                   "worst_grad", "grad_nonfinite")}
     return {
         "target": cfg.target, "device": cfg.device, "hunt_seed": cfg.seed, "trial": w["trial"],
         "output_error": w["output_error"], "state_error": w["state_error"],
         "output_nonfinite": w["output_nonfinite"], "state_nonfinite": w["state_nonfinite"],
-        "bf16_floor": w["bf16_floor"], "threshold": cfg.threshold,
-        "exceeds_threshold": not w["output_error"] <= cfg.threshold,
+        "bf16_floor": w["bf16_floor"], **(grads if cfg.grad else {}),
+        "threshold": cfg.threshold,
+        "exceeds_threshold": not score(w, cfg.grad) <= cfg.threshold,
         "seed": w["seed"], "spec": w["spec"], "params": w["params"],
         "rebuild": "kdalab.inputs.sequences.draw(SequenceSpec.from_dict(spec), seed)",
+        **({"upstream": "kdalab.check.gradients.upstream(case inputs, seed): dO, dHT; "
+            "kdalab check TARGET --grad --inputs worst.safetensors replays it"}
+           if cfg.grad else {}),
     }
 
 
@@ -227,6 +235,6 @@ def write_results(folder: Path, result: HuntResult, cfg: HuntConfig, meta: dict)
         paths.append(folder / CASE)
         write_case(paths[-1], rebuild(doc), {
             "spec": _json(doc["spec"]), "seed": str(doc["seed"]), "target": cfg.target,
-            "output_error": repr(doc["output_error"]) if math.isfinite(doc["output_error"])
-            else "inf"})
+            **{k: repr(doc[k]) if math.isfinite(doc[k]) else "inf"
+               for k in ("output_error", "grad_error") if k in doc}})
     return paths

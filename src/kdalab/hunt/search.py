@@ -1,5 +1,6 @@
 """The search: Optuna's TPE sampler (multivariate, seeded) over :mod:`kdalab.hunt.space`,
-maximizing log10 of the output error against the fp64 recurrence (docs/hunt.md says why TPE).
+maximizing log10 of the output error against the fp64 recurrence, or with ``grad`` of the worst
+gradient error against the fp64 reference's (docs/hunt.md says why TPE).
 
 The loop is Optuna's ask-and-tell: each trial asks the sampler for the parameters, draws the
 inputs (a :class:`~kdalab.inputs.sequences.SequenceSpec` and a seed derived from the hunt's seed
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kdalab.check.harness import one_thread
-from kdalab.hunt.evaluate import evaluate, objective
+from kdalab.hunt.evaluate import evaluate, objective, score
 from kdalab.hunt.space import Bounds, suggest
 from kdalab.hunt.target import Target, resolve
 from kdalab.inputs.sequences import SequenceSpec, draw
@@ -46,7 +47,8 @@ SAMPLER = "optuna TPESampler(multivariate=True, n_startup_trials=10, seed=SEED)"
 @dataclass(frozen=True)
 class HuntConfig:
     """One hunt. ``trials`` and ``budget_s`` (seconds) bound it, either may be None (not both);
-    ``threshold``: an output error above it is a finding."""
+    ``threshold``: an output error above it is a finding (``grad``: a gradient error; the
+    search maximizes the worst gradient's error instead of the output's)."""
 
     target: str
     device: str = "cpu"
@@ -55,6 +57,7 @@ class HuntConfig:
     budget_s: float | None = 300.0
     threshold: float = 1e-2
     bounds: Bounds = field(default_factory=Bounds)
+    grad: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
@@ -74,14 +77,16 @@ class HuntConfig:
     def as_dict(self) -> dict:
         return {"target": self.target, "device": self.device, "seed": self.seed,
                 "trials": self.trials, "budget_s": self.budget_s, "threshold": self.threshold,
-                "bounds": self.bounds.as_dict(), "sampler": SAMPLER}
+                "bounds": self.bounds.as_dict(), "sampler": SAMPLER,
+                **({"grad": True} if self.grad else {})}  # an output hunt's as before
 
 
 @dataclass
 class HuntResult:
     """The trial records (in order), the worst measured one (highest objective, the earliest on
-    a tie) and the verdict: ``found`` when the worst output error exceeds the threshold, or any
-    output or state was non-finite, or the kernel raised on a trial."""
+    a tie) and the verdict: ``found`` when the worst output error (``--grad``: gradient error)
+    exceeds the threshold, or any output, state (or gradient) was non-finite, or the kernel
+    raised on a trial."""
 
     records: list[dict]
     worst: dict | None
@@ -171,10 +176,10 @@ def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
     (:func:`replay`); ``cfg.trials`` and ``cfg.budget_s`` then bound the trials added, while the
     records, the trial count of ``progress``, their ``elapsed_s`` (the search's seconds summed
     over the runs) and the result cover all trials."""
-    target = target or resolve(cfg.target, cfg.device)
+    target = target or resolve(cfg.target, cfg.device, cfg.grad)
     bounds = supported_bounds(cfg.bounds, target)
     records: list[dict] = list(history)
-    best = summarize(records, cfg.threshold, 0.0).worst
+    best = summarize(records, cfg.threshold, 0.0, cfg.grad).worst
     before = records[-1]["elapsed_s"] if records else 0.0
     t0 = time.perf_counter()
     with _quiet_optuna() as optuna, one_thread(cfg.device):
@@ -188,9 +193,9 @@ def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
             trial = study.ask()
             spec = suggest(trial, bounds)
             seed = draw_seed(cfg.seed, trial.number)
-            rec = {"trial": trial.number, "seed": seed, **evaluate(target, spec, seed)}
+            rec = {"trial": trial.number, "seed": seed, **evaluate(target, spec, seed, cfg.grad)}
             if rec["status"] == "measured":
-                rec["objective"] = objective(rec["output_error"])
+                rec["objective"] = objective(score(rec, cfg.grad))
                 study.tell(trial, rec["objective"])
                 if best is None or rec["objective"] > best["objective"]:
                     best = rec
@@ -200,6 +205,8 @@ def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
                                          if rec["status"] == "unsupported"
                                          else optuna.trial.TrialState.FAIL))
             rec["best_output_error"] = None if best is None else best["output_error"]
+            if cfg.grad:
+                rec["best_grad_error"] = None if best is None else best["grad_error"]
             rec["elapsed_s"] = before + (time.perf_counter() - t0)
             rec.update(params=dict(trial.params), spec=spec.as_dict())
             records.append(rec)
@@ -207,11 +214,13 @@ def run_hunt(cfg: HuntConfig, *, sink: Callable[[dict], None] | None = None,
                 sink(rec)
             if progress is not None:
                 progress(len(records), time.perf_counter() - t0, best)
-    return summarize(records, cfg.threshold, before + (time.perf_counter() - t0))
+    return summarize(records, cfg.threshold, before + (time.perf_counter() - t0), cfg.grad)
 
 
-def summarize(records: list[dict], threshold: float, elapsed_s: float) -> HuntResult:
-    """The worst case and the verdict of ``records`` (also of an interrupted hunt's)."""
+def summarize(records: list[dict], threshold: float, elapsed_s: float,
+              grad: bool = False) -> HuntResult:
+    """The worst case and the verdict of ``records`` (also of an interrupted hunt's; ``grad``:
+    judged by the gradient errors)."""
     measured = [r for r in records if r["status"] == "measured"]
     worst = None
     for r in measured:
@@ -220,7 +229,8 @@ def summarize(records: list[dict], threshold: float, elapsed_s: float) -> HuntRe
     counts = {s: sum(r["status"] == s for r in records)
               for s in ("measured", "unsupported", "raised")}
     found = (counts["raised"] > 0
-             or any(r["output_nonfinite"] or r["state_nonfinite"] for r in measured)
-             or (worst is not None and not worst["output_error"] <= threshold))
+             or any(r["output_nonfinite"] or r["state_nonfinite"] or r.get("grad_nonfinite")
+                    for r in measured)
+             or (worst is not None and not score(worst, grad) <= threshold))
     return HuntResult(records=records, worst=worst, found=found, counts=counts,
                       elapsed_s=elapsed_s)

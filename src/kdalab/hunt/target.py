@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Target", "TargetError", "resolve", "default_threshold"]
+__all__ = ["Target", "TargetError", "resolve", "default_threshold", "as_case"]
 
 
 class TargetError(ValueError):
@@ -25,12 +25,15 @@ class TargetError(ValueError):
 @dataclass(frozen=True)
 class Target:
     """``run(inputs) -> (o, final_state)``; ``why_not(inputs)``: why the kernel declares it
-    cannot take these inputs (it is then not called), or None."""
+    cannot take these inputs (it is then not called), or None; ``differentiate(inputs, do,
+    dht) -> (o, final_state, {gradient name: tensor})`` (``--grad``; None: it has no backward).
+    """
 
     name: str
     device: str
     run: Callable[[dict], tuple[torch.Tensor, torch.Tensor]]
     why_not: Callable[[dict], str | None]
+    differentiate: Callable | None = None
 
 
 #: the absolute output error a hunt reports as a finding by default: check's absolute output
@@ -45,32 +48,42 @@ def default_threshold() -> float:
     return DEFAULT_THRESHOLD
 
 
-def resolve(name: str, device: str) -> Target:
-    """The kernel ``name`` on ``device`` (TargetError, a ValueError, when it cannot run there)."""
-    from kdalab.check import ConventionError, KernelUnavailable, load_kernel
+def as_case(x: dict):
+    """A draw as check's :class:`~kdalab.check.tensors.CaseInputs` (every value judged)."""
     from kdalab.check.cases import CaseInputs
+
+    b, t = x["q"].shape[:2]
+    n = b if x["cu_seqlens"] is None else len(x["cu_seqlens"]) - 1
+    dev = x["q"].device
+    return CaseInputs(
+        q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], A_log=x["A_log"],
+        dt_bias=x["dt_bias"], initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"],
+        lower_bound=x["lower_bound"], scale=x["scale"], use_qk_l2norm=x["use_qk_l2norm"],
+        rows=torch.ones(b, t, dtype=torch.bool, device=dev),
+        states=torch.ones(n, dtype=torch.bool, device=dev))
+
+
+def resolve(name: str, device: str, grad: bool = False) -> Target:
+    """The kernel ``name`` on ``device`` (TargetError, a ValueError, when it cannot run there,
+    or, with ``grad``, when it declares no backward)."""
+    from kdalab.check import ConventionError, KernelUnavailable, load_kernel
 
     try:
         kernel = load_kernel(name)
         kernel.check_available(device)
     except (ValueError, KernelUnavailable, ConventionError) as exc:
         raise TargetError(str(exc)) from None
+    if grad and kernel.no_backward:
+        raise TargetError(f"--grad: {name} has no backward ({kernel.no_backward})")
 
-    def case(x: dict) -> CaseInputs:
-        b, t = x["q"].shape[:2]
-        n = b if x["cu_seqlens"] is None else len(x["cu_seqlens"]) - 1
-        dev = x["q"].device
-        return CaseInputs(
-            q=x["q"], k=x["k"], v=x["v"], g=x["g"], beta=x["beta"], A_log=x["A_log"],
-            dt_bias=x["dt_bias"], initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"],
-            lower_bound=x["lower_bound"], scale=x["scale"], use_qk_l2norm=x["use_qk_l2norm"],
-            rows=torch.ones(b, t, dtype=torch.bool, device=dev),
-            states=torch.ones(n, dtype=torch.bool, device=dev))
+    def guarded(call):
+        def run(x: dict, *upstream):
+            try:
+                return call(as_case(x), *upstream)
+            except ConventionError as exc:
+                raise TargetError(str(exc)) from None
+        return run
 
-    def run(x: dict):
-        try:
-            return kernel(case(x))
-        except ConventionError as exc:
-            raise TargetError(str(exc)) from None
-
-    return Target(name=name, device=device, run=run, why_not=lambda x: kernel.unsupported(case(x)))
+    return Target(name=name, device=device, run=guarded(kernel),
+                  why_not=lambda x: kernel.unsupported(as_case(x)),
+                  differentiate=None if kernel.no_backward else guarded(kernel.differentiate))

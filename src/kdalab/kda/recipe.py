@@ -109,6 +109,17 @@ class Recipe:
         if self.inverse is not None:
             params.choice(self.inverse, "inverse", INVERSES)
 
+    def emulated(self) -> list[str]:
+        """The roundings this recipe emulates: formats other than fp32 and fp64, accumulation
+        models other than theirs, scalar ops other than torch's. None: its every rounding is a
+        float cast, which torch's autograd differentiates in the same arithmetic (an emulated
+        one it takes as the identity or as zero: the recipe then has no backward to offer)."""
+        out = {getattr(self, f.name).name for f in fields(self)
+               if f.name.endswith(("_format", "_accumulation")) and getattr(self, f.name)
+               is not None and getattr(self, f.name).name not in (FP32.name, FP64.name)}
+        return sorted(out) + ([f"{self.scalar_ops.name} scalar ops"]
+                              if self.scalar_ops != TORCH_OPS else [])
+
     def with_(self, **changes) -> Recipe:
         """A copy with some fields changed (formats, accumulations and scalar ops may be given
         by name)."""

@@ -18,7 +18,8 @@ import pandas as pd  # noqa: E402
 from kdalab.views.tables import fmt_sci  # noqa: E402
 
 __all__ = ["kernels_of", "cases_of", "summary", "cell_text", "terminal_table", "notes",
-           "plot_check", "verdict", "contract_rows"]
+           "plot_check", "verdict", "contract_rows", "gradients_of", "worst_gradient",
+           "gradient_rows"]
 
 _STATUS_MARK = {"pass": "✓", "fail": "✗", "unsupported": "–", "skipped": "·", "excluded": "·"}
 
@@ -63,7 +64,48 @@ def cell_text(rec: dict) -> str:
                 else f"changed by {fmt_sci(diff)}" if diff > 0 else rec["status"])
     text = f"{fmt_sci(_num(rec['o_rel_err']))} / {fmt_sci(_num(rec['state_rel_err']))}"
     worst = _worst_multiple(rec)
-    return text if math.isnan(worst) else f"{text} ({_fmt_multiple(worst)})"
+    text = text if math.isnan(worst) else f"{text} ({_fmt_multiple(worst)})"
+    name, mult = worst_gradient(rec)
+    return f"{text}; ∇ {name} {_fmt_multiple(mult)}" if name else text
+
+
+def gradients_of(records) -> list[str]:
+    """The gradients a ``--grad`` run's records judge (dq … dh0), in the records' order, read
+    from their fields (none for a forward-only run)."""
+    fields = records.columns if isinstance(records, pd.DataFrame) else (
+        records[0] if len(records) else {})
+    return [f.removesuffix("_budget_multiple") for f in fields
+            if f.endswith("_budget_multiple") and f not in ("o_budget_multiple",
+                                                            "state_budget_multiple")]
+
+
+def worst_gradient(rec: dict) -> tuple[str, float]:
+    """The gradient with the largest multiple of its floor and that multiple (``--grad``
+    records), or ``("", nan)``."""
+    mults = [(n, _num(rec.get(f"{n}_budget_multiple"))) for n in gradients_of([rec])]
+    mults = [(n, m) for n, m in mults if not math.isnan(m)]
+    return max(mults, key=lambda p: p[1]) if mults else ("", math.nan)
+
+
+def gradient_rows(records) -> list[dict]:
+    """The gradient table (``--grad``): per case whose gradients were judged, a ``floor`` row
+    (each gradient's floor error) and one row per kernel that ran: ``case``, ``kernel``,
+    ``status`` and per gradient ``(relative error, multiple of the floor)`` (NaN: not judged)."""
+    df = _frame(records)
+    names = gradients_of(df)
+    if not names:
+        return []
+    ran = df[df["status"].isin(("pass", "fail")) & df[f"{names[0]}_rel_err"].notna()]
+    ran = ran.to_dict("records")
+    rows = []
+    for case in dict.fromkeys(r["case"] for r in ran):
+        mine = [r for r in ran if r["case"] == case]
+        rows.append({"case": case, "kernel": "floor", "status": "",
+                     **{n: (_num(mine[0].get(f"{n}_floor_err")), math.nan) for n in names}})
+        rows += [{"case": case, "kernel": r["kernel"], "status": r["status"],
+                  **{n: (_num(r.get(f"{n}_rel_err")), _num(r.get(f"{n}_budget_multiple")))
+                     for n in names}} for r in mine]
+    return rows
 
 
 def _fmt_multiple(m: float) -> str:
@@ -142,6 +184,10 @@ def summary(records) -> pd.DataFrame:
             mult = mult[~np.isnan(mult)]
             row["median × floor"] = float(np.median(mult)) if len(mult) else math.nan
             row["worst × floor"] = float(np.max(mult)) if len(mult) else math.nan
+            if gradients_of(df):
+                grads = [worst_gradient(r)[1] for r in ran.to_dict("records")]
+                grads = [g for g in grads if not math.isnan(g)]
+                row["worst ∇ × floor"] = max(grads) if grads else math.nan
         else:
             row["lowest identical"] = float(np.min(vals)) if len(vals) else math.nan
         rows.append(row)
@@ -238,6 +284,9 @@ def plot_check(records) -> bytes:
     else:
         panels = [("o_rel_err", "output relative error vs fp64", None),
                   ("state_rel_err", "final-state relative error vs fp64", None)]
+        if gradients_of(df):  # --grad: each record's worst gradient, as a multiple
+            df = df.assign(grad_worst=[worst_gradient(r)[1] for r in df.to_dict("records")])
+            panels.append(("grad_worst", "worst gradient error / its floor", None))
     width = max(8.0, 0.42 * len(cases) + 2.5)
     fig, axes = plt.subplots(len(panels), 1, figsize=(width, 3.6 * len(panels)), sharex=True,
                              squeeze=False)
@@ -278,7 +327,10 @@ def plot_check(records) -> bytes:
             ax.scatter(pos, np.zeros(len(pos)), marker="|", s=60, color="grey",
                        transform=ax.get_xaxis_transform(), clip_on=False, zorder=4,
                        label="no error to draw (unsupported, excluded, crashed, bitwise contract)")
-        if not fidelity:
+        if column == "grad_worst":
+            ax.axhline(float(df["budget"].iloc[0]), color="red", linestyle="--", linewidth=1,
+                       label="budget")
+        elif not fidelity:
             floor_col = "o_floor_err" if column == "o_rel_err" else "state_floor_err"
             floor_col = floor_col if floor_col in df else "bf16_floor"
             floors = np.array([_case_floor(df, c, floor_col) for c in cases], dtype=float)

@@ -19,6 +19,8 @@ from kdalab.views.check import (
     cases_of,
     cell_text,
     contract_rows,
+    gradient_rows,
+    gradients_of,
     kernels_of,
     notes,
     plot_check,
@@ -72,6 +74,20 @@ def _contract_cells(r: dict) -> list[str]:
 
 _CONTRACT_HEAD = ["contract", "kernel", "status", "compared", "largest difference",
                   "× floor", "message"]
+_GRAD_ABOUT = ("each gradient's relative error against the fp64 reference's, and its multiple "
+               "of the floor; the floor row: the floor's own error (the float32 recurrence's "
+               "gradients rounded to bf16 at the tokens; docs/training.md)")
+
+
+def _grad_cells(r: dict, names: list[str]) -> list[str]:
+    mark = f"{_STATUS_MARK[r['status']]} " if r["status"] else ""
+    cells = [f"`{r['case']}`", f"{mark}{r['kernel']}"]
+    for name in names:
+        err, mult = r[name]
+        cells.append("" if err != err else fmt_sci(err) if mult != mult
+                     else f"{fmt_sci(err)} ({mult:.1f}×)" if mult < 1e3
+                     else f"{fmt_sci(err)} ({fmt_sci(mult)}×)")
+    return cells
 
 
 def _md_escape(text: str) -> str:
@@ -113,6 +129,12 @@ def markdown_report(records, meta: dict, image: str | None = "errors.png") -> st
                   "|" + "---|" * len(_CONTRACT_HEAD)]
         lines += ["| " + " | ".join(_md_escape(str(c)) for c in _contract_cells(r)) + " |"
                   for r in contracts]
+    grads, names = gradient_rows(df), gradients_of(df)
+    if grads:
+        head = ["case", "kernel", *names]
+        lines += ["", "## Gradients", "", f"{_GRAD_ABOUT[0].upper()}{_GRAD_ABOUT[1:]}.", "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(_grad_cells(r, names)) + " |" for r in grads]
     found = notes(df)
     if found:
         lines += ["", "## Failures and unsupported cases", ""]
@@ -221,6 +243,16 @@ def html_report(records, meta: dict, png: bytes | None = None) -> str:
         for r in contracts:
             parts.append(f"<tr class='{r['status']}'>" + "".join(
                 f"<td>{e(str(c))}</td>" for c in _contract_cells(r)) + "</tr>")
+        parts.append("</table>")
+    grads, names = gradient_rows(df), gradients_of(df)
+    if grads:
+        parts.append(f"<h2>Gradients</h2><p>{e(_GRAD_ABOUT)}.</p><table><tr>"
+                     + "".join(f"<th>{e(h)}</th>" for h in ["case", "kernel", *names])
+                     + "</tr>")
+        for r in grads:
+            cells = [c.strip("`") for c in _grad_cells(r, names)]
+            parts.append(f"<tr class='{r['status']}'>" + "".join(
+                f"<td class='num'>{e(c)}</td>" for c in cells) + "</tr>")
         parts.append("</table>")
     found = notes(df)
     if found:

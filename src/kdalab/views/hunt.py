@@ -1,6 +1,7 @@
 """The views of a ``kdalab hunt``, drawn from its trial records, its run description (hunt.json)
 and its worst case (worst.json) only: the progress plot (output error against evaluations, the
-best so far, the threshold) and a short Markdown report."""
+best so far, the threshold) and a short Markdown report. A ``--grad`` hunt's (``"grad"`` in
+hunt.json) show the worst gradient error where an output hunt's show the output error."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ def _err(x) -> float:
     return math.nan if x is None else float(x)
 
 
+def _scored(meta: dict) -> tuple[str, str]:
+    """The record field a hunt is judged by, and its name in words."""
+    return ("grad_error", "worst gradient error") if meta.get("grad") else (
+        "output_error", "output error")
+
+
 def plot_progress(records: list[dict], meta: dict, folder: str | Path) -> list[Path]:
     """progress.png and progress.svg: each measured trial's output error (non-finite ones as
     'x' on the top edge), the best so far, the threshold; trials not measured as ticks at the
@@ -25,13 +32,15 @@ def plot_progress(records: list[dict], meta: dict, folder: str | Path) -> list[P
     from kdalab.views.plots import plot_series_with_nonfinite, save_figure
 
     fig, ax = plt.subplots(figsize=(7.0, 4.0), layout="constrained")
+    field, words = _scored(meta)
     measured = [r for r in records if r["status"] == "measured"]
     x = [r["trial"] for r in measured]
-    plot_series_with_nonfinite(ax, x, [_err(r["output_error"]) for r in measured],
-                               label="output error of the trial", linestyle="none",
+    plot_series_with_nonfinite(ax, x, [_err(r[field]) for r in measured],
+                               label=f"{words} of the trial", linestyle="none",
                                markersize=3.5, alpha=0.7)
-    best = [(r["trial"], _err(r["best_output_error"])) for r in records
-            if r["best_output_error"] is not None and math.isfinite(r["best_output_error"])]
+    best_key = f"best_{field}"
+    best = [(r["trial"], _err(r[best_key])) for r in records
+            if r.get(best_key) is not None and math.isfinite(r[best_key])]
     if best:
         ax.step([b[0] for b in best], [b[1] for b in best], where="post", color="black",
                 linewidth=1.2, label="worst so far")
@@ -46,7 +55,7 @@ def plot_progress(records: list[dict], meta: dict, folder: str | Path) -> list[P
                    label="resumed" if i == 0 else None)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation (trial)")
-    ax.set_ylabel("output rel. RMSE vs fp64")
+    ax.set_ylabel(f"{words} (rel. RMSE vs fp64)")
     ax.set_title(f"kdalab hunt {meta['target']} on {meta.get('device_name', meta['device'])}, "
                  f"seed {meta['seed']}", fontsize=10)
     ax.grid(True, which="major", alpha=0.3)
@@ -77,6 +86,7 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
     """report.md: the verdict, the worst case (errors, knobs, how to replay it), the five worst
     trials and what was not measured."""
     counts = meta.get("counts", {})
+    field, words = _scored(meta)
     verdict = "FOUND" if meta.get("found") else "nothing found"
     lines = [f"# kdalab hunt {meta['target']}", "",
              f"`{meta.get('command', '')}`", "",
@@ -89,13 +99,13 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
              f"- measured {counts.get('measured', 0)}, declared unsupported "
              f"{counts.get('unsupported', 0)}, raised {counts.get('raised', 0)}",
              f"- sampler: {meta.get('sampler', '?')}",
-             f"- threshold (output error): {fmt_sci(meta['threshold'])}", "",
+             f"- threshold ({words}): {fmt_sci(meta['threshold'])}", "",
              f"**Verdict: {verdict}.**", ""]
     first = next((r for r in records if r["status"] == "measured"
-                  and not r["output_error"] <= meta["threshold"]), None)
+                  and not r[field] <= meta["threshold"]), None)
     if first is not None:
-        lines += [f"The first trial above the threshold: trial {first['trial']} (output error "
-                  f"{fmt_sci(first['output_error'])}), {first.get('elapsed_s', math.nan):.1f} s "
+        lines += [f"The first trial above the threshold: trial {first['trial']} ({words} "
+                  f"{fmt_sci(first[field])}), {first.get('elapsed_s', math.nan):.1f} s "
                   f"into the hunt.", ""]
     if worst is not None:
         lines += [
@@ -104,20 +114,26 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
             f"final-state error {fmt_sci(worst['state_error'])}, non-finite values: "
             f"{worst['output_nonfinite']} in the output, {worst['state_nonfinite']} in the "
             f"state (bf16 floor of this output: {fmt_sci(worst['bf16_floor'])}).", "",
+            *_worst_gradients(worst),
             "Rebuild it: `kdalab.inputs.sequences.draw(SequenceSpec.from_dict(spec), "
             f"{worst['seed']})` with the spec below (worst.json), or replay the case file: "
-            f"`kdalab check {meta['target']} --inputs worst.safetensors`.", "",
+            f"`kdalab check {meta['target']}{' --grad' if meta.get('grad') else ''} --inputs "
+            "worst.safetensors`.", "",
             "| knob | value |", "|---|---|", *_spec_rows(worst["spec"]), ""]
     measured = sorted((r for r in records if r["status"] == "measured"),
                       key=lambda r: (-r["objective"], r["trial"]))[:5]
     if measured:
         lines += ["## The five worst trials", "",
-                  "| trial | output error | state error | T | H | K | lower bound | key clusters "
-                  "| key eps | β logit | raw gate mean |", "|" + "---|" * 11]
+                  f"| trial | {'worst gradient | ' if meta.get('grad') else ''}output error "
+                  "| state error | T | H | K | lower bound | key clusters | key eps | β logit "
+                  "| raw gate mean |", "|" + "---|" * (12 if meta.get("grad") else 11)]
         for r in measured:
             s = r["spec"]
+            grad = (f"{r['worst_grad']} {fmt_sci(r['grad_error'])} | " if meta.get("grad")
+                    else "")
             lines.append(
-                f"| {r['trial']} | {fmt_sci(r['output_error'])} | {fmt_sci(r['state_error'])} "
+                f"| {r['trial']} | {grad}{fmt_sci(r['output_error'])} | "
+                f"{fmt_sci(r['state_error'])} "
                 f"| {s['T']} | {s['heads']} | {s['K']} | {s['lower_bound']:.3g} "
                 f"| {s['key_clusters']} | {s['key_eps']:.3g} | {s['beta_mean']:.3g} "
                 f"| {s['g_mean']:.3g} |")
@@ -133,6 +149,18 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
               "worst.safetensors (the worst case), progress.png / .svg. docs/hunt.md explains "
               "the knobs and the search.", ""]
     return "\n".join(lines)
+
+
+def _worst_gradients(worst: dict) -> list[str]:
+    """The worst case's gradient errors (a ``--grad`` hunt's), as one line."""
+    if worst.get("grad_error") is None:
+        return []
+    each = ", ".join(f"{k.removesuffix('_error')} {fmt_sci(v)}" for k, v in worst.items()
+                     if k.startswith("d") and k.endswith("_error") and v is not None)  # dq … dh0
+    return [f"Gradients (relative error against the fp64 reference's, upstream dO and dHT "
+            f"drawn from the case's seed): worst **{worst['worst_grad']} "
+            f"{fmt_sci(worst['grad_error'])}**; {each}; non-finite: "
+            f"{worst['grad_nonfinite']}.", ""]
 
 
 def write_hunt_views(records: list[dict], meta: dict, worst: dict | None,
