@@ -155,16 +155,14 @@ def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.cons
 def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O: tl.constexpr,
-               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
-               REDO: tl.constexpr = False):
+               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O``; returns the end state. With ``CKC`` > 0 (and
     ``WRITE_O``) the state after every full chunk whose index in the sequence (``j0`` + i) + 1
     is a multiple of ``CKC`` goes to checkpoint row ``ck_base`` + (j0 + i + 1) / CKC - 1 of
-    ``ck_ptr`` (prefix caching). ``REDO``: the fp16 guard's redo (module docstring): nothing
-    is written before the first chunk whose fp16 step is not finite. Chunk i+1's operands
-    are loaded while chunk i computes (hand-pipelined: their latency hides behind the serial
-    chain S^T W^T -> U^T -> U^T KEND -> S^T)."""
+    ``ck_ptr`` (prefix caching). Chunk i+1's operands are loaded while chunk i computes
+    (hand-pipelined: their latency hides behind the serial chain S^T W^T -> U^T -> U^T KEND
+    -> S^T)."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_cc_t = o_r[None, :] * BT + o_r[:, None]  # element (c, r) of X^T is X[r, c]
@@ -177,11 +175,6 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
         ck_count = j0 % CKC
         ck_row = ck_base + j0 // CKC
     ck_due = 0  # 1: St is a checkpoint not yet stored
-    # the redo writes from its first non-finite fp16 step on
-    if REDO:
-        writing = tl.zeros([], dtype=tl.int32)
-    else:
-        writing = tl.full([], 1, dtype=tl.int32)
     wt, qgt, kend, klo, vt, ainvt, mqkt, gamma = load_chunk(
         v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos, c0, 0,
         i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
@@ -191,35 +184,14 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
                 # the checkpoint of the chunk before, stored before the next chunk's operands
                 # are loaded (fewer registers live than after)
                 if ck_due != 0:
-                    if REDO:
-                        if writing != 0:
-                            store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
-                    else:
-                        store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
                     ck_row += 1
         nwt, nqgt, nkend, nklo, nvt, nainvt, nmqkt, ngamma = load_chunk(
             v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
             c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
-        if REDO:
-            ot = tl.zeros([o_v.shape[0], BT], dtype=tl.float32)
-            if writing == 0:
-                S16, _ = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT, False)
-                if not_finite(S16) == 0:
-                    St = S16
-                else:
-                    St, ot = switch_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma)
-                    writing += 1
-            else:
-                St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma,
-                                    tl.float32, True)
-        else:
-            St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT, WRITE_O)
+        St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT, WRITE_O)
         if WRITE_O:
-            if REDO:
-                if writing != 0:
-                    store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
-            else:
-                store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
+            store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
         if CKC > 0:
             if WRITE_O:
                 ck_count += 1
@@ -233,11 +205,50 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
     if CKC > 0:
         if WRITE_O:
             if ck_due != 0:  # the last chunk's
-                if REDO:
-                    if writing != 0:
-                        store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
-                else:
-                    store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+                store_checkpoint(ck_ptr, ck_row, i_h, v0, St, H, K, STATE_VK)
+    return St
+
+
+@triton.jit
+def redo_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+                o_ptr, bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
+                STATE_VK: tl.constexpr):
+    """The fp16 guard's redo of a program from its start state (module docstring), in three
+    phases: the fp16 steps (``run_chunks``' arithmetic) up to the first that is not finite,
+    writing nothing (they gave the same bits before); that chunk by ``switch_step``; the rest
+    with tf32 products. Outputs and checkpoints are written from the switch on. No prefetch:
+    the redo runs only where the guard tripped."""
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_cc_t = o_r[None, :] * BT + o_r[:, None]
+    n_chunks = tl.cdiv(eos - bos, BT)
+    i_sw = n_chunks  # the switch chunk (none: n_chunks)
+    for i_t in range(0, n_chunks):
+        if i_sw == n_chunks:
+            wt, qgt, kend, klo, vt, ainvt, mqkt, gamma = load_chunk(
+                v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
+                c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
+            S16, _ = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, tl.float16,
+                                False)
+            if not_finite(S16) == 0:
+                St = S16
+            else:
+                i_sw = i_t
+    for i_t in range(i_sw, n_chunks):
+        wt, qgt, kend, klo, vt, ainvt, mqkt, gamma = load_chunk(
+            v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
+            c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
+        if i_t == i_sw:
+            St, ot = switch_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma)
+        else:
+            St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, tl.float32,
+                                True)
+        store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
+        if CKC > 0:
+            j = j0 + i_t + 1  # chunks of the sequence done
+            if (j % CKC == 0) & (bos + (i_t + 1) * BT <= eos):
+                store_checkpoint(ck_ptr, ck_base + j // CKC - 1, i_h, v0, St, H, K, STATE_VK)
     return St
 
 
@@ -275,9 +286,13 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
         St0 = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
     else:
         St0 = tl.load(slot_ptrs, mask=v_ok[:, None], other=0.0)
+    if REDO:
+        return redo_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr,
+                           gamma_ptr, o_ptr, bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, ck_ptr,
+                           ck_base, j0, v0, CKC, STATE_VK)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       o_ptr, bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, REDO)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK)
 
 
 @triton.jit
