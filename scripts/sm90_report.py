@@ -205,7 +205,7 @@ def kdalab_rows(only: str | None = None):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, HAS_DHT=True,
                   STORE_DH0=True, STATE_VK=False, IS_VARLEN=False, PASS=pass_, DS=dts[ds],
                   DD=dts[dd])
-        yield timed(chunk_kda_bwd_recurrent_kernel, bwd, ce, num_warps=nw,
+        yield timed(chunk_kda_bwd_recurrent_kernel, bwd, ce, num_warps=nw, num_stages=1,
                     label=f"bwd pass {pass_} BV{bv} w{nw} S {ds} dS {dd}")
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",

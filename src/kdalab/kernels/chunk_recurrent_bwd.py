@@ -313,5 +313,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
             HAS_DHT=dht is not None, STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk,
             IS_VARLEN=cu_seqlens is not None, PASS=pass_, DS=_TL[s_dtype], DD=_TL[ds_dtype],
-            num_warps=num_warps)
+            num_warps=num_warps, num_stages=1)  # no software pipelining: its buffers overflow
+            # shared memory (279,552 bytes of 232,448 at the default, on the H200)
     return out
