@@ -182,9 +182,9 @@ def speed_rows(names, rounds, bw, rate, fla):
                 except Exception as exc:  # noqa: BLE001
                     row[f"{'kdalab' if fn is mine else 'fla'}_error"] = repr(exc)[:200]
         row["warm_s"] = round(time.time() - t0, 1)
-        fns = {"kdalab": lambda: _step(mine, x, do, dht)}
+        fns = {"kdalab": lambda x=x: _step(mine, x, do, dht)}
         if theirs is not None and "fla_error" not in row:
-            fns["fla"] = lambda: _step(theirs, x, do, dht)
+            fns["fla"] = lambda x=x: _step(theirs, x, do, dht)
         # the backward alone: of one forward kept (retain_graph)
         kept = {}
         for n, fn in (("kdalab", mine), ("fla", theirs if "fla" in fns else None)):
