@@ -181,7 +181,7 @@ def fp16_guard(plan: LaunchPlan) -> str:
     in a second launch for the serial pass of value blocks of 128 on 8 warps, in the same
     launch otherwise. The redo's code in the same launch costs registers: at BV 128 on 8
     warps ptxas spills 432 bytes a thread with it (triton 3.6, sm_90a), none without; at BV 64
-    on 4 warps 56 bytes. Measured on the H200 (docs/kernels.md "The fp16 range guard"): a
+    on 4 warps 56 bytes. Measured on the H200 (docs/kernels.md "Decision record"): a
     second launch is 1.4-5% faster on five serial BV-128 shapes and 1.2% slower at B 128
     T 64 (one more launch in a 0.24 ms call); 1% slower on the split pass (two passes, two
     more launches) and 5% at T 8192 H 64 (BV 64)."""
