@@ -212,11 +212,14 @@ def test_flashkda_v2_h200_is_the_reference_bit_for_bit(golden, name):
     assert same_bits(o, case["out_ref"]) and same_bits(s, case["final_ref"])
 
 
-#: flashkda-v2 sums its bf16 products in torch's CPU float32 order instead of the H200's:
-#: measured on these cases (2026-12-01 golden data) at least 98.40 % of output bits and 97.28 %
-#: of state bits equal to the reference (v2_collinear001_T1024_bf16s, where |L| → 1 lets a last-
-#: bit difference travel furthest; 4 of the 12 cases bit for bit); the bounds leave ~0.3 %.
-FAST_OUTPUT_BITS, FAST_STATE_BITS = 0.98, 0.97
+#: flashkda-v2 sums its bf16 products in torch's CPU float32 order (MKL's, which differs between
+#: CPUs) instead of the H200's. Worst case over the cases (v2_collinear001_T1024_bf16s, where
+#: |L| → 1 lets a last-bit difference travel furthest), output / state bits equal to the
+#: reference: 98.40 % / 97.28 % on MKL's AVX2 path, 98.11 % / 97.07 % under MKL_CBWR=COMPATIBLE.
+#: A wrong cast keeps far fewer: torch's sigmoid and exp2 instead of the H200's 89.98 % / 88.22 %,
+#: an fp32 state 88.04 % / 69.23 %. The bounds lie 3 / 4 points below the lowest measured and
+#: about 5 above every wrong cast tried.
+FAST_OUTPUT_BITS, FAST_STATE_BITS = 0.95, 0.93
 
 
 @pytest.mark.parametrize("name", V2_NAMES)
