@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from kdalab.arith import available_accumulations, get_accumulation, matmul
 from tests.seed_oracle import seed_fp16_accum_mm  # the seed's CPU fallback: the oracle
 
+pytestmark = pytest.mark.exact  # accumulation models and batching, bit for bit
+
 
 def _random_fp16(shape, gen, spread=8):
     x = torch.randn(shape, generator=gen) * torch.exp2(

@@ -19,6 +19,8 @@ from kdalab.arith import FP16, get_accumulation
 from kdalab.arith.orders import ORDERS, ordered_gemm
 from kdalab.arith.tensorcore import gemmex_16f, tc_chain
 
+pytestmark = pytest.mark.exact  # summation orders and cuBLAS's outputs, bit for bit
+
 ORDER = {o.name: o for o in ORDERS}
 ROOT = Path(__file__).parents[1]
 

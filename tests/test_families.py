@@ -10,6 +10,8 @@ from kdalab.inputs.families import FAMILIES
 from kdalab.inputs.runs import Run
 from tests.seed_oracle import seed_make_inputs  # the seed document's code
 
+pytestmark = pytest.mark.exact  # the seed's draws, bit for bit
+
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)

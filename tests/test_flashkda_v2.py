@@ -21,6 +21,8 @@ from kdalab.kda.inverse import block_substitution, exact_inverse, substitute_fma
 from tests.flashkda_data import GOLDEN_DIR, load_golden, unreproducible_draw
 from tests.test_flashkda_golden import SCRIPT, equal_bits, same_bits
 
+pytestmark = pytest.mark.exact  # FlashKDA v2's reference on the H200, bit for bit
+
 V2_FILE = GOLDEN_DIR / "flashkda_v2_golden.npz"
 V2_NAMES = [c.name for c in SCRIPT.V2_CASES]
 U_BF16 = 2.0**-9  # bf16's unit roundoff (8 significand bits stored)

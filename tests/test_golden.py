@@ -42,6 +42,8 @@ from tests.seed_oracle import (  # the seed document's code
     seed_stable_l,
 )
 
+pytestmark = pytest.mark.exact  # the seed's runs: bits, and golden data
+
 GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_runs.json").read_text())["cpu"]
 FAMILY = {case: family for family, case in SEED_CASES.items()}
 

@@ -16,6 +16,8 @@ from kdalab.kda.inverse import (
 )
 from tests.seed_oracle import seed_neumann  # the seed document's code
 
+pytestmark = pytest.mark.exact  # inverses against the seed's code, bit for bit
+
 
 def _random_l(batch: int, c: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)

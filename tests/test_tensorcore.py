@@ -21,6 +21,8 @@ from kdalab.arith import get_accumulation
 from kdalab.arith.formats import BF16, FP16, FP32
 from kdalab.arith.tensorcore import gemmex_algorithm, tc_block
 
+pytestmark = pytest.mark.exact  # the H200's outputs, bit for bit
+
 DATA = Path(__file__).parent / "data" / "tensorcore"
 
 
