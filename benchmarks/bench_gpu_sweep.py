@@ -11,7 +11,7 @@ seed's keys once for every chunk size, kdalab.inputs.keystream), every stage one
 batch, batches pipelined, records built — timed whole, median of 3 after a warm-up, for the
 Neumann models ``gpu-h200`` (== CPU ``h200``), ``gpu-h200-mma`` and ``cublas-16f``, each with
 its own hardware's L (``gpu-h200-sgemm``; ``cublas-32f`` for ``cublas-16f``). *Per-run loop*: the
-seed's own ``run_one`` (its code: seed_baseline.py), one ``cublasGemmEx`` call per product with a
+seed's own ``run_one`` (tests/seed_oracle.py), one ``cublasGemmEx`` call per product with a
 device synchronization before and after, as the seed
 does, on a spread subset of the runs. Speed-ups are against that loop, measured in the same run.
 Also checks that kdalab's batched ``kernel_l`` + ``neumann_inverse`` give the loop's kernel
@@ -38,10 +38,11 @@ import warnings
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path[:0] = [os.path.join(ROOT, "src"), ROOT]  # kdalab, and the seed's code in tests/
 
 import cublas_models  # noqa: E402,F401  (registers cublas-16f, cublas-32f: benchmarks/)
-from seed_baseline import seed_make_inputs, seed_run_one  # noqa: E402  (benchmarks/)
+from tests.seed_oracle import seed_make_inputs, seed_run_one  # noqa: E402
 
 from kdalab.arith.gpu import require_cuda  # noqa: E402
 from kdalab.inputs.draw import make_inputs_batch  # noqa: E402

@@ -15,7 +15,7 @@ The command runs as a subprocess (``python -c 'from kdalab.cli import run; run()
 what the ``kdalab`` script runs), timed from its start to its exit, into fresh folders, over
 ``--rounds`` rounds (the first also pays cold caches: the page cache, CUDA's kernels). Each
 round runs every one of ``--variants`` once, their order rotated from round to round, then the
-seed loop (``benchmarks/seed_baseline.py``: ``seed_make_inputs`` + ``seed_run_one``, its CPU
+seed loop (``tests/seed_oracle.py``: ``seed_make_inputs`` + ``seed_run_one``, its CPU
 fallback on the CPU, one ``cublasGemmEx`` per product on CUDA) on ``--seed-sample`` seeds
 of every (family, chunk) cell, one intra-op thread on the CPU as the command uses, so its mean
 is the per-run time of the same mix of chunk sizes; each variant's time is divided into that
@@ -63,7 +63,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))  # the seed's code: tests/seed_oracle.py
 CLI = "import sys; from kdalab.cli import run; sys.argv[0] = 'kdalab'; run()"
 
 
@@ -84,7 +84,7 @@ def _plan(args):
 def seed_loop_ms(args) -> tuple[float, int]:
     """Mean ms per run of the seed's own loop over ``--seed-sample`` seeds of every cell."""
     import torch
-    from seed_baseline import seed_make_inputs, seed_run_one
+    from tests.seed_oracle import seed_make_inputs, seed_run_one
 
     from kdalab import params
 

@@ -9,6 +9,9 @@ and the start-up A/B's sweep_ab_h200.json
 
     python benchmarks/collect_h200.py RUNS --device "NVIDIA H200 (nvidia-h200), ..." \\
         --commit abc1234 [--check] [--hunt] [--grid] [--serving] [--decode] [--sweep]
+
+then ``python benchmarks/report.py`` for the page. ``--results DIR``: read and write the result
+files there instead of benchmarks/results (tests/test_benchmarks_report.py runs it so).
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def _write(name: str, doc: dict) -> None:
-    path = RESULTS / f"{name}.json"
+def _write(results: Path, name: str, doc: dict) -> None:
+    path = results / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {path}")
 
@@ -302,6 +305,9 @@ def main() -> None:
     ap.add_argument("runs", type=Path)
     ap.add_argument("--device", required=True)
     ap.add_argument("--commit", required=True)
+    ap.add_argument("--results", type=Path, default=RESULTS,
+                    help="the folder of result files read (earlier serving rows) and written "
+                         "(default: benchmarks/results)")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--hunt", action="store_true")
     ap.add_argument("--grid", action="store_true")
@@ -325,20 +331,20 @@ def main() -> None:
     a = ap.parse_args()
     if a.gpu_tests:
         found = [gpu_test_row(Path(runs), commit) for runs, commit in a.gpu_tests]
-        _write("gpu_tests_h200", {
+        _write(a.results, "gpu_tests_h200", {
             "benchmark": "gpu_tests_h200", "device": a.device, "date": found[0][1],
             "commit": a.gpu_tests[0][1], "command": "bash scripts/device/gpu_tests.sh "
             "[-k SELECTION] (benchmarks/h200.sh gpu-tests [TESTS_K]); it fails on any skip",
             "rows": [row for row, _ in found]})
     if a.grid:
         earlier = (Path(a.grid_earlier[0]), a.grid_earlier[1]) if a.grid_earlier else None
-        _write("kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),
+        _write(a.results, "kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),
                                "device": a.device,
                                "commit": a.commit})
     if a.serving:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]
-        before = json.loads((RESULTS / "serving_prefill_h200.json").read_text(encoding="utf-8"))
+        before = json.loads((a.results / "serving_prefill_h200.json").read_text(encoding="utf-8"))
         # a run without one of the parts (SERVING_PARTS=short, or =pool): the page's rows of
         # that part stay, marked with the commit and date they were measured at
         for part in ("_over_plain", "kdalab vs"):  # the pool part's rows, the short part's
@@ -352,14 +358,14 @@ def main() -> None:
             rows = note_ck_stagger(rows, Path(a.ck_stagger[0]), a.ck_stagger[1])
         if a.ck_intervals:
             rows = note_ck_intervals(rows, Path(a.ck_intervals[0]), a.ck_intervals[1])
-        _write("serving_prefill_h200", {
+        _write(a.results, "serving_prefill_h200", {
             "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(
                 "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving)",
             "rows": rows})
     if a.decode:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
-        _write("decode_h200", {
+        _write(a.results, "decode_h200", {
             "benchmark": "decode_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace(
                 "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving, "
@@ -367,13 +373,13 @@ def main() -> None:
             "rows": decode_rows(doc["rows"])})
     if a.sweep:
         doc = json.loads((a.runs / "sweep" / "sweep_ab_h200.json").read_text(encoding="utf-8"))
-        _write("sweep_command_h200", {
+        _write(a.results, "sweep_command_h200", {
             **doc, "benchmark": "sweep_command_h200", "device": a.device, "commit": a.commit,
             "command": doc["command"].replace("/tmp/kd/sweep/", "$OUT/")
             + " (benchmarks/h200.sh sweep)"})
     if a.check:
         run, rows = check_rows(a.runs / "check")
-        _write("check_h200", {
+        _write(a.results, "check_h200", {
             "benchmark": "check_h200", "device": a.device,
             "date": run["date"].replace(" ", "T") + "Z", "commit": a.commit,
             "command": run["command"] + " (benchmarks/h200.sh check"
@@ -382,7 +388,7 @@ def main() -> None:
         folders = sorted(p for p in a.runs.glob("hunt-*") if (p / "worst.json").exists())
         metas = [json.loads((p / "hunt.json").read_text(encoding="utf-8")) for p in folders]
         dates = [m["date"] for m in metas if "date" in m]
-        _write("hunt_h200", {
+        _write(a.results, "hunt_h200", {
             "benchmark": "hunt_h200", "device": a.device,
             "date": max(dates) if dates else "", "commit": a.commit,
             "command": "kdalab hunt TARGET --device cuda --seed 0 (benchmarks/h200.sh hunt, "

@@ -5,6 +5,7 @@ runs per shape on this GPU, against candidate orders built from kdalab's Tensor-
 
     PYTHONPATH=$PWD/src python3 benchmarks/cublas_shapes.py [--json PATH] [--raw PATH.npz] \\
         [--square 17-64] [--shapes 1x24x32,...] [--dense-only] [--candidates a,b]
+    python benchmarks/cublas_shapes.py --stand-in slices8-tree ...   # the method, no GPU
 
 Each product is one ``cublas_gemm_single`` call (operands in fresh allocations, as the seed's:
 cuBLAS may choose by alignment); its fp16 result is compared bit for bit with the ``h200`` model
@@ -18,6 +19,9 @@ u uniform in [-4, 2] per matrix; ``fwdsub``, the 1×k×64 products of ``forward_
 ``h200-sgemm``. Prints the table (shape × candidate: fraction of equal outputs, matrices equal)
 and the 100 % candidates per shape. ``--json``: docs/BENCHMARKS.md's shape, a row per shape;
 ``--raw``: operands and outputs where ``h200`` fails (and 64³), < 5 MB, for golden tests.
+``--stand-in ORDER`` checks the method on the CPU: cuBLAS is replaced by one candidate order
+(or ``h200``, the model), and every row must name it among its 100 % candidates
+(tests/test_cublas_shapes.py runs it so).
 """
 
 from __future__ import annotations
@@ -378,6 +382,14 @@ def write_raw(path: str, result: dict) -> int:
     return used
 
 
+def _stand_in(name: str) -> Callable:
+    """One fp16 product of two 2-D CPU tensors by the candidate ``name``: cuBLAS's stand-in."""
+    if name == "h200":
+        return lambda a, b: gemmex_16f(a[None].double(), b[None].double())[0]
+    order = next(o for o in ORDERS if o.name == name)
+    return lambda a, b: ordered_gemm(a[None], b[None], order)[0]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", help="write docs/BENCHMARKS.md's JSON here")
@@ -396,27 +408,39 @@ def main(argv=None) -> int:
                    help="where the candidates' emulation runs (cuda: checked against the CPU "
                         "on 2 matrices per shape and candidate, the CPU taking over on a "
                         "mismatch)")
+    p.add_argument("--fwdsub-k", default=",".join(map(str, FWDSUB_K)),
+                   help="k of the 1×k×64 forward-substitution products ('' for none)")
+    p.add_argument("--stand-in", choices=("h200", *(o.name for o in ORDERS)), default=None,
+                   help="no GPU: cuBLAS replaced by this candidate on the CPU (no fp32 rows)")
     args = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("error: cublas_shapes needs a CUDA device", file=sys.stderr)
+    fwdsub_k = () if args.dense_only or not args.fwdsub_k else tuple(
+        int_list(args.fwdsub_k, "--fwdsub-k", 1))
+    if args.stand_in:
+        gemm, device, emulate, sgemm_chunks = _stand_in(args.stand_in), "cpu", "cpu", ()
+        device_name = f"CPU, cuBLAS replaced by {args.stand_in}"
+    elif not torch.cuda.is_available():
+        print("error: cublas_shapes needs a CUDA device (or --stand-in)", file=sys.stderr)
         return 2
-    from kdalab.arith.gpu.cublas import cublas_gemm_single, cublas_version
+    else:
+        from kdalab.arith.gpu.cublas import cublas_gemm_single, cublas_version
 
-    torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
+        gemm, device, emulate = cublas_gemm_single, "cuda", args.emulate
+        sgemm_chunks = () if args.dense_only else SGEMM_CHUNKS
+        device_name = f"{torch.cuda.get_device_name(0)}, cuBLAS {cublas_version()}"
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    device_name = torch.cuda.get_device_name(0)
-    print(f"{device_name}, cuBLAS {cublas_version()}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} CPU threads", flush=True)
+    print(f"{device_name}, torch {torch.__version__}, {torch.get_num_threads()} CPU threads",
+          flush=True)
 
     def sgemm(a, b):  # the seed's per-run fp32 product, b a transposed view as its .t()
         return torch.matmul(a, b)
 
     shapes = tuple(tuple(int(x) for x in sh.split("x")) for sh in args.shapes.split(",") if sh)
-    result = measure(cublas_gemm_single, "cuda", matrices=args.matrices, runs=args.runs,
-                     emulate=args.emulate, budget_s=args.budget_s,
+    result = measure(gemm, device, matrices=args.matrices, runs=args.runs,
+                     emulate=emulate, budget_s=args.budget_s,
                      square=int_list(args.square, "--square", 1), shapes=shapes,
-                     neumann_rows=not args.dense_only, fwdsub_k=() if args.dense_only else FWDSUB_K,
-                     sgemm_chunks=() if args.dense_only else SGEMM_CHUNKS, sgemm=sgemm,
+                     neumann_rows=not args.dense_only, fwdsub_k=fwdsub_k,
+                     sgemm_chunks=sgemm_chunks, sgemm=sgemm,
                      only=tuple(c for c in args.candidates.split(",") if c),
                      log=lambda s: print(s, flush=True))
     print("\n" + table(result["rows"]))
@@ -429,7 +453,7 @@ def main(argv=None) -> int:
                                     text=True, cwd=os.path.dirname(__file__)).stdout.strip()
         except OSError:  # no git on the device
             commit = ""
-        doc = {"benchmark": "cublas_shapes", "device": f"{device_name}, cuBLAS {cublas_version()}",
+        doc = {"benchmark": "cublas_shapes", "device": device_name,
                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit,
                "command": "python3 benchmarks/cublas_shapes.py " + " ".join(sys.argv[1:]),
                "rows": json_rows(result)}

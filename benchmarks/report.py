@@ -13,6 +13,9 @@ the narrative around them live in git history, not on the page.
 
     python benchmarks/report.py            # write docs/BENCHMARKS.md
     python benchmarks/report.py --check    # exit 1 if docs/BENCHMARKS.md is not what it writes
+    python benchmarks/report.py --results DIR --page PATH   # other files (tests use this)
+
+A result file that breaks the schema is named on stderr (``error: ...``, exit 1).
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ def load(results: Path = RESULTS) -> list[dict]:
         problems += found
         out.append(data)
     if problems:
-        raise ValueError("; ".join(problems))
+        raise ValueError("\n".join(problems))
     return out
 
 
@@ -103,18 +106,26 @@ def render(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 if docs/BENCHMARKS.md differs from what would be written")
+                        help="exit 1 if the page differs from what would be written")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="the folder of result files (default: benchmarks/results)")
+    parser.add_argument("--page", type=Path, default=PAGE,
+                        help="the page written or checked (default: docs/BENCHMARKS.md)")
     args = parser.parse_args(argv)
-    results = load()
+    try:
+        results = load(args.results)
+    except ValueError as exc:
+        for problem in str(exc).splitlines():
+            print(f"error: {problem}", file=sys.stderr)
+        return 1
     text = render(results)
     if args.check:
-        same = PAGE.exists() and PAGE.read_text(encoding="utf-8") == text
+        same = args.page.exists() and args.page.read_text(encoding="utf-8") == text
         if not same:
-            print("docs/BENCHMARKS.md is stale: run python benchmarks/report.py", file=sys.stderr)
+            print(f"{args.page} is stale: run python benchmarks/report.py", file=sys.stderr)
         return 0 if same else 1
-    PAGE.write_text(text, encoding="utf-8")
-    print(f"wrote {PAGE.relative_to(ROOT)} ({text.count(chr(10))} lines, {len(results)} "
-          "benchmarks)")
+    args.page.write_text(text, encoding="utf-8")
+    print(f"wrote {args.page} ({text.count(chr(10))} lines, {len(results)} benchmarks)")
     return 0
 
 

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import math
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kdalab.arith import available_accumulations, get_accumulation, matmul
+from tests.seed_oracle import seed_fp16_accum_mm  # the seed's CPU fallback: the oracle
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from seed_baseline import seed_fp16_accum_mm  # noqa: E402  (the seed's CPU fallback: the oracle)
+pytestmark = pytest.mark.exact  # accumulation models and batching, bit for bit
 
 
 def _random_fp16(shape, gen, spread=8):

@@ -1,177 +1,168 @@
-"""docs/BENCHMARKS.md is generated from benchmarks/results/*.json (benchmarks/report.py): every
-result file has the schema, and the page is exactly what the files give, so the two cannot drift."""
+"""docs/BENCHMARKS.md is generated from benchmarks/results/*.json by benchmarks/report.py, and the
+H200 result files by benchmarks/collect_h200.py from what a device run brought back. The scripts
+run here as their users run them, as subprocesses: the tests import nothing from benchmarks/."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-import report  # noqa: E402
+ROOT = Path(__file__).parents[1]
+PAGE = ROOT / "docs" / "BENCHMARKS.md"
+HEAD = {"benchmark": "x", "device": "d", "date": "t", "commit": "c", "command": "k"}
 
 
-def test_every_result_file_has_the_schema():
-    results = report.load()
-    assert results, "no benchmark results"
-    for data in results:
-        assert report.check_schema(data, data["benchmark"]) == []
+def _run(script: str, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *map(str, args)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
 
 
 def test_the_page_is_what_the_results_give():
-    text = report.render(report.load())
-    assert report.PAGE.read_text(encoding="utf-8") == text, (
-        "docs/BENCHMARKS.md is stale: run python benchmarks/report.py")
-    assert text.count("\n") <= 250
+    # every result file has the schema (report.py names a broken one and exits 1) and the page
+    # is exactly what the files give, so the two cannot drift
+    res = _run("report.py", "--check")
+    assert res.returncode == 0, res.stderr
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 250
 
 
-@pytest.mark.parametrize("broken", [
-    {"benchmark": "x", "device": "d", "date": "t", "commit": "c", "command": "k", "rows": []},
-    {"benchmark": "x", "device": "d", "date": "t", "commit": "c", "command": "k",
-     "rows": [{"target": "t", "value": "fast", "unit": "x"}]},
-    {"benchmark": "x", "device": "d", "date": "t", "commit": "c", "command": "k",
-     "rows": [{"target": "t", "value": 1.0, "unit": "x", "when": "today"}]},
-    {"benchmark": "x", "device": "d", "date": "t", "commit": "c", "rows": [
-        {"target": "t", "value": 1.0, "unit": "x"}]},
+def test_report_writes_a_table_per_result_file(tmp_path):
+    (tmp_path / "x.json").write_text(json.dumps(dict(HEAD, rows=[
+        {"target": "a | b", "value": 1234, "unit": "ms"},
+        {"target": "c", "value": 0.123456, "unit": "x", "note": "n"}])))
+    page = tmp_path / "page.md"
+    assert _run("report.py", "--results", tmp_path, "--page", page).returncode == 0
+    text = page.read_text(encoding="utf-8")
+    assert "## x\nd; t; commit c; `k`\n" in text
+    assert "| a \\| b | 1,234 | ms |  |" in text and "| c | 0.1235 | x | n |" in text
+    assert _run("report.py", "--results", tmp_path, "--page", page, "--check").returncode == 0
+    page.write_text(text + "edited by hand\n", encoding="utf-8")
+    stale = _run("report.py", "--results", tmp_path, "--page", page, "--check")
+    assert stale.returncode == 1 and "is stale" in stale.stderr
+
+
+@pytest.mark.parametrize("broken,says", [
+    (dict(HEAD, rows=[]), "x.json: rows is empty"),
+    (dict(HEAD, rows=[{"target": "t", "value": "fast", "unit": "x"}]),
+     "x.json: rows[0]: value is missing or of the wrong type"),
+    (dict(HEAD, rows=[{"target": "t", "value": 1.0, "unit": "x", "when": "today"}]),
+     "x.json: rows[0]: unknown key 'when'"),
+    ({k: v for k, v in dict(HEAD, rows=[{"target": "t", "value": 1.0, "unit": "x"}]).items()
+      if k != "command"}, "x.json: command must be str"),
+    (dict(HEAD, benchmark="y", rows=[{"target": "t", "value": 1.0, "unit": "x"}]),
+     "x.json: benchmark 'y' is not the file's name"),
 ])
-def test_the_schema_check_can_fail(broken):
-    assert report.check_schema(broken, "x.json") != []
+def test_a_result_file_off_the_schema_is_named(tmp_path, broken, says):
+    (tmp_path / "x.json").write_text(json.dumps(broken))
+    res = _run("report.py", "--results", tmp_path, "--page", tmp_path / "page.md")
+    assert res.returncode == 1 and f"error: {says}" in res.stderr.splitlines()
+    assert not (tmp_path / "page.md").exists()
 
 
-def test_collect_keeps_a_candidates_bits_and_adds_no_interval_note_twice(tmp_path):
-    # the serving rows as bench_decode writes them (a candidate's bits check in the note of its
-    # speed-up row) and as collect_h200 folds them into the page: the bits stay readable, and
-    # a checkpoint-interval note already on a kept row is not added again
-    import bench_decode
-    import collect_h200
-
-    short = [dict(shape="S", kdalab_ms=1.0, vs_flashkda=0.98, vs_fla=2.0,
-                  guard_launch_over_default=1.041, guard_launch_same_bits=False,
-                  kend_single_over_default=1.1, kend_single_same_bits=True,
-                  stage1_default_ms=0.457, stage1_kend_single_ms=0.418, flashkda_ms=0.98,
-                  kdalab_graph_ms=0.9, kdalab_host_us=250.4, flashkda_host_us=80.0,
-                  launch_triton_over_default=1.25, launch_triton_same_bits=True,
-                  launch_triton_host_us=301.2)]
-    dec = [dict(N=1, H=12, kdalab_ms=0.01, kdalab_graph_ms=0.005, floor_ms=0.004,
-                kdalab_host_us=20.2, kdalab_triton_launch_host_us=60.7,
-                kdalab_triton_launch_ms=0.061, fla_host_us=40.0, over_floor_graph=1.25)]
-    rows = bench_decode.to_json_rows(4.2e12, dec, [], short)
-    notes = {r["target"]: r.get("note") for r in rows}
-    # the host's time a call and the graph replay, in the FlashKDA row's note only
-    assert notes["prefill S: kdalab vs flashkda"] == (
-        "kdalab 1.000 ms; [host 250 us a call against FlashKDA's 80; CUDA-graph replay "
-        "0.900 ms, 1.089x FlashKDA's eager 0.980]")
-    assert notes["prefill S: kdalab vs fla"] == "kdalab 1.000 ms"
-    assert notes["prefill S: kdalab [guard_launch] speed-up over the default"] == "other bits"
-    assert notes["prefill S: kdalab [kend_single] speed-up over the default"] == "the same bits"
-    assert notes["prefill S: kdalab [launch_triton] speed-up over the default"] == (
-        "the same bits; host 301 us a call against the default's 250")
-    assert notes["decode N=1 H=12: kdalab"] == (
-        "graph 5.00 us, floor 4.00 us; host 20 us a call, 61 through Triton's launch path "
-        "(eager 61.00 us), fla 40")
-    assert "prefill S: stage 1 [kend_single]" in notes
-    folded = collect_h200.fold_short([r for r in rows if "stage 1" not in r["target"]])
-    note = next(r["note"] for r in folded if r["target"] == "prefill S: kdalab vs flashkda")
-    assert "guard_launch 1.041x (other bits)" in note and "fla 2.0x" in note
-    path = tmp_path / "ck.jsonl"
-    path.write_text('{"shape": "S", "ck128_graph_x": 1.1, "ck256_graph_x": 1.05}\n')
-    ck = [dict(target="prefill S: ck64_over_plain", value=1.2, unit="x", note="plain 1 ms")]
-    once = collect_h200.note_ck_intervals(ck, path, "abc1234")
-    twice = collect_h200.note_ck_intervals(once, path, "abc1234")
-    assert once == twice and once[0]["note"].count("every 128 / 256 tokens") == 1
+def _serving_rows() -> list[dict]:
+    """The rows bench_decode.py writes (decode.json): the copy bandwidth, two decode shapes (one
+    without fla), the pool part and the many-short part of shape S with its candidates."""
+    return [
+        dict(target="H200 copy bandwidth (1 GiB d2d)", value=4.2, unit="TB/s"),
+        dict(target="decode N=8 H=48: kdalab", value=57.68, unit="us",
+             note="graph 11.53 us, floor 12.02 us; host 49 us a call"),
+        dict(target="decode N=8 H=48: vs fla fused_recurrent_kda", value=0.683, unit="x",
+             note="graph replay 1.414x"),
+        dict(target="decode N=8 H=48: graph time over memory floor", value=0.959, unit="x"),
+        dict(target="decode N=1 H=12: kdalab", value=70.0, unit="us", note="graph 3 us"),
+        dict(target="decode N=1 H=12: graph time over memory floor", value=7.6, unit="x"),
+        dict(target="prefill S: pool_over_plain", value=1.005, unit="x", note="p"),
+        dict(target="prefill S: ck64_over_plain", value=1.208, unit="x", note="plain 1 ms"),
+        dict(target="prefill S: ck64_bf16_over_plain", value=1.097, unit="x", note="b"),
+        dict(target="prefill S: kdalab vs flashkda", value=0.98, unit="x",
+             note="kdalab 1.000 ms; [host 250 us a call against FlashKDA's 80]"),
+        dict(target="prefill S: kdalab vs fla", value=2.0, unit="x", note="kdalab 1.000 ms"),
+        dict(target="prefill S: kdalab [guard_launch] speed-up over the default", value=1.041,
+             unit="x", note="other bits"),
+        dict(target="prefill S: kdalab [kend_single] speed-up over the default", value=1.1,
+             unit="x", note="the same bits"),
+        dict(target="prefill S: stage 1 [default]", value=0.457, unit="ms"),
+    ]
 
 
-def test_collect_folds_the_decode_part_one_row_a_shape():
-    # the three rows bench_decode writes a decode shape become the page's one, every figure
-    # kept; a shape without fla keeps kdalab's own row
-    import collect_h200
-
-    rows = [dict(target="H200 copy bandwidth (1 GiB d2d)", value=4.2, unit="TB/s"),
-            dict(target="decode N=8 H=48: kdalab", value=57.68, unit="us",
-                 note="graph 11.53 us, floor 12.02 us; host 49 us a call"),
-            dict(target="decode N=8 H=48: vs fla fused_recurrent_kda", value=0.683, unit="x",
-                 note="graph replay 1.414x"),
-            dict(target="decode N=8 H=48: graph time over memory floor", value=0.959,
-                 unit="x"),
-            dict(target="decode N=1 H=12: kdalab", value=70.0, unit="us", note="graph 3 us"),
-            dict(target="decode N=1 H=12: graph time over memory floor", value=7.6, unit="x")]
-    out = collect_h200.decode_rows(rows)
-    assert [r["target"] for r in out] == [
-        "H200 copy bandwidth (1 GiB d2d)",
-        "decode N=8 H=48: kdalab vs fla fused_recurrent_kda (eager)",
-        "decode N=1 H=12: kdalab (eager)"]
-    assert out[1]["value"] == 0.683 and out[1]["note"] == (
-        "graph replay 1.414x; kdalab eager 57.68 us, graph 11.53 us, floor 12.02 us; host 49 "
-        "us a call; graph 0.959x the floor")
-    assert out[2]["value"] == 70.0 and out[2]["unit"] == "us"
-
-
-def test_decode_rows_carry_the_launch_shapes_and_the_bf16_pool():
-    # the launch shapes bench_decode times beside the default, and a bf16 pool, reach the
-    # kdalab row's note (graph replay, us); a row without them has no such note
-    import bench_decode
-
-    r = dict(N=64, H=48, kdalab_ms=0.1116, kdalab_graph_ms=0.1094, floor_ms=0.0962,
-             over_floor_graph=1.137, kdalab_graph_ms_bv32_w2=0.1091,
-             kdalab_graph_ms_bv64_w4=0.1035, kdalab_graph_ms_bf16_pool=0.0825,
-             fla_graph_ms_bf16_pool=0.0971)
-    bare = {k: v for k, v in r.items() if "bv" not in k and "bf16" not in k}
-    mine, plain = (bench_decode.to_json_rows(4.2e12, [x], [], [])[1] for x in (r, bare))
-    assert mine["note"] == ("graph 109.40 us, floor 96.20 us; graph us at BV/warps 32/2 109.10, "
-                            "64/4 103.50; bf16 pool graph 82.50 us (fla 97.10)")
-    assert plain["note"] == "graph 109.40 us, floor 96.20 us"
-
-
-def test_collect_folds_the_pool_part_and_notes_the_stagger_once(tmp_path):
-    # the pool's and the bf16 pool's ratios go into the note of the shape's 64-token row;
-    # a pool part's raw stagger figures are added there once
-    import json
-
-    import collect_h200
-
-    rows = [dict(target="prefill S: pool_over_plain", value=1.005, unit="x", note="p"),
-            dict(target="prefill S: ck64_over_plain", value=1.208, unit="x", note="plain 1 ms"),
-            dict(target="prefill S: ck64_bf16_over_plain", value=1.097, unit="x", note="b"),
-            dict(target="prefill S: kdalab vs flashkda", value=1.03, unit="x", note="k")]
-    folded = collect_h200.fold_pool(rows)
-    assert [r["target"] for r in folded] == ["prefill S: ck64_over_plain",
-                                             "prefill S: kdalab vs flashkda"]
-    assert folded[0]["note"] == "plain 1 ms; pool alone 1.005x, a bf16 pool's checkpoints 1.097x"
-    assert collect_h200.fold_pool(folded) == folded
-    path = tmp_path / "decode.raw.json"
-    path.write_text(json.dumps({"pool": [dict(
+def test_collect_folds_a_serving_run_keeping_every_figure_once(tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "serving").mkdir(parents=True)
+    results.mkdir()
+    (runs / "serving" / "decode.json").write_text(json.dumps(dict(
+        benchmark="decode_and_serving", device="d", date="2026-01-02T03:04:05Z", commit="c",
+        command="python benchmarks/bench_decode.py --json /tmp/kd/serving/decode.json",
+        rows=_serving_rows())))
+    # the page's earlier serving rows: the bracketed note of another run ([... at COMMIT]) on a
+    # 64-token row is kept by the new run; other notes are not carried
+    (results / "serving_prefill_h200.json").write_text(json.dumps(dict(
+        HEAD, benchmark="serving_prefill_h200", rows=[
+            dict(target="prefill S: ck64_over_plain", value=1.2, unit="x",
+                 note="plain 9 ms; [every 512 tokens 1.01x: graph replay at 36a6ecd]"),
+            dict(target="prefill S: kdalab vs flashkda", value=1.0, unit="x",
+                 note="[x at abc1234]")])))
+    raw = tmp_path / "decode.raw.json"  # a pool part's staggered starts (a pruned candidate)
+    raw.write_text(json.dumps({"pool": [dict(
         shape="S", ck64_over_plain=1.2075, ck64_stagger600_over_plain=1.2107,
         ck64_stagger1200_over_plain=1.212, stagger600_same_bits=True,
         stagger1200_same_bits=True)]}))
-    once = collect_h200.note_ck_stagger(folded, path, "abc1234")
-    assert once == collect_h200.note_ck_stagger(once, path, "abc1234")
-    assert once[0]["note"].endswith("[starts staggered 600/1200 ns: 1.211/1.212x against "
-                                    "1.208x unstaggered in that run, the same bits; pruned, "
-                                    "at abc1234]")
-    assert once[1] == folded[1]
+    intervals = tmp_path / "ck.jsonl"
+    intervals.write_text('{"shape": "S", "ck128_graph_x": 1.1, "ck256_graph_x": 1.05}\n')
+    args = (runs, "--device", "H200", "--commit", "fedcba9", "--results", results, "--serving",
+            "--decode", "--ck-stagger", raw, "1afa292", "--ck-intervals", intervals, "baefdd0")
+    res = _run("collect_h200.py", *args)
+    assert res.returncode == 0, res.stderr
+    serving = json.loads((results / "serving_prefill_h200.json").read_text())
+    assert serving["commit"] == "fedcba9" and serving["date"] == "2026-01-02T03:04:05Z"
+    assert "$OUT/decode.json" in serving["command"]
+    notes = {r["target"]: r["note"] for r in serving["rows"]}
+    # the pool part, one row: the pool alone and a bf16 pool's checkpoints in its note, then
+    # the earlier run's note, the staggered starts' and the longer intervals'
+    assert notes == {
+        "prefill S: ck64_over_plain": (
+            "plain 1 ms; pool alone 1.005x, a bf16 pool's checkpoints 1.097x; [every 512 tokens "
+            "1.01x: graph replay at 36a6ecd]; [starts staggered 600/1200 ns: 1.211/1.212x "
+            "against 1.208x unstaggered in that run, the same bits; pruned, at 1afa292]; "
+            "[every 128 / 256 tokens 1.1x / 1.05x: graph replay at baefdd0]"),
+        # the many-short part, one row: fla's ratio and each candidate's speed-up with its bits
+        "prefill S: kdalab vs flashkda": (
+            "kdalab 1.000 ms; [host 250 us a call against FlashKDA's 80]; fla 2.0x, "
+            "guard_launch 1.041x (other bits), kend_single 1.1x (the same bits) (vs fla; "
+            "[candidate] speed-up over the default)")}
+    decode = json.loads((results / "decode_h200.json").read_text())
+    assert [(r["target"], r["value"]) for r in decode["rows"]] == [
+        ("H200 copy bandwidth (1 GiB d2d)", 4.2),
+        ("decode N=8 H=48: kdalab vs fla fused_recurrent_kda (eager)", 0.683),
+        ("decode N=1 H=12: kdalab (eager)", 70.0)]
+    assert decode["rows"][1]["note"] == (
+        "graph replay 1.414x; kdalab eager 57.68 us, graph 11.53 us, floor 12.02 us; host 49 "
+        "us a call; graph 0.959x the floor")
+    # collected again over its own output: no note is added twice
+    assert _run("collect_h200.py", *args).returncode == 0
+    assert json.loads((results / "serving_prefill_h200.json").read_text()) == serving
+    # and the page takes both files
+    assert _run("report.py", "--results", results, "--page", tmp_path / "p.md").returncode == 0
 
 
-def test_collect_keeps_earlier_runs_notes_on_the_64_token_rows():
-    # the bracketed notes of other runs ([... at COMMIT]) on the page's 64-token rows reach
-    # the new run's rows of the same shape, once each and in order; other notes and other
-    # rows are not carried, and a shape the page lacked gets nothing
-    import collect_h200
-
-    before = [dict(target="prefill S: ck64_over_plain", value=1.2, unit="x",
-                   note="plain 1 ms; pool alone 1.0x; [starts staggered 600 ns: 1.211x "
-                        "against 1.208x unstaggered in that run, the same bits; pruned, at "
-                        "1afa292]; [every 128 / 256 tokens 1.1x / 1.05x: graph replay at "
-                        "36a6ecd]"),
-              dict(target="prefill S: kdalab vs flashkda", value=1.0, unit="x",
-                   note="[x at abc1234]")]
-    rows = [dict(target="prefill S: ck64_over_plain", value=1.21, unit="x", note="plain 2 ms"),
-            dict(target="prefill U: ck64_over_plain", value=1.3, unit="x", note="plain 3 ms"),
-            dict(target="prefill S: kdalab vs flashkda", value=1.1, unit="x", note="k")]
-    out = collect_h200.note_earlier(rows, before)
-    assert out[0]["note"] == (
-        "plain 2 ms; [starts staggered 600 ns: 1.211x against 1.208x unstaggered in that run, "
-        "the same bits; pruned, at 1afa292]; [every 128 / 256 tokens 1.1x / 1.05x: graph "
-        "replay at 36a6ecd]")
-    assert out[1:] == rows[1:]
-    assert collect_h200.note_earlier(out, before) == out
+def test_collect_keeps_the_pages_rows_of_a_part_the_run_lacks(tmp_path):
+    # a serving run of the pool part alone: the page's many-short rows stay, tagged with the
+    # commit and date they were measured at
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "serving").mkdir(parents=True)
+    results.mkdir()
+    pool_only = [r for r in _serving_rows() if "_over_plain" in r["target"]]
+    (runs / "serving" / "decode.json").write_text(json.dumps(dict(
+        benchmark="decode_and_serving", device="d", date="2026-01-02T03:04:05Z", commit="c",
+        command="python benchmarks/bench_decode.py", rows=pool_only)))
+    (results / "serving_prefill_h200.json").write_text(json.dumps(dict(
+        HEAD, benchmark="serving_prefill_h200", commit="0ld0ld0", date="2025-12-31", rows=[
+            dict(target="prefill S: kdalab vs flashkda", value=1.0, unit="x", note="k")])))
+    assert _run("collect_h200.py", runs, "--device", "H200", "--commit", "fedcba9",
+                "--results", results, "--serving").returncode == 0
+    rows = json.loads((results / "serving_prefill_h200.json").read_text())["rows"]
+    assert [r["target"] for r in rows] == ["prefill S: ck64_over_plain",
+                                           "prefill S: kdalab vs flashkda"]
+    assert rows[1]["note"] == "k (commit 0ld0ld0, 2025-12-31)"

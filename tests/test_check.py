@@ -222,6 +222,7 @@ def test_records_are_identical_from_run_to_run():
     assert json.dumps(a, default=str) == json.dumps(b, default=str)
 
 
+@pytest.mark.exact
 def test_fidelity_mode():
     cases = select_cases(QUICK, "model_like,T/17")
     same = run_check([load_kernel(f"{MOD}:honest_fp32")], cases,

@@ -67,6 +67,7 @@ def contracts():
     return {(r["kernel"].rpartition(":")[2], r["case"]): r for r in recs}
 
 
+@pytest.mark.exact
 def test_honest_kernels_keep_every_contract(contracts):
     for kernel in ("honest_fp32", "fp32_recurrence", "fp32"):  # "fp32": recipe:fp32
         for case in CONTRACTS:
@@ -100,6 +101,7 @@ def test_a_small_acausal_leak_fails_the_causal_contract(contracts, tmp_path):
     assert "## Contracts" in md and "contract/causal/inside" in md and "first at t =" in md
 
 
+@pytest.mark.exact
 def test_prefill_and_batch_contracts_catch_their_bugs(contracts):
     for case in ("contract/prefill/aligned", "contract/prefill/unaligned"):
         rec = contracts[("drops_initial_state", case)]

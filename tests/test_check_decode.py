@@ -39,6 +39,7 @@ def test_the_decode_case_is_in_both_suites_at_a_cheap_shape():
     assert (full.heads, full.K, full.V) == (4, 128, 128) and full.T <= 512
 
 
+@pytest.mark.exact
 def test_an_honest_decode_keeps_the_contract(decode_records):
     for name in ("honest_decode", "honest_decode_vk"):  # [P, H, K, V] and [P, H, V, K] pools
         rec = decode_records[name]

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from kdalab.inputs.draw import make_inputs, make_inputs_batch
 from kdalab.inputs.families import FAMILIES
 from kdalab.inputs.runs import Run
+from tests.seed_oracle import seed_make_inputs  # the seed document's code
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from seed_baseline import seed_make_inputs  # noqa: E402  (the seed document's code)
+pytestmark = pytest.mark.exact  # the seed's draws, bit for bit
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -24,6 +24,8 @@ import torch
 from kdalab.kda import forward
 from tests.flashkda_data import GOLDEN_FILE, load_golden, unreproducible_draw
 
+pytestmark = pytest.mark.exact  # FlashKDA's outputs on the H200, bit for bit
+
 _SCRIPT = Path(__file__).parents[1] / "scripts" / "device" / "flashkda_golden.py"
 
 
@@ -110,11 +112,14 @@ def test_flashkda_h200_is_flashkda_bit_for_bit(golden, name):
     assert same_bits(o, case["out_kernel"]) and same_bits(s, case["final_kernel"])
 
 
-#: flashkda sums its bf16 products in torch's CPU order instead of the Tensor Cores': measured on
-#: these cases (2026-11-30 golden data) at least 97.49 % of output bits and 96.02 % of state bits
-#: equal to FlashKDA (weak_lb2_B2_T64_bf16s; 13 of the 20 cases bit for bit); the bounds leave
-#: half a percent.
-FAST_OUTPUT_BITS, FAST_STATE_BITS = 0.97, 0.955
+#: flashkda sums its bf16 products in torch's CPU float32 order instead of the Tensor Cores', and
+#: that order is MKL's, which differs between CPUs: a last-bit difference of one sum spreads
+#: through the bf16 roundings and the state's recurrence. Worst case over the cases
+#: (weak_lb2_B2_T64_bf16s), output / state bits equal to FlashKDA: 97.49 % / 96.02 % on MKL's
+#: AVX2 path, 98.43 % / 97.34 % under MKL_CBWR=COMPATIBLE. A wrong cast keeps far fewer: torch's
+#: sigmoid and exp2 instead of the H200's 81.89 % / 77.01 %, an fp32 state 90.39 % / 69.68 %.
+#: The bounds lie 3.5 / 4 points below the lowest measured and above every wrong cast tried.
+FAST_OUTPUT_BITS, FAST_STATE_BITS = 0.94, 0.92
 
 
 @pytest.mark.parametrize("name", CASE_NAMES)

@@ -24,6 +24,8 @@ from kdalab.arith import (
 )
 from kdalab.arith.formats import round_to_generic
 
+pytestmark = pytest.mark.exact  # rounding, bit for bit
+
 
 def _all_values(dtype: torch.dtype) -> torch.Tensor:
     """Every bit pattern of a 16-bit dtype, as float64 values (NaNs included)."""

@@ -2,8 +2,8 @@
 
 Two comparisons, both over all 48 runs:
 
-1. **kdalab against the seed's own code, run here in the same process** (benchmarks/
-   seed_baseline.py: the seed's ``make_inputs``, ``kernel_l``, CPU ``fp16_accum_mm`` and
+1. **kdalab against the seed's own code, run here in the same process** (tests/
+   seed_oracle.py: the seed's ``make_inputs``, ``kernel_l``, CPU ``fp16_accum_mm`` and
    ``run_one``): every input tensor, the kernel's fp16 L, its fp16 Neumann inverse and all 13
    metrics, bit for bit. Both run on the same CPU code paths, so this holds on any machine.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import warnings
 from pathlib import Path
 
@@ -34,9 +33,7 @@ from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED
 from kdalab.studies.inverse import INT_METRICS, METRIC_KEYS
 from kdalab.studies.sweep import run_sweep, seed_reproduction_runs
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-from seed_baseline import (  # noqa: E402  (the seed document's code)
+from tests.seed_oracle import (  # the seed document's code
     SEED_CASES,
     seed_kernel_l,
     seed_make_inputs,
@@ -44,6 +41,8 @@ from seed_baseline import (  # noqa: E402  (the seed document's code)
     seed_run_one,
     seed_stable_l,
 )
+
+pytestmark = pytest.mark.exact  # the seed's runs: bits, and golden data
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "seed_runs.json").read_text())["cpu"]
 FAMILY = {case: family for family, case in SEED_CASES.items()}

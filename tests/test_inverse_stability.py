@@ -85,6 +85,7 @@ def test_fp16_neumann_overflows_at_c32_as_predicted():
         "flashkda-v2", "fla")))}
 
 
+@pytest.mark.exact
 def test_records_do_not_depend_on_the_batching(tiny_records):
     alone = run_batch(TINY, Batch(16, 3.0))
     assert [b.spread for b in plan(TINY)] == [0.01, 3.0]

@@ -11,6 +11,8 @@ from kdalab.arith import exp2_ftz
 from kdalab.kda import forward
 from kdalab.kda.gate import LOG2E, beta_activation, l2_normalize, log_decay
 
+pytestmark = pytest.mark.exact  # the gates' formulas, bit for bit
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fla.ops.kda.gate import naive_kda_gate, naive_kda_lowerbound_gate

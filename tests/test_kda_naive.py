@@ -8,6 +8,8 @@ import torch
 from kdalab.arith import rel_rmse
 from kdalab.kda import recurrent_kda, reference_forward
 
+pytestmark = pytest.mark.exact  # layouts and packing, bit for bit
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fla.ops.kda.naive import naive_recurrent_kda

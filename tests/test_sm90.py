@@ -18,6 +18,8 @@ import torch
 from kdalab.arith import sm90
 from kdalab.arith.scalar import SM90_OPS, TORCH_OPS, get_scalar_ops, sequential_cumsum
 
+pytestmark = pytest.mark.exact  # the H200's instruction outputs, bit for bit
+
 FRAC = 1 << 23
 CHECKS = Path(__file__).parent / "data" / "flashkda" / "sm90_checks.npz"
 

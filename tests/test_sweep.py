@@ -73,6 +73,7 @@ def _by_run(records: list[dict]) -> str:
     return json.dumps(sorted(records, key=key), sort_keys=True)
 
 
+@pytest.mark.exact
 @pytest.mark.parametrize("threads,max_batch,streams", [
     (1, 3, "cleared"), (2, 7, "cleared"), (2, None, "kept"), (1, 1, "evicting")],
     ids=["1thread-batch3", "2threads-batch7", "2threads-streams-kept", "1thread-batch1-evicting"])
@@ -182,6 +183,7 @@ def _bits(frame: pd.DataFrame) -> list:
              else frame[c].tolist()) for c in frame.columns]
 
 
+@pytest.mark.exact
 def test_summarize_is_the_per_configuration_numpy_statistics_bit_for_bit():
     """summarize (one groupby per statistic) against a loop over configurations with numpy's
     NaN-propagating median and max: a NaN among a configuration's values makes its median

@@ -1,5 +1,6 @@
-"""The seed document's experiment code, kept as the baseline of benchmarks/bench_gpu_sweep.py and
-the reference of tests/test_families.py and tests/test_golden.py: its ``make_inputs``,
+"""The seed document's experiment code, the oracle of tests/test_golden.py, test_families.py,
+test_inverse.py and test_accumulate.py, and the baseline that benchmarks/bench_gpu_sweep.py and
+bench_sweep_whole.py time kdalab against: its ``make_inputs``,
 ``fp16_accum_mm`` (the CPU fallback rounding after every product; on CUDA one ``cublasGemmEx``
 with COMPUTE_16F per product, a device synchronization before and after),
 ``neumann_inverse_fp16``, ``stable_l``, ``kernel_l``, ``rel_rmse`` and ``run_one``, in the seed's
