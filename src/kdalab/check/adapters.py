@@ -13,6 +13,14 @@
 the kernel returns ``(o [B, T, H, V], final_state [N, H, K, V])``. The pre-normalized case also
 passes ``use_qk_l2norm=False``; a kernel without that keyword is recorded as not supporting it.
 
+**Gates** (a case's gate mode, :data:`kdalab.kda.GATES`, in chunk_kda_fwd's words): the
+lower-bound gate as above; ``unbounded``: ``lower_bound=None``, fla's softplus gate
+``−exp(A_log)·softplus(g + dt_bias)``; ``log_decay``: also ``gate="log_decay"`` (passed for this
+mode only), g the log-decay itself (fp32 or bf16), ``A_log = dt_bias = None``, ``lower_bound`` the
+promise that no step decays below it, or None. A kernel declares the modes it takes
+(``gates``); a ``log_decay`` case needs a ``gate`` keyword. :func:`gate_mode` reads the mode back
+from the arguments.
+
 :class:`KernelAdapter` wraps a kernel that differs: its state layout (``[N, H, V, K]``), its
 ``dt_bias`` shape (``[H*K]``), its ``cu_seqlens`` dtype, the initial-state dtypes, head
 dimensions, devices and options it supports (a case outside them is recorded as unsupported
@@ -45,9 +53,10 @@ import torch
 
 from kdalab import peers
 from kdalab.check.cases import CaseInputs
+from kdalab.kda import GATES
 
 __all__ = ["KernelAdapter", "ConventionError", "KernelUnavailable", "BUILTIN", "load_kernel",
-           "recipe_kernel", "KERNEL_HELP"]
+           "recipe_kernel", "gate_mode", "KERNEL_HELP"]
 
 
 class ConventionError(Exception):
@@ -61,6 +70,15 @@ class KernelUnavailable(Exception):
 
 _ARGS = ("scale", "initial_state", "output_final_state", "A_log", "dt_bias", "lower_bound",
          "cu_seqlens")
+
+
+def gate_mode(gate: str, lower_bound: float | None) -> str:
+    """The gate mode (:data:`kdalab.kda.GATES`) of a call in the convention: ``gate="log_decay"``,
+    else the raw gate input with a lower bound (``lower_bound``) or without (``unbounded``)."""
+    if gate == "log_decay":
+        return "log_decay"
+    return "unbounded" if lower_bound is None else "lower_bound"
+
 SIGNATURE = ("fn(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log, dt_bias, "
              "lower_bound, cu_seqlens) -> (o, final_state [N, H, K, V])")
 
@@ -86,6 +104,8 @@ class KernelAdapter:
                           (None: it takes one; the layout contract is then unsupported)
     ``decode``            its decode function (module docstring; ``dt_bias`` as above), or
                           None: the decode contract is then unsupported
+    ``gates``             the gate modes it takes (:data:`kdalab.kda.GATES`; others:
+                          unsupported)
     ``requires``          import names that must be importable (checked before the run)
     ``note``              appended to the message when the kernel cannot run here
     """
@@ -104,6 +124,7 @@ class KernelAdapter:
     empty_sequences: bool = True
     other_layout: dict | None = None
     decode: Callable | None = None
+    gates: tuple[str, ...] = GATES
     requires: tuple[str, ...] = ()
     note: str = ""
 
@@ -117,6 +138,8 @@ class KernelAdapter:
             raise ValueError(f"state_layout must be 'KV' or 'VK', got {self.state_layout!r}")
         if self.dt_bias_shape not in ("HK", "flat"):
             raise ValueError(f"dt_bias_shape must be 'HK' or 'flat', got {self.dt_bias_shape!r}")
+        if not self.gates or any(g not in GATES for g in self.gates):
+            raise ValueError(f"gates must be some of {', '.join(GATES)}, got {self.gates!r}")
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__name__", "kernel"))
 
@@ -153,6 +176,10 @@ class KernelAdapter:
     def unsupported(self, x: CaseInputs) -> str | None:
         """Why the kernel declares it cannot take these inputs, or None."""
         kd, vd = x.q.shape[-1], x.v.shape[-1]
+        if x.gate not in self.gates:
+            return f"the {x.gate} gate: takes {', '.join(self.gates)}"
+        if x.gate == "log_decay" and not self._takes("gate"):
+            return "takes no gate keyword (g as the log-decay: gate='log_decay')"
         if self.head_dims is not None and (kd not in self.head_dims or vd not in self.head_dims):
             return f"head dims K={kd}, V={vd}: takes {', '.join(map(str, self.head_dims))}"
         if self.same_head_dims and kd != vd:
@@ -184,14 +211,23 @@ class KernelAdapter:
         h0 = x.initial_state
         if h0 is not None and self.state_layout == "VK":
             h0 = h0.transpose(-1, -2).contiguous()
-        dt_bias = x.dt_bias.reshape(-1) if self.dt_bias_shape == "flat" else x.dt_bias
         cu = None if x.cu_seqlens is None else x.cu_seqlens.to(self.cu_seqlens_dtype)
-        kw = dict(scale=x.scale, initial_state=h0, output_final_state=True, A_log=x.A_log,
-                  dt_bias=dt_bias, lower_bound=x.lower_bound, cu_seqlens=cu)
-        if not x.use_qk_l2norm:
-            kw[self.qk_l2norm_flag] = False
+        kw = dict(scale=x.scale, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                  **self._gate_and_flags(x))
         out = self.fn(x.q, x.k, x.v, x.g, x.beta, **kw)
         return self._check_answer(out, x)
+
+    def _gate_and_flags(self, x: CaseInputs) -> dict:
+        """The gate's arguments (the module's **Gates**) and the normalization flag."""
+        dt_bias = x.dt_bias
+        if dt_bias is not None and self.dt_bias_shape == "flat":
+            dt_bias = dt_bias.reshape(-1)
+        kw = dict(A_log=x.A_log, dt_bias=dt_bias, lower_bound=x.lower_bound)
+        if x.gate == "log_decay":
+            kw["gate"] = "log_decay"
+        if not x.use_qk_l2norm:
+            kw[self.qk_l2norm_flag] = False
+        return kw
 
     def in_other_layout(self) -> KernelAdapter | None:
         """The same kernel called with its states in the other layout, or None."""
@@ -204,12 +240,8 @@ class KernelAdapter:
     def decode_step(self, x: CaseInputs, pool, indices) -> torch.Tensor:
         """One step of ``decode``: the tokens of ``x`` (fixed length, ``[N, T_new, ...]``) from
         pool rows ``indices`` (the pool in ``state_layout``); ``o [N, T_new, H, V]``."""
-        dt_bias = x.dt_bias.reshape(-1) if self.dt_bias_shape == "flat" else x.dt_bias
-        kw = dict(state_pool=pool, state_indices=indices, scale=x.scale, A_log=x.A_log,
-                  dt_bias=dt_bias, lower_bound=x.lower_bound)
-        if not x.use_qk_l2norm:
-            kw[self.qk_l2norm_flag] = False
-        o = self.decode(x.q, x.k, x.v, x.g, x.beta, **kw)
+        o = self.decode(x.q, x.k, x.v, x.g, x.beta, state_pool=pool, state_indices=indices,
+                        scale=x.scale, **self._gate_and_flags(x))
         if not isinstance(o, torch.Tensor) or o.shape != x.v.shape \
                 or not o.dtype.is_floating_point or o.device != x.v.device:
             got = (f"o of shape {list(o.shape)} in {o.dtype} on {o.device}"
@@ -253,6 +285,8 @@ def _interpreting() -> bool:
 
 
 def _kdalab(config_name: str) -> KernelAdapter:
+    # chunk_kda_fwd and kda_decode take the convention's gates as they are: the raw gate with a
+    # lower bound or None (fla's softplus gate), and gate="log_decay"
     def kdalab_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
         import kdalab.kernels as kernels  # Triton: imported when the kernel runs
 
@@ -292,10 +326,12 @@ def _fla_recurrent() -> KernelAdapter:
 
 
 def _flashkda() -> KernelAdapter:
-    # flash_kda.fwd takes K = V = 128 only (its docstring and csrc/flash_kda.cpp)
+    # flash_kda.fwd takes K = V = 128 only and the lower-bound gate only (its docstring and
+    # csrc/flash_kda.cpp)
     return KernelAdapter(peers.flashkda_fwd, name="flashkda", state_layout="VK",
                          devices=("cuda",), head_dims=(128,), same_head_dims=True,
-                         qk_l2norm_flag=None, requires=(peers.PEERS["flashkda"],))
+                         qk_l2norm_flag=None, gates=("lower_bound",),
+                         requires=(peers.PEERS["flashkda"],))
 
 
 #: Built-in kernels by name (factories: nothing is imported until one is asked for).
@@ -336,9 +372,10 @@ def recipe_kernel(spec: str) -> KernelAdapter:
             raise ValueError(f"recipe kernel chunk must be an integer >= 1, got {chunk_text!r}")
         chunk = int(chunk_text)
 
-    def recipe_forward(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
+    def recipe_forward(q, k, v, g, beta, *, use_qk_l2norm=True, gate="raw", **kw):
         return forward(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, recipe=recipe,
-                       chunk_size=chunk, tiles=tiles, inverse=inverse, **kw)
+                       chunk_size=chunk, tiles=tiles, inverse=inverse,
+                       gate=gate_mode(gate, kw["lower_bound"]), **kw)
 
     # kda.forward checks its inputs: it refuses NaN and inf, and empty packed sequences
     return KernelAdapter(recipe_forward, name=f"recipe:{spec}", finite_only=True,
