@@ -65,7 +65,7 @@ def resolve(name: str, device: str) -> Target:
             dt_bias=x["dt_bias"], initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"],
             lower_bound=x["lower_bound"], scale=x["scale"], use_qk_l2norm=x["use_qk_l2norm"],
             rows=torch.ones(b, t, dtype=torch.bool, device=dev),
-            states=torch.ones(n, dtype=torch.bool, device=dev))
+            states=torch.ones(n, dtype=torch.bool, device=dev), gate=x["gate"])
 
     def run(x: dict):
         try:
