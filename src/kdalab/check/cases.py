@@ -247,11 +247,11 @@ def _gate_groups(case, *, varlen, collinear_T, contract_T, inside, decode_T):
     given = dict(gate="log_decay", lower_bound=None, g_dtype="fp32")  # no promise
     return [
         case("unbounded/model_like", "fla's softplus gate -exp(A_log)*softplus(g + dt_bias), "
-             "ordinary inputs (about -1.6 per step)", **free),
+             "ordinary inputs (-0.05 to -7 per step, -1.9 on average)", **free),
         case("unbounded/varlen", f"the softplus gate, packed sequences of lengths "
              f"{list(varlen)}", seqlens=varlen, **free),
-        case("unbounded/saturated", "raw gate +20: -20 to -57 per step", family="saturated",
-             **free),
+        case("unbounded/saturated", "raw gate +20: exp(A_log)*(20 + dt_bias), -20 to -57 per "
+             "step", family="saturated", **free),
         case("unbounded/collinear", f"one shared key + 0.02*noise, beta -> 1, decay ~ 1, T = "
              f"{collinear_T}", family="collinear", key_noise=0.02, T=collinear_T, **free),
         case("unbounded/strongest", "about -20 per step in every channel: a 16-token chunk "
