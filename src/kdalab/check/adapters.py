@@ -70,6 +70,8 @@ class KernelUnavailable(Exception):
 
 _ARGS = ("scale", "initial_state", "output_final_state", "A_log", "dt_bias", "lower_bound",
          "cu_seqlens")
+SIGNATURE = ("fn(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log, dt_bias, "
+             "lower_bound, cu_seqlens) -> (o, final_state [N, H, K, V])")
 
 
 def gate_mode(gate: str, lower_bound: float | None) -> str:
@@ -78,9 +80,6 @@ def gate_mode(gate: str, lower_bound: float | None) -> str:
     if gate == "log_decay":
         return "log_decay"
     return "unbounded" if lower_bound is None else "lower_bound"
-
-SIGNATURE = ("fn(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log, dt_bias, "
-             "lower_bound, cu_seqlens) -> (o, final_state [N, H, K, V])")
 
 
 @dataclass(frozen=True)
