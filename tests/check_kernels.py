@@ -8,31 +8,41 @@ import torch
 
 import kdalab.kda as kda
 from kdalab.check import KernelAdapter
+from kdalab.check.adapters import gate_mode
 
 _STATE_FP16 = kda.get_recipe("fp32").with_(name="fp32-state-fp16", state_format="fp16")
 
 
+def _lab(kw: dict) -> dict:
+    """The convention's keyword arguments with the gate in kdalab.kda's words."""
+    return {**kw, "gate": gate_mode(kw.get("gate", "raw"), kw.get("lower_bound"))}
+
+
 def honest_fp32(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
-    """kdalab's chunked forward in fp32 throughout."""
+    """kdalab's chunked forward in fp32 throughout; a decay without a bound takes the
+    per-pair tiles (exp(G_i - G_j) <= 1 formed for each pair: no split exponent to overflow)."""
     _declines(q, k, v, kw.get("cu_seqlens"))
-    return kda.forward(q, k, v, g, beta, recipe="fp32", use_qk_l2norm=use_qk_l2norm, **kw)
+    kw = _lab(kw)
+    tiles = "chunk_start" if kw["lower_bound"] is not None else "per_pair"
+    return kda.forward(q, k, v, g, beta, recipe="fp32", use_qk_l2norm=use_qk_l2norm,
+                       tiles=tiles, **kw)
 
 
 def drops_initial_state(q, k, v, g, beta, *, initial_state, **kw):
     """Bug: ignores the initial state (returns a final state of the right shape)."""
-    o, s = kda.forward(q, k, v, g, beta, recipe="fp32", initial_state=None, **kw)
+    o, s = kda.forward(q, k, v, g, beta, recipe="fp32", initial_state=None, **_lab(kw))
     return o, s
 
 
 def gate_one_token_late(q, k, v, g, beta, **kw):
     """Bug: token t decays by token t-1's gate."""
     late = torch.cat([g[:, :1], g[:, :-1]], dim=1)
-    return kda.forward(q, k, v, late, beta, recipe="fp32", **kw)
+    return kda.forward(q, k, v, late, beta, recipe="fp32", **_lab(kw))
 
 
 def state_in_fp16(q, k, v, g, beta, **kw):
     """Bug: the recurrent state is stored in fp16 between chunks."""
-    return kda.forward(q, k, v, g, beta, recipe=_STATE_FP16, **kw)
+    return kda.forward(q, k, v, g, beta, recipe=_STATE_FP16, **_lab(kw))
 
 
 def nondeterministic(q, k, v, g, beta, **kw):
@@ -66,17 +76,18 @@ def wrong_signature(q, k, v, g, beta, scale):
 
 def _vk_kernel(q, k, v, g, beta, *, initial_state, dt_bias, cu_seqlens, **kw):
     """A kernel in FlashKDA's conventions: [N, H, V, K] states, dt_bias [H*K], int32
-    cu_seqlens; K = V only, and no way to turn its q/k normalization off."""
+    cu_seqlens; K = V only, the lower-bound gate only, and no way to turn its q/k normalization
+    off."""
     assert dt_bias.dim() == 1, "dt_bias must be flat"
     assert cu_seqlens is None or cu_seqlens.dtype == torch.int32, "cu_seqlens must be int32"
     o, s = kda.forward(q, k, v, g, beta, recipe="fp32", initial_state=initial_state,
-                       dt_bias=dt_bias, cu_seqlens=cu_seqlens, state_layout="VK", **kw)
+                       dt_bias=dt_bias, cu_seqlens=cu_seqlens, state_layout="VK", **_lab(kw))
     return o, s
 
 
 vk_adapter = KernelAdapter(_vk_kernel, state_layout="VK", dt_bias_shape="flat",
                            cu_seqlens_dtype=torch.int32, same_head_dims=True,
-                           qk_l2norm_flag=None)
+                           qk_l2norm_flag=None, gates=("lower_bound",))
 
 not_a_function = 42
 
@@ -175,7 +186,7 @@ def fp32_recurrence(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
 
     _declines(q, k, v, kw.get("cu_seqlens"))
     kw.pop("output_final_state", None)
-    return fp32_forward(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, **kw)
+    return fp32_forward(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, **_lab(kw))
 
 
 def varlen_leaks_state(q, k, v, g, beta, *, cu_seqlens, initial_state, **kw):
@@ -217,7 +228,7 @@ def _pool_decode(q, k, v, g, beta, *, state_pool, state_indices, use_qk_l2norm=T
 
     rows = state_indices.long()
     o, s = fp32_forward(q, k, v, g, beta, initial_state=state_pool[rows],
-                        use_qk_l2norm=use_qk_l2norm, **kw)
+                        use_qk_l2norm=use_qk_l2norm, **_lab(kw))
     state_pool[rows] = s
     return o
 
@@ -252,7 +263,8 @@ def _decode_leaks(q, k, v, g, beta, *, state_pool, state_indices, **kw):
 honest_decode = KernelAdapter(fp32_recurrence, decode=_pool_decode)
 honest_decode_vk = KernelAdapter(_vk_kernel, state_layout="VK", dt_bias_shape="flat",
                                  cu_seqlens_dtype=torch.int32, same_head_dims=True,
-                                 qk_l2norm_flag=None, decode=_vk_decode)
+                                 qk_l2norm_flag=None, decode=_vk_decode,
+                                 gates=("lower_bound",))
 decode_forgets = KernelAdapter(fp32_recurrence, decode=_decode_forgets)
 decode_leaks = KernelAdapter(fp32_recurrence, decode=_decode_leaks)
 
@@ -306,3 +318,20 @@ def grad_nondeterministic(q, k, v, g, beta, **kw):
 
 
 no_backward = KernelAdapter(honest_fp32, no_backward="a forward only (planted)")
+# -- planted for the gate groups and the fp16 guard's causal case (tests/test_check_gates.py) --
+
+def guard_redoes_the_sequence(q, k, v, g, beta, **kw):
+    """Bug (issue 41's fp16 guard): when any value of v leaves fp16's range, the whole sequence
+    is computed again on a path that rounds otherwise, modelled as every output scaled by
+    (1 + 2^-20) (8 float32 ulps at least: every non-zero output changes): the past depends on
+    the future."""
+    o, s = honest_fp32(q, k, v, g, beta, **kw)
+    if bool((v.float().abs() > torch.finfo(torch.float16).max).any()):
+        o = o * (1 + 2.0 ** -20)
+    return o, s
+
+
+def ignores_the_gate_mode(q, k, v, g, beta, *, gate="raw", lower_bound=-5.0, **kw):
+    """Bug: always the lower-bound gate (-5 where none is given), whatever the call says."""
+    return honest_fp32(q, k, v, g, beta, lower_bound=-5.0 if lower_bound is None
+                       else lower_bound, **kw)

@@ -160,7 +160,7 @@ def test_honest_fp32_kernel_passes(planted, honest):
     # unsupported only where kdalab.kda.forward itself refuses (empty sequence, NaN inputs)
     assert {r["case"] for r in recs if r["status"] == "unsupported"} <= \
         {"varlen/empty", "nonfinite/nan_v", "nonfinite/inf_k", "contract/layout",
-         "contract/decode"}  # plain functions: one layout, no decode function
+         "contract/decode", "unbounded/decode"}  # plain functions: one layout, no decode
     # fp32 chunked against the fp64 recurrence: ~2e-7 on ordinary inputs, ~2e-5 on collinear
     # keys with beta -> 1 (the inverse of an ill-conditioned I + L, in fp32)
     assert max(r["o_rel_err"] for r in recs
@@ -203,14 +203,22 @@ def test_adapter_for_a_kernel_with_other_conventions(planted):
         assert recs[name]["state_rel_err"] == honest[name]["state_rel_err"]
 
 
+def _bounded(rec) -> bool:
+    """A case whose decay stays inside float32's exp range over a chunk: the chunk-start and
+    midpoint tiles overflow on the others (tests/test_check_gates.py)."""
+    return rec["family"] not in ("strong_decay", "strongest_decay", "mixed_decay") and not (
+        rec["gate"] == "unbounded" and rec["family"] == "saturated")
+
+
 @pytest.mark.parametrize("recipe", sorted(set(RECIPES) - {"flashkda", "fla"}))
 def test_every_recipe_runs_the_quick_suite(recipe):
     # recipe:flashkda and recipe:fla run it through the command line in test_cli_quick_suite
     recs = run_check([load_kernel(f"recipe:{recipe}")], QUICK)
     assert len(recs) == len(QUICK)
     ran = [r for r in recs if r["status"] != "unsupported"]
-    assert len(ran) >= len(QUICK) - 4  # NaN, inf, empty sequence; no decode function
-    plain = [r for r in ran if r["kind"] == "accuracy" and r["family"] != "collinear"]
+    assert len(ran) >= len(QUICK) - 5  # NaN, inf, empty sequence; no decode function (2)
+    plain = [r for r in ran if r["kind"] == "accuracy" and r["family"] != "collinear"
+             and _bounded(r)]
     assert all(r["deterministic"] for r in plain)
     assert all(math.isfinite(r["o_rel_err"]) and r["bf16_floor"] > 0 for r in plain)
 
@@ -390,7 +398,7 @@ def test_cli_quick_suite(tmp_path):
     assert len(recs) == 2 * len(QUICK)
     for kernel in ("recipe:flashkda", "recipe:fla"):
         ran = [r for r in recs if r["kernel"] == kernel and r["status"] != "unsupported"
-               and r["kind"] == "accuracy" and r["family"] != "collinear"]
+               and r["kind"] == "accuracy" and r["family"] != "collinear" and _bounded(r)]
         assert len(ran) >= 14
         # both bf16-output recipes: above the floor, within the default budget
         assert all(r["o_floor_err"] < r["o_rel_err"] < 5 * r["o_floor_err"] for r in ran), kernel

@@ -96,7 +96,8 @@ def test_a_small_acausal_leak_fails_the_causal_contract(contracts, tmp_path):
     status = {r["case"]: r["status"] for r in read(tmp_path)}
     assert {r["budget"] for r in read(tmp_path)} == {DEFAULT_BUDGET}  # the CLI's default
     assert status == {"model_like": "pass", "contract/causal/boundary": "fail",
-                      "contract/causal/inside": "fail", "contract/causal/tail": "fail"}
+                      "contract/causal/inside": "fail", "contract/causal/tail": "fail",
+                      "contract/causal/fp16_guard": "fail"}
     md = (tmp_path / "report.md").read_text()
     assert "## Contracts" in md and "contract/causal/inside" in md and "first at t =" in md
 

@@ -18,7 +18,8 @@ from kdalab.inputs.sequences import SequenceSpec, draw
 from tests.cli_run import cli
 
 #: tiny shapes: a trial takes a few hundredths of a second on the CPU
-SMALL = ("--device", "cpu", "--max-T", "40", "--max-heads", "2", "--dims", "16,32", "--quiet")
+SMALL = ("--device", "cpu", "--max-T", "40", "--max-heads", "2", "--dims", "16,32", "--quiet",
+         "--gates", "lower_bound")  # the gate knob: tests/test_hunt_gates.py
 
 
 def _trials(folder: Path) -> list[dict]:

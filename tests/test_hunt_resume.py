@@ -14,7 +14,7 @@ from kdalab.hunt.search import sampler_seed
 
 #: tiny shapes, as tests/test_hunt.py: a trial takes a few hundredths of a second on the CPU
 SMALL = ("--device", "cpu", "--max-T", "40", "--max-heads", "2", "--dims", "16,32", "--quiet",
-         "--seed", "3")
+         "--seed", "3", "--gates", "lower_bound")
 
 
 def hunt(capsys, *args: str) -> tuple[int, str]:

@@ -116,7 +116,8 @@ def test_draw_gives_chunk_kda_fwd_arguments_the_same_every_time():
     spec = replace(MODEL_LIKE, T=20, heads=2, K=8, V=16, initial_state="bf16", state_scale=4.0)
     a, b = draw(spec, 3), draw(spec, 3)
     assert set(a) == {"q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state",
-                      "cu_seqlens", "lower_bound", "scale", "use_qk_l2norm"}
+                      "cu_seqlens", "lower_bound", "scale", "use_qk_l2norm", "gate"}
+    assert a["gate"] == "lower_bound"
     assert all(_same(a[n], b[n]) for n in a)
     assert not _same(a["q"], draw(spec, 4)["q"])
     assert [a[n].dtype for n in ("q", "k", "v", "g", "beta")] == [torch.bfloat16] * 5
@@ -183,7 +184,9 @@ def test_spec_round_trips_through_its_dict():
     assert SequenceSpec.from_dict(spec.as_dict()) == spec
     assert spec.T == 8 and spec.sequences == 2
     assert set(PRESETS) == {"model_like", "saturated", "weak_decay_correlated", "long",
-                            "collinear"}
+                            "collinear", "strong_decay", "strongest_decay", "mixed_decay"}
+    strong = replace(PRESETS["mixed_decay"], g_as_log_decay="bf16")
+    assert SequenceSpec.from_dict(strong.as_dict()) == strong
 
 
 @pytest.mark.parametrize("change, field", [
@@ -196,6 +199,13 @@ def test_spec_round_trips_through_its_dict():
     (dict(block=(0, 0)), "block"), (dict(seqlens=(0, 0)), "seqlens"),
     (dict(seqlens=(3, -1)), "seqlens"),
     (dict(seqlens=(3,), batch=2), "batch"),
+    (dict(decay_range=(-20.0, -5.0)), "decay_range"),  # below the bound -5
+    (dict(lower_bound=None, decay_range=(-5.0, -20.0)), "decay_range"),
+    (dict(lower_bound=None, decay_range=(-5.0, 0.0)), "decay_range"),
+    (dict(lower_bound=None, log_decay=-1.0, decay_range=(-2.0, -1.0)), "decay_range"),
+    (dict(decay_channels=0.5), "decay_channels"), (dict(log_decay=-1.0, decay_channels=0.0),
+                                                   "decay_channels"),
+    (dict(g_as_log_decay="fp16"), "g_as_log_decay"),
 ])
 def test_bad_values_name_their_field(change, field):
     with pytest.raises(ValueError, match=rf"^{field} must be"):

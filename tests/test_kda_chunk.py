@@ -35,7 +35,7 @@ def make(b=2, t=37, h=1, hv=2, kd=16, vd=8, seed=0, lb=-5.0):
     return q, k, v, g, beta, r(b, hv, kd, vd)
 
 
-PLAIN = dict(gate="precomputed", lower_bound=None, beta_is_logits=False, use_qk_l2norm=False,
+PLAIN = dict(gate="log_decay", lower_bound=None, beta_is_logits=False, use_qk_l2norm=False,
              recipe="fp64")
 
 # fp64 agreement: every product/sum is float64 and exp(±G) stays below e^(5·24) = 1e52, so the

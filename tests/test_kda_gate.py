@@ -56,9 +56,9 @@ def test_base2_gate_is_flashkda_formula():
     assert (ours.double() / LOG2E - ref).abs().max() < 1e-5
 
 
-def test_precomputed_and_beta():
+def test_log_decay_gate_and_beta():
     g = -torch.rand(1, 3, 2, 4, dtype=torch.float64)
-    assert torch.equal(log_decay(g, gate="precomputed"), g)
+    assert torch.equal(log_decay(g, gate="log_decay"), g)
     b = torch.randn(1, 3, 2, dtype=torch.float64)
     assert torch.equal(beta_activation(b), torch.sigmoid(b))
     assert torch.equal(beta_activation(b, is_logits=False), b)

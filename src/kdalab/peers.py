@@ -7,7 +7,10 @@ Stands alone: torch and the peer packages only (imported when a peer is called).
 Every wrapper takes ``q, k, g [B, T, H, K]``, ``v [B, T, H, V]`` (bf16), ``beta [B, T, H]`` β
 logits, the raw gate ``g`` (the kernel applies ``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))``),
 ``A_log [H]`` and ``dt_bias`` (fp32; fla takes it flat ``[H*K]``, FlashKDA as ``[H, K]``: the
-wrappers accept either), and returns ``(o, final_state)``.
+wrappers accept either), and returns ``(o, final_state)``. fla's wrappers also take
+chunk_kda_fwd's other gates: ``lower_bound=None`` (fla's softplus gate
+``−exp(A_log)·softplus(g + dt_bias)``) and ``gate="log_decay"`` (g the log-decay itself: fla's
+``use_gate_in_kernel=False``; ``lower_bound``, if given, promises the decay stays above it).
 
 The guard that matters: fla 0.6 hands ``chunk_kda`` to FlashKDA when ``flash_kda`` is importable
 and gradients are off (its backend dispatch, ``fla/ops/kda/backends/flash_kda.py``), so a call
@@ -57,38 +60,53 @@ def _environ(**values: str):
                 os.environ[key] = value
 
 
-def _flat(dt_bias: torch.Tensor) -> torch.Tensor:
-    return dt_bias.reshape(-1)
+def _flat(dt_bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if dt_bias is None else dt_bias.reshape(-1)
+
+
+def _fla_gate(gate: str, A_log, dt_bias, lower_bound) -> dict:
+    """fla's gate arguments for chunk_kda_fwd's: ``gate="log_decay"`` is fla's precomputed g
+    (``use_gate_in_kernel=False``), the raw gate runs in the kernel; ``safe_gate`` (fla's M=16
+    path for a bounded decay) wherever a lower bound holds (fla requires one with it)."""
+    if gate not in ("raw", "log_decay"):
+        raise ValueError(f"gate must be 'raw' or 'log_decay', got {gate!r}")
+    if gate == "log_decay":
+        return dict(use_gate_in_kernel=False, safe_gate=lower_bound is not None,
+                    lower_bound=lower_bound)
+    return dict(use_gate_in_kernel=True, safe_gate=lower_bound is not None, A_log=A_log,
+                dt_bias=_flat(dt_bias), lower_bound=lower_bound)
 
 
 def fla_chunk_kda(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log, dt_bias,
-                  lower_bound, cu_seqlens, use_qk_l2norm=True, state_v_first=False):
-    """fla's own Triton ``chunk_kda`` with the gate, β sigmoid and q/k normalization in the kernel,
-    the safe gate and the lower bound; states ``[N, H, K, V]`` (``state_v_first``:
-    ``[N, H, V, K]``)."""
+                  lower_bound, cu_seqlens, use_qk_l2norm=True, state_v_first=False, gate="raw"):
+    """fla's own Triton ``chunk_kda`` with the gate, β sigmoid and q/k normalization in the kernel
+    (the safe gate and the lower bound where there is one); states ``[N, H, K, V]``
+    (``state_v_first``: ``[N, H, V, K]``)."""
     from fla.ops.kda import chunk_kda
 
     kw = {"state_v_first": True} if state_v_first else {}
     with _environ(FLA_FLASH_KDA="0", FLA_TILELANG="0"), torch.enable_grad():
         return chunk_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                         output_final_state=output_final_state, A_log=A_log,
-                         dt_bias=_flat(dt_bias), lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-                         use_qk_l2norm_in_kernel=use_qk_l2norm, use_gate_in_kernel=True,
-                         use_beta_sigmoid_in_kernel=True, safe_gate=True, **kw)
+                         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                         use_qk_l2norm_in_kernel=use_qk_l2norm, use_beta_sigmoid_in_kernel=True,
+                         **_fla_gate(gate, A_log, dt_bias, lower_bound), **kw)
 
 
 def fla_fused_recurrent_kda(q, k, v, g, beta, *, scale, initial_state, output_final_state,
                             A_log, dt_bias, lower_bound, cu_seqlens, use_qk_l2norm=True,
-                            state_v_first=False):
-    """fla's ``fused_recurrent_kda`` (token by token, fp32 state) with the same gate."""
+                            state_v_first=False, gate="raw"):
+    """fla's ``fused_recurrent_kda`` (token by token, fp32 state) with the same gates."""
     from fla.ops.kda import fused_recurrent_kda
 
     kw = {"state_v_first": True} if state_v_first else {}
+    fla_gate = _fla_gate(gate, A_log, dt_bias, lower_bound)
+    fla_gate.pop("safe_gate")  # the recurrence has no intra-chunk path to choose
+    if not fla_gate["use_gate_in_kernel"]:
+        fla_gate["lower_bound"] = None  # read by its in-kernel gate only
     return fused_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                               output_final_state=output_final_state, A_log=A_log,
-                               dt_bias=_flat(dt_bias), lower_bound=lower_bound,
-                               cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm,
-                               use_gate_in_kernel=True, use_beta_sigmoid_in_kernel=True, **kw)
+                               output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                               use_qk_l2norm_in_kernel=use_qk_l2norm,
+                               use_beta_sigmoid_in_kernel=True, **fla_gate, **kw)
 
 
 def flashkda_fwd(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log, dt_bias,

@@ -8,14 +8,9 @@ and captured inputs (:mod:`kdalab.check.capture`, :mod:`kdalab.check.replay`); t
 (``kdalab.views.check``) draw from the records only. See docs/check.md.
 """
 
-from kdalab.check.adapters import (
-    BUILTIN,
-    ConventionError,
-    KernelAdapter,
-    KernelUnavailable,
-    load_kernel,
-)
+from kdalab.check.adapters import ConventionError, KernelAdapter, KernelUnavailable
 from kdalab.check.budget import DEFAULT_BUDGET, floor_reference
+from kdalab.check.builtin import BUILTIN, load_kernel
 from kdalab.check.capture import capture
 from kdalab.check.cases import (
     SUITES,

@@ -13,6 +13,14 @@
 the kernel returns ``(o [B, T, H, V], final_state [N, H, K, V])``. The pre-normalized case also
 passes ``use_qk_l2norm=False``; a kernel without that keyword is recorded as not supporting it.
 
+**Gates** (a case's gate mode, :data:`kdalab.kda.GATES`, in chunk_kda_fwd's words): the
+lower-bound gate as above; ``unbounded``: ``lower_bound=None``, fla's softplus gate
+``−exp(A_log)·softplus(g + dt_bias)``; ``log_decay``: also ``gate="log_decay"`` (passed for this
+mode only), g the log-decay itself (fp32 or bf16), ``A_log = dt_bias = None``, ``lower_bound`` the
+promise that no step decays below it, or None. A kernel declares the modes it takes
+(``gates``); a ``log_decay`` case needs a ``gate`` keyword. :func:`gate_mode` reads the mode back
+from the arguments.
+
 :class:`KernelAdapter` wraps a kernel that differs: its state layout (``[N, H, V, K]``), its
 ``dt_bias`` shape (``[H*K]``), its ``cu_seqlens`` dtype, the initial-state dtypes, head
 dimensions, devices and options it supports (a case outside them is recorded as unsupported
@@ -38,20 +46,16 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
-from kdalab import peers
 from kdalab.check.cases import CaseInputs
 from kdalab.check.tensors import GRADIENTS
+from kdalab.kda import GATES
 
-__all__ = ["KernelAdapter", "ConventionError", "KernelUnavailable", "BUILTIN", "load_kernel",
-           "recipe_kernel", "KERNEL_HELP"]
+__all__ = ["KernelAdapter", "ConventionError", "KernelUnavailable", "gate_mode"]
 
 
 class ConventionError(Exception):
@@ -67,6 +71,14 @@ _ARGS = ("scale", "initial_state", "output_final_state", "A_log", "dt_bias", "lo
          "cu_seqlens")
 SIGNATURE = ("fn(q, k, v, g, beta, *, scale, initial_state, output_final_state, A_log, dt_bias, "
              "lower_bound, cu_seqlens) -> (o, final_state [N, H, K, V])")
+
+
+def gate_mode(gate: str, lower_bound: float | None) -> str:
+    """The gate mode (:data:`kdalab.kda.GATES`) of a call in the convention: ``gate="log_decay"``,
+    else the raw gate input with a lower bound (``lower_bound``) or without (``unbounded``)."""
+    if gate == "log_decay":
+        return "log_decay"
+    return "unbounded" if lower_bound is None else "lower_bound"
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,8 @@ class KernelAdapter:
     ``grad_fn``           its differentiable form (the convention; torch autograd through it
                           gives the gradients), or None: ``fn`` itself
     ``no_backward``       why it has no backward (``--grad``: every case unsupported), or ""
+    ``gates``             the gate modes it takes (:data:`kdalab.kda.GATES`; others:
+                          unsupported)
     ``requires``          import names that must be importable (checked before the run)
     ``note``              appended to the message when the kernel cannot run here
     """
@@ -113,6 +127,7 @@ class KernelAdapter:
     decode: Callable | None = None
     grad_fn: Callable | None = None
     no_backward: str = ""
+    gates: tuple[str, ...] = GATES
     requires: tuple[str, ...] = ()
     note: str = ""
 
@@ -127,6 +142,8 @@ class KernelAdapter:
             raise ValueError(f"state_layout must be 'KV' or 'VK', got {self.state_layout!r}")
         if self.dt_bias_shape not in ("HK", "flat"):
             raise ValueError(f"dt_bias_shape must be 'HK' or 'flat', got {self.dt_bias_shape!r}")
+        if not self.gates or any(g not in GATES for g in self.gates):
+            raise ValueError(f"gates must be some of {', '.join(GATES)}, got {self.gates!r}")
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__name__", "kernel"))
 
@@ -163,6 +180,10 @@ class KernelAdapter:
     def unsupported(self, x: CaseInputs) -> str | None:
         """Why the kernel declares it cannot take these inputs, or None."""
         kd, vd = x.q.shape[-1], x.v.shape[-1]
+        if x.gate not in self.gates:
+            return f"the {x.gate} gate: takes {', '.join(self.gates)}"
+        if x.gate == "log_decay" and not self._takes("gate"):
+            return "takes no gate keyword (g as the log-decay: gate='log_decay')"
         if self.head_dims is not None and (kd not in self.head_dims or vd not in self.head_dims):
             return f"head dims K={kd}, V={vd}: takes {', '.join(map(str, self.head_dims))}"
         if self.same_head_dims and kd != vd:
@@ -222,13 +243,22 @@ class KernelAdapter:
         h0 = x.initial_state
         if h0 is not None and self.state_layout == "VK":
             h0 = h0.transpose(-1, -2).contiguous()
-        dt_bias = x.dt_bias.reshape(-1) if self.dt_bias_shape == "flat" else x.dt_bias
         cu = None if x.cu_seqlens is None else x.cu_seqlens.to(self.cu_seqlens_dtype)
-        kw = dict(scale=x.scale, initial_state=h0, output_final_state=True, A_log=x.A_log,
-                  dt_bias=dt_bias, lower_bound=x.lower_bound, cu_seqlens=cu)
+        kw = dict(scale=x.scale, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+                  **self._gate_and_flags(x))
+        return self._check_answer(fn(x.q, x.k, x.v, x.g, x.beta, **kw), x)
+
+    def _gate_and_flags(self, x: CaseInputs) -> dict:
+        """The gate's arguments (the module's **Gates**) and the normalization flag."""
+        dt_bias = x.dt_bias
+        if dt_bias is not None and self.dt_bias_shape == "flat":
+            dt_bias = dt_bias.reshape(-1)
+        kw = dict(A_log=x.A_log, dt_bias=dt_bias, lower_bound=x.lower_bound)
+        if x.gate == "log_decay":
+            kw["gate"] = "log_decay"
         if not x.use_qk_l2norm:
             kw[self.qk_l2norm_flag] = False
-        return self._check_answer(fn(x.q, x.k, x.v, x.g, x.beta, **kw), x)
+        return kw
 
     def in_other_layout(self) -> KernelAdapter | None:
         """The same kernel called with its states in the other layout, or None."""
@@ -243,12 +273,8 @@ class KernelAdapter:
     def decode_step(self, x: CaseInputs, pool, indices) -> torch.Tensor:
         """One step of ``decode``: the tokens of ``x`` (fixed length, ``[N, T_new, ...]``) from
         pool rows ``indices`` (the pool in ``state_layout``); ``o [N, T_new, H, V]``."""
-        dt_bias = x.dt_bias.reshape(-1) if self.dt_bias_shape == "flat" else x.dt_bias
-        kw = dict(state_pool=pool, state_indices=indices, scale=x.scale, A_log=x.A_log,
-                  dt_bias=dt_bias, lower_bound=x.lower_bound)
-        if not x.use_qk_l2norm:
-            kw[self.qk_l2norm_flag] = False
-        o = self.decode(x.q, x.k, x.v, x.g, x.beta, **kw)
+        o = self.decode(x.q, x.k, x.v, x.g, x.beta, state_pool=pool, state_indices=indices,
+                        scale=x.scale, **self._gate_and_flags(x))
         if not isinstance(o, torch.Tensor) or o.shape != x.v.shape \
                 or not o.dtype.is_floating_point or o.device != x.v.device:
             got = (f"o of shape {list(o.shape)} in {o.dtype} on {o.device}"
@@ -281,170 +307,3 @@ class KernelAdapter:
                 raise ConventionError(f"{where} {label} on {t.device}; the inputs are on "
                                       f"{x.v.device}")
         return o, (s.transpose(-1, -2) if self.state_layout == "VK" else s)
-
-
-# -- the built-in kernels ------------------------------------------------------------------
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def _kdalab(config_name: str) -> KernelAdapter:
-    def kdalab_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
-        import kdalab.kernels as kernels  # Triton: imported when the kernel runs
-
-        return kernels.chunk_kda_fwd(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm,
-                                     config=getattr(kernels, config_name), **kw)
-
-    def kdalab_decode(q, k, v, g, beta, **kw):
-        from kdalab.kernels import kda_decode
-        return kda_decode(q, k, v, g, beta, **kw)
-
-    def kdalab_chunk_kda(q, k, v, g, beta, **kw):  # the differentiable kernel
-        from kdalab.kernels import chunk_kda
-        return chunk_kda(q, k, v, g, beta, **kw)
-
-    devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
-    tf32 = config_name != "DEFAULT_CONFIG"  # chunk_kda takes no config: its backward is kdalab's
-    return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
-                         other_layout={"state_layout": "VK"}, decode=kdalab_decode,
-                         grad_fn=kdalab_chunk_kda, no_backward="the differentiable chunk_kda "
-                         "has one configuration, kdalab's" if tf32 else "",
-                         note=" (TRITON_INTERPRET=1 runs it on the CPU, slowly: tiny cases only)")
-
-
-def _fla() -> KernelAdapter:
-    # fla's chunk_kda raises "initial_state must be in float32." on a bf16 state: declared
-    return KernelAdapter(peers.fla_chunk_kda, name="fla", devices=("cuda",),
-                         state_dtypes=(torch.float32,), other_layout={"state_v_first": True},
-                         decode=_fla_decode, requires=(peers.PEERS["fla"],))
-
-
-def _fla_decode(q, k, v, g, beta, *, state_pool, state_indices, **kw):
-    """fla's ``fused_recurrent_kda`` on pool rows (it takes no indices: gathered, written back)."""
-    rows = state_indices.long()
-    o, s = peers.fla_fused_recurrent_kda(q, k, v, g, beta, initial_state=state_pool[rows],
-                                         output_final_state=True, cu_seqlens=None, **kw)
-    state_pool[rows] = s.to(state_pool.dtype)
-    return o
-
-
-def _fla_recurrent() -> KernelAdapter:
-    return KernelAdapter(peers.fla_fused_recurrent_kda, name="fla-recurrent",
-                         devices=("cuda",), other_layout={"state_v_first": True},
-                         decode=_fla_decode, requires=(peers.PEERS["fla-recurrent"],),
-                         no_backward="fla's fused_recurrent_kda is a forward only")
-
-
-def _flashkda() -> KernelAdapter:
-    # flash_kda.fwd takes K = V = 128 only (its docstring and csrc/flash_kda.cpp)
-    return KernelAdapter(peers.flashkda_fwd, name="flashkda", state_layout="VK",
-                         devices=("cuda",), head_dims=(128,), same_head_dims=True,
-                         qk_l2norm_flag=None, requires=(peers.PEERS["flashkda"],),
-                         no_backward="FlashKDA is a forward only (flash_kda.fwd)")
-
-
-#: Built-in kernels by name (factories: nothing is imported until one is asked for).
-BUILTIN: dict[str, Callable[[], KernelAdapter]] = {
-    "kdalab": lambda: _kdalab("DEFAULT_CONFIG"),
-    "kdalab-tf32": lambda: _kdalab("TF32_CONFIG"),
-    "fla": _fla,
-    "fla-recurrent": _fla_recurrent,
-    "flashkda": _flashkda,
-}
-
-#: How each recipe's own kernel runs: (chunk size, tile scaling, inverse).
-_RECIPE_KERNELS = {"fla": (64, "secondary-midpoint", "forward_substitution"),
-                   "fp64": (16, "chunk_start", "exact")}
-_RECIPE_DEFAULT = (16, "chunk_start", "neumann")  # FlashKDA's form
-
-
-def recipe_kernel(spec: str) -> KernelAdapter:
-    """``NAME`` or ``NAME/TILES/INVERSE``, optionally ``@CHUNK``: :func:`kdalab.kda.forward` with
-    that recipe (fla's tiles, inverse and chunk 64 for ``fla``; FlashKDA's chunk-start tiles,
-    Neumann inverse and chunk 16 for the others)."""
-    from kdalab.kda import INVERSES, forward, get_recipe, get_tiles
-
-    body, _, chunk_text = spec.partition("@")
-    parts = body.split("/")
-    if len(parts) not in (1, 3):
-        raise ValueError(f"recipe kernel must be recipe:NAME or recipe:NAME/TILES/INVERSE "
-                         f"(optionally @CHUNK), got 'recipe:{spec}'")
-    recipe = get_recipe(parts[0])
-    chunk, tiles, inverse = _RECIPE_KERNELS.get(recipe.name, _RECIPE_DEFAULT)
-    if len(parts) == 3:
-        tiles, inverse = parts[1], parts[2]
-        get_tiles(tiles)
-        if inverse not in INVERSES:
-            raise ValueError(f"inverse must be one of {', '.join(INVERSES)}, got {inverse!r}")
-    if chunk_text:
-        if not chunk_text.isdigit() or int(chunk_text) < 1:
-            raise ValueError(f"recipe kernel chunk must be an integer >= 1, got {chunk_text!r}")
-        chunk = int(chunk_text)
-
-    def recipe_forward(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
-        return forward(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm, recipe=recipe,
-                       chunk_size=chunk, tiles=tiles, inverse=inverse, **kw)
-
-    # kda.forward checks its inputs: it refuses NaN and inf, and empty packed sequences
-    return KernelAdapter(recipe_forward, name=f"recipe:{spec}", finite_only=True,
-                         empty_sequences=False, other_layout={"state_layout": "VK"},
-                         no_backward=f"{recipe.name} emulates {', '.join(recipe.emulated())}: "
-                         "autograd through an emulated rounding is no backward's arithmetic"
-                         if recipe.emulated() else "")
-
-
-
-def _load_object(spec: str):
-    module_name, _, attr = spec.rpartition(":")
-    if not module_name or not attr:
-        raise ValueError(f"kernel {spec!r}: expected module:function")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ValueError(f"kernel {spec!r}: no such file {module_name!r}")
-            mod_spec = importlib.util.spec_from_file_location(path.stem, path)
-            module = importlib.util.module_from_spec(mod_spec)
-            mod_spec.loader.exec_module(module)
-        else:
-            if os.getcwd() not in sys.path and "" not in sys.path:  # as `python -m` would
-                sys.path.insert(0, os.getcwd())
-            module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and module_name.startswith(exc.name):
-            raise ValueError(f"kernel {spec!r}: no module named {module_name!r}") from None
-        raise ValueError(f"kernel {spec!r}: importing {module_name!r} failed: {exc}") from None
-    except ValueError:
-        raise
-    except (Exception, SystemExit) as exc:  # sys.exit() at import is no verdict either
-        raise ValueError(f"kernel {spec!r}: importing {module_name!r} failed: "
-                         f"{type(exc).__name__}: {exc}") from None
-    if not hasattr(module, attr):
-        raise ValueError(f"kernel {spec!r}: module {module_name!r} has no attribute {attr!r}")
-    return getattr(module, attr)
-
-
-def load_kernel(spec: str) -> KernelAdapter:
-    """A kernel by name: a built-in (``kdalab``, ``kdalab-tf32``, ``fla``, ``fla-recurrent``,
-    ``flashkda``), ``recipe:NAME``, or ``module:attr`` / ``path/file.py:attr`` naming a function
-    (the convention) or a :class:`KernelAdapter`. Raises ValueError for a bad name."""
-    spec = spec.strip()
-    if spec in BUILTIN:
-        return replace(BUILTIN[spec](), name=spec)
-    if spec.startswith("recipe:"):
-        return recipe_kernel(spec.removeprefix("recipe:"))
-    if ":" not in spec:
-        raise ValueError(f"unknown kernel {spec!r}; {KERNEL_HELP}")
-    obj = _load_object(spec)
-    if isinstance(obj, KernelAdapter):
-        return replace(obj, name=spec)  # records name the kernel as it was asked for
-    if not callable(obj):
-        raise ValueError(f"kernel {spec!r} is not a function or a KernelAdapter (got "
-                         f"{type(obj).__name__})")
-    return KernelAdapter(obj, name=spec)
-
-
-KERNEL_HELP = ("kernels are kdalab, kdalab-tf32, fla, fla-recurrent, flashkda, recipe:NAME "
-               "(a kdalab.kda recipe), or module:function / file.py:function (chunk_kda_fwd's "
-               "convention, or a kdalab.check.KernelAdapter)")

@@ -12,9 +12,12 @@
 ``(module_or_object, "attribute")``): a layer that did ``from fla.ops.kda import chunk_kda``
 calls its own module's binding. The function is replaced by a wrapper for the duration of the
 block; each call still runs and returns as before, and the inputs of the first ``limit`` calls
-are written (:func:`kdalab.check.replay.write_inputs`). Calls in a form ``check`` cannot replay
-(the gate or β sigmoid outside the kernel, no lower bound) are counted in ``cap.skipped`` with
-the reason, not written. docs/check.md has a runnable example.
+are written (:func:`kdalab.check.replay.write_inputs`) with their gate mode: fla's
+``use_gate_in_kernel=False`` and chunk_kda_fwd's ``gate="log_decay"`` are ``log_decay``, a raw
+gate without a lower bound ``unbounded``, ``kdalab.kda.forward``'s ``gate`` is its own. Calls in a
+form ``check`` cannot replay (β after its sigmoid, a raw gate without ``A_log`` or ``dt_bias``)
+are counted in ``cap.skipped`` with the reason, not written. docs/check.md has a runnable
+example.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kdalab.check.adapters import gate_mode
 from kdalab.check.replay import write_inputs
+from kdalab.kda import GATES
 
 __all__ = ["capture", "Capture"]
 
@@ -58,17 +63,20 @@ def _resolve(target):
     return owner, attr
 
 
-def _why_not(args: dict) -> str | None:
-    """Why a call's inputs are not in the replayable form, or None."""
+def _gate(args: dict) -> str:
+    """The call's gate mode (:data:`kdalab.kda.GATES`), in fla's, chunk_kda_fwd's or
+    ``kdalab.kda.forward``'s words."""
     if args.get("use_gate_in_kernel") is False:
-        return "gate applied outside the kernel (g is already the log-decay)"
+        return "log_decay"
+    gate = args.get("gate", "raw")
+    return gate if gate in GATES else gate_mode(gate, args.get("lower_bound"))
+
+
+def _why_not(args: dict, gate: str) -> str | None:
+    """Why a call's inputs are not in the replayable form, or None."""
     if args.get("use_beta_sigmoid_in_kernel") is False or args.get("beta_is_logits") is False:
         return "beta given after its sigmoid"
-    if args.get("gate", "lower_bound") != "lower_bound":
-        return f"gate {args['gate']!r} (not the lower-bound gate)"
-    if args.get("lower_bound") is None:
-        return "no lower bound"
-    if args.get("A_log") is None or args.get("dt_bias") is None:
+    if gate != "log_decay" and (args.get("A_log") is None or args.get("dt_bias") is None):
         return "no A_log or dt_bias"
     return None
 
@@ -92,15 +100,17 @@ def capture(target, folder, *, limit: int = 16, prefix: str = "call"):
             bound.apply_defaults()
             named = dict(bound.arguments)
             named.update(named.pop("kwargs", {}) or {})
-            why = _why_not(named)
+            gate = _gate(named)
+            why = _why_not(named, gate)
             h0 = named.get("initial_state")
             if h0 is not None and (named.get("state_layout") == "VK"
                                    or named.get("state_v_first")):
                 named["initial_state"] = h0.transpose(-1, -2)  # files hold [N, H, K, V]
             if why is None:
                 path = cap.folder / f"{prefix}_{len(cap.paths):04d}.safetensors"
-                cap.paths.append(write_inputs(path, named, lower_bound=named["lower_bound"],
-                                              scale=named.get("scale")))
+                lower_bound = None if gate == "unbounded" else named.get("lower_bound")
+                cap.paths.append(write_inputs(path, named, lower_bound=lower_bound,
+                                              scale=named.get("scale"), gate=gate))
             else:
                 cap.skipped[why] = cap.skipped.get(why, 0) + 1
         return original(*args, **kwargs)

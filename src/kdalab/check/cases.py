@@ -1,18 +1,31 @@
 """The check's cases: data, not code paths. A case is a family × a shape × options; a suite is a
 tuple of cases; one function draws any case's inputs and one computes its fp64 reference.
 
-Families: the presets ``model_like``, ``saturated``, ``weak_decay_correlated`` and ``collinear``
-of :mod:`kdalab.inputs.sequences` (bf16 inputs as a model hands them to a kernel; β as logits;
-the gate ``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))``), at the case's shape and options
+Families: the presets ``model_like``, ``saturated``, ``weak_decay_correlated``, ``collinear``,
+``strong_decay``, ``strongest_decay`` and ``mixed_decay`` of :mod:`kdalab.inputs.sequences`
+(bf16 inputs as a model hands them to a kernel; β as logits), at the case's shape and options
 (:func:`case_spec`); a collinear case's ``key_noise`` is the preset's ``key_eps`` (0 gives
 identical keys).
+
+Gates (``gate``, one of :data:`kdalab.kda.GATES`): ``lower_bound`` (g the raw gate input,
+``lower_bound·sigmoid(exp(A_log)·(g + dt_bias))``), ``unbounded`` (fla's softplus gate
+``−exp(A_log)·softplus(g + dt_bias)``, ``lower_bound`` None) or ``log_decay`` (g the log-decay
+itself in ``g_dtype``, computed from the family's gate in fp64; ``lower_bound`` the promise that no
+step decays below it, or None). Kernels that do not take a mode declare it (their adapter).
 
 Kinds: ``accuracy`` (one call against the fp64 recurrence) or a contract
 (:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``,
 ``decode``;
-``split`` is the position P a contract splits at. ``source`` names a safetensors file of
+``split`` is the position P a contract splits at; ``perturb`` what a causal contract writes from
+P on (``fresh`` inputs, or ``v_beyond_fp16``: v times 1e5). ``source`` names a safetensors file of
 captured inputs (:mod:`kdalab.check.replay`): the case's tensors are read from it instead of
 drawn.
+
+Groups (by name): ``unbounded/*`` fla's softplus gate on model-like and hard inputs (one at −20
+per step: a 16-token chunk spans ~320 in log space, past a split exponent's float32 range);
+``strong_decay/*`` log-decay down to −20 per step and mixtures of strong and weak channels, as
+a raw unbounded gate and as a log-decay; ``log_decay/*`` a precomputed log-decay of ordinary
+decay, with the bound as a promise and without.
 
 Options: the lower bound; the initial state (none, fp32 or bf16, N(0, 1) times ``state_scale``);
 ``v_scale`` (a power of two, so bf16 v stays exact); pre-normalized q and k with the kernel's
@@ -30,15 +43,19 @@ from fnmatch import fnmatchcase
 import torch
 
 from kdalab.check.tensors import CaseInputs, read_inputs
-from kdalab.inputs.sequences import STATES, SequenceSpec, draw, preset
-from kdalab.kda import reference_forward
+from kdalab.inputs.sequences import LOG_DECAY_DTYPES, STATES, SequenceSpec, draw, preset
+from kdalab.kda import GATES, reference_forward
 
-__all__ = ["FAMILIES", "KINDS", "POISONS", "STATES", "Case", "CaseInputs", "SUITES", "get_suite",
-           "select_cases", "case_spec", "case_inputs", "reference", "recurrence"]
+__all__ = ["FAMILIES", "KINDS", "POISONS", "PERTURBS", "GATES", "STATES", "Case", "CaseInputs",
+           "SUITES", "get_suite", "select_cases", "case_spec", "case_inputs", "reference",
+           "recurrence"]
 
-FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "collinear")
+FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "collinear", "strong_decay",
+            "strongest_decay", "mixed_decay")
 KINDS = ("accuracy", "causal", "prefill", "batch_varlen", "layout", "decode")
 POISONS = ("", "nan_v", "inf_k")
+#: what a causal contract writes from its split on: fresh N(0, 1) inputs, or v times 1e5
+PERTURBS = ("fresh", "v_beyond_fp16")
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,9 @@ class Case:
     heads: int = 4
     K: int = 128
     V: int = 128
-    lower_bound: float = -5.0
+    gate: str = "lower_bound"
+    lower_bound: float | None = -5.0
+    g_dtype: str = "bf16"
     initial_state: str = "fp32"
     state_scale: float = 1.0
     v_scale: float = 1.0
@@ -63,6 +82,7 @@ class Case:
     key_noise: float = 0.0
     kind: str = "accuracy"
     split: int = 0
+    perturb: str = "fresh"
     source: str = ""
     seed: int = 0
     about: str = field(default="", compare=False)
@@ -91,8 +111,23 @@ class Case:
         for name in ("T", "batch", "heads", "K", "V"):
             if getattr(self, name) < 1:
                 bad(name, "must be >= 1")
-        if not (math.isfinite(self.lower_bound) and self.lower_bound < 0):
-            bad("lower_bound", "must be a finite number < 0")
+        if self.gate not in GATES:
+            bad("gate", f"must be one of {', '.join(GATES)}")
+        if self.gate == "unbounded":
+            if self.lower_bound is not None:
+                bad("lower_bound", "must be None for the unbounded gate")
+        elif not (self.gate == "log_decay" and self.lower_bound is None) and not (
+                isinstance(self.lower_bound, (int, float)) and math.isfinite(self.lower_bound)
+                and self.lower_bound < 0):
+            bad("lower_bound", "must be a finite number < 0" + (
+                " or None (no promise)" if self.gate == "log_decay" else ""))
+        if self.g_dtype not in LOG_DECAY_DTYPES or (self.gate != "log_decay" and not self.source
+                                                    and self.g_dtype != "bf16"):
+            bad("g_dtype", "must be bf16 (a drawn raw gate input), or fp32 or bf16 (a log-decay "
+                "or a captured file's)")
+        if self.perturb not in PERTURBS or (self.kind != "causal" and self.perturb != "fresh"):
+            bad("perturb", f"must be one of {', '.join(PERTURBS)} (a causal contract's; "
+                "fresh for the other kinds)")
         for name in ("state_scale", "v_scale"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 bad(name, "must be a finite number > 0")
@@ -124,7 +159,8 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
            varlen: tuple[tuple[str, tuple[int, ...]], ...], poison_T: int,
            poison_seqlens: tuple[int, ...] | None, lengths: tuple[int, ...],
            collinear_T: int, contract_T: int, splits: tuple[int, int],
-           batch_T: int, decode_T: int) -> tuple[Case, ...]:
+           batch_T: int, decode_T: int, long_causal_T: int = 0,
+           long_split: int = 0) -> tuple[Case, ...]:
     def case(name, about, **changes):
         return replace(base, name=name, about=about, **changes)
 
@@ -190,8 +226,59 @@ def _suite(base: Case, *, long_T: int, range_T: int, dims: tuple[tuple[int, int]
         case("contract/decode", "two sequences decoded one token a step (the last four in "
              "one step) through a state pool, against the fp64 reference; the difference from "
              "one prefill call recorded", kind="decode", batch=2, T=decode_T),
+        # the fp16 guard's trigger: a guard that recomputes more than the overflowing part
+        # changes outputs before P (issue 41: from token 0, or from P's segment's start)
+        case("contract/causal/fp16_guard", f"v times 1e5 at t >= {inside} (past fp16's range: "
+             f"trips an fp16 guard): outputs before it bit-identical", kind="causal",
+             T=contract_T, split=inside, perturb="v_beyond_fp16"),
     ]
-    return tuple(cases)
+    if long_causal_T:
+        cases.append(case("contract/causal/fp16_guard_long", f"v times 1e5 at t >= "
+                          f"{long_split}, T = {long_causal_T} (a sequence-parallel path's "
+                          f"segments): outputs before it bit-identical", kind="causal",
+                          T=long_causal_T, split=long_split, perturb="v_beyond_fp16"))
+    return tuple(cases + _gate_groups(case, varlen=varlen[0][1], collinear_T=collinear_T,
+                                      contract_T=contract_T, inside=inside, decode_T=decode_T))
+
+
+def _gate_groups(case, *, varlen, collinear_T, contract_T, inside, decode_T):
+    """The unbounded-gate, strong-decay and log-decay groups (the module's docstring)."""
+    free = dict(gate="unbounded", lower_bound=None)  # fla's softplus gate
+    given = dict(gate="log_decay", lower_bound=None, g_dtype="fp32")  # no promise
+    return [
+        case("unbounded/model_like", "fla's softplus gate -exp(A_log)*softplus(g + dt_bias), "
+             "ordinary inputs (-0.05 to -7 per step, -1.9 on average)", **free),
+        case("unbounded/varlen", f"the softplus gate, packed sequences of lengths "
+             f"{list(varlen)}", seqlens=varlen, **free),
+        case("unbounded/saturated", "raw gate +20: exp(A_log)*(20 + dt_bias), -20 to -57 per "
+             "step", family="saturated", **free),
+        case("unbounded/collinear", f"one shared key + 0.02*noise, beta -> 1, decay ~ 1, T = "
+             f"{collinear_T}", family="collinear", key_noise=0.02, T=collinear_T, **free),
+        case("unbounded/strongest", "about -20 per step in every channel: a 16-token chunk "
+             "spans ~320, past a split exponent's fp32 range (88.7)", family="strongest_decay",
+             **free),
+        case("unbounded/causal", f"log-decay -20..-5, inputs changed at t >= {inside}: "
+             f"outputs before it bit-identical", family="strong_decay", kind="causal",
+             T=contract_T, split=inside, **free),
+        case("unbounded/decode", "log-decay -20..-5, decoded one token a step through a "
+             "state pool, against fp64", family="strong_decay", kind="decode", batch=2,
+             T=decode_T, **free),
+        case("strong_decay/unbounded", "log-decay drawn in [-20, -5] per token and channel, "
+             "the softplus gate", family="strong_decay", **free),
+        case("strong_decay/log_decay", "log-decay drawn in [-20, -5], as an fp32 log-decay "
+             "without a bound", family="strong_decay", **given),
+        case("strong_decay/at_-20", "exactly -20 per step, as an fp32 log-decay",
+             family="strongest_decay", **given),
+        case("strong_decay/mixed", "a quarter of the channels at -20..-8 per step, the rest "
+             "near 0, the softplus gate", family="mixed_decay", **free),
+        case("strong_decay/mixed_bf16", "the mixture as a bf16 log-decay",
+             family="mixed_decay", **{**given, "g_dtype": "bf16"}),
+        case("log_decay/model_like", "the lower-bound gate computed outside the kernel: an "
+             "fp32 log-decay with the bound -5 as its promise", gate="log_decay",
+             g_dtype="fp32"),
+        case("log_decay/unbounded", "fla's default call: the softplus gate computed outside "
+             "(fused_kda_gate), an fp32 log-decay without a bound", **given),
+    ]
 
 
 #: The full suite: the issue's list at the H200 measurement's shape (T = 2048, H = 4,
@@ -206,6 +293,7 @@ FULL = _suite(
             ("empty", (300, 0, 517, 100))),
     poison_seqlens=(100, 77, 150),
     collinear_T=1024, contract_T=512, splits=(256, 229), batch_T=300, decode_T=256,
+    long_causal_T=65536, long_split=40005,
 )
 #: The quick suite: the same cases at CPU size (T = 64, H = 2, K = V = 32), no long sequence.
 QUICK = _suite(
@@ -248,6 +336,7 @@ def case_spec(case: Case) -> SequenceSpec:
     changes = {"key_eps": case.key_noise} if case.family == "collinear" else {}
     return preset(case.family, T=case.T, batch=case.batch, seqlens=case.seqlens,
                   heads=case.heads, K=case.K, V=case.V, lower_bound=case.lower_bound,
+                  g_as_log_decay=case.g_dtype if case.gate == "log_decay" else None,
                   initial_state=case.initial_state, state_scale=case.state_scale,
                   v_scale=case.v_scale, prenormalized=case.prenormalized, **changes)
 
@@ -293,7 +382,7 @@ def recurrence(x: CaseInputs, forward) -> tuple[torch.Tensor, torch.Tensor]:
     """
     q, k, v = (torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0) for t in (x.q, x.k, x.v))
     kw = dict(scale=x.scale, A_log=x.A_log, dt_bias=x.dt_bias, lower_bound=x.lower_bound,
-              use_qk_l2norm=x.use_qk_l2norm, output_final_state=True)
+              gate=x.gate, use_qk_l2norm=x.use_qk_l2norm, output_final_state=True)
     cu, h0 = x.cu_seqlens, x.initial_state
     n = q.shape[0] if cu is None else len(cu) - 1
     if cu is None or bool((cu.diff() > 0).all()):

@@ -3,9 +3,11 @@
 Each contract is a kind of case (:data:`kdalab.check.cases.KINDS`); its record says what was
 compared (``contract_compared``) and the largest difference found (``contract_max_diff``).
 
-``causal``        q, k, v, g and β replaced by fresh values at every position t >= P: the
-                  outputs before P must keep every bit (P at a chunk boundary, and inside a
-                  chunk). A failure names the first position that changed.
+``causal``        q, k, v, g and β replaced by fresh values at every position t >= P (or,
+                  ``perturb="v_beyond_fp16"``, v times 1e5 from P on: past fp16's range, what
+                  trips a kernel's fp16 guard): the outputs before P must keep every bit (P at a
+                  chunk boundary, and inside a chunk), and every output be finite. A failure
+                  names the first position that changed.
 ``prefill``       [0, P) then [P, T) with the first call's final state carried into the second,
                   against the fp64 recurrence on [0, T): within the budget of the floor, as an
                   accuracy case (P chunk-aligned, and not). The largest difference from one call
@@ -37,7 +39,7 @@ from kdalab.check.budget import judge_errors
 from kdalab.check.calls import Raised, call, max_diff, nonfinite, rel, same
 from kdalab.check.cases import CaseInputs
 
-__all__ = ["CONTRACT_FIELDS", "judge_contract", "time_slice"]
+__all__ = ["CONTRACT_FIELDS", "BEYOND_FP16", "judge_contract", "time_slice"]
 
 CONTRACT_FIELDS = ("contract_compared", "contract_max_diff")
 
@@ -51,42 +53,62 @@ def time_slice(x: CaseInputs, start: int, stop: int, initial_state) -> CaseInput
                    initial_state=initial_state, rows=x.rows[:, start:stop])
 
 
-def _perturbed(x: CaseInputs, split: int, seed: int) -> CaseInputs:
+#: v's factor from the split on in a ``v_beyond_fp16`` causal case (issue 41's: bf16 v ~ N(0, 1)
+#: becomes ~1e5, past fp16's 65504, and so does the state it writes)
+BEYOND_FP16 = 1e5
+
+
+def _perturbed(x: CaseInputs, split: int, seed: int, perturb: str) -> CaseInputs:
+    """``x`` changed from ``split`` on: fresh N(0, 1) values of q, k, v, g and β (a log-decay
+    g as −|N(0, 1)|, a log-decay being <= 0), or v times :data:`BEYOND_FP16`."""
+    if perturb == "v_beyond_fp16":
+        v = x.v.clone()
+        v[:, split:] = (v[:, split:].double() * BEYOND_FP16).to(v.dtype)
+        return replace(x, v=v)
     gen = torch.Generator().manual_seed(seed)
     changed = {}
     for name in ("q", "k", "v", "g", "beta"):
         t = getattr(x, name).clone()
         fresh = torch.randn(t[:, split:].shape, generator=gen)
+        if name == "g" and x.gate == "log_decay":
+            fresh = -fresh.abs()
         t[:, split:] = fresh.to(dtype=t.dtype, device=t.device)
         changed[name] = t
     return replace(x, **changed)
 
 
-def _first_change(a: torch.Tensor, b: torch.Tensor) -> int:
-    """The first time position where ``a`` and ``b`` (``[B, T, ...]``) differ in any bit."""
+def _first_change(a: torch.Tensor, b: torch.Tensor) -> str:
+    """Where ``a`` and ``b`` (``[B, T, H, ...]``) first differ in any bit: the earliest time
+    position, in the first sequence and head that differ there."""
     from kdalab.check.calls import identical
 
-    differs = ~identical(a, b).reshape(a.shape[0], a.shape[1], -1).all(-1).all(0)
-    return int(differs.nonzero()[0, 0])
+    differs = ~identical(a, b).reshape(a.shape[0], a.shape[1], a.shape[2], -1).all(-1)
+    t = int(differs.any(2).any(0).nonzero()[0, 0])
+    seq, head = (int(i) for i in differs[:, t].nonzero()[0])
+    return f"t = {t}, sequence {seq}, head {head}"
 
 
 def _causal(kernel, x, case):
     p = case.split
     (o, _), _ = call(kernel, x, case.name)
     (again, _), _ = call(kernel, x, case.name)
-    (o_p, _), _ = call(kernel, _perturbed(x, p, case.seed + 1), case.name)
-    rec = {"contract_compared": f"o[:, :{p}] with q, k, v, g, beta changed at t >= {p} "
-                                f"against o[:, :{p}] unchanged (bit-identical)",
+    (o_p, _), _ = call(kernel, _perturbed(x, p, case.seed + 1, case.perturb), case.name)
+    changed = (f"v times {BEYOND_FP16:g}" if case.perturb == "v_beyond_fp16"
+               else "q, k, v, g, beta changed")
+    rec = {"contract_compared": f"o[:, :{p}] with {changed} at t >= {p} against o[:, :{p}] "
+                                f"unchanged (bit-identical)",
            "contract_max_diff": max_diff(o_p[:, :p], o[:, :p]), "o_dtype": str(o.dtype)[6:],
-           "o_nonfinite": nonfinite(o), "deterministic": same(o, again)}
+           "o_nonfinite": nonfinite(o) + nonfinite(o_p), "deterministic": same(o, again)}
     failures = []
+    if rec["o_nonfinite"]:
+        failures.append("causal: non-finite output from finite inputs")
     if not rec["deterministic"]:
         failures.append("two calls on the same inputs gave different bits (causality not "
                         "judged)")
     elif not same(o_p[:, :p], o[:, :p]):
-        t = _first_change(o_p[:, :p], o[:, :p])
+        where = _first_change(o_p[:, :p], o[:, :p])
         failures.append(f"causal: outputs before t = {p} changed when later inputs did (first "
-                        f"at t = {t}, largest difference {rec['contract_max_diff']:.3g})")
+                        f"at {where}, largest difference {rec['contract_max_diff']:.3g})")
     return rec, failures
 
 

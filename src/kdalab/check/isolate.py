@@ -79,7 +79,7 @@ def run_isolated(
     stored: Collection[tuple[str, str]] = (),
 ) -> list[dict]:
     """:func:`~kdalab.check.harness.run_check` with each kernel (``specs``, as
-    :func:`~kdalab.check.adapters.load_kernel` takes them) in a worker process; ``timeout``
+    :func:`~kdalab.check.builtin.load_kernel` takes them) in a worker process; ``timeout``
     seconds a kernel may go without finishing a case, its start and compilation included
     (None: no limit); ``exclude`` as run_check's. A crashed kernel's log is copied to the
     folder ``logs`` (None: not kept; its last line is in the record's message). ``stored``

@@ -53,7 +53,8 @@ _FIELDS = {
                      "min_identical", "o_identical", "state_identical", "o_worst_rel_diff",
                      "state_worst_rel_diff", "o_rel_diff"), _FLOAT),
 }
-_ANNOTATIONS = {"str": _STR, "int": _INT, "float": _FLOAT, "bool": _BOOL}
+_ANNOTATIONS = {"str": _STR, "int": _INT, "float": _FLOAT, "float | None": _FLOAT,
+                "bool": _BOOL}
 
 
 def _case_fields() -> dict[str, pa.DataType]:

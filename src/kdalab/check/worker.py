@@ -39,7 +39,8 @@ def _shared_references(folder: Path, grad: bool):
 
 
 def main(path: str) -> int:
-    from kdalab.check.adapters import ConventionError, load_kernel
+    from kdalab.check.adapters import ConventionError
+    from kdalab.check.builtin import load_kernel
     from kdalab.check.cases import Case
     from kdalab.check.harness import DeviceFault, Thresholds, run_check
 

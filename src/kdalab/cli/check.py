@@ -219,7 +219,7 @@ def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_time
         load_kernel,
         select_cases,
     )
-    from kdalab.check.adapters import KERNEL_HELP
+    from kdalab.check.builtin import KERNEL_HELP
     from kdalab.check.replay import replay_cases
 
     if suite is None:

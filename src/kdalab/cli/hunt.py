@@ -61,8 +61,9 @@ def _dims(text: str) -> tuple[int, ...]:
     Search the input space for TARGET's largest output error against the fp64 recurrence: a
     seeded Optuna TPE search over one parametrized input generator (key collinearity and
     clusters, β, the gate's strength, A_log and dt_bias, v and initial-state scales, a hard
-    block's place, T, H, the lower bound). Writes worst.json, worst.safetensors (a check case),
-    trials.jsonl, hunt.json, progress.png and report.md to --out."""))
+    block's place, T, H, the lower bound, the gate mode and strong decay). Writes worst.json,
+    worst.safetensors (a check case), trials.jsonl, hunt.json, progress.png and report.md to
+    --out."""))
 def hunt_command(
     target: Annotated[str, typer.Argument(help="the kernel (see below)", show_default=False)],
     device: Annotated[Optional[str], typer.Option(
@@ -98,6 +99,10 @@ def hunt_command(
     max_sequences: Annotated[Optional[int], typer.Option(
         "--max-sequences", help="most sequences per case (a batch, or packed along T; "
                                 "default 2)", show_default=False)] = None,
+    gates: Annotated[Optional[str], typer.Option(
+        help="gate modes to search, comma-separated: lower_bound, unbounded (fla's softplus "
+             "gate), log_decay (g the log-decay itself); those the target declares it cannot "
+             "take are left out (default all three)", show_default=False)] = None,
     out: Annotated[Path, typer.Option(help="output folder")] = Path("results/hunt"),
     force: Annotated[bool, typer.Option(
         "--force", help="write into --out even if it holds a hunt (started afresh) or files "
@@ -145,6 +150,8 @@ def hunt_command(
             dims = ",".join(map(str, b["dims"])) if dims is None else dims
             lower_bound = ":".join(map(repr, b["lower_bound"])) if lower_bound is None else (
                 lower_bound)
+            # a hunt from before the gate knob searched the lower-bound gate alone
+            gates = ",".join(b.get("gates", ["lower_bound"])) if gates is None else gates
         except (KeyError, TypeError) as exc:  # a hunt.json edited or cut by hand
             raise ValueError(f"--resume: '{out}/hunt.json' is not a hunt's description "
                              f"({type(exc).__name__}: {exc})") from None
@@ -153,7 +160,7 @@ def hunt_command(
     bounds = _bounds(_DEFAULTS[kind], min_t, max_t, 1 if min_heads is None else min_heads,
                      max_heads, "64,128" if dims is None else dims,
                      "-5:-1" if lower_bound is None else lower_bound,
-                     2 if max_sequences is None else max_sequences)
+                     2 if max_sequences is None else max_sequences, gates)
     if budget_s is None and trials is None:
         budget_s = 300.0
     cfg = _renamed(lambda: HuntConfig(
@@ -166,7 +173,7 @@ def hunt_command(
     try:
         cfg_bounds = supported_bounds(cfg.bounds, tgt)
     except ValueError as exc:
-        raise params.renamed(exc, {"dims": "--dims"}) from None
+        raise params.renamed(exc, {"dims": "--dims", "gates": "--gates"}) from None
     history: list[dict] = []
     path = params.user_path(out, "--out")
     # one hunt at a time in a folder: another one writing it is refused, not interleaved
@@ -238,7 +245,19 @@ def _take_back(folder: Path, existed: bool) -> None:
             pass
 
 
-def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequences):
+def _gates(text: str | None) -> tuple[str, ...]:
+    from kdalab.hunt.space import GATES
+
+    if text is None:
+        return GATES
+    gates = tuple(g.strip() for g in text.split(",") if g.strip())
+    if not gates or any(g not in GATES for g in gates):
+        raise ValueError(f"--gates must be some of {', '.join(GATES)} (comma-separated), got "
+                         f"{text!r}")
+    return gates
+
+
+def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequences, gates):
     from kdalab.hunt import Bounds
 
     names = {"min_T": "--min-T", "max_T": "--max-T", "min_heads": "--min-heads",
@@ -250,7 +269,7 @@ def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequen
                       max_T=d["max_T"] if max_t is None else max_t, min_heads=min_heads,
                       max_heads=d["max_heads"] if max_heads is None else max_heads,
                       dims=dims, lower_bound=_lower_bound_range(lower_bound),
-                      max_sequences=max_sequences)
+                      max_sequences=max_sequences, gates=_gates(gates))
     except ValueError as exc:
         text = str(exc)
         for field, option in names.items():  # the fields as the options name them

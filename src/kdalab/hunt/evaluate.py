@@ -56,8 +56,9 @@ def reference(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """``(o, final_state [N, H, K, V])`` of the fp64 recurrence on a draw."""
     return reference_forward(
         x["q"], x["k"], x["v"], x["g"], x["beta"], scale=x["scale"], A_log=x["A_log"],
-        dt_bias=x["dt_bias"], lower_bound=x["lower_bound"], initial_state=x["initial_state"],
-        cu_seqlens=x["cu_seqlens"], use_qk_l2norm=x["use_qk_l2norm"], output_final_state=True)
+        dt_bias=x["dt_bias"], lower_bound=x["lower_bound"], gate=x["gate"],
+        initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"],
+        use_qk_l2norm=x["use_qk_l2norm"], output_final_state=True)
 
 
 def evaluate(target: Target, spec: SequenceSpec, seed: int, grad: bool = False) -> dict:

@@ -4,10 +4,11 @@
 (``progress.png``, ``report.md``) are drawn by :mod:`kdalab.views.hunt`.
 
 The case file holds tensors named as chunk_kda_fwd's arguments, ``q, k, v, g, beta, A_log,
-dt_bias`` and, where the case has them, ``initial_state`` and ``cu_seqlens``, with the metadata
-strings ``lower_bound`` and ``scale`` (Python's shortest round-trip ``repr`` of the floats),
-``use_qk_l2norm`` (``true``: the kernel normalizes q and k) and, for the record, ``spec`` (JSON),
-``seed`` and ``target``.
+dt_bias`` (none of the last two for a ``log_decay`` case) and, where the case has them,
+``initial_state`` and ``cu_seqlens``, with the metadata strings ``gate`` (the gate mode),
+``lower_bound`` (``none`` without one) and ``scale`` (Python's shortest round-trip ``repr`` of the
+floats), ``use_qk_l2norm`` (``true``: the kernel normalizes q and k) and, for the record, ``spec``
+(JSON), ``seed`` and ``target``: check's case-file format (:mod:`kdalab.check.replay`).
 
 A hunt's folder is also what a hunt resumes from (:func:`resume_folder`): hunt.json says which
 hunt it holds, trials.jsonl what it did.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from kdalab import params
 from kdalab.check.gradients import GRADIENTS
+from kdalab.check.replay import gate_metadata
 from kdalab.hunt.evaluate import score
 from kdalab.hunt.search import HuntConfig, HuntResult
 from kdalab.inputs.sequences import SequenceSpec, draw
@@ -59,7 +61,8 @@ MATCHED = {"target": "TARGET", "device": "--device", "seed": "--seed",
            **{f"bounds.{k}": v for k, v in (
                ("min_T", "--min-T"), ("max_T", "--max-T"), ("min_heads", "--min-heads"),
                ("max_heads", "--max-heads"), ("dims", "--dims"), ("lower_bound", "--lower-bound"),
-               ("max_sequences", "--max-sequences"), ("initial_states", "the initial states"))}}
+               ("max_sequences", "--max-sequences"), ("initial_states", "the initial states"),
+               ("gates", "--gates"))}}
 
 
 def _get(document: dict, key: str):
@@ -73,6 +76,7 @@ def resume_folder(out: str | Path, cfg: HuntConfig) -> tuple[Path, dict, list[di
     (:func:`read_trials`). ValueError when it holds no hunt, or a hunt whose configuration
     differs from ``cfg`` (naming the option); nothing is changed then."""
     path, meta = params.user_path(out, "--out"), read_meta(out)
+    meta["bounds"].setdefault("gates", ["lower_bound"])  # a hunt from before the gate knob
     if not os.access(path, os.W_OK | os.X_OK) or not os.access(path / META, os.W_OK):
         raise ValueError(f"--out: cannot write into {str(path)!r} (permission denied)")
     ours = cfg.as_dict()
@@ -193,23 +197,25 @@ def write_case(path: Path, inputs: dict, extra: dict[str, str] | None = None) ->
     names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
     tensors = {n: inputs[n].detach().cpu().contiguous() for n in names
                if inputs.get(n) is not None}
-    meta = {"lower_bound": repr(float(inputs["lower_bound"])),
+    meta = {**gate_metadata(inputs["gate"], inputs["lower_bound"]),
             "scale": repr(float(inputs["scale"])),
             "use_qk_l2norm": str(bool(inputs["use_qk_l2norm"])).lower(), **(extra or {})}
     save_file(tensors, str(path), metadata=meta)
 
 
 def read_case(path: Path) -> dict:
-    """A case file back: the tensors, ``lower_bound`` and ``scale`` as floats, the other
-    metadata as strings under ``metadata``."""
+    """A case file back: the tensors, ``gate``, ``lower_bound`` (a float or None) and ``scale``,
+    the other metadata as strings under ``metadata``."""
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
         out = {n: f.get_tensor(n) for n in f.keys()}
         meta = dict(f.metadata() or {})
-    out.setdefault("initial_state", None)
-    out.setdefault("cu_seqlens", None)
-    out["lower_bound"], out["scale"] = float(meta["lower_bound"]), float(meta["scale"])
+    for name in ("initial_state", "cu_seqlens", "A_log", "dt_bias"):
+        out.setdefault(name, None)
+    out["gate"] = meta.get("gate", "lower_bound")
+    out["lower_bound"] = None if meta["lower_bound"] == "none" else float(meta["lower_bound"])
+    out["scale"] = float(meta["scale"])
     out["use_qk_l2norm"] = meta.get("use_qk_l2norm", "true") == "true"
     out["metadata"] = meta
     return out

@@ -136,9 +136,14 @@ def replay(study, history: list[dict], bounds: Bounds) -> None:
             distributions=fixed.distributions))
 
 
+#: a one-token spec of each gate mode (what supported_bounds asks the target about)
+_GATE_SPECS = {"lower_bound": {}, "unbounded": {"lower_bound": None},
+               "log_decay": {"lower_bound": None, "g_as_log_decay": "fp32"}}
+
+
 def supported_bounds(bounds: Bounds, target: Target) -> Bounds:
-    """``bounds`` without the head dims and initial-state dtypes the target declares it cannot
-    take (asked on a one-token draw); ValueError when no dim is left."""
+    """``bounds`` without the head dims, initial-state dtypes and gate modes the target declares
+    it cannot take (asked on a one-token draw); ValueError when no dim or no gate is left."""
     def declared(**changes) -> str | None:
         spec = SequenceSpec(T=1, heads=1, **changes)
         return target.why_not(draw(spec, 0, target.device))
@@ -148,9 +153,15 @@ def supported_bounds(bounds: Bounds, target: Target) -> Bounds:
         why = declared(K=bounds.dims[0], V=bounds.dims[0])
         raise ValueError(f"dims: {target.name} takes none of {', '.join(map(str, bounds.dims))} "
                          f"({why})")
+    gates = tuple(g for g in bounds.gates
+                  if declared(K=dims[0], V=dims[0], **_GATE_SPECS[g]) is None)
+    if not gates:
+        why = declared(K=dims[0], V=dims[0], **_GATE_SPECS[bounds.gates[0]])
+        raise ValueError(f"gates: {target.name} takes none of {', '.join(bounds.gates)} "
+                         f"({why})")
     states = tuple(s for s in bounds.initial_states
                    if s == "none" or declared(K=dims[0], V=dims[0], initial_state=s) is None)
-    return replace(bounds, dims=dims, initial_states=states or ("none",))
+    return replace(bounds, dims=dims, initial_states=states or ("none",), gates=gates)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,18 @@ parameter           range (prior)                                            har
                     ``log2_state_scale`` integer in [−8, 17]
 ``block_fraction``  [0, 1.25] of T (≥ 1: the whole sequence)                 20 % whole
 ``block_position``  [0, 1] of what is left, on a 64-token grid, + ``block_offset`` in [0, 63]
+``gate``            the gate modes the target takes of ``gates``: the raw lower-bound gate,
+                    fla's softplus gate (``unbounded``, the raw gate above without a bound), or
+                    ``log_decay`` (the same as an fp32 log-decay, no bound promised)
+``strong_channels`` [−0.25, 1]: the fraction of key channels whose log-decay is   20 % none
+                    drawn in [``strong_low``, ``strong_low``·``strong_high_ratio``] per token
+                    (``strong_low`` in [−20, −2], the ratio in [0.25, 1]); ≤ 0: none. Not
+                    used by the lower-bound gate
 ==================  =======================================================  ===================
+
+``gate`` is asked only when ``gates`` holds more than one mode, the strong-decay knobs only when
+it holds ``unbounded`` or ``log_decay``: a hunt of the lower-bound gate alone asks what it asked
+before they existed (and resumes a hunt recorded then).
 """
 
 from __future__ import annotations
@@ -33,8 +44,9 @@ import math
 from dataclasses import dataclass
 
 from kdalab.inputs.sequences import SequenceSpec
+from kdalab.kda import GATES
 
-__all__ = ["Bounds", "suggest", "EPS_ZERO_BELOW", "GRID"]
+__all__ = ["Bounds", "suggest", "EPS_ZERO_BELOW", "GRID", "GATES"]
 
 EPS_ZERO_BELOW = -4.0  # log10 eps below this: the keys of a cluster are one key, exactly
 GRID = 64  # the block's start snaps to multiples of 64 (fla's chunk; four of kdalab's 16), + offset
@@ -53,6 +65,7 @@ class Bounds:
     lower_bound: tuple[float, float] = (-5.0, -1.0)
     max_sequences: int = 2
     initial_states: tuple[str, ...] = ("none", "fp32", "bf16")
+    gates: tuple[str, ...] = GATES
 
     def __post_init__(self) -> None:
         for name, low in (("min_T", 1), ("max_T", 1), ("min_heads", 1), ("max_heads", 1),
@@ -79,12 +92,16 @@ class Bounds:
             raise ValueError(f"initial_states must be some of none, fp32, bf16, got "
                              f"{self.initial_states!r}")
         object.__setattr__(self, "initial_states", tuple(dict.fromkeys(states)))
+        gates = tuple(self.gates)
+        if not gates or any(g not in GATES for g in gates):
+            raise ValueError(f"gates must be some of {', '.join(GATES)}, got {self.gates!r}")
+        object.__setattr__(self, "gates", tuple(dict.fromkeys(gates)))
 
     def as_dict(self) -> dict:
         return {"min_T": self.min_T, "max_T": self.max_T, "min_heads": self.min_heads,
                 "max_heads": self.max_heads, "dims": list(self.dims),
                 "lower_bound": list(self.lower_bound), "max_sequences": self.max_sequences,
-                "initial_states": list(self.initial_states)}
+                "initial_states": list(self.initial_states), "gates": list(self.gates)}
 
 
 def _float(trial, name, low, high):
@@ -122,6 +139,18 @@ def suggest(trial, bounds: Bounds) -> SequenceSpec:
     fraction = trial.suggest_float("block_fraction", 0.0, 1.25)
     position = trial.suggest_float("block_position", 0.0, 1.0)
     offset = trial.suggest_int("block_offset", 0, GRID - 1)
+    gate = (trial.suggest_categorical("gate", bounds.gates) if len(bounds.gates) > 1
+            else bounds.gates[0])
+    decay = {}  # the strong-decay knobs, for the gates without a bound
+    if set(bounds.gates) - {"lower_bound"}:
+        channels = trial.suggest_float("strong_channels", -0.25, 1.0)
+        low = trial.suggest_float("strong_low", -20.0, -2.0)
+        ratio = trial.suggest_float("strong_high_ratio", 0.25, 1.0)
+        if gate != "lower_bound" and channels > 0:
+            decay = dict(decay_range=(low, low * ratio), decay_channels=channels)
+    if gate != "lower_bound":
+        lower_bound = None
+        decay["g_as_log_decay"] = "fp32" if gate == "log_decay" else None
 
     length = max(1, round(fraction * t))
     block = None
@@ -135,4 +164,4 @@ def suggest(trial, bounds: Bounds) -> SequenceSpec:
         key_eps=0.0 if log_eps < EPS_ZERO_BELOW else 10.0 ** log_eps, beta_mean=beta_mean,
         beta_spread=beta_spread, g_mean=g_mean, g_spread=g_spread,
         A_log=(a_low, a_low + a_width), dt_bias=(d_low, d_low + d_width), v_scale=v_scale,
-        initial_state=state, state_scale=state_scale, block=block)
+        initial_state=state, state_scale=state_scale, block=block, **decay)

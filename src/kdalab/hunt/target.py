@@ -60,7 +60,7 @@ def as_case(x: dict):
         dt_bias=x["dt_bias"], initial_state=x["initial_state"], cu_seqlens=x["cu_seqlens"],
         lower_bound=x["lower_bound"], scale=x["scale"], use_qk_l2norm=x["use_qk_l2norm"],
         rows=torch.ones(b, t, dtype=torch.bool, device=dev),
-        states=torch.ones(n, dtype=torch.bool, device=dev))
+        states=torch.ones(n, dtype=torch.bool, device=dev), gate=x["gate"])
 
 
 def resolve(name: str, device: str, grad: bool = False) -> Target:

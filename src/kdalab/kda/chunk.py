@@ -234,7 +234,7 @@ def forward(
     """Chunked KDA forward. Returns ``(o, final_state)``.
 
     Layouts as fla and FlashKDA: ``q, k [B, T, H, K]``, ``v [B, T, HV, V]`` (HV a multiple of H),
-    ``g [B, T, H or HV, K]`` (gate input; the log-decay itself with ``gate="precomputed"``),
+    ``g [B, T, H or HV, K]`` (gate input; the log-decay itself with ``gate="log_decay"``),
     ``beta [B, T, HV]`` (logits unless ``beta_is_logits=False``), ``A_log [H]``, ``dt_bias [H*K]``
     or ``[H, K]``, ``initial_state`` and ``final_state [N, HV, K, V]`` (``state_layout="VK"``:
     ``[N, HV, V, K]``, FlashKDA's), N = B or the number of ``cu_seqlens`` sequences (B = 1).

@@ -7,7 +7,8 @@ Gates (log-space decay per step and key channel, always < 0 or ≤ 0):
                   ``safe_gate``; without ``A_log`` the factor is 1. Lies in (lower_bound, 0).
 ``unbounded``     ``−exp(A_log) · softplus(g + dt_bias)`` — Kimi Linear; can be arbitrarily
                   negative (the contrast case).
-``precomputed``   ``g`` is already the log-decay (fla's ``chunk_kda`` default).
+``log_decay``     ``g`` is the log-decay itself, ≤ 0: fla's ``chunk_kda`` default
+                  (``use_gate_in_kernel=False``), and kdalab's kernels' ``gate="log_decay"``.
 ================  ===============================================================================
 
 β is ``sigmoid(beta)`` for logits or used as given. q and k may be L2-normalized the way FlashKDA
@@ -36,7 +37,7 @@ from kdalab.arith.scalar import TORCH_OPS, ScalarOps
 __all__ = ["GATES", "LOG2E", "log_decay", "beta_activation", "l2_normalize", "check_finite",
            "check_float", "Prepared", "prepare_inputs", "check_cu_seqlens", "FLOAT_DTYPES"]
 
-GATES = ("lower_bound", "unbounded", "precomputed")
+GATES = ("lower_bound", "unbounded", "log_decay")
 LOG2E = math.log2(math.e)
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -125,7 +126,7 @@ def _log_decay(g, gate: str, A_log, dt_bias, lower_bound: float | None, fmt: For
     dt = torch.float64 if fmt == FP64 else torch.float32
     heads, width = g.shape[-2], g.shape[-1]
     x = g.to(dt)
-    if gate == "precomputed":
+    if gate == "log_decay":
         return x * LOG2E if base2 else x
     if dt_bias is not None:
         x = x + _head_view(dt_bias, heads, width, "dt_bias").to(dt)
@@ -275,8 +276,8 @@ def prepare_inputs(
         if p is not None:
             check_float(name, p)
             check_finite(name, p)
-    if gate == "precomputed" and bool((g > 0).any()):
-        raise ValueError("g: a precomputed log-decay must be <= 0")
+    if gate == "log_decay" and bool((g > 0).any()):
+        raise ValueError("g: a log-decay (gate='log_decay') must be <= 0")
 
     if cu_seqlens is not None:
         offs = check_cu_seqlens(cu_seqlens, t, b)

@@ -59,7 +59,7 @@ def recurrent_kda(q, k, v, g, beta, *, scale=None, initial_state=None,
     ``[B, T, HV]`` (no activation), no q/k normalization. Returns ``(o [B, T, HV, V], S or None)``
     in float64, ``S`` as ``[N, HV, K, V]`` (``state_layout="VK"``: ``[N, HV, V, K]``).
     """
-    prep = prepare_inputs(q, k, v, g, beta, scale=scale, gate="precomputed", lower_bound=None,
+    prep = prepare_inputs(q, k, v, g, beta, scale=scale, gate="log_decay", lower_bound=None,
                           beta_is_logits=False, use_qk_l2norm=False, initial_state=initial_state,
                           cu_seqlens=cu_seqlens, state_layout=state_layout, gate_format=FP64)
     return _run(prep, output_final_state, state_layout)

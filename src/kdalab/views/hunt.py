@@ -67,6 +67,15 @@ def _spec_rows(spec: dict) -> list[str]:
     return [f"| `{k}` | {'—' if v is None else v} |" for k, v in spec.items()]
 
 
+def _gate(spec: dict) -> str:
+    """The gate of a trial's spec, short: ``lb -1.5``, ``unbounded``, ``log-decay`` (with
+    ``, strong`` where a decay range was drawn)."""
+    lb = spec["lower_bound"]
+    name = ("log-decay" if spec.get("g_as_log_decay") else
+            "unbounded" if lb is None else f"lb {lb:.3g}")
+    return name + (", strong" if spec.get("decay_range") else "")
+
+
 def _runs(meta: dict) -> list[str]:
     """The report's line on a resumed hunt's runs (none for a hunt run once): the limits of the
     budget and trials above are the last run's."""
@@ -125,7 +134,7 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
     if measured:
         lines += ["## The five worst trials", "",
                   f"| trial | {'worst gradient | ' if meta.get('grad') else ''}output error "
-                  "| state error | T | H | K | lower bound | key clusters | key eps | β logit "
+                  "| state error | T | H | K | gate | key clusters | key eps | β logit "
                   "| raw gate mean |", "|" + "---|" * (12 if meta.get("grad") else 11)]
         for r in measured:
             s = r["spec"]
@@ -134,7 +143,7 @@ def markdown_report(records: list[dict], meta: dict, worst: dict | None) -> str:
             lines.append(
                 f"| {r['trial']} | {grad}{fmt_sci(r['output_error'])} | "
                 f"{fmt_sci(r['state_error'])} "
-                f"| {s['T']} | {s['heads']} | {s['K']} | {s['lower_bound']:.3g} "
+                f"| {s['T']} | {s['heads']} | {s['K']} | {_gate(s)} "
                 f"| {s['key_clusters']} | {s['key_eps']:.3g} | {s['beta_mean']:.3g} "
                 f"| {s['g_mean']:.3g} |")
         lines.append("")
