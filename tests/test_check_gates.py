@@ -291,15 +291,13 @@ def _kdalab_interpreted(tmp_path, cases: str) -> list[dict]:
     return json.loads(proc.stdout)["records"]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 item 4, the kernel's part: today the fp16 "
-                   "guard's recompute changes outputs before P (first at t = 0, 4.9e-4)")
 def test_kdalab_fp16_guard_is_bit_causal_in_the_interpreter(tmp_path):
+    # before the guard's redo resumed at its first non-finite step, this failed: outputs
+    # changed from t = 0 (4.9e-4)
     recs = _kdalab_interpreted(tmp_path, "contract/causal/*")
     assert {r["status"] for r in recs} == {"pass"}, [(r["case"], r["message"]) for r in recs]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 41 items 1-2, the kernel's part: chunk_kda_fwd "
-                   "takes lower_bound=None and gate='log_decay' once they land")
 def test_kdalab_takes_every_gate_in_the_interpreter(tmp_path):
     recs = _kdalab_interpreted(tmp_path, "unbounded/model_like,unbounded/strongest,"
                                          "strong_decay/mixed_bf16,log_decay/*")
