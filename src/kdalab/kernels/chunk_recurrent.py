@@ -12,17 +12,14 @@ The columns of S (rows of S^T) are independent, so a program owns BV of them. ``
 products' operand type: fp16 (S and U rounded to fp16 as operands, fp32 accumulation) or fp32
 (tf32 products).
 
-The fp16 guard (``GUARD``). An fp16 product overflows only where S or U leaves fp16's range;
-inf then propagates through every later product and decay (inf·0 = NaN), so a program whose
-end state is not finite had an overflow. Its redo (``run_chunks(REDO=True)``) starts again from
-the start state and repeats the fp16 steps, writing nothing (they give the same bits as
-before), up to the first chunk whose fp16 step is not finite. In that chunk the outputs of
-the tokens before the first non-finite column of U (every token if S itself left fp16's range)
-are the fp16 step's, with the non-finite columns of U zeroed (each such output reads only
-earlier columns: the zeroed ones enter it multiplied by MQK's zeros above the diagonal), and
-the rest tf32's; from there on every step is tf32. An output therefore depends only on its
-own and earlier tokens, bit for bit, whatever overflows later (docs/kernels.md "The fp16
-guard").
+The fp16 guard (``GUARD``). An fp16 product overflows only where S, U or v leaves fp16's
+range; inf then reaches every later product (inf·0 = NaN), so a program whose end state is not
+finite had one. Its redo (``redo_chunks``) repeats the fp16 steps from the start state, writing
+nothing (the same bits as before), up to the first that is not finite; there the tokens before
+the first non-finite value or column of U keep the fp16 step's outputs (the non-finite entries
+zeroed: they reach earlier outputs only through MQK's and AINV's zeros), the rest take tf32's,
+and every later step is tf32. So an output depends only on its own and earlier tokens, bit for
+bit, whatever overflows later (docs/kernels.md).
 
 Three passes share the kernel (``PASS``):
 
@@ -402,12 +399,10 @@ def chunk_kda_recurrent(
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
     checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0,
 ):
-    """Launch stage 2. Returns o (like v).
-
-    ``segments`` (an int32 table [S, 6], ``launch_plan.segment_table``) selects the
-    sequence-parallel passes named in ``passes`` (1: summaries into ``summary``
-    [S, H, V + K, K] fp32; 2: outputs from the combined start states); without it one serial
-    pass (0) per sequence. ``o``: write the outputs there (pass 2 completes pass 1's).
+    """Launch stage 2. Returns o (like v). ``segments`` (an int32 table [S, 6],
+    ``launch_plan.segment_table``) selects the sequence-parallel ``passes`` (1: summaries into
+    ``summary`` [S, H, V + K, K] fp32; 2: outputs from the combined start states); without it
+    one serial pass (0) a sequence. ``o``: write the outputs there (pass 2 completes pass 1's).
     ``state_indices`` [N]: the initial and final states are rows of a pool (``initial_state``
     and ``final_state`` both the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each
     sequence's first row) and ``checkpoint_chunks`` > 0: the state every that many chunks
