@@ -57,7 +57,6 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
     without a value (``v_ok``)."""
     rows = bos + i_t * BT + o_r
     r_ok = rows < eos
-    # tensor masks built from tensors: the interpreter rejects scalar ones
     c_ok = (bos + i_t * BT + o_r * 0) < eos
     m_cc = c_ok[:, None] & c_ok[None, :]
     m_g = (bos + i_t * BT + o_k * 0) < eos
@@ -96,8 +95,7 @@ def chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT: tl.constexpr,
 @triton.jit
 def not_finite(x):
     """1 if any entry of ``x`` is inf or NaN."""
-    bad = ((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32)
-    return tl.max(tl.max(bad, 1), 0)
+    return tl.max(tl.max(((x != x) | (tl.abs(x) == float("inf"))).to(tl.int32), 1), 0)
 
 
 @triton.jit
