@@ -198,7 +198,8 @@ def kdalab_rows(only: str | None = None):
                chunk_offsets_ptr="*i32", seg_ptr="*i32", T="i32", n_items="i32",
                part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
     dts = {"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
-    for pass_, bv, nw, ds, dd in ((0, 128, 8, "bf16", "bf16"), (0, 128, 8, "bf16", "tf32"),
+    for pass_, bv, nw, ds, dd in ((0, 128, 8, "tf32", "tf32"), (2, 128, 8, "tf32", "tf32"),
+                                  (0, 128, 8, "bf16", "bf16"), (0, 128, 8, "bf16", "tf32"),
                                   (0, 64, 4, "bf16", "tf32"), (0, 64, 4, "tf32", "tf32"),
                                   (0, 32, 4, "tf32", "tf32"),
                                   (1, 128, 8, "tf32", "tf32"), (2, 128, 8, "bf16", "tf32")):
