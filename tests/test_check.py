@@ -18,9 +18,9 @@ from kdalab.check import (
     ConventionError,
     KernelAdapter,
     Thresholds,
+    bits_equal,
     case_inputs,
     get_suite,
-    identical,
     load_kernel,
     reference,
     run_check,
@@ -122,7 +122,7 @@ def test_inputs_are_drawn_the_same_every_time_and_poisoned_where_said():
     case = next(c for c in QUICK if c.name == "nonfinite/nan_v")
     a, b = case_inputs(case), case_inputs(case)
     for name, t in a.tensors().items():
-        assert bool(identical(t, b.tensors()[name]).all()), name
+        assert bool(bits_equal(t, b.tensors()[name]).all()), name
     assert int(a.v.isnan().sum()) == 1 and bool(a.v[0].isfinite().all())
     assert a.rows.tolist() == [[True] * case.T, [False] * case.T]
     assert a.states.tolist() == [True, False]
@@ -235,12 +235,12 @@ def test_fidelity_mode():
     assert all(1e-4 < r["o_worst_rel_diff"] < 1e-1 for r in other)
 
 
-def test_identical_compares_bits():
+def test_bits_equal_compares_bits():
     a = torch.tensor([1.0, float("nan"), 0.0, -0.0])
-    assert identical(a, a.clone()).tolist() == [True, True, True, True]
-    assert identical(a, torch.tensor([1.0, float("nan"), -0.0, 0.0])).tolist() == \
+    assert bits_equal(a, a.clone()).tolist() == [True, True, True, True]
+    assert bits_equal(a, torch.tensor([1.0, float("nan"), -0.0, 0.0])).tolist() == \
         [True, True, False, False]
-    assert identical(a.bfloat16(), a.double()).tolist() == [True, True, True, True]
+    assert bits_equal(a.bfloat16(), a.double()).tolist() == [True, True, True, True]
 
 
 def test_wrong_answers_fail_their_cases():

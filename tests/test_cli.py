@@ -352,7 +352,7 @@ def test_the_help_lists_every_model_and_family_the_layers_define():
     from kdalab.arith import available_accumulations, get_accumulation
     from kdalab.cli import options
     from kdalab.inputs.families import FAMILIES
-    from kdalab.kda.dynamic_range import BOUNDARIES
+    from kdalab.kda.safe_chunk import BOUNDARIES
     from kdalab.studies.diagonal_tile import STRATEGIES
     from kdalab.studies.end_to_end import E2E_FAMILIES
 
@@ -369,7 +369,7 @@ def test_the_help_lists_every_model_and_family_the_layers_define():
 def test_safe_chunk_answers_tiny_and_huge_bounds_at_once(capsys):
     from fractions import Fraction
 
-    from kdalab.kda.dynamic_range import safe_chunk, scale_limits
+    from kdalab.kda.safe_chunk import safe_chunk, scale_limits
 
     x = scale_limits("bf16").zero.x
     for lb in (-1e-21, -1e-22, -1e-30, -5e-324):  # -1e-22 searched for ever before

@@ -64,9 +64,9 @@ def _perturbed(x: CaseInputs, split: int, seed: int) -> CaseInputs:
 
 def _first_change(a: torch.Tensor, b: torch.Tensor) -> int:
     """The first time position where ``a`` and ``b`` (``[B, T, ...]``) differ in any bit."""
-    from kdalab.check.calls import identical
+    from kdalab.check.calls import bits_equal
 
-    differs = ~identical(a, b).reshape(a.shape[0], a.shape[1], -1).all(-1).all(0)
+    differs = ~bits_equal(a, b).reshape(a.shape[0], a.shape[1], -1).all(-1).all(0)
     return int(differs.nonzero()[0, 0])
 
 

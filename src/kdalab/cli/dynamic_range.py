@@ -40,7 +40,7 @@ def safe_chunk_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object")] = False,
 ) -> None:
     from kdalab import params
-    from kdalab.kda.dynamic_range import count_text, safe_chunk, weakest_lower_bound
+    from kdalab.kda.safe_chunk import count_text, safe_chunk, weakest_lower_bound
 
     if lower_bound is None and chunk is None:
         raise ValueError("give --lower-bound (the largest safe chunk) or --chunk (the weakest "
