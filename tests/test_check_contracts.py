@@ -266,7 +266,7 @@ def test_full_suite_has_the_contracts_and_collinear_group():
 
 
 def test_a_terminated_isolated_check_keeps_its_records_and_leaves_nothing_running(tmp_path):
-    """SIGTERM (``timeout``'s) in the middle of an isolated run: exit 130, the case that finished
+    """SIGTERM (``timeout``'s) in the middle of an isolated run: exit 143, the case that finished
     is in the store, which says interrupted; the worker is stopped and its temporary folder (the
     shared references) removed; --redraw draws the INCOMPLETE report."""
     import signal
@@ -302,8 +302,8 @@ def test_a_terminated_isolated_check_keeps_its_records_and_leaves_nothing_runnin
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted: 1 of 2 records in" in " ".join(err.split())
+    assert proc.returncode == 143, err
+    assert "terminated: 1 of 2 records in" in " ".join(err.split())
     store = StoreReader.read_only(out)
     assert store.manifest.state == "interrupted" and store.records()[0]["case"] == "T/1"
     with pytest.raises(ProcessLookupError):

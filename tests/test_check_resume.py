@@ -239,14 +239,14 @@ def test_resume_refuses_a_foreign_folder(tmp_path):
 def test_an_isolated_worker_stopped_by_a_signal_is_an_interrupt_and_resume_completes(
         counted, tmp_path):
     """Ctrl-C and ``timeout`` signal the whole process group: a worker that dies of SIGTERM
-    before the check hears of it leaves its case without a record (exit 130), not a crash that
+    before the check hears of it leaves its case without a record (exit 143), not a crash that
     --resume would keep; resumed, the records are one run's."""
     kernel, _ = counted
     args = [kernel, "--cases", "model_like,T/1"]
     assert _cli(args, tmp_path / "whole").exit_code == 0
     (tmp_path / "signal").touch()
     res = _cli([*args, "--isolate"], tmp_path / "cut")
-    assert res.exit_code == 130, res.output
+    assert res.exit_code == 143, res.output
     assert [r["case"] for r in StoreReader.read_only(tmp_path / "cut").records()] == [
         "model_like"]
     (tmp_path / "signal").unlink()

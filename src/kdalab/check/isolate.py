@@ -3,8 +3,8 @@ illegal address poisons the CUDA context for the rest of its process), dies or h
 itself down. The case it was on is recorded as failed (``crashed: ...``), its later cases as
 ``skipped``, and the other kernels run as usual. Records are identical to an in-process run's.
 A worker stopped by SIGINT or SIGTERM was interrupted with the run, not crashed: its cases get
-no record (KeyboardInterrupt), and ``--resume`` runs them (each worker is given only its
-kernel's cases without a record).
+no record (:class:`~kdalab.errors.Interrupted`), and ``--resume`` runs them (each worker is
+given only its kernel's cases without a record).
 
 The workers' files live in a temporary folder removed at the end, whatever happens: the job,
 the records a worker streams back (JSON lines, read as they come and handed to ``sink`` at
@@ -31,6 +31,7 @@ from kdalab.check.adapters import ConventionError
 from kdalab.check.cases import Case
 from kdalab.check.harness import Thresholds, blank_record
 from kdalab.check.worker import EXIT_CONVENTION, EXIT_DEVICE_FAULT
+from kdalab.errors import Interrupted
 
 __all__ = ["run_isolated"]
 
@@ -165,7 +166,7 @@ def _one_kernel(i, spec, cases, work: Path, *, suite, device, thresholds, agains
         # stopped from outside, not crashed: Ctrl-C reaches the whole foreground process
         # group and `timeout` signals its own, so the worker may see it before this process
         # does; its cases stay without a record, for --resume
-        raise KeyboardInterrupt(f"kernel {spec!r}: its process was stopped by a signal")
+        raise Interrupted(-rc, f"kernel {spec!r}: its process was stopped by a signal")
     if missing:
         if timed_out:
             reason = f"no answer within {timeout:g} s (killed; --case-timeout)"

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -25,7 +22,7 @@ _EPILOG = (
     "kdalab.kda recipe, e.g. recipe:flashkda, recipe:fla, recipe:fp32; CPU or CUDA), or "
     "module:function / file.py:function with chunk_kda_fwd's convention (docs/check.md). "
     "Exit codes: 0 every supported case passes, 1 some case fails (or a kernel ran no case), "
-    "2 usage error, 130 interrupted."
+    "2 usage error, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)."
 )
 
 
@@ -318,26 +315,6 @@ def _add_seconds(meta: dict, elapsed: float, timings: dict) -> None:
     meta["seconds_per_kernel"] = per
 
 
-@contextlib.contextmanager
-def _terminated_as_interrupted():
-    """SIGTERM (``timeout``, a job scheduler) as Ctrl-C while the check runs: the store is
-    closed as interrupted and an isolated kernel's worker is stopped, not left running."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def on_term(signum, frame):
-        from kdalab.cli.app import Interrupted
-
-        raise Interrupted()
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, resume: bool,
          isolate: bool, case_timeout: float, quiet: bool) -> None:
     """The check with progress, records stored in ``out`` as cases finish (resumed: the pairs
@@ -372,7 +349,7 @@ def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, resume:
         console.print(f"resuming: {before} of {total} records already stored in {out}/",
                       highlight=False)
     try:
-        with writer, _terminated_as_interrupted(), Progress(
+        with writer, Progress(
             TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console, transient=True, disable=quiet,
