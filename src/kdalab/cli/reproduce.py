@@ -23,7 +23,9 @@ other values where rounding matters. On --device cuda an h200 model runs as the 
 arithmetic, with the same bits.
 
 Stores the records in --out (Parquet parts keyed by run, resumable: see 'kdalab sweep'), then
-draws the three tables (Markdown and CSV), summary.csv and a plot (PNG and SVG) there."""))
+draws the three tables (Markdown and CSV), summary.csv and a plot (PNG and SVG) there, and
+ends with its verdict: how many of the document's 76 published values the tables reproduce, as
+printed (exit code 1, naming those that differ, when not all)."""))
 def reproduce(
     accumulation: Annotated[str, typer.Option(
         help=accumulation_help("Accumulation model of the Neumann products"))] = "h200",
@@ -68,3 +70,27 @@ def reproduce(
                      again="kdalab reproduce (the same options) --out {out} --resume")
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+    _verdict(out, seed_list, chunk_list, dim, quiet)
+
+
+def _verdict(out: Path, seeds, chunks, dim: int, quiet: bool) -> None:
+    """The last line: how many of the seed document's published values the tables reproduce,
+    compared as printed (exit code 1 and the ones that differ, when not all); nothing to
+    compare when the configuration is not the document's (other chunks, seeds or dim)."""
+    from kdalab.records import StoreReader
+    from kdalab.views.sweep_views import seed_verdict
+
+    if chunks is not None or tuple(seeds) != (0, 1, 2) or dim != 128:
+        if not quiet:
+            console.print("not the seed document's configuration (its chunk sizes, seeds 0-2, "
+                          "dim 128): no published values to compare with", highlight=False)
+        return
+    same, total, differ = seed_verdict(StoreReader.read_only(out))
+    if not differ:
+        if not quiet:
+            console.print(f"[bold green]{same} of {total} published values reproduced[/]",
+                          highlight=False)
+        return
+    console.print(f"[bold red]{same} of {total} published values reproduced[/]; these differ: "
+                  + "; ".join(differ), highlight=False, soft_wrap=True)
+    raise typer.Exit(code=1)
