@@ -328,18 +328,10 @@ def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, resume:
     """The check with progress, records stored in ``out`` as cases finish (resumed: the pairs
     without a record); errors that stop it exit here, every record so far kept (the store
     says the run is interrupted, ``check.json`` the seconds spent)."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from kdalab.check import ConventionError, DeviceFault, run_check
     from kdalab.check.isolate import run_isolated
     from kdalab.check.records import LOGS
+    from kdalab.cli.progress import WeightedProgress
 
     kernels, against = plan["kernels"], plan["against"]
     t0, timings = time.perf_counter(), {}
@@ -357,15 +349,11 @@ def _run(plan: dict, device: str, out: Path, meta: dict, *, force: bool, resume:
         console.print(f"resuming: {before} of {total} records already stored in {out}/",
                       highlight=False)
     try:
-        with writer, Progress(
-            TextColumn("[bold]check"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.description}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=console, transient=True, disable=quiet,
-        ) as progress:
-            task = progress.add_task("", total=total, completed=before)
+        with writer, WeightedProgress("records", total, total, quiet, what="check") as bar:
+            bar.start_at(before, before)
 
             def show(done, _, label):
-                progress.update(task, completed=before + done, description=label)
+                bar.update(items=before + done, done=before + done, note=label)
 
             def sink(records):
                 writer.write(records)

@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import STATE, Interrupted, app, console, err_console, prose
+from kdalab.cli.app import STATE, Interrupted, app, console, prose
 
 _EPILOG = (
     "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, fla, fla-recurrent, flashkda "
@@ -299,22 +299,19 @@ def _device_name(device: str) -> str:
 
 
 def _search(cfg, target, sink, quiet, history):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from kdalab.cli.progress import WeightedProgress
     from kdalab.hunt import run_hunt
     from kdalab.views.tables import fmt_sci
 
     by_time = cfg.trials is None
     total = cfg.budget_s if by_time else cfg.trials
-    with Progress(TextColumn("[bold]hunt"), BarColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), console=err_console, transient=True,
-                  disable=quiet or not err_console.is_terminal) as bar:
-        task = bar.add_task("starting", total=total)
+    with WeightedProgress("trials", None if by_time else cfg.trials, total, quiet,
+                          what="hunt") as bar:
 
         def progress(n, seconds, best):
             worst = "—" if best is None else fmt_sci(best["output_error"])
-            bar.update(task, completed=min(seconds, total) if by_time else n - len(history),
-                       description=f"{n} trials, worst output error {worst}")
+            bar.update(items=n - len(history), done=seconds if by_time else n - len(history),
+                       note=f"worst output error {worst}")
 
         return run_hunt(cfg, sink=sink, progress=progress, target=target, history=history)
 

@@ -67,7 +67,8 @@ def reproduce(
         # (a store of other options is still refused, with how to replace it)
         resume = True
     paths = run_plan(plan, out, resume=resume, force=force, quiet=quiet, json_export=json,
-                     again="kdalab reproduce (the same options) --out {out} --resume")
+                     again="kdalab reproduce (the same options) --out {out} --resume",
+                     what="reproduce")
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
     _verdict(out, seed_list, chunk_list, dim, quiet)

@@ -120,8 +120,8 @@ def sweep(
 
 def run_plan(plan, out: Path, *, resume: bool = False, force: bool = False,
              backend: str = "local", address: str | None = None, quiet: bool = False,
-             json_export: bool = False, again: str = "kdalab sweep --out {out} --resume"
-             ) -> list[Path]:
+             json_export: bool = False, again: str = "kdalab sweep --out {out} --resume",
+             what: str = "sweep") -> list[Path]:
     """An inverse sweep's ``plan`` into its store in ``out`` (progress weighted by each run's
     estimated cost), then its views (and ``records.json`` with ``json_export``); ``sweep`` and
     ``reproduce`` alike."""
@@ -138,7 +138,7 @@ def run_plan(plan, out: Path, *, resume: bool = False, force: bool = False,
                 for c, d, pairs in plan.cells)
     paths, _, _ = run_into_folder(
         plan, out, draw=sweep_views, again=again, resume=resume, force=force,
-        backend=backend, address=address, quiet=quiet, weight=weight, total=total,
+        backend=backend, address=address, quiet=quiet, weight=weight, total=total, what=what,
         summary=lambda ran, seconds: f"{ran} runs × {len(names)} accumulation model(s) in "
                                      f"{seconds:.1f} s; {len(plan)} runs stored in {out}/")
     if json_export:
