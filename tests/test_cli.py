@@ -88,7 +88,10 @@ MISTAKES = [
     (["reproduce", "--seeds", "a-b"], "--seeds: cannot read 'a-b'; expected integers like"),
     (["reproduce", "--seeds", "-1"], "--seeds must be integers >= 0, got -1"),
     (["sweep", "--seeds", "-1"], "--seeds must be integers >= 0, got -1"),
-    (["sweep", "--chunks", "8-4"], "--chunks: cannot read '8-4'"),
+    (["sweep", "--chunks", "8-4"], "--chunks: the range '8-4' is reversed; write it from low "
+                                   "to high, '4-8'"),
+    (["sweep", "--seeds", "9-3:2"], "--seeds: the range '9-3:2' is reversed; write it from low "
+                                    "to high, '3-9:2'"),
     (["reproduce", "--dim", "0"], "--dim must be an integer >= 1, got 0"),
     (["reproduce", "--dim", "x"], "Invalid value for '--dim'"),
     (["reproduce", "--accumulation", "fp12"], "--accumulation: unknown accumulation model"),

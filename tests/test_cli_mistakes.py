@@ -318,3 +318,17 @@ def test_check_plots_without_warnings(tmp_path, capsys, case):
                if "matplotlib" in w.filename or "views" in w.filename]
     assert not drawing, drawing
     assert (tmp_path / "o" / "errors.png").is_file()
+
+
+# --- the timeline's switch: 0, false, no, off and empty leave it off -----------------------------
+
+@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("0", False), ("false", False),
+                                      ("FALSE", False), ("no", False), ("off", False),
+                                      ("", False), (" 0 ", False)])
+def test_kdalab_timeline_is_on_only_when_asked(value, on, monkeypatch, capsys):
+    from kdalab.timeline import mark
+
+    monkeypatch.setenv("KDALAB_TIMELINE", value)
+    mark("here")
+    err = capsys.readouterr().err
+    assert ("here" in err) is on, (value, err)

@@ -106,9 +106,12 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
             continue
         m = _ITEM.match(item)
         lo, hi, step = (None, None, None) if m is None else m.groups()
-        if m is None or (hi is not None and int(hi) < int(lo)) or step == "0" or (
-                step is not None and int(step) < 1):
+        if m is None or step == "0" or (step is not None and int(step) < 1):
             raise ValueError(f"{name}: cannot read {item!r}; expected {INT_LIST_HELP}")
+        if hi is not None and int(hi) < int(lo):
+            fixed = f"{hi}-{lo}" + (f":{step}" if step else "")
+            raise ValueError(f"{name}: the range {item!r} is reversed; write it from low to "
+                             f"high, {fixed!r}")
         items = range(int(lo), int(lo) + 1) if hi is None else range(int(lo), int(hi) + 1,
                                                                       int(step or 1))
         for end in (items.start, items.stop - 1) if items else ():
