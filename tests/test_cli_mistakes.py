@@ -33,9 +33,16 @@ MISTAKES = [
     (["run", "diagonal-tile", "--redraw", "--seeds", "0", "--force"],
      TAKES_NO + "--seeds, --force"),
     (["run", "inverse-stability", "--redraw", "--dim", "8"], TAKES_NO + "--dim"),
-    (["sweep", "--redraw", "{tmp}/o", "--backend", "ray"], TAKES_NO + "--backend"),
-    (["sweep", "--redraw", "{tmp}/o", "{tmp}/c.toml"], TAKES_NO + "CONFIG"),
-    (["check", "--redraw", "recipe:fp32"], TAKES_NO + "KERNELS"),
+    (["sweep", "--redraw", "--backend", "ray"], TAKES_NO + "--backend"),
+    # the folder in the place of an argument: the one-line answer says the form
+    (["sweep", "--redraw", "{tmp}/c.toml"],
+     TAKES_NO + "CONFIG; it takes its folder as '--redraw --out PATH'"),
+    (["check", "--redraw", "recipe:fp32"],
+     TAKES_NO + "KERNELS; it takes its folder as '--redraw --out PATH'"),
+    (["run", "end-to-end", "--redraw", "{tmp}/missing"],
+     "/missing) (--redraw takes the folder as '--redraw --out PATH')"),
+    (["run", "diagonal-tile", "--redraw", "{tmp}"],
+     "--redraw PATH and --out both name the folder: give it once, '--redraw --out PATH'"),
     (["check", "--redraw", "--budget", "3"], TAKES_NO + "--budget"),
     # --resume keeps what --out holds, --force throws it away: never both
     *[(command + ["--resume", "--force"],
@@ -84,11 +91,26 @@ MISTAKES = [
 def test_a_held_out_mistake_is_one_line_and_exit_2(args, says, tmp_path, capsys):
     (tmp_path / "c.toml").write_text("chunks = 4\n")
     args = [a.format(tmp=tmp_path) for a in args]
-    if args[0] != "sweep" or "--redraw" not in args:
-        args += ["--out", str(tmp_path / "o")]
+    args += ["--out", str(tmp_path / "o")]
     code, _, err = cli(capsys, *args)
     one_error(code, err, says)
     assert not (tmp_path / "o").exists()
+
+
+def test_every_command_with_a_store_takes_its_folder_alike(tmp_path, capsys):
+    """--redraw --out PATH everywhere, and its short forms --redraw PATH and --redraw=PATH (the
+    sweep took only these; the others only the first)."""
+    made = {"sweep": ["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8"],
+            "run diagonal-tile": ["run", "diagonal-tile", "--chunks", "2"],
+            "check": ["check", "recipe:fp32", "--device", "cpu", "--cases", "T/1",
+                      "--no-isolate"]}
+    for name, args in made.items():
+        out = tmp_path / name.replace(" ", "-")
+        assert cli(capsys, *args, "--out", str(out), "--quiet")[0] == 0
+        for form in (["--redraw", "--out", str(out)], ["--redraw", str(out)],
+                     [f"--redraw={out}"]):
+            code, _, err = cli(capsys, *name.split(), *form, "--quiet")
+            assert code == 0 and not err, (name, form, err)
 
 
 def test_redraw_with_only_quiet_and_json_draws(tmp_path, capsys):

@@ -32,6 +32,7 @@ What a command does, and what the boundary makes of it (every command, ``check``
 
 The boundary also expands ``~`` in every argument that starts with it (``--out '~/x'`` and
 ``--out=~/x``, which the shell leaves alone; TOML values are expanded by :mod:`kdalab.params`),
+reads ``--redraw PATH`` as ``--redraw --out PATH`` for every command (:func:`_redraw_folder`),
 and when stdout or stderr is not a terminal (a pipe, a CI log) it never folds a line at the
 console's width, so paths stay whole.
 
@@ -144,6 +145,34 @@ def _expand_home(args: list[str]) -> list[str]:
     return out
 
 
+def _redraw_folder(args: list[str]) -> list[str]:
+    """Every command with a store takes its folder alike, ``--redraw --out PATH``; the short
+    forms ``--redraw=PATH`` and ``--redraw PATH`` (PATH an existing folder: never a kernel or a
+    config file) are read as that. Given beside ``--out`` too, the folder is named twice: a
+    ValueError."""
+    out, folded = [], False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":  # what follows is no option
+            out += args[i:]
+            break
+        if arg.startswith("--redraw="):
+            out += ["--redraw", "--out", arg.partition("=")[2]]
+            folded = True
+        elif arg == "--redraw" and i + 1 < len(args) and not args[i + 1].startswith("-") \
+                and os.path.isdir(args[i + 1]):
+            out += ["--redraw", "--out", args[i + 1]]
+            folded, i = True, i + 1
+        else:
+            out.append(arg)
+        i += 1
+    if folded and any(a == "--out" or a.startswith("--out=") for a in args):
+        raise ValueError("--redraw PATH and --out both name the folder: give it once, "
+                         "'--redraw --out PATH'")
+    return out
+
+
 def _no_folding() -> None:
     """Consoles that do not write to a terminal never fold a line (rich folds at 80 columns
     when it cannot ask a terminal for its width)."""
@@ -197,7 +226,7 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
     ClickException, NoArgsIsHelpError = _click_exceptions()
     args = sys.argv[1:] if argv is None else list(argv)
     try:
-        args, unexpanded = _expand_home(args), None
+        args, unexpanded = _redraw_folder(_expand_home(args)), None
     except ValueError as exc:  # said by the boundary below, as any mistake
         unexpanded = exc
     _no_folding()
@@ -217,6 +246,8 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
         print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
     except ClickException as exc:  # click's own: unknown option, bad type, missing value
         hint = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) else ""
+        if "--redraw" in args and "unexpected extra argument" in exc.format_message():
+            hint = " (--redraw takes the folder as '--redraw --out PATH')" + hint
         _error(exc.format_message() + hint)
         code = exc.exit_code if exc.exit_code else 2
     except (ValueError, KdalabError) as exc:

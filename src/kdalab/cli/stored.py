@@ -45,8 +45,10 @@ def refuse_with_redraw(keep: tuple[str, ...] = REDRAW_KEEPS) -> None:
     for every command with a store, instead of options silently ignored."""
     extra = given_options(keep)
     if extra:
+        folder = ("; it takes its folder as '--redraw --out PATH'"
+                  if any(not e.startswith("-") for e in extra) else "")
         raise ValueError(f"--redraw draws from the stored records: it takes no "
-                         f"{', '.join(extra)}")
+                         f"{', '.join(extra)}{folder}")
 
 
 def refuse_resume_with_force(resume: bool, force: bool) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdalab.cli.app import app, console, mark, prose
-from kdalab.cli.options import FAMILIES, Force, Quiet, accumulation_help
+from kdalab.cli.options import FAMILIES, Force, Quiet, Redraw, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
 
@@ -24,8 +24,8 @@ manifest of the sweep): a sweep that is stopped or killed keeps every finished p
 --resume completes it with exactly the records of an uninterrupted run. A folder holding another
 sweep (or files that are not a sweep's) is refused unless --force. The seed's tables per
 configuration, summary.csv and a plot are drawn once, at the end, from the stored records;
---redraw draws them again. --backend ray runs the batches as Ray tasks on every GPU (or CPU) of
-this machine, or of the cluster at --address; the records are the same bit for bit.
+--redraw --out DIR draws them again. --backend ray runs the batches as Ray tasks on every GPU
+(or CPU) of this machine, or of the cluster at --address; the records are the same bit for bit.
 
 CONFIG is a TOML file whose keys are the options' names (dashes or underscores; plural forms
 work too), e.g. chunks = "4-16:4", lower-bound = [-5, -2], out = "results/x". Options given on
@@ -65,9 +65,7 @@ def sweep(
         show_default="a new one on this machine")] = None,
     json: Annotated[bool, typer.Option(
         "--json", help="Also export every record to records.json")] = False,
-    redraw: Annotated[Optional[Path], typer.Option(
-        help="Draw the tables and plots again from the records stored in this folder",
-        show_default=False)] = None,
+    redraw: Redraw = False,
     quiet: Quiet = False,
 ) -> None:
     from kdalab import params
@@ -76,11 +74,11 @@ def sweep(
 
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
-    if redraw is not None:
+    if redraw:
         from kdalab.cli.stored import refuse_with_redraw
 
-        refuse_with_redraw(keep=("redraw", "json", "quiet"))
-        _redraw(Path(redraw), json, quiet)
+        refuse_with_redraw(keep=("redraw", "out", "json", "quiet"))
+        _redraw(params.user_path(_DEFAULT_OUT if out is None else out, "--out"), json, quiet)
         return
     check_backend(backend, address)
 
