@@ -7,6 +7,7 @@ captured inputs are one line, not a traceback."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -354,3 +355,44 @@ def test_kdalab_timeline_is_on_only_when_asked(value, on, monkeypatch, capsys):
     mark("here")
     err = capsys.readouterr().err
     assert ("here" in err) is on, (value, err)
+
+
+# --- a sweep file's keys are the command's options ------------------------------------------------
+
+def _help_options(capsys, *command) -> set[str]:
+    code, out, _ = cli(capsys, *command, "--help")
+    assert code == 0
+    return set(re.findall(r"^\s+--([a-z][a-z-]*)", out, flags=re.M))
+
+
+def test_a_sweep_file_takes_the_options_and_says_which(tmp_path, capsys):
+    """The keys are the sweep's options but those that say what to do with the folder
+    (--resume, --force, --redraw), and its recipe: the message lists them, derived from the
+    options, and each one listed is taken."""
+    (tmp_path / "k.toml").write_text("chunkz = 4\n")
+    code, _, err = cli(capsys, "sweep", str(tmp_path / "k.toml"))
+    one_error(code, err, "k.toml: chunkz: unknown key; expected one of ")
+    listed = err.split("expected one of ")[1].split(" (")[0].split(", ")
+    options = _help_options(capsys, "sweep") - {"resume", "force", "redraw", "help"}
+    assert set(listed) == options | {"recipe"}, listed
+    values = {"families": "'floor'", "chunks": "'4'", "seeds": "'0'", "dims": "8",
+              "accumulation": "'fp32'", "lower-bound": "-5", "device": "'cpu'",
+              "out": repr(str(tmp_path / "s")), "backend": "'local'", "json": "true",
+              "quiet": "true", "recipe": "'seed'"}
+    assert set(values) == set(listed) - {"address"}  # address needs --backend ray
+    (tmp_path / "all.toml").write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
+    code, out, err = cli(capsys, "sweep", str(tmp_path / "all.toml"))
+    assert code == 0 and out == "" and err == "", err  # quiet = true from the file
+    assert (tmp_path / "s" / "records.json").exists()  # json = true from the file
+
+
+def test_the_command_line_overrides_the_files_run_options(tmp_path, capsys):
+    (tmp_path / "k.toml").write_text(f"chunks = '4'\nseeds = '0'\ndims = 8\n"
+                                     f"backend = 'no-such'\nout = '{tmp_path / 's'}'\n")
+    code, _, err = cli(capsys, "sweep", str(tmp_path / "k.toml"), "--backend", "local")
+    one_error(code, err, "k.toml: backend must be one of local, ray; got 'no-such'")
+    (tmp_path / "k.toml").write_text(f"chunks = '4'\nseeds = '0'\ndims = 8\nquiet = false\n"
+                                     f"backend = 'ray'\nout = '{tmp_path / 's'}'\n")
+    code, out, err = cli(capsys, "sweep", str(tmp_path / "k.toml"), "--quiet", "--backend",
+                         "local")
+    assert code == 0 and out == "" and err == "", err
