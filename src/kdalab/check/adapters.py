@@ -43,8 +43,10 @@ from pathlib import Path
 
 import torch
 
-from kdalab import peers
-from kdalab.check.cases import CaseInputs
+from kdalab import params, peers
+from kdalab.check.cases import Case, CaseInputs
+from kdalab.inputs.sequences import STATE_DTYPES
+from kdalab.kda.gate import GATES
 
 __all__ = ["KernelAdapter", "ConventionError", "KernelUnavailable", "BUILTIN", "load_kernel",
            "recipe_kernel", "KERNEL_HELP"]
@@ -82,6 +84,11 @@ class KernelAdapter:
                           always normalizes, pre-normalized cases are unsupported)
     ``finite_only``       it refuses non-finite inputs (poisoned cases: unsupported)
     ``empty_sequences``   it takes zero-length packed sequences
+    ``lower_bound_range`` ``(low, high)``: the lower bounds it takes, low <= lower_bound < high
+                          (None: any, every lower bound < 0)
+    ``gates``             the gate modes it takes (:data:`kdalab.kda.gate.GATES`): the
+                          lower-bounded sigmoid gate ``lower_bound``, fla's unbounded softplus
+                          gate ``unbounded`` (lower_bound None), a ``precomputed`` log-decay
     ``other_layout``      keyword arguments that switch the kernel to the other state layout
                           (None: it takes one; the layout contract is then unsupported)
     ``decode``            its decode function (module docstring; ``dt_bias`` as above), or
@@ -102,6 +109,8 @@ class KernelAdapter:
     qk_l2norm_flag: str | None = "use_qk_l2norm"
     finite_only: bool = False
     empty_sequences: bool = True
+    lower_bound_range: tuple[float, float] | None = None
+    gates: tuple[str, ...] = ("lower_bound",)
     other_layout: dict | None = None
     decode: Callable | None = None
     requires: tuple[str, ...] = ()
@@ -119,6 +128,13 @@ class KernelAdapter:
             raise ValueError(f"dt_bias_shape must be 'HK' or 'flat', got {self.dt_bias_shape!r}")
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__name__", "kernel"))
+        if self.lower_bound_range is not None:
+            low, high = self.lower_bound_range
+            if not (low < high <= 0):
+                raise ValueError(f"lower_bound_range must be (low, high) with low < high <= 0, "
+                                 f"got {self.lower_bound_range!r}")
+        object.__setattr__(self, "gates", tuple(params.choice(g, "gates", GATES)
+                                                for g in self.gates))
 
     # -- before the run ---------------------------------------------------------------------
 
@@ -150,17 +166,38 @@ class KernelAdapter:
 
     # -- per case ---------------------------------------------------------------------------
 
+    def declines(self, *, K: int, V: int, lower_bound: float | None, gate: str = "lower_bound",
+                 state_dtype: torch.dtype | None = None) -> str | None:
+        """Why the kernel declares it cannot take inputs of these dims, gate and initial-state
+        dtype (None: no initial state), or None: what ``check`` and ``hunt`` ask before they
+        run anything (:meth:`declines_case`, :func:`kdalab.hunt.search.supported_bounds`)."""
+        if self.head_dims is not None and (K not in self.head_dims or V not in self.head_dims):
+            return f"head dims K={K}, V={V}: takes {', '.join(map(str, self.head_dims))}"
+        if self.same_head_dims and K != V:
+            return f"K={K} != V={V}: takes K = V only"
+        if gate not in self.gates:
+            return f"gate {gate!r}: takes {', '.join(self.gates)}"
+        if self.lower_bound_range is not None and lower_bound is not None:
+            low, high = self.lower_bound_range
+            if not low <= lower_bound < high:
+                return f"lower bound {lower_bound:g}: takes lower bounds in [{low:g}, {high:g})"
+        if state_dtype is not None and state_dtype not in self.state_dtypes:
+            return (f"initial state in {str(state_dtype).removeprefix('torch.')}: takes "
+                    f"{', '.join(str(d).removeprefix('torch.') for d in self.state_dtypes)}")
+        return None
+
+    def declines_case(self, case: Case) -> str | None:
+        """:meth:`declines` for a case, from its parameters (before its inputs are drawn)."""
+        return self.declines(K=case.K, V=case.V, lower_bound=case.lower_bound,
+                             state_dtype=STATE_DTYPES[case.initial_state])
+
     def unsupported(self, x: CaseInputs) -> str | None:
         """Why the kernel declares it cannot take these inputs, or None."""
-        kd, vd = x.q.shape[-1], x.v.shape[-1]
-        if self.head_dims is not None and (kd not in self.head_dims or vd not in self.head_dims):
-            return f"head dims K={kd}, V={vd}: takes {', '.join(map(str, self.head_dims))}"
-        if self.same_head_dims and kd != vd:
-            return f"K={kd} != V={vd}: takes K = V only"
         h0 = x.initial_state
-        if h0 is not None and h0.dtype not in self.state_dtypes:
-            return (f"initial state in {str(h0.dtype).removeprefix('torch.')}: takes "
-                    f"{', '.join(str(d).removeprefix('torch.') for d in self.state_dtypes)}")
+        why = self.declines(K=x.q.shape[-1], V=x.v.shape[-1], lower_bound=x.lower_bound,
+                            gate=x.gate, state_dtype=None if h0 is None else h0.dtype)
+        if why is not None:
+            return why
         if not x.use_qk_l2norm and not self._takes(self.qk_l2norm_flag):
             return "always L2-normalizes q and k (no way to turn it off)"
         if self.finite_only and not all(bool(t.isfinite().all()) for t in (x.q, x.k, x.v)):
@@ -264,7 +301,10 @@ def _kdalab(config_name: str) -> KernelAdapter:
         return kda_decode(q, k, v, g, beta, **kw)
 
     devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
+    # chunk_kda_fwd takes lower bounds in [-5, 0): 16 steps at -5 keep exp(±G) in fp32 and its
+    # bf16 operands (docs/kernels.md; kernels/shapes.py checks it on every call)
     return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
+                         lower_bound_range=(-5.0, 0.0),
                          other_layout={"state_layout": "VK"}, decode=kdalab_decode,
                          note=" (TRITON_INTERPRET=1 runs it on the CPU, slowly: tiny cases only)")
 

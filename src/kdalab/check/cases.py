@@ -29,6 +29,7 @@ from fnmatch import fnmatchcase
 
 import torch
 
+from kdalab import params
 from kdalab.check.tensors import CaseInputs, read_inputs
 from kdalab.inputs.sequences import STATES, SequenceSpec, draw, preset
 from kdalab.kda import reference_forward
@@ -91,8 +92,9 @@ class Case:
         for name in ("T", "batch", "heads", "K", "V"):
             if getattr(self, name) < 1:
                 bad(name, "must be >= 1")
-        if not (math.isfinite(self.lower_bound) and self.lower_bound < 0):
-            bad("lower_bound", "must be a finite number < 0")
+        object.__setattr__(self, "lower_bound",
+                           params.lower_bound(self.lower_bound, f"case {self.name!r}: "
+                                                                "lower_bound"))
         for name in ("state_scale", "v_scale"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 bad(name, "must be a finite number > 0")

@@ -256,6 +256,11 @@ def _plan(kernels, suite, device, cases, against, exclude, list_cases, case_time
         except (KernelUnavailable, ConventionError) as exc:
             raise ValueError(str(exc)) from None
         loaded.append(kernel)
+    for kernel in loaded[:len(kernels)]:  # refused before anything runs: what it cannot take
+        declined = [kernel.declines_case(c) for c in selected]
+        if all(declined):
+            raise ValueError(f"kernel {kernel.name!r} takes none of the {len(selected)} cases "
+                             f"asked ({selected[0].name}: {declined[0]})")
     if not (math.isfinite(case_timeout) and case_timeout >= 0):
         raise ValueError(f"--case-timeout must be a number of seconds >= 0, got {case_timeout}")
     excluded: dict[str, list[str]] = {}

@@ -25,12 +25,15 @@ class TargetError(ValueError):
 @dataclass(frozen=True)
 class Target:
     """``run(inputs) -> (o, final_state)``; ``why_not(inputs)``: why the kernel declares it
-    cannot take these inputs (it is then not called), or None."""
+    cannot take these inputs (it is then not called), or None; ``declines(K=, V=,
+    lower_bound=, state_dtype=)``: the same asked of parameters, before anything is drawn
+    (:meth:`kdalab.check.KernelAdapter.declines`; None: only ``why_not`` is known)."""
 
     name: str
     device: str
     run: Callable[[dict], tuple[torch.Tensor, torch.Tensor]]
     why_not: Callable[[dict], str | None]
+    declines: Callable[..., str | None] | None = None
 
 
 #: the absolute output error a hunt reports as a finding by default: check's absolute output
@@ -73,4 +76,5 @@ def resolve(name: str, device: str) -> Target:
         except ConventionError as exc:
             raise TargetError(str(exc)) from None
 
-    return Target(name=name, device=device, run=run, why_not=lambda x: kernel.unsupported(case(x)))
+    return Target(name=name, device=device, run=run, why_not=lambda x: kernel.unsupported(case(x)),
+                  declines=kernel.declines)

@@ -45,10 +45,14 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
-__all__ = ["SequenceSpec", "draw", "kda_kwargs", "STATES", "PRESETS", "preset", "MODEL_LIKE",
-           "SATURATED", "WEAK_DECAY_CORRELATED", "LONG", "COLLINEAR"]
+from kdalab import params
+
+__all__ = ["SequenceSpec", "draw", "kda_kwargs", "STATES", "STATE_DTYPES", "PRESETS", "preset",
+           "MODEL_LIKE", "SATURATED", "WEAK_DECAY_CORRELATED", "LONG", "COLLINEAR"]
 
 STATES = ("none", "fp32", "bf16")
+#: each initial state's dtype (None: no initial state)
+STATE_DTYPES = {"none": None, "fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -104,10 +108,8 @@ class SequenceSpec:
                 bad("batch", "1 with seqlens (sequences packed along T)")
             object.__setattr__(self, "seqlens", lens)
             object.__setattr__(self, "T", sum(lens))
-        if self.lower_bound is not None:
-            finite("lower_bound")
-            if self.lower_bound >= 0:
-                bad("lower_bound", "a finite number < 0, or None (the unbounded gate)")
+        object.__setattr__(self, "lower_bound",
+                           params.lower_bound(self.lower_bound, "lower_bound", unbounded=True))
         for name in ("key_eps", "beta_spread", "g_spread"):
             finite(name, 0.0)
         for name in ("beta_mean", "g_mean"):
