@@ -56,9 +56,9 @@ MISTAKES = [
                       ["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1"])],
     # an empty value is a mistake, not the default
     (["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--dims", ""],
-     "--dims must be comma-separated integers >= 1"),
+     "--dims has an empty item in ''; expected a comma-separated list"),
     (["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--lower-bound", ""],
-     "--lower-bound must be a number or LOW:HIGH, got ''"),
+     "--lower-bound must be a number < 0 or a range LOW:HIGH of them, got ''"),
     (["hunt", "recipe:fp32", "--device", "", "--trials", "1"],
      "--device must be cpu, cuda or cuda:N; got ''"),
     (["check", "recipe:fp32", "--device", ""], "--device must be cpu, cuda or cuda:N; got ''"),
