@@ -112,6 +112,10 @@ def test_every_command_with_a_store_takes_its_folder_alike(tmp_path, capsys):
                      [f"--redraw={out}"]):
             code, _, err = cli(capsys, *name.split(), *form, "--quiet")
             assert code == 0 and not err, (name, form, err)
+    # a folder that does not exist is said to hold no store, whichever form names it
+    for command in (["sweep"], ["run", "diagonal-tile"]):
+        code, _, err = cli(capsys, *command, "--redraw", str(tmp_path / "missing"))
+        one_error(code, err, f"{tmp_path / 'missing'} holds no kdalab store")
 
 
 def test_redraw_with_only_quiet_and_json_draws(tmp_path, capsys):

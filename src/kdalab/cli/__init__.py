@@ -147,27 +147,29 @@ def _expand_home(args: list[str]) -> list[str]:
 
 def _redraw_folder(args: list[str]) -> list[str]:
     """Every command with a store takes its folder alike, ``--redraw --out PATH``; the short
-    forms ``--redraw=PATH`` and ``--redraw PATH`` (PATH an existing folder: never a kernel or a
-    config file) are read as that. Given beside ``--out`` too, the folder is named twice: a
+    forms ``--redraw=PATH`` and ``--redraw PATH`` are read as that, PATH an existing folder, or
+    a path that does not exist when no ``--out`` is given (an existing file is a config file,
+    and beside an ``--out`` a word is an argument: a kernel). A folder named both ways is a
     ValueError."""
+    has_out = any(a == "--out" or a.startswith("--out=") for a in args)
     out, folded = [], False
     i = 0
     while i < len(args):
-        arg = args[i]
+        arg, after = args[i], args[i + 1] if i + 1 < len(args) else None
         if arg == "--":  # what follows is no option
             out += args[i:]
             break
         if arg.startswith("--redraw="):
             out += ["--redraw", "--out", arg.partition("=")[2]]
             folded = True
-        elif arg == "--redraw" and i + 1 < len(args) and not args[i + 1].startswith("-") \
-                and os.path.isdir(args[i + 1]):
-            out += ["--redraw", "--out", args[i + 1]]
+        elif arg == "--redraw" and after is not None and not after.startswith("-") and (
+                os.path.isdir(after) or not (has_out or os.path.exists(after))):
+            out += ["--redraw", "--out", after]
             folded, i = True, i + 1
         else:
             out.append(arg)
         i += 1
-    if folded and any(a == "--out" or a.startswith("--out=") for a in args):
+    if folded and has_out:
         raise ValueError("--redraw PATH and --out both name the folder: give it once, "
                          "'--redraw --out PATH'")
     return out
