@@ -18,9 +18,9 @@ from kdalab.check import (
     ConventionError,
     KernelAdapter,
     Thresholds,
+    bits_equal,
     case_inputs,
     get_suite,
-    identical,
     load_kernel,
     reference,
     run_check,
@@ -122,7 +122,7 @@ def test_inputs_are_drawn_the_same_every_time_and_poisoned_where_said():
     case = next(c for c in QUICK if c.name == "nonfinite/nan_v")
     a, b = case_inputs(case), case_inputs(case)
     for name, t in a.tensors().items():
-        assert bool(identical(t, b.tensors()[name]).all()), name
+        assert bool(bits_equal(t, b.tensors()[name]).all()), name
     assert int(a.v.isnan().sum()) == 1 and bool(a.v[0].isfinite().all())
     assert a.rows.tolist() == [[True] * case.T, [False] * case.T]
     assert a.states.tolist() == [True, False]
@@ -244,12 +244,12 @@ def test_fidelity_mode():
     assert all(1e-4 < r["o_worst_rel_diff"] < 1e-1 for r in other)
 
 
-def test_identical_compares_bits():
+def test_bits_equal_compares_bits():
     a = torch.tensor([1.0, float("nan"), 0.0, -0.0])
-    assert identical(a, a.clone()).tolist() == [True, True, True, True]
-    assert identical(a, torch.tensor([1.0, float("nan"), -0.0, 0.0])).tolist() == \
+    assert bits_equal(a, a.clone()).tolist() == [True, True, True, True]
+    assert bits_equal(a, torch.tensor([1.0, float("nan"), -0.0, 0.0])).tolist() == \
         [True, True, False, False]
-    assert identical(a.bfloat16(), a.double()).tolist() == [True, True, True, True]
+    assert bits_equal(a.bfloat16(), a.double()).tolist() == [True, True, True, True]
 
 
 def test_wrong_answers_fail_their_cases():
@@ -364,7 +364,8 @@ def test_cli_list():
     (["recipe:fp32", "--exclude", "fla=T/*"], "--exclude must be KERNEL=PATTERNS"),
     (["recipe:fp32", "--exclude", "recipe:fp32=zz"], "'zz' matches no case"),
     (["recipe:fp32", "--isolate", "--case-timeout", "-1"], "--case-timeout"),
-    (["recipe:fp32", "--case-timeout", "5"], "--case-timeout needs --isolate"),
+    (["recipe:fp32", "--no-isolate", "--case-timeout", "5"], "--case-timeout: a kernel in "
+                                                             "this process"),
     (["--redraw"], "holds no check run"),
     (["recipe:fp32", "--budget", "0"], "--budget must be"),
     (["recipe:fp32", "--inputs", "no/such/file.safetensors"], "no such file or folder"),
@@ -458,3 +459,62 @@ def test_isolated_records_equal_in_process_records_and_timeout(tmp_path):
     assert [r["status"] for r in late] == ["fail", "skipped"]
     assert "no answer within 0.2 s" in late[0]["message"]
     assert set(late[0]) == set(same[0]) and asdict(Thresholds())["min_identical"] == 0.999
+
+
+def _planted_file(tmp_path, body: str) -> str:
+    """A kernel file: the honest fp32 kernel, but on T = 17 it runs ``body`` first."""
+    path = tmp_path / "planted.py"
+    path.write_text("import os, time\nfrom tests.check_kernels import honest_fp32\n\n"
+                    "def kernel(q, k, v, g, beta, **kw):\n"
+                    f"    if q.shape[1] == 17:\n        {body}\n"
+                    "    return honest_fp32(q, k, v, g, beta, **kw)\n")
+    return f"{path}:kernel"
+
+
+def test_a_kernel_that_hangs_is_killed_by_the_default_isolation_and_the_check_goes_on(
+        tmp_path):
+    """On the CPU too, without --isolate: each kernel runs in a process of its own with a
+    per-case timeout (here a short one), so a kernel that sleeps forever is recorded as crashed
+    on that case, its later cases as skipped, and the other kernel runs every case. (The
+    timeout includes the worker's start, seconds on a busy machine: 20 s, not less.)"""
+    import time
+
+    hangs = _planted_file(tmp_path, "time.sleep(10**6)")
+    t0 = time.monotonic()
+    res = runner.invoke(app, ["check", hangs, "recipe:fp32", "--device", "cpu", "--cases",
+                              "T/1,T/17,batch/2", "--case-timeout", "20", "--out",
+                              str(tmp_path / "out")])
+    assert time.monotonic() - t0 < 120
+    assert res.exit_code == 1, res.output
+    recs = {(r["kernel"], r["case"]): r for r in stored_records(tmp_path / "out")}
+    assert recs[(hangs, "T/1")]["status"] == "pass"
+    assert recs[(hangs, "T/17")]["status"] == "fail"
+    assert "crashed: no answer within 20 s" in recs[(hangs, "T/17")]["message"]
+    assert recs[(hangs, "batch/2")]["status"] == "skipped"
+    assert all(recs[("recipe:fp32", c)]["status"] == "pass" for c in ("T/1", "T/17",
+                                                                        "batch/2"))
+
+
+def test_a_kernel_that_ends_its_process_with_code_3_is_its_cases_crash(tmp_path):
+    """os._exit(3) is the kernel's crash (3 is also the worker's own exit code when a kernel
+    breaks the convention: the worker says that in a file, not by the code): that case fails
+    with the exit code and the check goes on with the other kernel."""
+    exits = _planted_file(tmp_path, "os._exit(3)")
+    res = runner.invoke(app, ["check", exits, "recipe:fp32", "--device", "cpu", "--cases",
+                              "T/1,T/17,batch/2", "--case-timeout", "60", "--out",
+                              str(tmp_path / "out")])
+    assert res.exit_code == 1, res.output
+    recs = {(r["kernel"], r["case"]): r for r in stored_records(tmp_path / "out")}
+    assert recs[(exits, "T/17")]["status"] == "fail"
+    assert "crashed: its process exited with code 3" in recs[(exits, "T/17")]["message"]
+    assert recs[(exits, "batch/2")]["status"] == "skipped"
+    assert all(recs[("recipe:fp32", c)]["status"] == "pass" for c in ("T/1", "T/17",
+                                                                        "batch/2"))
+
+
+def test_the_default_case_timeout_is_said_in_the_help():
+    from kdalab.cli.check import DEFAULT_CASE_TIMEOUT
+
+    res = runner.invoke(app, ["check", "--help"])
+    assert f"default {DEFAULT_CASE_TIMEOUT:g}" in " ".join(res.output.split())
+    assert 60 <= DEFAULT_CASE_TIMEOUT <= 3600

@@ -180,7 +180,9 @@ def test_kdalab_kernel_passes_collinear_and_the_contracts_in_the_interpreter(tmp
 # -- interrupted runs, output folders -----------------------------------------------------------
 
 def test_ctrl_c_says_what_was_kept_and_the_report_says_incomplete(tmp_path):
-    res = _cli([f"{MOD}:interrupted_on_third_case", "--cases", "model_like,T/*"], tmp_path)
+    # the kernel raises the boundary's Ctrl-C in this process (isolated, the worker would die)
+    res = _cli([f"{MOD}:interrupted_on_third_case", "--cases", "model_like,T/*",
+                "--no-isolate"], tmp_path)
     assert res.exit_code == 130, res.output
     assert "interrupted: 2 of 3 records in" in " ".join(res.output.split())
     assert "nothing was written" not in res.output
@@ -206,9 +208,12 @@ def test_out_folders_of_others_are_refused(tmp_path):
     assert res.exit_code == 2 and res.output.startswith("error:"), res.output
     assert len(res.output.strip().splitlines()) == 1
     assert _cli(["recipe:fp32", "--cases", "T/1", "--force"], foreign).exit_code == 0
-    again = _cli(["recipe:fp32", "--cases", "T/1"], foreign)  # now its own: rewritten
+    again = _cli(["recipe:fp32", "--cases", "T/1"], foreign)  # now its own: the same again
     assert again.exit_code == 0, again.output
-    assert _cli([f"{MOD}:honest_fp32", "--cases", "T/17"], foreign).exit_code == 0
+    other = _cli([f"{MOD}:honest_fp32", "--cases", "T/17"], foreign)  # another check's: kept
+    assert other.exit_code == 2 and "holds the records of another check" in other.output
+    assert [(r["kernel"], r["case"]) for r in read(foreign)] == [("recipe:fp32", "T/1")]
+    assert _cli([f"{MOD}:honest_fp32", "--cases", "T/17", "--force"], foreign).exit_code == 0
     assert [(r["kernel"], r["case"]) for r in read(foreign)] == [(f"{MOD}:honest_fp32", "T/17")]
 
 
@@ -269,7 +274,7 @@ def test_full_suite_has_the_contracts_and_collinear_group():
 
 
 def test_a_terminated_isolated_check_keeps_its_records_and_leaves_nothing_running(tmp_path):
-    """SIGTERM (``timeout``'s) in the middle of an isolated run: exit 130, the case that finished
+    """SIGTERM (``timeout``'s) in the middle of an isolated run: exit 143, the case that finished
     is in the store, which says interrupted; the worker is stopped and its temporary folder (the
     shared references) removed; --redraw draws the INCOMPLETE report."""
     import signal
@@ -305,8 +310,8 @@ def test_a_terminated_isolated_check_keeps_its_records_and_leaves_nothing_runnin
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, err
-    assert "interrupted: 1 of 2 records in" in " ".join(err.split())
+    assert proc.returncode == 143, err
+    assert "terminated: 1 of 2 records in" in " ".join(err.split())
     store = StoreReader.read_only(out)
     assert store.manifest.state == "interrupted" and store.records()[0]["case"] == "T/1"
     with pytest.raises(ProcessLookupError):

@@ -84,7 +84,7 @@ def test_resume_after_ctrl_c_gives_the_records_of_one_run(counted, tmp_path):
     assert _cli(args, tmp_path / "whole").exit_code == 0
     calls.unlink()
     (tmp_path / "stop").write_text("3")  # model_like's two calls, T/1's first, then Ctrl-C
-    first = _cli(args, tmp_path / "cut")
+    first = _cli(args, tmp_path / "cut", "--no-isolate")  # Ctrl-C raised in this process
     assert first.exit_code == 130, first.output
     text = " ".join(first.output.split())
     assert "interrupted: 2 of 6 records in" in text and "--resume' continues" in text
@@ -209,7 +209,7 @@ def test_resume_on_a_missing_or_empty_folder_runs_the_check(counted, tmp_path):
     assert _cli(args, tmp_path / "plain").exit_code == 0
     (tmp_path / "empty").mkdir()
     (tmp_path / "stop").write_text("0")
-    assert _cli(args, tmp_path / "early").exit_code == 130
+    assert _cli(args, tmp_path / "early", "--no-isolate").exit_code == 130
     assert [p.name for p in (tmp_path / "early").iterdir() if p.name != ".lock"] == [
         "check.json"]
     (tmp_path / "stop").unlink()
@@ -239,16 +239,42 @@ def test_resume_refuses_a_foreign_folder(tmp_path):
 def test_an_isolated_worker_stopped_by_a_signal_is_an_interrupt_and_resume_completes(
         counted, tmp_path):
     """Ctrl-C and ``timeout`` signal the whole process group: a worker that dies of SIGTERM
-    before the check hears of it leaves its case without a record (exit 130), not a crash that
+    before the check hears of it leaves its case without a record (exit 143), not a crash that
     --resume would keep; resumed, the records are one run's."""
     kernel, _ = counted
     args = [kernel, "--cases", "model_like,T/1"]
     assert _cli(args, tmp_path / "whole").exit_code == 0
     (tmp_path / "signal").touch()
     res = _cli([*args, "--isolate"], tmp_path / "cut")
-    assert res.exit_code == 130, res.output
+    assert res.exit_code == 143, res.output
+    assert "terminated: 1 of 2 records in" in " ".join(res.output.split())
     assert [r["case"] for r in StoreReader.read_only(tmp_path / "cut").records()] == [
         "model_like"]
     (tmp_path / "signal").unlink()
     assert _cli([*args, "--isolate"], tmp_path / "cut", "--resume").exit_code == 0
     assert identical(_table(tmp_path / "cut"), _table(tmp_path / "whole"))
+
+
+def test_another_check_into_the_same_folder_is_refused_and_loses_nothing(tmp_path):
+    """The README's check lines one after another into one --out: the second (other kernels)
+    is refused in one line naming what differs, --force and another --out; the first run's
+    records and report stay as they were. With --force it replaces them; the same check run
+    again replaces its own records without asking."""
+    out = tmp_path / "check"
+    assert _cli(["recipe:fp32", "--cases", "T/1"], out).exit_code == 0
+    first, report = _table(out), (out / "report.md").read_text()
+    res = _cli(["recipe:fp64", "--cases", "T/1"], out)
+    assert res.exit_code == 2, res.output
+    line = " ".join(res.output.split())
+    assert line.startswith(f"error: --out '{out}' holds the records of another check (kernels "
+                           "stored ['recipe:fp32'], given ['recipe:fp64'])")
+    assert "choose another --out, or --force to replace them" in line
+    assert len(res.output.strip().splitlines()) == 1
+    assert identical(_table(out), first) and (out / "report.md").read_text() == report
+    # other options are another check too (here the cases)
+    res = _cli(["recipe:fp32", "--cases", "T/1,T/17"], out)
+    assert res.exit_code == 2 and "cases stored ['T/1'], given ['T/1', 'T/17']" in res.output
+    assert _cli(["recipe:fp32", "--cases", "T/1"], out).exit_code == 0  # the same: run again
+    assert identical(_table(out), first)
+    assert _cli(["recipe:fp64", "--cases", "T/1"], out, "--force").exit_code == 0
+    assert {r["kernel"] for r in StoreReader.read_only(out).records()} == {"recipe:fp64"}

@@ -88,7 +88,10 @@ MISTAKES = [
     (["reproduce", "--seeds", "a-b"], "--seeds: cannot read 'a-b'; expected integers like"),
     (["reproduce", "--seeds", "-1"], "--seeds must be integers >= 0, got -1"),
     (["sweep", "--seeds", "-1"], "--seeds must be integers >= 0, got -1"),
-    (["sweep", "--chunks", "8-4"], "--chunks: cannot read '8-4'"),
+    (["sweep", "--chunks", "8-4"], "--chunks: the range '8-4' is reversed; write it from low "
+                                   "to high, '4-8'"),
+    (["sweep", "--seeds", "9-3:2"], "--seeds: the range '9-3:2' is reversed; write it from low "
+                                    "to high, '3-9:2'"),
     (["reproduce", "--dim", "0"], "--dim must be an integer >= 1, got 0"),
     (["reproduce", "--dim", "x"], "Invalid value for '--dim'"),
     (["reproduce", "--accumulation", "fp12"], "--accumulation: unknown accumulation model"),
@@ -352,7 +355,7 @@ def test_the_help_lists_every_model_and_family_the_layers_define():
     from kdalab.arith import available_accumulations, get_accumulation
     from kdalab.cli import options
     from kdalab.inputs.families import FAMILIES
-    from kdalab.kda.dynamic_range import BOUNDARIES
+    from kdalab.kda.safe_chunk import BOUNDARIES
     from kdalab.studies.diagonal_tile import STRATEGIES
     from kdalab.studies.end_to_end import E2E_FAMILIES
 
@@ -369,7 +372,7 @@ def test_the_help_lists_every_model_and_family_the_layers_define():
 def test_safe_chunk_answers_tiny_and_huge_bounds_at_once(capsys):
     from fractions import Fraction
 
-    from kdalab.kda.dynamic_range import safe_chunk, scale_limits
+    from kdalab.kda.safe_chunk import safe_chunk, scale_limits
 
     x = scale_limits("bf16").zero.x
     for lb in (-1e-21, -1e-22, -1e-30, -5e-324):  # -1e-22 searched for ever before
@@ -572,9 +575,9 @@ LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may 
     (["hunt", "recipe:fp32", "--min-T", "0"], "--min-T must be an integer >= 1, got 0"),
     (["hunt", "recipe:fp32", "--min-heads", "5", "--max-heads", "2"], "--min-heads must be <="),
     (["hunt", "recipe:fp32", "--max-sequences", "0"], "--max-sequences must be an integer >= 1"),
-    (["hunt", "recipe:fp32", "--dims", "x"], "--dims must be comma-separated integers >= 1"),
-    (["hunt", "recipe:fp32", "--dims", "0,64"], "'32-128:32'), got '0,64'"),
-    (["hunt", "recipe:fp32", "--dims", "64,,128"], "'32-128:32'), got '64,,128'"),
+    (["hunt", "recipe:fp32", "--dims", "x"], "--dims: cannot read 'x'; expected integers"),
+    (["hunt", "recipe:fp32", "--dims", "0,64"], "--dims must be integers >= 1, got 0"),
+    (["hunt", "recipe:fp32", "--dims", "64,,128"], "--dims has an empty item in '64,,128'"),
     (["hunt", "recipe:fp32", "--dims", "99999999"], "the largest case needs about"),
     (["hunt", "recipe:fp32", "--max-T", "999999999999"], "--max-T 999999999999, --max-heads"),
     (["hunt", "recipe:fp32", "--max-heads", "999999999"], "the largest case needs about"),
@@ -582,9 +585,10 @@ LEFT_BEHIND = [  # mistakes found late (after --out was once made): nothing may 
     (["hunt", "recipe:fp32", "--threshold", "-1"], "--threshold must be a finite number > 0"),
     (["hunt", "recipe:fp32", "--threshold", "nan"], "--threshold must be a finite number > 0"),
     (["hunt", "recipe:fp32", "--lower-bound", "0"], "--lower-bound must be a number < 0 or"),
-    (["hunt", "recipe:fp32", "--lower-bound", "-1:-5"], "LOW <= HIGH < 0, got '-1:-5'"),
+    (["hunt", "recipe:fp32", "--lower-bound", "-1:-5"],
+     "--lower-bound: the range '-1:-5' is reversed; LOW:HIGH with LOW <= HIGH, e.g. '-5:-1'"),
     (["hunt", "recipe:fp32", "--lower-bound", "-5:-1:2"],  # as typed (no emoji for ":-1:")
-     "--lower-bound must be a number or LOW:HIGH, got '-5:-1:2'"),
+     "--lower-bound must be a number < 0 or a range LOW:HIGH of them, got '-5:-1:2'"),
     (["hunt", "recipe:fp32", "--lower-bound", "unbounded"], "--lower-bound must be a number"),
     (["hunt", "recipe:fp32", "--out", "{tmp}/file"], "--out: "),
     (["hunt", "recipe:fp32", "--out", "{tmp}/file/sub"], "--out: cannot create the folder"),

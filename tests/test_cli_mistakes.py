@@ -7,6 +7,7 @@ captured inputs are one line, not a traceback."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -33,9 +34,16 @@ MISTAKES = [
     (["run", "diagonal-tile", "--redraw", "--seeds", "0", "--force"],
      TAKES_NO + "--seeds, --force"),
     (["run", "inverse-stability", "--redraw", "--dim", "8"], TAKES_NO + "--dim"),
-    (["sweep", "--redraw", "{tmp}/o", "--backend", "ray"], TAKES_NO + "--backend"),
-    (["sweep", "--redraw", "{tmp}/o", "{tmp}/c.toml"], TAKES_NO + "CONFIG"),
-    (["check", "--redraw", "recipe:fp32"], TAKES_NO + "KERNELS"),
+    (["sweep", "--redraw", "--backend", "ray"], TAKES_NO + "--backend"),
+    # the folder in the place of an argument: the one-line answer says the form
+    (["sweep", "--redraw", "{tmp}/c.toml"],
+     TAKES_NO + "CONFIG; it takes its folder as '--redraw --out PATH'"),
+    (["check", "--redraw", "recipe:fp32"],
+     TAKES_NO + "KERNELS; it takes its folder as '--redraw --out PATH'"),
+    (["run", "end-to-end", "--redraw", "{tmp}/missing"],
+     "/missing) (--redraw takes the folder as '--redraw --out PATH')"),
+    (["run", "diagonal-tile", "--redraw", "{tmp}"],
+     "--redraw PATH and --out both name the folder: give it once, '--redraw --out PATH'"),
     (["check", "--redraw", "--budget", "3"], TAKES_NO + "--budget"),
     # --resume keeps what --out holds, --force throws it away: never both
     *[(command + ["--resume", "--force"],
@@ -48,9 +56,9 @@ MISTAKES = [
                       ["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1"])],
     # an empty value is a mistake, not the default
     (["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--dims", ""],
-     "--dims must be comma-separated integers >= 1"),
+     "--dims has an empty item in ''; expected a comma-separated list"),
     (["hunt", "recipe:fp32", "--device", "cpu", "--trials", "1", "--lower-bound", ""],
-     "--lower-bound must be a number or LOW:HIGH, got ''"),
+     "--lower-bound must be a number < 0 or a range LOW:HIGH of them, got ''"),
     (["hunt", "recipe:fp32", "--device", "", "--trials", "1"],
      "--device must be cpu, cuda or cuda:N; got ''"),
     (["check", "recipe:fp32", "--device", ""], "--device must be cpu, cuda or cuda:N; got ''"),
@@ -84,11 +92,30 @@ MISTAKES = [
 def test_a_held_out_mistake_is_one_line_and_exit_2(args, says, tmp_path, capsys):
     (tmp_path / "c.toml").write_text("chunks = 4\n")
     args = [a.format(tmp=tmp_path) for a in args]
-    if args[0] != "sweep" or "--redraw" not in args:
-        args += ["--out", str(tmp_path / "o")]
+    args += ["--out", str(tmp_path / "o")]
     code, _, err = cli(capsys, *args)
     one_error(code, err, says)
     assert not (tmp_path / "o").exists()
+
+
+def test_every_command_with_a_store_takes_its_folder_alike(tmp_path, capsys):
+    """--redraw --out PATH everywhere, and its short forms --redraw PATH and --redraw=PATH (the
+    sweep took only these; the others only the first)."""
+    made = {"sweep": ["sweep", "--chunks", "4", "--seeds", "0", "--dims", "8"],
+            "run diagonal-tile": ["run", "diagonal-tile", "--chunks", "2"],
+            "check": ["check", "recipe:fp32", "--device", "cpu", "--cases", "T/1",
+                      "--no-isolate"]}
+    for name, args in made.items():
+        out = tmp_path / name.replace(" ", "-")
+        assert cli(capsys, *args, "--out", str(out), "--quiet")[0] == 0
+        for form in (["--redraw", "--out", str(out)], ["--redraw", str(out)],
+                     [f"--redraw={out}"]):
+            code, _, err = cli(capsys, *name.split(), *form, "--quiet")
+            assert code == 0 and not err, (name, form, err)
+    # a folder that does not exist is said to hold no store, whichever form names it
+    for command in (["sweep"], ["run", "diagonal-tile"]):
+        code, _, err = cli(capsys, *command, "--redraw", str(tmp_path / "missing"))
+        one_error(code, err, f"{tmp_path / 'missing'} holds no kdalab store")
 
 
 def test_redraw_with_only_quiet_and_json_draws(tmp_path, capsys):
@@ -318,3 +345,58 @@ def test_check_plots_without_warnings(tmp_path, capsys, case):
                if "matplotlib" in w.filename or "views" in w.filename]
     assert not drawing, drawing
     assert (tmp_path / "o" / "errors.png").is_file()
+
+
+# --- the timeline's switch: 0, false, no, off and empty leave it off -----------------------------
+
+@pytest.mark.parametrize("value,on", [("1", True), ("yes", True), ("0", False), ("false", False),
+                                      ("FALSE", False), ("no", False), ("off", False),
+                                      ("", False), (" 0 ", False)])
+def test_kdalab_timeline_is_on_only_when_asked(value, on, monkeypatch, capsys):
+    from kdalab.timeline import mark
+
+    monkeypatch.setenv("KDALAB_TIMELINE", value)
+    mark("here")
+    err = capsys.readouterr().err
+    assert ("here" in err) is on, (value, err)
+
+
+# --- a sweep file's keys are the command's options ------------------------------------------------
+
+def _help_options(capsys, *command) -> set[str]:
+    code, out, _ = cli(capsys, *command, "--help")
+    assert code == 0
+    return set(re.findall(r"^\s+--([a-z][a-z-]*)", out, flags=re.M))
+
+
+def test_a_sweep_file_takes_the_options_and_says_which(tmp_path, capsys):
+    """The keys are the sweep's options but those that say what to do with the folder
+    (--resume, --force, --redraw), and its recipe: the message lists them, derived from the
+    options, and each one listed is taken."""
+    (tmp_path / "k.toml").write_text("chunkz = 4\n")
+    code, _, err = cli(capsys, "sweep", str(tmp_path / "k.toml"))
+    one_error(code, err, "k.toml: chunkz: unknown key; expected one of ")
+    listed = err.split("expected one of ")[1].split(" (")[0].split(", ")
+    options = _help_options(capsys, "sweep") - {"resume", "force", "redraw", "help"}
+    assert set(listed) == options | {"recipe"}, listed
+    values = {"families": "'floor'", "chunks": "'4'", "seeds": "'0'", "dims": "8",
+              "accumulation": "'fp32'", "lower-bound": "-5", "device": "'cpu'",
+              "out": repr(str(tmp_path / "s")), "backend": "'local'", "json": "true",
+              "quiet": "true", "recipe": "'seed'"}
+    assert set(values) == set(listed) - {"address"}  # address needs --backend ray
+    (tmp_path / "all.toml").write_text("".join(f"{k} = {v}\n" for k, v in values.items()))
+    code, out, err = cli(capsys, "sweep", str(tmp_path / "all.toml"))
+    assert code == 0 and out == "" and err == "", err  # quiet = true from the file
+    assert (tmp_path / "s" / "records.json").exists()  # json = true from the file
+
+
+def test_the_command_line_overrides_the_files_run_options(tmp_path, capsys):
+    (tmp_path / "k.toml").write_text(f"chunks = '4'\nseeds = '0'\ndims = 8\n"
+                                     f"backend = 'no-such'\nout = '{tmp_path / 's'}'\n")
+    code, _, err = cli(capsys, "sweep", str(tmp_path / "k.toml"), "--backend", "local")
+    one_error(code, err, "k.toml: backend must be one of local, ray; got 'no-such'")
+    (tmp_path / "k.toml").write_text(f"chunks = '4'\nseeds = '0'\ndims = 8\nquiet = false\n"
+                                     f"backend = 'ray'\nout = '{tmp_path / 's'}'\n")
+    code, out, err = cli(capsys, "sweep", str(tmp_path / "k.toml"), "--quiet", "--backend",
+                         "local")
+    assert code == 0 and out == "" and err == "", err

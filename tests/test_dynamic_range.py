@@ -15,15 +15,15 @@ from typer.testing import CliRunner
 from kdalab.arith import get_format
 from kdalab.cli import app
 from kdalab.inputs.draw import make_inputs
-from kdalab.kda.dynamic_range import (
+from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, stable_l
+from kdalab.kda.recipe import SEED
+from kdalab.kda.safe_chunk import (
     BOUNDARIES,
     exposed_steps,
     safe_chunk,
     scale_limits,
     weakest_lower_bound,
 )
-from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, stable_l
-from kdalab.kda.recipe import SEED
 from kdalab.studies.dynamic_range import (
     DEFAULT_FORMATS,
     DEFAULT_LOWER_BOUNDS,

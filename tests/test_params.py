@@ -27,7 +27,7 @@ def test_int_list_grammar():
 @pytest.mark.parametrize("bad,message", [
     ("3-x", "seeds: cannot read '3-x'; expected integers like"),
     ("", "seeds has an empty item"),
-    ("8-3", "seeds: cannot read '8-3'"),
+    ("8-3", "seeds: the range '8-3' is reversed; write it from low to high, '3-8'"),
     ("1,,2", "seeds has an empty item"),
     ("2-8:0", "seeds: cannot read '2-8:0'"),
     ("1.5", "seeds: cannot read '1.5'"),

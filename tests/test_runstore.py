@@ -109,11 +109,27 @@ def test_a_different_sweep_or_foreign_folder_is_refused(tmp_path):
         open_store(afile)
 
 
-def test_another_kdalab_version_is_refused(tmp_path, monkeypatch):
+def test_another_kdalab_version_resumes_and_another_numerics_version_is_refused(
+        tmp_path, monkeypatch):
+    """The package version changes with every commit: a pull must not break a resume. The
+    numerics version is what decides: another one is refused (its numbers differ)."""
     with open_store(tmp_path) as store:
         fill(store, range(5))
+    assert json.loads((tmp_path / "manifest.json").read_text())["numerics"] == \
+        identity.NUMERICS_VERSION
     monkeypatch.setattr(identity, "kdalab_version", lambda: "9.9.9")
-    with pytest.raises(StoreError, match="written by kdalab .* this is 9.9.9"):
+    with open_store(tmp_path, resume=True) as store:  # a newer kdalab, the same numbers
+        assert int(store.done.sum()) == 5
+        fill(store, range(5, 8))
+    monkeypatch.setattr(identity, "NUMERICS_VERSION", identity.NUMERICS_VERSION + 1)
+    with pytest.raises(StoreError, match=f"numerics version {identity.NUMERICS_VERSION - 1} "
+                                         f".*this kdalab computes version "
+                                         f"{identity.NUMERICS_VERSION}.*--force"):
+        open_store(tmp_path, resume=True)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest["numerics"]  # a store written before numerics versions
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(StoreError, match="before numerics versions"):
         open_store(tmp_path, resume=True)
 
 

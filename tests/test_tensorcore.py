@@ -347,15 +347,14 @@ def test_golden_h200_runs_reproduced(h200_records):
 
 def test_the_seed_documents_76_printed_values(h200_records):
     """`kdalab reproduce` (its default, the H200 emulated) prints every cell of the seed
-    document's three tables as the document prints them (tests/data/seed_tables.json: the 76
+    document's three tables as the document prints them (kdalab/data/seed_tables.json: the 76
     values, transcribed); the seed code's CPU fallback (fp16-seq) does not (the document's
     numbers were measured on an H200)."""
     from kdalab.studies.aggregate import summarize
     from kdalab.studies.sweep import run_sweep, seed_reproduction_runs
-    from kdalab.views.tables import seed_tables
+    from kdalab.views.tables import published_seed_tables, seed_tables
 
-    published = json.loads((Path(__file__).parent / "data" / "seed_tables.json").read_text())
-    published = published["tables"]
+    published = published_seed_tables()
 
     def printed(records) -> dict:
         out = {}

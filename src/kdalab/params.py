@@ -29,8 +29,8 @@ from kdalab.errors import Unavailable
 if TYPE_CHECKING:
     from kdalab.arith import AccumulationModel, Format
 
-__all__ = ["integer", "int_list", "name_list", "choice", "choices",
-           "lower_bound", "lower_bounds", "accumulation", "accumulations", "scale_format",
+__all__ = ["integer", "int_list", "name_list", "choice", "choices", "lower_bound",
+           "lower_bounds", "lower_bound_range", "accumulation", "accumulations", "scale_format",
            "device", "output_folder", "config_file", "renamed", "INT_LIST_HELP", "option_field",
            "read_sweep_file", "user_path", "run_count", "MAX_ITEMS", "MAX_RUNS",
            "MAX_RECORDS_PER_RUN"]
@@ -106,9 +106,12 @@ def int_list(value, name: str, minimum: int | None = None) -> tuple[int, ...]:
             continue
         m = _ITEM.match(item)
         lo, hi, step = (None, None, None) if m is None else m.groups()
-        if m is None or (hi is not None and int(hi) < int(lo)) or step == "0" or (
-                step is not None and int(step) < 1):
+        if m is None or step == "0" or (step is not None and int(step) < 1):
             raise ValueError(f"{name}: cannot read {item!r}; expected {INT_LIST_HELP}")
+        if hi is not None and int(hi) < int(lo):
+            fixed = f"{hi}-{lo}" + (f":{step}" if step else "")
+            raise ValueError(f"{name}: the range {item!r} is reversed; write it from low to "
+                             f"high, {fixed!r}")
         items = range(int(lo), int(lo) + 1) if hi is None else range(int(lo), int(hi) + 1,
                                                                       int(step or 1))
         for end in (items.start, items.stop - 1) if items else ():
@@ -147,8 +150,19 @@ def choices(value, name: str, options: Iterable[str]) -> tuple[str, ...]:
     return tuple(choice(v, name, options) for v in name_list(value, name))
 
 
-def lower_bound(value, name: str = "lower_bound") -> float:
-    """The gate's lower bound: a finite number < 0 (the log-decay lies in (lower_bound, 0))."""
+_UNBOUNDED = ("unbounded", "none")
+
+
+def lower_bound(value, name: str = "lower_bound", *, unbounded: bool = False) -> float | None:
+    """The gate's lower bound: a finite number < 0 (the log-decay lies in (lower_bound, 0)),
+    the one range every layer takes (a kernel that takes fewer declares it: its adapter's
+    ``lower_bound_range``); with ``unbounded``, None or the word ``unbounded`` for the gate
+    without a bound."""
+    if unbounded and (value is None or (isinstance(value, str)
+                                        and value.strip().lower() in _UNBOUNDED)):
+        return None
+    if isinstance(value, str) and value.strip().lower() in _UNBOUNDED:
+        raise ValueError(f"{name}: this needs a bound (a finite number < 0); got {value!r}")
     try:
         if isinstance(value, bool):
             raise ValueError
@@ -156,34 +170,38 @@ def lower_bound(value, name: str = "lower_bound") -> float:
     except (TypeError, ValueError):
         lb = math.nan
     if not (math.isfinite(lb) and lb < 0):
-        raise ValueError(f"{name} must be a finite number < 0 (the log-decay lies in "
+        also = " or 'unbounded'" if unbounded else ""
+        raise ValueError(f"{name} must be a finite number < 0{also} (the log-decay lies in "
                          f"(lower_bound, 0)), got {_plain(value)}")
     return lb
 
 
-_UNBOUNDED = ("unbounded", "none")
-
-
 def lower_bounds(value, name: str = "lower_bounds", *,
                  unbounded: bool = False) -> tuple[float | None, ...]:
-    """Lower bounds, comma-separated (or a list); with ``unbounded``, the word ``unbounded``
-    (or None) stands for the gate without a bound."""
-    out: list[float | None] = []
-    for item in _items(value, name):
-        if unbounded and (item is None or str(item).strip().lower() in _UNBOUNDED):
-            out.append(None)
-        elif isinstance(item, str) and not unbounded and item.lower() in _UNBOUNDED:
-            raise ValueError(f"{name}: this study needs a bound; got {item!r}")
-        elif not unbounded:
-            out.append(lower_bound(item, name))
-        else:
-            try:
-                out.append(lower_bound(item, name))
-            except ValueError:
-                raise ValueError(f"{name} must be a finite number < 0 or 'unbounded' (the "
-                                 f"log-decay lies in (lower_bound, 0)), got {_plain(item)}"
-                                 ) from None
-    return tuple(dict.fromkeys(out))
+    """Lower bounds, comma-separated (or a list), each as :func:`lower_bound` takes it."""
+    items = [None] if value is None and unbounded else _items(value, name)
+    return tuple(dict.fromkeys(lower_bound(item, name, unbounded=unbounded) for item in items))
+
+
+def lower_bound_range(value, name: str = "lower_bound") -> tuple[float, float]:
+    """A range of lower bounds ``LOW:HIGH`` (text, or a pair), LOW <= HIGH, each a lower bound
+    (:func:`lower_bound`); one number is the range of that bound alone."""
+    if isinstance(value, str):
+        lo, sep, hi = value.partition(":")
+        pair = (lo, hi) if sep else (lo, lo)
+    elif isinstance(value, (tuple, list)) and len(value) == 2:
+        pair = tuple(value)
+    else:
+        pair = (value, value)
+    try:
+        lo, hi = (lower_bound(x, name) for x in pair)
+    except ValueError:
+        raise ValueError(f"{name} must be a number < 0 or a range LOW:HIGH of them, got "
+                         f"{_plain(value)}") from None
+    if lo > hi:
+        raise ValueError(f"{name}: the range {_plain(value)} is reversed; LOW:HIGH with LOW <= "
+                         f"HIGH, e.g. '{hi:g}:{lo:g}'")
+    return lo, hi
 
 
 def _cuda_available() -> bool:

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-__all__ = ["mark"]
+__all__ = ["mark", "on", "OFF"]
 
 _IMPORTED = time.perf_counter()
 
@@ -23,8 +23,18 @@ def _since_start() -> float:
         return time.perf_counter() - _IMPORTED
 
 
+#: the values of ``KDALAB_TIMELINE`` that leave it off (as unset)
+OFF = ("", "0", "false", "no", "off")
+
+
+def on() -> bool:
+    """Whether ``KDALAB_TIMELINE`` asks for the marks: set to anything but 0, false, no, off
+    or nothing."""
+    return os.environ.get("KDALAB_TIMELINE", "").strip().lower() not in OFF
+
+
 def mark(what: str) -> None:
-    """With ``KDALAB_TIMELINE`` set, ``timeline <seconds since the process started> <what>`` on
-    stderr: where a command's time goes (docs/sweeps.md)."""
-    if os.environ.get("KDALAB_TIMELINE"):
+    """With ``KDALAB_TIMELINE`` on (:func:`on`), ``timeline <seconds since the process started>
+    <what>`` on stderr: where a command's time goes (docs/sweeps.md)."""
+    if on():
         print(f"timeline {_since_start():7.3f} s  {what}", file=sys.stderr, flush=True)

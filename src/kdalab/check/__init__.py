@@ -21,10 +21,10 @@ from kdalab.check.cases import (
     reference,
     select_cases,
 )
-from kdalab.check.harness import DeviceFault, Thresholds, identical, run_check
+from kdalab.check.harness import DeviceFault, Thresholds, bits_equal, run_check
 from kdalab.check.replay import replay_cases, write_inputs
 
 __all__ = ["BUILTIN", "ConventionError", "KernelAdapter", "KernelUnavailable", "load_kernel",
            "SUITES", "Case", "CaseInputs", "case_inputs", "get_suite", "reference",
-           "select_cases", "DeviceFault", "Thresholds", "identical", "run_check",
+           "select_cases", "DeviceFault", "Thresholds", "bits_equal", "run_check",
            "DEFAULT_BUDGET", "floor_reference", "capture", "replay_cases", "write_inputs"]

@@ -51,8 +51,10 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from kdalab.check.cases import CaseInputs
+from kdalab import params
+from kdalab.check.cases import Case, CaseInputs
 from kdalab.check.tensors import GRADIENTS
+from kdalab.inputs.sequences import STATE_DTYPES
 from kdalab.kda import GATES
 
 __all__ = ["KernelAdapter", "ConventionError", "KernelUnavailable", "gate_mode"]
@@ -98,6 +100,12 @@ class KernelAdapter:
                           always normalizes, pre-normalized cases are unsupported)
     ``finite_only``       it refuses non-finite inputs (poisoned cases: unsupported)
     ``empty_sequences``   it takes zero-length packed sequences
+    ``lower_bound_range`` ``(low, high)``: the lower bounds it takes, low <= lower_bound < high
+                          (None: any, every lower bound < 0)
+    ``gates``             the gate modes it takes (:data:`kdalab.kda.GATES`): the
+                          lower-bounded sigmoid gate ``lower_bound``, fla's unbounded softplus
+                          gate ``unbounded`` (lower_bound None), a ``log_decay`` g; others:
+                          unsupported
     ``other_layout``      keyword arguments that switch the kernel to the other state layout
                           (None: it takes one; the layout contract is then unsupported)
     ``decode``            its decode function (module docstring; ``dt_bias`` as above), or
@@ -105,8 +113,6 @@ class KernelAdapter:
     ``grad_fn``           its differentiable form (the convention; torch autograd through it
                           gives the gradients), or None: ``fn`` itself
     ``no_backward``       why it has no backward (``--grad``: every case unsupported), or ""
-    ``gates``             the gate modes it takes (:data:`kdalab.kda.GATES`; others:
-                          unsupported)
     ``requires``          import names that must be importable (checked before the run)
     ``note``              appended to the message when the kernel cannot run here
     """
@@ -123,6 +129,7 @@ class KernelAdapter:
     qk_l2norm_flag: str | None = "use_qk_l2norm"
     finite_only: bool = False
     empty_sequences: bool = True
+    lower_bound_range: tuple[float, float] | None = None
     other_layout: dict | None = None
     decode: Callable | None = None
     grad_fn: Callable | None = None
@@ -142,10 +149,17 @@ class KernelAdapter:
             raise ValueError(f"state_layout must be 'KV' or 'VK', got {self.state_layout!r}")
         if self.dt_bias_shape not in ("HK", "flat"):
             raise ValueError(f"dt_bias_shape must be 'HK' or 'flat', got {self.dt_bias_shape!r}")
-        if not self.gates or any(g not in GATES for g in self.gates):
+        if not self.gates:
             raise ValueError(f"gates must be some of {', '.join(GATES)}, got {self.gates!r}")
         if not self.name:
             object.__setattr__(self, "name", getattr(self.fn, "__name__", "kernel"))
+        if self.lower_bound_range is not None:
+            low, high = self.lower_bound_range
+            if not (low < high <= 0):
+                raise ValueError(f"lower_bound_range must be (low, high) with low < high <= 0, "
+                                 f"got {self.lower_bound_range!r}")
+        object.__setattr__(self, "gates", tuple(params.choice(g, "gates", GATES)
+                                                for g in self.gates))
 
     # -- before the run ---------------------------------------------------------------------
 
@@ -177,21 +191,40 @@ class KernelAdapter:
 
     # -- per case ---------------------------------------------------------------------------
 
+    def declines(self, *, K: int, V: int, lower_bound: float | None, gate: str = "lower_bound",
+                 state_dtype: torch.dtype | None = None) -> str | None:
+        """Why the kernel declares it cannot take inputs of these dims, gate and initial-state
+        dtype (None: no initial state), or None: what ``check`` and ``hunt`` ask before they
+        run anything (:meth:`declines_case`, :func:`kdalab.hunt.search.supported_bounds`)."""
+        if self.head_dims is not None and (K not in self.head_dims or V not in self.head_dims):
+            return f"head dims K={K}, V={V}: takes {', '.join(map(str, self.head_dims))}"
+        if self.same_head_dims and K != V:
+            return f"K={K} != V={V}: takes K = V only"
+        if gate not in self.gates:
+            return f"gate {gate!r}: takes {', '.join(self.gates)}"
+        if self.lower_bound_range is not None and lower_bound is not None:
+            low, high = self.lower_bound_range
+            if not low <= lower_bound < high:
+                return f"lower bound {lower_bound:g}: takes lower bounds in [{low:g}, {high:g})"
+        if state_dtype is not None and state_dtype not in self.state_dtypes:
+            return (f"initial state in {str(state_dtype).removeprefix('torch.')}: takes "
+                    f"{', '.join(str(d).removeprefix('torch.') for d in self.state_dtypes)}")
+        return None
+
+    def declines_case(self, case: Case) -> str | None:
+        """:meth:`declines` for a case, from its parameters (before its inputs are drawn)."""
+        return self.declines(K=case.K, V=case.V, lower_bound=case.lower_bound, gate=case.gate,
+                             state_dtype=STATE_DTYPES[case.initial_state])
+
     def unsupported(self, x: CaseInputs) -> str | None:
         """Why the kernel declares it cannot take these inputs, or None."""
-        kd, vd = x.q.shape[-1], x.v.shape[-1]
-        if x.gate not in self.gates:
-            return f"the {x.gate} gate: takes {', '.join(self.gates)}"
         if x.gate == "log_decay" and not self._takes("gate"):
             return "takes no gate keyword (g as the log-decay: gate='log_decay')"
-        if self.head_dims is not None and (kd not in self.head_dims or vd not in self.head_dims):
-            return f"head dims K={kd}, V={vd}: takes {', '.join(map(str, self.head_dims))}"
-        if self.same_head_dims and kd != vd:
-            return f"K={kd} != V={vd}: takes K = V only"
         h0 = x.initial_state
-        if h0 is not None and h0.dtype not in self.state_dtypes:
-            return (f"initial state in {str(h0.dtype).removeprefix('torch.')}: takes "
-                    f"{', '.join(str(d).removeprefix('torch.') for d in self.state_dtypes)}")
+        why = self.declines(K=x.q.shape[-1], V=x.v.shape[-1], lower_bound=x.lower_bound,
+                            gate=x.gate, state_dtype=None if h0 is None else h0.dtype)
+        if why is not None:
+            return why
         if not x.use_qk_l2norm and not self._takes(self.qk_l2norm_flag):
             return "always L2-normalizes q and k (no way to turn it off)"
         if self.finite_only and not all(bool(t.isfinite().all()) for t in (x.q, x.k, x.v)):

@@ -55,7 +55,8 @@ def _fla() -> KernelAdapter:
     # fla's chunk_kda raises "initial_state must be in float32." on a bf16 state: declared
     return KernelAdapter(peers.fla_chunk_kda, name="fla", devices=("cuda",),
                          state_dtypes=(torch.float32,), other_layout={"state_v_first": True},
-                         decode=_fla_decode, requires=(peers.PEERS["fla"],))
+                         decode=_fla_decode, requires=(peers.PEERS["fla"],),
+                         lower_bound_range=(-5.0, 0.0))
 
 
 def _fla_decode(q, k, v, g, beta, *, state_pool, state_indices, **kw):

@@ -11,7 +11,7 @@ from kdalab.arith import rel_rmse
 from kdalab.check.adapters import ConventionError, KernelAdapter
 from kdalab.check.cases import CaseInputs
 
-__all__ = ["DeviceFault", "Raised", "call", "identical", "same", "rel", "max_abs",
+__all__ = ["DeviceFault", "Raised", "call", "bits_equal", "same", "rel", "max_abs",
            "max_diff", "nonfinite", "message", "worst_rel_diff"]
 
 
@@ -22,7 +22,7 @@ class DeviceFault(Exception):
 _INTS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def identical(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Elementwise: the same bits (same dtype), or the same value (NaN equal to NaN) when the
     dtypes differ."""
     if a.dtype == b.dtype and a.dtype.is_floating_point:
@@ -33,7 +33,7 @@ def identical(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and bool(identical(a, b).all())
+    return a.shape == b.shape and a.dtype == b.dtype and bool(bits_equal(a, b).all())
 
 
 def rel(a: torch.Tensor, e: torch.Tensor) -> float:

@@ -42,6 +42,7 @@ from fnmatch import fnmatchcase
 
 import torch
 
+from kdalab import params
 from kdalab.check.tensors import CaseInputs, read_inputs
 from kdalab.inputs.sequences import LOG_DECAY_DTYPES, STATES, SequenceSpec, draw, preset
 from kdalab.kda import GATES, reference_forward
@@ -116,11 +117,11 @@ class Case:
         if self.gate == "unbounded":
             if self.lower_bound is not None:
                 bad("lower_bound", "must be None for the unbounded gate")
-        elif not (self.gate == "log_decay" and self.lower_bound is None) and not (
-                isinstance(self.lower_bound, (int, float)) and math.isfinite(self.lower_bound)
-                and self.lower_bound < 0):
-            bad("lower_bound", "must be a finite number < 0" + (
-                " or None (no promise)" if self.gate == "log_decay" else ""))
+        elif not (self.gate == "log_decay" and self.lower_bound is None):
+            # the one parse of a lower bound (kdalab.params)
+            object.__setattr__(self, "lower_bound",
+                               params.lower_bound(self.lower_bound, f"case {self.name!r}: "
+                                                                    "lower_bound"))
         if self.g_dtype not in LOG_DECAY_DTYPES or (self.gate != "log_decay" and not self.source
                                                     and self.g_dtype != "bf16"):
             bad("g_dtype", "must be bf16 (a drawn raw gate input), or fp32 or bf16 (a log-decay "

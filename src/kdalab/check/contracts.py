@@ -80,9 +80,9 @@ def _perturbed(x: CaseInputs, split: int, seed: int, perturb: str) -> CaseInputs
 def _first_change(a: torch.Tensor, b: torch.Tensor) -> str:
     """Where ``a`` and ``b`` (``[B, T, H, ...]``) first differ in any bit: the earliest time
     position, in the first sequence and head that differ there."""
-    from kdalab.check.calls import identical
+    from kdalab.check.calls import bits_equal
 
-    differs = ~identical(a, b).reshape(a.shape[0], a.shape[1], a.shape[2], -1).all(-1)
+    differs = ~bits_equal(a, b).reshape(a.shape[0], a.shape[1], a.shape[2], -1).all(-1)
     t = int(differs.any(2).any(0).nonzero()[0, 0])
     seq, head = (int(i) for i in differs[:, t].nonzero()[0])
     return f"t = {t}, sequence {seq}, head {head}"

@@ -40,8 +40,8 @@ from kdalab.check.budget import DEFAULT_BUDGET, Floors, floor_reference, judge_e
 from kdalab.check.calls import (
     DeviceFault,
     Raised,
+    bits_equal,
     call,
-    identical,
     max_abs,
     nonfinite,
     rel,
@@ -52,7 +52,7 @@ from kdalab.check.cases import Case, CaseInputs, case_inputs, reference
 from kdalab.check.contracts import CONTRACT_FIELDS, judge_contract
 from kdalab.check.gradients import GRAD_FIELDS, GradientCheck, grad_references
 
-__all__ = ["Thresholds", "DeviceFault", "run_check", "blank_record", "identical", "MODES",
+__all__ = ["Thresholds", "DeviceFault", "run_check", "blank_record", "bits_equal", "MODES",
            "case_references"]
 
 MODES = ("fp64", "fidelity")
@@ -154,8 +154,8 @@ def _judge_fidelity(kernel, x, case, theirs, floors, th: Thresholds) -> tuple[di
     bo, bs = theirs
     rec = {"deterministic": deterministic, "o_dtype": _dtype(o), "state_dtype": _dtype(s)}
     oj, boj, sj, bsj = o[x.rows], bo[x.rows], s[x.states], bs[x.states]
-    rec["o_identical"] = float(identical(oj, boj).double().mean()) if oj.numel() else math.nan
-    rec["state_identical"] = (float(identical(sj, bsj).double().mean()) if sj.numel()
+    rec["o_identical"] = float(bits_equal(oj, boj).double().mean()) if oj.numel() else math.nan
+    rec["state_identical"] = (float(bits_equal(sj, bsj).double().mean()) if sj.numel()
                               else math.nan)
     rec["o_worst_rel_diff"] = worst_rel_diff(oj, boj)
     rec["state_worst_rel_diff"] = worst_rel_diff(sj, bsj)

@@ -3,8 +3,8 @@ illegal address poisons the CUDA context for the rest of its process), dies or h
 itself down. The case it was on is recorded as failed (``crashed: ...``), its later cases as
 ``skipped``, and the other kernels run as usual. Records are identical to an in-process run's.
 A worker stopped by SIGINT or SIGTERM was interrupted with the run, not crashed: its cases get
-no record (KeyboardInterrupt), and ``--resume`` runs them (each worker is given only its
-kernel's cases without a record).
+no record (:class:`~kdalab.errors.Interrupted`), and ``--resume`` runs them (each worker is
+given only its kernel's cases without a record).
 
 The workers' files live in a temporary folder removed at the end, whatever happens: the job,
 the records a worker streams back (JSON lines, read as they come and handed to ``sink`` at
@@ -30,7 +30,8 @@ from pathlib import Path
 from kdalab.check.adapters import ConventionError
 from kdalab.check.cases import Case
 from kdalab.check.harness import Thresholds, blank_record
-from kdalab.check.worker import EXIT_CONVENTION, EXIT_DEVICE_FAULT
+from kdalab.check.worker import CONVENTION
+from kdalab.errors import Interrupted
 
 __all__ = ["run_isolated"]
 
@@ -110,7 +111,8 @@ def _one_kernel(i, spec, cases, work: Path, *, suite, device, thresholds, agains
     job = {"kernel": spec, "against": against, "device": device, "suite": suite,
            "cases": [asdict(c) for c in cases], "thresholds": asdict(thresholds),
            "exclude": sorted((exclude or {}).get(spec, ())),
-           "records": str(part / "stream.jsonl"), "references": str(work / "references")}
+           "records": str(part / "stream.jsonl"), "references": str(work / "references"),
+           "verdict": str(part / "verdict.json")}
     (part / "job.json").write_text(json.dumps(job), encoding="utf-8")
     (before, total), recs = at, []
     stream = _Lines(part / "stream.jsonl")
@@ -157,20 +159,21 @@ def _one_kernel(i, spec, cases, work: Path, *, suite, device, thresholds, agains
     if timings is not None:
         timings[spec] = timings.get(spec, 0.0) + time.perf_counter() - t0
     message = _last_line(part / "stderr.log")
-    if rc == EXIT_CONVENTION:
-        raise ConventionError(message or f"kernel {spec!r} broke the convention")
+    verdict = _verdict(part / "verdict.json")
+    if verdict is not None and verdict["kind"] == CONVENTION:
+        raise ConventionError(verdict["message"])
     seen = {r["case"] for r in recs}
     missing = [c for c in cases if c.name not in seen]
     if missing and not timed_out and rc in (-signal.SIGINT, -signal.SIGTERM):
         # stopped from outside, not crashed: Ctrl-C reaches the whole foreground process
         # group and `timeout` signals its own, so the worker may see it before this process
         # does; its cases stay without a record, for --resume
-        raise KeyboardInterrupt(f"kernel {spec!r}: its process was stopped by a signal")
+        raise Interrupted(-rc, f"kernel {spec!r}: its process was stopped by a signal")
     if missing:
         if timed_out:
             reason = f"no answer within {timeout:g} s (killed; --case-timeout)"
-        elif rc == EXIT_DEVICE_FAULT:
-            reason = message
+        elif verdict is not None:  # the device in an error state
+            reason = verdict["message"]
         else:
             reason = f"its process exited with code {rc}" + (f": {message}" if message else "")
         kept = _keep_log(part, logs, i, spec)
@@ -191,6 +194,15 @@ def _one_kernel(i, spec, cases, work: Path, *, suite, device, thresholds, agains
     if progress is not None:
         progress(before + len(cases), total, f"done · {spec}")
     return recs
+
+
+def _verdict(path: Path) -> dict | None:
+    """The worker's own verdict (:mod:`kdalab.check.worker`), or None when it wrote none: an
+    exit code alone is the kernel's (it may end the process with any)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
 
 
 def _keep_log(part: Path, logs, i: int, spec: str) -> Path | None:

@@ -11,8 +11,10 @@ files drawn from the records; all of them are listed in the manifest as the stor
 that a ``--force`` of another command removes them with the records.
 
 A folder is the check's own when it holds a check store (or the ``check.json`` of a check run
-written before the store); a check run replaces its own folder's records. Any other non-empty
-folder is refused unless ``force``.
+written before the store). The same check (kernels, cases, options and device) run again
+replaces its own folder's records; the records of another check are refused unless ``force``
+(or kept and continued with ``resume``, for the same check). Any other non-empty folder is
+refused unless ``force``.
 """
 
 from __future__ import annotations
@@ -157,7 +159,9 @@ def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str]
     keep = resume and own and is_store(path, kind=KIND)
     if keep:
         _same_run(path, config, name)
-    elif own:
+    elif own and not force:
+        _not_another_run(path, config, name)
+    if own and not keep:
         _clear_own(path)
     runs = {(c, k): i * len(kernels) + j for i, c in enumerate(cases)
             for j, k in enumerate(kernels)}
@@ -170,6 +174,27 @@ def open_run(folder: str | Path, *, kernels: Sequence[str], cases: Sequence[str]
     return CheckStore(store, runs)
 
 
+def _differences(stored: dict, given: dict) -> list[str]:
+    """Each setting in which a stored check's configuration differs from ``given``: ``key
+    stored X, given Y``."""
+    return [f"{key} {_brief(stored.get(key), given.get(key))}"
+            for key in dict.fromkeys([*stored, *given]) if stored.get(key) != given.get(key)]
+
+
+def _not_another_run(path: Path, config: dict, name: str) -> None:
+    """Refuse to replace the records of another check (other kernels, cases, options or
+    device) stored in ``path``: a ValueError (one line naming what differs). The same check
+    run again replaces its own records."""
+    if not is_store(path, kind=KIND):
+        return
+    reader = StoreReader.read_only(path, kind=KIND)
+    differ = _differences(reader.manifest.config, config) if reader.done.any() else []
+    if differ:
+        raise ValueError(f"{name} {str(path)!r} holds the records of another check (" +
+                         "; ".join(differ) + "): choose another --out, or --force to replace "
+                         "them")
+
+
 def _same_run(path: Path, config: dict, name: str) -> None:
     """Refuse to resume the check stored in ``path`` with another ``config`` (ValueError, one
     line naming each setting that differs, stored and given)."""
@@ -177,8 +202,7 @@ def _same_run(path: Path, config: dict, name: str) -> None:
         stored = Manifest.read(path).config
     except StoreError as exc:
         raise ValueError(f"--resume: {exc}") from None
-    differ = [f"{key} {_brief(stored.get(key), config.get(key))}"
-              for key in dict.fromkeys([*stored, *config]) if stored.get(key) != config.get(key)]
+    differ = _differences(stored, config)
     if differ:
         raise ValueError(f"--resume: {name} {str(path)!r} holds another check (" +
                          "; ".join(differ) + "): give the stored run's kernels and options, "

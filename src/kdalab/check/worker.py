@@ -3,8 +3,11 @@ that a kernel which leaves the GPU in an error state, dies or hangs takes only i
 :mod:`kdalab.check.isolate`). Records stream to the job's records file (JSON lines, flushed
 as each case finishes), which the parent reads as they come and stores.
 
-Exit codes: 0 done, 3 the kernel broke the convention, 4 the device is in an error state (the
-message is the last line on stderr)."""
+When the worker stops the check itself (the kernel broke the convention, or the device is in an
+error state), it says so in the job's ``verdict`` file (JSON: ``kind``, ``message``) before it
+exits with code 3 or 4. The parent decides from that file, not from the exit code: a kernel may
+end its process with any code (``os._exit(3)``), and that is the kernel's crash, recorded as
+its case's failure."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ from pathlib import Path
 
 EXIT_CONVENTION = 3
 EXIT_DEVICE_FAULT = 4
+#: the verdict file's kinds
+CONVENTION, DEVICE_FAULT = "convention", "device fault"
 
 
 def _shared_references(folder: Path, grad: bool):
@@ -63,12 +68,20 @@ def main(path: str) -> int:
                       references=_shared_references(Path(job["references"]),
                                                     job["thresholds"]["grad"]))
     except ConventionError as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CONVENTION
+        return _stop(job, CONVENTION, exc, EXIT_CONVENTION)
     except DeviceFault as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_DEVICE_FAULT
+        return _stop(job, DEVICE_FAULT, exc, EXIT_DEVICE_FAULT)
     return 0
+
+
+def _stop(job: dict, kind: str, exc: Exception, code: int) -> int:
+    """The worker's own verdict, written whole (a temporary file renamed) before it exits."""
+    print(exc, file=sys.stderr)
+    path = Path(job["verdict"])
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"kind": kind, "message": str(exc)}), encoding="utf-8")
+    tmp.replace(path)
+    return code
 
 
 if __name__ == "__main__":

@@ -12,16 +12,18 @@ What a command does, and what the boundary makes of it (every command, ``check``
   ``error:`` line and never exits by itself for a mistake.
 * **A verdict** — ``check`` finding a failing case: the command returns the exit code (an int)
   or raises ``typer.Exit(code)``; the boundary exits with it.
-* **Ctrl-C** — SIGINT raises :class:`~kdalab.cli.app.Interrupted` (a BaseException) wherever the
-  command is; commands do not catch it or KeyboardInterrupt to report it. A command that writes
+* **Ctrl-C and SIGTERM** — SIGINT and SIGTERM (``kill``, ``timeout``, a job scheduler) raise
+  :class:`~kdalab.cli.app.Interrupted` (a BaseException) wherever the command is: the handlers
+  are installed here, once, for every command; commands do not install their own, nor catch
+  Interrupted or KeyboardInterrupt to report it. A command that writes
   wraps its writing in ``try: … except BaseException:`` that appends to ``STATE.kept`` one phrase
   per thing kept (``"20 of 54 records kept in out"``), sets ``STATE.resume`` to how to go
   on (``"'kdalab check --redraw --out out' draws the report from them"``), and re-raises:
-  :func:`kdalab.cli.stored.run_into_folder` does it for a study's store, ``kdalab check`` for
-  its own. The boundary prints
-  ``interrupted: <STATE.kept joined by '; '>; <STATE.resume>`` and exits with code 130; when a
-  command declared nothing it says ``interrupted: nothing was kept``, so a command that writes
-  must declare what it kept.
+  :func:`kdalab.cli.stored.run_into_folder` does it for a study's store, ``kdalab check`` and
+  ``kdalab hunt`` for their own. The boundary prints
+  ``interrupted: <STATE.kept joined by '; '>; <STATE.resume>`` (``terminated:`` for SIGTERM)
+  and exits with code 130 (SIGTERM: 143); when a command declared nothing it says
+  ``interrupted: nothing was kept``, so a command that writes must declare what it kept.
 * **Out of memory** (a MemoryError, torch's failed allocation on the CPU or the GPU): one
   ``error:`` line saying how much was asked for, exit code 2.
 * **A closed stdout** (``kdalab … | head``) ends quietly, exit code 0.
@@ -30,6 +32,7 @@ What a command does, and what the boundary makes of it (every command, ``check``
 
 The boundary also expands ``~`` in every argument that starts with it (``--out '~/x'`` and
 ``--out=~/x``, which the shell leaves alone; TOML values are expanded by :mod:`kdalab.params`),
+reads ``--redraw PATH`` as ``--redraw --out PATH`` for every command (:func:`_redraw_folder`),
 and when stdout or stderr is not a terminal (a pipe, a CI log) it never folds a line at the
 console's width, so paths stay whole.
 
@@ -82,8 +85,12 @@ def _click_exceptions():
     return ClickException, NoArgsIsHelpError
 
 
-def _on_sigint(signum, frame):
-    raise Interrupted()
+#: the signals that stop a command cleanly, and the word the boundary says for each
+STOPPING = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+
+
+def _on_stop(signum, frame):
+    raise Interrupted(signum)
 
 
 class _GuardedStdout:
@@ -135,6 +142,36 @@ def _expand_home(args: list[str]) -> list[str]:
                                  "alone is your home folder)")
             arg = home if value is arg else f"{option}={home}"
         out.append(arg)
+    return out
+
+
+def _redraw_folder(args: list[str]) -> list[str]:
+    """Every command with a store takes its folder alike, ``--redraw --out PATH``; the short
+    forms ``--redraw=PATH`` and ``--redraw PATH`` are read as that, PATH an existing folder, or
+    a path that does not exist when no ``--out`` is given (an existing file is a config file,
+    and beside an ``--out`` a word is an argument: a kernel). A folder named both ways is a
+    ValueError."""
+    has_out = any(a == "--out" or a.startswith("--out=") for a in args)
+    out, folded = [], False
+    i = 0
+    while i < len(args):
+        arg, after = args[i], args[i + 1] if i + 1 < len(args) else None
+        if arg == "--":  # what follows is no option
+            out += args[i:]
+            break
+        if arg.startswith("--redraw="):
+            out += ["--redraw", "--out", arg.partition("=")[2]]
+            folded = True
+        elif arg == "--redraw" and after is not None and not after.startswith("-") and (
+                os.path.isdir(after) or not (has_out or os.path.exists(after))):
+            out += ["--redraw", "--out", after]
+            folded, i = True, i + 1
+        else:
+            out.append(arg)
+        i += 1
+    if folded and has_out:
+        raise ValueError("--redraw PATH and --out both name the folder: give it once, "
+                         "'--redraw --out PATH'")
     return out
 
 
@@ -191,7 +228,7 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
     ClickException, NoArgsIsHelpError = _click_exceptions()
     args = sys.argv[1:] if argv is None else list(argv)
     try:
-        args, unexpanded = _expand_home(args), None
+        args, unexpanded = _redraw_folder(_expand_home(args)), None
     except ValueError as exc:  # said by the boundary below, as any mistake
         unexpanded = exc
     _no_folding()
@@ -199,7 +236,7 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
     STATE.debug = "--debug" in args
     STATE.kept.clear()
     STATE.resume = ""
-    previous = signal.signal(signal.SIGINT, _on_sigint)
+    previous = {signum: signal.signal(signum, _on_stop) for signum in STOPPING}
     code, closed = 0, False
     real_stdout, sys.stdout = sys.stdout, _GuardedStdout(sys.stdout)
     try:
@@ -211,6 +248,8 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
         print(exc.ctx.get_help() if exc.ctx is not None else exc.format_message())
     except ClickException as exc:  # click's own: unknown option, bad type, missing value
         hint = f" (see '{exc.ctx.command_path} --help')" if getattr(exc, "ctx", None) else ""
+        if "--redraw" in args and "unexpected extra argument" in exc.format_message():
+            hint = " (--redraw takes the folder as '--redraw --out PATH')" + hint
         _error(exc.format_message() + hint)
         code = exc.exit_code if exc.exit_code else 2
     except (ValueError, KdalabError) as exc:
@@ -218,14 +257,15 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
             err_console.print_exception()
         _error(str(exc))
         code = 2
-    except (Interrupted, KeyboardInterrupt):
+    except (Interrupted, KeyboardInterrupt) as exc:
         if STATE.debug:
             err_console.print_exception()
+        signum = getattr(exc, "signum", signal.SIGINT)
         kept = "; ".join(STATE.kept) if STATE.kept else "nothing was kept"
         how = f"; {STATE.resume}" if STATE.resume else ""
-        err_console.print(f"interrupted: {kept}{how}", highlight=False, soft_wrap=True,
-                          markup=False)
-        code = 130
+        err_console.print(f"{STOPPING.get(signum, 'interrupted')}: {kept}{how}",
+                          highlight=False, soft_wrap=True, markup=False)
+        code = 128 + signum
     except (OutputClosed, BrokenPipeError):  # before ConnectionError, BrokenPipeError's base
         closed = True  # the reader went away (`kdalab … | head`): stop writing, quietly
         code = 0
@@ -249,7 +289,8 @@ def main(argv: list[str] | None = None, *, leave_now: bool = False) -> None:
         _error(_os_message(exc))
         code = 2
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
         sys.stdout = real_stdout
     try:
         sys.stdout.flush()

@@ -15,15 +15,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from kdalab.errors import Interrupted
 from kdalab.timeline import mark
 
 __all__ = ["app", "run_app", "console", "err_console", "prose", "STATE", "version", "Interrupted",
            "OutputClosed", "mark"]
-
-
-class Interrupted(BaseException):
-    """Ctrl-C, raised instead of KeyboardInterrupt so that it reaches the error boundary (the
-    command framework turns a KeyboardInterrupt into a silent exit 130)."""
 
 
 class OutputClosed(BaseException):

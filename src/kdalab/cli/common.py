@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from kdalab.cli.app import console
 
-__all__ = ["labelled", "print_table", "jsonable", "default_device"]
+__all__ = ["labelled", "print_table", "print_frame", "jsonable", "default_device"]
 
 
 def labelled(cls, raw: dict, names: dict):
@@ -43,6 +43,16 @@ def print_table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]
     width = max(console.width, console.measure(table).maximum)
     console.print(table, width=width, crop=False)
     console.print()
+
+
+def print_frame(title: str, frame) -> None:
+    """A pandas frame as :func:`print_table` prints it: floats in the seed's style (3
+    significant digits, ∞), everything else as text."""
+    from kdalab.views.tables import fmt_sci
+
+    print_table(title, [str(c) for c in frame.columns],
+                [[fmt_sci(v) if isinstance(v, float) else str(v) for v in row]
+                 for row in frame.itertuples(index=False)])
 
 
 def _is_number(text: str) -> bool:

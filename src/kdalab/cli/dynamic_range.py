@@ -40,7 +40,7 @@ def safe_chunk_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print a JSON object")] = False,
 ) -> None:
     from kdalab import params
-    from kdalab.kda.dynamic_range import count_text, safe_chunk, weakest_lower_bound
+    from kdalab.kda.safe_chunk import count_text, safe_chunk, weakest_lower_bound
 
     if lower_bound is None and chunk is None:
         raise ValueError("give --lower-bound (the largest safe chunk) or --chunk (the weakest "
@@ -128,12 +128,17 @@ def run_dynamic_range(
 
 
 def _dynamic_range_views(store, show: bool) -> list[Path]:
+    from kdalab.cli.common import print_frame
     from kdalab.studies.dynamic_range import SweepGrid, calculator
     from kdalab.views.dynamic_range import write_views
 
     grid = SweepGrid(**{k: tuple(v) if isinstance(v, list) else v
                         for k, v in store.manifest.config.items()})
-    return write_views(store.records(), calculator(grid), store.folder)
+    paths, tables = write_views(store.records(), calculator(grid), store.folder)
+    if show:
+        for title, frame in tables:
+            print_frame(title, frame)
+    return paths
 
 
 @run_app.command(
@@ -169,11 +174,9 @@ def run_diagonal_tile(
 
 
 def _diagonal_tile_views(store, show: bool) -> list[Path]:
-    from kdalab.cli.common import print_table
+    from kdalab.cli.common import print_frame
     from kdalab.studies.diagonal_tile import summarize
     from kdalab.views.diagonal_tile import write_diagonal_tile_views
-    from kdalab.views.tables import fmt_sci
-
     records = store.records()
     paths = write_diagonal_tile_views(records, store.folder)
     if show:
@@ -181,7 +184,5 @@ def _diagonal_tile_views(store, show: bool) -> list[Path]:
         for title, frame in (("Work per chunk (counted)", tabs["work"]),
                              ("rel RMSE of P vs float64 per pair (median over seeds; ∞: "
                               "non-finite entries)", tabs["errors_wide"])):
-            print_table(title, [str(c) for c in frame.columns],
-                        [[fmt_sci(v) if isinstance(v, float) else str(v) for v in row]
-                         for row in frame.itertuples(index=False)])
+            print_frame(title, frame)
     return paths

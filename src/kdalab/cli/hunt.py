@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from kdalab.cli.app import STATE, Interrupted, app, console, err_console, prose
+from kdalab.cli.app import STATE, Interrupted, app, console, prose
 
 _EPILOG = (
     "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, fla, fla-recurrent, flashkda "
@@ -33,28 +32,6 @@ _EPILOG = (
 #: defaults by device: T, heads (a CPU evaluation stays well under a second)
 _DEFAULTS = {"cpu": dict(min_T=16, max_T=256, max_heads=4),
              "cuda": dict(min_T=64, max_T=4096, max_heads=8)}
-
-
-def _lower_bound_range(text: str) -> tuple[float, float]:
-    lo, sep, hi = text.partition(":")
-    try:
-        pair = (float(lo), float(hi)) if sep else (float(lo), float(lo))
-    except ValueError:
-        raise ValueError(f"--lower-bound must be a number or LOW:HIGH, got {text!r}") from None
-    if not all(math.isfinite(x) and x < 0 for x in pair) or pair[0] > pair[1]:
-        raise ValueError(f"--lower-bound must be a number < 0 or LOW:HIGH with LOW <= HIGH < 0, "
-                         f"got {text!r}")
-    return pair
-
-
-def _dims(text: str) -> tuple[int, ...]:
-    from kdalab import params
-
-    try:
-        return params.int_list(text, "--dims", minimum=1)
-    except ValueError:
-        raise ValueError(f"--dims must be comma-separated integers >= 1 (or ranges like "
-                         f"'32-128:32'), got {text!r}") from None
 
 
 @app.command("hunt", epilog=_EPILOG, help=prose("""
@@ -173,7 +150,8 @@ def hunt_command(
     try:
         cfg_bounds = supported_bounds(cfg.bounds, tgt)
     except ValueError as exc:
-        raise params.renamed(exc, {"dims": "--dims", "gates": "--gates"}) from None
+        raise params.renamed(exc, {"dims": "--dims", "gates": "--gates",
+                                   "lower_bound": "--lower-bound"}) from None
     history: list[dict] = []
     path = params.user_path(out, "--out")
     # one hunt at a time in a folder: another one writing it is refused, not interleaved
@@ -263,13 +241,12 @@ def _bounds(d, min_t, max_t, min_heads, max_heads, dims, lower_bound, max_sequen
     names = {"min_T": "--min-T", "max_T": "--max-T", "min_heads": "--min-heads",
              "max_heads": "--max-heads", "max_sequences": "--max-sequences", "dims": "--dims",
              "lower_bound": "--lower-bound"}
-    dims = _dims(dims)  # (its message names --dims already)
     try:
         return Bounds(min_T=d["min_T"] if min_t is None else min_t,
                       max_T=d["max_T"] if max_t is None else max_t, min_heads=min_heads,
                       max_heads=d["max_heads"] if max_heads is None else max_heads,
-                      dims=dims, lower_bound=_lower_bound_range(lower_bound),
-                      max_sequences=max_sequences, gates=_gates(gates))
+                      dims=dims, lower_bound=lower_bound, max_sequences=max_sequences,
+                      gates=_gates(gates))
     except ValueError as exc:
         text = str(exc)
         for field, option in names.items():  # the fields as the options name them
@@ -325,25 +302,22 @@ def _device_name(device: str) -> str:
 
 
 def _search(cfg, target, sink, quiet, history):
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
+    from kdalab.cli.progress import WeightedProgress
     from kdalab.hunt import run_hunt
     from kdalab.hunt.evaluate import score
     from kdalab.views.tables import fmt_sci
 
     by_time = cfg.trials is None
     total = cfg.budget_s if by_time else cfg.trials
-    with Progress(TextColumn("[bold]hunt"), BarColumn(), TextColumn("{task.description}"),
-                  TimeElapsedColumn(), console=err_console, transient=True,
-                  disable=quiet or not err_console.is_terminal) as bar:
-        task = bar.add_task("starting", total=total)
+    with WeightedProgress("trials", None if by_time else cfg.trials, total, quiet,
+                          what="hunt") as bar:
 
         what = "gradient" if cfg.grad else "output"
 
         def progress(n, seconds, best):
             worst = "—" if best is None else fmt_sci(score(best, cfg.grad))
-            bar.update(task, completed=min(seconds, total) if by_time else n - len(history),
-                       description=f"{n} trials, worst {what} error {worst}")
+            bar.update(items=n - len(history), done=seconds if by_time else n - len(history),
+                       note=f"worst {what} error {worst}")
 
         return run_hunt(cfg, sink=sink, progress=progress, target=target, history=history)
 

@@ -23,7 +23,9 @@ other values where rounding matters. On --device cuda an h200 model runs as the 
 arithmetic, with the same bits.
 
 Stores the records in --out (Parquet parts keyed by run, resumable: see 'kdalab sweep'), then
-draws the three tables (Markdown and CSV), summary.csv and a plot (PNG and SVG) there."""))
+draws the three tables (Markdown and CSV), summary.csv and a plot (PNG and SVG) there, and
+ends with its verdict: how many of the document's 76 published values the tables reproduce, as
+printed (exit code 1, naming those that differ, when not all)."""))
 def reproduce(
     accumulation: Annotated[str, typer.Option(
         help=accumulation_help("Accumulation model of the Neumann products"))] = "h200",
@@ -45,26 +47,48 @@ def reproduce(
 ) -> None:
     from kdalab import params
     from kdalab.cli.sweep import run_plan
+    from kdalab.errors import Unavailable
     from kdalab.records import is_store
     from kdalab.studies.plan import STORE_KIND
     from kdalab.studies.sweep import SweepPlan
 
-    seed_list = params.int_list(seeds, "--seeds", minimum=0)
-    chunk_list = params.int_list(chunks, "--chunks", minimum=1) if chunks is not None else None
-    dim = params.integer(dim, "--dim", 1)
-    device = params.device(device, "--device")
-    model = params.accumulation(accumulation, "--accumulation", device.partition(":")[0])
-
-    try:
-        plan = SweepPlan.seed_tables(seed_list, dim, chunk_list, [model], device)
-    except ValueError as exc:
-        raise params.renamed(exc, {"chunks": "--chunks", "dim": "--dim"}) from None
+    try:  # every option parsed once, by the plan
+        plan = SweepPlan.seed_tables(seeds, dim, chunks, [accumulation], device)
+    except (ValueError, Unavailable) as exc:
+        raise params.renamed(exc, {"chunks": "--chunks", "dim": "--dim", "seeds": "--seeds",
+                                   "device": "--device",
+                                   "accumulations": "--accumulation"}) from None
     out = params.output_folder(out, "--out", create=False)
     if not force and is_store(out, STORE_KIND):
         # the main job is idempotent: run again, it keeps what its store holds and runs the rest
         # (a store of other options is still refused, with how to replace it)
         resume = True
     paths = run_plan(plan, out, resume=resume, force=force, quiet=quiet, json_export=json,
-                     again="kdalab reproduce (the same options) --out {out} --resume")
+                     again="kdalab reproduce (the same options) --out {out} --resume",
+                     what="reproduce")
     if not quiet:
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
+    _verdict(out, plan, chunks is None, quiet)
+
+
+def _verdict(out: Path, plan, seed_chunks: bool, quiet: bool) -> None:
+    """The last line: how many of the seed document's published values the tables reproduce,
+    compared as printed (exit code 1 and the ones that differ, when not all); nothing to
+    compare when the configuration is not the document's (other chunks, seeds or dim)."""
+    from kdalab.records import StoreReader
+    from kdalab.views.sweep_views import seed_verdict
+
+    if not seed_chunks or tuple(plan.seeds) != (0, 1, 2) or {d for _, d, _ in plan.cells} != {128}:
+        if not quiet:
+            console.print("not the seed document's configuration (its chunk sizes, seeds 0-2, "
+                          "dim 128): no published values to compare with", highlight=False)
+        return
+    same, total, differ = seed_verdict(StoreReader.read_only(out))
+    if not differ:
+        if not quiet:
+            console.print(f"[bold green]{same} of {total} published values reproduced[/]",
+                          highlight=False)
+        return
+    console.print(f"[bold red]{same} of {total} published values reproduced[/]; these differ: "
+                  + "; ".join(differ), highlight=False, soft_wrap=True)
+    raise typer.Exit(code=1)

@@ -45,8 +45,10 @@ def refuse_with_redraw(keep: tuple[str, ...] = REDRAW_KEEPS) -> None:
     for every command with a store, instead of options silently ignored."""
     extra = given_options(keep)
     if extra:
+        folder = ("; it takes its folder as '--redraw --out PATH'"
+                  if any(not e.startswith("-") for e in extra) else "")
         raise ValueError(f"--redraw draws from the stored records: it takes no "
-                         f"{', '.join(extra)}")
+                         f"{', '.join(extra)}{folder}")
 
 
 def refuse_resume_with_force(resume: bool, force: bool) -> None:
@@ -83,12 +85,13 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
                     quiet: bool = False, noun: str = "runs",
                     weight: Callable | None = None, total: float | None = None,
                     summary: Callable[[int, float], str] | None = None,
-                    records_option: str = "--seeds", runs_option: str = "--seeds"
-                    ) -> tuple[list[Path], int, float]:
-    """Run ``study`` (:class:`kdalab.runner.Study`) into the store in ``out`` with a progress bar
+                    records_option: str = "--seeds", runs_option: str = "--seeds",
+                    what: str = "sweep") -> tuple[list[Path], int, float]:
+    """Run ``study`` (:class:`kdalab.runner.Study`) into the store in ``out`` with progress
     (``weight(batch)``: a batch's estimated cost, ``total`` the study's; by default a cell
-    study's costs, else its runs), says ``summary(runs computed, seconds)`` and draws the views
-    (``draw(store, show)`` -> files: :func:`draw_views`). Returns the files written, the runs
+    study's costs, else its runs; ``what``: the work, as progress names it), says
+    ``summary(runs computed, seconds)`` and draws the views (``draw(store, show)`` -> files:
+    :func:`draw_views`). Returns the files written, the runs
     computed and the seconds they took. Interrupted, every finished part is kept and the
     boundary says how to continue (``again``, with ``{out}``). A study too large for this
     machine is refused before the store is made, naming ``runs_option`` when it has too many
@@ -111,7 +114,8 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
     t0 = time.perf_counter()
     try:
         paths, ran, elapsed = _run_into_store(study, out, draw, again, resume, force, backend,
-                                              address, quiet, noun, weight, total, summary, t0)
+                                              address, quiet, noun, weight, total, summary, t0,
+                                              what)
     except BaseException:
         if STATE.kept and not (out / "manifest.json").is_file():
             # the store removed what it had begun (nothing was stored): nothing to resume
@@ -122,7 +126,7 @@ def run_into_folder(study, out: Path, *, draw: Callable, again: str, resume: boo
 
 
 def _run_into_store(study, out, draw, again, resume, force, backend, address, quiet, noun,
-                    weight, total, summary, t0):
+                    weight, total, summary, t0, what):
     from kdalab.runner import open_store, run_into_store
 
     with open_store(study, out, resume=resume, force=force) as store:
@@ -132,8 +136,8 @@ def _run_into_store(study, out, draw, again, resume, force, backend, address, qu
             console.print(f"resuming: {before} of {store.runs} {noun} already stored in {out}/",
                           highlight=False)
         try:
-            with WeightedProgress(noun, store.runs, total, quiet) as bar:
-                bar.advance(before, total * before / max(store.runs, 1))
+            with WeightedProgress(noun, store.runs, total, quiet, what=what) as bar:
+                bar.start_at(before, total * before / max(store.runs, 1))
 
                 def advance(batch) -> None:
                     if bar.items == before:
@@ -170,6 +174,7 @@ def run_study(study, out: Path, draw: Callable, *, command: str, resume: bool, f
     paths, _, _ = run_into_folder(
         study, folder, draw=draw, resume=resume, force=force, quiet=quiet, noun=noun,
         records_option=records_option, runs_option="--chunks",  # cells grow with the chunks
+        what=command,
         again=f"kdalab run {command} (the same options) --out {{out}} --resume",
         summary=lambda ran, seconds: f"{ran} {noun} × {study.records_per_run} records in "
                                      f"{seconds:.1f} s")

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdalab.cli.app import app, console, mark, prose
-from kdalab.cli.options import FAMILIES, Force, Quiet, accumulation_help
+from kdalab.cli.options import FAMILIES, Force, Quiet, Redraw, accumulation_help
 
 _DEFAULT_OUT = Path("results/sweep")
 
@@ -24,13 +24,15 @@ manifest of the sweep): a sweep that is stopped or killed keeps every finished p
 --resume completes it with exactly the records of an uninterrupted run. A folder holding another
 sweep (or files that are not a sweep's) is refused unless --force. The seed's tables per
 configuration, summary.csv and a plot are drawn once, at the end, from the stored records;
---redraw draws them again. --backend ray runs the batches as Ray tasks on every GPU (or CPU) of
-this machine, or of the cluster at --address; the records are the same bit for bit.
+--redraw --out DIR draws them again. --backend ray runs the batches as Ray tasks on every GPU
+(or CPU) of this machine, or of the cluster at --address; the records are the same bit for bit.
 
 CONFIG is a TOML file whose keys are the options' names (dashes or underscores; plural forms
-work too), e.g. chunks = "4-16:4", lower-bound = [-5, -2], out = "results/x". Options given on
-the command line override the file."""))
+work too), e.g. chunks = "4-16:4", lower-bound = [-5, -2], out = "results/x", backend = "ray",
+and recipe; every option but --resume, --force and --redraw (what one run does with its folder).
+Options given on the command line override the file."""))
 def sweep(
+    ctx: typer.Context,
     config: Annotated[Optional[Path], typer.Argument(
         help="TOML file with the sweep (keys as the options)", show_default=False)] = None,
     families: Annotated[Optional[str], typer.Option(
@@ -65,36 +67,43 @@ def sweep(
         show_default="a new one on this machine")] = None,
     json: Annotated[bool, typer.Option(
         "--json", help="Also export every record to records.json")] = False,
-    redraw: Annotated[Optional[Path], typer.Option(
-        help="Draw the tables and plots again from the records stored in this folder",
-        show_default=False)] = None,
+    redraw: Redraw = False,
     quiet: Quiet = False,
 ) -> None:
     from kdalab import params
+    from kdalab.cli.stored import given_options
     from kdalab.runner import check_backend
     from kdalab.studies.sweep import option_field, read_sweep_file
 
     given = {"--families": families, "--chunks": chunks, "--seeds": seeds, "--dims": dims,
              "--accumulation": accumulation, "--lower-bound": lower_bound, "--device": device}
-    if redraw is not None:
+    if redraw:
         from kdalab.cli.stored import refuse_with_redraw
 
-        refuse_with_redraw(keep=("redraw", "json", "quiet"))
-        _redraw(Path(redraw), json, quiet)
+        refuse_with_redraw(keep=("redraw", "out", "json", "quiet"))
+        _redraw(params.user_path(_DEFAULT_OUT if out is None else out, "--out"), json, quiet)
         return
-    check_backend(backend, address)
-
     data: dict = {}
     labels: dict = {}
     out_label = "--out"
     if config is not None:
         path = params.config_file(config, "config")
+        run_options = {"backend": backend, "address": address, "json": json, "quiet": quiet}
         for key, value in read_sweep_file(path).items():
-            if option_field(key) == "out":  # checked even when --out overrides it
-                value = params.user_path(value, f"{path.name}: {key}")
-                out, out_label = (value, f"{path.name}: {key}") if out is None else (out, "--out")
-                continue
-            data[key], labels[key] = value, f"{path.name}: {key}"
+            label, field = f"{path.name}: {key}", option_field(key)
+            _known_key(ctx.command, field, label)
+            if field == "out":  # checked even when --out overrides it
+                value = params.user_path(value, label)
+                out, out_label = (value, label) if out is None else (out, "--out")
+            elif field in run_options:  # how to run, not what: the command line's wins
+                value = _run_option(field, value, label)  # checked even when overridden
+                if f"--{field}" not in given_options():
+                    run_options[field] = value
+            else:
+                data[key], labels[key] = value, label
+        backend, address, json, quiet = (run_options[k] for k in
+                                         ("backend", "address", "json", "quiet"))
+    check_backend(backend, address)
     for option, value in given.items():
         if value is None:
             continue
@@ -118,10 +127,52 @@ def sweep(
         console.print(f"wrote {len(paths)} files to {out}/", highlight=False)
 
 
+#: the command's options that say what one invocation does with its folder: not file keys
+_NOT_KEYS = ("config", "resume", "force", "redraw")
+
+
+def file_keys(command) -> dict[str, str]:
+    """The keys a sweep file takes, derived from the ``command``'s options (those that say
+    what to sweep, where, and how to run it; not what to do with the folder) and the sweep's
+    configuration: field -> the key as it is spelled (the option's name)."""
+    import dataclasses
+
+    from kdalab.studies.sweep import SweepConfig, option_field
+
+    keys = {option_field(p.name): p.opts[0].lstrip("-") for p in command.params
+            if p.name not in _NOT_KEYS}
+    for f in dataclasses.fields(SweepConfig):  # fields without an option (the recipe)
+        keys.setdefault(f.name, f.name.replace("_", "-"))
+    return keys
+
+
+def _known_key(command, field: str, label: str) -> None:
+    keys = file_keys(command)
+    if field not in keys:
+        raise ValueError(f"{label}: unknown key; expected one of {', '.join(keys.values())} "
+                         "(dashes or underscores; plural forms work too)")
+
+
+def _run_option(field: str, value, label: str):
+    """A file's ``backend``, ``address``, ``json`` or ``quiet``, parsed as the option is."""
+    from kdalab import params
+    from kdalab.runner.ray import BACKENDS
+
+    if field == "backend":
+        return params.choice(value, label, BACKENDS)
+    if field == "address":
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{label} must be host:port or auto, got {value!r}")
+        return value.strip()
+    if not isinstance(value, bool):
+        raise ValueError(f"{label} must be true or false, got {value!r}")
+    return value
+
+
 def run_plan(plan, out: Path, *, resume: bool = False, force: bool = False,
              backend: str = "local", address: str | None = None, quiet: bool = False,
-             json_export: bool = False, again: str = "kdalab sweep --out {out} --resume"
-             ) -> list[Path]:
+             json_export: bool = False, again: str = "kdalab sweep --out {out} --resume",
+             what: str = "sweep") -> list[Path]:
     """An inverse sweep's ``plan`` into its store in ``out`` (progress weighted by each run's
     estimated cost), then its views (and ``records.json`` with ``json_export``); ``sweep`` and
     ``reproduce`` alike."""
@@ -138,7 +189,7 @@ def run_plan(plan, out: Path, *, resume: bool = False, force: bool = False,
                 for c, d, pairs in plan.cells)
     paths, _, _ = run_into_folder(
         plan, out, draw=sweep_views, again=again, resume=resume, force=force,
-        backend=backend, address=address, quiet=quiet, weight=weight, total=total,
+        backend=backend, address=address, quiet=quiet, weight=weight, total=total, what=what,
         summary=lambda ran, seconds: f"{ran} runs × {len(names)} accumulation model(s) in "
                                      f"{seconds:.1f} s; {len(plan)} runs stored in {out}/")
     if json_export:

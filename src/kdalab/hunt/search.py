@@ -35,7 +35,7 @@ from kdalab.check.harness import one_thread
 from kdalab.hunt.evaluate import evaluate, objective, score
 from kdalab.hunt.space import Bounds, suggest
 from kdalab.hunt.target import Target, resolve
-from kdalab.inputs.sequences import SequenceSpec, draw
+from kdalab.inputs.sequences import STATE_DTYPES, SequenceSpec, draw
 
 __all__ = ["HuntConfig", "HuntResult", "run_hunt", "summarize", "draw_seed", "sampler_seed",
            "supported_bounds", "replay", "SAMPLER"]
@@ -143,9 +143,18 @@ _GATE_SPECS = {"lower_bound": {}, "unbounded": {"lower_bound": None},
 
 def supported_bounds(bounds: Bounds, target: Target) -> Bounds:
     """``bounds`` without the head dims, initial-state dtypes and gate modes the target declares
-    it cannot take (asked on a one-token draw); ValueError when no dim or no gate is left."""
-    def declared(**changes) -> str | None:
-        spec = SequenceSpec(T=1, heads=1, **changes)
+    it cannot take; ValueError when no dim or no gate is left, or when the lower bounds reach
+    beyond those it takes (the search would meet the refusal on its trials)."""
+    lowest, highest = bounds.lower_bound
+
+    def declared(K, V, lower_bound=None, initial_state="none", gate="lower_bound"):
+        if target.declines is not None:  # the declaration itself (lower_bound None: any)
+            return target.declines(K=K, V=V, lower_bound=lower_bound, gate=gate,
+                                   state_dtype=STATE_DTYPES[initial_state])
+        spec = SequenceSpec(T=1, heads=1, K=K, V=V, initial_state=initial_state,
+                            **_GATE_SPECS[gate], **({} if gate != "lower_bound" else {
+                                "lower_bound": highest if lower_bound is None
+                                else lower_bound}))
         return target.why_not(draw(spec, 0, target.device))
 
     dims = tuple(d for d in bounds.dims if declared(K=d, V=d) is None)
@@ -153,12 +162,17 @@ def supported_bounds(bounds: Bounds, target: Target) -> Bounds:
         why = declared(K=bounds.dims[0], V=bounds.dims[0])
         raise ValueError(f"dims: {target.name} takes none of {', '.join(map(str, bounds.dims))} "
                          f"({why})")
-    gates = tuple(g for g in bounds.gates
-                  if declared(K=dims[0], V=dims[0], **_GATE_SPECS[g]) is None)
+    gates = tuple(g for g in bounds.gates if declared(K=dims[0], V=dims[0], gate=g) is None)
     if not gates:
-        why = declared(K=dims[0], V=dims[0], **_GATE_SPECS[bounds.gates[0]])
+        why = declared(K=dims[0], V=dims[0], gate=bounds.gates[0])
         raise ValueError(f"gates: {target.name} takes none of {', '.join(bounds.gates)} "
                          f"({why})")
+    if "lower_bound" in gates:
+        for lb in (lowest, highest):  # a kernel takes one interval of lower bounds
+            why = declared(K=dims[0], V=dims[0], lower_bound=lb)
+            if why is not None:
+                raise ValueError(f"lower_bound {lowest:g}:{highest:g} reaches beyond what "
+                                 f"{target.name} takes ({why})")
     states = tuple(s for s in bounds.initial_states
                    if s == "none" or declared(K=dims[0], V=dims[0], initial_state=s) is None)
     return replace(bounds, dims=dims, initial_states=states or ("none",), gates=gates)

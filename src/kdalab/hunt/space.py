@@ -40,9 +40,9 @@ before they existed (and resumes a hunt recorded then).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+from kdalab import params
 from kdalab.inputs.sequences import SequenceSpec
 from kdalab.kda import GATES
 
@@ -54,8 +54,8 @@ GRID = 64  # the block's start snaps to multiples of 64 (fla's chunk; four of kd
 
 @dataclass(frozen=True)
 class Bounds:
-    """What the user lets the search vary. Validated on creation (ValueError naming the
-    field)."""
+    """What the user lets the search vary, parsed on creation by :mod:`kdalab.params` (text or
+    typed values: ``dims="64,128"``, ``lower_bound="-5:-1"``; ValueError naming the field)."""
 
     min_T: int = 16
     max_T: int = 256
@@ -68,25 +68,16 @@ class Bounds:
     gates: tuple[str, ...] = GATES
 
     def __post_init__(self) -> None:
-        for name, low in (("min_T", 1), ("max_T", 1), ("min_heads", 1), ("max_heads", 1),
-                          ("max_sequences", 1)):
-            x = getattr(self, name)
-            if isinstance(x, bool) or not isinstance(x, int) or x < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {x!r}")
+        for name in ("min_T", "max_T", "min_heads", "max_heads", "max_sequences"):
+            object.__setattr__(self, name, params.integer(getattr(self, name), name, 1))
         if self.min_T > self.max_T:
             raise ValueError(f"min_T must be <= max_T, got {self.min_T} > {self.max_T}")
         if self.min_heads > self.max_heads:
             raise ValueError(f"min_heads must be <= max_heads, got {self.min_heads} > "
                              f"{self.max_heads}")
-        dims = tuple(self.dims)
-        if not dims or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in dims):
-            raise ValueError(f"dims must be integers >= 1, got {self.dims!r}")
-        object.__setattr__(self, "dims", tuple(dict.fromkeys(dims)))
-        lo, hi = self.lower_bound
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi < 0):
-            raise ValueError(f"lower_bound must be a range low <= high < 0 of finite numbers, "
-                             f"got {self.lower_bound!r}")
-        object.__setattr__(self, "lower_bound", (float(lo), float(hi)))
+        object.__setattr__(self, "dims", params.int_list(self.dims, "dims", minimum=1))
+        object.__setattr__(self, "lower_bound",
+                           params.lower_bound_range(self.lower_bound, "lower_bound"))
         states = tuple(self.initial_states)
         if not states or any(s not in ("none", "fp32", "bf16") for s in states):
             raise ValueError(f"initial_states must be some of none, fp32, bf16, got "

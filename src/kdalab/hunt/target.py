@@ -26,7 +26,10 @@ class TargetError(ValueError):
 class Target:
     """``run(inputs) -> (o, final_state)``; ``why_not(inputs)``: why the kernel declares it
     cannot take these inputs (it is then not called), or None; ``differentiate(inputs, do,
-    dht) -> (o, final_state, {gradient name: tensor})`` (``--grad``; None: it has no backward).
+    dht) -> (o, final_state, {gradient name: tensor})`` (``--grad``; None: it has no backward);
+    ``declines(K=, V=, lower_bound=, gate=, state_dtype=)``: what ``why_not`` says, asked of
+    parameters before anything is drawn (:meth:`kdalab.check.KernelAdapter.declines`; None:
+    only ``why_not`` is known).
     """
 
     name: str
@@ -34,6 +37,7 @@ class Target:
     run: Callable[[dict], tuple[torch.Tensor, torch.Tensor]]
     why_not: Callable[[dict], str | None]
     differentiate: Callable | None = None
+    declines: Callable[..., str | None] | None = None
 
 
 #: the absolute output error a hunt reports as a finding by default: check's absolute output
@@ -86,4 +90,5 @@ def resolve(name: str, device: str, grad: bool = False) -> Target:
 
     return Target(name=name, device=device, run=guarded(kernel),
                   why_not=lambda x: kernel.unsupported(as_case(x)),
-                  differentiate=None if kernel.no_backward else guarded(kernel.differentiate))
+                  differentiate=None if kernel.no_backward else guarded(kernel.differentiate),
+                  declines=kernel.declines)

@@ -57,14 +57,17 @@ from dataclasses import asdict, dataclass, fields, replace
 
 import torch
 
+from kdalab import params
 from kdalab.arith import FP64
 from kdalab.kda.gate import log_decay as gate_log_decay
 
-__all__ = ["SequenceSpec", "draw", "kda_kwargs", "STATES", "LOG_DECAY_DTYPES", "PRESETS",
-           "preset", "MODEL_LIKE", "SATURATED", "WEAK_DECAY_CORRELATED", "LONG", "COLLINEAR",
-           "STRONG_DECAY", "STRONGEST_DECAY", "MIXED_DECAY"]
+__all__ = ["SequenceSpec", "draw", "kda_kwargs", "STATES", "STATE_DTYPES", "LOG_DECAY_DTYPES",
+           "PRESETS", "preset", "MODEL_LIKE", "SATURATED", "WEAK_DECAY_CORRELATED", "LONG",
+           "COLLINEAR", "STRONG_DECAY", "STRONGEST_DECAY", "MIXED_DECAY"]
 
 STATES = ("none", "fp32", "bf16")
+#: each initial state's dtype (None: no initial state)
+STATE_DTYPES = {"none": None, "fp32": torch.float32, "bf16": torch.bfloat16}
 #: the dtypes g may hold a log-decay in (``g_as_log_decay``)
 LOG_DECAY_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -125,10 +128,8 @@ class SequenceSpec:
                 bad("batch", "1 with seqlens (sequences packed along T)")
             object.__setattr__(self, "seqlens", lens)
             object.__setattr__(self, "T", sum(lens))
-        if self.lower_bound is not None:
-            finite("lower_bound")
-            if self.lower_bound >= 0:
-                bad("lower_bound", "a finite number < 0, or None (the unbounded gate)")
+        object.__setattr__(self, "lower_bound",
+                           params.lower_bound(self.lower_bound, "lower_bound", unbounded=True))
         for name in ("key_eps", "beta_spread", "g_spread"):
             finite(name, 0.0)
         for name in ("beta_mean", "g_mean"):

@@ -7,14 +7,14 @@ The public API (what a tool needs to persist its records)::
 
     store = RunStore.open(folder, kind="check", config={...}, runs=n, records_per_run=1,
                           schema=schema, resume=False, force=False)  # identity: kind, config,
-                                                                     # schema, kdalab version
+                                                                     # schema, numerics version
     with store:                                   # closing marks it complete or interrupted
         store.append(records_table(dicts, schema, runs=[...]), group="part-name")
     StoreReader.read_only(folder, kind="check").frame()   # every record, a pandas DataFrame
     is_store(folder, kind="check")                # whether the folder holds such a store
 
 * ``RunStore.open`` refuses (:class:`StoreError`, a ``ValueError`` naming ``--out``) a folder
-  that holds another study, another kdalab version's records, or files that are not a store,
+  that holds another study, records of another numerics version, or files that are not a store,
   unless ``force``; a folder holding some of this study's runs needs ``resume`` (the runs
   stored are kept, the rest computed) or ``force``.
 * Records carry ``run`` (0 … runs−1): the key of resume. A run's records are appended

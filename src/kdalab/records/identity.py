@@ -4,8 +4,9 @@ are, the fingerprint that decides whether a folder holds *this* study, and the f
 Layout of a store folder::
 
     manifest.json          what the records are: kind (the tool or study), config,
-                           fingerprint, kdalab version, number of runs, record schema, the
-                           view files last drawn, and the state (running, interrupted, complete)
+                           fingerprint, numerics version, kdalab version (for people),
+                           number of runs, record schema, the view files last drawn, and the
+                           state (running, interrupted, complete)
     parts/<group>-<n>.parquet
                            the records, appended in parts; every record carries its run's
                            index ``run`` (0 … runs−1) and every part holds all records of
@@ -13,12 +14,14 @@ Layout of a store folder::
                            one group at a time
     .lock                  held (flock) while a process writes the store
 
-**Identity.** The fingerprint hashes the kind, the configuration and the record schema. A
-folder holding a different study, records of another kdalab version, or files that are not a
-store is refused (:class:`StoreError`) unless ``force`` is given, which deletes the store's
-files (and the record files of earlier kdalab versions) and starts afresh. A folder holding
-stored records of the same study needs ``resume`` (or ``force``): nothing is overwritten
-silently.
+**Identity.** The fingerprint hashes the kind, the configuration and the record schema; the
+:data:`NUMERICS_VERSION` says which numbers the code computes for them. A folder holding a
+different study, records of another numerics version, or files that are not a store is refused
+(:class:`StoreError`) unless ``force`` is given, which deletes the store's files (and the record
+files of earlier kdalab versions) and starts afresh. A folder holding stored records of the same
+study needs ``resume`` (or ``force``): nothing is overwritten silently. The package version is
+recorded for people and not compared: it changes with every commit, and a pull that does not
+touch the numbers must not break the resume of a long run (docs/sweeps.md, "Identity").
 """
 
 from __future__ import annotations
@@ -34,9 +37,16 @@ from pathlib import Path
 import pyarrow as pa
 
 __all__ = ["StoreError", "Manifest", "fingerprint", "kdalab_version", "is_store",
-           "STORE_FORMAT", "MANIFEST", "PARTS", "LOCK", "EARLIER_FILES"]
+           "STORE_FORMAT", "NUMERICS_VERSION", "MANIFEST", "PARTS", "LOCK", "EARLIER_FILES"]
 
 STORE_FORMAT = 1
+#: The version of the numbers kdalab computes for a configuration: bumped by hand with any change
+#: that changes a stored record of an unchanged configuration (an accumulation model's order, a
+#: draw, a metric's formula, a check case's inputs or judgement), and only then. ``--resume``
+#: refuses a store of another numbers version, so records of two computations never mix.
+#: tests/test_numerics_version.py fails when the code that decides records (arith, kda, inputs,
+#: studies, check) changes, until its recorded digest is renewed, and says to bump this then.
+NUMERICS_VERSION = 1
 MANIFEST = "manifest.json"
 PARTS = "parts"
 LOCK = ".lock"
@@ -88,6 +98,7 @@ class Manifest:
     views: list[str] = field(default_factory=list)
     state: str = "running"  # running, interrupted or complete
     store: int = STORE_FORMAT
+    numerics: int | None = None  # None: a store written before numerics versions
 
     @classmethod
     def new(cls, kind: str, config: dict, runs: int, records_per_run: int,
@@ -96,7 +107,8 @@ class Manifest:
                                 "records_per_run": records_per_run}, schema)
         return cls(kind=kind, config=config, runs=runs, records_per_run=records_per_run,
                    schema=schema_spec(schema), fingerprint=fp, kdalab_version=kdalab_version(),
-                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                   numerics=NUMERICS_VERSION)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, indent=1, sort_keys=True) + "\n"
@@ -126,6 +138,7 @@ class Manifest:
               and all(isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
                       for c in self.schema)
               and isinstance(self.views, list) and all(isinstance(v, str) for v in self.views)
+              and (self.numerics is None or ints(self.numerics))
               and all(isinstance(v, str) for v in (self.fingerprint, self.kdalab_version,
                                                    self.created, self.state)))
         if not ok:

@@ -214,10 +214,12 @@ def _refusal(folder: Path, fresh: Manifest) -> None:
         if old.fingerprint != fresh.fingerprint:
             raise StoreError(f"{folder} holds other records ({old.describe()}): choose "
                              "another --out, or --force to replace it")
-        if old.kdalab_version != fresh.kdalab_version:
-            raise StoreError(f"{folder} was written by kdalab {old.kdalab_version}, this is "
-                             f"{fresh.kdalab_version}; records may differ: --force starts it "
-                             "over")
+        if old.numerics != fresh.numerics:
+            stored = ("before numerics versions" if old.numerics is None
+                      else f"with numerics version {old.numerics}")
+            raise StoreError(f"{folder} holds records computed {stored} (kdalab "
+                             f"{old.kdalab_version}); this kdalab computes version "
+                             f"{fresh.numerics}, whose numbers differ: --force starts it over")
     elif any(p.name != LOCK for p in folder.iterdir()):
         raise StoreError(f"{folder} is not empty and holds no kdalab store: choose an empty or "
                          "new --out, or --force to write into it")

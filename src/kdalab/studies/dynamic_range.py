@@ -36,10 +36,10 @@ from kdalab import params
 from kdalab.arith import AccumulationModel, Format, rel_rmse
 from kdalab.arith.linalg import inv64
 from kdalab.inputs.draw import make_inputs
-from kdalab.kda.dynamic_range import BOUNDARIES
 from kdalab.kda.intra import boundary_log_decay, kernel_l, per_pair_l, split_factors, stable_l
 from kdalab.kda.inverse import neumann_inverse
 from kdalab.kda.recipe import SEED, Recipe
+from kdalab.kda.safe_chunk import BOUNDARIES
 from kdalab.studies.cells import CellStudy
 from kdalab.studies.limits import TABLE_LOWER_BOUNDS, calculator_records
 from kdalab.studies.plan import check_memory

@@ -171,11 +171,10 @@ def launch_group(
     # Each accumulation model runs on its own hardware's L: an H200 model builds L with the
     # H200's fp32 GEMM (as the seed's GPU run did), the others with the recipe's. On CUDA, CPU
     # emulations of the H200 become the GPU's own arithmetic.
-    plans = []
-    for model in map(get_accumulation, accumulations):
-        l_acc = on_device(fp32_companion(model, recipe.l_accumulation),
-                          device.type).name
-        plans.append((model.name, on_device(model, device.type), l_acc))
+    plans = []  # (name, model on this device, L's model on this device): models, not names
+    for model in map(get_accumulation, accumulations):  # names (the Python API) become models
+        l_model = on_device(fp32_companion(model, recipe.l_accumulation), device.type)
+        plans.append((model.name, on_device(model, device.type), l_model))
 
     if inputs is None:
         inputs = make_inputs_batch(specs, device)
@@ -187,15 +186,15 @@ def launch_group(
     inv_ref = inv64(eye + l_ref)
     l_stable_stored = torch_cast(l_ref, FP16).half()  # the seed's l_ref.half()
 
-    kernel_ls: dict[str, dict] = {}  # per L accumulation model
-    for _, _, l_acc in plans:
-        if l_acc in kernel_ls:
+    kernel_ls: dict[str, dict] = {}  # per L accumulation model, by name
+    for _, _, l_model in plans:
+        if l_model.name in kernel_ls:
             continue
-        kl = kernel_l(keys, log_decay, beta, recipe.with_(l_accumulation=l_acc))
+        kl = kernel_l(keys, log_decay, beta, recipe.with_(l_accumulation=l_model))
         l_finite = torch.isfinite(kl.l).flatten(-2).all(-1)
         # exact inverse of the kernel's own L, where it is finite
         safe_l = torch.where(l_finite[:, None, None], kl.l.double(), torch.zeros_like(l_ref))
-        kernel_ls[l_acc] = {
+        kernel_ls[l_model.name] = {
             "l": kl.l,
             "inv_of_kernel_l": inv64(eye + safe_l),
             "decay_zeros": (kl.decay == 0).flatten(-2).sum(-1),
@@ -205,8 +204,8 @@ def launch_group(
         }
 
     stacked, plan_info = [], []
-    for name, model, l_acc in plans:
-        k = kernel_ls[l_acc]
+    for name, model, l_model in plans:
+        k = kernel_ls[l_model.name]
         l_kernel, l_finite = k["l"], k["l_finite"]
         kn = neumann_inverse(l_kernel, model, recipe.inverse_format)
         sn = neumann_inverse(l_stable_stored, model, recipe.inverse_format)
@@ -229,5 +228,5 @@ def launch_group(
         }
         # counts and flags are exact in float64: one tensor, one copy back
         stacked.append(torch.stack([metrics[key].to(torch.float64) for key in _TENSOR_METRICS]))
-        plan_info.append((name, l_acc, kn.highest_power, sn.highest_power))
+        plan_info.append((name, l_model.name, kn.highest_power, sn.highest_power))
     return PendingGroup(specs, plan_info, torch.stack(stacked))

@@ -1,7 +1,7 @@
 """Where the decay scales stop being safe: the calculator's answers as records, and the limits
 the dynamic-range sweep measured, set against them.
 
-The calculator (:func:`kdalab.kda.dynamic_range.safe_chunk`) is run here, once per (format, exp2
+The calculator (:func:`kdalab.kda.safe_chunk.safe_chunk`) is run here, once per (format, exp2
 path, boundary, lower bound), and its answers become records like any measurement's; the views
 draw both and compute nothing.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 
-from kdalab.kda.dynamic_range import BOUNDARIES, safe_chunk
+from kdalab.kda.safe_chunk import BOUNDARIES, safe_chunk
 
 __all__ = ["TABLE_LOWER_BOUNDS", "calculator_records", "measured_limits", "agreement",
            "error_summary"]

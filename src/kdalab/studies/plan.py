@@ -157,9 +157,10 @@ class SweepPlan:
         """The runs behind the seed document's three tables (each family at its own chunk
         sizes, or all at ``chunks``), lower bound −5."""
         by_cell: dict[int, list] = {}
+        chunks = None if chunks is None else params.int_list(chunks, "chunks", minimum=1)
         for fam, fam_chunks in SEED_TABLE_CHUNKS.items():
             lb = -5.0 if get_family(fam).uses_lower_bound else None
-            for c in params.int_list(chunks or fam_chunks, "chunks", minimum=1):
+            for c in fam_chunks if chunks is None else chunks:
                 by_cell.setdefault(c, []).append((fam, lb))
         dim = params.integer(dim, "dim", 1)
         device = params.device(device)

@@ -205,15 +205,17 @@ def _save(fig, folder: Path, stem: str) -> list[Path]:
     return paths
 
 
-def write_views(records: list[dict], calculator: list[dict], out: str | Path) -> list[Path]:
+def write_views(records: list[dict], calculator: list[dict],
+                out: str | Path) -> tuple[list[Path], list[tuple[str, pd.DataFrame]]]:
     """All figures and tables of a dynamic-range run folder, from its records and the
-    calculator's."""
+    calculator's. Returns the files and the tables to show, (title, frame): the calculator's
+    answers and the worst case measured against them."""
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
     df = pd.DataFrame(records)
     if df.empty:
-        return paths
+        return paths, []
     for ftz in sorted(df["exp2_ftz"].unique(), reverse=True):
         tag = "" if ftz else "-noftz"
         for family in sorted(df["family"].unique()):
@@ -232,12 +234,13 @@ def write_views(records: list[dict], calculator: list[dict], out: str | Path) ->
                         ("errors-lb-5", errs)):
         frame.to_csv(folder / f"{name}.csv", index=False)
         paths.append(folder / f"{name}.csv")
-    md = ["# Dynamic range: tables", "",
-          "## Calculator: max_chunk (max_chunk_normal where it differs), exp2 FTZ path", "",
-          markdown_table(calc), "## Worst case: measured vs calculator", "",
-          markdown_table(agree)]
+    shown = [("Calculator: max_chunk (max_chunk_normal where it differs), exp2 FTZ path", calc),
+             ("Worst case: measured vs calculator", agree)]
+    md = ["# Dynamic range: tables", ""]
+    for title, frame in shown:
+        md += [f"## {title}", "", markdown_table(frame)]
     if not errs.empty:
         md += ["## Errors at lower bound −5 (median over seeds)", "", markdown_table(errs)]
     (folder / "tables.md").write_text("\n".join(md), encoding="utf-8")
     paths.append(folder / "tables.md")
-    return paths
+    return paths, shown

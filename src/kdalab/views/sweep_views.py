@@ -7,9 +7,14 @@ from pathlib import Path
 
 from kdalab.studies.aggregate import summarize_store
 from kdalab.views.plots import plot_error_vs_chunk
-from kdalab.views.tables import seed_tables, write_seed_tables
+from kdalab.views.tables import (
+    compare_with_published,
+    printed_rows,
+    seed_tables,
+    write_seed_tables,
+)
 
-__all__ = ["draw_sweep_views"]
+__all__ = ["draw_sweep_views", "seed_verdict"]
 
 
 def draw_sweep_views(store) -> tuple[list[Path], list[tuple[str, list[str], list[list[str]]]]]:
@@ -26,7 +31,13 @@ def draw_sweep_views(store) -> tuple[list[Path], list[tuple[str, list[str], list
     paths.append(summary_csv)
     if not summary.empty:
         paths += plot_error_vs_chunk(summary, store.folder)
-    text = [(t.title, list(t.frame.columns),
-             [[t.formatters[c](row[c]) for c in t.frame.columns]
-              for row in t.frame.to_dict("records")]) for t in tables]
+    text = [(t.title, list(t.frame.columns), printed_rows(t)) for t in tables]
     return paths, text
+
+
+def seed_verdict(store) -> tuple[int, int, list[str]]:
+    """How many of the seed document's published values the tables of ``store`` (a
+    reproduction of its tables) print, of how many, and which differ
+    (:func:`~kdalab.views.tables.compare_with_published`)."""
+    same, differ = compare_with_published(seed_tables(summarize_store(store)))
+    return same, same + len(differ), differ

@@ -6,6 +6,7 @@ nothing is typed by hand.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 __all__ = ["SeedTable", "seed_tables", "fmt_sci", "fmt_percent", "to_markdown",
-           "write_seed_tables", "markdown_table"]
+           "write_seed_tables", "markdown_table", "printed_rows", "published_seed_tables",
+           "compare_with_published"]
 
 
 def fmt_sci(x: float) -> str:
@@ -92,6 +94,48 @@ def seed_tables(summary: pd.DataFrame, dim: int | None = None) -> list[SeedTable
                 family=family, accumulation=acc, frame=frame,
                 formatters={label: f for label, _, f in cols}))
     return tables
+
+
+def printed_rows(table: SeedTable) -> list[list[str]]:
+    """The table's cells as they are printed (and as the seed document prints them)."""
+    cols = list(table.frame.columns)
+    return [[table.formatters[c](row[c]) for c in cols] for row in table.frame.to_dict("records")]
+
+
+def published_seed_tables() -> dict[str, dict]:
+    """The seed document's three tables as it prints them, by table name (``columns``, ``rows``
+    of text): kdalab's package data ``data/seed_tables.json``, transcribed from the document."""
+    from importlib import resources
+
+    text = resources.files("kdalab").joinpath("data", "seed_tables.json").read_text("utf-8")
+    return json.loads(text)["tables"]
+
+
+def compare_with_published(tables: list[SeedTable]) -> tuple[int, list[str]]:
+    """The published values these tables reproduce, compared at the printed precision (as
+    text): ``(how many, what differs)``, one phrase per published value that differs or was
+    not computed (``exponent_boundary, C = 19, INV total: published ∞, computed 1.2e-5``)."""
+    mine = {}
+    for t in tables:
+        stem = _LAYOUTS[t.family][0]
+        if stem in mine:
+            raise ValueError(f"several {stem} tables (accumulation models, lower bounds or "
+                             "dims): the published values are compared with one of each")
+        mine[stem] = (list(t.frame.columns), {r[0]: r for r in printed_rows(t)})
+    same, differ = 0, []
+    for stem, published in published_seed_tables().items():
+        columns, rows = mine.get(stem, (published["columns"], {}))
+        for row in published["rows"]:
+            got = rows.get(row[0])
+            for column, value in zip(published["columns"][1:], row[1:]):
+                computed = "not computed" if got is None else \
+                    f"computed {got[columns.index(column)]}"
+                if computed == f"computed {value}":
+                    same += 1
+                else:
+                    differ.append(f"{stem}, C = {row[0]}, {column}: published {value}, "
+                                  f"{computed}")
+    return same, differ
 
 
 def to_markdown(table: SeedTable) -> str:

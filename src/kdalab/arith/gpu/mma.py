@@ -29,7 +29,7 @@ def _module():
             import cupy
         except ImportError as e:  # pragma: no cover - only on CUDA machines
             raise GpuUnavailable("the GPU models need CuPy (NVRTC) to compile their kernels: "
-                                 "pip install 'kdalab[gpu]'") from e
+                                 "pip install 'kdalab[gpu-models]'") from e
         source = resources.files("kdalab.arith.gpu").joinpath("mma.cu").read_text()
         # CuPy picks the device's architecture itself (sm_90 on the H200; mma.sync needs sm_80+).
         _MODULE = cupy.RawModule(code=source, options=("-std=c++17",))
