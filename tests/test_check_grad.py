@@ -278,7 +278,7 @@ def test_the_kdalab_adapter_differentiates_through_chunk_kda(monkeypatch):
 
     def chunk_kda(q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
                   A_log=None, dt_bias=None, lower_bound=-5.0, gate="raw", cu_seqlens=None,
-                  use_qk_l2norm=True, beta_is_logits=True, state_layout="KV"):
+                  use_qk_l2norm=True, beta_is_logits=True, state_layout="KV", config=None):
         calls.append({"leaves": all(t.requires_grad for t in (q, k, v, g, beta, A_log,
                                                                dt_bias)),
                       "state_layout": state_layout, "gate": gate})
@@ -297,7 +297,8 @@ def test_the_kdalab_adapter_differentiates_through_chunk_kda(monkeypatch):
     x = case_inputs(_cases("model_like")[0])
     o, s, grads = kernel.in_other_layout().differentiate(x, *upstream(x, 0))
     assert calls[-1]["state_layout"] == "VK" and grads["dh0"].shape == x.initial_state.shape
-    assert load_kernel("kdalab-tf32").no_backward  # chunk_kda has one configuration
+    # chunk_kda takes the configuration too: kdalab-tf32 differentiates through it as well
+    assert not load_kernel("kdalab-tf32").no_backward
 
 
 @pytest.mark.gpu

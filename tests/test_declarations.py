@@ -8,7 +8,7 @@ import pytest
 
 from kdalab import params
 from kdalab.check import KernelAdapter, load_kernel
-from kdalab.check.adapters import BUILTIN
+from kdalab.check.builtin import BUILTIN
 from kdalab.check.cases import QUICK, Case, case_inputs, select_cases
 from kdalab.hunt import Bounds
 from kdalab.inputs.sequences import SequenceSpec
@@ -55,12 +55,12 @@ def test_a_hunts_bounds_take_text_as_the_command_line_gives_it():
 # --- declarations ------------------------------------------------------------------------------
 
 def test_an_adapter_declares_lower_bounds_and_gates():
-    narrow = KernelAdapter(honest_fp32, lower_bound_range=(-1.0, 0.0))
+    narrow = KernelAdapter(honest_fp32, lower_bound_range=(-1.0, 0.0), gates=("lower_bound",))
     assert narrow.declines(K=16, V=16, lower_bound=-0.5) is None
     assert narrow.declines(K=16, V=16, lower_bound=-2.0) == (
         "lower bound -2: takes lower bounds in [-1, 0)")
     assert narrow.declines(K=16, V=16, lower_bound=None, gate="unbounded") == (
-        "gate 'unbounded': takes lower_bound")
+        "the unbounded gate: takes lower_bound")
     both = KernelAdapter(honest_fp32, gates=("lower_bound", "unbounded"))
     assert both.declines(K=16, V=16, lower_bound=None, gate="unbounded") is None
     with pytest.raises(ValueError, match="gates must be one of lower_bound, unbounded"):
@@ -75,12 +75,15 @@ def test_an_adapter_declares_lower_bounds_and_gates():
 
 
 def test_kdalabs_kernel_declares_the_lower_bounds_it_takes():
-    """chunk_kda_fwd takes lower bounds in [-5, 0) (its docstring; 16 steps at -5 keep exp(±G)
-    in range): the adapter says so, so check and hunt refuse -8 before calling it."""
+    """chunk_kda_fwd takes every lower bound < 0 and every gate (a chunk whose decay spans past
+    the split exponent's range takes the per-pair path: docs/kernels.md), so its adapter
+    declares no range; fla's safe gate takes [-5, 0) and says so."""
     kernel = BUILTIN["kdalab"]()
-    assert kernel.lower_bound_range == (-5.0, 0.0)
-    assert kernel.declines(K=64, V=64, lower_bound=-5.0) is None
-    assert "takes lower bounds in [-5, 0)" in kernel.declines(K=64, V=64, lower_bound=-8.0)
+    assert kernel.lower_bound_range is None
+    assert kernel.declines(K=64, V=64, lower_bound=-8.0) is None
+    assert kernel.declines(K=64, V=64, lower_bound=None, gate="unbounded") is None
+    fla = BUILTIN["fla"]()
+    assert "takes lower bounds in [-5, 0)" in fla.declines(K=64, V=64, lower_bound=-8.0)
 
 
 @pytest.fixture

@@ -201,7 +201,7 @@ class KernelAdapter:
         if self.same_head_dims and K != V:
             return f"K={K} != V={V}: takes K = V only"
         if gate not in self.gates:
-            return f"gate {gate!r}: takes {', '.join(self.gates)}"
+            return f"the {gate} gate: takes {', '.join(self.gates)}"
         if self.lower_bound_range is not None and lower_bound is not None:
             low, high = self.lower_bound_range
             if not low <= lower_bound < high:

@@ -43,12 +43,6 @@ class CaseInputs:
     states: torch.Tensor
     gate: str = "lower_bound"
 
-    @property
-    def gate(self) -> str:
-        """The gate mode (:data:`kdalab.kda.gate.GATES`): the lower-bounded sigmoid gate, or
-        fla's unbounded softplus gate when there is no lower bound."""
-        return "unbounded" if self.lower_bound is None else "lower_bound"
-
     def tensors(self) -> dict[str, torch.Tensor]:
         names = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "initial_state", "cu_seqlens")
         return {n: getattr(self, n) for n in names if getattr(self, n) is not None}
