@@ -47,24 +47,31 @@ def l2_normalize_bwd(x, y, dy, USE_L2NORM: tl.constexpr):
 
 @triton.jit
 def pairwise_grads(dP, dM, kv, qs, g2, o_r, BT: tl.constexpr):
-    """(dk̂ as a row, dqs, dk̂ as a column) of Σ dP_ij P_ij + Σ dM_ij MQK_ij, each pair's
-    decay formed per pair (``chunk_prepare.pairwise_tiles``)."""
+    """(dk̂ as a row, dqs, dk̂ as a column, the steps' G-gradient) of Σ dP_ij P_ij + Σ dM_ij
+    MQK_ij over the strictly lower pairs, each pair's decay formed per pair
+    (``chunk_prepare.pairwise_tiles``). A pair (i, j) depends on the steps r in (j, i]: their
+    gradient is summed straddling, Σ_{i >= r > j}, never as a row's share minus a column's
+    (that difference loses a strong channel's small gradient to the rounding of large
+    terms)."""
     drow = tl.zeros(kv.shape, dtype=tl.float32)
     dqs = tl.zeros(kv.shape, dtype=tl.float32)
     dcol = tl.zeros(kv.shape, dtype=tl.float32)
+    dstep = tl.zeros(kv.shape, dtype=tl.float32)
     for j in range(0, BT):  # not unrolled: 16 bodies would spill
         sel = (o_r == j)[:, None]
         kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
         gj = tl.sum(tl.where(sel, g2, 0.0), axis=0)
-        ke = kj[None, :] * tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
         e = tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
+        ke = kj[None, :] * e
         cp = tl.sum(tl.where((o_r == j)[None, :], dP, 0.0), axis=1)  # column j of dP
         cm = tl.sum(tl.where((o_r == j)[None, :], dM, 0.0), axis=1)
         drow += cp[:, None] * ke
         dqs += cm[:, None] * ke
-        colj = tl.sum((cp[:, None] * kv + cm[:, None] * qs) * e, axis=0)
-        dcol += tl.where(sel, colj[None, :], 0.0)
-    return drow, dqs, dcol
+        x = (cp[:, None] * kv + cm[:, None] * qs) * e  # rows i: pair (i, j) without k̂_j
+        dcol += tl.where(sel, tl.sum(x, axis=0)[None, :], 0.0)
+        dstep += tl.where((o_r > j)[:, None], tl.cumsum(x * kj[None, :], axis=0, reverse=True),
+                          0.0)
+    return drow, dqs, dcol, dstep
 
 
 @triton.jit
@@ -158,24 +165,30 @@ def chunk_kda_prepare_bwd_kernel(
     dL = tl.where(strict, dL, 0.0)
     db += tl.sum(dL * P, axis=1)
     dP = dL * b[:, None]
-    dM = tl.where(o_r[:, None] >= o_r[None, :], dM, 0.0)
+    # MQK's diagonal: exp(G_i - G_i) = 1 has no gradient in G; it reaches q̂ and k̂ alone
+    diag = tl.sum(tl.where(o_r[:, None] == o_r[None, :], dM, 0.0), axis=1)
+    dM = tl.where(strict, dM, 0.0)
     if wide:
-        drow, dqs, dcol = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
+        drow, dqs, dcol, dpair = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
     else:
         drow = up * tl.dot(dP, ki, input_precision="tf32x3")
         dqs = up * tl.dot(dM, ki, input_precision="tf32x3")
         dcol = dn * (tl.dot(tl.trans(dP), kv * up, input_precision="tf32x3")
                      + tl.dot(tl.trans(dM), qs * up, input_precision="tf32x3"))
-    dg2 = kv * (drow - dcol) + qs * dqs
+        dpair = tl.cumsum(kv * (drow - dcol) + qs * dqs, axis=0, reverse=True)
+    dqs += diag[:, None] * kv
+    dcol += diag[:, None] * qs
     dkv = drow + dcol + decay * dkd + ekend * dkend
-    dg2 += kd * dkd + qd * dqg
-    kend = kv * ekend
-    dg2 -= kend * dkend
     dqs += decay * dqg
-    dlast = tl.sum(kend * dkend, axis=0) + tl.exp2(g2_last) * dgam
-    dg2 = LN2 * (dg2 + tl.where(last, dlast[None, :], 0.0))
-    # back through the cumulative sum: each step's gradient sums the later rows'
-    dstep = tl.sum(dg2, axis=0)[None, :] - tl.cumsum(dg2, axis=0) + dg2
+    # each step's gradient (base 2), the terms by the steps they depend on: x_t 2^G_t (Kd, QG)
+    # on steps <= t (a reverse sum), KEND_s = k̂_s 2^(G_last - G_s) on steps > s (an
+    # exclusive forward sum: as a difference of sums, a strong channel's small gradient was
+    # lost to the rounding of its last row's large one), GAMMA = 2^G_last on every step
+    kend = kv * ekend
+    before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
+    dstep = LN2 * (tl.cumsum(kd * dkd + qd * dqg, axis=0, reverse=True) + dpair
+                   + tl.dot(before, kend * dkend, input_precision="ieee")
+                   + (tl.exp2(g2_last) * dgam)[None, :])
     dx, da = log2_decay_grads(g_raw, a, bias[None, :], lower_bound, GATE)
     dgate = tl.where(m2, dstep * dx, 0.0)
     tl.store(dg_ptr + offs, dgate, mask=m2)
@@ -183,8 +196,9 @@ def chunk_kda_prepare_bwd_kernel(
         tl.store(ddt_ptr + cc * K + o_k, tl.sum(dgate, axis=0))
     if HAS_A_LOG:
         tl.store(dalog_ptr + cc, tl.sum(tl.sum(tl.where(m2, dstep * da, 0.0), axis=1), axis=0))
-    if BETA_LOGITS:
-        db = db * b * (1.0 - b)
+    if BETA_LOGITS:  # σ'(x) = σ(x) σ(-x): σ(1 - σ) rounds to 0 where σ saturates
+        b_in = load_rows(beta_ptr + rows * H + i_h, r_ok, False).to(tl.float32)
+        db = db * (tl.sigmoid(b_in) * tl.sigmoid(-b_in))
     tl.store(db_ptr + rows * H + i_h, db, mask=r_ok)
     dk = l2_normalize_bwd(k_raw, kv, dkv, USE_L2NORM)
     dq = l2_normalize_bwd(q_raw, qn, dqs * scale, USE_L2NORM)

@@ -156,7 +156,12 @@ def _shape(r: dict) -> str:
 
 
 def _options(r: dict) -> str:
-    bits = [f"lb {r['lower_bound']:g}", f"h0 {r['initial_state']}"]
+    lb = r["lower_bound"]
+    gate = r.get("gate") or "lower_bound"
+    bits = [f"lb {lb:g}" if lb is not None else "no bound",  # the unbounded gate, a log-decay
+            f"h0 {r['initial_state']}"]
+    if gate != "lower_bound":
+        bits.insert(0, f"gate {gate}")
     if r["state_scale"] != 1:
         bits.append(f"h0 × {r['state_scale']:g}")
     if r["v_scale"] != 1:
