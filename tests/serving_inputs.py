@@ -75,7 +75,7 @@ def stage1_clamped_and_masked(q, k, g, beta, *, A_log, dt_bias, lower_bound, cu_
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare
     from kdalab.kernels.contract import prefill_problem
 
-    v = q.new_zeros(q.shape[:3] + (q.shape[-1],))
+    v = q.new_zeros(tuple(beta.shape) + (q.shape[-1],))  # the value heads: beta's
     p = prefill_problem(q, k, v, g, beta, scale=None, initial_state=None, A_log=A_log,
                         dt_bias=dt_bias, gate="raw", lower_bound=lower_bound,
                         cu_seqlens=cu_seqlens, use_qk_l2norm=True, beta_is_logits=True,
