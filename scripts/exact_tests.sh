@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The tests, as CI runs them (.ci/run) and as the README's test command runs them: the linter,
-# the whole suite, then the tests marked `exact` (bits and golden data; pyproject.toml registers
-# the marker) again on other CPU code paths, so that an assertion that holds on one CPU only
-# fails here before it fails on a user's:
+# The tests marked `exact` (bits and golden data; pyproject.toml registers the marker) again on
+# other CPU code paths, after the whole suite has run (the README's test command and .ci/run:
+# `ruff check . && python -m pytest -q && bash scripts/exact_tests.sh`), so that an assertion that
+# holds on one CPU only fails here before it fails on a user's:
 #   MKL_CBWR=COMPATIBLE          MKL's compatible code path instead of the one it picks for this
 #                                CPU (its BLAS and LAPACK sum in another order)
 #   ATEN_CPU_CAPABILITY=default  ATen's generic kernels instead of this CPU's vector ones
@@ -10,14 +10,9 @@
 #   1 or 2 threads               the intra-op split of reductions and products
 # (The default capability draws float32 randn otherwise, so the tests that compare draws with
 # stored digests skip there; the AVX2 run keeps them under MKL's compatible path.)
-# Arguments go to every pytest call, e.g. `bash scripts/ci_tests.sh -x`.
+# Arguments go to every pytest call, e.g. `bash scripts/exact_tests.sh -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-ruff check .
-start=$SECONDS
-python -m pytest -q "$@"
-echo "== the suite: $((SECONDS - start)) s"
 
 exact() {  # the exact tests with the settings given as NAME=VALUE words
     local start=$SECONDS
