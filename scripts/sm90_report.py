@@ -195,8 +195,8 @@ def kdalab_rows(only: str | None = None):
                dht_ptr="*fp32", dv_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
                dh0_ptr="*fp32", scratch_ptr="*fp32", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
-               chunk_offsets_ptr="*i32", seg_ptr="*i32", T="i32", n_items="i32",
-               part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
+               chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32", T="i32",
+               n_items="i32", part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
     dts = {"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
     for pass_, bv, nw, ds, dd in ((0, 128, 8, "tf32", "tf32"), (2, 128, 8, "tf32", "tf32"),
                                   (0, 128, 8, "bf16", "bf16"), (0, 128, 8, "bf16", "tf32"),

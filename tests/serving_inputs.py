@@ -47,14 +47,15 @@ def err(x, ref):
     return float(rel_rmse(x, ref, x.dim()))
 
 
-def run_interpreter_tests(tmp_path: Path, timeout=600):
-    """Run every ``test_interp_*`` of FILES in one TRITON_INTERPRET=1 child; all must pass
-    (a skip, a deselect or a failure fails). Results are read from its JUnit report."""
+def run_interpreter_tests(tmp_path: Path, files=FILES, timeout=600) -> list[str]:
+    """Run every ``test_interp_*`` of ``files`` (names in tests/) in one TRITON_INTERPRET=1
+    child; all must pass (a skip, a deselect or a failure fails). Results are read from its
+    JUnit report; returns the names of the tests that ran."""
     here = Path(__file__).parent
     report = tmp_path / "interp.xml"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "interp_",
-         f"--junitxml={report}", *(str(here / f) for f in FILES)],
+         f"--junitxml={report}", *(str(here / f) for f in files)],
         env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
         timeout=timeout)
     log = proc.stdout[-4000:] + proc.stderr[-2000:]
@@ -63,7 +64,23 @@ def run_interpreter_tests(tmp_path: Path, timeout=600):
     bad = [c.get("name") for c in cases
            if any(c.find(t) is not None for t in ("failure", "error", "skipped"))]
     assert cases and not bad, (bad, log)
-    return len(cases)
+    names = [c.get("name") for c in cases]
+    assert all(n.startswith("test_interp_") for n in names), names
+    return names
+
+
+def interp_test_count(namespace: dict) -> int:
+    """How many test_interp_* cases a module's ``namespace`` defines (parametrizations
+    multiplied out): what its interpreter child must have run."""
+    count = 0
+    for name, fn in list(namespace.items()):
+        if name.startswith("test_interp_") and callable(fn):
+            n = 1
+            for mark in getattr(fn, "pytestmark", []):
+                if mark.name == "parametrize":
+                    n *= len(mark.args[1])
+            count += n
+    return count
 
 
 def stage1_clamped_and_masked(q, k, g, beta, *, A_log, dt_bias, lower_bound, cu_seqlens=None):

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,7 +32,11 @@ from kdalab.kernels import (  # noqa: E402
 )
 from kdalab.kernels.launch_plan import fp16_guard, plan_launch, segment_table  # noqa: E402
 from kdalab.studies.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
-from tests.serving_inputs import stage1_clamped_and_masked  # noqa: E402
+from tests.serving_inputs import (  # noqa: E402
+    interp_test_count,
+    run_interpreter_tests,
+    stage1_clamped_and_masked,
+)
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 HAS_CUDA = torch.cuda.is_available()
@@ -686,19 +688,6 @@ def test_interp_no_final_state_and_empty_input():
     assert o.shape == (1, 0, 1, 32) and torch.equal(ht, h0)
 
 
-def _interp_test_count():
-    """How many test_interp_* cases this module defines (parametrizations multiplied out)."""
-    count = 0
-    for name, fn in list(globals().items()):
-        if name.startswith("test_interp_") and callable(fn):
-            n = 1
-            for mark in getattr(fn, "pytestmark", []):
-                if mark.name == "parametrize":
-                    n *= len(mark.args[1])
-            count += n
-    return count
-
-
 def test_interpreter_suite(tmp_path):
     """Run the interpreter tests above in a child process with TRITON_INTERPRET=1; every one of
     them must pass there (a child that skips, deselects or fails any fails this test). The
@@ -706,26 +695,9 @@ def test_interpreter_suite(tmp_path):
     CUDA machine the child still runs on the CPU (its tensors are CPU tensors)."""
     if INTERP:
         pytest.skip("already interpreting: the interpreter tests run in this process")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    report = tmp_path / "interp.xml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "interp_",
-         f"--junitxml={report}", __file__],
-        env=env, capture_output=True, text=True, timeout=1200)
-    log = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, log
-    cases = list(ET.parse(report).getroot().iter("testcase"))
-    outcomes = {}
-    for case in cases:
-        bad = [child.tag for child in case if child.tag in ("failure", "error", "skipped")]
-        outcomes[case.get("name")] = bad[0] if bad else "passed"
-    passed = [n for n, o in outcomes.items() if o == "passed"]
-    others = {n: o for n, o in outcomes.items() if o != "passed"}
-    expected = _interp_test_count()
-    assert expected > 0
-    assert not others, f"child reported {others}\n{log}"
-    assert len(passed) == expected, f"expected {expected} passed, got {len(passed)}\n{log}"
-    assert all(n.startswith("test_interp_") for n in passed)
+    passed = run_interpreter_tests(tmp_path, files=(Path(__file__).name,), timeout=1200)
+    expected = interp_test_count(globals())
+    assert expected > 0 and len(passed) == expected, (expected, passed)
 
 
 # ---------------------------------------------------------------- GPU (full shapes)

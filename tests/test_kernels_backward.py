@@ -12,9 +12,7 @@ GPU tests (``gpu``) at real shapes, bf16 inputs, against fla's backward on the s
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +22,7 @@ pytest.importorskip("triton")
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.kda import reference_forward  # noqa: E402
 from kdalab.kernels import KernelConfig, chunk_kda  # noqa: E402
+from tests.serving_inputs import interp_test_count, run_interpreter_tests  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 interp = pytest.mark.skipif(not INTERP, reason="runs in the TRITON_INTERPRET=1 child process")
@@ -197,34 +196,12 @@ def test_interp_compile_fullgraph_training_step():
     assert torch.equal(loss, eager) and torch.equal(w.grad, want)
 
 
-def _interp_count():
-    count = 0
-    for name, fn in list(globals().items()):
-        if name.startswith("test_interp_") and callable(fn):
-            n = 1
-            for mark in getattr(fn, "pytestmark", []):
-                if mark.name == "parametrize":
-                    n *= len(mark.args[1])
-            count += n
-    return count
-
-
 def test_interpreter_suite(tmp_path):
     """The interpreter tests above in one TRITON_INTERPRET=1 child; all must pass."""
     if INTERP:
         pytest.skip("already interpreting: the interpreter tests run in this process")
-    report = tmp_path / "interp.xml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "interp_",
-         f"--junitxml={report}", __file__],
-        env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True, text=True,
-        timeout=1800)
-    log = proc.stdout[-4000:] + proc.stderr[-2000:]
-    assert proc.returncode == 0, log
-    cases = list(ET.parse(report).getroot().iter("testcase"))
-    bad = [c.get("name") for c in cases if any(ch.tag in ("failure", "error", "skipped")
-                                                for ch in c)]
-    assert not bad and len(cases) == _interp_count(), (bad, len(cases), log)
+    passed = run_interpreter_tests(tmp_path, files=(Path(__file__).name,), timeout=1800)
+    assert len(passed) == interp_test_count(globals()), passed
 
 
 def test_bad_arguments_name_the_argument():

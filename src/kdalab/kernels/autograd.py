@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .api import _sm_count, contiguous, forward_stage2, prepare
+from .api import _sm_count, chunk_kda_fwd, contiguous, forward_stage2, prepare
 from .chunk_combine import chunk_kda_combine
 from .chunk_prepare_bwd import chunk_kda_prepare_bwd
 from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
@@ -131,8 +131,8 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     common = dict(initial_state=h0, checkpoints=checkpoints,
                   checkpoint_offsets=_offsets(seqs), dht=dht, state_vk=p.state_vk,
                   cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
-                  num_seqs=p.num_seqs, num_chunks=seqs.num_chunks, block_v=block_v,
-                  num_warps=8, programs=2 * _sm_count(v.device),
+                  seq_order=seqs.seq_order, num_seqs=p.num_seqs, num_chunks=seqs.num_chunks,
+                  block_v=block_v, num_warps=8, programs=2 * _sm_count(v.device),
                   dh0_dtype=torch.float32, **BWD_PRODUCTS)
     if plan.segment_chunks <= 0:
         out = chunk_kda_bwd_recurrent(v, do, c.ops, **common)
@@ -227,11 +227,23 @@ def chunk_kda(
     Gradients reach q, k, v, g (the gate's input, or the log-decay with ``gate="log_decay"``),
     beta (logits or probabilities), A_log, dt_bias and initial_state, and flow in through the
     final state too. One custom op each way (``torch.ops.kdalab.chunk_kda`` and
-    ``.chunk_kda_bwd``), so ``torch.compile(fullgraph=True)`` traces a training step."""
+    ``.chunk_kda_bwd``), so ``torch.compile(fullgraph=True)`` traces a training step. Where no
+    input requires a gradient (or grad mode is off) it is ``chunk_kda_fwd``: the states every
+    64 tokens are kept only for a backward."""
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
     if not isinstance(output_final_state, bool):
         raise ValueError(f"output_final_state must be True or False, got {output_final_state!r}")
+    tensors = (q, k, v, g, beta, A_log, dt_bias, initial_state)
+    if not (torch.is_grad_enabled()
+            and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)):
+        # no gradient asked: the forward alone, without the states kept for a backward
+        return chunk_kda_fwd(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                             output_final_state=output_final_state, A_log=A_log,
+                             dt_bias=dt_bias, lower_bound=lower_bound, gate=gate,
+                             cu_seqlens=cu_seqlens, use_qk_l2norm=use_qk_l2norm,
+                             beta_is_logits=beta_is_logits, state_layout=state_layout,
+                             config=config)
     opt = lambda x: -1 if x is None else x  # noqa: E731
     c = dataclasses.astuple(config)
     names = [f.name for f in dataclasses.fields(config)]

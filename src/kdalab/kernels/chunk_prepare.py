@@ -97,7 +97,32 @@ def load_rows(ptrs, mask, CLAMP_ROWS: tl.constexpr):
 
 
 @triton.jit
-def pairwise_tiles(qd, kv, g2, o_r, BT: tl.constexpr):
+def load_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, lrows, r_ok, i_h, o_k, H, K: tl.constexpr,
+                GQ: tl.constexpr, GG: tl.constexpr, CLAMP_ROWS: tl.constexpr):
+    """The gate input, k, q and β (fp32) of a chunk's rows ``lrows`` for value head ``i_h``, in
+    that order (every load issued before any use): GVA, GQ value heads share a q/k head and
+    GG a gate head (1: one each)."""
+    m2 = r_ok[:, None]
+    offs_q = (lrows[:, None] * (H // GQ) + i_h // GQ) * K + o_k[None, :]
+    g_raw = load_rows(g_ptr + (lrows[:, None] * (H // GG) + i_h // GG) * K + o_k[None, :], m2,
+                      CLAMP_ROWS)
+    k_raw = load_rows(k_ptr + offs_q, m2, CLAMP_ROWS)
+    q_raw = load_rows(q_ptr + offs_q, m2, CLAMP_ROWS)
+    b_in = load_rows(beta_ptr + lrows * H + i_h, r_ok, CLAMP_ROWS).to(tl.float32)
+    return g_raw, k_raw, q_raw, b_in
+
+
+@triton.jit
+def beta_of(b_in, r_ok, BETA_LOGITS: tl.constexpr):
+    """β from its input (a logit's sigmoid with ``BETA_LOGITS``), zero past the rows."""
+    b = b_in
+    if BETA_LOGITS:
+        b = tl.sigmoid(b)
+    return tl.where(r_ok, b, 0.0)
+
+
+@triton.jit
+def pairwise_tiles(qd, kv, g2, o_r, BT: tl.constexpr, WITH_M: tl.constexpr = True):
     """(Q·K^T, K·K^T) with the pairwise decay, entry (i, j) = Σ_c x_ic k_jc 2^(G_ic - G_jc),
     one column j at a time, the exponent formed per pair: 2^(G_i - G_j) <= 1 for i >= j
     (clamped there for i < j, which the caller masks), so no factor can overflow or flush
@@ -111,7 +136,8 @@ def pairwise_tiles(qd, kv, g2, o_r, BT: tl.constexpr):
         ke = kj[None, :] * tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
         col = (o_r == j)[None, :]
         L += tl.where(col, tl.sum(kv * ke, axis=1)[:, None], 0.0)
-        M += tl.where(col, tl.sum(qd * ke, axis=1)[:, None], 0.0)
+        if WITH_M:  # (the backward asks for L alone)
+            M += tl.where(col, tl.sum(qd * ke, axis=1)[:, None], 0.0)
     return M, L
 
 
@@ -151,17 +177,10 @@ def chunk_kda_prepare_kernel(
     if CLAMP_ROWS:
         lrows = tl.minimum(rows, eos - 1)
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    # GVA: GQ value heads share a q/k head, GG a gate head (1: one each)
     i_g = i_h // GG
-    offs_q = (lrows[:, None] * (H // GQ) + i_h // GQ) * K + o_k[None, :]
-    g_raw = load_rows(g_ptr + (lrows[:, None] * (H // GG) + i_g) * K + o_k[None, :], m2,
-                      CLAMP_ROWS)
-    k_raw = load_rows(k_ptr + offs_q, m2, CLAMP_ROWS)
-    q_raw = load_rows(q_ptr + offs_q, m2, CLAMP_ROWS)
-    b = load_rows(beta_ptr + lrows * H + i_h, r_ok, CLAMP_ROWS).to(tl.float32)
-    if BETA_LOGITS:
-        b = tl.sigmoid(b)
-    b = tl.where(r_ok, b, 0.0)
+    g_raw, k_raw, q_raw, b_in = load_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, lrows, r_ok, i_h,
+                                            o_k, H, K, GQ, GG, CLAMP_ROWS)
+    b = beta_of(b_in, r_ok, BETA_LOGITS)
 
     a, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
     g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)

@@ -27,7 +27,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_prepare import l2_normalize, load_rows, neumann_inverse16
+from .chunk_prepare import (
+    beta_of,
+    l2_normalize,
+    load_inputs,
+    neumann_inverse16,
+    pairwise_tiles,
+)
 from .contract import Problem
 from .gate import SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
 from .indexing import chunk_of_program
@@ -95,14 +101,11 @@ def chunk_kda_prepare_bwd_kernel(
     m2 = r_ok[:, None]
     offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
     i_g = i_h // GG
-    offs_q = (rows[:, None] * (H // GQ) + i_h // GQ) * K + o_k[None, :]
-    g_raw = load_rows(g_ptr + (rows[:, None] * (H // GG) + i_g) * K + o_k[None, :], m2, False)
-    k_raw = load_rows(k_ptr + offs_q, m2, False).to(tl.float32)
-    q_raw = load_rows(q_ptr + offs_q, m2, False).to(tl.float32)
-    b = load_rows(beta_ptr + rows * H + i_h, r_ok, False).to(tl.float32)
-    if BETA_LOGITS:
-        b = tl.sigmoid(b)
-    b = tl.where(r_ok, b, 0.0)
+    g_raw, k_raw, q_raw, b_in = load_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, rows, r_ok, i_h,
+                                            o_k, H, K, GQ, GG, False)
+    k_raw = k_raw.to(tl.float32)
+    q_raw = q_raw.to(tl.float32)
+    b = beta_of(b_in, r_ok, BETA_LOGITS)
     # the gradients of the chunk's operands (rows past the end are zero there)
     dqg = tl.load(dqg_ptr + offs, mask=m2, other=0.0)
     dw = tl.load(dw_ptr + offs, mask=m2, other=0.0)
@@ -141,13 +144,7 @@ def chunk_kda_prepare_bwd_kernel(
     dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))    # 2^(m - G)
     ki = kv * dn
     if wide:
-        P = tl.zeros([BT, BT], dtype=tl.float32)
-        for j in range(0, BT):  # not unrolled: 16 bodies would spill
-            sel = (o_r == j)[:, None]
-            kj = tl.sum(tl.where(sel, kv, 0.0), axis=0)
-            gj = tl.sum(tl.where(sel, g2, 0.0), axis=0)
-            ke = kj[None, :] * tl.exp2(tl.minimum(g2 - gj[None, :], 0.0))
-            P += tl.where((o_r == j)[None, :], tl.sum(kv * ke, axis=1)[:, None], 0.0)
+        _, P = pairwise_tiles(qs, kv, g2, o_r, BT, False)
     else:
         P = tl.dot(kv * up, tl.trans(ki), input_precision="tf32x3")
     P = tl.where(strict, P, 0.0)
@@ -197,7 +194,6 @@ def chunk_kda_prepare_bwd_kernel(
     if HAS_A_LOG:
         tl.store(dalog_ptr + cc, tl.sum(tl.sum(tl.where(m2, dstep * da, 0.0), axis=1), axis=0))
     if BETA_LOGITS:  # σ'(x) = σ(x) σ(-x): σ(1 - σ) rounds to 0 where σ saturates
-        b_in = load_rows(beta_ptr + rows * H + i_h, r_ok, False).to(tl.float32)
         db = db * (tl.sigmoid(b_in) * tl.sigmoid(-b_in))
     tl.store(db_ptr + rows * H + i_h, db, mask=r_ok)
     dk = l2_normalize_bwd(k_raw, kv, dkv, USE_L2NORM)

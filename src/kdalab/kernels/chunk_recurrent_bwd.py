@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .indexing import segment_of_program
+from .indexing import segment_of_program, sequence_of_program
 
 CHUNK = 16
 #: chunks between the forward's stored states (the block the backward recomputes)
@@ -54,6 +54,23 @@ def _tile_t(ptr, rows, r_ok, i_h, H, o_k, K: tl.constexpr):
     [16, K] rows (contiguous along K: vector loads), transposed in registers."""
     return tl.trans(tl.load(ptr + (rows[:, None] * H + i_h) * K + o_k[None, :],
                             mask=r_ok[:, None], other=0.0).to(tl.float32))
+
+
+@triton.jit
+def _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V: tl.constexpr, BT: tl.constexpr):
+    """Chunk ``c`` of the rows from ``bos``: (its rows, which are before ``eos``, the same as
+    a tensor for [16, 16] masks, its chunk-and-head index, the [BV, 16] offsets of v and o)."""
+    rows = bos + c * BT + o_r
+    c_ok = (bos + c * BT + o_r * 0) < eos
+    return (rows, rows < eos, c_ok, (c0 + c) * H + i_h,
+            (rows[None, :] * H + i_h) * V + o_v[:, None])
+
+
+@triton.jit
+def _kend_t(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K: tl.constexpr):
+    """KEND^T [K, 16] whole: its rounding and what the rounding lost, added in fp32."""
+    return (_tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            + _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K))
 
 
 @triton.jit
@@ -87,7 +104,7 @@ def chunk_kda_bwd_recurrent_kernel(
     v_ptr, do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ck_ptr, ck_offsets_ptr, dht_ptr,
     dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
-    scratch_ptr, sum_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seg_ptr,
+    scratch_ptr, sum_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
     T, n_items, part_tok, part_gam, part_cc,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
@@ -116,19 +133,13 @@ def chunk_kda_bwd_recurrent_kernel(
     scr_u = (scratch_ptr + tl.num_programs(0) * tl.num_programs(1) * CKC * BV * K
              + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
     for item in range(pid, n_items, nprog):
-        i_h = item % H
-        if PASS == 0:
-            i_n = (item // H).to(tl.int64)
-            if IS_VARLEN:
-                bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
-                eos = tl.load(cu_seqlens_ptr + i_n + 1).to(tl.int64)
-                c0 = tl.load(chunk_offsets_ptr + i_n).to(tl.int64)
-            else:
-                bos = i_n * T
-                eos = bos + T
-                c0 = i_n * tl.cdiv(T, BT)
+        if PASS == 0:  # varlen: the longest sequences first, as the forward's serial pass
+            i_n, i_h, bos, eos, c0 = sequence_of_program(item, cu_seqlens_ptr,
+                                                         chunk_offsets_ptr, seq_order_ptr, T, H,
+                                                         BT, IS_VARLEN)
             first = 1
         else:
+            i_h = item % H
             i_s = (item // H).to(tl.int64)
             i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
             first = (p == 0).to(tl.int32)
@@ -181,21 +192,16 @@ def chunk_kda_bwd_recurrent_kernel(
                     # forward through the block: each chunk's S^T and U^T to the scratch, and
                     # dQG (it needs S and dO only)
                     for c in range(c_lo, c_hi):
-                        rows = bos + c * BT + o_r
-                        r_ok = rows < eos
-                        c_ok = (bos + c * BT + o_r * 0) < eos
-                        cc = (c0 + c) * H + i_h
-                        tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
+                        rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H,
+                                                           V, BT)
                         vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
                                      other=0.0).to(tl.float32)
                         dot_ = tl.load(do_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
                                        other=0.0).to(tl.float32)
                         wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-                        kendt = (_tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-                                 + _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K))
+                        kendt = _kend_t(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
                         ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
-                        gam = tl.load(gamma_ptr + cc * K + o_k,
-                                      mask=(bos + c * BT + o_k * 0) < eos, other=0.0)
+                        gam = tl.load(gamma_ptr + cc * K + o_k)
                         Sd = St.to(DS)
                         tl.store(scr_s + (c - c_lo) * BV * K, Sd)
                         ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
@@ -209,20 +215,14 @@ def chunk_kda_bwd_recurrent_kernel(
                 # backward through the block
                 for ic in range(0, c_hi - c_lo):
                     c = c_hi - 1 - ic
-                    rows = bos + c * BT + o_r
-                    r_ok = rows < eos
-                    c_ok = (bos + c * BT + o_r * 0) < eos
-                    cc = (c0 + c) * H + i_h
-                    tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
+                    rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
                     dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
                                    other=0.0).to(tl.float32)
                     wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
                     qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-                    kendt = (_tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-                             + _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K))
+                    kendt = _kend_t(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
                     mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
-                    gam = tl.load(gamma_ptr + cc * K + o_k,
-                                  mask=(bos + c * BT + o_k * 0) < eos, other=0.0)
+                    gam = tl.load(gamma_ptr + cc * K + o_k)
                     dut = _mm(dSt, kendt, DD) + tl.dot(dot_, mqk, input_precision="tf32")
                     if PASS != 1:
                         Sd = tl.load(scr_s + (c - c_lo) * BV * K)
@@ -265,7 +265,8 @@ def chunk_kda_bwd_recurrent_kernel(
 
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
-                            block_v, num_warps, programs, segments=None, summary=None,
+                            block_v, num_warps, programs, seq_order=None, segments=None,
+                            summary=None,
                             passes=(0,), dh0_dtype=torch.float32, out=None,
                             s_dtype=torch.float32, ds_dtype=torch.float32):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
@@ -308,7 +309,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), opt(dht),
             out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
             out["dainv"], opt(out["dh0"]), scratch, opt(summary), opt(cu_seqlens),
-            opt(chunk_offsets), opt(segments), T, items, B * T * H * K, num_chunks * H * K,
+            opt(chunk_offsets), opt(seq_order), opt(segments), T, items, B * T * H * K,
+            num_chunks * H * K,
             num_chunks * H * CHUNK * CHUNK,
             H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
             HAS_DHT=dht is not None, STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk,

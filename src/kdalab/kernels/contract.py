@@ -177,6 +177,18 @@ def _cu_seqlens(cu_seqlens, B) -> int:
     return cu_seqlens.numel() - 1
 
 
+def _inputs(q, k, v, g, beta, A_log, dt_bias, gate, lower_bound, scale, state_layout,
+            use_qk_l2norm, beta_is_logits, config):
+    """What prefill and decode check alike: ((B, T, HQ, H, HG, K, V), the Gate)."""
+    shapes = _heads(q, k, v, g, beta)
+    gate = parse_gate(gate, lower_bound)
+    _gate_params(A_log, dt_bias, gate, shapes[4], shapes[5])
+    _options(scale, state_layout, use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits)
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
+    return shapes, gate
+
+
 def check_state_pool(state_pool, p: Problem) -> None:
     """A pool ``[P, HV, K, V]`` (``"VK"``: ``[P, HV, V, K]``), fp32 or bf16, contiguous (it is
     updated in place)."""
@@ -204,12 +216,9 @@ def prefill_problem(q, k, v, g, beta, *, scale, initial_state, A_log, dt_bias, g
     """The prefill's arguments checked (``chunk_kda_fwd``'s docstring), as a Problem; the
     contents of ``cu_seqlens`` are checked with its tables (``tables.py``), the device after
     them (``device_ok``)."""
-    B, T, HQ, H, HG, K, V = _heads(q, k, v, g, beta)
-    gate = parse_gate(gate, lower_bound)
-    _gate_params(A_log, dt_bias, gate, HG, K)
-    _options(scale, state_layout, use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits)
-    if not isinstance(config, KernelConfig):
-        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
+    (B, T, HQ, H, HG, K, V), gate = _inputs(q, k, v, g, beta, A_log, dt_bias, gate, lower_bound,
+                                            scale, state_layout, use_qk_l2norm,
+                                            beta_is_logits, config)
     if config.dot == "fp16" and not use_qk_l2norm:
         raise ValueError("config.dot='fp16' needs use_qk_l2norm=True (fp16 operands are only "
                          "safe for unit-norm q and k)")
@@ -248,12 +257,9 @@ def decode_problem(q, k, v, g, beta, *, state_pool, state_indices, scale, A_log,
                    lower_bound, use_qk_l2norm, beta_is_logits, state_layout,
                    num_accepted_tokens, cu_seqlens, out, config) -> Problem:
     """The decode's arguments checked (``kda_decode``'s docstring), as a Problem."""
-    B, T, HQ, H, HG, K, V = _heads(q, k, v, g, beta)
-    gate = parse_gate(gate, lower_bound)
-    _gate_params(A_log, dt_bias, gate, HG, K)
-    _options(scale, state_layout, use_qk_l2norm=use_qk_l2norm, beta_is_logits=beta_is_logits)
-    if not isinstance(config, KernelConfig):
-        raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
+    (B, T, HQ, H, HG, K, V), gate = _inputs(q, k, v, g, beta, A_log, dt_bias, gate, lower_bound,
+                                            scale, state_layout, use_qk_l2norm,
+                                            beta_is_logits, config)
     if cu_seqlens is not None:
         check_tensor("cu_seqlens", cu_seqlens, 1, INTS)
         if B != 1 or cu_seqlens.numel() < 1:
