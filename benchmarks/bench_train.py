@@ -150,6 +150,45 @@ def interleaved(fns, rounds, rep=40):
             for n, t in times.items()}
 
 
+def kernel_time(fn, iters=5):
+    """(GPU busy ms per call, {kernel: ms per call}): the kernels' and copies' durations from
+    torch.profiler (one stream: they do not overlap), so the host's launch overhead, which
+    eager timing of these short steps measures instead (both contenders ran host-bound at
+    T = 1024-4096, H = 16), is left out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.time_range.elapsed_us() / 1e3 / iters
+    return sum(per.values()), dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
+
+
+def graph_time(fn, rep=40):
+    """ms per replay of fn captured in a CUDA graph (the host's overhead removed), or the
+    reason capture failed."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        torch.cuda.synchronize()
+        return f"{type(exc).__name__}: {exc}"[:160]
+
+
 def peak_mb(fn, x, do, dht):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
@@ -198,6 +237,13 @@ def speed_rows(names, rounds, bw, rate, fla):
         ms = interleaved(fns, rounds)
         for n, v in ms.items():
             row[f"{n}_ms"] = v
+        for n, fn in fns.items():  # the GPU's own time: profiler and CUDA-graph replay
+            try:
+                row[f"{n}_gpu_ms"], top = kernel_time(fn)
+                row[f"{n}_kernels"] = {k: round(v, 4) for k, v in top.items()}
+            except Exception as exc:  # noqa: BLE001
+                row[f"{n}_gpu_ms"] = repr(exc)[:160]
+            row[f"{n}_graph_ms"] = graph_time(fn)
         kept.clear()
         for n in ("kdalab", "fla"):
             if n in fns:
@@ -215,6 +261,10 @@ def speed_rows(names, rounds, bw, rate, fla):
         if isinstance(row.get("fla_bwd_ms"), float) and isinstance(row.get("kdalab_bwd_ms"),
                                                                    float):
             row["speedup_bwd"] = row["fla_bwd_ms"] / row["kdalab_bwd_ms"]
+        for kind in ("gpu", "graph"):
+            a, b = row.get(f"kdalab_{kind}_ms"), row.get(f"fla_{kind}_ms")
+            if isinstance(a, float) and isinstance(b, float):
+                row[f"speedup_{kind}"] = b / a
         print(json.dumps(row), flush=True)
         rows.append(row)
         del x
