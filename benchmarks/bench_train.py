@@ -37,7 +37,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import GRID, SHAPES, make_inputs  # noqa: E402
+from bench_kernel import GRID, SHAPES, make_inputs, parse_config  # noqa: E402
 
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.inputs.sequences import draw, preset  # noqa: E402
@@ -62,7 +62,7 @@ def _fla():
     return fla
 
 
-def _runners(fla, gate="lower_bound"):
+def _runners(fla, gate="lower_bound", config=None):
     """(kdalab, fla) forward functions on a dict of leaves (states VK: every kernel's)."""
     lb = LOWER_BOUND if gate == "lower_bound" else None
 
@@ -71,7 +71,8 @@ def _runners(fla, gate="lower_bound"):
             A_log=x["A_log"], dt_bias=x["dt_bias"])
         return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb,
                          initial_state=x.get("h0"), output_final_state=True,
-                         cu_seqlens=x.get("cu"), state_layout="VK", **kw)
+                         cu_seqlens=x.get("cu"), state_layout="VK",
+                         **(dict(config=config) if config is not None else {}), **kw)
 
     def theirs(x):
         return fla(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x.get("A_log"),
@@ -351,6 +352,34 @@ def variant_rows(fla, names, rounds):
     return rows
 
 
+def config_rows(names, configs):
+    """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
+    KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
+    the plan segment_chunks)."""
+    rows = []
+    for name in names:
+        x = _leaves(make_inputs(SHAPES[name]))
+        for text in configs:
+            row = dict(shape=name, config=text)
+            try:
+                mine, _ = _runners(None, config=parse_config(text))
+                o, s = mine(x)
+                do = torch.randn_like(o)
+                dht = torch.randn(s.shape, device="cuda")
+                row["step_gpu_ms"], row["kernels"] = kernel_time(
+                    lambda x=x, mine=mine, do=do, dht=dht: _step(mine, x, do, dht))
+                leaves = [x[m] for m in LEAVES if m in x]
+                row["bwd_gpu_ms"], _ = kernel_time(lambda: torch.autograd.grad(
+                    (o, s), leaves, (do, dht), retain_graph=True))
+                row["peak_mb"] = peak_mb(mine, x, do, dht)
+            except Exception as exc:  # noqa: BLE001 - the next config still runs
+                row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+        torch.cuda.empty_cache()
+    return rows
+
+
 def to_json_rows(bw, rate, speed, acc):
     out = [dict(target="H200 copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 2),
                 unit="TB/s"),
@@ -393,6 +422,9 @@ def main():
     ap.add_argument("--variants", default=None,
                     help="comma-separated shapes at which to time the product variants")
     ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--configs", default=None, metavar="CFG;CFG",
+                    help="';'-separated KernelConfigs (field=value,...) to time kdalab under, "
+                         "at --shapes (GPU time)")
     args = ap.parse_args()
     names = args.shapes.split(",") if args.shapes else [s[0] for s in GRID]
     fla = _fla()
@@ -401,6 +433,8 @@ def main():
     acc = accuracy_rows(fla) if args.accuracy else []  # first: short, fla's tunings cached
     speed = [] if args.no_speed else speed_rows(names, args.rounds, bw, rate, fla)
     var = variant_rows(fla, args.variants.split(","), args.rounds) if args.variants else []
+    if args.configs:
+        var += config_rows(names, args.configs.split(";"))
     if args.json:
         doc = dict(benchmark="train_h200", device=torch.cuda.get_device_name(),
                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

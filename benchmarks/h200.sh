@@ -19,6 +19,8 @@
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
+#   gates     benchmarks/bench_gates.py: the gate modes' prices on the grid and fla on unbounded
+#             inputs (GATES_ARGS: its options, e.g. "--fla-shapes T1024_H16 --rounds 2")
 #   train     benchmarks/bench_train.py: forward+backward against fla, memory, gradient
 #             accuracy (TRAIN_ARGS: its options, e.g. "--shapes T8192_H64 --accuracy")
 # fla autotunes every new shape (30-90 s; the whole grid's ten take longer than one call):
@@ -104,6 +106,13 @@ step_grid() {
         "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
     peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
+}
+
+step_gates() {
+    timeout "${GATES_S:-300}" python3 benchmarks/bench_gates.py --json "$D/gates.json" \
+        ${GATES_ARGS:-} > "$D/gates.log" 2>&1
+    echo "gates exit $?"; tail -n 16 "$D/gates.log"
+    peers_save_autotune
 }
 
 step_train() {

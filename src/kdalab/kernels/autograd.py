@@ -127,12 +127,14 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     if dht is not None:
         dht = dht.contiguous()
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
-    block_v = min(V, 128)
+    # the reverse pass's tile: the config's (a recurrent program's value columns and warps)
+    block_v = min(config.block_v or 128, V)
     common = dict(initial_state=h0, checkpoints=checkpoints,
                   checkpoint_offsets=_offsets(seqs), dht=dht, state_vk=p.state_vk,
                   cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                   seq_order=seqs.seq_order, num_seqs=p.num_seqs, num_chunks=seqs.num_chunks,
-                  block_v=block_v, num_warps=8, programs=2 * _sm_count(v.device),
+                  block_v=block_v, num_warps=config.num_warps or 8,
+                  programs=2 * _sm_count(v.device),
                   dh0_dtype=torch.float32, **BWD_PRODUCTS)
     if plan.segment_chunks <= 0:
         out = chunk_kda_bwd_recurrent(v, do, c.ops, **common)

@@ -1,0 +1,148 @@
+"""The gate modes' prices on the issue-11 grid (H200, one process, interleaved rounds):
+kdalab's prefill with the lower-bounded gate (the baseline), the unbounded softplus gate
+(``lower_bound=None``) on the same raw inputs (model-like: K3-like decay), a precomputed
+log-decay (``gate="log_decay"``, the bounded gate's g formed once outside the timing), and
+fla's ``chunk_kda`` on the same unbounded inputs (its own Triton path, no safe gate).
+
+    python benchmarks/bench_gates.py [--shapes a,b] [--fla-shapes a,b] [--rounds 3]
+        [--json out.json]
+
+fla autotunes each new shape and gate (30-90 s, outside the timing): ``--fla-shapes`` limits
+it to some shapes. Rows go to stdout as JSON lines; ``--json`` writes the BENCHMARKS.md rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+import triton
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_kernel import GRID, LOWER_BOUND, SHAPES, info, make_inputs  # noqa: E402
+
+from kdalab import peers  # noqa: E402
+from kdalab.kernels import chunk_kda_fwd  # noqa: E402
+
+D = 128
+
+
+def bounded_log_decay(x):
+    """The lower-bounded gate's log-decay per channel, fp32: lb·sigmoid(exp(A_log)·(g + dt))."""
+    H, K = x["g"].shape[-2:]
+    pre = torch.exp(x["A_log"].float()).view(H, 1) * (
+        x["g"].float() + x["dt_bias"].float().view(H, K))
+    return LOWER_BOUND * torch.sigmoid(pre)
+
+
+def runners(x):
+    common = dict(cu_seqlens=x["cu"], initial_state=x["h0"], output_final_state=x["state"],
+                  state_layout="VK")
+    gd = bounded_log_decay(x)
+
+    def kd(lb, **kw):
+        return lambda: chunk_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"],
+                                     lower_bound=lb, **common, **kw)
+
+    return {"bounded": kd(LOWER_BOUND, A_log=x["A_log"], dt_bias=x["dt_bias"]),
+            "unbounded": kd(None, A_log=x["A_log"], dt_bias=x["dt_bias"]),
+            "log_decay": lambda: chunk_kda_fwd(x["q"], x["k"], x["v"], gd, x["beta"],
+                                               gate="log_decay", lower_bound=LOWER_BOUND,
+                                               **common),
+            "fla_unbounded": lambda: peers.fla_chunk_kda(
+                x["q"], x["k"], x["v"], x["g"], x["beta"], scale=D ** -0.5,
+                initial_state=x["h0"], output_final_state=x["state"], A_log=x["A_log"],
+                dt_bias=x["dt_bias"], lower_bound=None, cu_seqlens=x["cu"],
+                state_v_first=True)}
+
+
+def rows_for(name, rounds, with_fla):
+    x = make_inputs(SHAPES[name])
+    fns = runners(x)
+    if not with_fla:
+        fns.pop("fla_unbounded")
+    row = dict(shape=name)
+    t0 = time.time()
+    for n, fn in list(fns.items()):  # compile / autotune outside the timing
+        try:
+            fn()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported, the others still timed
+            row[f"{n}_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            fns.pop(n)
+    row["warm_s"] = round(time.time() - t0, 1)
+    times = {n: [] for n in fns}
+    for _ in range(rounds):
+        for n, fn in fns.items():
+            times[n].append(triton.testing.do_bench(fn, warmup=25, rep=200,
+                                                    return_mode="median"))
+    for n, t in times.items():
+        row[f"{n}_ms"] = sorted(t)[len(t) // 2]
+    b = row.get("bounded_ms")
+    for n in ("unbounded", "log_decay"):
+        if b and f"{n}_ms" in row:
+            row[f"{n}_over_bounded"] = row[f"{n}_ms"] / b
+    if "fla_unbounded_ms" in row and "unbounded_ms" in row:
+        row["vs_fla_unbounded"] = row["fla_unbounded_ms"] / row["unbounded_ms"]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def geo(values):
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def to_json_rows(rows):
+    out = []
+    for key, label in (("unbounded_over_bounded", "unbounded gate / bounded gate"),
+                       ("log_decay_over_bounded", "precomputed log-decay / fused gate"),
+                       ("vs_fla_unbounded", "fla / kdalab on unbounded inputs")):
+        vals = [r[key] for r in rows if key in r]
+        if vals:
+            out.append(dict(target=f"gates: {label}, geometric mean", unit="x",
+                            value=round(geo(vals), 3),
+                            note=f"{len(vals)} shapes; range {min(vals):.3f}-{max(vals):.3f}"))
+    for r in rows:
+        out.append(dict(target=f"gates {r['shape']}: bounded / unbounded / log_decay / fla "
+                        "unbounded", unit="ms", value=round(r.get("bounded_ms", float("nan")), 4),
+                        note=", ".join(f"{n} {r[f'{n}_ms']:.4f}" for n in
+                                       ("unbounded", "log_decay", "fla_unbounded")
+                                       if f"{n}_ms" in r)))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=None)
+    ap.add_argument("--fla-shapes", default=None, help="shapes that also time fla (all: every)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    names = args.shapes.split(",") if args.shapes else [s[0] for s in GRID]
+    unknown = [n for n in names if n not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shapes {unknown}")
+    fla_ok = peers.available("fla") is None
+    fla_names = set(names if args.fla_shapes in (None, "all") else args.fla_shapes.split(","))
+    rows = [rows_for(n, args.rounds, fla_ok and n in fla_names) for n in names]
+    for key in ("unbounded_over_bounded", "log_decay_over_bounded", "vs_fla_unbounded"):
+        vals = [r[key] for r in rows if key in r]
+        if vals:
+            print(f"{key}: geometric mean {geo(vals):.3f} over {len(vals)} shapes "
+                  f"(range {min(vals):.3f}-{max(vals):.3f})")
+    if args.json:
+        doc = dict(benchmark="gates_h200", info=info(),
+                   commit=os.environ.get("KDALAB_COMMIT", "unknown"),
+                   command="python benchmarks/bench_gates.py " + " ".join(sys.argv[1:]),
+                   rows=to_json_rows(rows))
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
