@@ -52,6 +52,17 @@ SHAPES = dict(SHAPES, T4096_H16=("T4096_H16", 1, 4096, 16, None, False))
 LEAVES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "h0")
 
 
+#: called after every row (main: the JSON rewritten, so a call cut short keeps its rows)
+ON_ROW = []
+
+
+def emit(row, rows):
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+    for hook in ON_ROW:
+        hook()
+
+
 def _fla():
     os.environ["FLA_FLASH_KDA"] = "0"  # grads are on anyway: fla's own Triton path
     try:
@@ -202,8 +213,8 @@ def peak_mb(fn, x, do, dht):
     return peak / 2 ** 20
 
 
-def speed_rows(names, rounds, bw, rate, fla):
-    rows = []
+def speed_rows(names, rounds, bw, rate, fla, rows=None):
+    rows = [] if rows is None else rows
     for name in names:
         shape = SHAPES[name]
         x = _leaves(make_inputs(shape))
@@ -266,8 +277,7 @@ def speed_rows(names, rounds, bw, rate, fla):
             a, b = row.get(f"kdalab_{kind}_ms"), row.get(f"fla_{kind}_ms")
             if isinstance(a, float) and isinstance(b, float):
                 row[f"speedup_{kind}"] = b / a
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+        emit(row, rows)
         del x
         torch.cuda.empty_cache()
     return rows
@@ -276,8 +286,9 @@ def speed_rows(names, rounds, bw, rate, fla):
 FAMILIES = ("model_like", "collinear", "weak_decay_correlated")
 
 
-def accuracy_rows(fla, gates=("lower_bound", "unbounded", "log_decay"), T=1024, H=16):
-    rows = []
+def accuracy_rows(fla, gates=("lower_bound", "unbounded", "log_decay"), T=1024, H=16,
+                  rows=None):
+    rows = [] if rows is None else rows
     for family in FAMILIES:
         for gate in gates:
             if family != "model_like" and gate != "lower_bound":
@@ -316,8 +327,7 @@ def accuracy_rows(fla, gates=("lower_bound", "unbounded", "log_decay"), T=1024, 
                 names = [n for n in LEAVES if n in x]
                 for n, a, b in zip(names, got, want, strict=True):
                     row[f"{who}_d{n}"] = float(rel_rmse(a.double(), b, a.dim()))
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            emit(row, rows)
     return rows
 
 
@@ -341,8 +351,7 @@ def variant_rows(fla, names, rounds):
                 _step(mine, x, do, dht)
                 ms = interleaved({"k": lambda: _step(mine, x, do, dht)}, rounds)["k"]
                 row = dict(variant=vname, shape=name, kdalab_ms=ms)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+                emit(row, rows)
             acc = accuracy_rows(None, gates=("lower_bound",))
             for r in acc:
                 rows.append(dict(r, variant=vname))
@@ -352,11 +361,11 @@ def variant_rows(fla, names, rounds):
     return rows
 
 
-def config_rows(names, configs):
+def config_rows(names, configs, rows=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
     the plan segment_chunks)."""
-    rows = []
+    rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
         for text in configs:
@@ -374,8 +383,7 @@ def config_rows(names, configs):
                 row["peak_mb"] = peak_mb(mine, x, do, dht)
             except Exception as exc:  # noqa: BLE001 - the next config still runs
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            emit(row, rows)
         torch.cuda.empty_cache()
     return rows
 
@@ -398,6 +406,16 @@ def to_json_rows(bw, rate, speed, acc):
                       f"{r.get('fla_bwd_ms', float('nan')):.3f} ms; peak memory "
                       f"{r.get('kdalab_peak_mb', float('nan')):.0f} vs "
                       f"{r.get('fla_peak_mb', float('nan')):.0f} MiB")))
+        if isinstance(r.get("speedup_gpu"), float):
+            out.append(dict(
+                target=f"train {r['shape']}: GPU time (profiler) kdalab vs fla fwd+bwd",
+                unit="x", value=round(r["speedup_gpu"], 3),
+                note=(f"kdalab {r['kdalab_gpu_ms']:.3f} ms, fla {r['fla_gpu_ms']:.3f} ms; "
+                      f"backward alone {r.get('kdalab_bwd_gpu_ms', float('nan')):.3f} vs "
+                      f"{r.get('fla_bwd_gpu_ms', float('nan')):.3f} ms; kdalab's reverse "
+                      f"pass {r['kdalab_kernels'].get('chunk_kda_bwd_recurrent_kernel', 0):.3f}"
+                      f" ms, stage 1's backward "
+                      f"{r['kdalab_kernels'].get('chunk_kda_prepare_bwd_kernel', 0):.3f} ms")))
     if ratios:
         out.append(dict(target="train: geometric mean over the shapes, kdalab vs fla", unit="x",
                         value=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
@@ -425,26 +443,73 @@ def main():
     ap.add_argument("--configs", default=None, metavar="CFG;CFG",
                     help="';'-separated KernelConfigs (field=value,...) to time kdalab under, "
                          "at --shapes (GPU time)")
+    ap.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
+                    help="write --json from the JSON lines of earlier runs' logs (a later log's "
+                         "row replaces an earlier one of the same shape, case or config)")
     args = ap.parse_args()
     names = args.shapes.split(",") if args.shapes else [s[0] for s in GRID]
-    fla = _fla()
-    bw, rate = copy_bandwidth(), matmul_rate()
-    print(json.dumps(dict(copy_bw_tbs=bw / 1e12, bf16_tflops=rate / 1e12)), flush=True)
-    acc = accuracy_rows(fla) if args.accuracy else []  # first: short, fla's tunings cached
-    speed = [] if args.no_speed else speed_rows(names, args.rounds, bw, rate, fla)
-    var = variant_rows(fla, args.variants.split(","), args.rounds) if args.variants else []
-    if args.configs:
-        var += config_rows(names, args.configs.split(";"))
-    if args.json:
-        doc = dict(benchmark="train_h200", device=torch.cuda.get_device_name(),
+    res = dict(bw=None, rate=None, speed=[], acc=[], var=[])
+
+    def save():
+        if not args.json or res["bw"] is None:
+            return
+        doc = dict(benchmark="train_h200",
+                   device=("NVIDIA H200 (from logs)" if args.from_log
+                           else torch.cuda.get_device_name()),
                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    commit=os.environ.get("KDALAB_COMMIT", "unknown"),
                    command="python benchmarks/bench_train.py " + " ".join(sys.argv[1:]),
-                   rows=to_json_rows(bw, rate, speed, acc))
+                   rows=to_json_rows(res["bw"], res["rate"], res["speed"], res["acc"]))
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=1)
         with open(args.json.replace(".json", ".raw.json"), "w") as fh:
-            json.dump(dict(speed=speed, accuracy=acc, variants=var), fh, indent=1)
+            json.dump(dict(speed=res["speed"], accuracy=res["acc"], variants=res["var"]), fh,
+                      indent=1)
+
+    if args.from_log:
+        for kind, row in read_logs(args.from_log):
+            if kind == "rates":
+                res["bw"], res["rate"] = row["copy_bw_tbs"] * 1e12, row["bf16_tflops"] * 1e12
+            else:
+                res[kind].append(row)
+        save()
+        return
+    ON_ROW.append(save)
+    fla = _fla()
+    res["bw"], res["rate"] = copy_bandwidth(), matmul_rate()
+    print(json.dumps(dict(copy_bw_tbs=res["bw"] / 1e12, bf16_tflops=res["rate"] / 1e12)),
+          flush=True)
+    if args.accuracy:  # first: short, fla's tunings cached
+        accuracy_rows(fla, rows=res["acc"])
+    if not args.no_speed:
+        speed_rows(names, args.rounds, res["bw"], res["rate"], fla, rows=res["speed"])
+    if args.variants:
+        res["var"].extend(variant_rows(fla, args.variants.split(","), args.rounds))
+    if args.configs:
+        config_rows(names, args.configs.split(";"), rows=res["var"])
+    save()
+
+
+def read_logs(paths):
+    """(kind, row) from logs' JSON lines: "rates", or the row's list (speed, acc, var), the
+    later of two rows with the same key kept in the first one's place."""
+    keyed = {}
+    for path in paths:
+        with open(path) as fh:
+            for line in fh:
+                if not line.startswith("{"):
+                    continue
+                row = json.loads(line)
+                if "copy_bw_tbs" in row:
+                    keyed[("rates",)] = ("rates", row)
+                elif "family" in row:
+                    keyed[("acc", row["family"], row["gate"])] = ("acc", row)
+                elif "config" in row or "variant" in row:
+                    key = ("var", row["shape"], row.get("config", row.get("variant")))
+                    keyed[key] = ("var", row)
+                elif "shape" in row and "kdalab_ms" in row:
+                    keyed[("speed", row["shape"])] = ("speed", row)
+    return list(keyed.values())
 
 
 if __name__ == "__main__":
