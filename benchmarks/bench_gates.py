@@ -136,8 +136,11 @@ def main():
             print(f"{key}: geometric mean {geo(vals):.3f} over {len(vals)} shapes "
                   f"(range {min(vals):.3f}-{max(vals):.3f})")
     if args.json:
-        doc = dict(benchmark="gates_h200", info=info(),
-                   commit=os.environ.get("KDALAB_COMMIT", "unknown"),
+        i = info()
+        doc = dict(benchmark="gates_h200",
+                   device=f"{i['device']}, torch {i['torch']}, triton {i['triton']}, "
+                          f"fla {i.get('fla', 'n/a')}",
+                   date=i["date"], commit=os.environ.get("KDALAB_COMMIT", "unknown"),
                    command="python benchmarks/bench_gates.py " + " ".join(sys.argv[1:]),
                    rows=to_json_rows(rows))
         with open(args.json, "w") as fh:
