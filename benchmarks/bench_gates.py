@@ -1,7 +1,8 @@
 """The gate modes' prices on the issue-11 grid (H200, one process, interleaved rounds):
 kdalab's prefill with the lower-bounded gate (the baseline), the unbounded softplus gate
 (``lower_bound=None``) on the same raw inputs (model-like: K3-like decay), a precomputed
-log-decay (``gate="log_decay"``, the bounded gate's g formed once outside the timing), and
+log-decay (``gate="log_decay"``, the bounded gate's g formed once outside the timing, in fp32
+and in bf16), and
 fla's ``chunk_kda`` on the same unbounded inputs (its own Triton path, no safe gate).
 
     python benchmarks/bench_gates.py [--shapes a,b] [--fla-shapes a,b] [--rounds 3]
@@ -44,6 +45,7 @@ def runners(x):
     common = dict(cu_seqlens=x["cu"], initial_state=x["h0"], output_final_state=x["state"],
                   state_layout="VK")
     gd = bounded_log_decay(x)
+    gd16 = gd.to(torch.bfloat16)
 
     def kd(lb, **kw):
         return lambda: chunk_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"],
@@ -54,6 +56,10 @@ def runners(x):
             "log_decay": lambda: chunk_kda_fwd(x["q"], x["k"], x["v"], gd, x["beta"],
                                                gate="log_decay", lower_bound=LOWER_BOUND,
                                                **common),
+            # the same g in bf16: the fp32 one reads 256 more bytes a token-head (K 128)
+            "log_decay_bf16": lambda: chunk_kda_fwd(x["q"], x["k"], x["v"], gd16, x["beta"],
+                                                    gate="log_decay", lower_bound=LOWER_BOUND,
+                                                    **common),
             "fla_unbounded": lambda: peers.fla_chunk_kda(
                 x["q"], x["k"], x["v"], x["g"], x["beta"], scale=D ** -0.5,
                 initial_state=x["h0"], output_final_state=x["state"], A_log=x["A_log"],
@@ -84,7 +90,7 @@ def rows_for(name, rounds, with_fla):
     for n, t in times.items():
         row[f"{n}_ms"] = sorted(t)[len(t) // 2]
     b = row.get("bounded_ms")
-    for n in ("unbounded", "log_decay"):
+    for n in ("unbounded", "log_decay", "log_decay_bf16"):
         if b and f"{n}_ms" in row:
             row[f"{n}_over_bounded"] = row[f"{n}_ms"] / b
     if "fla_unbounded_ms" in row and "unbounded_ms" in row:
@@ -100,7 +106,8 @@ def geo(values):
 def to_json_rows(rows):
     out = []
     for key, label in (("unbounded_over_bounded", "unbounded gate / bounded gate"),
-                       ("log_decay_over_bounded", "precomputed log-decay / fused gate"),
+                       ("log_decay_over_bounded", "precomputed log-decay (fp32) / fused gate"),
+                       ("log_decay_bf16_over_bounded", "precomputed log-decay (bf16) / fused gate"),
                        ("vs_fla_unbounded", "fla / kdalab on unbounded inputs")):
         vals = [r[key] for r in rows if key in r]
         if vals:
@@ -111,7 +118,8 @@ def to_json_rows(rows):
         out.append(dict(target=f"gates {r['shape']}: bounded / unbounded / log_decay / fla "
                         "unbounded", unit="ms", value=round(r.get("bounded_ms", float("nan")), 4),
                         note=", ".join(f"{n} {r[f'{n}_ms']:.4f}" for n in
-                                       ("unbounded", "log_decay", "fla_unbounded")
+                                       ("unbounded", "log_decay", "log_decay_bf16",
+                                        "fla_unbounded")
                                        if f"{n}_ms" in r)))
     return out
 
@@ -130,7 +138,8 @@ def main():
     fla_ok = peers.available("fla") is None
     fla_names = set(names if args.fla_shapes in (None, "all") else args.fla_shapes.split(","))
     rows = [rows_for(n, args.rounds, fla_ok and n in fla_names) for n in names]
-    for key in ("unbounded_over_bounded", "log_decay_over_bounded", "vs_fla_unbounded"):
+    for key in ("unbounded_over_bounded", "log_decay_over_bounded", "log_decay_bf16_over_bounded",
+                "vs_fla_unbounded"):
         vals = [r[key] for r in rows if key in r]
         if vals:
             print(f"{key}: geometric mean {geo(vals):.3f} over {len(vals)} shapes "
