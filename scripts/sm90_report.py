@@ -37,7 +37,7 @@ def _ptxas() -> str:
 
 
 def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages: int = 2,
-           label: str = "") -> dict:
+           label: str = "", maxnreg: int | None = None) -> dict:
     """Compile ``fn`` (a triton.jit function) for sm_90a; return regs, spills, smem, mma counts."""
     import inspect
 
@@ -59,7 +59,8 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
              if sig[name].startswith("*") or name in aligned}
     src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=TARGET,
-                              options={"num_warps": num_warps, "num_stages": num_stages})
+                              options={"num_warps": num_warps, "num_stages": num_stages,
+                                       **({"maxnreg": maxnreg} if maxnreg else {})})
     ptx = compiled.asm["ptx"]
     if os.environ.get("SM90_PTX_DIR"):  # keep the PTX's instructions (no debug info) to compare
         code = ptx.split("\t.section\t.debug")[0]  # DWARF sections follow the code
@@ -138,8 +139,10 @@ def kdalab_rows(only: str | None = None):
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, CLAMP_ROWS=True), num_warps=2,
                 label="stage 1 ragged w2")
     for gate, name in ((1, "softplus"), (2, "log-decay")):
-        yield timed(chunk_kda_prepare_kernel, prep, dict(ce, GATE=gate, SPAN_CHECK=True),
-                    num_warps=2, label=f"stage 1 {name} w2")
+        for cap in (None, 168):
+            yield timed(chunk_kda_prepare_kernel, prep, dict(ce, GATE=gate, SPAN_CHECK=True),
+                        num_warps=2, maxnreg=cap,
+                        label=f"stage 1 {name} w2" + (f" cap {cap}" if cap else ""))
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",

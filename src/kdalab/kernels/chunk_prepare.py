@@ -221,6 +221,13 @@ def chunk_kda_prepare_kernel(
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
+#: the span-checked gates' register cap on 2 warps: six programs an SM (168 x 64 threads),
+#: as the bounded gate's 136 allow; uncapped the per-pair path's code takes 254 (four an SM).
+#: Capped, ptxas spills 124-132 bytes a thread, 8 of them outside the per-pair path, which
+#: only a chunk wider than the split's range runs (sm_90a compile, docs/kernels.md)
+SPAN_CHECK_REGS = 168
+
+
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
                       clamp_rows=None):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
@@ -253,5 +260,6 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
         SPAN_CHECK=p.gate.span_checked,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
-        IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows, num_warps=num_warps)
+        IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows, num_warps=num_warps,
+        maxnreg=SPAN_CHECK_REGS if p.gate.span_checked and num_warps == 2 else None)
     return w, qg, kend, klo, ainv, mqk, gamma
