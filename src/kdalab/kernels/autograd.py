@@ -148,11 +148,14 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                           H=H, K=K, V=V, reverse=True)
         chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=summary,
                                 passes=(2,), out=out)
+        del summary
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
     dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
                                                        grads)
+    dv, dh0 = out["dv"], out["dh0"]
+    del c, out, grads  # stage 1 again and the partial sums: freed before the GVA sums
     GQ, GG = H // p.HQ, H // p.HG
     if GQ > 1:  # GVA: the value heads of a q/k head
         dq = dq.view(B, T, p.HQ, GQ, K).sum(3)
@@ -166,8 +169,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         ddt = ddt.sum(0)
         ddt = (ddt.view(p.HG, GG, K).sum(1) if GG > 1 else ddt).reshape(dt_shape)
         ddt = ddt.to(dt_bias.dtype)
-    dh0 = out["dh0"]
-    return (dq.to(q.dtype), dk.to(k.dtype), out["dv"].to(v.dtype), dg.to(g.dtype),
+    return (dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype),
             db.to(beta.dtype), dalog, ddt,
             None if dh0 is None else dh0.to(initial_state.dtype))
 

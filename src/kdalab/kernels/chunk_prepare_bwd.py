@@ -188,31 +188,38 @@ def chunk_kda_prepare_bwd_kernel(
                    + (tl.exp2(g2_last) * dgam)[None, :])
     dx, da = log2_decay_grads(g_raw, a, bias[None, :], lower_bound, GATE)
     dgate = tl.where(m2, dstep * dx, 0.0)
-    tl.store(dg_ptr + offs, dgate, mask=m2)
+    tl.store(dg_ptr + offs, dgate.to(dg_ptr.dtype.element_ty), mask=m2)
     if HAS_DT_BIAS:
         tl.store(ddt_ptr + cc * K + o_k, tl.sum(dgate, axis=0))
     if HAS_A_LOG:
         tl.store(dalog_ptr + cc, tl.sum(tl.sum(tl.where(m2, dstep * da, 0.0), axis=1), axis=0))
     if BETA_LOGITS:  # σ'(x) = σ(x) σ(-x): σ(1 - σ) rounds to 0 where σ saturates
         db = db * (tl.sigmoid(b_in) * tl.sigmoid(-b_in))
-    tl.store(db_ptr + rows * H + i_h, db, mask=r_ok)
+    tl.store(db_ptr + rows * H + i_h, db.to(db_ptr.dtype.element_ty), mask=r_ok)
     dk = l2_normalize_bwd(k_raw, kv, dkv, USE_L2NORM)
     dq = l2_normalize_bwd(q_raw, qn, dqs * scale, USE_L2NORM)
-    tl.store(dk_ptr + offs, dk, mask=m2)
-    tl.store(dq_ptr + offs, dq, mask=m2)
+    tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=m2)
+    tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=m2)
 
 
 def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
                           num_warps=8):
     """Launch stage 1's backward. ``grads``: the reverse pass's dict (its partial sums over
-    value blocks already added). Returns (dq, dk, dg, dbeta, dA_log, ddt_bias) per value head
-    and fp32: dq, dk, dg [B, T, H, K], dbeta [B, T, H], dA_log [chunks, H] and ddt_bias
-    [chunks, H, K] per chunk (None without A_log / dt_bias)."""
+    value blocks already added). Returns (dq, dk, dg, dbeta, dA_log, ddt_bias) per value head:
+    dq, dk, dg [B, T, H, K] and dbeta [B, T, H] in their inputs' dtypes where no GVA sum
+    follows (rounded once, in the kernel; fp32 where the host sums value heads), dA_log
+    [chunks, H] and ddt_bias [chunks, H, K] per chunk, fp32 (None without A_log / dt_bias)."""
     B, T, H, K = p.B, p.T, p.H, p.K
     dev = q.device
     f32 = dict(device=dev, dtype=torch.float32)
-    dq, dk, dg = (torch.empty((B, T, H, K), **f32) for _ in range(3))  # returned: apart
-    db = torch.empty((B, T, H), **f32)
+
+    def out(like, summed):  # fp32 rows for the host's sum over a group's heads
+        return torch.empty((B, T, H, K), device=dev,
+                           dtype=torch.float32 if summed else like.dtype)
+
+    dq, dk = out(q, p.HQ != H), out(k, p.HQ != H)
+    dg = out(g, p.HG != H)
+    db = torch.empty((B, T, H), device=dev, dtype=beta.dtype)
     nc = seqs.num_chunks
     dalog = torch.empty((nc, H), **f32) if A_log is not None else None
     ddt = torch.empty((nc, H, K), **f32) if dt_bias is not None else None

@@ -272,7 +272,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout) with each sequence's first row; ``dht``: the final
-    state's gradient or None. Returns ``out``, a dict of dv (fp32, like v), the partial sums
+    state's gradient or None. Returns ``out``, a dict of dv (like v), the partial sums
     dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv
     [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient, or
     None); a second call (pass 2 after pass 1) fills the same dict."""
@@ -283,7 +283,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     dev = v.device
     if out is None:
         f32 = dict(device=dev, dtype=torch.float32)
-        out = dict(dv=torch.empty(v.shape, **f32),
+        out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
                    dqg=torch.empty((nv, B, T, H, K), **f32),
                    dw=torch.empty((nv, B, T, H, K), **f32),
                    dkend=torch.empty((nv, B, T, H, K), **f32),
