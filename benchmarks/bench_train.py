@@ -364,14 +364,19 @@ def variant_rows(fla, names, rounds):
 def config_rows(names, configs, rows=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
-    the plan segment_chunks)."""
+    the plan segment_chunks; ``bwd=blocks``: the reverse pass's blocks form,
+    ``autograd.BWD_MODE``)."""
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
         for text in configs:
             row = dict(shape=name, config=text)
+            items = [t for t in text.split(",") if t]
+            mode = [t.partition("=")[2] for t in items if t.startswith("bwd=")]
+            kernel_autograd.BWD_MODE["mode"] = mode[0] if mode else "chain"
             try:
-                mine, _ = _runners(None, config=parse_config(text))
+                mine, _ = _runners(None, config=parse_config(
+                    ",".join(t for t in items if not t.startswith("bwd="))))
                 o, s = mine(x)
                 do = torch.randn_like(o)
                 dht = torch.randn(s.shape, device="cuda")
@@ -385,6 +390,7 @@ def config_rows(names, configs, rows=None):
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
             emit(row, rows)
         torch.cuda.empty_cache()
+    kernel_autograd.BWD_MODE["mode"] = "chain"
     return rows
 
 

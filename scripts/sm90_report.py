@@ -146,7 +146,8 @@ def kdalab_rows(only: str | None = None):
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
-               chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32", T="i32",
+               chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32",
+               seg_off_ptr="*i32", T="i32",
                H="i32")
     # "fp16-launch": the guard's first launch (it flags; KernelConfig.fp16_guard="launch"),
     # "redo" its second
@@ -195,26 +196,28 @@ def kdalab_rows(only: str | None = None):
     bwd = dict(v_ptr="*bf16", do_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16",
                kend_ptr="*fp16", klo_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16",
                gamma_ptr="*fp32", h0_ptr="*fp32", ck_ptr="*fp32", ck_offsets_ptr="*i32",
-               dht_ptr="*fp32", dv_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
+               dht_ptr="*fp32", dv_ptr="*bf16", dqg_ptr="*fp32", dw_ptr="*fp32",
                dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
                dh0_ptr="*fp32", scratch_ptr="*fp32", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
-               chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32", T="i32",
+               chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32",
+               seg_off_ptr="*i32", T="i32",
                n_items="i32", part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
     dts = {"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
     for pass_, bv, nw, ds, dd in ((0, 128, 8, "tf32", "tf32"), (2, 128, 8, "tf32", "tf32"),
                                   (0, 128, 8, "bf16", "bf16"), (0, 128, 8, "bf16", "tf32"),
                                   (0, 64, 4, "bf16", "tf32"), (0, 64, 4, "tf32", "tf32"),
                                   (0, 32, 4, "tf32", "tf32"),
-                                  (1, 128, 8, "tf32", "tf32"), (2, 128, 8, "bf16", "tf32")):
+                                  (1, 128, 8, "tf32", "tf32"), (2, 128, 8, "bf16", "tf32"),
+                                  (3, 128, 8, "tf32", "tf32"), (3, 64, 4, "tf32", "tf32")):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, HAS_DHT=True,
                   STORE_DH0=True, STATE_VK=False, IS_VARLEN=False, PASS=pass_, DS=dts[ds],
-                  DD=dts[dd])
+                  DD=dts[dd], SLOT_ROWS=128 if pass_ == 3 else 256)
         yield timed(chunk_kda_bwd_recurrent_kernel, bwd, ce, num_warps=nw, num_stages=1,
                     label=f"bwd pass {pass_} BV{bv} w{nw} S {ds} dS {dd}")
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
-                dq_ptr="*fp32", dk_ptr="*fp32", dg_ptr="*fp32", db_ptr="*fp32",
+                dq_ptr="*bf16", dk_ptr="*bf16", dg_ptr="*bf16", db_ptr="*bf16",
                 dalog_ptr="*fp32", ddt_ptr="*fp32", chunk_table_ptr="*i32", T="i32",
                 scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,

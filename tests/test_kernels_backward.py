@@ -156,6 +156,31 @@ def test_interp_sequence_parallel_backward():
 
 
 @interp
+@pytest.mark.parametrize("case", [
+    dict(B=1, T=300, HQ=2, H=2, HG=2, K=16, V=32, cu=[0, 0, 1, 140, 140, 300]),  # empty, 1
+    dict(B=2, T=83, HQ=1, H=2, HG=1, K=16, V=32, layout="VK", block_v=16),      # V blocks
+])
+def test_interp_blocks_backward_is_the_chain_bit_for_bit(case, monkeypatch):
+    # the "blocks" reverse pass (the dS recurrence alone, then every 64-token block from its
+    # stored gradient) does the chain's arithmetic in the chain's order: the same bits
+    from kdalab.kernels import autograd
+
+    case = dict(case)
+    config = KernelConfig(block_v=case.pop("block_v", None))
+    dims = [case.pop(n) for n in ("B", "T", "HQ", "H", "HG", "K", "V")]
+    got = {}
+    for mode in ("chain", "blocks"):
+        monkeypatch.setitem(autograd.BWD_MODE, "mode", mode)
+        x, kw = _case(*dims, **case)
+        o, s = _kernel(config)(x, kw)
+        gen = torch.Generator().manual_seed(7)
+        do, dht = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)
+        got[mode] = _grads(x, kw, _kernel(config), do, dht)
+    for n in got["chain"]:
+        assert torch.equal(got["chain"][n], got["blocks"][n]), n
+
+
+@interp
 def test_interp_final_state_gradient_only():
     # a loss on the final state alone: every gradient flows back from dHT (dO = 0)
     x, kw = _case(1, 48, 1, 1, 1, 16, 16)

@@ -34,6 +34,10 @@ SAVE_EVERY = 16 * CKC
 #: the reverse pass's operand types for its products with S and with dS (fp32: tf32
 #: products; docs/training.md "Precision")
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
+#: the reverse pass's form: "chain" (the plan's serial or segmented pass, every product in the
+#: chain) or "blocks" (the dS recurrence alone serially, then every 64-token block's products
+#: in parallel from its stored gradient; chunk_recurrent_bwd.py, pass 3)
+BWD_MODE = dict(mode="chain")
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -136,7 +140,13 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                   block_v=block_v, num_warps=config.num_warps or 8,
                   programs=2 * _sm_count(v.device),
                   dh0_dtype=torch.float32, **BWD_PRODUCTS)
-    if plan.segment_chunks <= 0:
+    if BWD_MODE["mode"] == "blocks":
+        table, seg_offsets, n_segs = seqs.segments(CKC)
+        ends = torch.empty((n_segs, H, V, K), device=v.device, dtype=torch.float32)
+        out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=ends,
+                                      seg_offsets=seg_offsets, passes=(3, 2))
+        del ends
+    elif plan.segment_chunks <= 0:
         out = chunk_kda_bwd_recurrent(v, do, c.ops, **common)
     else:
         L = -(-plan.segment_chunks // CKC) * CKC  # segments of whole blocks

@@ -28,7 +28,9 @@ needs no forward state, so it splits into segments as the forward does (``launch
 pass 1 computes each segment's (R^T, B) from a zero and an identity start (rows V..V+K-1,
 dO = 0), the combine (``chunk_combine.py``, in reverse) each segment's dS at its end, and
 pass 2 the whole backward of every segment from there. Passes (``PASS``): 0 serial, 1
-summaries, 2 segments.
+summaries, 2 segments, 3 the dS recurrence alone, serial, storing the gradient after every
+block: then pass 2 runs every 64-token block as its own segment, all in parallel (the
+"blocks" form, ``autograd.BWD_MODE``: the serial chain keeps four products a chunk).
 
 Programs are persistent: at most ``programs`` run, each looping over (sequence or segment,
 head) items, so the scratch holds CKC states per running program, not per item.
@@ -105,14 +107,16 @@ def chunk_kda_bwd_recurrent_kernel(
     h0_ptr, ck_ptr, ck_offsets_ptr, dht_ptr,
     dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
     scratch_ptr, sum_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
-    T, n_items, part_tok, part_gam, part_cc,
+    seg_off_ptr, T, n_items, part_tok, part_gam, part_cc,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, IS_VARLEN: tl.constexpr, PASS: tl.constexpr,
     DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
+    SLOT_ROWS: tl.constexpr = 0,
 ):
     """``DS``: the operand type of the products with S, ``DD`` of those with dS (fp32: tf32
-    products)."""
+    products). ``SLOT_ROWS``: a summary slot's rows (V + K for pass 1's summaries, V for pass
+    3's block-end gradients)."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -133,7 +137,7 @@ def chunk_kda_bwd_recurrent_kernel(
     scr_u = (scratch_ptr + tl.num_programs(0) * tl.num_programs(1) * CKC * BV * K
              + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
     for item in range(pid, n_items, nprog):
-        if PASS == 0:  # varlen: the longest sequences first, as the forward's serial pass
+        if PASS == 0 or PASS == 3:  # varlen: the longest first, as the forward's serial pass
             i_n, i_h, bos, eos, c0 = sequence_of_program(item, cu_seqlens_ptr,
                                                          chunk_offsets_ptr, seq_order_ptr, T, H,
                                                          BT, IS_VARLEN)
@@ -154,7 +158,7 @@ def chunk_kda_bwd_recurrent_kernel(
         if PASS == 1:
             dSt = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
         elif PASS == 2:
-            slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+            slot_s = sum_ptr + (i_s * H + i_h) * SLOT_ROWS * K
             dSt = tl.load(slot_s + o_v[:, None] * K + o_k[None, :], mask=v_ok[:, None],
                           other=0.0)
         else:
@@ -172,11 +176,21 @@ def chunk_kda_bwd_recurrent_kernel(
                 ck_base = tl.load(ck_offsets_ptr + i_n).to(tl.int64)
             j_blk0 = (bos - seq_bos) // (BT * CKC)   # the program's first block in its sequence
             n_blk = tl.cdiv(n_ch, CKC)
+            if PASS == 3:
+                if n_blk == 0:  # an empty sequence's one (empty) segment: dh0 = dht there
+                    slot_b = sum_ptr + (tl.load(seg_off_ptr + i_n).to(tl.int64) * H
+                                        + i_h) * SLOT_ROWS * K
+                    tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt,
+                             mask=v_ok[:, None])
             for ib in range(0, n_blk):
                 blk = n_blk - 1 - ib
                 c_lo = blk * CKC
                 c_hi = tl.minimum(c_lo + CKC, n_ch)
-                if PASS != 1:
+                if PASS == 3:  # the gradient after this block: where its segment starts
+                    slot_b = sum_ptr + ((tl.load(seg_off_ptr + i_n).to(tl.int64) + blk) * H
+                                        + i_h) * SLOT_ROWS * K
+                    tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
+                if PASS == 0 or PASS == 2:
                     # the block's start state: the initial state, or the forward's checkpoint
                     jb = j_blk0 + blk
                     if jb == 0:
@@ -224,7 +238,7 @@ def chunk_kda_bwd_recurrent_kernel(
                     mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
                     gam = tl.load(gamma_ptr + cc * K + o_k)
                     dut = _mm(dSt, kendt, DD) + tl.dot(dot_, mqk, input_precision="tf32")
-                    if PASS != 1:
+                    if PASS == 0 or PASS == 2:
                         Sd = tl.load(scr_s + (c - c_lo) * BV * K)
                         ut = tl.load(scr_u + (c - c_lo) * BV * BT)
                         vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
@@ -251,13 +265,13 @@ def chunk_kda_bwd_recurrent_kernel(
                         tl.store(dainv_ptr + o_cc, dainv)
                     dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
                            - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
-                if PASS != 1:
+                if PASS == 0 or PASS == 2:
                     tl.debug_barrier()  # the next block's forward overwrites the scratch
             # the gradient at the program's start
             if PASS == 1:
-                slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+                slot_s = sum_ptr + (i_s * H + i_h) * SLOT_ROWS * K
                 tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
-            elif STORE_DH0:
+            elif STORE_DH0 and PASS != 3:
                 if first != 0:
                     tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
                              dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
@@ -266,7 +280,7 @@ def chunk_kda_bwd_recurrent_kernel(
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, programs, seq_order=None, segments=None,
-                            summary=None,
+                            summary=None, seg_offsets=None,
                             passes=(0,), dh0_dtype=torch.float32, out=None,
                             s_dtype=torch.float32, ds_dtype=torch.float32):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
@@ -295,7 +309,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
     for pass_ in passes:
-        items = (num_seqs if pass_ == 0 else segments.shape[0]) * H
+        items = (num_seqs if pass_ in (0, 3) else segments.shape[0]) * H
         rows = V + K if pass_ == 1 else V
         nvb = -(-rows // block_v)
         n_prog = max(1, min(items, programs))
@@ -303,18 +317,20 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             continue
         # per program: CKC states S^T [BV, K] then CKC U^T [BV, 16] (fp32 words)
         scratch = (torch.empty((n_prog * nvb * CKC * block_v * (K + CHUNK),), device=dev,
-                               dtype=torch.float32) if pass_ != 1 else dummy)
+                               dtype=torch.float32) if pass_ in (0, 2) else dummy)
         chunk_kda_bwd_recurrent_kernel[(n_prog, nvb)](
             v, do, w, qg, kend, klo, ainv, mqk, gamma,
             opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), opt(dht),
             out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
             out["dainv"], opt(out["dh0"]), scratch, opt(summary), opt(cu_seqlens),
-            opt(chunk_offsets), opt(seq_order), opt(segments), T, items, B * T * H * K,
+            opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets), T, items,
+            B * T * H * K,
             num_chunks * H * K,
             num_chunks * H * CHUNK * CHUNK,
             H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
             HAS_DHT=dht is not None, STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk,
             IS_VARLEN=cu_seqlens is not None, PASS=pass_, DS=_TL[s_dtype], DD=_TL[ds_dtype],
+            SLOT_ROWS=(V if 3 in passes else V + K) if summary is not None else 0,
             num_warps=num_warps, num_stages=1)  # no software pipelining: its buffers overflow
             # shared memory (279,552 bytes of 232,448 at the default, on the H200)
     return out
