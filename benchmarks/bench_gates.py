@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -25,7 +24,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import GRID, LOWER_BOUND, SHAPES, info, make_inputs  # noqa: E402
+from bench_kernel import GRID, LOWER_BOUND, SHAPES, geomean, info, make_inputs  # noqa: E402
 
 from kdalab import peers  # noqa: E402
 from kdalab.kernels import chunk_kda_fwd  # noqa: E402
@@ -99,10 +98,6 @@ def rows_for(name, rounds, with_fla):
     return row
 
 
-def geo(values):
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
-
 def to_json_rows(rows):
     out = []
     for key, label in (("unbounded_over_bounded", "unbounded gate / bounded gate"),
@@ -112,7 +107,7 @@ def to_json_rows(rows):
         vals = [r[key] for r in rows if key in r]
         if vals:
             out.append(dict(target=f"gates: {label}, geometric mean", unit="x",
-                            value=round(geo(vals), 3),
+                            value=round(geomean(vals), 3),
                             note=f"{len(vals)} shapes; range {min(vals):.3f}-{max(vals):.3f}"))
     for r in rows:
         out.append(dict(target=f"gates {r['shape']}: bounded / unbounded / log_decay / fla "
@@ -142,7 +137,7 @@ def main():
                 "vs_fla_unbounded"):
         vals = [r[key] for r in rows if key in r]
         if vals:
-            print(f"{key}: geometric mean {geo(vals):.3f} over {len(vals)} shapes "
+            print(f"{key}: geometric mean {geomean(vals):.3f} over {len(vals)} shapes "
                   f"(range {min(vals):.3f}-{max(vals):.3f})")
     if args.json:
         i = info()

@@ -140,6 +140,11 @@ def emit(row):
     return row
 
 
+def geomean(values):
+    """The geometric mean of positive ratios."""
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
 def parse_config(text):
     """``--alt``'s ``field=value,...`` as a KernelConfig (ints, True/False, else strings)."""
     fields = {}
@@ -191,7 +196,7 @@ def grid(names, alt=None):
               + (f"  alt {r['alt_over_default']:.3f}x the default" if "alt_over_default" in r
                  else ""))
     if ratios:
-        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        geo = geomean(ratios)
         print(f"geometric mean of the ratios: {geo:.2f}x over {len(ratios)} shapes; "
               f"slowest ratio {min(ratios):.2f}x")
         return rows, geo

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -37,7 +36,7 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import GRID, SHAPES, make_inputs, parse_config  # noqa: E402
+from bench_kernel import GRID, SHAPES, geomean, make_inputs, parse_config  # noqa: E402
 
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.inputs.sequences import draw, preset  # noqa: E402
@@ -423,14 +422,11 @@ def to_json_rows(bw, rate, speed, acc, var=()):
                       f" ms, stage 1's backward "
                       f"{r['kdalab_kernels'].get('chunk_kda_prepare_bwd_kernel', 0):.3f} ms")))
     gpu = [r["speedup_gpu"] for r in speed if isinstance(r.get("speedup_gpu"), float)]
-    if gpu:
-        out.append(dict(target="train: geometric mean, kdalab vs fla, GPU time (profiler)",
-                        unit="x", value=round(math.exp(sum(map(math.log, gpu)) / len(gpu)), 3),
-                        note=f"{len(gpu)} shapes; slowest {min(gpu):.3f}x"))
-    if ratios:
-        out.append(dict(target="train: geometric mean, kdalab vs fla, eager wall time", unit="x",
-                        value=round(math.exp(sum(map(math.log, ratios)) / len(ratios)), 3),
-                        note=f"{len(ratios)} shapes; slowest {min(ratios):.3f}x"))
+    for values, timing in ((gpu, "GPU time (profiler)"), (ratios, "eager wall time")):
+        if values:
+            out.append(dict(target=f"train: geometric mean, kdalab vs fla, {timing}", unit="x",
+                            value=round(geomean(values), 3),
+                            note=f"{len(values)} shapes; slowest {min(values):.3f}x"))
     for r in var:
         if "config" in r and "bwd_gpu_ms" in r:
             k = r["kernels"]

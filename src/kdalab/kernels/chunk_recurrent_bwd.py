@@ -177,18 +177,15 @@ def chunk_kda_bwd_recurrent_kernel(
             j_blk0 = (bos - seq_bos) // (BT * CKC)   # the program's first block in its sequence
             n_blk = tl.cdiv(n_ch, CKC)
             if PASS == 3:
-                if n_blk == 0:  # an empty sequence's one (empty) segment: dh0 = dht there
-                    slot_b = sum_ptr + (tl.load(seg_off_ptr + i_n).to(tl.int64) * H
-                                        + i_h) * SLOT_ROWS * K
-                    tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt,
-                             mask=v_ok[:, None])
+                seg0 = tl.load(seg_off_ptr + i_n).to(tl.int64)  # the sequence's first block
+                # an empty sequence has one (empty) segment: its dS, dht, is stored too
+                n_blk = tl.maximum(n_blk, 1)
             for ib in range(0, n_blk):
                 blk = n_blk - 1 - ib
                 c_lo = blk * CKC
                 c_hi = tl.minimum(c_lo + CKC, n_ch)
                 if PASS == 3:  # the gradient after this block: where its segment starts
-                    slot_b = sum_ptr + ((tl.load(seg_off_ptr + i_n).to(tl.int64) + blk) * H
-                                        + i_h) * SLOT_ROWS * K
+                    slot_b = sum_ptr + ((seg0 + blk) * H + i_h) * SLOT_ROWS * K
                     tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
                 if PASS == 0 or PASS == 2:
                     # the block's start state: the initial state, or the forward's checkpoint
