@@ -9,6 +9,9 @@
 #   hunt      kdalab hunt kdalab for HUNT_S seconds; continues the hunt carried in
 #             .runs/hunt-kdalab (--resume) when there is one (the 10-minute hunt is two calls)
 #   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
+#   check-grad kdalab check kdalab fla --grad (CHECK_GRAD_SUITE, default quick), the gradient
+#             table (docs/check-grad/); continues .runs/check-grad (--resume) when carried
+#   hunt-grad kdalab hunt kdalab --grad for HUNT_S seconds; continues .runs/hunt-grad (--resume)
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh; TESTS_S, default 540: 64
@@ -61,6 +64,26 @@ step_hunt() {
     k $(( ${HUNT_S:-290} + 60 )) hunt kdalab --device cuda --seed 0 --budget-s "${HUNT_S:-290}" \
         --dims 64,128 --out "$D/hunt-kdalab" --quiet "${resume[@]}" > "$D/hunt-kdalab.log" 2>&1
     echo "hunt kdalab exit $?"; tail -n 3 "$D/hunt-kdalab.log"
+}
+
+step_check-grad() {
+    local resume=()
+    if [ -d .runs/check-grad ]; then cp -r .runs/check-grad "$D/check-grad"; resume=(--resume); fi
+    k "${CHECK_S:-500}" check kdalab fla --grad --device cuda --suite "${CHECK_GRAD_SUITE:-quick}" \
+        --isolate --case-timeout 150 --out "$D/check-grad" --quiet "${resume[@]}" \
+        > "$D/check-grad.log" 2>&1
+    echo "check --grad exit $?"
+    k 120 check --redraw --out "$D/check-grad" --quiet >> "$D/check-grad.log" 2>&1
+    grep -E "PASS|FAIL" "$D/check-grad/report.md" | head -n 3; tail -n 5 "$D/check-grad.log"
+}
+
+step_hunt-grad() {
+    local resume=()
+    if [ -d .runs/hunt-grad ]; then cp -r .runs/hunt-grad "$D/hunt-grad"; resume=(--resume); fi
+    k $(( ${HUNT_S:-290} + 60 )) hunt kdalab --grad --device cuda --seed 0 \
+        --budget-s "${HUNT_S:-290}" --dims 64,128 --out "$D/hunt-grad" --quiet "${resume[@]}" \
+        > "$D/hunt-grad.log" 2>&1
+    echo "hunt --grad exit $?"; tail -n 3 "$D/hunt-grad.log"
 }
 
 step_hunts() {  # fla pinned to one shape: it autotunes every new one
