@@ -70,11 +70,12 @@ step_check-grad() {
     local resume=()
     if [ -d .runs/check-grad ]; then cp -r .runs/check-grad "$D/check-grad"; resume=(--resume); fi
     k "${CHECK_S:-500}" check kdalab fla --grad --device cuda --suite "${CHECK_GRAD_SUITE:-quick}" \
-        --isolate --case-timeout 150 --out "$D/check-grad" --quiet "${resume[@]}" \
+        --isolate --case-timeout 200 ${CHECK_GRAD_ARGS:-} --out "$D/check-grad" --quiet "${resume[@]}" \
         > "$D/check-grad.log" 2>&1
     echo "check --grad exit $?"
     k 120 check --redraw --out "$D/check-grad" --quiet >> "$D/check-grad.log" 2>&1
     grep -E "PASS|FAIL" "$D/check-grad/report.md" | head -n 3; tail -n 5 "$D/check-grad.log"
+    peers_save_autotune
 }
 
 step_hunt-grad() {

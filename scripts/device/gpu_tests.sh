@@ -14,7 +14,7 @@ if ! python3 -c "import fla" 2>/dev/null && ls .whl/fla_core-*.whl >/dev/null 2>
 fi
 report=${OUT:-/tmp}/gpu_tests.xml
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_tests.sh: no CUDA device')" || exit 2
-python3 -m pytest -q -p no:cacheprovider -m gpu -rfEs --junitxml="$report" tests "$@"
+python3 -m pytest -q -p no:cacheprovider -m gpu -v -rfEs --durations=25 --junitxml="$report" tests "$@"
 status=$?
 python3 - "$report" <<'PY' || status=1
 import sys, xml.etree.ElementTree as ET

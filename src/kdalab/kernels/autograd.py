@@ -126,7 +126,12 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     q, k, v, g, beta, A_log, dt_bias, h0 = contiguous(q, k, v, g, beta, A_log, dt_bias,
                                                       initial_state)
     do = do.contiguous()
-    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config)
+    # an unbounded decay's QG and W reach below fp16's range inside a chunk (exp(-20) at one
+    # step of -20): fp16 products flush them to zero, and with them the whole of dh0, which
+    # lives there (relative error 1.0 at -20 a step, 5e-2 at -12; the H200's check --grad):
+    # the recompute stores them in fp32 then, the bounded gate keeps the forward's fp16
+    products = torch.float32 if p.gate.span_checked else None
+    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config, products=products)
     seqs, plan = c.seqs, c.plan
     if dht is not None:
         dht = dht.contiguous()

@@ -229,18 +229,20 @@ SPAN_CHECK_REGS = 168
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
-                      clamp_rows=None):
+                      clamp_rows=None, dtype=None):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q with the value heads, AINV and MQK [num_chunks, H, 16, 16] (fp16 when q and k are
     normalized: every operand is then <= 1 in size, AINV's entries bounded by the Neumann
     terms; fp32 otherwise), GAMMA [num_chunks, H, K] fp32. Inputs contiguous; ``seqs`` the
     call's tables (``tables.py``). ``clamp_rows``: clamp the loads' rows to the sequence
     (the kernel's ``CLAMP_ROWS``; None: where rows are not known to come in whole chunks,
-    i.e. varlen or T % 16 != 0; the tests compare both forms)."""
+    i.e. varlen or T % 16 != 0; the tests compare both forms). ``dtype``: the products'
+    storage instead (the backward's recompute asks fp32 where fp16 would flush QG and W)."""
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0
-    dtype = torch.float16 if p.use_qk_l2norm else torch.float32
+    if dtype is None:
+        dtype = torch.float16 if p.use_qk_l2norm else torch.float32
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
     w, qg, kend, klo = torch.empty((4, B, T, H, K), device=q.device, dtype=dtype).unbind(0)
     ainv, mqk = torch.empty((2, seqs.num_chunks, H, CHUNK, CHUNK), device=q.device,
