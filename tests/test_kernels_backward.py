@@ -155,7 +155,9 @@ def test_interp_initial_state_gradient_under_decay_past_fp16(gate):
         if gate == "log_decay":
             x["g"].fill_(-20.0)
         else:  # exp(A_log) * softplus(20 + dt_bias) = about 20 a step
-            x["g"].fill_(20.0), x["A_log"].zero_(), x["dt_bias"].zero_()
+            x["g"].fill_(20.0)
+            x["A_log"].zero_()
+            x["dt_bias"].zero_()
     errors = _compare(x, kw)
     assert errors["initial_state"] < TOL
 
