@@ -231,10 +231,14 @@ def chunk_kda_bwd_recurrent_kernel(
                                    other=0.0).to(tl.float32)
                     wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
                     qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-                    kendt = _kend_t(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
+                    kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+                    klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
                     mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
                     gam = tl.load(gamma_ptr + cc * K + o_k)
-                    dut = _mm(dSt, kendt, DD) + tl.dot(dot_, mqk, input_precision="tf32")
+                    # KEND as its two parts, as the forward multiplies it: KEND whole in one
+                    # tf32 product would drop KLO, which the collinear cases' dβ needs
+                    dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
+                           + tl.dot(dot_, mqk, input_precision="tf32"))
                     if PASS == 0 or PASS == 2:
                         Sd = tl.load(scr_s + (c - c_lo) * BV * K)
                         ut = tl.load(scr_u + (c - c_lo) * BV * BT)
