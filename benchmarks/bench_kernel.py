@@ -155,9 +155,46 @@ def parse_config(text):
     return KernelConfig(**fields)
 
 
-def grid(names, alt=None):
-    """kdalab (the default config, and ``alt`` after it when given) and the peers per shape."""
-    peers = {"fla": load_fla(), "flashkda": load_flashkda()}
+def load_baseline(folder):
+    """``chunk_kda_fwd`` of an earlier commit's kernels: the package ``kdalab_baseline`` in
+    ``folder`` (scripts/baseline_kernels.sh builds it from a commit), and that commit."""
+    import importlib
+    import sys
+
+    sys.path.insert(0, os.path.abspath(folder))
+    mod = importlib.import_module("kdalab_baseline")
+    commit = open(os.path.join(folder, "kdalab_baseline", "COMMIT")).read().strip()
+    return mod.chunk_kda_fwd, commit
+
+
+def baseline_rounds(x, old_fwd, rounds=3):
+    """kdalab and the baseline kernel on the same inputs, alternating ``rounds`` times: the
+    medians of each one's do_bench medians, and the largest output difference."""
+    def old():
+        return old_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                       dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, cu_seqlens=x["cu"],
+                       initial_state=x["h0"], output_final_state=x["state"],
+                       state_layout="VK")
+    a, b = run_kdalab(x)[0], old()[0]  # compiled outside the timing
+    new_ms, old_ms = [], []
+    for _ in range(rounds):
+        new_ms.append(bench(lambda: run_kdalab(x)))
+        old_ms.append(bench(old))
+    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
+    return dict(kdalab_rounds_ms=new_ms, baseline_rounds_ms=old_ms, baseline_ms=med(old_ms),
+                kdalab_over_baseline=med(new_ms) / med(old_ms),
+                baseline_max_abs_diff=float((a.float() - b.float()).abs().max()))
+
+
+def grid(names, alt=None, baseline=None, with_peers=True):
+    """kdalab (the default config, and ``alt`` after it when given) and the peers per shape;
+    ``baseline`` (a folder, ``load_baseline``): an earlier commit's kernel in alternating
+    rounds too."""
+    peers = ({"fla": load_fla(), "flashkda": load_flashkda()} if with_peers else {})
+    old_fwd = None
+    if baseline is not None:
+        old_fwd, commit = load_baseline(baseline)
+        emit(dict(baseline=commit))
     rows = []
     for name in names:
         x = make_inputs(SHAPES[name])
@@ -166,6 +203,8 @@ def grid(names, alt=None):
         run_kdalab(x)  # compile / plan outside the timing
         row["kdalab_first_call_s"] = time.perf_counter() - t0
         row["kdalab_ms"] = bench(lambda: run_kdalab(x))
+        if old_fwd is not None:
+            row.update(baseline_rounds(x, old_fwd))
         if alt is not None:
             run_kdalab(x, alt)
             row["kdalab_alt_ms"] = bench(lambda: run_kdalab(x, alt))
@@ -194,7 +233,13 @@ def grid(names, alt=None):
         cells.append(f"{r.get('flashkda_ms', float('nan')):9.3f}")
         print(f"{r['shape']:22s} {' '.join(cells)}  {r.get('ratio', float('nan')):5.2f}x"
               + (f"  alt {r['alt_over_default']:.3f}x the default" if "alt_over_default" in r
-                 else ""))
+                 else "")
+              + (f"  {r['kdalab_over_baseline']:.3f}x the baseline's time"
+                 if "kdalab_over_baseline" in r else ""))
+    if old_fwd is not None:
+        over = [r["kdalab_over_baseline"] for r in rows]
+        print(f"kdalab's time over the baseline's: geometric mean {geomean(over):.3f} over "
+              f"{len(over)} shapes (range {min(over):.3f}-{max(over):.3f})")
     if ratios:
         geo = geomean(ratios)
         print(f"geometric mean of the ratios: {geo:.2f}x over {len(ratios)} shapes; "
@@ -430,6 +475,11 @@ def main():
     ap.add_argument("--alt", default=None, metavar="FIELD=VALUE,...",
                     help="--grid: also time kdalab under this KernelConfig (e.g. "
                          "fp16_guard=launch), after the default on each shape")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="--grid: also time an earlier commit's kernel (the package "
+                         "kdalab_baseline in DIR: scripts/baseline_kernels.sh), alternating")
+    ap.add_argument("--no-peers", action="store_true", help="--grid: kdalab (and the "
+                    "baseline) only")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     names = (args.shapes.split(",") if args.shapes
@@ -451,7 +501,8 @@ def main():
         result["accuracy"] = accuracy()
     if args.grid:
         alt = parse_config(args.alt) if args.alt else None
-        result["grid"], result["geomean"] = grid(names, alt)
+        result["grid"], result["geomean"] = grid(names, alt, args.baseline,
+                                                 with_peers=not args.no_peers)
         if alt is not None:
             result["alt"] = args.alt
     if args.json:

@@ -21,6 +21,9 @@
 #             "--candidates default,guard_inline --rounds 3")
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
+#   baseline  benchmarks/bench_kernel.py --grid --no-peers --baseline .baseline: kdalab against
+#             an earlier commit's kernels in alternating rounds (build them here with
+#             scripts/baseline_kernels.sh COMMIT and carry .baseline; GRID_SHAPES: some shapes)
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
 #   gates     benchmarks/bench_gates.py: the gate modes' prices on the grid and fla on unbounded
 #             inputs (GATES_ARGS: its options, e.g. "--fla-shapes T1024_H16 --rounds 2")
@@ -130,6 +133,13 @@ step_grid() {
         "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
     peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
+}
+
+step_baseline() {
+    local shapes=(${GRID_SHAPES:+--shapes "$GRID_SHAPES"})
+    timeout "${BASELINE_S:-240}" python3 benchmarks/bench_kernel.py --grid --no-peers \
+        --baseline .baseline --json "$D/baseline.json" "${shapes[@]}" > "$D/baseline.log" 2>&1
+    echo "baseline exit $?"; tail -n 14 "$D/baseline.log"
 }
 
 step_gates() {
