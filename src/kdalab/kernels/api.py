@@ -72,16 +72,16 @@ class Prepared(NamedTuple):
 
 
 def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
-            config: KernelConfig, products=None, w_precision="tf32") -> Prepared:
+            config: KernelConfig, products=None, precision="tf32") -> Prepared:
     """Tables, plan and stage 1 of a checked call (inputs contiguous, dt_bias flat);
-    ``products``, ``w_precision``: stage 1's storage dtype instead of its default and W's
-    product (chunk_kda_prepare)."""
+    ``products``, ``precision``: stage 1's storage dtype instead of its default and its
+    products' precision (chunk_kda_prepare)."""
     seqs = sequences_for(p, cu_seqlens, q.device)
     plan = plan_for(seqs, p, config)
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
                             num_warps=plan.prepare_warps, dtype=products,
-                            w_precision=w_precision)
+                            precision=precision)
     return Prepared(p, seqs, plan, dot, ops)
 
 

@@ -131,9 +131,10 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     # lives there (relative error 1.0 at -20 a step, 5e-2 at -12; the H200's check --grad):
     # the recompute stores them in fp32 then, the bounded gate keeps the forward's fp16
     products = torch.float32 if p.gate.span_checked else None
-    # W in 3xTF32: its tf32 rounding reaches dA_log and dβ through (I + L)^-1 on collinear keys
+    # stage 1's products in 3xTF32: their tf32 rounding reaches dA_log and dβ through
+    # (I + L)^-1 on clustered keys with β near 1
     c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config, products=products,
-                w_precision="tf32x3")
+                precision="tf32x3")
     seqs, plan = c.seqs, c.plan
     if dht is not None:
         dht = dht.contiguous()

@@ -151,7 +151,7 @@ def chunk_kda_prepare_kernel(
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
-    W_PRECISION: tl.constexpr = "tf32",
+    PRECISION: tl.constexpr = "tf32",
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
@@ -208,8 +208,8 @@ def chunk_kda_prepare_kernel(
     else:
         # the split exponent: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
         kit = tl.trans(kv * tl.exp2(-g2))
-        mqk = tl.dot(qd, kit, input_precision="tf32")
-        L = tl.dot(kd, kit, input_precision="tf32")
+        mqk = tl.dot(qd, kit, input_precision=PRECISION)
+        L = tl.dot(kd, kit, input_precision=PRECISION)
     base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
     o_cc = o_r[:, None] * BT + o_r[None, :]
     mqk = tl.where(o_r[:, None] >= o_r[None, :], mqk, 0.0)
@@ -218,7 +218,7 @@ def chunk_kda_prepare_kernel(
 
     ainv = neumann_inverse16(L, BT) * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
-    w = tl.dot(ainv, kd, input_precision=W_PRECISION)
+    w = tl.dot(ainv, kd, input_precision=PRECISION)
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
 
 
@@ -230,7 +230,7 @@ SPAN_CHECK_REGS = 168
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
-                      clamp_rows=None, dtype=None, w_precision="tf32"):
+                      clamp_rows=None, dtype=None, precision="tf32"):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q with the value heads, AINV and MQK [num_chunks, H, 16, 16] (fp16 when q and k are
     normalized: every operand is then <= 1 in size, AINV's entries bounded by the Neumann
@@ -239,9 +239,10 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     (the kernel's ``CLAMP_ROWS``; None: where rows are not known to come in whole chunks,
     i.e. varlen or T % 16 != 0; the tests compare both forms). ``dtype``: the products'
     storage instead (the backward's recompute asks fp32 where fp16 would flush QG and W).
-    ``w_precision``: W = AINV·Kd's product, "tf32" (the forward: W is stored in fp16 or used
-    at the state products' precision) or "tf32x3" (the backward's recompute: a tf32 W puts
-    dA_log at 5.5x its floor on the collinear cases, 4.3x in 3xTF32; docs/training.md)."""
+    ``precision``: the pairwise products (MQK, L) and W = AINV·Kd, "tf32" (the forward) or
+    "tf32x3" (the backward's recompute: on the H200 a tf32 product truncates its operands to
+    10 bits, and on clustered keys with β near 1 the gradients amplify L's and W's errors
+    through (I + L)^-1, dβ up to 0.26; docs/training.md "Precision")."""
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0
@@ -266,7 +267,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
         SPAN_CHECK=p.gate.span_checked,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
-        IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows, W_PRECISION=w_precision,
+        IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows, PRECISION=precision,
         num_warps=num_warps,
         maxnreg=SPAN_CHECK_REGS if p.gate.span_checked and num_warps == 2 else None)
     return w, qg, kend, klo, ainv, mqk, gamma
