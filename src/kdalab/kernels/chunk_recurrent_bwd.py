@@ -89,34 +89,12 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def _tf32(x):
-    """fp32 ``x`` rounded to tf32's 10-bit significand, to nearest even (inf and NaN kept).
-    A tf32 tl.dot on the H200 truncates its fp32 operands to those bits instead (triton
-    issue 4574): a bias, not a rounding error, that sums of many products do not average
-    away (dβ 0.26 on the 10-minute hunt's worst case, 2e-2 when rounded; docs/training.md)."""
-    bits = x.to(tl.uint32, bitcast=True)
-    up = (bits + 0xFFF + ((bits >> 13) & 1)) & 0xFFFFE000
-    special = (bits & 0x7F800000) == 0x7F800000
-    return tl.where(special, bits, up).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _dot(a, b, RA: tl.constexpr = True, RB: tl.constexpr = True):
-    """a @ b for fp32 ``a``, ``b``: one tf32 product, ``RA``/``RB``: that operand rounded
-    first (False where its values are tf32 already: bf16 inputs, fp16 stage-1 operands;
-    rounding takes registers the reverse pass spills)."""
-    if RA:
-        a = _tf32(a)
-    if RB:
-        b = _tf32(b)
-    return tl.dot(a, b, input_precision="tf32")
-
-
-@triton.jit
-def _mm(a, b, DT: tl.constexpr, RB: tl.constexpr = True):
-    """a @ b with ``DT`` operands (fp32: tf32 products of rounded values), fp32 accumulation."""
-    if DT == tl.float32:
-        return _dot(a, b, True, RB)
+def _mm(a, b, DT: tl.constexpr):
+    """a @ b with ``DT`` operands (fp32: tf32 products), fp32 accumulation. On the H200 a tf32
+    tl.dot truncates fp32 operands to 10 bits (triton issue 4574); rounding them first (bit
+    operations) cut dβ on the worst hunt case from 0.26 to 0.017 (emulated) but cost the
+    reverse pass 75 % (2.81 against 1.6 ms at T 4096, H 16) and faulted (illegal address) at
+    K = 64 under triton 3.6: measured at 23bc46c and removed (docs/training.md)."""
     return tl.dot(a.to(DT), b.to(DT), input_precision="tf32")
 
 
@@ -136,11 +114,6 @@ def chunk_kda_bwd_recurrent_kernel(
     """``DS``: the operand type of the products with S, ``DD`` of those with dS (fp32: tf32
     products). ``SLOT_ROWS``: a summary slot's rows (V + K for pass 1's summaries, V for pass
     3's block-end gradients)."""
-    # operands in fp32 need rounding to tf32 (stage 1's for the span-checked gates; v and dO
-    # when fp32); fp16 and bf16 ones are tf32 already
-    R32: tl.constexpr = w_ptr.dtype.element_ty == tl.float32
-    RV: tl.constexpr = v_ptr.dtype.element_ty == tl.float32
-    RO: tl.constexpr = do_ptr.dtype.element_ty == tl.float32
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -240,16 +213,17 @@ def chunk_kda_bwd_recurrent_kernel(
                         gam = tl.load(gamma_ptr + cc * K + o_k)
                         Sd = St.to(DS)
                         tl.store(scr_s + (c - c_lo) * BV * K, Sd)
-                        ut = _dot(vt, tl.trans(ainv), RV, R32) - _mm(Sd, wt, DS, R32)
+                        ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
                         tl.store(scr_u + (c - c_lo) * BV * BT, ut)
-                        dqgt = _mm(tl.trans(Sd), dot_, DS, RO)
+                        dqgt = _mm(tl.trans(Sd), dot_, DS)
                         offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
                         tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
                         # KEND's two parts, as the forward adds them (one tf32 product of
                         # KEND whole drops KLO: dA_log 0.49 against 0.04 on the H200 hunt's
                         # worst case, tf32 emulated)
-                        St = St * gam[None, :] + _dot(ut, tl.trans(kend_hi), True, R32)
-                        St += _dot(ut, tl.trans(klo), True, R32)
+                        St = St * gam[None, :] + tl.dot(ut, tl.trans(kend_hi),
+                                                        input_precision="tf32")
+                        St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
                     tl.debug_barrier()  # the scratch rows are read by other threads
                 # backward through the block
                 for ic in range(0, c_hi - c_lo):
@@ -265,15 +239,15 @@ def chunk_kda_bwd_recurrent_kernel(
                     gam = tl.load(gamma_ptr + cc * K + o_k)
                     # KEND as its two parts, as the forward multiplies it: KEND whole in one
                     # tf32 product would drop KLO, which the collinear cases' dβ needs
-                    dut = (_mm(dSt, kend_hi, DD, R32) + _mm(dSt, klo, DD, R32)
-                           + _dot(dot_, mqk, RO, R32))
+                    dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
+                           + tl.dot(dot_, mqk, input_precision="tf32"))
                     if PASS == 0 or PASS == 2:
                         Sd = tl.load(scr_s + (c - c_lo) * BV * K)
                         ut = tl.load(scr_u + (c - c_lo) * BV * BT)
                         vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
                                      other=0.0).to(tl.float32)
                         ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
-                        dvt = _dot(dut, ainv, True, R32)
+                        dvt = tl.dot(dut, ainv, input_precision="tf32")
                         tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty),
                                  mask=v_ok[:, None] & r_ok[None, :])
                         # the sums over this block's value columns (partial with V > BV)
@@ -281,8 +255,10 @@ def chunk_kda_bwd_recurrent_kernel(
                         dkendt = _mm(tl.trans(dSt), ut, DD)
                         dgam = tl.sum(Sd.to(tl.float32) * dSt, axis=0)
                         tril = o_r[:, None] >= o_r[None, :]
-                        dmqk = tl.where(tril, _dot(tl.trans(dot_), ut, RO, True), 0.0)
-                        dainv = tl.where(tril, _dot(tl.trans(dut), vt, True, RV), 0.0)
+                        dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut,
+                                                     input_precision="tf32"), 0.0)
+                        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt,
+                                                      input_precision="tf32"), 0.0)
                         offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
                         tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
                         tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
@@ -290,8 +266,8 @@ def chunk_kda_bwd_recurrent_kernel(
                         o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
                         tl.store(dmqk_ptr + o_cc, dmqk)
                         tl.store(dainv_ptr + o_cc, dainv)
-                    dSt = (dSt * gam[None, :] + _dot(dot_, tl.trans(qgt), RO, R32)
-                           - _dot(dut, tl.trans(wt), True, R32))
+                    dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
+                           - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
                 if PASS == 0 or PASS == 2:
                     tl.debug_barrier()  # the next block's forward overwrites the scratch
             # the gradient at the program's start
