@@ -91,7 +91,7 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 @triton.jit
 def _mm(a, b, DT: tl.constexpr):
     """a @ b with ``DT`` operands (fp32: tf32 products), fp32 accumulation. On the H200 a tf32
-    tl.dot truncates fp32 operands to 10 bits (triton issue 4574); rounding them first (bit
+    tl.dot can truncate fp32 operands to 10 bits (triton issue 4574); rounding them first (bit
     operations) cut dβ on the worst hunt case from 0.26 to 0.017 (emulated) but cost the
     reverse pass 75 % (2.81 against 1.6 ms at T 4096, H 16) and faulted (illegal address) at
     K = 64 under triton 3.6: measured at 23bc46c and removed (docs/training.md)."""
