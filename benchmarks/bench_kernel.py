@@ -31,6 +31,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import time
 
 import torch
@@ -85,11 +86,14 @@ def make_inputs(shape, seed=0, device="cuda"):
                 dt_bias=x["dt_bias"], cu=x["cu_seqlens"], h0=x["initial_state"], state=state)
 
 
-def run_kdalab(x, config=KernelConfig()):
-    return chunk_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
-                         dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, cu_seqlens=x["cu"],
-                         initial_state=x["h0"], output_final_state=x["state"],
-                         state_layout="VK", config=config)
+def run_kdalab(x, config=KernelConfig(), fwd=chunk_kda_fwd):
+    """``fwd`` (kdalab's, or an earlier commit's: ``load_baseline``, with its own default
+    config when ``config`` is None) on this benchmark's inputs."""
+    extra = {} if config is None else dict(config=config)
+    return fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+               dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, cu_seqlens=x["cu"],
+               initial_state=x["h0"], output_final_state=x["state"], state_layout="VK",
+               **extra)
 
 
 def _load(name):
@@ -171,18 +175,15 @@ def baseline_rounds(x, old_fwd, rounds=3):
     """kdalab and the baseline kernel on the same inputs, alternating ``rounds`` times: the
     medians of each one's do_bench medians, and the largest output difference."""
     def old():
-        return old_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
-                       dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND, cu_seqlens=x["cu"],
-                       initial_state=x["h0"], output_final_state=x["state"],
-                       state_layout="VK")
+        return run_kdalab(x, None, old_fwd)
     a, b = run_kdalab(x)[0], old()[0]  # compiled outside the timing
     new_ms, old_ms = [], []
     for _ in range(rounds):
         new_ms.append(bench(lambda: run_kdalab(x)))
         old_ms.append(bench(old))
-    med = lambda v: sorted(v)[len(v) // 2]  # noqa: E731
-    return dict(kdalab_rounds_ms=new_ms, baseline_rounds_ms=old_ms, baseline_ms=med(old_ms),
-                kdalab_over_baseline=med(new_ms) / med(old_ms),
+    return dict(kdalab_rounds_ms=new_ms, baseline_rounds_ms=old_ms,
+                baseline_ms=statistics.median(old_ms),
+                kdalab_over_baseline=statistics.median(new_ms) / statistics.median(old_ms),
                 baseline_max_abs_diff=float((a.float() - b.float()).abs().max()))
 
 

@@ -449,14 +449,13 @@ def to_json_rows(bw, rate, speed, acc, var=()):
         pairs = ", ".join(f"d{n} {r[f'kdalab_d{n}']:.2g}/{r.get(f'fla_d{n}', float('nan')):.2g}"
                           + (f"/{r[f'round_d{n}']:.2g}" if f"round_d{n}" in r else "")
                           for n in names)
-        rounded = "/rounded" if any(f"round_d{n}" in r for n in names) else ""
+        head = ("kdalab/fla/rounded (rounded: the exact gradient in its input's dtype, below "
+                "which no kernel returning that dtype can be)"
+                if any(f"round_d{n}" in r for n in names) else "kdalab/fla")
         out.append(dict(
             target=f"grad {r['family']} {r['gate']} T {r['T']} H {r['H']}: worst kdalab "
                    f"gradient (d{worst}), rel RMS vs fp64", unit="rel",
-            value=float(f"{r[f'kdalab_d{worst}']:.3g}"),
-            note=f"kdalab/fla{rounded} (rounded: the exact gradient in its input's dtype, "
-                 f"below which no kernel returning that dtype can be): {pairs}"
-                 if rounded else f"kdalab/fla: {pairs}"))
+            value=float(f"{r[f'kdalab_d{worst}']:.3g}"), note=f"{head}: {pairs}"))
     return out
 
 
