@@ -367,8 +367,8 @@ def variant_rows(fla, names, rounds):
 def config_rows(names, configs, rows=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
-    the plan segment_chunks; ``bwd=blocks``: the reverse pass's blocks form, ``pw=N``: stage
-    1's backward on N warps, ``autograd.BWD_MODE``)."""
+    the plan segment_chunks; ``bwd=blocks``: the reverse pass's blocks form,
+    ``autograd.BWD_MODE``)."""
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
@@ -377,11 +377,9 @@ def config_rows(names, configs, rows=None):
             items = [t for t in text.split(",") if t]
             mode = [t.partition("=")[2] for t in items if t.startswith("bwd=")]
             kernel_autograd.BWD_MODE["mode"] = mode[0] if mode else "chain"
-            pw = [int(t.partition("=")[2]) for t in items if t.startswith("pw=")]
-            kernel_autograd.BWD_MODE["prep_warps"] = pw[0] if pw else 8
             try:
                 mine, _ = _runners(None, config=parse_config(
-                    ",".join(t for t in items if not t.startswith(("bwd=", "pw=")))))
+                    ",".join(t for t in items if not t.startswith("bwd="))))
                 o, s = mine(x)
                 do = torch.randn_like(o)
                 dht = torch.randn(s.shape, device="cuda")
@@ -395,7 +393,7 @@ def config_rows(names, configs, rows=None):
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
             emit(row, rows)
         torch.cuda.empty_cache()
-    kernel_autograd.BWD_MODE.update(mode="chain", prep_warps=8)
+    kernel_autograd.BWD_MODE["mode"] = "chain"
     return rows
 
 

@@ -36,9 +36,8 @@ SAVE_EVERY = 16 * CKC
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: the reverse pass's form: "chain" (the plan's serial or segmented pass, every product in the
 #: chain) or "blocks" (the dS recurrence alone serially, then every 64-token block's products
-#: in parallel from its stored gradient; chunk_recurrent_bwd.py, pass 3); stage 1's backward's
-#: warps (``prep_warps``)
-BWD_MODE = dict(mode="chain", prep_warps=8)
+#: in parallel from its stored gradient; chunk_recurrent_bwd.py, pass 3)
+BWD_MODE = dict(mode="chain")
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -168,11 +167,13 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=summary,
                                 passes=(2,), out=out)
         del summary
-    # stage 1's backward adds the value blocks' partial sums itself
+    grads = dict(out)
+    for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
+        grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
     dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
-                                                       out, num_warps=BWD_MODE["prep_warps"])
+                                                       grads)
     dv, dh0 = out["dv"], out["dh0"]
-    del c, out  # stage 1 again and the partial sums: freed before the GVA sums
+    del c, out, grads  # stage 1 again and the partial sums: freed before the GVA sums
     GQ, GG = H // p.HQ, H // p.HG
     if GQ > 1:  # GVA: the value heads of a q/k head
         dq = dq.view(B, T, p.HQ, GQ, K).sum(3)

@@ -85,11 +85,11 @@ def chunk_kda_prepare_bwd_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr,
     dq_ptr, dk_ptr, dg_ptr, db_ptr, dalog_ptr, ddt_ptr,
-    chunk_table_ptr, T, scale, lower_bound, part_tok, part_gam, part_cc,
+    chunk_table_ptr, T, scale, lower_bound,
     H, K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, NV: tl.constexpr = 1,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -106,24 +106,15 @@ def chunk_kda_prepare_bwd_kernel(
     k_raw = k_raw.to(tl.float32)
     q_raw = q_raw.to(tl.float32)
     b = beta_of(b_in, r_ok, BETA_LOGITS)
-    # the gradients of the chunk's operands (rows past the end are zero there): the reverse
-    # pass's partial sums, one per value block, added here in block order (deterministic; no
-    # host sums, no summed copies)
-    cc = i_c.to(tl.int64) * H + i_h
-    o_cc = cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
+    # the gradients of the chunk's operands (rows past the end are zero there)
     dqg = tl.load(dqg_ptr + offs, mask=m2, other=0.0)
     dw = tl.load(dw_ptr + offs, mask=m2, other=0.0)
     dkend = tl.load(dkend_ptr + offs, mask=m2, other=0.0)
+    cc = i_c.to(tl.int64) * H + i_h
     dgam = tl.load(dgam_ptr + cc * K + o_k)
+    o_cc = cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
     dM = tl.load(dmqk_ptr + o_cc)
     dainv = tl.load(dainv_ptr + o_cc)
-    for i_v in tl.static_range(1, NV):
-        dqg += tl.load(dqg_ptr + i_v * part_tok + offs, mask=m2, other=0.0)
-        dw += tl.load(dw_ptr + i_v * part_tok + offs, mask=m2, other=0.0)
-        dkend += tl.load(dkend_ptr + i_v * part_tok + offs, mask=m2, other=0.0)
-        dgam += tl.load(dgam_ptr + i_v * part_gam + cc * K + o_k)
-        dM += tl.load(dmqk_ptr + i_v * part_cc + o_cc)
-        dainv += tl.load(dainv_ptr + i_v * part_cc + o_cc)
 
     # stage 1 again, in fp32
     a, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
@@ -213,9 +204,8 @@ def chunk_kda_prepare_bwd_kernel(
 
 def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
                           num_warps=8):
-    """Launch stage 1's backward. ``grads``: the reverse pass's dict (dqg, dw, dkend, dgam,
-    dmqk, dainv: partial sums, one per value block, on a leading axis; added here). Returns
-    (dq, dk, dg, dbeta, dA_log, ddt_bias) per value head:
+    """Launch stage 1's backward. ``grads``: the reverse pass's dict (its partial sums over
+    value blocks already added). Returns (dq, dk, dg, dbeta, dA_log, ddt_bias) per value head:
     dq, dk, dg [B, T, H, K] and dbeta [B, T, H] in their inputs' dtypes where no GVA sum
     follows (rounded once, in the kernel; fp32 where the host sums value heads), dA_log
     [chunks, H] and ddt_bias [chunks, H, K] per chunk, fp32 (None without A_log / dt_bias)."""
@@ -243,10 +233,8 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         grads["dainv"], dq, dk, dg, db, dalog if dalog is not None else dummy,
         ddt if ddt is not None else dummy,
         seqs.chunk_table if seqs.chunk_table is not None else dummy,
-        T, p.scale, p.gate.kernel_bound, grads["dqg"][0].numel(), grads["dgam"][0].numel(),
-        grads["dmqk"][0].numel(),
-        H=H, K=K, BT=CHUNK, NV=grads["dqg"].shape[0], GATE=p.gate.code,
-        SPAN_CHECK=p.gate.span_checked,
+        T, p.scale, p.gate.kernel_bound,
+        H=H, K=K, BT=CHUNK, GATE=p.gate.code, SPAN_CHECK=p.gate.span_checked,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
         IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
