@@ -24,10 +24,18 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import GRID, LOWER_BOUND, SHAPES, geomean, info, make_inputs  # noqa: E402
+from bench_kernel import (  # noqa: E402
+    GRID,
+    LOWER_BOUND,
+    SHAPES,
+    geomean,
+    info,
+    kernel_time,
+    make_inputs,
+)
 
 from kdalab import peers  # noqa: E402
-from kdalab.kernels import chunk_kda_fwd  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda_fwd  # noqa: E402
 
 D = 128
 
@@ -66,7 +74,22 @@ def runners(x):
                 state_v_first=True)}
 
 
-def rows_for(name, rounds, with_fla):
+def breakdown(x, row):
+    """The bounded and the unbounded prefill's GPU time by kernel (torch.profiler), each also
+    with tf32 recurrent products (no fp16 guard): where the unbounded gate's price is paid."""
+    common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu"],
+                  initial_state=x["h0"], output_final_state=x["state"], state_layout="VK")
+    for n, lb in (("bounded", LOWER_BOUND), ("unbounded", None)):
+        for tag, cfg in (("", KernelConfig()), ("_tf32", KernelConfig(dot="tf32"))):
+            fn = lambda lb=lb, cfg=cfg: chunk_kda_fwd(  # noqa: E731
+                x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb, config=cfg,
+                **common)
+            total, per = kernel_time(fn)
+            row[f"{n}{tag}_gpu_ms"] = round(total, 4)
+            row[f"{n}{tag}_kernels"] = {k: round(v, 4) for k, v in per.items()}
+
+
+def rows_for(name, rounds, with_fla, kernels=False):
     x = make_inputs(SHAPES[name])
     fns = runners(x)
     if not with_fla:
@@ -94,6 +117,8 @@ def rows_for(name, rounds, with_fla):
             row[f"{n}_over_bounded"] = row[f"{n}_ms"] / b
     if "fla_unbounded_ms" in row and "unbounded_ms" in row:
         row["vs_fla_unbounded"] = row["fla_unbounded_ms"] / row["unbounded_ms"]
+    if kernels:
+        breakdown(x, row)
     print(json.dumps(row), flush=True)
     return row
 
@@ -110,6 +135,16 @@ def to_json_rows(rows):
                             value=round(geomean(vals), 3),
                             note=f"{len(vals)} shapes; range {min(vals):.3f}-{max(vals):.3f}"))
     for r in rows:
+        if "bounded_kernels" in r:  # the price by kernel: where the unbounded gate pays it
+            parts = []
+            for n in ("bounded", "unbounded", "bounded_tf32", "unbounded_tf32"):
+                ks = ", ".join(f"{k.split('(')[0].replace('_kernel', '')} {v:.3f}"
+                               for k, v in r[f"{n}_kernels"].items() if v >= 0.001)
+                parts.append(f"{n} {r[f'{n}_gpu_ms']:.3f} ({ks})")
+            out.append(dict(target=f"gates {r['shape']}: unbounded / bounded GPU time "
+                            "(profiler)", unit="x",
+                            value=round(r["unbounded_gpu_ms"] / r["bounded_gpu_ms"], 3),
+                            note="; ".join(parts)))
         out.append(dict(target=f"gates {r['shape']}: bounded / unbounded / log_decay / fla "
                         "unbounded", unit="ms", value=round(r.get("bounded_ms", float("nan")), 4),
                         note=", ".join(f"{n} {r[f'{n}_ms']:.4f}" for n in
@@ -125,6 +160,9 @@ def main():
     ap.add_argument("--fla-shapes", default=None, help="shapes that also time fla (all: every)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--kernels", action="store_true",
+                    help="also each prefill's GPU time by kernel (bounded, unbounded; fp16 "
+                         "and tf32 products)")
     args = ap.parse_args()
     names = args.shapes.split(",") if args.shapes else [s[0] for s in GRID]
     unknown = [n for n in names if n not in SHAPES]
@@ -132,7 +170,7 @@ def main():
         ap.error(f"unknown shapes {unknown}")
     fla_ok = peers.available("fla") is None
     fla_names = set(names if args.fla_shapes in (None, "all") else args.fla_shapes.split(","))
-    rows = [rows_for(n, args.rounds, fla_ok and n in fla_names) for n in names]
+    rows = [rows_for(n, args.rounds, fla_ok and n in fla_names, args.kernels) for n in names]
     for key in ("unbounded_over_bounded", "log_decay_over_bounded", "log_decay_bf16_over_bounded",
                 "vs_fla_unbounded"):
         vals = [r[key] for r in rows if key in r]

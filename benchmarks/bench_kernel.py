@@ -127,6 +127,26 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median")
 
 
+def kernel_time(fn, iters=5):
+    """(GPU busy ms per call, {kernel: ms per call}): the kernels' and copies' durations from
+    torch.profiler (one stream: they do not overlap), so the host's launch overhead, which
+    eager timing of these short steps measures instead (both contenders ran host-bound at
+    T = 1024-4096, H = 16), is left out."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    per = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.time_range.elapsed_us() / 1e3 / iters
+    return sum(per.values()), dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
+
+
 def info():
     props = torch.cuda.get_device_properties(0)
     out = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,

@@ -36,7 +36,14 @@ import torch
 import triton
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_kernel import GRID, SHAPES, geomean, make_inputs, parse_config  # noqa: E402
+from bench_kernel import (  # noqa: E402
+    GRID,
+    SHAPES,
+    geomean,
+    kernel_time,
+    make_inputs,
+    parse_config,
+)
 
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.inputs.sequences import draw, preset  # noqa: E402
@@ -159,26 +166,6 @@ def interleaved(fns, rounds, rep=40):
                 continue
     return {n: (sorted(t)[len(t) // 2] if isinstance(t, list) and t else t)
             for n, t in times.items()}
-
-
-def kernel_time(fn, iters=5):
-    """(GPU busy ms per call, {kernel: ms per call}): the kernels' and copies' durations from
-    torch.profiler (one stream: they do not overlap), so the host's launch overhead, which
-    eager timing of these short steps measures instead (both contenders ran host-bound at
-    T = 1024-4096, H = 16), is left out."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    per = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name[:60]] = per.get(e.name[:60], 0.0) + e.time_range.elapsed_us() / 1e3 / iters
-    return sum(per.values()), dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
 
 
 def graph_time(fn, rep=40):
