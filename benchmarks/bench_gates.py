@@ -35,7 +35,7 @@ from bench_kernel import (  # noqa: E402
 )
 
 from kdalab import peers  # noqa: E402
-from kdalab.kernels import KernelConfig, chunk_kda_fwd  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda_fwd, chunk_prepare  # noqa: E402
 
 D = 128
 
@@ -60,6 +60,11 @@ def runners(x):
 
     return {"bounded": kd(LOWER_BOUND, A_log=x["A_log"], dt_bias=x["dt_bias"]),
             "unbounded": kd(None, A_log=x["A_log"], dt_bias=x["dt_bias"]),
+            # stage 1's wide chunks: per pair in a branch of the one launch, as before
+            "unbounded_inline": wide_path(kd(None, A_log=x["A_log"], dt_bias=x["dt_bias"]),
+                                          mode="inline"),
+            "unbounded_nocap": wide_path(kd(None, A_log=x["A_log"], dt_bias=x["dt_bias"]),
+                                         cap=False),
             "log_decay": lambda: chunk_kda_fwd(x["q"], x["k"], x["v"], gd, x["beta"],
                                                gate="log_decay", lower_bound=LOWER_BOUND,
                                                **common),
@@ -74,19 +79,37 @@ def runners(x):
                 state_v_first=True)}
 
 
+def wide_path(fn, **mode):
+    """``fn`` with stage 1's wide-chunk path set (``chunk_prepare.WIDE_PATH``) for the call."""
+    def run():
+        saved = dict(chunk_prepare.WIDE_PATH)
+        chunk_prepare.WIDE_PATH.update(mode)
+        try:
+            return fn()
+        finally:
+            chunk_prepare.WIDE_PATH.update(saved)
+    return run
+
+
 def breakdown(x, row):
     """The bounded and the unbounded prefill's GPU time by kernel (torch.profiler), each also
-    with tf32 recurrent products (no fp16 guard): where the unbounded gate's price is paid."""
+    with tf32 recurrent products (no fp16 guard), and the unbounded one with stage 1's wide
+    chunks in a branch (``chunk_prepare.WIDE_PATH``): where the unbounded gate's price is
+    paid."""
     common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu"],
                   initial_state=x["h0"], output_final_state=x["state"], state_layout="VK")
-    for n, lb in (("bounded", LOWER_BOUND), ("unbounded", None)):
-        for tag, cfg in (("", KernelConfig()), ("_tf32", KernelConfig(dot="tf32"))):
-            fn = lambda lb=lb, cfg=cfg: chunk_kda_fwd(  # noqa: E731
-                x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb, config=cfg,
-                **common)
-            total, per = kernel_time(fn)
-            row[f"{n}{tag}_gpu_ms"] = round(total, 4)
-            row[f"{n}{tag}_kernels"] = {k: round(v, 4) for k, v in per.items()}
+    for n, lb, tag, cfg, mode in (
+            ("bounded", LOWER_BOUND, "", KernelConfig(), {}),
+            ("unbounded", None, "", KernelConfig(), {}),
+            ("unbounded", None, "_inline", KernelConfig(), dict(mode="inline")),
+            ("bounded", LOWER_BOUND, "_tf32", KernelConfig(dot="tf32"), {}),
+            ("unbounded", None, "_tf32", KernelConfig(dot="tf32"), {})):
+        fn = wide_path(lambda lb=lb, cfg=cfg: chunk_kda_fwd(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb, config=cfg, **common),
+            **mode)
+        total, per = kernel_time(fn)
+        row[f"{n}{tag}_gpu_ms"] = round(total, 4)
+        row[f"{n}{tag}_kernels"] = {k: round(v, 4) for k, v in per.items()}
 
 
 def rows_for(name, rounds, with_fla, kernels=False):
@@ -112,7 +135,8 @@ def rows_for(name, rounds, with_fla, kernels=False):
     for n, t in times.items():
         row[f"{n}_ms"] = sorted(t)[len(t) // 2]
     b = row.get("bounded_ms")
-    for n in ("unbounded", "log_decay", "log_decay_bf16"):
+    for n in ("unbounded", "unbounded_inline", "unbounded_nocap", "log_decay",
+              "log_decay_bf16"):
         if b and f"{n}_ms" in row:
             row[f"{n}_over_bounded"] = row[f"{n}_ms"] / b
     if "fla_unbounded_ms" in row and "unbounded_ms" in row:
@@ -126,6 +150,10 @@ def rows_for(name, rounds, with_fla, kernels=False):
 def to_json_rows(rows):
     out = []
     for key, label in (("unbounded_over_bounded", "unbounded gate / bounded gate"),
+                       ("unbounded_inline_over_bounded", "unbounded gate, wide chunks in a "
+                        "branch (before) / bounded gate"),
+                       ("unbounded_nocap_over_bounded", "unbounded gate, stage 1 uncapped / "
+                        "bounded gate"),
                        ("log_decay_over_bounded", "precomputed log-decay (fp32) / fused gate"),
                        ("log_decay_bf16_over_bounded", "precomputed log-decay (bf16) / fused gate"),
                        ("vs_fla_unbounded", "fla / kdalab on unbounded inputs")):
@@ -137,7 +165,8 @@ def to_json_rows(rows):
     for r in rows:
         if "bounded_kernels" in r:  # the price by kernel: where the unbounded gate pays it
             parts = []
-            for n in ("bounded", "unbounded", "bounded_tf32", "unbounded_tf32"):
+            for n in ("bounded", "unbounded", "unbounded_inline", "bounded_tf32",
+                      "unbounded_tf32"):
                 ks = ", ".join(f"{k.split('(')[0].replace('_kernel', '')} {v:.3f}"
                                for k, v in r[f"{n}_kernels"].items() if v >= 0.001)
                 parts.append(f"{n} {r[f'{n}_gpu_ms']:.3f} ({ks})")
@@ -171,8 +200,9 @@ def main():
     fla_ok = peers.available("fla") is None
     fla_names = set(names if args.fla_shapes in (None, "all") else args.fla_shapes.split(","))
     rows = [rows_for(n, args.rounds, fla_ok and n in fla_names, args.kernels) for n in names]
-    for key in ("unbounded_over_bounded", "log_decay_over_bounded", "log_decay_bf16_over_bounded",
-                "vs_fla_unbounded"):
+    for key in ("unbounded_over_bounded", "unbounded_inline_over_bounded",
+                "unbounded_nocap_over_bounded", "log_decay_over_bounded",
+                "log_decay_bf16_over_bounded", "vs_fla_unbounded"):
         vals = [r[key] for r in rows if key in r]
         if vals:
             print(f"{key}: geometric mean {geomean(vals):.3f} over {len(vals)} shapes "

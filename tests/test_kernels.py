@@ -678,6 +678,36 @@ def test_interp_strong_decay_takes_the_per_pair_path(mixed, monkeypatch):
 
 
 @interp
+@pytest.mark.parametrize("cu", [None, [0, 21, 21, 70]], ids=["fixed_ragged", "varlen"])
+def test_interp_wide_chunks_in_a_second_launch_same_bits(cu, monkeypatch):
+    # fla's unbounded gate with some chunks far past the split's range (a gate input of +12
+    # on tokens 16-40: -12 a step) among narrow ones: stage 1 with the wide chunks' per-pair
+    # tiles formed in a second launch of only the flagged programs gives the operands of the
+    # one launch with a branch, bit for bit (and the case has both kinds of chunk)
+    from kdalab.kernels import chunk_prepare
+    from kdalab.kernels.gate import SPLIT_SPAN2
+
+    q, k, _, g, beta, _, dt_bias = _inputs("model_like", 1, 70, 2, 32)
+    g = g.clone()
+    g[:, 16:41] = 12.0
+    A_log = torch.zeros(2)
+    cu_t = None if cu is None else torch.tensor(cu)
+    got = {}
+    for mode in ("inline", "launch"):
+        monkeypatch.setitem(chunk_prepare.WIDE_PATH, "mode", mode)
+        got[mode] = stage1_clamped_and_masked(q, k, g, beta, A_log=A_log, dt_bias=dt_bias,
+                                              lower_bound=None, cu_seqlens=cu_t)[0]
+    assert all(torch.equal(a, b) for a, b in zip(got["inline"], got["launch"], strict=True))
+    assert all(x.isfinite().all() for x in got["launch"])
+    # the spans (base 2) of the chunks: some wide, some narrow
+    ld = -torch.nn.functional.softplus(g.double() + dt_bias.double().view(2, 32))
+    bounds = [0, 16, 32, 48, 64, 70] if cu is None else [0, 16, 21, 37, 53, 69, 70]
+    spans = torch.stack([ld[0, a:b].sum(0).abs().amax() for a, b in
+                         zip(bounds[:-1], bounds[1:], strict=True)]) / 0.6931471805599453
+    assert (spans > SPLIT_SPAN2.value).any() and (spans < SPLIT_SPAN2.value).any()
+
+
+@interp
 def test_interp_no_final_state_and_empty_input():
     q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 20, 1, 32)
     o, ht = chunk_kda_fwd(q, k, v.float(), g, beta, A_log=A_log, dt_bias=dt_bias)

@@ -145,13 +145,13 @@ def pairwise_tiles(qd, kv, g2, o_r, BT: tl.constexpr, WITH_M: tl.constexpr = Tru
 def chunk_kda_prepare_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    chunk_table_ptr,
+    chunk_table_ptr, wide_ptr,
     T, scale, lower_bound,
     H, K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
-    PRECISION: tl.constexpr = "tf32",
+    PRECISION: tl.constexpr = "tf32", WIDE: tl.constexpr = 0,
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
@@ -162,12 +162,38 @@ def chunk_kda_prepare_kernel(
 
     ``SPAN_CHECK``: the chunk's cumulative log-decay is checked against the split's range
     (``gate.py``); a wider chunk forms its tiles per pair (``pairwise_tiles``). Without it (a
-    bounded gate whose 16 steps fit) every chunk takes the split.
+    bounded gate whose 16 steps fit) every chunk takes the split. ``WIDE``: where a wide
+    chunk's per-pair tiles are formed: 0 in this launch (a branch), 1 not here (the split
+    only; a wide chunk writes its flag in ``wide_ptr`` instead of MQK, AINV and W; every
+    program writes its flag), 2 the second launch: only the flagged programs run, the
+    per-pair path alone, and store MQK, AINV and W (the rest the first launch stored).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
     as soon as it is formed, so that few [BT, K] tiles are live at once."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
+    cc = i_c.to(tl.int64) * H + i_h
+    run = 1
+    if WIDE == 2:
+        run = tl.load(wide_ptr + cc)
+    if run != 0:
+        _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr, qg_ptr,
+                       kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
+                       wide_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K, BT, GATE,
+                       SPAN_CHECK, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS,
+                       IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, WIDE)
+
+
+@triton.jit
+def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr, qg_ptr,
+                   kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
+                   wide_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K: tl.constexpr,
+                   BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
+                   HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+                   USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
+                   IS_VARLEN: tl.constexpr, GQ: tl.constexpr, GG: tl.constexpr,
+                   CLAMP_ROWS: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr):
+    """The body of ``chunk_kda_prepare_kernel`` for chunk ``i_c``, head ``i_h``."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
@@ -186,21 +212,34 @@ def chunk_kda_prepare_kernel(
     a, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
     g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
-    tl.store(gamma_ptr + (i_c.to(tl.int64) * H + i_h) * K + o_k, tl.exp2(g2_last))
+    FIRST: tl.constexpr = WIDE != 2  # the redo stores only what the per-pair path forms
+    if FIRST:
+        tl.store(gamma_ptr + cc * K + o_k, tl.exp2(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
     kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
-    tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
-    tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
+    if FIRST:
+        tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
+        tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
     decay = tl.exp2(g2)
     qs = l2_normalize(q_raw, USE_L2NORM) * scale
     if CLAMP_ROWS:  # MQK's rows past the end zero, as masked loads leave them
         qs = tl.where(m2, qs, 0.0)
     qd = qs * decay
-    tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
+    if FIRST:
+        tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     kd = kv * decay
-    if SPAN_CHECK:
+    # the rows of MQK, AINV and W stored here: all (WIDE 1: none for a wide chunk; a count,
+    # not a scalar mask, which the interpreter cannot combine with a tile's)
+    n_keep = BT
+    if WIDE == 2:
+        wide = True
+    elif SPAN_CHECK:
         wide = tl.max(tl.max(tl.abs(g2), axis=1), axis=0) > SPLIT_SPAN2
+        if WIDE == 1:
+            tl.store(wide_ptr + cc, wide.to(tl.int32))
+            n_keep = BT * (1 - wide.to(tl.int32))
+            wide = False
     else:
         wide = False
     if wide:
@@ -210,18 +249,24 @@ def chunk_kda_prepare_kernel(
         kit = tl.trans(kv * tl.exp2(-g2))
         mqk = tl.dot(qd, kit, input_precision=PRECISION)
         L = tl.dot(kd, kit, input_precision=PRECISION)
-    base_cc = (i_c.to(tl.int64) * H + i_h) * BT * BT
+    base_cc = cc * BT * BT
     o_cc = o_r[:, None] * BT + o_r[None, :]
+    keep_cc = (o_r[:, None] < n_keep) & (o_r[None, :] >= 0)
     mqk = tl.where(o_r[:, None] >= o_r[None, :], mqk, 0.0)
-    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty))
+    tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty), mask=keep_cc)
     L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
 
     ainv = neumann_inverse16(L, BT) * b[None, :]
-    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty))
+    tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=keep_cc)
     w = tl.dot(ainv, kd, input_precision=PRECISION)
-    tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2)
+    tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2 & (o_r < n_keep)[:, None])
 
 
+#: where a span-checked gate's wide chunks form their tiles per pair: "launch" (a second
+#: launch of the flagged programs: the first launch carries no per-pair code) or "inline"
+#: (a branch in the one launch). Both give the same bits (tests/test_kernels.py). ``cap``:
+#: the register cap below on both launches
+WIDE_PATH = dict(mode="launch", cap=True)
 #: the span-checked gates' register cap on 2 warps: six programs an SM (168 x 64 threads),
 #: as the bounded gate's 136 allow; uncapped the per-pair path's code takes 254 (four an SM).
 #: Capped, ptxas spills 124-132 bytes a thread, 8 of them outside the per-pair path, which
@@ -256,18 +301,24 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     if seqs.num_chunks == 0:
         return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    chunk_kda_prepare_kernel[(seqs.num_chunks, H)](
-        q, k, g, beta,
-        A_log if A_log is not None else dummy,
-        dt_bias if dt_bias is not None else dummy,
-        w, qg, kend, klo, ainv, mqk, gamma,
-        seqs.chunk_table if seqs.chunk_table is not None else dummy,
-        T, p.scale, p.gate.kernel_bound,
-        H=H, GQ=H // p.HQ, GG=H // p.HG, K=K, BT=CHUNK, GATE=p.gate.code,
-        SPAN_CHECK=p.gate.span_checked,
-        HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
-        USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
-        IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows, PRECISION=precision,
-        num_warps=num_warps,
-        maxnreg=SPAN_CHECK_REGS if p.gate.span_checked and num_warps == 2 else None)
+    two = p.gate.span_checked and WIDE_PATH["mode"] == "launch"
+    flags = (torch.empty((seqs.num_chunks, H), device=q.device, dtype=torch.int32) if two
+             else dummy)
+    args = (q, k, g, beta, A_log if A_log is not None else dummy,
+            dt_bias if dt_bias is not None else dummy, w, qg, kend, klo, ainv, mqk, gamma,
+            seqs.chunk_table if seqs.chunk_table is not None else dummy, flags,
+            T, p.scale, p.gate.kernel_bound)
+    kw = dict(H=H, GQ=H // p.HQ, GG=H // p.HG, K=K, BT=CHUNK, GATE=p.gate.code,
+              SPAN_CHECK=p.gate.span_checked,
+              HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
+              USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
+              IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows,
+              PRECISION=precision, num_warps=num_warps)
+    cap = p.gate.span_checked and num_warps == 2 and WIDE_PATH["cap"]
+    kw["maxnreg"] = SPAN_CHECK_REGS if cap else None
+    if two:  # the split everywhere, then the flagged (wide) chunks per pair
+        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, WIDE=1)
+        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, WIDE=2)
+    else:
+        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw)
     return w, qg, kend, klo, ainv, mqk, gamma
