@@ -92,24 +92,20 @@ def wide_path(fn, **mode):
 
 
 def breakdown(x, row):
-    """The bounded and the unbounded prefill's GPU time by kernel (torch.profiler), each also
-    with tf32 recurrent products (no fp16 guard), and the unbounded one with stage 1's wide
-    chunks in a branch (``chunk_prepare.WIDE_PATH``): where the unbounded gate's price is
-    paid."""
+    """Each kdalab prefill's GPU time by kernel (torch.profiler), and the bounded and the
+    unbounded one's with tf32 recurrent products (no fp16 guard): where a gate's price is
+    paid (the eager times of short calls are the host's)."""
     common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu"],
                   initial_state=x["h0"], output_final_state=x["state"], state_layout="VK")
-    for n, lb, tag, cfg, mode in (
-            ("bounded", LOWER_BOUND, "", KernelConfig(), {}),
-            ("unbounded", None, "", KernelConfig(), {}),
-            ("unbounded", None, "_inline", KernelConfig(), dict(mode="inline")),
-            ("bounded", LOWER_BOUND, "_tf32", KernelConfig(dot="tf32"), {}),
-            ("unbounded", None, "_tf32", KernelConfig(dot="tf32"), {})):
-        fn = wide_path(lambda lb=lb, cfg=cfg: chunk_kda_fwd(
-            x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb, config=cfg, **common),
-            **mode)
+    fns = {n: fn for n, fn in runners(x).items() if not n.startswith("fla")}
+    for n, lb in (("bounded", LOWER_BOUND), ("unbounded", None)):
+        fns[f"{n}_tf32"] = lambda lb=lb: chunk_kda_fwd(
+            x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb,
+            config=KernelConfig(dot="tf32"), **common)
+    for n, fn in fns.items():
         total, per = kernel_time(fn)
-        row[f"{n}{tag}_gpu_ms"] = round(total, 4)
-        row[f"{n}{tag}_kernels"] = {k: round(v, 4) for k, v in per.items()}
+        row[f"{n}_gpu_ms"] = round(total, 4)
+        row[f"{n}_kernels"] = {k: round(v, 4) for k, v in per.items()}
 
 
 def rows_for(name, rounds, with_fla, kernels=False):
@@ -162,11 +158,18 @@ def to_json_rows(rows):
             out.append(dict(target=f"gates: {label}, geometric mean", unit="x",
                             value=round(geomean(vals), 3),
                             note=f"{len(vals)} shapes; range {min(vals):.3f}-{max(vals):.3f}"))
+    for n in ("unbounded", "unbounded_inline", "unbounded_nocap", "log_decay",
+              "log_decay_bf16"):
+        vals = [r[f"{n}_gpu_ms"] / r["bounded_gpu_ms"] for r in rows
+                if f"{n}_gpu_ms" in r and "bounded_gpu_ms" in r]
+        if vals:
+            out.append(dict(target=f"gates: {n} / bounded, GPU time (profiler), geometric mean",
+                            unit="x", value=round(geomean(vals), 3),
+                            note=f"{len(vals)} shapes; range {min(vals):.3f}-{max(vals):.3f}"))
     for r in rows:
         if "bounded_kernels" in r:  # the price by kernel: where the unbounded gate pays it
             parts = []
-            for n in ("bounded", "unbounded", "unbounded_inline", "bounded_tf32",
-                      "unbounded_tf32"):
+            for n in [k[:-len("_kernels")] for k in r if k.endswith("_kernels")]:
                 ks = ", ".join(f"{k.split('(')[0].replace('_kernel', '')} {v:.3f}"
                                for k, v in r[f"{n}_kernels"].items() if v >= 0.001)
                 parts.append(f"{n} {r[f'{n}_gpu_ms']:.3f} ({ks})")
@@ -177,8 +180,8 @@ def to_json_rows(rows):
         out.append(dict(target=f"gates {r['shape']}: bounded / unbounded / log_decay / fla "
                         "unbounded", unit="ms", value=round(r.get("bounded_ms", float("nan")), 4),
                         note=", ".join(f"{n} {r[f'{n}_ms']:.4f}" for n in
-                                       ("unbounded", "log_decay", "log_decay_bf16",
-                                        "fla_unbounded")
+                                       ("unbounded", "unbounded_inline", "unbounded_nocap",
+                                        "log_decay", "log_decay_bf16", "fla_unbounded")
                                        if f"{n}_ms" in r)))
     return out
 
