@@ -143,47 +143,85 @@ def rows_for(name, rounds, with_fla, kernels=False):
     return row
 
 
+#: the page's ratios (eager wall time, interleaved rounds): key, label
+RATIOS = (("unbounded_over_bounded", "unbounded gate / bounded gate"),
+          ("unbounded_inline_over_bounded", "unbounded gate, wide chunks in a branch of the one "
+           "launch / bounded gate"),
+          ("log_decay_over_bounded", "precomputed log-decay (fp32) / fused gate"),
+          ("log_decay_bf16_over_bounded", "precomputed log-decay (bf16) / fused gate"),
+          ("vs_fla_unbounded", "fla / kdalab on unbounded inputs"))
+#: the GPU-time ratios to the bounded gate (``--kernels``), and stage 1's alone
+GPU_RATIOS = ("unbounded", "unbounded_inline", "unbounded_nocap", "log_decay",
+              "log_decay_bf16")
+
+
+def _range(vals, names):
+    lo, hi = min(range(len(vals)), key=vals.__getitem__), max(range(len(vals)),
+                                                              key=vals.__getitem__)
+    return (f"{len(vals)} shapes; range {vals[lo]:.3f} ({names[lo]}) - {vals[hi]:.3f} "
+            f"({names[hi]})")
+
+
 def to_json_rows(rows):
+    """The page's rows: geometric means over the shapes (each with its range); every shape's
+    figures go to the raw file (``shape_rows``)."""
     out = []
-    for key, label in (("unbounded_over_bounded", "unbounded gate / bounded gate"),
-                       ("unbounded_inline_over_bounded", "unbounded gate, wide chunks in a "
-                        "branch (before) / bounded gate"),
-                       ("unbounded_nocap_over_bounded", "unbounded gate, stage 1 uncapped / "
-                        "bounded gate"),
-                       ("log_decay_over_bounded", "precomputed log-decay (fp32) / fused gate"),
-                       ("log_decay_bf16_over_bounded", "precomputed log-decay (bf16) / fused gate"),
-                       ("vs_fla_unbounded", "fla / kdalab on unbounded inputs")):
-        vals = [r[key] for r in rows if key in r]
-        if vals:
+    for key, label in RATIOS:
+        got = [(r[key], r["shape"]) for r in rows if key in r]
+        if got:
+            vals, names = zip(*got, strict=True)
             out.append(dict(target=f"gates: {label}, geometric mean", unit="x",
-                            value=round(geomean(vals), 3),
-                            note=f"{len(vals)} shapes; range {min(vals):.3f}-{max(vals):.3f}"))
-    for n in ("unbounded", "unbounded_inline", "unbounded_nocap", "log_decay",
-              "log_decay_bf16"):
-        vals = [r[f"{n}_gpu_ms"] / r["bounded_gpu_ms"] for r in rows
-                if f"{n}_gpu_ms" in r and "bounded_gpu_ms" in r]
-        if vals:
-            out.append(dict(target=f"gates: {n} / bounded, GPU time (profiler), geometric mean",
-                            unit="x", value=round(geomean(vals), 3),
-                            note=f"{len(vals)} shapes; range {min(vals):.3f}-{max(vals):.3f}"))
+                            value=round(geomean(vals), 3), note=_range(vals, names)))
+    for n in GPU_RATIOS:
+        got = [(r[f"{n}_gpu_ms"] / r["bounded_gpu_ms"], r["shape"]) for r in rows
+               if f"{n}_gpu_ms" in r and "bounded_gpu_ms" in r]
+        if got:
+            vals, names = zip(*got, strict=True)
+            note = _range(vals, names)
+            prep = [r[f"{n}_kernels"].get(PREP, 0) / r["bounded_kernels"][PREP]
+                    for r in rows if f"{n}_kernels" in r and PREP in r["bounded_kernels"]]
+            if prep:
+                note += f"; stage 1 alone {geomean(prep):.3f}x ({min(prep):.3f}-{max(prep):.3f})"
+            out.append(dict(target=f"gates: {n} / bounded, GPU time (profiler), geometric "
+                            "mean", unit="x", value=round(geomean(vals), 3), note=note))
+    return out
+
+
+PREP = "chunk_kda_prepare_kernel"
+
+
+def shape_rows(rows):
+    """Every shape's figures (the raw file): eager ms of each variant, and with --kernels
+    each one's GPU time by kernel."""
+    out = []
     for r in rows:
-        if "bounded_kernels" in r:  # the price by kernel: where the unbounded gate pays it
+        out.append(dict(target=f"gates {r['shape']}: prefill times", unit="ms",
+                        value=round(r.get("bounded_ms", float("nan")), 4),
+                        note=", ".join(f"{k[:-3]} {v:.4f}" for k, v in r.items()
+                                       if k.endswith("_ms") and not k.endswith("_gpu_ms"))))
+        if "bounded_kernels" in r:
             parts = []
             for n in [k[:-len("_kernels")] for k in r if k.endswith("_kernels")]:
                 ks = ", ".join(f"{k.split('(')[0].replace('_kernel', '')} {v:.3f}"
                                for k, v in r[f"{n}_kernels"].items() if v >= 0.001)
                 parts.append(f"{n} {r[f'{n}_gpu_ms']:.3f} ({ks})")
-            out.append(dict(target=f"gates {r['shape']}: unbounded / bounded GPU time "
-                            "(profiler)", unit="x",
-                            value=round(r["unbounded_gpu_ms"] / r["bounded_gpu_ms"], 3),
+            out.append(dict(target=f"gates {r['shape']}: GPU time by kernel (profiler)",
+                            unit="x", value=round(r["unbounded_gpu_ms"] / r["bounded_gpu_ms"], 3),
                             note="; ".join(parts)))
-        out.append(dict(target=f"gates {r['shape']}: bounded / unbounded / log_decay / fla "
-                        "unbounded", unit="ms", value=round(r.get("bounded_ms", float("nan")), 4),
-                        note=", ".join(f"{n} {r[f'{n}_ms']:.4f}" for n in
-                                       ("unbounded", "unbounded_inline", "unbounded_nocap",
-                                        "log_decay", "log_decay_bf16", "fla_unbounded")
-                                       if f"{n}_ms" in r)))
     return out
+
+
+def read_logs(paths):
+    """The shape rows of earlier runs' logs (their JSON lines), merged by shape in order: a
+    later run's figures replace an earlier one's, its other figures stay."""
+    merged = {}
+    for path in paths:
+        with open(path) as fh:
+            for line in fh:
+                if line.startswith('{"shape"'):
+                    r = json.loads(line)
+                    merged.setdefault(r["shape"], {}).update(r)
+    return list(merged.values())
 
 
 def main():
@@ -195,7 +233,20 @@ def main():
     ap.add_argument("--kernels", action="store_true",
                     help="also each prefill's GPU time by kernel (bounded, unbounded; fp16 "
                          "and tf32 products)")
+    ap.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
+                    help="no run: the JSON from earlier runs' logs (a later log's figures "
+                         "replace an earlier one's; with --device, --date, --commit)")
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--date", default=None)
+    ap.add_argument("--commit", default=None)
     args = ap.parse_args()
+    if args.from_log:
+        if not (args.json and args.device and args.date and args.commit):
+            ap.error("--from-log needs --json, --device, --date and --commit")
+        rows = read_logs(args.from_log)
+        write(args.json, rows, args.device, args.date, args.commit,
+              "python benchmarks/bench_gates.py " + " ".join(sys.argv[1:]))
+        return
     names = args.shapes.split(",") if args.shapes else [s[0] for s in GRID]
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
@@ -203,23 +254,26 @@ def main():
     fla_ok = peers.available("fla") is None
     fla_names = set(names if args.fla_shapes in (None, "all") else args.fla_shapes.split(","))
     rows = [rows_for(n, args.rounds, fla_ok and n in fla_names, args.kernels) for n in names]
-    for key in ("unbounded_over_bounded", "unbounded_inline_over_bounded",
-                "unbounded_nocap_over_bounded", "log_decay_over_bounded",
-                "log_decay_bf16_over_bounded", "vs_fla_unbounded"):
-        vals = [r[key] for r in rows if key in r]
-        if vals:
-            print(f"{key}: geometric mean {geomean(vals):.3f} over {len(vals)} shapes "
-                  f"(range {min(vals):.3f}-{max(vals):.3f})")
+    for row in to_json_rows(rows):
+        print(f"{row['target']}: {row['value']} ({row['note']})")
     if args.json:
         i = info()
-        doc = dict(benchmark="gates_h200",
-                   device=f"{i['device']}, torch {i['torch']}, triton {i['triton']}, "
-                          f"fla {i.get('fla', 'n/a')}",
-                   date=i["date"], commit=os.environ.get("KDALAB_COMMIT", "unknown"),
-                   command="python benchmarks/bench_gates.py " + " ".join(sys.argv[1:]),
-                   rows=to_json_rows(rows))
-        with open(args.json, "w") as fh:
-            json.dump(doc, fh, indent=1)
+        write(args.json, rows, f"{i['device']}, torch {i['torch']}, triton {i['triton']}, "
+                               f"fla {i.get('fla', 'n/a')}", i["date"],
+              os.environ.get("KDALAB_COMMIT", "unknown"),
+              "python benchmarks/bench_gates.py " + " ".join(sys.argv[1:]))
+
+
+def write(path, rows, device, date, commit, command):
+    """The page's JSON at ``path`` and every shape's figures in ``raw/`` beside it."""
+    doc = dict(benchmark="gates_h200", device=device, date=date, commit=commit,
+               command=command, rows=to_json_rows(rows))
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    raw = os.path.join(os.path.dirname(path) or ".", "raw")
+    os.makedirs(raw, exist_ok=True)  # not beside: results/*.json are the page's files
+    with open(os.path.join(raw, os.path.basename(path)), "w") as fh:
+        json.dump(dict(doc, rows=shape_rows(rows), measured=rows), fh, indent=1)
 
 
 if __name__ == "__main__":
