@@ -35,7 +35,7 @@ from bench_kernel import (  # noqa: E402
 )
 
 from kdalab import peers  # noqa: E402
-from kdalab.kernels import KernelConfig, chunk_kda_fwd, chunk_prepare  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda_fwd  # noqa: E402
 
 D = 128
 
@@ -60,11 +60,6 @@ def runners(x):
 
     return {"bounded": kd(LOWER_BOUND, A_log=x["A_log"], dt_bias=x["dt_bias"]),
             "unbounded": kd(None, A_log=x["A_log"], dt_bias=x["dt_bias"]),
-            # stage 1's wide chunks: per pair in a branch of the one launch, as before
-            "unbounded_inline": wide_path(kd(None, A_log=x["A_log"], dt_bias=x["dt_bias"]),
-                                          mode="inline"),
-            "unbounded_nocap": wide_path(kd(None, A_log=x["A_log"], dt_bias=x["dt_bias"]),
-                                         cap=False),
             "log_decay": lambda: chunk_kda_fwd(x["q"], x["k"], x["v"], gd, x["beta"],
                                                gate="log_decay", lower_bound=LOWER_BOUND,
                                                **common),
@@ -77,18 +72,6 @@ def runners(x):
                 initial_state=x["h0"], output_final_state=x["state"], A_log=x["A_log"],
                 dt_bias=x["dt_bias"], lower_bound=None, cu_seqlens=x["cu"],
                 state_v_first=True)}
-
-
-def wide_path(fn, **mode):
-    """``fn`` with stage 1's wide-chunk path set (``chunk_prepare.WIDE_PATH``) for the call."""
-    def run():
-        saved = dict(chunk_prepare.WIDE_PATH)
-        chunk_prepare.WIDE_PATH.update(mode)
-        try:
-            return fn()
-        finally:
-            chunk_prepare.WIDE_PATH.update(saved)
-    return run
 
 
 def breakdown(x, row):
@@ -131,8 +114,7 @@ def rows_for(name, rounds, with_fla, kernels=False):
     for n, t in times.items():
         row[f"{n}_ms"] = sorted(t)[len(t) // 2]
     b = row.get("bounded_ms")
-    for n in ("unbounded", "unbounded_inline", "unbounded_nocap", "log_decay",
-              "log_decay_bf16"):
+    for n in ("unbounded", "log_decay", "log_decay_bf16"):
         if b and f"{n}_ms" in row:
             row[f"{n}_over_bounded"] = row[f"{n}_ms"] / b
     if "fla_unbounded_ms" in row and "unbounded_ms" in row:
@@ -146,12 +128,18 @@ def rows_for(name, rounds, with_fla, kernels=False):
 #: the page's ratios (eager wall time, interleaved rounds): key, label
 RATIOS = (("unbounded_over_bounded", "unbounded gate / bounded gate"),
           ("unbounded_inline_over_bounded", "unbounded gate, wide chunks in a branch of the one "
-           "launch / bounded gate"),
+           "launch (removed) / bounded gate"),
+          ("unbounded_capped_over_bounded", "unbounded gate, two launches capped at 168 "
+           "registers (removed) / bounded gate"),
           ("log_decay_over_bounded", "precomputed log-decay (fp32) / fused gate"),
           ("log_decay_bf16_over_bounded", "precomputed log-decay (bf16) / fused gate"),
           ("vs_fla_unbounded", "fla / kdalab on unbounded inputs"))
+#: stage 1's variants measured against the two launches and removed (0a42f8f's log): the
+#: wide chunks' per-pair path in a branch of one launch; the two launches under a register
+#: cap of 168
+REMOVED = ("unbounded_inline", "unbounded_capped")
 #: the GPU-time ratios to the bounded gate (``--kernels``), and stage 1's alone
-GPU_RATIOS = ("unbounded", "unbounded_inline", "unbounded_nocap", "log_decay",
+GPU_RATIOS = ("unbounded", "unbounded_inline", "unbounded_capped", "log_decay",
               "log_decay_bf16")
 
 
@@ -182,8 +170,10 @@ def to_json_rows(rows):
                     for r in rows if f"{n}_kernels" in r and PREP in r["bounded_kernels"]]
             if prep:
                 note += f"; stage 1 alone {geomean(prep):.3f}x ({min(prep):.3f}-{max(prep):.3f})"
-            out.append(dict(target=f"gates: {n} / bounded, GPU time (profiler), geometric "
-                            "mean", unit="x", value=round(geomean(vals), 3), note=note))
+            gone = " (removed)" if n in REMOVED else ""
+            out.append(dict(target=f"gates: {n}{gone} / bounded, GPU time (profiler), "
+                            "geometric mean", unit="x", value=round(geomean(vals), 3),
+                            note=note))
     return out
 
 
@@ -213,13 +203,18 @@ def shape_rows(rows):
 
 def read_logs(paths):
     """The shape rows of earlier runs' logs (their JSON lines), merged by shape in order: a
-    later run's figures replace an earlier one's, its other figures stay."""
+    later run's figures replace an earlier one's, its other figures stay. ``LOG:fla`` takes
+    only fla's figures from LOG (its ms and its ratio to kdalab in that run)."""
     merged = {}
     for path in paths:
+        path, _, only = path.partition(":")
         with open(path) as fh:
             for line in fh:
                 if line.startswith('{"shape"'):
                     r = json.loads(line)
+                    if only == "fla":
+                        r = {k: v for k, v in r.items()
+                             if k == "shape" or k.startswith(("fla", "vs_fla"))}
                     merged.setdefault(r["shape"], {}).update(r)
     return list(merged.values())
 

@@ -139,15 +139,13 @@ def kdalab_rows(only: str | None = None):
                 num_warps=2, label="stage 1 varlen w2")
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, CLAMP_ROWS=True), num_warps=2,
                 label="stage 1 ragged w2")
-    # WIDE 0: the per-pair path in a branch; 1: the split alone (a wide chunk flagged), 2: the
-    # flagged chunks' second launch (chunk_prepare.WIDE_PATH)
+    # the span-checked gates: the first launch (a wide chunk flagged) and the flagged chunks'
+    # second launch (REDO: the per-pair path)
     for gate, name in ((1, "softplus"), (2, "log-decay")):
-        for wide in (0, 1, 2):
-            for cap in (None, 168):
-                yield timed(chunk_kda_prepare_kernel, prep,
-                            dict(ce, GATE=gate, SPAN_CHECK=True, WIDE=wide), num_warps=2,
-                            maxnreg=cap, label=f"stage 1 {name} wide{wide} w2"
-                            + (f" cap {cap}" if cap else ""))
+        for redo in (False, True):
+            yield timed(chunk_kda_prepare_kernel, prep,
+                        dict(ce, GATE=gate, SPAN_CHECK=True, REDO=redo), num_warps=2,
+                        label=f"stage 1 {name} w2" + (" redo" if redo else ""))
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",

@@ -677,34 +677,37 @@ def test_interp_strong_decay_takes_the_per_pair_path(mixed, monkeypatch):
     assert not o2.isfinite().all() or _err(o2, ro) > 100 * TOL_FP32
 
 
-@interp
-@pytest.mark.parametrize("cu", [None, [0, 21, 21, 70]], ids=["fixed_ragged", "varlen"])
-def test_interp_wide_chunks_in_a_second_launch_same_bits(cu, monkeypatch):
-    # fla's unbounded gate with some chunks far past the split's range (a gate input of +12
-    # on tokens 16-40: -12 a step) among narrow ones: stage 1 with the wide chunks' per-pair
-    # tiles formed in a second launch of only the flagged programs gives the operands of the
-    # one launch with a branch, bit for bit (and the case has both kinds of chunk)
-    from kdalab.kernels import chunk_prepare
+def _wide_and_narrow(T, H, K, cu, device="cpu"):
+    """fla's unbounded gate with some chunks far past the split's range (a gate input of +12
+    on tokens T/4 .. T/2: -12 a step, A_log 0) among narrow ones: (q, k, v, g, beta, the
+    call's keywords), with each chunk's span (base 2) checked to give both kinds."""
     from kdalab.kernels.gate import SPLIT_SPAN2
 
-    q, k, _, g, beta, _, dt_bias = _inputs("model_like", 1, 70, 2, 32)
+    q, k, v, g, beta, _, dt_bias = _inputs("model_like", 1, T, H, K, device=device)
     g = g.clone()
-    g[:, 16:41] = 12.0
-    A_log = torch.zeros(2)
-    cu_t = None if cu is None else torch.tensor(cu)
-    got = {}
-    for mode in ("inline", "launch"):
-        monkeypatch.setitem(chunk_prepare.WIDE_PATH, "mode", mode)
-        got[mode] = stage1_clamped_and_masked(q, k, g, beta, A_log=A_log, dt_bias=dt_bias,
-                                              lower_bound=None, cu_seqlens=cu_t)[0]
-    assert all(torch.equal(a, b) for a, b in zip(got["inline"], got["launch"], strict=True))
-    assert all(x.isfinite().all() for x in got["launch"])
-    # the spans (base 2) of the chunks: some wide, some narrow
-    ld = -torch.nn.functional.softplus(g.double() + dt_bias.double().view(2, 32))
-    bounds = [0, 16, 32, 48, 64, 70] if cu is None else [0, 16, 21, 37, 53, 69, 70]
-    spans = torch.stack([ld[0, a:b].sum(0).abs().amax() for a, b in
-                         zip(bounds[:-1], bounds[1:], strict=True)]) / 0.6931471805599453
-    assert (spans > SPLIT_SPAN2.value).any() and (spans < SPLIT_SPAN2.value).any()
+    g[:, T // 4:T // 2] = 12.0
+    ld = -torch.nn.functional.softplus(g.double() + dt_bias.double().view(H, K))[0]
+    starts = [0] if cu is None else cu[:-1]
+    ends = [T] if cu is None else cu[1:]
+    spans = [ld[a:min(a + 16, b)].sum(0).abs().amax() / 0.6931471805599453
+             for s0, b in zip(starts, ends, strict=True) for a in range(s0, b, 16)]
+    assert max(spans) > SPLIT_SPAN2.value > min(spans)
+    cu_t = None if cu is None else torch.tensor(cu, device=device)
+    kw = dict(A_log=torch.zeros(H, device=device), dt_bias=dt_bias, lower_bound=None,
+              cu_seqlens=cu_t, output_final_state=True)
+    return q, k, v, g, beta, kw
+
+
+@interp
+@pytest.mark.parametrize("cu", [None, [0, 21, 21, 70]], ids=["fixed_ragged", "varlen"])
+def test_interp_wide_chunks_in_a_second_launch(cu):
+    # wide chunks among narrow ones: the first launch flags them and leaves their tiles to
+    # the second (the per-pair path); the output and the state match fp64 and stay finite
+    # (without the second launch the wide chunks' MQK, AINV and W are never written)
+    q, k, v, g, beta, kw = _wide_and_narrow(70, 2, 32, cu)
+    o, s = chunk_kda_fwd(q, k, v.float(), g, beta, **kw)
+    ro, rs = _reference(q, k, v.float(), g, beta, gate="unbounded", **kw)
+    assert o.isfinite().all() and _err(o, ro) < TOL_FP32 and _err(s, rs) < TOL_FP32
 
 
 @interp
@@ -791,6 +794,17 @@ def test_gpu_prepare_clamped_rows_same_bits(T, cu):
     clamped, masked = stage1_clamped_and_masked(
         q, k, g, beta, **kw, cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
     assert all(torch.equal(a, b) for a, b in zip(clamped, masked, strict=True))
+
+
+@gpu
+@pytest.mark.parametrize("cu", [None, [0, 700, 701, 2000]], ids=["fixed", "varlen"])
+def test_gpu_unbounded_gate_wide_chunks(cu):
+    # test_interp_wide_chunks_in_a_second_launch at full shape on sm_90a (the softplus on
+    # the special-function unit): within the GPU bound against fp64, finite
+    q, k, v, g, beta, kw = _wide_and_narrow(2000, 2, 128, cu, device="cuda")
+    o, s = chunk_kda_fwd(q, k, v, g, beta, **kw)
+    ro, rs = _reference(q, k, v, g, beta, gate="unbounded", **kw)
+    assert o.isfinite().all() and _err(o, ro) < TOL_BF16_GPU and _err(s, rs) < TOL_FP32
 
 
 @gpu

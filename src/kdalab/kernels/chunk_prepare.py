@@ -20,7 +20,8 @@ decay of L and MQK is <= 1. The pairwise decay is split, exp(G_i) · exp(-G_j), 
 tiles are one dense product each; that needs |G| within the split's range (80, natural log)
 inside the chunk. A bounded gate with ``lower_bound >= -5`` always fits (16 · 5 = 80); for
 any other gate each chunk checks its span and a wider chunk forms the two tiles per pair
-(``pairwise_tiles``: every exponent G_i - G_j <= 0), so bounded inputs pay nothing and
+(``pairwise_tiles``: every exponent G_i - G_j <= 0), in a second launch that only the flagged
+chunks run, so bounded inputs pay nothing, the first launch carries no per-pair code, and
 strong decay costs only its own chunks.
 
 KEND goes to the state as two operands, its rounding to the products' 10-bit significand
@@ -151,7 +152,7 @@ def chunk_kda_prepare_kernel(
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
-    PRECISION: tl.constexpr = "tf32", WIDE: tl.constexpr = 0,
+    PRECISION: tl.constexpr = "tf32", REDO: tl.constexpr = False,
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
@@ -162,11 +163,10 @@ def chunk_kda_prepare_kernel(
 
     ``SPAN_CHECK``: the chunk's cumulative log-decay is checked against the split's range
     (``gate.py``); a wider chunk forms its tiles per pair (``pairwise_tiles``). Without it (a
-    bounded gate whose 16 steps fit) every chunk takes the split. ``WIDE``: where a wide
-    chunk's per-pair tiles are formed: 0 in this launch (a branch), 1 not here (the split
-    only; a wide chunk writes its flag in ``wide_ptr`` instead of MQK, AINV and W; every
-    program writes its flag), 2 the second launch: only the flagged programs run, the
-    per-pair path alone, and store MQK, AINV and W (the rest the first launch stored).
+    bounded gate whose 16 steps fit) every chunk takes the split. With it a wide chunk writes
+    its flag in ``wide_ptr`` instead of MQK, AINV and W (every program writes its flag), and
+    a second launch (``REDO``) runs only the flagged programs, the per-pair path alone, and
+    stores MQK, AINV and W (the rest the first launch stored).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
     as soon as it is formed, so that few [BT, K] tiles are live at once."""
@@ -174,14 +174,14 @@ def chunk_kda_prepare_kernel(
     i_h = tl.program_id(1)
     cc = i_c.to(tl.int64) * H + i_h
     run = 1
-    if WIDE == 2:
+    if REDO:
         run = tl.load(wide_ptr + cc)
     if run != 0:
         _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr, qg_ptr,
                        kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
                        wide_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K, BT, GATE,
                        SPAN_CHECK, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS,
-                       IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, WIDE)
+                       IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, REDO)
 
 
 @triton.jit
@@ -192,7 +192,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
                    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
                    IS_VARLEN: tl.constexpr, GQ: tl.constexpr, GG: tl.constexpr,
-                   CLAMP_ROWS: tl.constexpr, PRECISION: tl.constexpr, WIDE: tl.constexpr):
+                   CLAMP_ROWS: tl.constexpr, PRECISION: tl.constexpr, REDO: tl.constexpr):
     """The body of ``chunk_kda_prepare_kernel`` for chunk ``i_c``, head ``i_h``."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
@@ -212,7 +212,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     a, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
     g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
-    FIRST: tl.constexpr = WIDE != 2  # the redo stores only what the per-pair path forms
+    FIRST: tl.constexpr = not REDO  # the redo stores only what the per-pair path forms
     if FIRST:
         tl.store(gamma_ptr + cc * K + o_k, tl.exp2(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
@@ -229,20 +229,14 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     if FIRST:
         tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     kd = kv * decay
-    # the rows of MQK, AINV and W stored here: all (WIDE 1: none for a wide chunk; a count,
-    # not a scalar mask, which the interpreter cannot combine with a tile's)
+    # the rows of MQK, AINV and W stored here: all, or with the span check none for a wide
+    # chunk (a count, not a scalar mask, which the interpreter cannot combine with a tile's)
     n_keep = BT
-    if WIDE == 2:
-        wide = True
-    elif SPAN_CHECK:
+    if SPAN_CHECK and not REDO:
         wide = tl.max(tl.max(tl.abs(g2), axis=1), axis=0) > SPLIT_SPAN2
-        if WIDE == 1:
-            tl.store(wide_ptr + cc, wide.to(tl.int32))
-            n_keep = BT * (1 - wide.to(tl.int32))
-            wide = False
-    else:
-        wide = False
-    if wide:
+        tl.store(wide_ptr + cc, wide.to(tl.int32))
+        n_keep = BT * (1 - wide.to(tl.int32))
+    if REDO:
         mqk, L = pairwise_tiles(qs, kv, g2, o_r, BT)
     else:
         # the split exponent: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
@@ -260,18 +254,6 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=keep_cc)
     w = tl.dot(ainv, kd, input_precision=PRECISION)
     tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2 & (o_r < n_keep)[:, None])
-
-
-#: where a span-checked gate's wide chunks form their tiles per pair: "launch" (a second
-#: launch of the flagged programs: the first launch carries no per-pair code) or "inline"
-#: (a branch in the one launch). Both give the same bits (tests/test_kernels.py). ``cap``:
-#: the register cap below on both launches
-WIDE_PATH = dict(mode="launch", cap=True)
-#: the span-checked gates' register cap on 2 warps: six programs an SM (168 x 64 threads),
-#: as the bounded gate's 136 allow; uncapped the per-pair path's code takes 254 (four an SM).
-#: Capped, ptxas spills 124-132 bytes a thread, 8 of them outside the per-pair path, which
-#: only a chunk wider than the split's range runs (sm_90a compile, docs/kernels.md)
-SPAN_CHECK_REGS = 168
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
@@ -301,7 +283,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     if seqs.num_chunks == 0:
         return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
-    two = p.gate.span_checked and WIDE_PATH["mode"] == "launch"
+    two = p.gate.span_checked
     flags = (torch.empty((seqs.num_chunks, H), device=q.device, dtype=torch.int32) if two
              else dummy)
     args = (q, k, g, beta, A_log if A_log is not None else dummy,
@@ -314,11 +296,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
               USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
               IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows,
               PRECISION=precision, num_warps=num_warps)
-    cap = p.gate.span_checked and num_warps == 2 and WIDE_PATH["cap"]
-    kw["maxnreg"] = SPAN_CHECK_REGS if cap else None
-    if two:  # the split everywhere, then the flagged (wide) chunks per pair
-        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, WIDE=1)
-        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, WIDE=2)
-    else:
-        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw)
+    chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw)
+    if two:  # the flagged (wide) chunks' tiles per pair
+        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, REDO=True)
     return w, qg, kend, klo, ainv, mqk, gamma
