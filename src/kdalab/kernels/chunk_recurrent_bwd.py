@@ -220,9 +220,15 @@ def chunk_kda_bwd_recurrent_kernel(
                         tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
                         # KEND's two parts, as the forward adds them (one tf32 product of
                         # KEND whole drops KLO: dA_log 0.49 against 0.04 on the H200 hunt's
-                        # worst case, tf32 emulated)
-                        St = St * gam[None, :] + tl.dot(ut, tl.trans(kend_hi),
-                                                        input_precision="tf32")
+                        # worst case, tf32 emulated); and U as two parts in U·KEND_hi, its
+                        # bf16 rounding (exact in tf32) and the rest: the H200 truncates U to
+                        # 10 bits in a tf32 product where the forward rounds it (fp16), so the
+                        # recomputed states drifted from the forward's (the hunts' worst
+                        # cases, emulated: dβ 0.21 -> 0.04, dA_log 0.16 -> 0.07, its floor)
+                        kt = tl.trans(kend_hi)
+                        u_hi = ut.to(tl.bfloat16).to(tl.float32)
+                        St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
+                              + tl.dot(ut - u_hi, kt, input_precision="tf32"))
                         St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
                     tl.debug_barrier()  # the scratch rows are read by other threads
                 # backward through the block
