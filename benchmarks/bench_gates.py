@@ -174,10 +174,25 @@ def to_json_rows(rows):
             out.append(dict(target=f"gates: {n}{gone} / bounded, GPU time (profiler), "
                             "geometric mean", unit="x", value=round(geomean(vals), 3),
                             note=note))
+    # an earlier kernel's split by kernel (LOG:before): where the unbounded gate's price was
+    got = [r for r in rows if "before_unbounded_inline_kernels" in r
+           and "before_bounded_kernels" in r]
+    if got:
+        b, u = "before_bounded", "before_unbounded_inline"
+        whole = [r[f"{u}_gpu_ms"] / r[f"{b}_gpu_ms"] for r in got]
+        parts = {k: [r[f"{u}_kernels"].get(k, 0) / r[f"{b}_kernels"][k] for r in got]
+                 for k in (PREP, REC)}
+        out.append(dict(
+            target="gates: unbounded / bounded before the softplus change (one launch, fp32 "
+                   "log), GPU time, geometric mean", unit="x", value=round(geomean(whole), 3),
+            note=(f"{len(got)} shapes; stage 1 alone {geomean(parts[PREP]):.3f}x "
+                  f"({min(parts[PREP]):.3f}-{max(parts[PREP]):.3f}), stage 2 alone "
+                  f"{geomean(parts[REC]):.3f}x ({min(parts[REC]):.3f}-{max(parts[REC]):.3f})")))
     return out
 
 
 PREP = "chunk_kda_prepare_kernel"
+REC = "chunk_kda_recurrent_kernel"
 
 
 def shape_rows(rows):
@@ -204,7 +219,8 @@ def shape_rows(rows):
 def read_logs(paths):
     """The shape rows of earlier runs' logs (their JSON lines), merged by shape in order: a
     later run's figures replace an earlier one's, its other figures stay. ``LOG:fla`` takes
-    only fla's figures from LOG (its ms and its ratio to kdalab in that run)."""
+    only fla's figures from LOG (its ms and its ratio to kdalab in that run); ``LOG:before``
+    takes kdalab's as an earlier kernel's, each key prefixed ``before_``."""
     merged = {}
     for path in paths:
         path, _, only = path.partition(":")
@@ -215,6 +231,10 @@ def read_logs(paths):
                     if only == "fla":
                         r = {k: v for k, v in r.items()
                              if k == "shape" or k.startswith(("fla", "vs_fla"))}
+                    elif only == "before":
+                        r = {"shape": r["shape"], **{f"before_{k}": v for k, v in r.items()
+                                                     if not k.startswith(("shape", "fla",
+                                                                          "vs_fla"))}}
                     merged.setdefault(r["shape"], {}).update(r)
     return list(merged.values())
 
