@@ -34,6 +34,7 @@ GATE_SOFTPLUS = tl.constexpr(1)
 GATE_LOG_DECAY = tl.constexpr(2)
 
 
+# chosen at import, as triton.jit itself chooses between compiling and interpreting
 if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     @triton.jit
     def log2_approx(x):
