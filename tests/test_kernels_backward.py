@@ -268,9 +268,9 @@ def test_interp_hunt_worst_gradient_with_tf32_products(tf32_tensor_cores):
 def test_interp_hunt_worst_dbeta_with_tf32_products(tf32_tensor_cores):
     """The 400-s H200 hunt's worst case (dβ 0.257 there) with the tf32 truncation emulated:
     dβ below 0.05. Emulated it was 0.21, all of it from the reverse pass (its products exact:
-    0.021, the chunked form's own error in fp32 on this case, 17x the token recurrence's
-    1.2e-3), most of it from the recompute's U·KEND_hi (that product exact: 0.038); with U
-    as two parts there (its bf16 rounding and the rest): 0.040."""
+    0.021, the fp16 storage of stage 1's operands; 1.2e-3 the token recurrence's), most of it
+    from the recompute's U·KEND_hi (that product exact: 0.038); with U as two parts there
+    (its bf16 rounding and the rest): 0.040."""
     from kdalab.hunt.evaluate import evaluate
     from kdalab.hunt.target import resolve
     from kdalab.inputs.sequences import SequenceSpec
