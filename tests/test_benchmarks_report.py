@@ -168,3 +168,72 @@ def test_collect_keeps_the_pages_rows_of_a_part_the_run_lacks(tmp_path):
     assert [r["target"] for r in rows] == ["prefill S: ck64_over_plain",
                                            "prefill S: kdalab vs flashkda"]
     assert rows[1]["note"] == "k (commit 0ld0ld0, 2025-12-31)"
+
+
+def _gates_row(shape, bounded, unbounded, prep_b, prep_u, **extra):
+    kern = lambda p: {"chunk_kda_prepare_kernel": p, "chunk_kda_recurrent_kernel": 1.0}  # noqa: E731
+    return dict(shape=shape, bounded_ms=bounded, unbounded_ms=unbounded,
+                unbounded_over_bounded=unbounded / bounded, bounded_gpu_ms=prep_b + 1.0,
+                unbounded_gpu_ms=prep_u + 1.0, bounded_kernels=kern(prep_b),
+                unbounded_kernels=kern(prep_u), **extra)
+
+
+def test_gates_from_logs_merges_runs_by_shape(tmp_path):
+    # bench_gates --from-log: a later log's figures replace an earlier one's, LOG:fla takes
+    # only fla's figures from a run, LOG:before another kernel's under before_ keys; the page
+    # gets geometric means, raw/ every shape's figures
+    old = tmp_path / "old.log"  # fla's run (its kdalab figures must not reach the page)
+    old.write_text("warm-up line\n" + "\n".join(json.dumps(_gates_row(
+        s, 1.0, 9.0, 0.5, 4.0, fla_unbounded_ms=4.0, vs_fla_unbounded=r))
+        for s, r in (("A", 2.0), ("B", 8.0))) + "\n")
+    before = tmp_path / "before.log"
+    before.write_text(json.dumps(_gates_row("A", 1.0, 1.5, 0.5, 1.0,
+                                            unbounded_inline_gpu_ms=2.0,
+                                            unbounded_inline_kernels={
+                                                "chunk_kda_prepare_kernel": 1.0,
+                                                "chunk_kda_recurrent_kernel": 1.0})) + "\n")
+    new = tmp_path / "new.log"
+    new.write_text("\n".join(json.dumps(_gates_row(s, 1.0, u, 0.5, 0.5 * u))
+                             for s, u in (("A", 1.1), ("B", 1.1 ** 3))) + "\n")
+    out = tmp_path / "res" / "gates_h200.json"
+    out.parent.mkdir()
+    done = _run("bench_gates.py", "--from-log", f"{old}:fla", f"{before}:before", new,
+                "--json", out, "--device", "d", "--date", "t", "--commit", "c")
+    assert done.returncode == 0, done.stderr
+    rows = {r["target"]: r for r in json.loads(out.read_text())["rows"]}
+    eager = rows["gates: unbounded gate / bounded gate, geometric mean"]
+    assert eager["value"] == pytest.approx(1.1 ** 2, abs=1e-3) and "2 shapes" in eager["note"]
+    assert rows["gates: fla / kdalab on unbounded inputs, geometric mean"]["value"] == 4.0
+    before_row = [r for t, r in rows.items() if "before the softplus change" in t]
+    assert len(before_row) == 1 and before_row[0]["value"] == pytest.approx(2.0 / 1.5, abs=1e-3)
+    assert "stage 1 alone 2.000x" in before_row[0]["note"]
+    raw = json.loads((out.parent / "raw" / "gates_h200.json").read_text())
+    assert {r["shape"] for r in raw["measured"]} == {"A", "B"}
+    assert raw["measured"][0]["unbounded_ms"] == 1.1  # the later run's, not fla's run's 9.0
+    missing = _run("bench_gates.py", "--from-log", new, "--json", out)
+    assert missing.returncode == 2 and "--from-log needs" in missing.stderr
+
+
+def test_train_from_logs_reads_an_earlier_raw_file(tmp_path):
+    # bench_train --from-log: an earlier raw file's rows, then a log's; config rows are one
+    # page row a shape, the fastest first
+    kern = {"chunk_kda_bwd_recurrent_kernel": 1.0, "chunk_kda_prepare_bwd_kernel": 0.5}
+    raw_in = tmp_path / "earlier.json"
+    raw_in.write_text(json.dumps(dict(speed=[], accuracy=[], variants=[dict(
+        shape="S", config="block_v=64", step_gpu_ms=3.0, bwd_gpu_ms=2.5, kernels=kern,
+        peak_mb=10.0)])))
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(json.dumps(r) for r in (
+        dict(copy_bw_tbs=4.0, bf16_tflops=700.0),
+        dict(shape="S", config="", step_gpu_ms=2.0, bwd_gpu_ms=1.5, kernels=kern,
+             peak_mb=8.0))) + "\n")
+    out = tmp_path / "res" / "train_h200.json"
+    out.parent.mkdir()
+    done = _run("bench_train.py", "--from-log", raw_in, log, "--json", out)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    cfg = [r for r in rows if r["target"].startswith("train S: kdalab backward GPU time")]
+    assert len(cfg) == 1 and cfg[0]["value"] == 1.5 and "(default)" in cfg[0]["target"]
+    assert cfg[0]["note"].index("default 1.50") < cfg[0]["note"].index("block_v=64 2.50")
+    raw = json.loads((out.parent / "raw" / "train_h200.json").read_text())
+    assert raw["rates"]["copy_bw_tbs"] == 4.0 and len(raw["variants"]) == 2
