@@ -6,10 +6,14 @@ and in bf16), and
 fla's ``chunk_kda`` on the same unbounded inputs (its own Triton path, no safe gate).
 
     python benchmarks/bench_gates.py [--shapes a,b] [--fla-shapes a,b] [--rounds 3]
-        [--json out.json]
+        [--kernels] [--json out.json]
+    python benchmarks/bench_gates.py --from-log LOG[:fla|:before]... --json out.json \
+        --device D --date T --commit C
 
 fla autotunes each new shape and gate (30-90 s, outside the timing): ``--fla-shapes`` limits
-it to some shapes. Rows go to stdout as JSON lines; ``--json`` writes the BENCHMARKS.md rows.
+it to some shapes. ``--kernels``: each kdalab variant's GPU time by kernel as well. Rows go to
+stdout as JSON lines; ``--json`` writes the BENCHMARKS.md rows (geometric means) and every
+shape's figures to ``raw/`` beside it; ``--from-log`` writes them from earlier runs' logs.
 """
 
 from __future__ import annotations
