@@ -36,6 +36,7 @@ from bench_kernel import (  # noqa: E402
     info,
     kernel_time,
     make_inputs,
+    write_raw,
 )
 
 from kdalab import peers  # noqa: E402
@@ -52,9 +53,10 @@ def bounded_log_decay(x):
     return LOWER_BOUND * torch.sigmoid(pre)
 
 
-def runners(x):
+def runners(x, config=KernelConfig()):
+    """Each variant's call on the inputs ``x``; kdalab's under ``config``."""
     common = dict(cu_seqlens=x["cu"], initial_state=x["h0"], output_final_state=x["state"],
-                  state_layout="VK")
+                  state_layout="VK", config=config)
     gd = bounded_log_decay(x)
     gd16 = gd.to(torch.bfloat16)
 
@@ -82,13 +84,9 @@ def breakdown(x, row):
     """Each kdalab prefill's GPU time by kernel (torch.profiler), and the bounded and the
     unbounded one's with tf32 recurrent products (no fp16 guard): where a gate's price is
     paid (the eager times of short calls are the host's)."""
-    common = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], cu_seqlens=x["cu"],
-                  initial_state=x["h0"], output_final_state=x["state"], state_layout="VK")
     fns = {n: fn for n, fn in runners(x).items() if not n.startswith("fla")}
-    for n, lb in (("bounded", LOWER_BOUND), ("unbounded", None)):
-        fns[f"{n}_tf32"] = lambda lb=lb: chunk_kda_fwd(
-            x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb,
-            config=KernelConfig(dot="tf32"), **common)
+    tf32 = runners(x, KernelConfig(dot="tf32"))
+    fns.update({f"{n}_tf32": tf32[n] for n in ("bounded", "unbounded")})
     for n, fn in fns.items():
         total, per = kernel_time(fn)
         row[f"{n}_gpu_ms"] = round(total, 4)
@@ -129,6 +127,9 @@ def rows_for(name, rounds, with_fla, kernels=False):
     return row
 
 
+#: the kernels whose GPU time the page splits out: stage 1 and stage 2
+PREP = "chunk_kda_prepare_kernel"
+REC = "chunk_kda_recurrent_kernel"
 #: the page's ratios (eager wall time, interleaved rounds): key, label
 RATIOS = (("unbounded_over_bounded", "unbounded gate / bounded gate"),
           ("unbounded_inline_over_bounded", "unbounded gate, wide chunks in a branch of the one "
@@ -194,9 +195,6 @@ def to_json_rows(rows):
                   f"{geomean(parts[REC]):.3f}x ({min(parts[REC]):.3f}-{max(parts[REC]):.3f})")))
     return out
 
-
-PREP = "chunk_kda_prepare_kernel"
-REC = "chunk_kda_recurrent_kernel"
 
 
 def shape_rows(rows):
@@ -289,10 +287,7 @@ def write(path, rows, device, date, commit, command):
                command=command, rows=to_json_rows(rows))
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
-    raw = os.path.join(os.path.dirname(path) or ".", "raw")
-    os.makedirs(raw, exist_ok=True)  # not beside: results/*.json are the page's files
-    with open(os.path.join(raw, os.path.basename(path)), "w") as fh:
-        json.dump(dict(doc, rows=shape_rows(rows), measured=rows), fh, indent=1)
+    write_raw(path, dict(doc, rows=shape_rows(rows), measured=rows))
 
 
 if __name__ == "__main__":

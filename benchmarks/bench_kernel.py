@@ -147,6 +147,15 @@ def kernel_time(fn, iters=5):
     return sum(per.values()), dict(sorted(per.items(), key=lambda kv: -kv[1])[:8])
 
 
+def write_raw(json_path, doc):
+    """``doc`` (every figure behind a page file) in ``raw/`` beside the page's JSON file, under
+    its name: not beside it, as results/*.json are the page's files."""
+    raw = os.path.join(os.path.dirname(json_path) or ".", "raw")
+    os.makedirs(raw, exist_ok=True)
+    with open(os.path.join(raw, os.path.basename(json_path)), "w") as fh:
+        json.dump(doc, fh, indent=1)
+
+
 def info():
     props = torch.cuda.get_device_properties(0)
     out = dict(device=props.name, sms=props.multi_processor_count, torch=torch.__version__,

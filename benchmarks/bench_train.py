@@ -43,6 +43,7 @@ from bench_kernel import (  # noqa: E402
     kernel_time,
     make_inputs,
     parse_config,
+    write_raw,
 )
 
 from kdalab.arith import rel_rmse  # noqa: E402
@@ -487,13 +488,9 @@ def main():
                                      res["var"]))
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=1)
-        raw = os.path.join(os.path.dirname(args.json) or ".", "raw")
-        os.makedirs(raw, exist_ok=True)  # not beside: results/*.json are the page's files
-        with open(os.path.join(raw, os.path.basename(args.json)), "w") as fh:
-            json.dump(dict(rates=dict(copy_bw_tbs=res["bw"] / 1e12,
-                                      bf16_tflops=res["rate"] / 1e12),
-                           speed=res["speed"], accuracy=res["acc"], variants=res["var"]), fh,
-                      indent=1)
+        write_raw(args.json, dict(rates=dict(copy_bw_tbs=res["bw"] / 1e12,
+                                             bf16_tflops=res["rate"] / 1e12),
+                                  speed=res["speed"], accuracy=res["acc"], variants=res["var"]))
 
     if args.from_log:
         for kind, row in read_logs(args.from_log):

@@ -35,11 +35,10 @@ from .chunk_prepare import (
     pairwise_tiles,
 )
 from .contract import Problem
-from .gate import SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
+from .gate import LN2, SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
 from .indexing import chunk_of_program
 
 CHUNK = 16
-LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
