@@ -229,13 +229,16 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     if FIRST:
         tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     kd = kv * decay
-    # the rows of MQK, AINV and W stored here: all, or with the span check none for a wide
-    # chunk (a count, not a scalar mask, which the interpreter cannot combine with a tile's)
-    n_keep = BT
+    # MQK, AINV and W are stored whole, but with the span check not for a wide chunk (masks
+    # from a row count, not a scalar, which the interpreter cannot combine with a tile's)
+    keep_cc = None
+    keep_w = m2
     if SPAN_CHECK and not REDO:
         wide = tl.max(tl.max(tl.abs(g2), axis=1), axis=0) > SPLIT_SPAN2
         tl.store(wide_ptr + cc, wide.to(tl.int32))
         n_keep = BT * (1 - wide.to(tl.int32))
+        keep_cc = (o_r[:, None] < n_keep) & (o_r[None, :] >= 0)
+        keep_w = m2 & (o_r < n_keep)[:, None]
     if REDO:
         mqk, L = pairwise_tiles(qs, kv, g2, o_r, BT)
     else:
@@ -245,7 +248,6 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
         L = tl.dot(kd, kit, input_precision=PRECISION)
     base_cc = cc * BT * BT
     o_cc = o_r[:, None] * BT + o_r[None, :]
-    keep_cc = (o_r[:, None] < n_keep) & (o_r[None, :] >= 0)
     mqk = tl.where(o_r[:, None] >= o_r[None, :], mqk, 0.0)
     tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty), mask=keep_cc)
     L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
@@ -253,7 +255,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     ainv = neumann_inverse16(L, BT) * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=keep_cc)
     w = tl.dot(ainv, kd, input_precision=PRECISION)
-    tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=m2 & (o_r < n_keep)[:, None])
+    tl.store(w_ptr + offs, w.to(w_ptr.dtype.element_ty), mask=keep_w)
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
