@@ -4,8 +4,8 @@
 # scripts/device/peers.sh describes):
 #   KDALAB_COMMIT=<sha> bash benchmarks/h200.sh STEP...   (from the repository root, there)
 # Steps:
-#   check     kdalab check kdalab fla flashkda, full suite, contracts (docs/check/); continues
-#             the run carried in .runs/check (--resume) when there is one
+#   check     kdalab check kdalab fla flashkda (CHECK_KERNELS), full suite, contracts
+#             (docs/check/); continues the run carried in .runs/check (--resume) when there is one
 #   hunt      kdalab hunt kdalab for HUNT_S seconds; continues the hunt carried in
 #             .runs/hunt-kdalab (--resume) when there is one (the 10-minute hunt is two calls)
 #   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
@@ -53,7 +53,7 @@ k() { timeout -s INT -k 30 "$1" python3 -m kdalab "${@:2}"; }  # INT: the CLI st
 step_check() {
     local resume=()
     if [ -d .runs/check ]; then cp -r .runs/check "$D/check"; resume=(--resume); fi
-    k "${CHECK_S:-500}" check kdalab fla flashkda --device cuda --suite full --isolate \
+    k "${CHECK_S:-500}" check ${CHECK_KERNELS:-kdalab fla flashkda} --device cuda --suite full --isolate \
         --case-timeout 120 --exclude 'fla=dims/*' --out "$D/check" --quiet "${resume[@]}" \
         > "$D/check.log" 2>&1
     echo "check exit $?"
