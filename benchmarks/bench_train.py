@@ -355,8 +355,8 @@ def variant_rows(fla, names, rounds):
 def config_rows(names, configs, rows=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
-    the plan segment_chunks; ``bwd=blocks``: the reverse pass's blocks form,
-    ``autograd.BWD_MODE``)."""
+    the plan segment_chunks; ``bwd=blocks`` or ``bwd=chain``: the reverse pass's form,
+    ``autograd.BWD_MODE``, else its default, auto)."""
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
@@ -364,7 +364,7 @@ def config_rows(names, configs, rows=None):
             row = dict(shape=name, config=text)
             items = [t for t in text.split(",") if t]
             mode = [t.partition("=")[2] for t in items if t.startswith("bwd=")]
-            kernel_autograd.BWD_MODE["mode"] = mode[0] if mode else "chain"
+            kernel_autograd.BWD_MODE["mode"] = mode[0] if mode else "auto"
             try:
                 mine, _ = _runners(None, config=parse_config(
                     ",".join(t for t in items if not t.startswith("bwd="))))
@@ -381,7 +381,7 @@ def config_rows(names, configs, rows=None):
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
             emit(row, rows)
         torch.cuda.empty_cache()
-    kernel_autograd.BWD_MODE["mode"] = "chain"
+    kernel_autograd.BWD_MODE["mode"] = "auto"
     return rows
 
 

@@ -317,6 +317,16 @@ def test_interp_blocks_backward_is_the_chain_bit_for_bit(case, monkeypatch):
         assert torch.equal(got["chain"][n], got["blocks"][n]), n
 
 
+def test_auto_reverse_pass_takes_blocks_only_for_a_serial_plan_that_leaves_sms_idle():
+    from kdalab.kernels.autograd import use_blocks
+
+    assert use_blocks("auto", 0, 64, 132)            # T 8192 H 64: serial, 64 programs
+    assert not use_blocks("auto", 0, 256, 132)       # B 8 H 32: every SM busy
+    assert not use_blocks("auto", 0, 132, 132)
+    assert not use_blocks("auto", 32, 16, 132)       # a segmented plan keeps its segments
+    assert use_blocks("blocks", 32, 1000, 132) and not use_blocks("chain", 0, 1, 132)
+
+
 @interp
 def test_interp_final_state_gradient_only():
     # a loss on the final state alone: every gradient flows back from dHT (dO = 0)

@@ -35,9 +35,22 @@ SAVE_EVERY = 16 * CKC
 #: products; docs/training.md "Precision")
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: the reverse pass's form: "chain" (the plan's serial or segmented pass, every product in the
-#: chain) or "blocks" (the dS recurrence alone serially, then every 64-token block's products
-#: in parallel from its stored gradient; chunk_recurrent_bwd.py, pass 3)
-BWD_MODE = dict(mode="chain")
+#: chain), "blocks" (the dS recurrence alone serially, then every 64-token block's products
+#: in parallel from its stored gradient; chunk_recurrent_bwd.py, pass 3; the same bits), or
+#: "auto": blocks where the plan's pass is serial and its (sequence, head, value block)
+#: programs leave SMs idle, else the chain. Measured (H200, backward GPU time, BENCHMARKS.md
+#: train_h200): T 8192 H 64 (serial, 64 programs) 19.5 ms blocks against 25.3 chain; the
+#: chain where it was faster: T 4096 H 16 (segmented) 2.48 against 3.34, B 8 T 4096 H 32
+#: (256 programs) 34.6 against 37.1
+BWD_MODE = dict(mode="auto")
+
+
+def use_blocks(mode: str, segment_chunks: int, programs: int, sms: int) -> bool:
+    """Whether the reverse pass runs in the blocks form (``BWD_MODE``): ``programs`` the
+    chain's (sequence, head, value block) programs, ``sms`` the device's SM count."""
+    if mode == "auto":
+        return segment_chunks <= 0 and programs < sms
+    return mode == "blocks"
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -141,14 +154,16 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
     # the reverse pass's tile: the config's (a recurrent program's value columns and warps)
     block_v = min(config.block_v or 128, V)
+    sms = _sm_count(v.device)
     common = dict(initial_state=h0, checkpoints=checkpoints,
                   checkpoint_offsets=_offsets(seqs), dht=dht, state_vk=p.state_vk,
                   cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                   seq_order=seqs.seq_order, num_seqs=p.num_seqs, num_chunks=seqs.num_chunks,
                   block_v=block_v, num_warps=config.num_warps or 8,
-                  programs=2 * _sm_count(v.device),
+                  programs=2 * sms,
                   dh0_dtype=torch.float32, **BWD_PRODUCTS)
-    if BWD_MODE["mode"] == "blocks":
+    chain_programs = p.num_seqs * H * -(-V // block_v)
+    if use_blocks(BWD_MODE["mode"], plan.segment_chunks, chain_programs, sms):
         table, seg_offsets, n_segs = seqs.segments(CKC)
         ends = torch.empty((n_segs, H, V, K), device=v.device, dtype=torch.float32)
         out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=ends,
