@@ -160,7 +160,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                   cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                   seq_order=seqs.seq_order, num_seqs=p.num_seqs, num_chunks=seqs.num_chunks,
                   block_v=block_v, num_warps=config.num_warps or 8,
-                  programs=2 * sms,
+                  sms=sms,
                   dh0_dtype=torch.float32, **BWD_PRODUCTS)
     chain_programs = p.num_seqs * H * -(-V // block_v)
     if use_blocks(BWD_MODE["mode"], plan.segment_chunks, chain_programs, sms):

@@ -32,8 +32,9 @@ summaries, 2 segments, 3 the dS recurrence alone, serial, storing the gradient a
 block: then pass 2 runs every 64-token block as its own segment, all in parallel (the
 "blocks" form, ``autograd.BWD_MODE``: the serial chain keeps four products a chunk).
 
-Programs are persistent: at most ``programs`` run, each looping over (sequence or segment,
-head) items, so the scratch holds CKC states per running program, not per item.
+Programs are persistent: as many run as the SMs hold (``resident_programs``), each looping over
+(sequence or segment, head) items, so the scratch holds CKC states per running program, not per
+item.
 """
 
 from __future__ import annotations
@@ -286,9 +287,20 @@ def chunk_kda_bwd_recurrent_kernel(
                              dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
 
 
+def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
+    """Persistent programs per value block: as many as the SMs hold at once. Every tile of the
+    reverse pass takes 255 registers a thread (sm_90a, ``scripts/sm90_report.py``: it spills
+    at all of them), so an SM holds 65,536 // (255 · 32 · num_warps) programs (1 on 8 warps,
+    2 on 4); more would only wait for a free SM, and each running program has its scratch
+    (CKC states and U tiles: 295 KB at K = V = BV = 128), which is 39 MB on the H200's 132
+    SMs at the default tile."""
+    per_sm = max(1, 65536 // (255 * 32 * num_warps))
+    return max(1, sms * per_sm // value_blocks)
+
+
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
-                            block_v, num_warps, programs, seq_order=None, segments=None,
+                            block_v, num_warps, sms, seq_order=None, segments=None,
                             summary=None, seg_offsets=None,
                             passes=(0,), dh0_dtype=torch.float32, out=None,
                             s_dtype=torch.float32, ds_dtype=torch.float32):
@@ -298,7 +310,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     state's gradient or None. Returns ``out``, a dict of dv (like v), the partial sums
     dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv
     [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient, or
-    None); a second call (pass 2 after pass 1) fills the same dict."""
+    None); a second call (pass 2 after pass 1) fills the same dict. ``sms``: the device's SM
+    count, which sizes the persistent grid (``resident_programs``)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
@@ -321,7 +334,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         items = (num_seqs if pass_ in (0, 3) else segments.shape[0]) * H
         rows = V + K if pass_ == 1 else V
         nvb = -(-rows // block_v)
-        n_prog = max(1, min(items, programs))
+        n_prog = max(1, min(items, resident_programs(sms, num_warps, nvb)))
         if items == 0:
             continue
         # per program: CKC states S^T [BV, K] then CKC U^T [BV, 16] (fp32 words)
