@@ -34,7 +34,9 @@
 # PEERS_BUILD=background builds FlashKDA (when its source is carried) while fla warms up; the
 # grid waits for it, and the build comes back as $OUT/flash_kda_build.tar.xz to carry next time.
 # A bare device has no fla: carry its wheel in .whl/ (`pip download --no-deps fla-core==0.6.0
-# -d .whl` here), and FlashKDA's source tarball in .peers/ (../shared/peers/).
+# -d .whl` here), and FlashKDA's source tarball in .peers/ (../shared/peers/). Nor has it
+# optuna, which the hunt steps need (`pip download optuna -d .whl`, its dependencies too: at
+# 0d3e4cf a hunt-grad step without it stopped at its import, ModuleNotFoundError).
 # `a+b` runs steps a and b side by side (for steps that are not timed: check, hunt, cublas,
 # gpu-tests). Each step has its own time limit and writes under /tmp/kd/<step>; after each step everything
 # is packed into $OUT/h200.tar.gz (one file back, whatever stops the call), and its last lines
