@@ -5,7 +5,8 @@
 
 1. Decode (``kda_decode``, one token a sequence, K = V = 128, fp32 state pool, random rows)
    against fla's ``fused_recurrent_kda_fwd`` with the same pool (``ssm_state_indices``,
-   ``inplace_final_state``), over N in {1, 8, 64, 256} x H in {12, 24, 48, 96}: eager
+   ``inplace_final_state``), over N in {1, 8, 64, 128, 256, 512} (``--ns``; 128 and 512 are
+   issue 43's decode target's ends) x H in {12, 24, 48, 96}: eager
    (``do_bench``) and under CUDA-graph replay (``do_bench_cudagraph``), with the memory floor:
    the bytes a step must move (the state read and written once, plus q, k, g, v, β, o) over
    the copy bandwidth measured in this run (a 1 GiB device-to-device copy).
@@ -66,7 +67,7 @@ from kdalab.kernels import KernelConfig, chunk_kda_fwd, kda_decode  # noqa: E402
 
 D = 128
 LOWER_BOUND = -5.0
-NS, HS = (1, 8, 64, 256), (12, 24, 48, 96)
+NS, HS = (1, 8, 64, 128, 256, 512), (12, 24, 48, 96)
 POOL_SEED = 1 << 20
 OVERHEAD_SHAPES = ("T1024_H16", "B8_T4096_H32_state", "varlen1024x8_H64", "T131072_H8")
 
@@ -214,10 +215,10 @@ def decode_inputs(N, H, seed=0):
                 idx=idx.cuda(), A_log=x["A_log"], dt_bias=x["dt_bias"].reshape(-1))
 
 
-def decode_rows(bw, quick, rounds=ROUNDS):
+def decode_rows(bw, quick, rounds=ROUNDS, ns=NS):
     fla = load_fla_decode()
     rows = []
-    for N in NS[:2] if quick else NS:
+    for N in ns[:2] if quick else ns:
         for H in HS[:2] if quick else HS:
             x = decode_inputs(N, H)
             gate = dict(A_log=x["A_log"], dt_bias=x["dt_bias"], lower_bound=LOWER_BOUND)
@@ -443,6 +444,8 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="a corner of each grid (a smoke run)")
     ap.add_argument("--parts", default="decode,pool,short")
+    ap.add_argument("--ns", default=",".join(map(str, NS)),
+                    help="decode: comma-separated sequence counts N (default %(default)s)")
     ap.add_argument("--rounds", type=int, default=ROUNDS,
                     help="interleaved rounds of every part's eager timings (median over them)")
     ap.add_argument("--candidates", default=None,
@@ -452,11 +455,17 @@ def main():
     names = args.candidates.split(",") if args.candidates else None
     if names and any(n not in CANDIDATES for n in names):
         ap.error(f"unknown candidates {[n for n in names if n not in CANDIDATES]}")
+    try:
+        ns = tuple(int(n) for n in args.ns.split(","))
+    except ValueError:
+        ap.error(f"--ns: comma-separated positive integers, not {args.ns!r}")
+    if not ns or min(ns) < 1:
+        ap.error(f"--ns: comma-separated positive integers, not {args.ns!r}")
     parts = set(args.parts.split(","))
     t0 = time.perf_counter()
     bw = copy_bandwidth()
     print(json.dumps(dict(copy_bandwidth_TBps=bw / 1e12)), flush=True)
-    dec = decode_rows(bw, args.quick, args.rounds) if "decode" in parts else []
+    dec = decode_rows(bw, args.quick, args.rounds, ns) if "decode" in parts else []
     pools = pool_rows(args.quick, args.rounds) if "pool" in parts else []
     short = short_rows(args.quick, args.rounds, names) if "short" in parts else []
     print(f"total {time.perf_counter() - t0:.1f} s", flush=True)

@@ -5,7 +5,8 @@
 #   KDALAB_COMMIT=<sha> bash benchmarks/h200.sh STEP...   (from the repository root, there)
 # Steps:
 #   check     kdalab check kdalab fla flashkda (CHECK_KERNELS), full suite, contracts
-#             (docs/check/); continues the run carried in .runs/check (--resume) when there is one
+#             (docs/check/); continues the run carried in .runs/check (--resume) when there is one;
+#             CHECK_CASES: some cases only (--cases), e.g. 'unbounded/*,strong_decay/*,log_decay/*'
 #   hunt      kdalab hunt kdalab for HUNT_S seconds; continues the hunt carried in
 #             .runs/hunt-kdalab (--resume) when there is one (the 10-minute hunt is two calls)
 #   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
@@ -56,6 +57,7 @@ step_check() {
     local resume=() kernels=(${CHECK_KERNELS:-kdalab fla flashkda}) ex=()
     if [ -d .runs/check ]; then cp -r .runs/check "$D/check"; resume=(--resume); fi
     [[ " ${kernels[*]} " == *" fla "* ]] && ex=(--exclude 'fla=dims/*')
+    [ -n "${CHECK_CASES:-}" ] && ex+=(--cases "$CHECK_CASES")
     k "${CHECK_S:-500}" check "${kernels[@]}" --device cuda --suite full --isolate \
         --case-timeout 120 "${ex[@]}" --out "$D/check" --quiet "${resume[@]}" \
         > "$D/check.log" 2>&1
