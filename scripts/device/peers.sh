@@ -11,8 +11,7 @@
 #   * PYTHONPATH = src (kdalab) : /tmp/site : FlashKDA's folder;  FLASHKDA_SRC = that folder
 #     (its tests/torch_ref.py is FlashKDA's torch reference);
 #   * fla's autotuning results cached on disk (FLA_CACHE_RESULTS=1) in $TRITON_CACHE_DIR, restored
-#     from scripts/device/data/fla_autotune_h200.tar (kept: the autotuner's choices, JSON, no
-#     code) and a carried .peers/triton_autotune.tar when there is one; `peers_save_autotune` writes
+#     from a carried .peers/triton_autotune.tar when there is one; `peers_save_autotune` writes
 #     the results (not the compiled kernels) to $OUT for the next call.
 # Prints one line per peer; a peer that fails to build is reported and left out (benchmarks
 # report a missing peer as skipped).
@@ -26,13 +25,6 @@ export PYTHONPATH=$PWD/src:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/triton-cache}
 export FLA_CACHE_RESULTS=1
 mkdir -p "$TRITON_CACHE_DIR"
-# fla's choices on the H200 kept in the repository (scripts/device/data: the grid's T 1024-8192
-# shapes at H 16 and 64, and the two varlen ones, at 0d3e4cf; 195-263 s of autotuning a shape
-# otherwise), then a carried newer cache over them
-if [ -f scripts/device/data/fla_autotune_h200.tar ]; then
-    tar xf scripts/device/data/fla_autotune_h200.tar -C "$TRITON_CACHE_DIR" \
-        && echo "peers: fla's kept autotune choices restored"
-fi
 if [ -f .peers/triton_autotune.tar ]; then
     tar xf .peers/triton_autotune.tar -C "$TRITON_CACHE_DIR" && echo "peers: autotune cache restored"
 fi
