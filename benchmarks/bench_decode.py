@@ -457,9 +457,9 @@ def main():
         ap.error(f"unknown candidates {[n for n in names if n not in CANDIDATES]}")
     try:
         ns = tuple(int(n) for n in args.ns.split(","))
+        if min(ns) < 1:
+            raise ValueError
     except ValueError:
-        ap.error(f"--ns: comma-separated positive integers, not {args.ns!r}")
-    if not ns or min(ns) < 1:
         ap.error(f"--ns: comma-separated positive integers, not {args.ns!r}")
     parts = set(args.parts.split(","))
     t0 = time.perf_counter()
