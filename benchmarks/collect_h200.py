@@ -90,6 +90,22 @@ def check_rows(folder: Path) -> tuple[dict, list[dict]]:
                          "note": "; ".join([f"{r['case']}: {r['message']}" for r in broken]
                                            + ([f"causal: largest change before the split "
                                                f"{max(causal):.3g}"] if causal else []))})
+    # issue 41's "<= fla's on every family": kdalab's output error against fla's, case by case
+    errs = {(r["kernel"], r["case"]): max(r["o_rel_err"], r.get("state_rel_err") or 0.0)
+            for r in records if r["status"] in ("pass", "fail") and r["kind"] == "accuracy"
+            and r["o_rel_err"] is not None}
+    for group, prefixes in GROUPS.items():
+        both = sorted(c for (k, c) in errs if k == "kdalab" and c.startswith(prefixes)
+                      and ("fla", c) in errs)
+        if both:
+            below = [c for c in both if errs[("kdalab", c)] <= errs[("fla", c)]]
+            ratio = max(errs[("kdalab", c)] / errs[("fla", c)] for c in both)
+            rows.append({"target": f"kdalab against fla: {group} group, cases at or below "
+                                   f"fla's error ({len(both)} cases)",
+                         "value": len(below), "unit": "cases",
+                         "note": f"the larger of output and state error; kdalab/fla at most "
+                                 f"{ratio:.3g}" + ("" if len(below) == len(both) else
+                                 "; above: " + ", ".join(sorted(set(both) - set(below))))})
     return run, rows
 
 
@@ -399,17 +415,28 @@ def main() -> None:
         # commit and date they were measured at
         path = a.results / "check_h200.json"
         before = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+        subset = "--cases" in run["command"]
+        if subset:  # some cases only (CHECK_CASES): their groups' rows, beside the suite's
+            rows = [r for r in rows if any(f"{g} group" in r["target"] for g in GROUPS)]
+            rows = [dict(r, note=r["note"] + f" (commit {a.commit}, {run['date']}; h200.sh check, "
+                         "CHECK_CASES " + run["command"].split("--cases ")[1].split()[0] + ")") for r in rows]
+        date = run["date"].replace(" ", "T") + "Z"
         if before is not None:
-            kept = [r for r in before["rows"]
-                    if r["target"].split(":")[0] not in run["kernels"]]
+            new = {r["target"] for r in rows}
             tag = f" (commit {before['commit']}, {before['date']})"
-            rows += [dict(r, note=r["note"] + ("" if "(commit " in r["note"] else tag))
-                     for r in kept]
-            if kept:
-                command += f"; the other kernels' rows: {before['command']}"
+            kept = [dict(r, note=r["note"] + ("" if "(commit " in r["note"] else tag))
+                    for r in before["rows"] if (r["target"] not in new if subset
+                    else r["target"].split(":")[0] not in run["kernels"])]
+            if subset:  # the page stays the suite's run; this run is named in its rows' notes
+                rows = [dict(r) for r in before["rows"] if r["target"] not in new] + rows
+                command, date, commit = before["command"], before["date"], before["commit"]
+            else:
+                rows += kept
+                if kept:
+                    command += f"; the other kernels' rows: {before['command']}"
         _write(a.results, "check_h200", {
-            "benchmark": "check_h200", "device": a.device,
-            "date": run["date"].replace(" ", "T") + "Z", "commit": a.commit,
+            "benchmark": "check_h200", "device": a.device, "date": date,
+            "commit": commit if subset and before is not None else a.commit,
             "command": command, "rows": rows})
     if a.hunt:
         folders = sorted(p for p in a.runs.glob("hunt-*") if (p / "worst.json").exists())

@@ -238,3 +238,45 @@ def test_train_from_logs_reads_an_earlier_raw_file(tmp_path):
     assert cfg[0]["note"].index("default 1.50") < cfg[0]["note"].index("block_v=64 2.50")
     raw = json.loads((out.parent / "raw" / "train_h200.json").read_text())
     assert raw["rates"]["copy_bw_tbs"] == 4.0 and len(raw["variants"]) == 2
+
+
+def _check_record(kernel, case, o_err, s_err=1e-4, status="pass"):
+    return dict(kernel=kernel, case=case, status=status, kind="accuracy", o_rel_err=o_err,
+                state_rel_err=s_err, bf16_floor=1e-3, floor_multiple=o_err / 1e-3)
+
+
+def test_collect_folds_a_check_run_of_some_cases_beside_the_suites(tmp_path):
+    # a check run of the gate groups alone (h200.sh CHECK_CASES): its group rows join the
+    # suite's rows, each naming its commit; the suite's rows, command and commit stay
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "check").mkdir(parents=True)
+    results.mkdir()
+    records = [_check_record("kdalab", "unbounded/a", 1.1e-3),
+               _check_record("fla", "unbounded/a", 4e-3),
+               _check_record("kdalab", "strong_decay/b", 1.2e-3, s_err=3e-3),
+               _check_record("fla", "strong_decay/b", 2e-3, status="fail")]
+    (runs / "check" / "records.json").write_text(json.dumps(records))
+    (runs / "check" / "check.json").write_text(json.dumps(dict(
+        kernels=["kdalab", "fla"], cases=["unbounded/a", "strong_decay/b"],
+        date="2026-01-02 03:04", complete=True,
+        command="kdalab check kdalab fla --cases unbounded/*,strong_decay/* --out x")))
+    suite = [dict(target="kdalab: cases passed (52 of 52 ran)", value=52, unit="cases",
+                  note="none failed"),
+             dict(target="kdalab: worst output error, gate modes group", value=9.9,
+                  unit="rel. RMSE", note="old")]
+    (results / "check_h200.json").write_text(json.dumps(dict(
+        HEAD, benchmark="check_h200", commit="5u1te00", rows=suite)))
+    assert _run("collect_h200.py", runs, "--device", "H200", "--commit", "fedcba9",
+                "--results", results, "--check").returncode == 0
+    page = json.loads((results / "check_h200.json").read_text())
+    assert page["commit"] == "5u1te00" and page["command"] == "k"
+    rows = {r["target"]: r for r in page["rows"]}
+    assert rows["kdalab: cases passed (52 of 52 ran)"]["note"] == "none failed"
+    assert rows["kdalab: worst output error, gate modes group"]["value"] == 0.0012
+    assert "(commit fedcba9, 2026-01-02 03:04; h200.sh check, CHECK_CASES unbounded/*," \
+        "strong_decay/*)" in rows["fla: worst output error, gate modes group"]["note"]
+    # the case by case comparison takes the larger of output and state error: kdalab's
+    # 3e-3 state error on strong_decay/b is above fla's 2e-3
+    mine = rows["kdalab against fla: gate modes group, cases at or below fla's error (2 cases)"]
+    assert mine["value"] == 1 and "above: strong_decay/b" in mine["note"]
+    assert len(page["rows"]) == 4  # the suite's count, two group rows, the comparison
