@@ -439,6 +439,32 @@ def to_json_rows(bw, dec, pools, short):
     return out
 
 
+def from_log(log, path, date):
+    """The --json file of a run that printed its rows and was stopped before writing it: the
+    copy bandwidth and the decode rows of the log (each a complete JSON line); the command
+    names the log, the commit is KDALAB_COMMIT's."""
+    bw, dec = None, []
+    with open(log, encoding="utf-8") as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and "copy_bandwidth_TBps" in row:
+                bw = row["copy_bandwidth_TBps"] * 1e12
+            elif isinstance(row, dict) and "over_floor_graph" in row:
+                dec.append(row)
+    if bw is None or not dec:
+        raise SystemExit(f"error: --from-log: {log} holds no copy bandwidth or no decode row")
+    doc = dict(benchmark="decode_and_serving", device="", date=date,
+               commit=os.environ.get("KDALAB_COMMIT", ""),
+               command=f"python benchmarks/bench_decode.py (from its log {os.path.basename(log)}"
+                       ", the call's time limit reached)", rows=to_json_rows(bw, dec, [], []))
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print(f"wrote {path}: {len(dec)} decode rows")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
@@ -451,7 +477,15 @@ def main():
     ap.add_argument("--candidates", default=None,
                     help=f"short part: comma-separated names of {', '.join(CANDIDATES)} "
                          "(default: all; 'default' is always timed)")
+    ap.add_argument("--from-log", default=None, metavar="LOG",
+                    help="--json from a log of this script's JSON lines (a call cut by its time "
+                         "limit writes no --json): the decode rows it holds; with --date")
+    ap.add_argument("--date", default=None, help="--from-log: the run's date (ISO, UTC)")
     args = ap.parse_args()
+    if args.from_log:
+        if not (args.json and args.date):
+            ap.error("--from-log needs --json and --date")
+        return from_log(args.from_log, args.json, args.date)
     names = args.candidates.split(",") if args.candidates else None
     if names and any(n not in CANDIDATES for n in names):
         ap.error(f"unknown candidates {[n for n in names if n not in CANDIDATES]}")

@@ -395,12 +395,25 @@ def main() -> None:
             "rows": rows})
     if a.decode:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
+        rows = decode_rows(doc["rows"])
+        path = a.results / "decode_h200.json"
+        if path.exists():  # the page's shapes this run did not time (--ns) stay, tagged
+            before = json.loads(path.read_text(encoding="utf-8"))
+            shape = lambda r: r["target"].split(":")[0]  # noqa: E731
+            ran = {shape(r) for r in rows}
+            tag = f" (commit {before['commit']}, {before['date']})"
+            rows += [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
+                                                       else tag))
+                     for r in before["rows"] if shape(r) not in ran]
+            key = lambda r: [int(x) if x.isdigit() else x for x in  # noqa: E731
+                             re.findall(r"\d+|\D+", shape(r))]
+            rows = rows[:1] + sorted(rows[1:], key=key)
         _write(a.results, "decode_h200", {
             "benchmark": "decode_h200", "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace(
                 "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving, "
             "SERVING_PARTS including decode; peers in the same process)",
-            "rows": decode_rows(doc["rows"])})
+            "rows": rows})
     if a.sweep:
         doc = json.loads((a.runs / "sweep" / "sweep_ab_h200.json").read_text(encoding="utf-8"))
         _write(a.results, "sweep_command_h200", {

@@ -26,10 +26,10 @@ def test_the_page_is_what_the_results_give():
     # is exactly what the files give, so the two cannot drift
     res = _run("report.py", "--check")
     assert res.returncode == 0, res.stderr
-    # a page to read, not a dump: 325 lines for 26 benchmarks (raised from 250 when the
+    # a page to read, not a dump: 335 lines for 26 benchmarks (raised from 250 when the
     # training and gate benchmarks joined, from 320 when training's grid shapes did; earlier
-    # figures live in git, not here)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 325
+    # figures live in git, not here; 335 when decode's N = 128 and 512 did)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 335
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
@@ -280,3 +280,36 @@ def test_collect_folds_a_check_run_of_some_cases_beside_the_suites(tmp_path):
     mine = rows["kdalab against fla: gate modes group, cases at or below fla's error (2 cases)"]
     assert mine["value"] == 1 and "above: strong_decay/b" in mine["note"]
     assert len(page["rows"]) == 4  # the suite's count, two group rows, the comparison
+
+
+def test_decode_from_a_cut_log_joins_the_pages_other_shapes(tmp_path):
+    # a serving call stopped by its time limit writes no decode.json: bench_decode --from-log
+    # builds it from the printed rows; collect --decode keeps the page's shapes the run lacks
+    log = tmp_path / "serving.log"
+    row = dict(N=128, H=12, kdalab_ms=0.088, kdalab_graph_ms=0.0548, floor_ms=0.0481,
+               over_floor_graph=1.138)
+    log.write_text("warm-up\n" + json.dumps({"copy_bandwidth_TBps": 4.2}) + "\n"
+                   + json.dumps(row) + "\n" + '{"N": 512, "H": 48, "kdalab_ms"' + "\n")
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "serving").mkdir(parents=True)
+    results.mkdir()
+    res = _run("bench_decode.py", "--from-log", log, "--json", runs / "serving" / "decode.json",
+               "--date", "2026-01-02T03:04:05Z")
+    assert res.returncode == 0, res.stderr
+    (results / "decode_h200.json").write_text(json.dumps(dict(
+        HEAD, benchmark="decode_h200", commit="0ld0ld0", date="2025-12-31", rows=[
+            dict(target="H200 copy bandwidth (1 GiB d2d)", value=4.25, unit="TB/s"),
+            dict(target="decode N=64 H=12: kdalab (eager)", value=30.0, unit="us", note="n"),
+            dict(target="decode N=128 H=12: kdalab (eager)", value=99.0, unit="us")])))
+    assert _run("collect_h200.py", runs, "--device", "H200", "--commit", "fedcba9",
+                "--results", results, "--decode").returncode == 0
+    rows = json.loads((results / "decode_h200.json").read_text())["rows"]
+    assert [(r["target"], r["value"]) for r in rows] == [
+        ("H200 copy bandwidth (1 GiB d2d)", 4.2), ("decode N=64 H=12: kdalab (eager)", 30.0),
+        ("decode N=128 H=12: kdalab (eager)", 88.0)]
+    assert rows[1]["note"] == "n (commit 0ld0ld0, 2025-12-31)"
+    empty = tmp_path / "empty.log"
+    empty.write_text("nothing\n")
+    res = _run("bench_decode.py", "--from-log", empty, "--json", tmp_path / "x.json",
+               "--date", "d")
+    assert res.returncode != 0 and "holds no copy bandwidth or no decode row" in res.stderr
