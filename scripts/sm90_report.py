@@ -110,7 +110,10 @@ def kdalab_rows(only: str | None = None):
 
     from kdalab.kernels.chunk_combine import chunk_kda_combine_kernel
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
-    from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd_kernel
+    from kdalab.kernels.chunk_prepare_bwd import (
+        chunk_kda_prepare_bwd_blocked_kernel,
+        chunk_kda_prepare_bwd_kernel,
+    )
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
     from kdalab.kernels.chunk_recurrent_bwd import chunk_kda_bwd_recurrent_kernel
 
@@ -230,6 +233,12 @@ def kdalab_rows(only: str | None = None):
                     label=f"bwd stage 1 w{nw}")
     yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, GATE=1, SPAN_CHECK=True),
                 num_warps=8, label="bwd stage 1 softplus w8")
+    for bk, nw in ((32, 2), (32, 4), (64, 4)):
+        yield timed(chunk_kda_prepare_bwd_blocked_kernel, pbwd, dict(ce, BK=bk),
+                    num_warps=nw, label=f"bwd stage 1 blocked BK{bk} w{nw}")
+    yield timed(chunk_kda_prepare_bwd_blocked_kernel, pbwd,
+                dict(ce, BK=32, GATE=1, SPAN_CHECK=True), num_warps=4,
+                label="bwd stage 1 blocked BK32 softplus w4")
 
 
 if __name__ == "__main__":

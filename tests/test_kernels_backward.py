@@ -283,6 +283,40 @@ def test_interp_hunt_worst_dbeta_with_tf32_products(tf32_tensor_cores):
 
 
 @interp
+@pytest.mark.parametrize("case", [
+    dict(B=1, T=40, HQ=1, H=1, HG=1, K=64, V=16),
+    dict(B=1, T=150, HQ=2, H=4, HG=2, K=32, V=16, cu=[0, 0, 70, 71, 150]),  # varlen, GVA
+    dict(B=1, T=48, HQ=1, H=1, HG=1, K=32, V=16, gate="unbounded", strong=True),  # per pair
+    dict(B=1, T=37, HQ=1, H=2, HG=1, K=64, V=16, gate="log_decay"),
+], ids=["k64", "varlen_gva", "strong_per_pair", "log_decay_k64"])
+def test_interp_stage1_backward_in_blocks_of_key_columns(case, monkeypatch):
+    """Stage 1's backward over blocks of 16 key columns (the norms and the pairwise tiles
+    summed over the blocks, dk̂ and dqs parked in place of dW and dQG) against fp64, and
+    against the whole-row kernel within rounding (its sums in another order)."""
+    from kdalab.kernels import autograd
+
+    monkeypatch.setitem(autograd.BWD_MODE, "prep_block_k", 16)
+    case = dict(case)
+    gate = case.pop("gate", "lower_bound")
+    strong = case.pop("strong", False)
+    x, kw = _case(**case, gate=gate, strong=strong)
+    _compare(x, kw)
+    got = _grads(x, kw, _kernel(), *_probes(x, kw))
+    monkeypatch.setitem(autograd.BWD_MODE, "prep", "whole")
+    want = _grads(x, kw, _kernel(), *_probes(x, kw))
+    # the same products summed over the key columns in another order: fp32 rounding, measured
+    # below 1e-6 relative; a dropped block or a wrong column offset gives >= 1e-1
+    errors = {n: _err(got[n], want[n]) for n in got}
+    assert all(e < 1e-5 for e in errors.values()), errors
+
+
+def _probes(x, kw):
+    o, s = _kernel()(x, kw)
+    gen = torch.Generator().manual_seed(11)
+    return (torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen))
+
+
+@interp
 def test_interp_sequence_parallel_backward():
     # the reverse pass split into segments (summaries, the combine in reverse, segments):
     # the same gradients as the serial pass, to fp32 rounding of the composed transitions

@@ -201,8 +201,195 @@ def chunk_kda_prepare_bwd_kernel(
     tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=m2)
 
 
+@triton.jit
+def _load_block(ptr, rows, i_h, o_k, H, K: tl.constexpr, G: tl.constexpr, m2):
+    """A chunk's rows of head ``i_h // G`` (of H // G heads), columns ``o_k``, in fp32."""
+    offs = (rows[:, None] * (H // G) + i_h // G) * K + o_k[None, :]
+    return tl.load(ptr + offs, mask=m2, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def chunk_kda_prepare_bwd_blocked_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+    dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr,
+    dq_ptr, dk_ptr, dg_ptr, db_ptr, dalog_ptr, ddt_ptr,
+    chunk_table_ptr, T, scale, lower_bound,
+    H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
+    SPAN_CHECK: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
+):
+    """``chunk_kda_prepare_bwd_kernel``'s arithmetic over blocks of BK key columns, so that a
+    program holds [BT, BK] tiles instead of [BT, K] ones: every operand except the L2 norms
+    and the pairwise tiles is column-local (the gate, its cumulative sum, the decays, each
+    column's G-gradient). Four sweeps: (A) the rows' norms and the chunk's span; (B) P and
+    dW·Kd^T, summed over the blocks; the [BT, BT] algebra once; (C) each block's gradients,
+    dg stored, dk̂ and dqs parked in place of the block's dW and dQG (every stored value
+    depends on the loaded one, so no thread overwrites an operand before it is read: dW
+    reaches dk̂ through A^T·dW, dQG reaches dqs elementwise) with the rows' y·dy summed for
+    the norms; (D) the norms' gradient, dq and dk stored."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    o_r = tl.arange(0, BT)
+    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
+    rows = row0 + o_r
+    r_ok = rows < eos
+    m2 = r_ok[:, None]
+    i_g = i_h // GG
+    b_in = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
+    b = beta_of(b_in, r_ok, BETA_LOGITS)
+    cc = i_c.to(tl.int64) * H + i_h
+    o_cc = cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
+    last = (o_r == BT - 1)[:, None]
+    strict = o_r[:, None] > o_r[None, :]
+    if HAS_A_LOG:
+        a = tl.exp(tl.load(a_log_ptr + i_g).to(tl.float32))
+    else:
+        a = 1.0
+
+    # (A) the rows' squared norms and the chunk's span (the split's choice, as stage 1's)
+    ssk = tl.zeros([BT], dtype=tl.float32)
+    ssq = tl.zeros([BT], dtype=tl.float32)
+    span = tl.max(tl.zeros([BT], dtype=tl.float32), axis=0)  # an fp32 scalar, loop-carried
+    for kb in range(0, K, BK):
+        o_k = kb + tl.arange(0, BK)
+        k_raw = _load_block(k_ptr, rows, i_h, o_k, H, K, GQ, m2)
+        q_raw = _load_block(q_ptr, rows, i_h, o_k, H, K, GQ, m2)
+        ssk += tl.sum(k_raw * k_raw, axis=1)
+        ssq += tl.sum(q_raw * q_raw, axis=1)
+        if SPAN_CHECK:
+            _, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
+            g_raw = _load_block(g_ptr, rows, i_h, o_k, H, K, GG, m2)
+            g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
+            span = tl.maximum(span, tl.max(tl.max(tl.abs(g2), axis=1), axis=0))
+    if USE_L2NORM:
+        rk = tl.rsqrt(ssk + 1e-6)
+        rq = tl.rsqrt(ssq + 1e-6)
+    else:
+        rk = tl.full([BT], 1.0, tl.float32)
+        rq = tl.full([BT], 1.0, tl.float32)
+    wide = span > SPLIT_SPAN2
+
+    # (B) P = K̂ K̂^T with the pairwise decay, and dW·Kd^T, over the blocks
+    P = tl.zeros([BT, BT], dtype=tl.float32)
+    dwkd = tl.zeros([BT, BT], dtype=tl.float32)
+    for kb in range(0, K, BK):
+        o_k = kb + tl.arange(0, BK)
+        _, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
+        g_raw = _load_block(g_ptr, rows, i_h, o_k, H, K, GG, m2)
+        k_raw = _load_block(k_ptr, rows, i_h, o_k, H, K, GQ, m2)
+        dw = _load_block(dw_ptr, rows, i_h, o_k, H, K, 1, m2)
+        g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
+        g2_last = tl.sum(tl.where(last, g2, 0.0), axis=0)
+        kv = tl.where(m2, k_raw * rk[:, None], 0.0)
+        if wide:
+            _m, Pb = pairwise_tiles(kv, kv, g2, o_r, BT, False)
+            P += Pb
+        else:  # anchored at the middle of the span, as the whole-row kernel (its comment)
+            mid = g2_last[None, :] * 0.5
+            up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
+            dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))
+            P += tl.dot(kv * up, tl.trans(kv * dn), input_precision="tf32x3")
+        dwkd += tl.dot(dw, tl.trans(kv * tl.exp2(g2)), input_precision="tf32x3")
+
+    # the [BT, BT] algebra: T = (I + L)^-1, A = T diag(β), and their gradients
+    P = tl.where(strict, P, 0.0)
+    Tinv = neumann_inverse16(P * b[:, None], BT)
+    A = Tinv * b[None, :]
+    dA = tl.where(o_r[:, None] >= o_r[None, :], tl.load(dainv_ptr + o_cc) + dwkd, 0.0)
+    db = tl.sum(Tinv * dA, axis=0)
+    TiT = tl.trans(Tinv)
+    dL = -tl.dot(tl.dot(TiT, dA * b[None, :], input_precision="tf32x3"), TiT,
+                 input_precision="tf32x3")
+    dL = tl.where(strict, dL, 0.0)
+    db += tl.sum(dL * P, axis=1)
+    dP = dL * b[:, None]
+    dM = tl.load(dmqk_ptr + o_cc)
+    diag = tl.sum(tl.where(o_r[:, None] == o_r[None, :], dM, 0.0), axis=1)
+    dM = tl.where(strict, dM, 0.0)
+    before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
+
+    # (C) each block's gradients
+    ysk = tl.zeros([BT], dtype=tl.float32)  # Σ_c k̂ dk̂ and Σ_c q̂ d(q̂) of the rows
+    ysq = tl.zeros([BT], dtype=tl.float32)
+    dalog = tl.max(tl.zeros([BT], dtype=tl.float32), axis=0)
+    for kb in range(0, K, BK):
+        o_k = kb + tl.arange(0, BK)
+        offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+        _, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
+        g_raw = _load_block(g_ptr, rows, i_h, o_k, H, K, GG, m2)
+        k_raw = _load_block(k_ptr, rows, i_h, o_k, H, K, GQ, m2)
+        q_raw = _load_block(q_ptr, rows, i_h, o_k, H, K, GQ, m2)
+        dqg = tl.load(dqg_ptr + offs, mask=m2, other=0.0)
+        dw = tl.load(dw_ptr + offs, mask=m2, other=0.0)
+        dkend = tl.load(dkend_ptr + offs, mask=m2, other=0.0)
+        dgam = tl.load(dgam_ptr + cc * K + o_k)
+        g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
+        g2_last = tl.sum(tl.where(last, g2, 0.0), axis=0)
+        kv = tl.where(m2, k_raw * rk[:, None], 0.0)
+        qn = q_raw * rq[:, None]
+        qs = tl.where(m2, qn * scale, 0.0)
+        decay = tl.exp2(g2)
+        kd = kv * decay
+        ekend = tl.exp2(g2_last[None, :] - g2)
+        dkd = tl.dot(tl.trans(A), dw, input_precision="tf32x3")
+        if wide:
+            drow, dqs, dcol, dpair = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
+        else:
+            mid = g2_last[None, :] * 0.5
+            up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
+            dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))
+            ki = kv * dn
+            drow = up * tl.dot(dP, ki, input_precision="tf32x3")
+            dqs = up * tl.dot(dM, ki, input_precision="tf32x3")
+            dcol = dn * (tl.dot(tl.trans(dP), kv * up, input_precision="tf32x3")
+                         + tl.dot(tl.trans(dM), qs * up, input_precision="tf32x3"))
+            dpair = tl.cumsum(kv * (drow - dcol) + qs * dqs, axis=0, reverse=True)
+        dqs += diag[:, None] * kv
+        dcol += diag[:, None] * qs
+        dkv = drow + dcol + decay * dkd + ekend * dkend
+        dqs += decay * dqg
+        # each step's gradient (base 2): the whole-row kernel's terms (its comment)
+        dstep = LN2 * (tl.cumsum(kd * dkd + qs * decay * dqg, axis=0, reverse=True) + dpair
+                       + tl.dot(before, kv * ekend * dkend, input_precision="ieee")
+                       + (tl.exp2(g2_last) * dgam)[None, :])
+        dx, da = log2_decay_grads(g_raw, a, bias[None, :], lower_bound, GATE)
+        dgate = tl.where(m2, dstep * dx, 0.0)
+        tl.store(dg_ptr + offs, dgate.to(dg_ptr.dtype.element_ty), mask=m2)
+        if HAS_DT_BIAS:
+            tl.store(ddt_ptr + cc * K + o_k, tl.sum(dgate, axis=0))
+        if HAS_A_LOG:
+            dalog += tl.sum(tl.sum(tl.where(m2, dstep * da, 0.0), axis=1), axis=0)
+        ysk += tl.sum(kv * dkv, axis=1)
+        ysq += tl.sum(qn * dqs, axis=1)
+        tl.store(dw_ptr + offs, dkv, mask=m2)   # parked: dk̂
+        tl.store(dqg_ptr + offs, dqs, mask=m2)  # parked: dqs
+    if HAS_A_LOG:
+        tl.store(dalog_ptr + cc, dalog)
+    if BETA_LOGITS:  # σ'(x) = σ(x) σ(-x): σ(1 - σ) rounds to 0 where σ saturates
+        db = db * (tl.sigmoid(b_in) * tl.sigmoid(-b_in))
+    tl.store(db_ptr + rows * H + i_h, db.to(db_ptr.dtype.element_ty), mask=r_ok)
+
+    # (D) through the L2 norms: dx = r (dy - y (y · dy)), y = x r
+    for kb in range(0, K, BK):
+        o_k = kb + tl.arange(0, BK)
+        offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
+        dkv = tl.load(dw_ptr + offs, mask=m2, other=0.0)
+        dqs = tl.load(dqg_ptr + offs, mask=m2, other=0.0)
+        if USE_L2NORM:
+            kv = _load_block(k_ptr, rows, i_h, o_k, H, K, GQ, m2) * rk[:, None]
+            qn = _load_block(q_ptr, rows, i_h, o_k, H, K, GQ, m2) * rq[:, None]
+            dk = rk[:, None] * (dkv - kv * ysk[:, None])
+            dq = rq[:, None] * scale * (dqs - qn * ysq[:, None])
+        else:
+            dk = dkv
+            dq = dqs * scale
+        tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=m2)
+        tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=m2)
+
+
 def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
-                          num_warps=4):
+                          num_warps=4, form="blocked", block_k=32):
     """Launch stage 1's backward (4 warps: 5.06 against 5.21 ms on 8 at T 8192 H 64, 10.14
     against 10.39 at B 8 T 4096 H 32, 0.660 against 0.655 at T 4096 H 16; train_h200's
     config rows, pw=4). ``grads``: the reverse pass's dict (its partial sums over value
@@ -227,7 +414,9 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
     if nc == 0:
         return dq, dk, dg, db, dalog, ddt
     dummy = db
-    chunk_kda_prepare_bwd_kernel[(nc, H)](
+    blocked = form == "blocked"
+    kernel = chunk_kda_prepare_bwd_blocked_kernel if blocked else chunk_kda_prepare_bwd_kernel
+    kernel[(nc, H)](
         q, k, g, beta, A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
         grads["dqg"], grads["dw"], grads["dkend"], grads["dgam"], grads["dmqk"],
@@ -235,7 +424,8 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         ddt if ddt is not None else dummy,
         seqs.chunk_table if seqs.chunk_table is not None else dummy,
         T, p.scale, p.gate.kernel_bound,
-        H=H, K=K, BT=CHUNK, GATE=p.gate.code, SPAN_CHECK=p.gate.span_checked,
+        H=H, K=K, BT=CHUNK, **(dict(BK=min(block_k, K)) if blocked else {}),
+        GATE=p.gate.code, SPAN_CHECK=p.gate.span_checked,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
         IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
