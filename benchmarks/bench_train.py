@@ -364,8 +364,7 @@ def config_rows(names, configs, rows=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
     the plan segment_chunks; ``bwd=blocks`` or ``bwd=chain``: the reverse pass's form,
-    ``autograd.BWD_MODE``, else its default, auto; ``prep=whole`` or ``prep=blocked``: stage 1's
-    backward over whole rows or blocks of key columns)."""
+    ``autograd.BWD_MODE``, else its default, auto)."""
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
@@ -373,12 +372,10 @@ def config_rows(names, configs, rows=None):
             row = dict(shape=name, config=text)
             items = [t for t in text.split(",") if t]
             mode = [t.partition("=")[2] for t in items if t.startswith("bwd=")]
-            prep = [t.partition("=")[2] for t in items if t.startswith("prep=")]
             kernel_autograd.BWD_MODE["mode"] = mode[0] if mode else "auto"
-            kernel_autograd.BWD_MODE["prep"] = prep[0] if prep else "blocked"
             try:
                 mine, _ = _runners(None, config=parse_config(",".join(
-                    t for t in items if not t.startswith(("bwd=", "prep=")))))
+                    t for t in items if not t.startswith("bwd="))))
                 o, s = mine(x)
                 do = torch.randn_like(o)
                 dht = torch.randn(s.shape, device="cuda")
@@ -392,7 +389,7 @@ def config_rows(names, configs, rows=None):
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
             emit(row, rows)
         torch.cuda.empty_cache()
-    kernel_autograd.BWD_MODE.update(mode="auto", prep="blocked")
+    kernel_autograd.BWD_MODE["mode"] = "auto"
     return rows
 
 

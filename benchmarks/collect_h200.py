@@ -431,8 +431,9 @@ def main() -> None:
         subset = "--cases" in run["command"]
         if subset:  # some cases only (CHECK_CASES): their groups' rows, beside the suite's
             rows = [r for r in rows if any(f"{g} group" in r["target"] for g in GROUPS)]
-            rows = [dict(r, note=r["note"] + f" (commit {a.commit}, {run['date']}; h200.sh check, "
-                         "CHECK_CASES " + run["command"].split("--cases ")[1].split()[0] + ")") for r in rows]
+            cases = run["command"].split("--cases ")[1].split()[0]
+            rows = [dict(r, note=r["note"] + f" (commit {a.commit}, {run['date']}; h200.sh "
+                         f"check, CHECK_CASES {cases})") for r in rows]
         date = run["date"].replace(" ", "T") + "Z"
         if before is not None:
             new = {r["target"] for r in rows}

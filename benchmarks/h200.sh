@@ -10,7 +10,8 @@
 #   hunt      kdalab hunt kdalab for HUNT_S seconds; continues the hunt carried in
 #             .runs/hunt-kdalab (--resume) when there is one (the 10-minute hunt is two calls)
 #   hunts     kdalab hunt against fla and FlashKDA, PEER_HUNT_S seconds each
-#   check-grad kdalab check kdalab fla --grad (CHECK_GRAD_SUITE, default quick), the gradient
+#   check-grad kdalab check kdalab fla --grad (CHECK_GRAD_KERNELS, CHECK_GRAD_SUITE: default
+#             quick), the gradient
 #             table (docs/check-grad/); continues .runs/check-grad (--resume) when carried
 #   hunt-grad kdalab hunt kdalab --grad for HUNT_S seconds; continues .runs/hunt-grad (--resume)
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
@@ -81,7 +82,8 @@ step_hunt() {
 step_check-grad() {
     local resume=()
     if [ -d .runs/check-grad ]; then cp -r .runs/check-grad "$D/check-grad"; resume=(--resume); fi
-    k "${CHECK_S:-500}" check kdalab fla --grad --device cuda --suite "${CHECK_GRAD_SUITE:-quick}" \
+    k "${CHECK_S:-500}" check ${CHECK_GRAD_KERNELS:-kdalab fla} --grad --device cuda \
+        --suite "${CHECK_GRAD_SUITE:-quick}" \
         --isolate --case-timeout 200 ${CHECK_GRAD_ARGS:-} --out "$D/check-grad" --quiet "${resume[@]}" \
         > "$D/check-grad.log" 2>&1
     echo "check --grad exit $?"

@@ -110,10 +110,7 @@ def kdalab_rows(only: str | None = None):
 
     from kdalab.kernels.chunk_combine import chunk_kda_combine_kernel
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
-    from kdalab.kernels.chunk_prepare_bwd import (
-        chunk_kda_prepare_bwd_blocked_kernel,
-        chunk_kda_prepare_bwd_kernel,
-    )
+    from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd_kernel
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
     from kdalab.kernels.chunk_recurrent_bwd import chunk_kda_bwd_recurrent_kernel
 
@@ -228,18 +225,11 @@ def kdalab_rows(only: str | None = None):
                 scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
               USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=False)
-    for nw in (4, 8):
-        yield timed(chunk_kda_prepare_bwd_kernel, pbwd, ce, num_warps=nw,
-                    label=f"bwd stage 1 w{nw}")
-    yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, GATE=1, SPAN_CHECK=True),
-                num_warps=8, label="bwd stage 1 softplus w8")
-    for bk, nw in ((32, 2), (32, 4), (64, 4)):
-        yield timed(chunk_kda_prepare_bwd_blocked_kernel, pbwd, dict(ce, BK=bk),
-                    num_warps=nw, label=f"bwd stage 1 blocked BK{bk} w{nw}")
-    yield timed(chunk_kda_prepare_bwd_blocked_kernel, pbwd,
-                dict(ce, BK=32, GATE=1, SPAN_CHECK=True), num_warps=4,
-                label="bwd stage 1 blocked BK32 softplus w4")
-
+    for bk, nw in ((32, 4), (32, 2), (64, 4)):
+        yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=bk), num_warps=nw,
+                    label=f"bwd stage 1 BK{bk} w{nw}")
+    yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=32, GATE=1, SPAN_CHECK=True),
+                num_warps=4, label="bwd stage 1 BK32 softplus w4")
 
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")

@@ -42,7 +42,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: train_h200): T 8192 H 64 (serial, 64 programs) 19.5 ms blocks against 25.3 chain; the
 #: chain where it was faster: T 4096 H 16 (segmented) 2.48 against 3.34, B 8 T 4096 H 32
 #: (256 programs) 34.6 against 37.1
-BWD_MODE = dict(mode="auto", prep="blocked", prep_block_k=32)
+BWD_MODE = dict(mode="auto", prep_block_k=32)  # stage 1's backward: key columns a block
 
 
 def use_blocks(mode: str, segment_chunks: int, programs: int, sms: int) -> bool:
@@ -186,8 +186,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
     dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
-                                                       grads, form=BWD_MODE["prep"],
-                                                       block_k=BWD_MODE["prep_block_k"])
+                                                       grads, block_k=BWD_MODE["prep_block_k"])
     dv, dh0 = out["dv"], out["dh0"]
     del c, out, grads  # stage 1 again and the partial sums: freed before the GVA sums
     GQ, GG = H // p.HQ, H // p.HG

@@ -1,6 +1,6 @@
 """Backward of stage 1: from the gradients of the chunk operands (``chunk_recurrent_bwd.py``)
 to those of the inputs, one program per 16-token chunk and head, recomputing what stage 1
-formed (``chunk_prepare.py``) in fp32.
+formed (``chunk_prepare.py``) in fp32, over blocks of 32 key columns.
 
 With G the in-chunk cumulative log-decay (base 2 here: G₂; ∂2^x/∂x = ln 2 · 2^x), Γ = 2^G₂,
 k̂, q̂ the normalized rows, qs = scale · q̂, and T = (I + L)^-1:
@@ -29,8 +29,6 @@ import triton.language as tl
 
 from .chunk_prepare import (
     beta_of,
-    l2_normalize,
-    load_inputs,
     neumann_inverse16,
     pairwise_tiles,
 )
@@ -39,15 +37,6 @@ from .gate import LN2, SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
 from .indexing import chunk_of_program
 
 CHUNK = 16
-
-
-@triton.jit
-def l2_normalize_bwd(x, y, dy, USE_L2NORM: tl.constexpr):
-    """The gradient of the rows of x through y = x · rsqrt(Σx² + 1e-6)."""
-    if USE_L2NORM:
-        r = tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)
-        return r[:, None] * (dy - y * tl.sum(y * dy, axis=1)[:, None])
-    return dy
 
 
 @triton.jit
@@ -80,128 +69,6 @@ def pairwise_grads(dP, dM, kv, qs, g2, o_r, BT: tl.constexpr):
 
 
 @triton.jit
-def chunk_kda_prepare_bwd_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-    dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr,
-    dq_ptr, dk_ptr, dg_ptr, db_ptr, dalog_ptr, ddt_ptr,
-    chunk_table_ptr, T, scale, lower_bound,
-    H, K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
-    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
-):
-    i_c = tl.program_id(0)
-    i_h = tl.program_id(1)
-    o_r = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
-    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
-    rows = row0 + o_r
-    r_ok = rows < eos
-    m2 = r_ok[:, None]
-    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    i_g = i_h // GG
-    g_raw, k_raw, q_raw, b_in = load_inputs(q_ptr, k_ptr, g_ptr, beta_ptr, rows, r_ok, i_h,
-                                            o_k, H, K, GQ, GG, False)
-    k_raw = k_raw.to(tl.float32)
-    q_raw = q_raw.to(tl.float32)
-    b = beta_of(b_in, r_ok, BETA_LOGITS)
-    # the gradients of the chunk's operands (rows past the end are zero there)
-    dqg = tl.load(dqg_ptr + offs, mask=m2, other=0.0)
-    dw = tl.load(dw_ptr + offs, mask=m2, other=0.0)
-    dkend = tl.load(dkend_ptr + offs, mask=m2, other=0.0)
-    cc = i_c.to(tl.int64) * H + i_h
-    dgam = tl.load(dgam_ptr + cc * K + o_k)
-    o_cc = cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
-    dM = tl.load(dmqk_ptr + o_cc)
-    dainv = tl.load(dainv_ptr + o_cc)
-
-    # stage 1 again, in fp32
-    a, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
-    g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
-    last = (o_r == BT - 1)[:, None]
-    g2_last = tl.sum(tl.where(last, g2, 0.0), axis=0)
-    kv = l2_normalize(k_raw, USE_L2NORM)
-    qn = l2_normalize(q_raw, USE_L2NORM)
-    kv = tl.where(m2, kv, 0.0)
-    qs = tl.where(m2, qn * scale, 0.0)
-    decay = tl.exp2(g2)
-    kd = kv * decay
-    qd = qs * decay
-    ekend = tl.exp2(g2_last[None, :] - g2)
-    if SPAN_CHECK:
-        wide = tl.max(tl.max(tl.abs(g2), axis=1), axis=0) > SPLIT_SPAN2
-    else:
-        wide = False
-    strict = o_r[:, None] > o_r[None, :]
-    # the split anchored at the middle of the chunk's span, m = G_last / 2: 2^(G_i - G_j) =
-    # 2^(G_i - m) 2^(m - G_j), each factor within 2^±58 (the span is at most 115 where the
-    # split runs), so that the products with the gradients (dP, dMQK of any size) stay
-    # finite; anchored at the chunk's start a factor reached 2^115 (clamped: a wide chunk
-    # does not use them)
-    mid = g2_last[None, :] * 0.5
-    up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))    # 2^(G - m)
-    dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))    # 2^(m - G)
-    ki = kv * dn
-    if wide:
-        _, P = pairwise_tiles(qs, kv, g2, o_r, BT, False)
-    else:
-        P = tl.dot(kv * up, tl.trans(ki), input_precision="tf32x3")
-    P = tl.where(strict, P, 0.0)
-    Tinv = neumann_inverse16(P * b[:, None], BT)
-    A = Tinv * b[None, :]
-
-    # W = A Kd
-    dA = tl.where(o_r[:, None] >= o_r[None, :],
-                  dainv + tl.dot(dw, tl.trans(kd), input_precision="tf32x3"), 0.0)
-    dkd = tl.dot(tl.trans(A), dw, input_precision="tf32x3")
-    db = tl.sum(Tinv * dA, axis=0)
-    dT = dA * b[None, :]
-    TiT = tl.trans(Tinv)
-    dL = -tl.dot(tl.dot(TiT, dT, input_precision="tf32x3"), TiT, input_precision="tf32x3")
-    dL = tl.where(strict, dL, 0.0)
-    db += tl.sum(dL * P, axis=1)
-    dP = dL * b[:, None]
-    # MQK's diagonal: exp(G_i - G_i) = 1 has no gradient in G; it reaches q̂ and k̂ alone
-    diag = tl.sum(tl.where(o_r[:, None] == o_r[None, :], dM, 0.0), axis=1)
-    dM = tl.where(strict, dM, 0.0)
-    if wide:
-        drow, dqs, dcol, dpair = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
-    else:
-        drow = up * tl.dot(dP, ki, input_precision="tf32x3")
-        dqs = up * tl.dot(dM, ki, input_precision="tf32x3")
-        dcol = dn * (tl.dot(tl.trans(dP), kv * up, input_precision="tf32x3")
-                     + tl.dot(tl.trans(dM), qs * up, input_precision="tf32x3"))
-        dpair = tl.cumsum(kv * (drow - dcol) + qs * dqs, axis=0, reverse=True)
-    dqs += diag[:, None] * kv
-    dcol += diag[:, None] * qs
-    dkv = drow + dcol + decay * dkd + ekend * dkend
-    dqs += decay * dqg
-    # each step's gradient (base 2), the terms by the steps they depend on: x_t 2^G_t (Kd, QG)
-    # on steps <= t (a reverse sum), KEND_s = k̂_s 2^(G_last - G_s) on steps > s (an
-    # exclusive forward sum: as a difference of sums, a strong channel's small gradient was
-    # lost to the rounding of its last row's large one), GAMMA = 2^G_last on every step
-    kend = kv * ekend
-    before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
-    dstep = LN2 * (tl.cumsum(kd * dkd + qd * dqg, axis=0, reverse=True) + dpair
-                   + tl.dot(before, kend * dkend, input_precision="ieee")
-                   + (tl.exp2(g2_last) * dgam)[None, :])
-    dx, da = log2_decay_grads(g_raw, a, bias[None, :], lower_bound, GATE)
-    dgate = tl.where(m2, dstep * dx, 0.0)
-    tl.store(dg_ptr + offs, dgate.to(dg_ptr.dtype.element_ty), mask=m2)
-    if HAS_DT_BIAS:
-        tl.store(ddt_ptr + cc * K + o_k, tl.sum(dgate, axis=0))
-    if HAS_A_LOG:
-        tl.store(dalog_ptr + cc, tl.sum(tl.sum(tl.where(m2, dstep * da, 0.0), axis=1), axis=0))
-    if BETA_LOGITS:  # σ'(x) = σ(x) σ(-x): σ(1 - σ) rounds to 0 where σ saturates
-        db = db * (tl.sigmoid(b_in) * tl.sigmoid(-b_in))
-    tl.store(db_ptr + rows * H + i_h, db.to(db_ptr.dtype.element_ty), mask=r_ok)
-    dk = l2_normalize_bwd(k_raw, kv, dkv, USE_L2NORM)
-    dq = l2_normalize_bwd(q_raw, qn, dqs * scale, USE_L2NORM)
-    tl.store(dk_ptr + offs, dk.to(dk_ptr.dtype.element_ty), mask=m2)
-    tl.store(dq_ptr + offs, dq.to(dq_ptr.dtype.element_ty), mask=m2)
-
-
-@triton.jit
 def _load_block(ptr, rows, i_h, o_k, H, K: tl.constexpr, G: tl.constexpr, m2):
     """A chunk's rows of head ``i_h // G`` (of H // G heads), columns ``o_k``, in fp32."""
     offs = (rows[:, None] * (H // G) + i_h // G) * K + o_k[None, :]
@@ -209,7 +76,7 @@ def _load_block(ptr, rows, i_h, o_k, H, K: tl.constexpr, G: tl.constexpr, m2):
 
 
 @triton.jit
-def chunk_kda_prepare_bwd_blocked_kernel(
+def chunk_kda_prepare_bwd_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr,
     dq_ptr, dk_ptr, dg_ptr, db_ptr, dalog_ptr, ddt_ptr,
@@ -219,15 +86,17 @@ def chunk_kda_prepare_bwd_blocked_kernel(
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
 ):
-    """``chunk_kda_prepare_bwd_kernel``'s arithmetic over blocks of BK key columns, so that a
-    program holds [BT, BK] tiles instead of [BT, K] ones: every operand except the L2 norms
-    and the pairwise tiles is column-local (the gate, its cumulative sum, the decays, each
-    column's G-gradient). Four sweeps: (A) the rows' norms and the chunk's span; (B) P and
-    dW·Kd^T, summed over the blocks; the [BT, BT] algebra once; (C) each block's gradients,
-    dg stored, dk̂ and dqs parked in place of the block's dW and dQG (every stored value
-    depends on the loaded one, so no thread overwrites an operand before it is read: dW
-    reaches dk̂ through A^T·dW, dQG reaches dqs elementwise) with the rows' y·dy summed for
-    the norms; (D) the norms' gradient, dq and dk stored."""
+    """One chunk and head, over blocks of BK key columns, so that a program holds [BT, BK]
+    tiles, not [BT, K] ones: every operand but the L2 norms and the pairwise tiles is
+    column-local (the gate, its cumulative sum, the decays, each column's G-gradient). Four
+    sweeps: (A) the rows' norms and the chunk's span; (B) P and dW·Kd^T, summed over the
+    blocks; then the [BT, BT] algebra once; (C) each block's gradients, dg stored, dk̂ and dqs
+    parked in place of the block's dW and dQG (every stored value depends on the loaded one,
+    so no thread overwrites an operand before it is read: dW reaches dk̂ through A^T·dW, dQG
+    reaches dqs elementwise), the rows' y·dy summed for the norms; (D) the norms' gradient,
+    dq and dk stored. Against the kernel over whole rows (H200, train_h200's config rows):
+    0.568 against 0.664 ms at T 4096 H 16, 4.41 against 5.13 at T 8192 H 64, 8.73 against
+    9.88 at B 8 T 4096 H 32 (sm_90a: 28 bytes of spills a thread against 2120)."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     o_r = tl.arange(0, BT)
@@ -389,7 +258,7 @@ def chunk_kda_prepare_bwd_blocked_kernel(
 
 
 def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
-                          num_warps=4, form="blocked", block_k=32):
+                          num_warps=4, block_k=32):
     """Launch stage 1's backward (4 warps: 5.06 against 5.21 ms on 8 at T 8192 H 64, 10.14
     against 10.39 at B 8 T 4096 H 32, 0.660 against 0.655 at T 4096 H 16; train_h200's
     config rows, pw=4). ``grads``: the reverse pass's dict (its partial sums over value
@@ -414,9 +283,7 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
     if nc == 0:
         return dq, dk, dg, db, dalog, ddt
     dummy = db
-    blocked = form == "blocked"
-    kernel = chunk_kda_prepare_bwd_blocked_kernel if blocked else chunk_kda_prepare_bwd_kernel
-    kernel[(nc, H)](
+    chunk_kda_prepare_bwd_kernel[(nc, H)](
         q, k, g, beta, A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
         grads["dqg"], grads["dw"], grads["dkend"], grads["dgam"], grads["dmqk"],
@@ -424,7 +291,7 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         ddt if ddt is not None else dummy,
         seqs.chunk_table if seqs.chunk_table is not None else dummy,
         T, p.scale, p.gate.kernel_bound,
-        H=H, K=K, BT=CHUNK, **(dict(BK=min(block_k, K)) if blocked else {}),
+        H=H, K=K, BT=CHUNK, BK=min(block_k, K),
         GATE=p.gate.code, SPAN_CHECK=p.gate.span_checked,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
