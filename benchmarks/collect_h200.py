@@ -109,6 +109,57 @@ def check_rows(folder: Path) -> tuple[dict, list[dict]]:
     return run, rows
 
 
+#: the gradients check --grad judges, in its table's order
+GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
+
+
+def check_grad_rows(folder: Path) -> tuple[dict, list[dict]]:
+    """A check --grad run's rows per kernel: the cases passed (with the records' statuses),
+    the worst gradient as a multiple of its floor (each gradient's worst beside it) and, where
+    the run has them, the collinear cases' dv, dβ and dA_log."""
+    run = json.loads((folder / "check.json").read_text(encoding="utf-8"))
+    records = json.loads((folder / "records.json").read_text(encoding="utf-8"))
+    total, rows = len(run["cases"]), []
+    for kernel in run["kernels"]:
+        mine = [r for r in records if r["kernel"] == kernel]
+        counts = statistics.Counter(r["status"] for r in mine)
+        failed = [r["case"] for r in mine if r["status"] == "fail"]
+        rows.append({"target": f"check --grad {kernel}: cases passed ({total} in the suite)",
+                     "value": counts["pass"], "unit": "cases",
+                     "note": f"{len(mine)} records of {total}; " + ", ".join(
+                         f"{k} {v}" + (f" ({', '.join(failed[:6])}"
+                                       f"{'...' if len(failed) > 6 else ''})"
+                                       if k == "fail" else "")
+                         for k, v in sorted(counts.items()))})
+        graded = [r for r in mine if r.get("dq_budget_multiple") is not None]
+        if not graded:
+            continue
+        worst = {g: max((r for r in graded if r.get(f"{g}_budget_multiple") is not None),
+                        key=lambda r, g=g: r[f"{g}_budget_multiple"], default=None)
+                 for g in GRADS}
+        worst = {g: r for g, r in worst.items() if r is not None}
+        top = max(worst, key=lambda g: worst[g][f"{g}_budget_multiple"])
+        r = worst[top]
+        rows.append({"target": f"check --grad {kernel}: worst gradient as a multiple of its "
+                               "floor", "value": float(f"{r[f'{top}_budget_multiple']:.3g}"),
+                     "unit": "x",
+                     "note": f"{top} on {r['case']}: rel. RMSE {r[f'{top}_rel_err']:.3g}; "
+                             f"{len(graded)} cases; per gradient: " + ", ".join(
+                                 f"{g} {worst[g][f'{g}_budget_multiple']:.3g}x" for g in worst)})
+        coll = [r for r in graded if "collinear" in r["case"]]
+        if coll:
+            def multiples(r):
+                return ", ".join(f"{g} {r[f'{g}_budget_multiple']:.2g}x"
+                                 for g in ("dv", "dbeta", "dA_log")
+                                 if r.get(f"{g}_budget_multiple") is not None)
+            top = max(r[f"{g}_budget_multiple"] for r in coll for g in GRADS
+                      if r.get(f"{g}_budget_multiple") is not None)
+            rows.append({"target": f"check --grad {kernel}: collinear cases, worst gradient "
+                                   "multiple", "value": float(f"{top:.3g}"), "unit": "x",
+                         "note": "; ".join(f"{r['case']} {multiples(r)}" for r in coll)})
+    return run, rows
+
+
 def hunt_rows(folders: list[Path]) -> list[dict]:
     rows = []
     for folder in folders:
@@ -339,6 +390,9 @@ def main() -> None:
                     help="the folder of result files read (earlier serving rows) and written "
                          "(default: benchmarks/results)")
     ap.add_argument("--check", action="store_true")
+    ap.add_argument("--check-grad", action="store_true",
+                    help="check_grad_h200.json from RUNS/check-grad (a run of some kernels "
+                         "keeps the others' rows, tagged with their commit)")
     ap.add_argument("--hunt", action="store_true")
     ap.add_argument("--grid", action="store_true")
     ap.add_argument("--grid-earlier", nargs=2, metavar=("GRID_JSON", "COMMIT"), default=None,
@@ -451,6 +505,27 @@ def main() -> None:
         _write(a.results, "check_h200", {
             "benchmark": "check_h200", "device": a.device, "date": date,
             "commit": commit if subset and before is not None else a.commit,
+            "command": command, "rows": rows})
+    if a.check_grad:
+        run, rows = check_grad_rows(a.runs / "check-grad")
+        command = (run["command"].replace("/tmp/kd/check-grad/", "$OUT/")
+                   + " (benchmarks/h200.sh check-grad; report in docs/check-grad/)")
+        path = a.results / "check_grad_h200.json"
+        if path.exists():
+            before = json.loads(path.read_text(encoding="utf-8"))
+            tag = f" (commit {before['commit']}, {before['date']})"
+            kept = [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
+                                                       else tag))
+                    for r in before["rows"] if r["target"].split(":")[0].split()[-1]
+                    not in run["kernels"]]
+            rows += kept
+            if kept:  # docs/check-grad/ now holds this run's report: the earlier one is in git
+                command += "; the other kernels' rows: " + before["command"].replace(
+                    "report in docs/check-grad/", f"its report: docs/check-grad/ at "
+                    f"{before['commit'].split()[0]}")
+        _write(a.results, "check_grad_h200", {
+            "benchmark": "check_grad_h200", "device": a.device,
+            "date": run["date"].replace(" ", "T") + "Z", "commit": a.commit,
             "command": command, "rows": rows})
     if a.hunt:
         folders = sorted(p for p in a.runs.glob("hunt-*") if (p / "worst.json").exists())

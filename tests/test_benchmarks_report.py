@@ -313,3 +313,45 @@ def test_decode_from_a_cut_log_joins_the_pages_other_shapes(tmp_path):
     res = _run("bench_decode.py", "--from-log", empty, "--json", tmp_path / "x.json",
                "--date", "d")
     assert res.returncode != 0 and "holds no copy bandwidth or no decode row" in res.stderr
+
+
+def test_collect_check_grad_keeps_the_other_kernels_rows(tmp_path):
+    # a check --grad run of kdalab alone: its rows from the records (each gradient's worst
+    # multiple, the collinear cases), fla's earlier rows kept with their commit
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "check-grad").mkdir(parents=True)
+    results.mkdir()
+    grads = dict(dq=1.1, dk=1.2, dv=1.5, dg=1.0, dbeta=2.1, dA_log=0.5, ddt_bias=1.3, dh0=0.1)
+    records = [dict(kernel="kdalab", case="model_like", status="pass",
+                    **{f"{g}_budget_multiple": m for g, m in grads.items()},
+                    **{f"{g}_rel_err": m * 1e-3 for g, m in grads.items()}),
+               dict(kernel="kdalab", case="collinear/eps0", status="fail",
+                    **{f"{g}_budget_multiple": m * 3 for g, m in grads.items()},
+                    **{f"{g}_rel_err": m * 3e-3 for g, m in grads.items()}),
+               dict(kernel="kdalab", case="contract/causal", status="pass")]
+    (runs / "check-grad" / "records.json").write_text(json.dumps(records))
+    (runs / "check-grad" / "check.json").write_text(json.dumps(dict(
+        kernels=["kdalab"], cases=["model_like", "collinear/eps0", "contract/causal"],
+        date="2026-01-02 03:04", command="kdalab check kdalab --grad --out /tmp/kd/check-grad/x")))
+    (results / "check_grad_h200.json").write_text(json.dumps(dict(
+        HEAD, benchmark="check_grad_h200", commit="0ld0ld0", date="2025-12-31",
+        command="kdalab check kdalab fla --grad (report in docs/check-grad/)", rows=[
+            dict(target="check --grad kdalab: cases passed (3 in the suite)", value=1,
+                 unit="cases"),
+            dict(target="check --grad fla: cases passed (3 in the suite)", value=2,
+                 unit="cases", note="n")])))
+    assert _run("collect_h200.py", runs, "--device", "H200", "--commit", "fedcba9",
+                "--results", results, "--check-grad").returncode == 0
+    page = json.loads((results / "check_grad_h200.json").read_text())
+    rows = {r["target"]: r for r in page["rows"]}
+    assert page["commit"] == "fedcba9" and "docs/check-grad/ at 0ld0ld0" in page["command"]
+    assert rows["check --grad kdalab: cases passed (3 in the suite)"]["note"] == (
+        "3 records of 3; fail 1 (collinear/eps0), pass 2")
+    worst = rows["check --grad kdalab: worst gradient as a multiple of its floor"]
+    assert worst["value"] == 6.3 and worst["note"].startswith(
+        "dbeta on collinear/eps0: rel. RMSE 0.0063; 2 cases; per gradient: dq 3.3x, dk 3.6x")
+    assert rows["check --grad kdalab: collinear cases, worst gradient multiple"]["note"] == (
+        "collinear/eps0 dv 4.5x, dbeta 6.3x, dA_log 1.5x")
+    assert rows["check --grad fla: cases passed (3 in the suite)"]["note"] == (
+        "n (commit 0ld0ld0, 2025-12-31)")
+    assert len(page["rows"]) == 4
