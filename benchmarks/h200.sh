@@ -125,9 +125,13 @@ step_fla-causal() {
 }
 
 step_gpu-tests() {
-    OUT=$D timeout "${TESTS_S:-540}" bash scripts/device/gpu_tests.sh ${TESTS_K:+-k "$TESTS_K"} \
-        > "$D/gpu_tests.log" 2>&1
+    # INT at the limit: pytest stops as on ^C and still writes the JUnit file of the tests
+    # that ran; fla's tunings (its backward autotunes 200 s and more a new test shape) go
+    # back even then, for the next call to carry
+    OUT=$D timeout -s INT -k 30 "${TESTS_S:-540}" bash scripts/device/gpu_tests.sh \
+        ${TESTS_K:+-k "$TESTS_K"} > "$D/gpu_tests.log" 2>&1
     echo "gpu tests exit $?"; tail -n 25 "$D/gpu_tests.log"
+    peers_save_autotune
 }
 
 step_serving() {
