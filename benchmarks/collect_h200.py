@@ -415,11 +415,20 @@ def main() -> None:
     a = ap.parse_args()
     if a.gpu_tests:
         found = [gpu_test_row(Path(runs), commit) for runs, commit in a.gpu_tests]
+        rows = [row for row, _ in found]
+        path = a.results / "gpu_tests_h200.json"
+        commits = [c for _, c in a.gpu_tests]
+        if path.exists():  # the page's earlier calls stay, after this one (newest first)
+            before = json.loads(path.read_text(encoding="utf-8"))
+            kept = [r for r in before["rows"]
+                    if r["target"].split(" at ")[1].split(":")[0] not in commits]
+            rows += kept
+            commits += [r["target"].split(" at ")[1].split(":")[0] for r in kept]
         _write(a.results, "gpu_tests_h200", {
             "benchmark": "gpu_tests_h200", "device": a.device, "date": found[0][1],
-            "commit": a.gpu_tests[0][1], "command": "bash scripts/device/gpu_tests.sh "
+            "commit": ", ".join(commits), "command": "bash scripts/device/gpu_tests.sh "
             "[-k SELECTION] (benchmarks/h200.sh gpu-tests [TESTS_K]); it fails on any skip",
-            "rows": [row for row, _ in found]})
+            "rows": rows})
     if a.grid:
         earlier = (Path(a.grid_earlier[0]), a.grid_earlier[1]) if a.grid_earlier else None
         _write(a.results, "kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),

@@ -355,3 +355,26 @@ def test_collect_check_grad_keeps_the_other_kernels_rows(tmp_path):
     assert rows["check --grad fla: cases passed (3 in the suite)"]["note"] == (
         "n (commit 0ld0ld0, 2025-12-31)")
     assert len(page["rows"]) == 4
+
+
+def test_collect_gpu_tests_puts_a_new_call_before_the_pages_earlier_ones(tmp_path):
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "gpu-tests").mkdir(parents=True)
+    results.mkdir()
+    (runs / "gpu-tests" / "gpu_tests.xml").write_text(
+        '<testsuites><testsuite timestamp="2026-01-02T03:04:05">'
+        '<testcase classname="tests.test_a" name="x"/>'
+        '<testcase classname="tests.test_b" name="y"><skipped/></testcase>'
+        '</testsuite></testsuites>')
+    (results / "gpu_tests_h200.json").write_text(json.dumps(dict(
+        HEAD, benchmark="gpu_tests_h200", rows=[
+            dict(target="GPU tests at 0ld0ld0: passed, of 9 run", value=9, unit="tests",
+                 note="n"),
+            dict(target="GPU tests at fedcba9: passed, of 1 run", value=1, unit="tests")])))
+    assert _run("collect_h200.py", runs, "--device", "H200", "--commit", "x", "--results",
+                results, "--gpu-tests", runs, "fedcba9").returncode == 0
+    page = json.loads((results / "gpu_tests_h200.json").read_text())
+    assert page["commit"] == "fedcba9, 0ld0ld0" and page["date"] == "2026-01-02T03:04Z"
+    assert [(r["target"], r["value"]) for r in page["rows"]] == [
+        ("GPU tests at fedcba9: passed, of 2 run", 1), ("GPU tests at 0ld0ld0: passed, of 9 run", 9)]
+    assert page["rows"][0]["note"].startswith("0 failed, 0 errors, 1 skipped")
