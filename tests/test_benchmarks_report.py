@@ -376,5 +376,6 @@ def test_collect_gpu_tests_puts_a_new_call_before_the_pages_earlier_ones(tmp_pat
     page = json.loads((results / "gpu_tests_h200.json").read_text())
     assert page["commit"] == "fedcba9, 0ld0ld0" and page["date"] == "2026-01-02T03:04Z"
     assert [(r["target"], r["value"]) for r in page["rows"]] == [
-        ("GPU tests at fedcba9: passed, of 2 run", 1), ("GPU tests at 0ld0ld0: passed, of 9 run", 9)]
+        ("GPU tests at fedcba9: passed, of 2 run", 1),
+        ("GPU tests at 0ld0ld0: passed, of 9 run", 9)]
     assert page["rows"][0]["note"].startswith("0 failed, 0 errors, 1 skipped")
