@@ -33,8 +33,8 @@
 #             accuracy (TRAIN_ARGS: its options, e.g. "--shapes T8192_H64 --accuracy")
 # fla autotunes every new shape (30-90 s; the whole grid's ten take longer than one call):
 # the grid step leaves fla's choices in $OUT/triton_autotune.tar, carried as .peers/ next time
-# (those of 0d3e4cf's train calls, T 1024-8192 at H 16 and 64 and two varlen shapes:
-# `git show 1d1c7de:scripts/device/data/fla_autotune_h200.tar > .peers/triton_autotune.tar`).
+# (those after session 24's calls: 0d3e4cf's train shapes, T 1024-8192 at H 16 and 64 and two varlen ones, B 8 T 4096 H 32, the backward GPU tests' and the check groups' shapes:
+# `git show b02c897:scripts/device/data/fla_autotune_h200.tar > .peers/triton_autotune.tar`).
 # PEERS_BUILD=background builds FlashKDA (when its source is carried) while fla warms up; the
 # grid waits for it, and the build comes back as $OUT/flash_kda_build.tar.xz to carry next time.
 # A bare device has no fla: carry its wheel in .whl/ (`pip download --no-deps fla-core==0.6.0
