@@ -33,7 +33,8 @@
 #             accuracy (TRAIN_ARGS: its options, e.g. "--shapes T8192_H64 --accuracy")
 # fla autotunes every new shape (30-90 s; the whole grid's ten take longer than one call):
 # the grid step leaves fla's choices in $OUT/triton_autotune.tar, carried as .peers/ next time
-# (those after session 24's calls: 0d3e4cf's train shapes, T 1024-8192 at H 16 and 64 and two varlen ones, B 8 T 4096 H 32, the backward GPU tests' and the check groups' shapes:
+# (those of the calls up to 893d278: the train shapes T 1024-8192 at H 16 and 64, two varlen
+# ones and B 8 T 4096 H 32, the backward GPU tests' and the check gate groups' shapes:
 # `git show b02c897:scripts/device/data/fla_autotune_h200.tar > .peers/triton_autotune.tar`).
 # PEERS_BUILD=background builds FlashKDA (when its source is carried) while fla warms up; the
 # grid waits for it, and the build comes back as $OUT/flash_kda_build.tar.xz to carry next time.
