@@ -55,6 +55,14 @@ def test_the_search_scores_the_worst_gradient(hunted):
     assert worst["grad_error"] == best["grad_error"] and worst["trial"] == best["trial"]
     report = (root / "a" / "report.md").read_text()
     assert "threshold (worst gradient error)" in report and "--grad --inputs" in report
+    # each gradient's floor on the worst case, and the worst gradient as a multiple of its own
+    floors = {n: worst[f"{n}_floor_error"] for n in NAMES if f"{n}_floor_error" in worst}
+    assert {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias"} <= floors.keys()
+    assert all(math.isfinite(v) and v >= 0 for v in floors.values())
+    w = worst["worst_grad"]
+    assert worst["grad_floor_multiple"] == pytest.approx(worst["grad_error"] / floors[w],
+                                                         rel=1e-12)
+    assert "x its floor" in report and "Their floors on this case" in report
 
 
 def test_check_grad_replays_the_worst_cases_gradients(hunted, capsys, tmp_path):
@@ -70,12 +78,18 @@ def test_check_grad_replays_the_worst_cases_gradients(hunted, capsys, tmp_path):
 
 
 def test_a_wrong_backward_is_found(tmp_path, capsys):
-    code, _, _ = cli(capsys, "hunt", "tests/check_kernels.py:grad_dk_scaled", *SMALL, "--grad",
-                     "--trials", "3", "--out", str(tmp_path / "dk"))
+    loud = tuple(a for a in SMALL if a != "--quiet")
+    code, out, _ = cli(capsys, "hunt", "tests/check_kernels.py:grad_dk_scaled", *loud, "--grad",
+                       "--trials", "3", "--out", str(tmp_path / "dk"))
     assert code == 1
     trials = _trials(tmp_path / "dk")
     # dk 2 % too large: its error is about 2e-2 in every trial, twice the threshold
     assert all(0.015 < t["dk_error"] < 0.03 and t["dq_error"] < 0.01 for t in trials)
+    # and far above dk's own floor on the worst case (bf16 rounding: a few 1e-3), which the
+    # summary line names beside it
+    worst = json.loads((tmp_path / "dk" / "worst.json").read_text())
+    assert worst["worst_grad"] == "dk" and worst["grad_floor_multiple"] > 4
+    assert f"{worst['grad_floor_multiple']:.3g}x its floor" in out
     # its forward is right: an output hunt finds nothing
     code, _, _ = cli(capsys, "hunt", "tests/check_kernels.py:grad_dk_scaled", *SMALL,
                      "--trials", "3", "--out", str(tmp_path / "out"))

@@ -322,14 +322,26 @@ def _search(cfg, target, sink, quiet, history):
         return run_hunt(cfg, sink=sink, progress=progress, target=target, history=history)
 
 
+def _floor_note(worst: dict) -> str:
+    """`` (N x its floor F)`` for a --grad hunt's worst gradient, where its floor is known."""
+    from kdalab.views.tables import fmt_sci
+
+    floor = worst.get(f"{worst['worst_grad']}_floor_error")
+    if not floor:
+        return ""
+    return f" ({worst['grad_floor_multiple']:.3g}x its floor {fmt_sci(floor)})"
+
+
 def _finish(folder, result, cfg, meta, *, quiet):
-    from kdalab.hunt.files import worst_document, write_results
+    from kdalab.hunt.files import write_results
     from kdalab.views.hunt import write_hunt_views
     from kdalab.views.tables import fmt_sci
 
     paths = write_results(folder, result, cfg, meta)
     full = json.loads((folder / "hunt.json").read_text(encoding="utf-8"))
-    worst = worst_document(result, cfg)
+    worst_file = folder / "worst.json"  # as written, with a --grad hunt's floors
+    worst = (json.loads(worst_file.read_text(encoding="utf-8")) if result.worst is not None
+             else None)
     paths += write_hunt_views(result.records, full, worst, folder)
     if quiet:
         return
@@ -343,7 +355,8 @@ def _finish(folder, result, cfg, meta, *, quiet):
                       f"{fmt_sci(worst['state_error'])}, non-finite {worst['output_nonfinite']} "
                       f"(output) / {worst['state_nonfinite']} (state)"
                       + (f"; worst gradient {worst['worst_grad']} {fmt_sci(worst['grad_error'])}"
-                         if cfg.grad else ""), highlight=False, soft_wrap=True)
+                         + _floor_note(worst) if cfg.grad else ""),
+                      highlight=False, soft_wrap=True)
     verdict = ("[bold red]FOUND[/]: above the threshold " if result.found
                else "[bold green]nothing[/] above the threshold ")
     console.print(f"{verdict}{fmt_sci(cfg.threshold)}; wrote {', '.join(p.name for p in paths)} "

@@ -20,7 +20,7 @@ import time
 import torch
 
 from kdalab.arith import rel_rmse
-from kdalab.check.gradients import GRADIENTS, reference_gradients, upstream
+from kdalab.check.gradients import GRADIENTS, floor_gradients, reference_gradients, upstream
 from kdalab.hunt.target import Target, TargetError, as_case
 from kdalab.inputs.sequences import SequenceSpec, draw
 from kdalab.kda import reference_forward
@@ -108,3 +108,17 @@ def evaluate(target: Target, spec: SequenceSpec, seed: int, grad: bool = False) 
         rec["worst_grad"] = max(errors, key=lambda n: objective(errors[n]))
         rec["grad_error"] = errors[rec["worst_grad"]]
     return rec
+
+
+def gradient_floors(spec: SequenceSpec, seed: int, device: str = "cpu") -> dict:
+    """The floor of each gradient on ``draw(spec, seed)`` with its upstream gradients: the
+    relative error of the float32 token recurrence's gradient (rounded to bf16, as check's
+    floor) against the fp64 reference's, ``{name}_floor_error``: a hunt's threshold is an
+    absolute error, and a case's floors say how much of a finding is rounding that every
+    bf16 gradient carries (dA_log's and ddt_bias's floors round their terms: a kernel can
+    fall below them)."""
+    x = draw(spec, seed, device)
+    case = as_case(x)
+    up = upstream(case, seed)
+    ref, floor = reference_gradients(case, *up), floor_gradients(case, *up)
+    return {f"{n}_floor_error": _rel(floor[n], r) for n, r in ref.items() if n in floor}

@@ -24,7 +24,7 @@ from pathlib import Path
 from kdalab import params
 from kdalab.check.gradients import GRADIENTS
 from kdalab.check.replay import gate_metadata
-from kdalab.hunt.evaluate import score
+from kdalab.hunt.evaluate import gradient_floors, score
 from kdalab.hunt.search import HuntConfig, HuntResult
 from kdalab.inputs.sequences import SequenceSpec, draw
 from kdalab.records.identity import LOCK
@@ -162,14 +162,22 @@ class TrialWriter:
         self._file.close()
 
 
-def worst_document(result: HuntResult, cfg: HuntConfig) -> dict | None:
+def worst_document(result: HuntResult, cfg: HuntConfig, floors: bool = False) -> dict | None:
     """worst.json's content: the worst case's errors, spec and seed (no timings: the same seed
-    and trials give the same document, bit for bit)."""
+    and trials give the same document, bit for bit). ``floors`` (a ``--grad`` hunt's file):
+    each gradient's floor on the case too (``gradient_floors``: the float32 token
+    recurrence's error, computed here once, on the CPU whatever the hunt's device: the draw
+    does not depend on it) and ``grad_floor_multiple``, the worst gradient's error as a
+    multiple of its floor."""
     w = result.worst
     if w is None:
         return None
     grads = {k: w.get(k) for k in (*(f"{n}_error" for n in GRADIENTS), "grad_error",
                                    "worst_grad", "grad_nonfinite")}
+    if cfg.grad and floors and w.get("grad_error") is not None:
+        grads |= gradient_floors(SequenceSpec.from_dict(w["spec"]), int(w["seed"]))
+        floor = grads.get(f"{w['worst_grad']}_floor_error")
+        grads["grad_floor_multiple"] = (w["grad_error"] / floor if floor else None)
     return {
         "target": cfg.target, "device": cfg.device, "hunt_seed": cfg.seed, "trial": w["trial"],
         "output_error": w["output_error"], "state_error": w["state_error"],
@@ -234,7 +242,7 @@ def write_results(folder: Path, result: HuntResult, cfg: HuntConfig, meta: dict)
     meta = {**meta, **cfg.as_dict(), "trials_run": len(result.records), "counts": result.counts,
             "elapsed_s": round(result.elapsed_s, 1), "found": result.found}
     paths = [write_meta(folder, meta)]
-    doc = worst_document(result, cfg)
+    doc = worst_document(result, cfg, floors=True)
     if doc is not None:
         paths.append(folder / WORST)
         paths[-1].write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n", encoding="utf-8")

@@ -165,11 +165,22 @@ def _worst_gradients(worst: dict) -> list[str]:
     if worst.get("grad_error") is None:
         return []
     each = ", ".join(f"{k.removesuffix('_error')} {fmt_sci(v)}" for k, v in worst.items()
-                     if k.startswith("d") and k.endswith("_error") and v is not None)  # dq … dh0
-    return [f"Gradients (relative error against the fp64 reference's, upstream dO and dHT "
-            f"drawn from the case's seed): worst **{worst['worst_grad']} "
-            f"{fmt_sci(worst['grad_error'])}**; {each}; non-finite: "
-            f"{worst['grad_nonfinite']}.", ""]
+                     if k.startswith("d") and k.endswith("_error") and not
+                     k.endswith("_floor_error") and v is not None)  # dq … dh0
+    lines = [f"Gradients (relative error against the fp64 reference's, upstream dO and dHT "
+             f"drawn from the case's seed): worst **{worst['worst_grad']} "
+             f"{fmt_sci(worst['grad_error'])}**; {each}; non-finite: "
+             f"{worst['grad_nonfinite']}.", ""]
+    floors = {k.removesuffix("_floor_error"): v for k, v in worst.items()
+              if k.endswith("_floor_error") and v is not None}
+    if floors:
+        mult = worst.get("grad_floor_multiple")
+        lines += ["Their floors on this case (the float32 token recurrence's gradients, rounded "
+                  "to bf16, against the fp64 reference's): "
+                  + ", ".join(f"{n} {fmt_sci(v)}" for n, v in floors.items())
+                  + (f"; the worst gradient at **{mult:.3g}x its floor**" if mult is not None
+                     else "") + " (check --grad's floors: docs/training.md).", ""]
+    return lines
 
 
 def write_hunt_views(records: list[dict], meta: dict, worst: dict | None,
