@@ -413,6 +413,21 @@ def main() -> None:
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
                                        "latest first, e.g. a selection, then the last whole run)")
     a = ap.parse_args()
+    # what each option reads: a missing file is one line and exit 2 before anything is written
+    needs = {"check": ["check/check.json", "check/records.json"],
+             "check_grad": ["check-grad/check.json", "check-grad/records.json"],
+             "grid": ["grid/grid.json"], "serving": ["serving/decode.json"],
+             "decode": ["serving/decode.json"], "sweep": ["sweep/sweep_ab_h200.json"]}
+    for option, files in needs.items():
+        for name in files if getattr(a, option) else ():
+            if not (a.runs / name).is_file():
+                ap.error(f"--{option.replace('_', '-')}: {a.runs / name} does not exist (unpack "
+                         f"the step's $OUT/<step>.tar.gz into {a.runs})")
+    for runs, _ in a.gpu_tests or ():
+        if not (Path(runs) / "gpu-tests" / "gpu_tests.xml").is_file():
+            ap.error(f"--gpu-tests: {Path(runs) / 'gpu-tests' / 'gpu_tests.xml'} does not exist")
+    if a.hunt and not any((p / "worst.json").exists() for p in a.runs.glob("hunt-*")):
+        ap.error(f"--hunt: no {a.runs}/hunt-*/worst.json")
     if a.gpu_tests:
         found = [gpu_test_row(Path(runs), commit) for runs, commit in a.gpu_tests]
         rows = [row for row, _ in found]

@@ -379,3 +379,15 @@ def test_collect_gpu_tests_puts_a_new_call_before_the_pages_earlier_ones(tmp_pat
         ("GPU tests at fedcba9: passed, of 2 run", 1),
         ("GPU tests at 0ld0ld0: passed, of 9 run", 9)]
     assert page["rows"][0]["note"].startswith("0 failed, 0 errors, 1 skipped")
+
+
+@pytest.mark.parametrize("option,missing", [
+    ("--check", "check/check.json"), ("--check-grad", "check-grad/check.json"),
+    ("--decode", "serving/decode.json"), ("--grid", "grid/grid.json")])
+def test_collect_names_a_missing_file_and_writes_nothing(tmp_path, option, missing):
+    results = tmp_path / "results"
+    results.mkdir()
+    res = _run("collect_h200.py", tmp_path / "runs", "--device", "H200", "--commit", "c",
+               "--results", results, option)
+    assert res.returncode == 2 and f"{tmp_path / 'runs' / missing} does not exist" in res.stderr
+    assert list(results.iterdir()) == []
