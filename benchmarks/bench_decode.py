@@ -485,6 +485,8 @@ def main():
     if args.from_log:
         if not (args.json and args.date):
             ap.error("--from-log needs --json and --date")
+        if not os.path.isfile(args.from_log):
+            ap.error(f"--from-log: {args.from_log} does not exist")
         return from_log(args.from_log, args.json, args.date)
     names = args.candidates.split(",") if args.candidates else None
     if names and any(n not in CANDIDATES for n in names):

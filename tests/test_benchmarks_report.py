@@ -313,6 +313,9 @@ def test_decode_from_a_cut_log_joins_the_pages_other_shapes(tmp_path):
     res = _run("bench_decode.py", "--from-log", empty, "--json", tmp_path / "x.json",
                "--date", "d")
     assert res.returncode != 0 and "holds no copy bandwidth or no decode row" in res.stderr
+    res = _run("bench_decode.py", "--from-log", tmp_path / "absent.log", "--json",
+               tmp_path / "x.json", "--date", "d")
+    assert res.returncode == 2 and "absent.log does not exist" in res.stderr
 
 
 def test_collect_check_grad_keeps_the_other_kernels_rows(tmp_path):
