@@ -27,6 +27,14 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def kept_rows(before: dict, keep) -> list[dict]:
+    """The rows of a page file ``before`` that ``keep`` selects, each note ending with the commit
+    and date they were measured at (once: a note that names a commit already keeps its own)."""
+    tag = f" (commit {before['commit']}, {before['date']})"
+    return [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "") else tag))
+            for r in before["rows"] if keep(r)]
+
+
 def _write(results: Path, name: str, doc: dict) -> None:
     path = results / f"{name}.json"
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
@@ -457,10 +465,7 @@ def main() -> None:
         # that part stay, marked with the commit and date they were measured at
         for part in ("_over_plain", "kdalab vs"):  # the pool part's rows, the short part's
             if not any(part in r["target"] for r in rows):
-                tag = f" (commit {before['commit']}, {before['date']})"
-                rows += [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
-                                                           else tag))
-                         for r in before["rows"] if part in r["target"]]
+                rows += kept_rows(before, lambda r, part=part: part in r["target"])
         rows = note_earlier(fold_pool(fold_short(rows)), before["rows"])
         if a.ck_stagger:
             rows = note_ck_stagger(rows, Path(a.ck_stagger[0]), a.ck_stagger[1])
@@ -479,10 +484,7 @@ def main() -> None:
             before = json.loads(path.read_text(encoding="utf-8"))
             shape = lambda r: r["target"].split(":")[0]  # noqa: E731
             ran = {shape(r) for r in rows}
-            tag = f" (commit {before['commit']}, {before['date']})"
-            rows += [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
-                                                       else tag))
-                     for r in before["rows"] if shape(r) not in ran]
+            rows += kept_rows(before, lambda r: shape(r) not in ran)
             key = lambda r: [int(x) if x.isdigit() else x for x in  # noqa: E731
                              re.findall(r"\d+|\D+", shape(r))]
             rows = rows[:1] + sorted(rows[1:], key=key)
@@ -512,23 +514,18 @@ def main() -> None:
             cases = run["command"].split("--cases ")[1].split()[0]
             rows = [dict(r, note=r["note"] + f" (commit {a.commit}, {run['date']}; h200.sh "
                          f"check, CHECK_CASES {cases})") for r in rows]
-        date = run["date"].replace(" ", "T") + "Z"
-        if before is not None:
-            new = {r["target"] for r in rows}
-            tag = f" (commit {before['commit']}, {before['date']})"
-            kept = [dict(r, note=r["note"] + ("" if "(commit " in r["note"] else tag))
-                    for r in before["rows"] if (r["target"] not in new if subset
-                    else r["target"].split(":")[0] not in run["kernels"])]
-            if subset:  # the page stays the suite's run; this run is named in its rows' notes
-                rows = [dict(r) for r in before["rows"] if r["target"] not in new] + rows
-                command, date, commit = before["command"], before["date"], before["commit"]
-            else:
-                rows += kept
-                if kept:
-                    command += f"; the other kernels' rows: {before['command']}"
+        date, commit = run["date"].replace(" ", "T") + "Z", a.commit
+        if before is not None and subset:  # the page stays the suite's run, this one's rows
+            new = {r["target"] for r in rows}  # name it in their notes
+            rows = [r for r in before["rows"] if r["target"] not in new] + rows
+            command, date, commit = before["command"], before["date"], before["commit"]
+        elif before is not None:
+            kept = kept_rows(before, lambda r: r["target"].split(":")[0] not in run["kernels"])
+            rows += kept
+            if kept:
+                command += f"; the other kernels' rows: {before['command']}"
         _write(a.results, "check_h200", {
-            "benchmark": "check_h200", "device": a.device, "date": date,
-            "commit": commit if subset and before is not None else a.commit,
+            "benchmark": "check_h200", "device": a.device, "date": date, "commit": commit,
             "command": command, "rows": rows})
     if a.check_grad:
         run, rows = check_grad_rows(a.runs / "check-grad")
@@ -537,11 +534,8 @@ def main() -> None:
         path = a.results / "check_grad_h200.json"
         if path.exists():
             before = json.loads(path.read_text(encoding="utf-8"))
-            tag = f" (commit {before['commit']}, {before['date']})"
-            kept = [dict(r, note=r.get("note", "") + ("" if "(commit " in r.get("note", "")
-                                                       else tag))
-                    for r in before["rows"] if r["target"].split(":")[0].split()[-1]
-                    not in run["kernels"]]
+            kept = kept_rows(before, lambda r: r["target"].split(":")[0].split()[-1]
+                             not in run["kernels"])
             rows += kept
             if kept:  # docs/check-grad/ now holds this run's report: the earlier one is in git
                 command += "; the other kernels' rows: " + before["command"].replace(
