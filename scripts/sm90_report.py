@@ -231,6 +231,7 @@ def kdalab_rows(only: str | None = None):
     yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=32, GATE=1, SPAN_CHECK=True),
                 num_warps=4, label="bwd stage 1 BK32 softplus w4")
 
+
 if __name__ == "__main__":
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))

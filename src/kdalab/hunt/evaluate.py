@@ -20,7 +20,7 @@ import time
 import torch
 
 from kdalab.arith import rel_rmse
-from kdalab.check.gradients import GRADIENTS, floor_gradients, reference_gradients, upstream
+from kdalab.check.gradients import GRADIENTS, grad_references, reference_gradients, upstream
 from kdalab.hunt.target import Target, TargetError, as_case
 from kdalab.inputs.sequences import SequenceSpec, draw
 from kdalab.kda import reference_forward
@@ -117,8 +117,6 @@ def gradient_floors(spec: SequenceSpec, seed: int, device: str = "cpu") -> dict:
     absolute error, and a case's floors say how much of a finding is rounding that every
     bf16 gradient carries (dA_log's and ddt_bias's floors round their terms: a kernel can
     fall below them)."""
-    x = draw(spec, seed, device)
-    case = as_case(x)
-    up = upstream(case, seed)
-    ref, floor = reference_gradients(case, *up), floor_gradients(case, *up)
-    return {f"{n}_floor_error": _rel(floor[n], r) for n, r in ref.items() if n in floor}
+    refs = grad_references(as_case(draw(spec, seed, device)), seed)
+    return {f"{n}_floor_error": _rel(refs["floor"][n], r)
+            for n, r in refs["reference"].items() if n in refs["floor"]}

@@ -162,19 +162,18 @@ class TrialWriter:
         self._file.close()
 
 
-def worst_document(result: HuntResult, cfg: HuntConfig, floors: bool = False) -> dict | None:
+def worst_document(result: HuntResult, cfg: HuntConfig) -> dict | None:
     """worst.json's content: the worst case's errors, spec and seed (no timings: the same seed
-    and trials give the same document, bit for bit). ``floors`` (a ``--grad`` hunt's file):
-    each gradient's floor on the case too (``gradient_floors``: the float32 token
-    recurrence's error, computed here once, on the CPU whatever the hunt's device: the draw
-    does not depend on it) and ``grad_floor_multiple``, the worst gradient's error as a
-    multiple of its floor."""
+    and trials give the same document, bit for bit); a ``--grad`` hunt's, each gradient's
+    floor on the case too (``gradient_floors``: the float32 token recurrence's error, on the
+    CPU whatever the hunt's device, as the draw does not depend on it) and
+    ``grad_floor_multiple``, the worst gradient's error as a multiple of its floor."""
     w = result.worst
     if w is None:
         return None
     grads = {k: w.get(k) for k in (*(f"{n}_error" for n in GRADIENTS), "grad_error",
                                    "worst_grad", "grad_nonfinite")}
-    if cfg.grad and floors and w.get("grad_error") is not None:
+    if cfg.grad and w.get("grad_error") is not None:
         grads |= gradient_floors(SequenceSpec.from_dict(w["spec"]), int(w["seed"]))
         floor = grads.get(f"{w['worst_grad']}_floor_error")
         grads["grad_floor_multiple"] = (w["grad_error"] / floor if floor else None)
@@ -242,7 +241,7 @@ def write_results(folder: Path, result: HuntResult, cfg: HuntConfig, meta: dict)
     meta = {**meta, **cfg.as_dict(), "trials_run": len(result.records), "counts": result.counts,
             "elapsed_s": round(result.elapsed_s, 1), "found": result.found}
     paths = [write_meta(folder, meta)]
-    doc = worst_document(result, cfg, floors=True)
+    doc = worst_document(result, cfg)
     if doc is not None:
         paths.append(folder / WORST)
         paths[-1].write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n", encoding="utf-8")
