@@ -363,8 +363,9 @@ def variant_rows(fla, names, rounds):
 def config_rows(names, configs, rows=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
-    the plan segment_chunks; ``bwd=blocks`` or ``bwd=chain``: the reverse pass's form,
-    ``autograd.BWD_MODE``, else its default, auto)."""
+    the plan segment_chunks; ``bwd=blocks``, ``bwd=chain`` or ``bwd=split``: the reverse
+    pass's form, ``autograd.BWD_MODE``, else its default, auto; ``bwd.KEY=INT`` sets
+    another of BWD_MODE's keys, e.g. ``bwd.split_walks=2``)."""
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
@@ -372,10 +373,15 @@ def config_rows(names, configs, rows=None):
             row = dict(shape=name, config=text)
             items = [t for t in text.split(",") if t]
             mode = [t.partition("=")[2] for t in items if t.startswith("bwd=")]
+            saved = dict(kernel_autograd.BWD_MODE)
             kernel_autograd.BWD_MODE["mode"] = mode[0] if mode else "auto"
+            for t in items:  # bwd.KEY=INT: autograd.BWD_MODE[KEY]
+                if t.startswith("bwd."):
+                    key, _, val = t[4:].partition("=")
+                    kernel_autograd.BWD_MODE[key] = int(val)
             try:
                 mine, _ = _runners(None, config=parse_config(",".join(
-                    t for t in items if not t.startswith("bwd="))))
+                    t for t in items if not t.startswith("bwd"))))
                 o, s = mine(x)
                 do = torch.randn_like(o)
                 dht = torch.randn(s.shape, device="cuda")
@@ -387,9 +393,10 @@ def config_rows(names, configs, rows=None):
                 row["peak_mb"] = peak_mb(mine, x, do, dht)
             except Exception as exc:  # noqa: BLE001 - the next config still runs
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]
+            kernel_autograd.BWD_MODE.clear()
+            kernel_autograd.BWD_MODE.update(saved)
             emit(row, rows)
         torch.cuda.empty_cache()
-    kernel_autograd.BWD_MODE["mode"] = "auto"
     return rows
 
 

@@ -112,7 +112,8 @@ def kdalab_rows(only: str | None = None):
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
     from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd_kernel
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
-    from kdalab.kernels.chunk_recurrent_bwd import chunk_kda_bwd_recurrent_kernel
+    from kdalab.kernels.chunk_recurrent_bwd import (chunk_kda_bwd_blocks_kernel,
+                                                    chunk_kda_bwd_recurrent_kernel)
 
     def timed(*args, **kw):
         if only and only not in kw["label"]:
@@ -201,7 +202,8 @@ def kdalab_rows(only: str | None = None):
                gamma_ptr="*fp32", h0_ptr="*fp32", ck_ptr="*fp32", ck_offsets_ptr="*i32",
                dht_ptr="*fp32", dv_ptr="*bf16", dqg_ptr="*fp32", dw_ptr="*fp32",
                dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
-               dh0_ptr="*fp32", scratch_ptr="*fp32", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
+               dh0_ptr="*fp32", scratch_ptr="*fp32", sum_ptr="*fp32", ends_ptr="*fp32",
+               du_ptr="*fp32", u_ptr="*fp32", cu_seqlens_ptr="*i32",
                chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32",
                seg_off_ptr="*i32", T="i32",
                n_items="i32", part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
@@ -214,9 +216,23 @@ def kdalab_rows(only: str | None = None):
                                   (3, 128, 8, "tf32", "tf32"), (3, 64, 4, "tf32", "tf32")):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, HAS_DHT=True,
                   STORE_DH0=True, STATE_VK=False, IS_VARLEN=False, PASS=pass_, DS=dts[ds],
-                  DD=dts[dd], SLOT_ROWS=128 if pass_ == 3 else 256)
+                  DD=dts[dd], SLOT_ROWS=128 if pass_ == 3 else 256, STORE_DU=pass_ == 3)
         yield timed(chunk_kda_bwd_recurrent_kernel, bwd, ce, num_warps=nw, num_stages=1,
                     label=f"bwd pass {pass_} BV{bv} w{nw} S {ds} dS {dd}")
+    # the split form's block kernel
+    blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "u_ptr", "w_ptr", "qg_ptr", "kend_ptr",
+                               "klo_ptr", "ainv_ptr", "mqk_ptr", "gamma_ptr", "h0_ptr",
+                               "ck_ptr", "ck_offsets_ptr", "ends_ptr", "dv_ptr", "dqg_ptr",
+                               "dw_ptr", "dkend_ptr")}
+    blk.update(gdg_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32", dh0_ptr="*fp32",
+               seg_ptr="*i32", f_ptr="*fp32", part_tok="i32", part_gam="i32", part_cc="i32",
+               H="i32")
+    for walk in (3, 1, 2):
+        for bv, nw in ((128, 8), (64, 4), (64, 8)):
+            ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, STORE_DH0=True,
+                      STATE_VK=False, WALK=walk)
+            yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=1,
+                        label=f"bwd blocks walk {walk} BV{bv} w{nw}")
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",

@@ -104,17 +104,19 @@ def chunk_kda_bwd_recurrent_kernel(
     v_ptr, do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
     h0_ptr, ck_ptr, ck_offsets_ptr, dht_ptr,
     dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
-    scratch_ptr, sum_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
-    seg_off_ptr, T, n_items, part_tok, part_gam, part_cc,
+    scratch_ptr, sum_ptr, ends_ptr, du_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr,
+    seg_ptr, seg_off_ptr, T, n_items, part_tok, part_gam, part_cc,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, IS_VARLEN: tl.constexpr, PASS: tl.constexpr,
     DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    SLOT_ROWS: tl.constexpr = 0,
+    SLOT_ROWS: tl.constexpr = 0, SEG: tl.constexpr = False, STORE_DU: tl.constexpr = False,
 ):
     """``DS``: the operand type of the products with S, ``DD`` of those with dS (fp32: tf32
     products). ``SLOT_ROWS``: a summary slot's rows (V + K for pass 1's summaries, V for pass
-    3's block-end gradients)."""
+    3's block-end gradients read by pass 2). Pass 3 stores the gradient after every block in
+    ``ends_ptr`` ([blocks, H, V, K]), and with ``STORE_DU`` each chunk's dU^T (``du_ptr``,
+    like v, fp32); with ``SEG`` it runs per segment from pass 1's combined summaries."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -135,7 +137,7 @@ def chunk_kda_bwd_recurrent_kernel(
     scr_u = (scratch_ptr + tl.num_programs(0) * tl.num_programs(1) * CKC * BV * K
              + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
     for item in range(pid, n_items, nprog):
-        if PASS == 0 or PASS == 3:  # varlen: the longest first, as the forward's serial pass
+        if PASS == 0 or (PASS == 3 and not SEG):  # varlen: the longest first, as the forward's serial pass
             i_n, i_h, bos, eos, c0 = sequence_of_program(item, cu_seqlens_ptr,
                                                          chunk_offsets_ptr, seq_order_ptr, T, H,
                                                          BT, IS_VARLEN)
@@ -146,7 +148,7 @@ def chunk_kda_bwd_recurrent_kernel(
             i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
             first = (p == 0).to(tl.int32)
         seq_bos = bos
-        if PASS == 2:
+        if PASS >= 2:
             if IS_VARLEN:
                 seq_bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
             else:
@@ -155,7 +157,7 @@ def chunk_kda_bwd_recurrent_kernel(
         # the gradient of the state after the program's last chunk
         if PASS == 1:
             dSt = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
-        elif PASS == 2:
+        elif PASS == 2 or SEG:
             slot_s = sum_ptr + (i_s * H + i_h) * SLOT_ROWS * K
             dSt = tl.load(slot_s + o_v[:, None] * K + o_k[None, :], mask=v_ok[:, None],
                           other=0.0)
@@ -183,7 +185,7 @@ def chunk_kda_bwd_recurrent_kernel(
                 c_lo = blk * CKC
                 c_hi = tl.minimum(c_lo + CKC, n_ch)
                 if PASS == 3:  # the gradient after this block: where its segment starts
-                    slot_b = sum_ptr + ((seg0 + blk) * H + i_h) * SLOT_ROWS * K
+                    slot_b = ends_ptr + ((seg0 + j_blk0 + blk) * H + i_h) * V * K
                     tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
                 if PASS == 0 or PASS == 2:
                     # the block's start state: the initial state, or the forward's checkpoint
@@ -248,6 +250,8 @@ def chunk_kda_bwd_recurrent_kernel(
                     # tf32 product would drop KLO, which the collinear cases' dβ needs
                     dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
                            + tl.dot(dot_, mqk, input_precision="tf32"))
+                    if STORE_DU:
+                        tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
                     if PASS == 0 or PASS == 2:
                         Sd = tl.load(scr_s + (c - c_lo) * BV * K)
                         ut = tl.load(scr_u + (c - c_lo) * BV * BT)
@@ -301,7 +305,7 @@ def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order=None, segments=None,
-                            summary=None, seg_offsets=None,
+                            summary=None, seg_offsets=None, ends=None, du=None, seg=False,
                             passes=(0,), dh0_dtype=torch.float32, out=None,
                             s_dtype=torch.float32, ds_dtype=torch.float32):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
@@ -331,7 +335,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
     for pass_ in passes:
-        items = (num_seqs if pass_ in (0, 3) else segments.shape[0]) * H
+        serial = pass_ == 0 or (pass_ == 3 and not seg)
+        items = (num_seqs if serial else segments.shape[0]) * H
         rows = V + K if pass_ == 1 else V
         nvb = -(-rows // block_v)
         n_prog = max(1, min(items, resident_programs(sms, num_warps, nvb)))
@@ -344,7 +349,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             v, do, w, qg, kend, klo, ainv, mqk, gamma,
             opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), opt(dht),
             out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
-            out["dainv"], opt(out["dh0"]), scratch, opt(summary), opt(cu_seqlens),
+            out["dainv"], opt(out["dh0"]), scratch, opt(summary), opt(ends), opt(du),
+            opt(cu_seqlens),
             opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets), T, items,
             B * T * H * K,
             num_chunks * H * K,
@@ -352,7 +358,202 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
             HAS_DHT=dht is not None, STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk,
             IS_VARLEN=cu_seqlens is not None, PASS=pass_, DS=_TL[s_dtype], DD=_TL[ds_dtype],
-            SLOT_ROWS=(V if 3 in passes else V + K) if summary is not None else 0,
+            SLOT_ROWS=(V if 3 in passes and not seg else V + K) if summary is not None else 0,
+            SEG=seg, STORE_DU=du is not None and pass_ == 3,
             num_warps=num_warps, num_stages=1)  # no software pipelining: its buffers overflow
             # shared memory (279,552 bytes of 232,448 at the default, on the H200)
+    return out
+
+
+@triton.jit
+def chunk_kda_bwd_blocks_kernel(
+    v_ptr, do_ptr, du_ptr, u_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr,
+    gamma_ptr, h0_ptr, ck_ptr, ck_offsets_ptr, ends_ptr,
+    dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, gdg_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
+    seg_ptr, f_ptr, part_tok, part_gam, part_cc,
+    H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
+    STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
+    WALK: tl.constexpr = 3,
+):
+    """The split form's second kernel: one program per 64-token block, head and value block,
+    all in parallel, from the block's start state (its checkpoint) and the gradient after it
+    (pass 3's ``ends``), with every chunk's dU^T (pass 3's ``du``). Forward through the block
+    (S live): U^T (to ``u_ptr``, like v, fp32, for the way back), dQG = dO S^T and
+    dW = -dU S^T; then backward (dS live): dKEND = U dS'^T, dV, dMQK, dAINV. Only one state
+    is live in each walk. dγ is not formed from S and dS' (both live): with f = Σ_v S ⊙ dS
+    at a chunk boundary, exactly
+
+        γ ⊙ dγ = f' - Σ_t KEND ⊙ dKEND,     f = f' - Σ_t KEND ⊙ dKEND + Σ_t (QG ⊙ dQG + W ⊙ dW)
+
+    (S' = S diag(γ) + U^T KEND, dS = dS' diag(γ) + dO^T QG - dU^T W), so the walk back needs
+    only f at the block's end, formed where S and dS meet there: at the end of the walk
+    forward. ``gdg_ptr`` gets γ ⊙ dγ (stage 1's backward's ``GAM_SCALED``); it holds each
+    chunk's Σ_t (QG ⊙ dQG + W ⊙ dW) between the walks."""
+    i_s = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    i_v = tl.program_id(2)
+    o_r = tl.arange(0, BT)
+    o_k = tl.arange(0, K)
+    o_v = i_v * BV + tl.arange(0, BV)
+    v_ok = o_v < V
+    i_n, jb, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
+    n_ch = tl.cdiv(eos - bos, BT)
+    if WALK & 1:
+        if jb == 0:
+            if HAS_H0:
+                St = tl.load(_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
+                             mask=v_ok[:, None], other=0.0).to(tl.float32)
+            else:
+                St = tl.zeros([BV, K], dtype=tl.float32)
+        else:
+            ck_base = tl.load(ck_offsets_ptr + i_n).to(tl.int64)
+            St = tl.load(_state_ptrs(ck_ptr, ck_base + jb - 1, i_h, o_v, H, K, V, STATE_VK),
+                         mask=v_ok[:, None], other=0.0).to(tl.float32)
+        # forward through the block
+        for c in range(0, n_ch):
+            rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
+            m = v_ok[:, None] & r_ok[None, :]
+            vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
+            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
+            dut = tl.load(du_ptr + tok, mask=m, other=0.0)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
+            gam = tl.load(gamma_ptr + cc * K + o_k)
+            Sd = St.to(DS)
+            ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
+            tl.store(u_ptr + tok, ut, mask=m)
+            dqgt = _mm(tl.trans(Sd), dot_, DS)
+            dwt = -_mm(tl.trans(Sd), dut, DS)
+            offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
+            tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
+            tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
+            tl.store(gdg_ptr + i_v * part_gam + cc * K + o_k, tl.sum(qgt * dqgt + wt * dwt, axis=1))
+            # U as two parts in U·KEND_hi, KEND's two parts (chunk_kda_bwd_recurrent_kernel's
+            # recompute, the same expressions)
+            kt = tl.trans(kend_hi)
+            u_hi = ut.to(tl.bfloat16).to(tl.float32)
+            St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
+                  + tl.dot(ut - u_hi, kt, input_precision="tf32"))
+            St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
+        dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
+                      mask=v_ok[:, None], other=0.0)
+        f = tl.sum(St * dSt, axis=0)  # Σ_v S ⊙ dS at the block's end
+        if WALK == 1:  # to the walk back's launch
+            tl.store(f_ptr + (i_s * H + i_h) * (K * tl.num_programs(2)) + i_v * K + o_k, f)
+    if WALK & 2:
+        tl.debug_barrier()  # U^T and the sums are read back by other threads
+        if WALK == 2:
+            dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
+                          mask=v_ok[:, None], other=0.0)
+            f = tl.load(f_ptr + (i_s * H + i_h) * (K * tl.num_programs(2)) + i_v * K + o_k)
+        # backward through the block
+        for ic in range(0, n_ch):
+            c = n_ch - 1 - ic
+            rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
+            m = v_ok[:, None] & r_ok[None, :]
+            vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
+            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
+            dut = tl.load(du_ptr + tok, mask=m, other=0.0)
+            ut = tl.load(u_ptr + tok, mask=m, other=0.0)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
+            mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
+            gam = tl.load(gamma_ptr + cc * K + o_k)
+            dkendt = _mm(tl.trans(dSt), ut, DD)
+            kk = tl.sum((kend_hi + klo) * dkendt, axis=1)
+            offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
+            tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
+            o_g = gdg_ptr + i_v * part_gam + cc * K + o_k
+            e = tl.load(o_g)
+            tl.store(o_g, f - kk)
+            f = f - kk + e
+            dvt = tl.dot(dut, ainv, input_precision="tf32")
+            tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
+            tril = o_r[:, None] >= o_r[None, :]
+            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
+            dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
+            o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
+            tl.store(dmqk_ptr + o_cc, dmqk)
+            tl.store(dainv_ptr + o_cc, dainv)
+            # pass 3's recurrence, the same expression (its dU loaded): the same dS
+            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
+                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
+    if STORE_DH0:
+        if jb == 0:
+            tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
+                     dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
+
+
+def chunk_kda_bwd_split(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets, dht,
+                        state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks, block_v,
+                        num_warps, sms, seq_order, blocks, block_offsets, segments=None,
+                        dh0_dtype=torch.float32, s_dtype=torch.float32,
+                        ds_dtype=torch.float32, walks=1, blocks_bv=None, blocks_warps=None):
+    """The split reverse pass: the dS recurrence alone (pass 3: serial, or with ``segments``
+    sequence-parallel after pass 1 and the combine), storing dU^T for every chunk and dS
+    after every 64-token block, then ``chunk_kda_bwd_blocks_kernel`` over every block in
+    parallel (``walks``: 1, both walks in one launch, or 2, a launch each; ``blocks_bv``,
+    ``blocks_warps``: its tile, else the pass's). ``segments``: ``Sequences.segments(L)``'s
+    triple for a sequence-parallel plan. ``blocks``, ``block_offsets``: the table of 64-token segments
+    (``Sequences.segments(CKC)``) and each sequence's first. Returns
+    ``chunk_kda_bwd_recurrent``'s dict with ``gdg`` (γ ⊙ dγ) in place of ``dgam``."""
+    w, qg, kend, klo, ainv, mqk, gamma = ops
+    B, T, H, V = v.shape
+    K = w.shape[-1]
+    nv = -(-V // block_v)
+    dev = v.device
+    f32 = dict(device=dev, dtype=torch.float32)
+    n_blocks = blocks.shape[0]
+    ends = torch.empty((n_blocks, H, V, K), **f32)
+    du = torch.empty(v.shape, **f32)
+    u = torch.empty(v.shape, **f32)
+    common = dict(initial_state=initial_state, checkpoints=checkpoints,
+                  checkpoint_offsets=checkpoint_offsets, dht=dht, state_vk=state_vk,
+                  cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_seqs=num_seqs,
+                  num_chunks=num_chunks, block_v=block_v, num_warps=num_warps, sms=sms,
+                  seq_order=seq_order, ends=ends, du=du, dh0_dtype=dh0_dtype,
+                  s_dtype=s_dtype, ds_dtype=ds_dtype)
+    if segments is None:
+        out = chunk_kda_bwd_recurrent(v, do, ops, **common, seg_offsets=block_offsets,
+                                      passes=(3,))
+    else:
+        from .chunk_combine import chunk_kda_combine
+
+        table, seg_off, n_segs = segments
+        summary = torch.empty((n_segs, H, V + K, K), **f32)
+        out = chunk_kda_bwd_recurrent(v, do, ops, **common, segments=table, summary=summary,
+                                      passes=(1,))
+        chunk_kda_combine(summary, seg_off, dht, num_seqs=num_seqs, state_vk=state_vk,
+                          H=H, K=K, V=V, reverse=True)
+        chunk_kda_bwd_recurrent(v, do, ops, **common, segments=table, summary=summary,
+                                seg_offsets=block_offsets, seg=True, passes=(3,), out=out)
+        del summary
+    out["gdg"] = out.pop("dgam")
+    if n_blocks * H == 0:
+        return out
+    bv = min(blocks_bv or block_v, V)
+    if -(-V // bv) != nv:  # the partial sums' value blocks are the pass's
+        for name in ("dqg", "dw", "dkend", "gdg", "dmqk", "dainv"):
+            out[name] = out[name].new_empty((-(-V // bv),) + tuple(out[name].shape[1:]))
+        nv = -(-V // bv)
+    dummy = gamma
+    opt = lambda x: x if x is not None else dummy  # noqa: E731
+    f_end = torch.empty((n_blocks, H, nv, K), **f32) if walks == 2 else dummy
+    for walk in ((3,) if walks == 1 else (1, 2)):
+        chunk_kda_bwd_blocks_kernel[(n_blocks, H, nv)](
+            v, do, du, u, w, qg, kend, klo, ainv, mqk, gamma,
+            opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), ends,
+            out["dv"], out["dqg"], out["dw"], out["dkend"], out["gdg"], out["dmqk"],
+            out["dainv"], opt(out["dh0"]), blocks, f_end,
+            B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
+            H=H, K=K, V=V, BT=CHUNK, BV=bv, CKC=CKC, HAS_H0=initial_state is not None,
+            STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
+            DD=_TL[ds_dtype], WALK=walk, num_warps=blocks_warps or num_warps, num_stages=1)
     return out
