@@ -203,7 +203,7 @@ def kdalab_rows(only: str | None = None):
                dht_ptr="*fp32", dv_ptr="*bf16", dqg_ptr="*fp32", dw_ptr="*fp32",
                dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
                dh0_ptr="*fp32", scratch_ptr="*fp32", sum_ptr="*fp32", ends_ptr="*fp32",
-               du_ptr="*fp32", u_ptr="*fp32", cu_seqlens_ptr="*i32",
+               du_ptr="*fp32", cu_seqlens_ptr="*i32",
                chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32",
                seg_off_ptr="*i32", T="i32",
                n_items="i32", part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
@@ -220,19 +220,17 @@ def kdalab_rows(only: str | None = None):
         yield timed(chunk_kda_bwd_recurrent_kernel, bwd, ce, num_warps=nw, num_stages=1,
                     label=f"bwd pass {pass_} BV{bv} w{nw} S {ds} dS {dd}")
     # the split form's block kernel
-    blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "u_ptr", "w_ptr", "qg_ptr", "kend_ptr",
+    blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "w_ptr", "qg_ptr", "kend_ptr",
                                "klo_ptr", "ainv_ptr", "mqk_ptr", "gamma_ptr", "h0_ptr",
                                "ck_ptr", "ck_offsets_ptr", "ends_ptr", "dv_ptr", "dqg_ptr",
-                               "dw_ptr", "dkend_ptr")}
-    blk.update(gdg_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32", dh0_ptr="*fp32",
-               seg_ptr="*i32", f_ptr="*fp32", part_tok="i32", part_gam="i32", part_cc="i32",
-               H="i32")
-    for walk in (3, 1, 2):
-        for bv, nw in ((128, 8), (64, 4), (64, 8)):
-            ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, STORE_DH0=True,
-                      STATE_VK=False, WALK=walk)
-            yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=1,
-                        label=f"bwd blocks walk {walk} BV{bv} w{nw}")
+                               "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr", "dainv_ptr",
+                               "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",
+                               "part_gam", "part_cc", "H")}
+    for bv, nw in ((128, 8), (64, 4)):
+        ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, STORE_DH0=True,
+                  STATE_VK=False)
+        yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=1,
+                    label=f"bwd blocks BV{bv} w{nw}")
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",

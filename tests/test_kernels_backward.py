@@ -330,17 +330,22 @@ def test_interp_sequence_parallel_backward():
 @pytest.mark.parametrize("case", [
     dict(B=1, T=300, HQ=2, H=2, HG=2, K=16, V=32, cu=[0, 0, 1, 140, 140, 300]),  # empty, 1
     dict(B=2, T=83, HQ=1, H=2, HG=1, K=16, V=32, layout="VK", block_v=16),      # V blocks
+    dict(B=1, T=300, HQ=1, H=2, HG=1, K=16, V=16, cu=[0, 0, 5, 300], segment_chunks=4),
 ])
-def test_interp_blocks_backward_is_the_chain_bit_for_bit(case, monkeypatch):
+def test_interp_blocks_and_split_backward_are_the_chain_bit_for_bit(case, monkeypatch):
     # the "blocks" reverse pass (the dS recurrence alone, then every 64-token block from its
-    # stored gradient) does the chain's arithmetic in the chain's order: the same bits
+    # stored gradient) and the "split" one (the dS recurrence storing dU, then each block's
+    # walk forward and back) do the chain's arithmetic in the chain's order: the same bits
     from kdalab.kernels import autograd
 
     case = dict(case)
-    config = KernelConfig(block_v=case.pop("block_v", None))
+    config = KernelConfig(block_v=case.pop("block_v", None),
+                          segment_chunks=case.pop("segment_chunks", None))
     dims = [case.pop(n) for n in ("B", "T", "HQ", "H", "HG", "K", "V")]
     got = {}
-    for mode in ("chain", "blocks"):
+    # blocks runs the dS recurrence serially whatever the plan: not a segmented plan's bits
+    modes = ("chain", "split") if config.segment_chunks else ("chain", "blocks", "split")
+    for mode in modes:
         monkeypatch.setitem(autograd.BWD_MODE, "mode", mode)
         x, kw = _case(*dims, **case)
         o, s = _kernel(config)(x, kw)
@@ -348,7 +353,8 @@ def test_interp_blocks_backward_is_the_chain_bit_for_bit(case, monkeypatch):
         do, dht = torch.randn(o.shape, generator=gen), torch.randn(s.shape, generator=gen)
         got[mode] = _grads(x, kw, _kernel(config), do, dht)
     for n in got["chain"]:
-        assert torch.equal(got["chain"][n], got["blocks"][n]), n
+        assert "blocks" not in got or torch.equal(got["chain"][n], got["blocks"][n]), n
+        assert torch.equal(got["chain"][n], got["split"][n]), n
 
 
 def test_auto_reverse_pass_takes_blocks_only_for_a_serial_plan_that_leaves_sms_idle():

@@ -42,8 +42,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: train_h200): T 8192 H 64 (serial, 64 programs) 19.5 ms blocks against 25.3 chain; the
 #: chain where it was faster: T 4096 H 16 (segmented) 2.48 against 3.34, B 8 T 4096 H 32
 #: (256 programs) 34.6 against 37.1
-BWD_MODE = dict(mode="split", prep_block_k=32,  # stage 1's backward: key columns a block
-                split_walks=1, split_bv=None, split_warps=None)  # the split form's blocks
+BWD_MODE = dict(mode="split", prep_block_k=32)  # stage 1's backward: key columns a block
 
 
 def use_blocks(mode: str, segment_chunks: int, programs: int, sms: int) -> bool:
@@ -170,10 +169,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         if plan.segment_chunks > 0:
             segments = seqs.segments(-(-plan.segment_chunks // CKC) * CKC)
         out = chunk_kda_bwd_split(v, do, c.ops, **common, blocks=blocks,
-                                  block_offsets=block_offsets, segments=segments,
-                                  walks=BWD_MODE["split_walks"],
-                                  blocks_bv=BWD_MODE["split_bv"],
-                                  blocks_warps=BWD_MODE["split_warps"])
+                                  block_offsets=block_offsets, segments=segments)
     elif use_blocks(BWD_MODE["mode"], plan.segment_chunks, chain_programs, sms):
         table, seg_offsets, n_segs = seqs.segments(CKC)
         ends = torch.empty((n_segs, H, V, K), device=v.device, dtype=torch.float32)
@@ -194,9 +190,8 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                                 passes=(2,), out=out)
         del summary
     grads = dict(out)
-    for name in ("dqg", "dw", "dkend", "dgam", "gdg", "dmqk", "dainv"):  # value blocks' sums
-        if name in out:
-            grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
+    for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
+        grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
     dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
                                                        grads, block_k=BWD_MODE["prep_block_k"])
     dv, dh0 = out["dv"], out["dh0"]

@@ -84,10 +84,9 @@ def chunk_kda_prepare_bwd_kernel(
     H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
     SPAN_CHECK: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, GAM_SCALED: tl.constexpr = False,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
 ):
-    """``GAM_SCALED``: ``dgam_ptr`` holds γ ⊙ dγ (the split reverse pass's form), not dγ.
-    One chunk and head, over blocks of BK key columns, so that a program holds [BT, BK]
+    """One chunk and head, over blocks of BK key columns, so that a program holds [BT, BK]
     tiles, not [BT, K] ones: every operand but the L2 norms and the pairwise tiles is
     column-local (the gate, its cumulative sum, the decays, each column's G-gradient). Four
     sweeps: (A) the rows' norms and the chunk's span; (B) P and dW·Kd^T, summed over the
@@ -222,7 +221,7 @@ def chunk_kda_prepare_bwd_kernel(
         # each step's gradient (base 2): the whole-row kernel's terms (its comment)
         dstep = LN2 * (tl.cumsum(kd * dkd + qs * decay * dqg, axis=0, reverse=True) + dpair
                        + tl.dot(before, kv * ekend * dkend, input_precision="ieee")
-                       + (dgam if GAM_SCALED else tl.exp2(g2_last) * dgam)[None, :])
+                       + (tl.exp2(g2_last) * dgam)[None, :])
         dx, da = log2_decay_grads(g_raw, a, bias[None, :], lower_bound, GATE)
         dgate = tl.where(m2, dstep * dx, 0.0)
         tl.store(dg_ptr + offs, dgate.to(dg_ptr.dtype.element_ty), mask=m2)
@@ -287,8 +286,7 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
     chunk_kda_prepare_bwd_kernel[(nc, H)](
         q, k, g, beta, A_log if A_log is not None else dummy,
         dt_bias if dt_bias is not None else dummy,
-        grads["dqg"], grads["dw"], grads["dkend"], grads.get("gdg", grads.get("dgam")),
-        grads["dmqk"],
+        grads["dqg"], grads["dw"], grads["dkend"], grads["dgam"], grads["dmqk"],
         grads["dainv"], dq, dk, dg, db, dalog if dalog is not None else dummy,
         ddt if ddt is not None else dummy,
         seqs.chunk_table if seqs.chunk_table is not None else dummy,
@@ -298,5 +296,5 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
         IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
-        GAM_SCALED="gdg" in grads, num_warps=num_warps)
+        num_warps=num_warps)
     return dq, dk, dg, db, dalog, ddt

@@ -367,39 +367,37 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
 
 @triton.jit
 def chunk_kda_bwd_blocks_kernel(
-    v_ptr, do_ptr, du_ptr, u_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr,
-    gamma_ptr, h0_ptr, ck_ptr, ck_offsets_ptr, ends_ptr,
-    dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, gdg_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
-    seg_ptr, f_ptr, part_tok, part_gam, part_cc,
+    v_ptr, do_ptr, du_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    h0_ptr, ck_ptr, ck_offsets_ptr, ends_ptr,
+    dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
+    scratch_ptr, seg_ptr, n_items, part_tok, part_gam, part_cc,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    WALK: tl.constexpr = 3,
 ):
-    """The split form's second kernel: one program per 64-token block, head and value block,
-    all in parallel, from the block's start state (its checkpoint) and the gradient after it
-    (pass 3's ``ends``), with every chunk's dU^T (pass 3's ``du``). Forward through the block
-    (S live): U^T (to ``u_ptr``, like v, fp32, for the way back), dQG = dO S^T and
-    dW = -dU S^T; then backward (dS live): dKEND = U dS'^T, dV, dMQK, dAINV. Only one state
-    is live in each walk. dγ is not formed from S and dS' (both live): with f = Σ_v S ⊙ dS
-    at a chunk boundary, exactly
-
-        γ ⊙ dγ = f' - Σ_t KEND ⊙ dKEND,     f = f' - Σ_t KEND ⊙ dKEND + Σ_t (QG ⊙ dQG + W ⊙ dW)
-
-    (S' = S diag(γ) + U^T KEND, dS = dS' diag(γ) + dO^T QG - dU^T W), so the walk back needs
-    only f at the block's end, formed where S and dS meet there: at the end of the walk
-    forward. ``gdg_ptr`` gets γ ⊙ dγ (stage 1's backward's ``GAM_SCALED``); it holds each
-    chunk's Σ_t (QG ⊙ dQG + W ⊙ dW) between the walks."""
-    i_s = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
+    """The split form's second kernel: every 64-token block (and head, and value block) from
+    its start state (its checkpoint) and the gradient after it (pass 3's ``ends``), with
+    every chunk's dU^T (pass 3's ``du``); no block waits for another. Forward through the
+    block (S live): each chunk's S^T and U^T to the program's scratch, dQG = dO S^T and
+    dW = -dU S^T; then backward (dS live): dKEND = U dS'^T, dγ = Σ_v S ⊙ dS' (S read back
+    from the scratch, elementwise), dV, dMQK, dAINV. Programs are persistent (the scratch
+    is per running program), each looping over (block, head) items."""
+    pid = tl.program_id(0)
+    i_v = tl.program_id(1)
+    nprog = tl.num_programs(0)
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
-    i_n, jb, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
-    n_ch = tl.cdiv(eos - bos, BT)
-    if WALK & 1:
+    slot = (pid * tl.num_programs(1) + i_v).to(tl.int64) * CKC
+    scr_s = scratch_ptr + slot * (BV * K) + tl.arange(0, BV)[:, None] * K + o_k[None, :]
+    scr_u = (scratch_ptr + nprog * tl.num_programs(1) * CKC * BV * K
+             + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
+    for item in range(pid, n_items, nprog):
+        i_s = (item // H).to(tl.int64)
+        i_h = item % H
+        i_n, jb, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
+        n_ch = tl.cdiv(eos - bos, BT)
         if jb == 0:
             if HAS_H0:
                 St = tl.load(_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
@@ -418,20 +416,19 @@ def chunk_kda_bwd_blocks_kernel(
             dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
             dut = tl.load(du_ptr + tok, mask=m, other=0.0)
             wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
             kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
             klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
             ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
             gam = tl.load(gamma_ptr + cc * K + o_k)
             Sd = St.to(DS)
+            tl.store(scr_s + c * BV * K, St)
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
-            tl.store(u_ptr + tok, ut, mask=m)
+            tl.store(scr_u + c * BV * BT, ut)
             dqgt = _mm(tl.trans(Sd), dot_, DS)
             dwt = -_mm(tl.trans(Sd), dut, DS)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
             tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
-            tl.store(gdg_ptr + i_v * part_gam + cc * K + o_k, tl.sum(qgt * dqgt + wt * dwt, axis=1))
             # U as two parts in U·KEND_hi, KEND's two parts (chunk_kda_bwd_recurrent_kernel's
             # recompute, the same expressions)
             kt = tl.trans(kend_hi)
@@ -439,17 +436,9 @@ def chunk_kda_bwd_blocks_kernel(
             St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
                   + tl.dot(ut - u_hi, kt, input_precision="tf32"))
             St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
+        tl.debug_barrier()  # the scratch rows are read by other threads
         dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
                       mask=v_ok[:, None], other=0.0)
-        f = tl.sum(St * dSt, axis=0)  # Σ_v S ⊙ dS at the block's end
-        if WALK == 1:  # to the walk back's launch
-            tl.store(f_ptr + (i_s * H + i_h) * (K * tl.num_programs(2)) + i_v * K + o_k, f)
-    if WALK & 2:
-        tl.debug_barrier()  # U^T and the sums are read back by other threads
-        if WALK == 2:
-            dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
-                          mask=v_ok[:, None], other=0.0)
-            f = tl.load(f_ptr + (i_s * H + i_h) * (K * tl.num_programs(2)) + i_v * K + o_k)
         # backward through the block
         for ic in range(0, n_ch):
             c = n_ch - 1 - ic
@@ -458,22 +447,16 @@ def chunk_kda_bwd_blocks_kernel(
             vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
             dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
             dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-            ut = tl.load(u_ptr + tok, mask=m, other=0.0)
+            ut = tl.load(scr_u + c * BV * BT)
             wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
             qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
             ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
-            mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
             gam = tl.load(gamma_ptr + cc * K + o_k)
             dkendt = _mm(tl.trans(dSt), ut, DD)
-            kk = tl.sum((kend_hi + klo) * dkendt, axis=1)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
-            o_g = gdg_ptr + i_v * part_gam + cc * K + o_k
-            e = tl.load(o_g)
-            tl.store(o_g, f - kk)
-            f = f - kk + e
+            dgam = tl.sum(tl.load(scr_s + c * BV * K) * dSt, axis=0)
+            tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
             dvt = tl.dot(dut, ainv, input_precision="tf32")
             tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
             tril = o_r[:, None] >= o_r[None, :]
@@ -485,25 +468,25 @@ def chunk_kda_bwd_blocks_kernel(
             # pass 3's recurrence, the same expression (its dU loaded): the same dS
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
                    - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
-    if STORE_DH0:
-        if jb == 0:
-            tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
-                     dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
+        if STORE_DH0:
+            if jb == 0:
+                tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
+                         dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
+        tl.debug_barrier()  # the next item's walk forward overwrites the scratch
 
 
 def chunk_kda_bwd_split(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets, dht,
                         state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks, block_v,
                         num_warps, sms, seq_order, blocks, block_offsets, segments=None,
                         dh0_dtype=torch.float32, s_dtype=torch.float32,
-                        ds_dtype=torch.float32, walks=1, blocks_bv=None, blocks_warps=None):
+                        ds_dtype=torch.float32):
     """The split reverse pass: the dS recurrence alone (pass 3: serial, or with ``segments``
     sequence-parallel after pass 1 and the combine), storing dU^T for every chunk and dS
-    after every 64-token block, then ``chunk_kda_bwd_blocks_kernel`` over every block in
-    parallel (``walks``: 1, both walks in one launch, or 2, a launch each; ``blocks_bv``,
-    ``blocks_warps``: its tile, else the pass's). ``segments``: ``Sequences.segments(L)``'s
-    triple for a sequence-parallel plan. ``blocks``, ``block_offsets``: the table of 64-token segments
-    (``Sequences.segments(CKC)``) and each sequence's first. Returns
-    ``chunk_kda_bwd_recurrent``'s dict with ``gdg`` (γ ⊙ dγ) in place of ``dgam``."""
+    after every 64-token block, then ``chunk_kda_bwd_blocks_kernel`` over every block.
+    ``blocks``, ``block_offsets``: the table of 64-token segments
+    (``Sequences.segments(CKC)``) and each sequence's first. ``segments``:
+    ``Sequences.segments(L)``'s triple for a sequence-parallel plan. Returns
+    ``chunk_kda_bwd_recurrent``'s dict."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
@@ -513,7 +496,6 @@ def chunk_kda_bwd_split(v, do, ops, *, initial_state, checkpoints, checkpoint_of
     n_blocks = blocks.shape[0]
     ends = torch.empty((n_blocks, H, V, K), **f32)
     du = torch.empty(v.shape, **f32)
-    u = torch.empty(v.shape, **f32)
     common = dict(initial_state=initial_state, checkpoints=checkpoints,
                   checkpoint_offsets=checkpoint_offsets, dht=dht, state_vk=state_vk,
                   cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_seqs=num_seqs,
@@ -535,25 +517,20 @@ def chunk_kda_bwd_split(v, do, ops, *, initial_state, checkpoints, checkpoint_of
         chunk_kda_bwd_recurrent(v, do, ops, **common, segments=table, summary=summary,
                                 seg_offsets=block_offsets, seg=True, passes=(3,), out=out)
         del summary
-    out["gdg"] = out.pop("dgam")
-    if n_blocks * H == 0:
+    items = n_blocks * H
+    if items == 0:
         return out
-    bv = min(blocks_bv or block_v, V)
-    if -(-V // bv) != nv:  # the partial sums' value blocks are the pass's
-        for name in ("dqg", "dw", "dkend", "gdg", "dmqk", "dainv"):
-            out[name] = out[name].new_empty((-(-V // bv),) + tuple(out[name].shape[1:]))
-        nv = -(-V // bv)
+    n_prog = max(1, min(items, resident_programs(sms, num_warps, nv)))
+    scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731
-    f_end = torch.empty((n_blocks, H, nv, K), **f32) if walks == 2 else dummy
-    for walk in ((3,) if walks == 1 else (1, 2)):
-        chunk_kda_bwd_blocks_kernel[(n_blocks, H, nv)](
-            v, do, du, u, w, qg, kend, klo, ainv, mqk, gamma,
-            opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), ends,
-            out["dv"], out["dqg"], out["dw"], out["dkend"], out["gdg"], out["dmqk"],
-            out["dainv"], opt(out["dh0"]), blocks, f_end,
-            B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
-            H=H, K=K, V=V, BT=CHUNK, BV=bv, CKC=CKC, HAS_H0=initial_state is not None,
-            STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-            DD=_TL[ds_dtype], WALK=walk, num_warps=blocks_warps or num_warps, num_stages=1)
+    chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
+        v, do, du, w, qg, kend, klo, ainv, mqk, gamma,
+        opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), ends,
+        out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
+        out["dainv"], opt(out["dh0"]), scratch, blocks, items,
+        B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
+        H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
+        STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
+        DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
     return out
