@@ -363,18 +363,15 @@ def variant_rows(fla, names, rounds):
 def config_rows(names, configs, rows=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
-    the plan segment_chunks; ``bwd=blocks``, ``bwd=chain`` or ``bwd=split``: the reverse
-    pass's form, ``autograd.BWD_MODE``, else its default, auto; ``bwd.KEY=INT`` sets
-    another of BWD_MODE's keys, e.g. ``bwd.split_walks=2``)."""
+    the plan segment_chunks; ``bwd.KEY=INT`` sets one of ``autograd.BWD_MODE``'s keys, e.g.
+    ``bwd.prep_block_k=64``)."""
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
         for text in configs:
             row = dict(shape=name, config=text)
             items = [t for t in text.split(",") if t]
-            mode = [t.partition("=")[2] for t in items if t.startswith("bwd=")]
             saved = dict(kernel_autograd.BWD_MODE)
-            kernel_autograd.BWD_MODE["mode"] = mode[0] if mode else "auto"
             for t in items:  # bwd.KEY=INT: autograd.BWD_MODE[KEY]
                 if t.startswith("bwd."):
                     key, _, val = t[4:].partition("=")

@@ -112,8 +112,10 @@ def kdalab_rows(only: str | None = None):
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
     from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd_kernel
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
-    from kdalab.kernels.chunk_recurrent_bwd import (chunk_kda_bwd_blocks_kernel,
-                                                    chunk_kda_bwd_recurrent_kernel)
+    from kdalab.kernels.chunk_recurrent_bwd import (
+        chunk_kda_bwd_blocks_kernel,
+        chunk_kda_bwd_recurrent_kernel,
+    )
 
     def timed(*args, **kw):
         if only and only not in kw["label"]:
@@ -196,30 +198,28 @@ def kdalab_rows(only: str | None = None):
     yield timed(chunk_kda_combine_kernel, comb, dict(K=128, V=128, BV=16, HAS_H0=True,
                                                      STATE_VK=False), num_warps=8,
                 label="combine BV16 w8")
-    # the backward: the reverse pass (serial, summaries, segments) and stage 1's backward
+    # the backward: the dS recurrence (serial or segments, summaries), the blocks kernel and
+    # stage 1's backward
     bwd = dict(v_ptr="*bf16", do_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16",
                kend_ptr="*fp16", klo_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16",
                gamma_ptr="*fp32", h0_ptr="*fp32", ck_ptr="*fp32", ck_offsets_ptr="*i32",
                dht_ptr="*fp32", dv_ptr="*bf16", dqg_ptr="*fp32", dw_ptr="*fp32",
                dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
                dh0_ptr="*fp32", scratch_ptr="*fp32", sum_ptr="*fp32", ends_ptr="*fp32",
-               du_ptr="*fp32", cu_seqlens_ptr="*i32",
-               chunk_offsets_ptr="*i32", seq_order_ptr="*i32", seg_ptr="*i32",
-               seg_off_ptr="*i32", T="i32",
+               du_ptr="*fp32", cu_seqlens_ptr="*i32", chunk_offsets_ptr="*i32",
+               seq_order_ptr="*i32", seg_ptr="*i32", seg_off_ptr="*i32", T="i32",
                n_items="i32", part_tok="i32", part_gam="i32", part_cc="i32", H="i32")
-    dts = {"tf32": tl.float32, "bf16": tl.bfloat16, "fp16": tl.float16}
-    for pass_, bv, nw, ds, dd in ((0, 128, 8, "tf32", "tf32"), (2, 128, 8, "tf32", "tf32"),
-                                  (0, 128, 8, "bf16", "bf16"), (0, 128, 8, "bf16", "tf32"),
-                                  (0, 64, 4, "bf16", "tf32"), (0, 64, 4, "tf32", "tf32"),
-                                  (0, 32, 4, "tf32", "tf32"),
-                                  (1, 128, 8, "tf32", "tf32"), (2, 128, 8, "bf16", "tf32"),
-                                  (3, 128, 8, "tf32", "tf32"), (3, 64, 4, "tf32", "tf32")):
-        ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=True, HAS_DHT=True,
-                  STORE_DH0=True, STATE_VK=False, IS_VARLEN=False, PASS=pass_, DS=dts[ds],
-                  DD=dts[dd], SLOT_ROWS=128 if pass_ == 3 else 256, STORE_DU=pass_ == 3)
-        yield timed(chunk_kda_bwd_recurrent_kernel, bwd, ce, num_warps=nw, num_stages=1,
-                    label=f"bwd pass {pass_} BV{bv} w{nw} S {ds} dS {dd}")
-    # the split form's block kernel
+    rec = {n: bwd[n] for n in ("do_ptr", "w_ptr", "qg_ptr", "kend_ptr", "klo_ptr", "mqk_ptr",
+                               "gamma_ptr", "dht_ptr", "sum_ptr", "ends_ptr", "du_ptr",
+                               "cu_seqlens_ptr", "chunk_offsets_ptr", "seq_order_ptr",
+                               "seg_ptr", "seg_off_ptr", "T", "H")}
+    for pass_, seg, bv, nw in ((3, False, 128, 8), (3, True, 128, 8), (1, True, 128, 8),
+                               (3, False, 64, 4)):
+        ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_DHT=True, STATE_VK=False,
+                  IS_VARLEN=False, PASS=pass_, SEG=seg)
+        yield timed(chunk_kda_bwd_recurrent_kernel, rec, ce, num_warps=nw, num_stages=1,
+                    label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}")
+    # the blocks kernel
     blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "w_ptr", "qg_ptr", "kend_ptr",
                                "klo_ptr", "ainv_ptr", "mqk_ptr", "gamma_ptr", "h0_ptr",
                                "ck_ptr", "ck_offsets_ptr", "ends_ptr", "dv_ptr", "dqg_ptr",

@@ -21,9 +21,8 @@ import torch
 from torch import Tensor
 
 from .api import _sm_count, chunk_kda_fwd, contiguous, forward_stage2, prepare
-from .chunk_combine import chunk_kda_combine
 from .chunk_prepare_bwd import chunk_kda_prepare_bwd
-from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent, chunk_kda_bwd_split
+from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
 from .config import DEFAULT_CONFIG, KernelConfig
 from .contract import prefill_problem
 
@@ -34,23 +33,7 @@ SAVE_EVERY = 16 * CKC
 #: the reverse pass's operand types for its products with S and with dS (fp32: tf32
 #: products; docs/training.md "Precision")
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
-#: the reverse pass's form: "chain" (the plan's serial or segmented pass, every product in the
-#: chain), "blocks" (the dS recurrence alone serially, then every 64-token block's products
-#: in parallel from its stored gradient; chunk_recurrent_bwd.py, pass 3; the same bits), or
-#: "auto": blocks where the plan's pass is serial and its (sequence, head, value block)
-#: programs leave SMs idle, else the chain. Measured (H200, backward GPU time, BENCHMARKS.md
-#: train_h200): T 8192 H 64 (serial, 64 programs) 19.5 ms blocks against 25.3 chain; the
-#: chain where it was faster: T 4096 H 16 (segmented) 2.48 against 3.34, B 8 T 4096 H 32
-#: (256 programs) 34.6 against 37.1
-BWD_MODE = dict(mode="split", prep_block_k=32)  # stage 1's backward: key columns a block
-
-
-def use_blocks(mode: str, segment_chunks: int, programs: int, sms: int) -> bool:
-    """Whether the reverse pass runs in the blocks form (``BWD_MODE``): ``programs`` the
-    chain's (sequence, head, value block) programs, ``sms`` the device's SM count."""
-    if mode == "auto":
-        return segment_chunks <= 0 and programs < sms
-    return mode == "blocks"
+BWD_MODE = dict(prep_block_k=32)  # stage 1's backward: key columns a block
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -162,33 +145,12 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                   block_v=block_v, num_warps=config.num_warps or 8,
                   sms=sms,
                   dh0_dtype=torch.float32, **BWD_PRODUCTS)
-    chain_programs = p.num_seqs * H * -(-V // block_v)
-    if BWD_MODE["mode"] == "split":
-        blocks, block_offsets, _ = seqs.segments(CKC)
-        segments = None
-        if plan.segment_chunks > 0:
-            segments = seqs.segments(-(-plan.segment_chunks // CKC) * CKC)
-        out = chunk_kda_bwd_split(v, do, c.ops, **common, blocks=blocks,
+    blocks, block_offsets, _ = seqs.segments(CKC)
+    segments = None
+    if plan.segment_chunks > 0:  # segments of whole blocks
+        segments = seqs.segments(-(-plan.segment_chunks // CKC) * CKC)
+    out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, blocks=blocks,
                                   block_offsets=block_offsets, segments=segments)
-    elif use_blocks(BWD_MODE["mode"], plan.segment_chunks, chain_programs, sms):
-        table, seg_offsets, n_segs = seqs.segments(CKC)
-        ends = torch.empty((n_segs, H, V, K), device=v.device, dtype=torch.float32)
-        out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=ends,
-                                      ends=ends, seg_offsets=seg_offsets, passes=(3, 2))
-        del ends
-    elif plan.segment_chunks <= 0:
-        out = chunk_kda_bwd_recurrent(v, do, c.ops, **common)
-    else:
-        L = -(-plan.segment_chunks // CKC) * CKC  # segments of whole blocks
-        table, seg_offsets, n_segs = seqs.segments(L)
-        summary = torch.empty((n_segs, H, V + K, K), device=v.device, dtype=torch.float32)
-        out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=summary,
-                                      passes=(1,))
-        chunk_kda_combine(summary, seg_offsets, dht, num_seqs=p.num_seqs, state_vk=p.state_vk,
-                          H=H, K=K, V=V, reverse=True)
-        chunk_kda_bwd_recurrent(v, do, c.ops, **common, segments=table, summary=summary,
-                                passes=(2,), out=out)
-        del summary
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)

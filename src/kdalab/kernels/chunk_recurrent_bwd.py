@@ -16,25 +16,24 @@ and the gradients of stage 1's operands, sums over the value columns:
     dγ = Σ_v S ⊙ dS'                                [K]
     dMQK = tril(dO U^T),  dAINV = tril(dU V^T)      [16, 16]
 
-The reverse pass needs S at every chunk. The forward keeps the state every ``CKC`` chunks
-(64 tokens, fp32, ``chunk_kda``'s checkpoints); here each block of CKC chunks first runs
-forward again from its checkpoint (tf32 products), leaving each chunk's start state in the
-program's scratch rows, then runs backward through the block reading them. A program owns BV
-value columns and all K; with several value blocks (V > BV) the sums over value columns are
-partial, one per block, and added on the host (a deterministic sum, no atomics).
+Two kernels, so that one state is live at a time (one kernel holding S and dS spilled 2.4 KB
+a thread on sm_90a and ran a serial chain; docs/training.md):
 
-The dS recurrence is affine, dS_before^T = dS_after^T B + R with B = diag(γ) - KEND^T W, and
-needs no forward state, so it splits into segments as the forward does (``launch_plan``):
-pass 1 computes each segment's (R^T, B) from a zero and an identity start (rows V..V+K-1,
-dO = 0), the combine (``chunk_combine.py``, in reverse) each segment's dS at its end, and
-pass 2 the whole backward of every segment from there. Passes (``PASS``): 0 serial, 1
-summaries, 2 segments, 3 the dS recurrence alone, serial, storing the gradient after every
-block: then pass 2 runs every 64-token block as its own segment, all in parallel (the
-"blocks" form, ``autograd.BWD_MODE``: the serial chain keeps four products a chunk).
+1. ``chunk_kda_bwd_recurrent_kernel``: the dS recurrence alone (four products a chunk; it
+   needs no forward state), storing each chunk's dU^T and the gradient after every 64-token
+   block (``ends``). It is affine, dS_before^T = dS_after^T B + R with
+   B = diag(γ) - KEND^T W, so it splits into segments as the forward does (``launch_plan``):
+   pass 1 computes each segment's (R^T, B) from a zero and an identity start (rows
+   V..V+K-1, dO = 0), the combine (``chunk_combine.py``, in reverse) each segment's dS at its
+   end, and pass 3 runs every segment from there (serial plans: pass 3 alone).
+2. ``chunk_kda_bwd_blocks_kernel``: every 64-token block in parallel from its checkpoint
+   (the forward keeps the state every ``CKC`` chunks, fp32) and its ``ends`` gradient:
+   forward through the block (S live; each chunk's S and U to the program's scratch, dQG,
+   dW), then backward (dS live; dKEND, dγ, dV, dMQK, dAINV).
 
-Programs are persistent: as many run as the SMs hold (``resident_programs``), each looping over
-(sequence or segment, head) items, so the scratch holds CKC states per running program, not per
-item.
+A program owns BV value columns and all K; with several value blocks (V > BV) the sums over
+value columns are partial, one per block, and added on the host (a deterministic sum, no
+atomics).
 """
 
 from __future__ import annotations
@@ -101,25 +100,22 @@ def _mm(a, b, DT: tl.constexpr):
 
 @triton.jit
 def chunk_kda_bwd_recurrent_kernel(
-    v_ptr, do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    h0_ptr, ck_ptr, ck_offsets_ptr, dht_ptr,
-    dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
-    scratch_ptr, sum_ptr, ends_ptr, du_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr,
-    seg_ptr, seg_off_ptr, T, n_items, part_tok, part_gam, part_cc,
-    H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-    CKC: tl.constexpr, HAS_H0: tl.constexpr, HAS_DHT: tl.constexpr, STORE_DH0: tl.constexpr,
-    STATE_VK: tl.constexpr, IS_VARLEN: tl.constexpr, PASS: tl.constexpr,
-    DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    SLOT_ROWS: tl.constexpr = 0, SEG: tl.constexpr = False, STORE_DU: tl.constexpr = False,
+    do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, dht_ptr,
+    sum_ptr, ends_ptr, du_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
+    seg_off_ptr, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+    CKC: tl.constexpr, HAS_DHT: tl.constexpr, STATE_VK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SEG: tl.constexpr,
+    DD: tl.constexpr = tl.float32,
 ):
-    """``DS``: the operand type of the products with S, ``DD`` of those with dS (fp32: tf32
-    products). ``SLOT_ROWS``: a summary slot's rows (V + K for pass 1's summaries, V for pass
-    3's block-end gradients read by pass 2). Pass 3 stores the gradient after every block in
-    ``ends_ptr`` ([blocks, H, V, K]), and with ``STORE_DU`` each chunk's dU^T (``du_ptr``,
-    like v, fp32); with ``SEG`` it runs per segment from pass 1's combined summaries."""
-    pid = tl.program_id(0)
+    """The dS recurrence over one (sequence or segment, head, value block). ``PASS`` 1: a
+    segment's summary (R^T, B) into ``sum_ptr`` ([segments, H, V + K, K]; nothing for a
+    sequence's first segment); 3: the gradient itself, from the final state's (``dht_ptr``)
+    or, with ``SEG``, from the combined summary, storing each chunk's dU^T (``du_ptr``, like
+    v, fp32) and the gradient after every 64-token block (``ends_ptr``, [blocks, H, V, K];
+    ``seg_off_ptr``: each sequence's first block). ``DD``: the operand type of the products
+    with dS (fp32: tf32 products)."""
+    item = tl.program_id(0)
     i_v = tl.program_id(1)
-    nprog = tl.num_programs(0)
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -129,240 +125,71 @@ def chunk_kda_bwd_recurrent_kernel(
     else:
         v_ok = o_v < V
         is_v = v_ok
-    # this program's scratch: per chunk of a block its start state S^T [BV, K] (in DS) and
-    # U^T [BV, 16] (fp32)
-    slot = (pid * tl.num_programs(1) + i_v).to(tl.int64) * CKC
-    scr_s = (scratch_ptr.to(tl.pointer_type(DS)) + slot * (BV * K)
-             + tl.arange(0, BV)[:, None] * K + o_k[None, :])
-    scr_u = (scratch_ptr + tl.num_programs(0) * tl.num_programs(1) * CKC * BV * K
-             + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
-    for item in range(pid, n_items, nprog):
-        if PASS == 0 or (PASS == 3 and not SEG):  # varlen: the longest first, as the forward's serial pass
-            i_n, i_h, bos, eos, c0 = sequence_of_program(item, cu_seqlens_ptr,
-                                                         chunk_offsets_ptr, seq_order_ptr, T, H,
-                                                         BT, IS_VARLEN)
-            first = 1
-        else:
-            i_h = item % H
-            i_s = (item // H).to(tl.int64)
-            i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
-            first = (p == 0).to(tl.int32)
-        seq_bos = bos
-        if PASS >= 2:
-            if IS_VARLEN:
-                seq_bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
-            else:
-                seq_bos = i_n * T
-        n_ch = tl.cdiv(eos - bos, BT)
-        # the gradient of the state after the program's last chunk
-        if PASS == 1:
-            dSt = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
-        elif PASS == 2 or SEG:
-            slot_s = sum_ptr + (i_s * H + i_h) * SLOT_ROWS * K
-            dSt = tl.load(slot_s + o_v[:, None] * K + o_k[None, :], mask=v_ok[:, None],
-                          other=0.0)
-        else:
-            dSt = tl.zeros([BV, K], dtype=tl.float32)
-            if HAS_DHT:
-                dSt = tl.load(_state_ptrs(dht_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
-                              mask=v_ok[:, None], other=0.0).to(tl.float32)
-        # nothing before a sequence's first segment needs its summary
-        run = 1
-        if PASS == 1:
-            run = 1 - first
-        if run != 0:
-            ck_base = 0
-            if PASS != 1:
-                ck_base = tl.load(ck_offsets_ptr + i_n).to(tl.int64)
-            j_blk0 = (bos - seq_bos) // (BT * CKC)   # the program's first block in its sequence
-            n_blk = tl.cdiv(n_ch, CKC)
-            if PASS == 3:
-                seg0 = tl.load(seg_off_ptr + i_n).to(tl.int64)  # the sequence's first block
-                # an empty sequence has one (empty) segment: its dS, dht, is stored too
-                n_blk = tl.maximum(n_blk, 1)
-            for ib in range(0, n_blk):
-                blk = n_blk - 1 - ib
-                c_lo = blk * CKC
-                c_hi = tl.minimum(c_lo + CKC, n_ch)
-                if PASS == 3:  # the gradient after this block: where its segment starts
-                    slot_b = ends_ptr + ((seg0 + j_blk0 + blk) * H + i_h) * V * K
-                    tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
-                if PASS == 0 or PASS == 2:
-                    # the block's start state: the initial state, or the forward's checkpoint
-                    jb = j_blk0 + blk
-                    if jb == 0:
-                        if HAS_H0:
-                            St = tl.load(_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
-                                         mask=v_ok[:, None], other=0.0).to(tl.float32)
-                        else:
-                            St = tl.zeros([BV, K], dtype=tl.float32)
-                    else:
-                        St = tl.load(_state_ptrs(ck_ptr, ck_base + jb - 1, i_h, o_v, H, K, V,
-                                                 STATE_VK), mask=v_ok[:, None],
-                                     other=0.0).to(tl.float32)
-                    # forward through the block: each chunk's S^T and U^T to the scratch, and
-                    # dQG (it needs S and dO only)
-                    for c in range(c_lo, c_hi):
-                        rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H,
-                                                           V, BT)
-                        vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
-                                     other=0.0).to(tl.float32)
-                        dot_ = tl.load(do_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
-                                       other=0.0).to(tl.float32)
-                        wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-                        kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-                        klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
-                        ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
-                        gam = tl.load(gamma_ptr + cc * K + o_k)
-                        Sd = St.to(DS)
-                        tl.store(scr_s + (c - c_lo) * BV * K, Sd)
-                        ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
-                        tl.store(scr_u + (c - c_lo) * BV * BT, ut)
-                        dqgt = _mm(tl.trans(Sd), dot_, DS)
-                        offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-                        tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
-                        # KEND's two parts, as the forward adds them (one tf32 product of
-                        # KEND whole drops KLO: dA_log 0.49 against 0.04 on the H200 hunt's
-                        # worst case, tf32 emulated); and U as two parts in U·KEND_hi, its
-                        # bf16 rounding (exact in tf32) and the rest: the H200 truncates U to
-                        # 10 bits in a tf32 product where the forward rounds it (fp16), so the
-                        # recomputed states drifted from the forward's (the hunts' worst
-                        # cases, emulated: dβ 0.21 -> 0.04, dA_log 0.16 -> 0.07, its floor)
-                        kt = tl.trans(kend_hi)
-                        u_hi = ut.to(tl.bfloat16).to(tl.float32)
-                        St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
-                              + tl.dot(ut - u_hi, kt, input_precision="tf32"))
-                        St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
-                    tl.debug_barrier()  # the scratch rows are read by other threads
-                # backward through the block
-                for ic in range(0, c_hi - c_lo):
-                    c = c_hi - 1 - ic
-                    rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-                    dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
-                                   other=0.0).to(tl.float32)
-                    wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-                    qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-                    kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-                    klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
-                    mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
-                    gam = tl.load(gamma_ptr + cc * K + o_k)
-                    # KEND as its two parts, as the forward multiplies it: KEND whole in one
-                    # tf32 product would drop KLO, which the collinear cases' dβ needs
-                    dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
-                           + tl.dot(dot_, mqk, input_precision="tf32"))
-                    if STORE_DU:
-                        tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
-                    if PASS == 0 or PASS == 2:
-                        Sd = tl.load(scr_s + (c - c_lo) * BV * K)
-                        ut = tl.load(scr_u + (c - c_lo) * BV * BT)
-                        vt = tl.load(v_ptr + tok, mask=v_ok[:, None] & r_ok[None, :],
-                                     other=0.0).to(tl.float32)
-                        ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
-                        dvt = tl.dot(dut, ainv, input_precision="tf32")
-                        tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty),
-                                 mask=v_ok[:, None] & r_ok[None, :])
-                        # the sums over this block's value columns (partial with V > BV)
-                        dwt = -_mm(tl.trans(Sd), dut, DS)
-                        dkendt = _mm(tl.trans(dSt), ut, DD)
-                        dgam = tl.sum(Sd.to(tl.float32) * dSt, axis=0)
-                        tril = o_r[:, None] >= o_r[None, :]
-                        dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut,
-                                                     input_precision="tf32"), 0.0)
-                        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt,
-                                                      input_precision="tf32"), 0.0)
-                        offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-                        tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
-                        tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
-                        tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
-                        o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
-                        tl.store(dmqk_ptr + o_cc, dmqk)
-                        tl.store(dainv_ptr + o_cc, dainv)
-                    dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                           - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
-                if PASS == 0 or PASS == 2:
-                    tl.debug_barrier()  # the next block's forward overwrites the scratch
-            # the gradient at the program's start
-            if PASS == 1:
-                slot_s = sum_ptr + (i_s * H + i_h) * SLOT_ROWS * K
-                tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
-            elif STORE_DH0 and PASS != 3:
-                if first != 0:
-                    tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
-                             dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
-
-
-def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
-    """Persistent programs per value block: as many as the SMs hold at once. Every tile of the
-    reverse pass takes 255 registers a thread (sm_90a, ``scripts/sm90_report.py``: it spills
-    at all of them), so an SM holds 65,536 // (255 · 32 · num_warps) programs (1 on 8 warps,
-    2 on 4); more would only wait for a free SM, and each running program has its scratch
-    (CKC states and U tiles: 295 KB at K = V = BV = 128), which is 39 MB on the H200's 132
-    SMs at the default tile."""
-    per_sm = max(1, 65536 // (255 * 32 * num_warps))
-    return max(1, sms * per_sm // value_blocks)
-
-
-def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
-                            dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
-                            block_v, num_warps, sms, seq_order=None, segments=None,
-                            summary=None, seg_offsets=None, ends=None, du=None, seg=False,
-                            passes=(0,), dh0_dtype=torch.float32, out=None,
-                            s_dtype=torch.float32, ds_dtype=torch.float32):
-    """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
-    ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
-    sequence (fp32, ``pool.py``'s layout) with each sequence's first row; ``dht``: the final
-    state's gradient or None. Returns ``out``, a dict of dv (like v), the partial sums
-    dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv
-    [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient, or
-    None); a second call (pass 2 after pass 1) fills the same dict. ``sms``: the device's SM
-    count, which sizes the persistent grid (``resident_programs``)."""
-    w, qg, kend, klo, ainv, mqk, gamma = ops
-    B, T, H, V = v.shape
-    K = w.shape[-1]
-    nv = -(-V // block_v)
-    dev = v.device
-    if out is None:
-        f32 = dict(device=dev, dtype=torch.float32)
-        out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
-                   dqg=torch.empty((nv, B, T, H, K), **f32),
-                   dw=torch.empty((nv, B, T, H, K), **f32),
-                   dkend=torch.empty((nv, B, T, H, K), **f32),
-                   dgam=torch.empty((nv, num_chunks, H, K), **f32),
-                   dmqk=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
-                   dainv=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
-                   dh0=None if initial_state is None else torch.empty(
-                       initial_state.shape, device=dev, dtype=dh0_dtype))
-    dummy = gamma
-    opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
-    for pass_ in passes:
-        serial = pass_ == 0 or (pass_ == 3 and not seg)
-        items = (num_seqs if serial else segments.shape[0]) * H
-        rows = V + K if pass_ == 1 else V
-        nvb = -(-rows // block_v)
-        n_prog = max(1, min(items, resident_programs(sms, num_warps, nvb)))
-        if items == 0:
-            continue
-        # per program: CKC states S^T [BV, K] then CKC U^T [BV, 16] (fp32 words)
-        scratch = (torch.empty((n_prog * nvb * CKC * block_v * (K + CHUNK),), device=dev,
-                               dtype=torch.float32) if pass_ in (0, 2) else dummy)
-        chunk_kda_bwd_recurrent_kernel[(n_prog, nvb)](
-            v, do, w, qg, kend, klo, ainv, mqk, gamma,
-            opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), opt(dht),
-            out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
-            out["dainv"], opt(out["dh0"]), scratch, opt(summary), opt(ends), opt(du),
-            opt(cu_seqlens),
-            opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets), T, items,
-            B * T * H * K,
-            num_chunks * H * K,
-            num_chunks * H * CHUNK * CHUNK,
-            H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
-            HAS_DHT=dht is not None, STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk,
-            IS_VARLEN=cu_seqlens is not None, PASS=pass_, DS=_TL[s_dtype], DD=_TL[ds_dtype],
-            SLOT_ROWS=(V if 3 in passes and not seg else V + K) if summary is not None else 0,
-            SEG=seg, STORE_DU=du is not None and pass_ == 3,
-            num_warps=num_warps, num_stages=1)  # no software pipelining: its buffers overflow
-            # shared memory (279,552 bytes of 232,448 at the default, on the H200)
-    return out
+    if SEG:
+        i_h = item % H
+        i_s = (item // H).to(tl.int64)
+        i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
+        first = (p == 0).to(tl.int32)
+    else:  # varlen: the longest first, as the forward's serial pass
+        i_n, i_h, bos, eos, c0 = sequence_of_program(item, cu_seqlens_ptr, chunk_offsets_ptr,
+                                                     seq_order_ptr, T, H, BT, IS_VARLEN)
+        first = 1
+    if IS_VARLEN:
+        seq_bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
+    else:
+        seq_bos = i_n * T
+    n_ch = tl.cdiv(eos - bos, BT)
+    # the gradient of the state after the program's last chunk
+    if PASS == 1:
+        dSt = tl.where(o_v[:, None] - V == o_k[None, :], 1.0, 0.0)
+    elif SEG:
+        slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+        dSt = tl.load(slot_s + o_v[:, None] * K + o_k[None, :], mask=v_ok[:, None], other=0.0)
+    else:
+        dSt = tl.zeros([BV, K], dtype=tl.float32)
+        if HAS_DHT:
+            dSt = tl.load(_state_ptrs(dht_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
+                          mask=v_ok[:, None], other=0.0).to(tl.float32)
+    # nothing before a sequence's first segment needs its summary
+    run = 1
+    if PASS == 1:
+        run = 1 - first
+    if run != 0:
+        j_blk0 = (bos - seq_bos) // (BT * CKC)   # the program's first block in its sequence
+        n_blk = tl.cdiv(n_ch, CKC)
+        if PASS == 3:
+            seg0 = tl.load(seg_off_ptr + i_n).to(tl.int64)  # the sequence's first block
+            # an empty sequence has one (empty) block: its dS, dht, is stored too
+            n_blk = tl.maximum(n_blk, 1)
+        for ib in range(0, n_blk):
+            blk = n_blk - 1 - ib
+            c_lo = blk * CKC
+            c_hi = tl.minimum(c_lo + CKC, n_ch)
+            if PASS == 3:  # the gradient after this block
+                slot_b = ends_ptr + ((seg0 + j_blk0 + blk) * H + i_h) * V * K
+                tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
+            for ic in range(0, c_hi - c_lo):
+                c = c_hi - 1 - ic
+                rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
+                dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
+                               other=0.0).to(tl.float32)
+                wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+                qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+                kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+                klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+                mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
+                gam = tl.load(gamma_ptr + cc * K + o_k)
+                # KEND as its two parts, as the forward multiplies it: KEND whole in one
+                # tf32 product would drop KLO, which the collinear cases' dβ needs
+                dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
+                       + tl.dot(dot_, mqk, input_precision="tf32"))
+                if PASS == 3:
+                    tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
+                dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
+                       - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
+        if PASS == 1:  # the summary: the gradient at the segment's start
+            slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
+            tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
 
 
 @triton.jit
@@ -375,7 +202,7 @@ def chunk_kda_bwd_blocks_kernel(
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
 ):
-    """The split form's second kernel: every 64-token block (and head, and value block) from
+    """Every 64-token block (and head, and value block) from
     its start state (its checkpoint) and the gradient after it (pass 3's ``ends``), with
     every chunk's dU^T (pass 3's ``du``); no block waits for another. Forward through the
     block (S live): each chunk's S^T and U^T to the program's scratch, dQG = dO S^T and
@@ -475,47 +302,85 @@ def chunk_kda_bwd_blocks_kernel(
         tl.debug_barrier()  # the next item's walk forward overwrites the scratch
 
 
-def chunk_kda_bwd_split(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets, dht,
-                        state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks, block_v,
-                        num_warps, sms, seq_order, blocks, block_offsets, segments=None,
-                        dh0_dtype=torch.float32, s_dtype=torch.float32,
-                        ds_dtype=torch.float32):
-    """The split reverse pass: the dS recurrence alone (pass 3: serial, or with ``segments``
-    sequence-parallel after pass 1 and the combine), storing dU^T for every chunk and dS
-    after every 64-token block, then ``chunk_kda_bwd_blocks_kernel`` over every block.
-    ``blocks``, ``block_offsets``: the table of 64-token segments
-    (``Sequences.segments(CKC)``) and each sequence's first. ``segments``:
-    ``Sequences.segments(L)``'s triple for a sequence-parallel plan. Returns
-    ``chunk_kda_bwd_recurrent``'s dict."""
+def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
+    """Persistent programs per value block of the blocks kernel: as many as the SMs hold at
+    once. Its tile takes 255 registers a thread (sm_90a, ``scripts/sm90_report.py``), so an
+    SM holds 65,536 // (255 · 32 · num_warps) programs (1 on 8 warps, 2 on 4); more would only
+    wait for a free SM, and each running program has its scratch (CKC states and U tiles:
+    295 KB at K = V = BV = 128), which is 39 MB on the H200's 132 SMs at the default tile."""
+    per_sm = max(1, 65536 // (255 * 32 * num_warps))
+    return max(1, sms * per_sm // value_blocks)
+
+
+def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
+             seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
+             num_warps, ds_dtype):
+    w, qg, kend, klo, ainv, mqk, gamma = ops
+    dummy = gamma
+    opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
+    chunk_kda_bwd_recurrent_kernel[(items, grid_v)](
+        do, w, qg, kend, klo, mqk, gamma, opt(dht), opt(summary), opt(ends), opt(du),
+        opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets),
+        T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
+        STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
+        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
+
+
+def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
+                            dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
+                            block_v, num_warps, sms, seq_order, blocks, block_offsets,
+                            segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
+                            ds_dtype=torch.float32):
+    """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
+    ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
+    sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
+    ``dht``: the final state's gradient or None; ``blocks``, ``block_offsets``: the table of
+    64-token segments (``Sequences.segments(CKC)``) and each sequence's first;
+    ``segments``: ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else
+    None (the dS recurrence serial). ``s_dtype``, ``ds_dtype``: the operand types of the
+    products with S and with dS (fp32: tf32). ``sms``: the device's SM count, which sizes
+    the blocks kernel's persistent grid (``resident_programs``). Returns a dict of dv (like
+    v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk,
+    dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient,
+    or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
     nv = -(-V // block_v)
     dev = v.device
     f32 = dict(device=dev, dtype=torch.float32)
+    out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
+               dqg=torch.empty((nv, B, T, H, K), **f32),
+               dw=torch.empty((nv, B, T, H, K), **f32),
+               dkend=torch.empty((nv, B, T, H, K), **f32),
+               dgam=torch.empty((nv, num_chunks, H, K), **f32),
+               dmqk=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
+               dainv=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
+               dh0=None if initial_state is None else torch.empty(
+                   initial_state.shape, device=dev, dtype=dh0_dtype))
     n_blocks = blocks.shape[0]
     ends = torch.empty((n_blocks, H, V, K), **f32)
     du = torch.empty(v.shape, **f32)
-    common = dict(initial_state=initial_state, checkpoints=checkpoints,
-                  checkpoint_offsets=checkpoint_offsets, dht=dht, state_vk=state_vk,
-                  cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets, num_seqs=num_seqs,
-                  num_chunks=num_chunks, block_v=block_v, num_warps=num_warps, sms=sms,
-                  seq_order=seq_order, ends=ends, du=du, dh0_dtype=dh0_dtype,
-                  s_dtype=s_dtype, ds_dtype=ds_dtype)
+    ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
+              seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=block_v,
+              num_warps=num_warps, ds_dtype=ds_dtype)
     if segments is None:
-        out = chunk_kda_bwd_recurrent(v, do, ops, **common, seg_offsets=block_offsets,
-                                      passes=(3,))
+        if num_seqs * H:
+            _ds_pass(do, ops, 3, items=num_seqs * H, grid_v=nv, segments=None,
+                     seg_offsets=block_offsets, summary=None, **ds)
     else:
         from .chunk_combine import chunk_kda_combine
 
         table, seg_off, n_segs = segments
         summary = torch.empty((n_segs, H, V + K, K), **f32)
-        out = chunk_kda_bwd_recurrent(v, do, ops, **common, segments=table, summary=summary,
-                                      passes=(1,))
+        if n_segs * H:
+            _ds_pass(do, ops, 1, items=n_segs * H, grid_v=-(-(V + K) // block_v),
+                     segments=table, seg_offsets=None, summary=summary, **ds)
         chunk_kda_combine(summary, seg_off, dht, num_seqs=num_seqs, state_vk=state_vk,
                           H=H, K=K, V=V, reverse=True)
-        chunk_kda_bwd_recurrent(v, do, ops, **common, segments=table, summary=summary,
-                                seg_offsets=block_offsets, seg=True, passes=(3,), out=out)
+        if n_segs * H:
+            _ds_pass(do, ops, 3, items=n_segs * H, grid_v=nv, segments=table,
+                     seg_offsets=block_offsets, summary=summary, **ds)
         del summary
     items = n_blocks * H
     if items == 0:
