@@ -251,6 +251,15 @@ def chunk_kda_bwd_blocks_kernel(
             tl.store(scr_s + c * BV * K, St)
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
             tl.store(scr_u + c * BV * BT, ut)
+            # the products that need no state: here, where U is formed
+            dvt = tl.dot(dut, ainv, input_precision="tf32")
+            tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
+            tril = o_r[:, None] >= o_r[None, :]
+            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
+            dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
+            o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
+            tl.store(dmqk_ptr + o_cc, dmqk)
+            tl.store(dainv_ptr + o_cc, dainv)
             dqgt = _mm(tl.trans(Sd), dot_, DS)
             dwt = -_mm(tl.trans(Sd), dut, DS)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
@@ -271,27 +280,17 @@ def chunk_kda_bwd_blocks_kernel(
             c = n_ch - 1 - ic
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
             m = v_ok[:, None] & r_ok[None, :]
-            vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
             dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
             dut = tl.load(du_ptr + tok, mask=m, other=0.0)
             ut = tl.load(scr_u + c * BV * BT)
             wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
             qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
             gam = tl.load(gamma_ptr + cc * K + o_k)
             dkendt = _mm(tl.trans(dSt), ut, DD)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
             dgam = tl.sum(tl.load(scr_s + c * BV * K) * dSt, axis=0)
             tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
-            dvt = tl.dot(dut, ainv, input_precision="tf32")
-            tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
-            tril = o_r[:, None] >= o_r[None, :]
-            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
-            dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
-            o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
-            tl.store(dmqk_ptr + o_cc, dmqk)
-            tl.store(dainv_ptr + o_cc, dainv)
             # pass 3's recurrence, the same expression (its dU loaded): the same dS
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
                    - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
