@@ -372,13 +372,15 @@ def config_rows(names, configs, rows=None):
             row = dict(shape=name, config=text)
             items = [t for t in text.split(",") if t]
             saved = dict(kernel_autograd.BWD_MODE)
-            for t in items:  # bwd.KEY=INT: autograd.BWD_MODE[KEY]
-                if t.startswith("bwd."):
-                    key, _, val = t[4:].partition("=")
-                    kernel_autograd.BWD_MODE[key] = int(val)
             try:
+                for t in items:  # bwd.KEY=INT: autograd.BWD_MODE[KEY]
+                    if t.startswith("bwd."):
+                        key, _, val = t[4:].partition("=")
+                        if key not in saved:
+                            raise ValueError(f"{t}: BWD_MODE has {sorted(saved)}")
+                        kernel_autograd.BWD_MODE[key] = int(val)
                 mine, _ = _runners(None, config=parse_config(",".join(
-                    t for t in items if not t.startswith("bwd"))))
+                    t for t in items if not t.startswith("bwd."))))
                 o, s = mine(x)
                 do = torch.randn_like(o)
                 dht = torch.randn(s.shape, device="cuda")

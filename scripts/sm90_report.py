@@ -221,7 +221,7 @@ def kdalab_rows(only: str | None = None):
                     label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}")
     # the blocks kernel
     blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "w_ptr", "qg_ptr", "kend_ptr",
-                               "klo_ptr", "ainv_ptr", "mqk_ptr", "gamma_ptr", "h0_ptr",
+                               "klo_ptr", "ainv_ptr", "gamma_ptr", "h0_ptr",
                                "ck_ptr", "ck_offsets_ptr", "ends_ptr", "dv_ptr", "dqg_ptr",
                                "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr", "dainv_ptr",
                                "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",

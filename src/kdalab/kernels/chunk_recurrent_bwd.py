@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_combine import chunk_kda_combine
 from .indexing import segment_of_program, sequence_of_program
 
 CHUNK = 16
@@ -194,7 +195,7 @@ def chunk_kda_bwd_recurrent_kernel(
 
 @triton.jit
 def chunk_kda_bwd_blocks_kernel(
-    v_ptr, do_ptr, du_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
+    v_ptr, do_ptr, du_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, gamma_ptr,
     h0_ptr, ck_ptr, ck_offsets_ptr, ends_ptr,
     dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
     scratch_ptr, seg_ptr, n_items, part_tok, part_gam, part_cc,
@@ -202,13 +203,13 @@ def chunk_kda_bwd_blocks_kernel(
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
 ):
-    """Every 64-token block (and head, and value block) from
-    its start state (its checkpoint) and the gradient after it (pass 3's ``ends``), with
-    every chunk's dU^T (pass 3's ``du``); no block waits for another. Forward through the
-    block (S live): each chunk's S^T and U^T to the program's scratch, dQG = dO S^T and
-    dW = -dU S^T; then backward (dS live): dKEND = U dS'^T, dγ = Σ_v S ⊙ dS' (S read back
-    from the scratch, elementwise), dV, dMQK, dAINV. Programs are persistent (the scratch
-    is per running program), each looping over (block, head) items."""
+    """Every 64-token block (and head, and value block) from its start state (its
+    checkpoint) and the gradient after it (pass 3's ``ends``), with every chunk's dU^T (pass
+    3's ``du``); no block waits for another. Forward through the block (S live): each chunk's
+    S^T and U^T to the program's scratch, dQG = dO S^T, dW = -dU S^T, and dV, dMQK, dAINV
+    (no state in them); then backward (dS live, from pass 3's expression): dKEND = U dS'^T and
+    dγ = Σ_v S ⊙ dS' (S read back from the scratch, elementwise). Programs are persistent
+    (the scratch is per running program), each looping over (block, head) items."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -265,8 +266,8 @@ def chunk_kda_bwd_blocks_kernel(
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
             tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
-            # U as two parts in U·KEND_hi, KEND's two parts (chunk_kda_bwd_recurrent_kernel's
-            # recompute, the same expressions)
+            # U as two parts in U·KEND_hi, and KEND's two parts (docs/training.md
+            # "Precision": the H200 truncates U to 10 bits where the forward rounds it)
             kt = tl.trans(kend_hi)
             u_hi = ut.to(tl.bfloat16).to(tl.float32)
             St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
@@ -368,8 +369,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             _ds_pass(do, ops, 3, items=num_seqs * H, grid_v=nv, segments=None,
                      seg_offsets=block_offsets, summary=None, **ds)
     else:
-        from .chunk_combine import chunk_kda_combine
-
         table, seg_off, n_segs = segments
         summary = torch.empty((n_segs, H, V + K, K), **f32)
         if n_segs * H:
@@ -389,7 +388,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
-        v, do, du, w, qg, kend, klo, ainv, mqk, gamma,
+        v, do, du, w, qg, kend, klo, ainv, gamma,
         opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), ends,
         out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
         out["dainv"], opt(out["dh0"]), scratch, blocks, items,
