@@ -368,6 +368,7 @@ def config_rows(names, configs, rows=None):
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
+        first = None  # the first config's gradients: each other's distance from them
         for text in configs:
             row = dict(shape=name, config=text)
             items = [t for t in text.split(",") if t]
@@ -389,6 +390,16 @@ def config_rows(names, configs, rows=None):
                 leaves = [x[m] for m in LEAVES if m in x]
                 row["bwd_gpu_ms"], _ = kernel_time(lambda: torch.autograd.grad(
                     (o, s), leaves, (do, dht), retain_graph=True))
+                # a variant is the same function: its gradients' relative RMS distance from
+                # the first config's (same inputs and probes), the largest over the leaves
+                grads = torch.autograd.grad((o, s), leaves, (do, dht), retain_graph=True)
+                if first is None:
+                    first = grads
+                else:
+                    row["grad_vs_first"] = max(
+                        ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)
+                         ).item() for a, b in zip(grads, first))
+                del grads
                 row["peak_mb"] = peak_mb(mine, x, do, dht)
             except Exception as exc:  # noqa: BLE001 - the next config still runs
                 row["error"] = f"{type(exc).__name__}: {exc}"[:200]

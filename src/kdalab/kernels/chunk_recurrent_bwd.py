@@ -157,37 +157,37 @@ def chunk_kda_bwd_recurrent_kernel(
         run = 1 - first
     if run != 0:
         j_blk0 = (bos - seq_bos) // (BT * CKC)   # the program's first block in its sequence
-        n_blk = tl.cdiv(n_ch, CKC)
         if PASS == 3:
             seg0 = tl.load(seg_off_ptr + i_n).to(tl.int64)  # the sequence's first block
-            # an empty sequence has one (empty) block: its dS, dht, is stored too
-            n_blk = tl.maximum(n_blk, 1)
-        for ib in range(0, n_blk):
-            blk = n_blk - 1 - ib
-            c_lo = blk * CKC
-            c_hi = tl.minimum(c_lo + CKC, n_ch)
-            if PASS == 3:  # the gradient after this block
-                slot_b = ends_ptr + ((seg0 + j_blk0 + blk) * H + i_h) * V * K
-                tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
-            for ic in range(0, c_hi - c_lo):
-                c = c_hi - 1 - ic
-                rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-                dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
-                               other=0.0).to(tl.float32)
-                wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-                qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-                kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-                klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
-                mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
-                gam = tl.load(gamma_ptr + cc * K + o_k)
-                # KEND as its two parts, as the forward multiplies it: KEND whole in one
-                # tf32 product would drop KLO, which the collinear cases' dβ needs
-                dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
-                       + tl.dot(dot_, mqk, input_precision="tf32"))
-                if PASS == 3:
-                    tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
-                dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                       - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
+            slot_0 = ends_ptr + ((seg0 + j_blk0) * H + i_h) * V * K
+            if n_ch == 0:  # an empty sequence has one (empty) block: its dS, dht, is stored
+                tl.store(slot_0 + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
+        # one loop over the chunks, last first (not a loop over blocks around one over their
+        # chunks), so that a pipelined launch (``num_stages`` > 1) loads ahead across blocks
+        for ic in range(0, n_ch):
+            c = n_ch - 1 - ic
+            if PASS == 3:  # the gradient after a block: at its last chunk
+                if (c == n_ch - 1) | ((c + 1) % CKC == 0):
+                    slot_b = slot_0 + (c // CKC) * H * V * K
+                    tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt,
+                             mask=v_ok[:, None])
+            rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
+            dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
+                           other=0.0).to(tl.float32)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+            mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
+            gam = tl.load(gamma_ptr + cc * K + o_k)
+            # KEND as its two parts, as the forward multiplies it: KEND whole in one
+            # tf32 product would drop KLO, which the collinear cases' dβ needs
+            dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
+                   + tl.dot(dot_, mqk, input_precision="tf32"))
+            if PASS == 3:
+                tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
+            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
+                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
         if PASS == 1:  # the summary: the gradient at the segment's start
             slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
             tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
@@ -314,7 +314,7 @@ def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
 
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
-             num_warps, ds_dtype):
+             num_warps, num_stages, ds_dtype):
     w, qg, kend, klo, ainv, mqk, gamma = ops
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
@@ -323,14 +323,16 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
+        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps,
+        num_stages=num_stages)
 
 
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32):
+                            ds_dtype=torch.float32, ds_block_v=None, ds_stages=1,
+                            blocks_stages=1):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
@@ -339,7 +341,11 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     ``segments``: ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else
     None (the dS recurrence serial). ``s_dtype``, ``ds_dtype``: the operand types of the
     products with S and with dS (fp32: tf32). ``sms``: the device's SM count, which sizes
-    the blocks kernel's persistent grid (``resident_programs``). Returns a dict of dv (like
+    the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the dS
+    pass's value columns a program (its rows are independent; None: ``block_v``; its warps
+    scaled with it), ``ds_stages``, ``blocks_stages``: the two kernels' ``num_stages``
+    (above 1, Triton's pipeliner loads the next chunk's operands through shared memory
+    while the current one computes). Returns a dict of dv (like
     v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk,
     dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient,
     or None)."""
@@ -361,23 +367,26 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     n_blocks = blocks.shape[0]
     ends = torch.empty((n_blocks, H, V, K), **f32)
     du = torch.empty(v.shape, **f32)
+    dbv = min(ds_block_v or block_v, V)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
-              seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=block_v,
-              num_warps=num_warps, ds_dtype=ds_dtype)
+              seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
+              num_warps=max(1, num_warps * dbv // block_v), num_stages=ds_stages,
+              ds_dtype=ds_dtype)
+    nv_ds = -(-V // dbv)
     if segments is None:
         if num_seqs * H:
-            _ds_pass(do, ops, 3, items=num_seqs * H, grid_v=nv, segments=None,
+            _ds_pass(do, ops, 3, items=num_seqs * H, grid_v=nv_ds, segments=None,
                      seg_offsets=block_offsets, summary=None, **ds)
     else:
         table, seg_off, n_segs = segments
         summary = torch.empty((n_segs, H, V + K, K), **f32)
         if n_segs * H:
-            _ds_pass(do, ops, 1, items=n_segs * H, grid_v=-(-(V + K) // block_v),
+            _ds_pass(do, ops, 1, items=n_segs * H, grid_v=-(-(V + K) // dbv),
                      segments=table, seg_offsets=None, summary=summary, **ds)
         chunk_kda_combine(summary, seg_off, dht, num_seqs=num_seqs, state_vk=state_vk,
                           H=H, K=K, V=V, reverse=True)
         if n_segs * H:
-            _ds_pass(do, ops, 3, items=n_segs * H, grid_v=nv, segments=table,
+            _ds_pass(do, ops, 3, items=n_segs * H, grid_v=nv_ds, segments=table,
                      seg_offsets=block_offsets, summary=summary, **ds)
         del summary
     items = n_blocks * H
@@ -395,5 +404,5 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
+        DD=_TL[ds_dtype], num_warps=num_warps, num_stages=blocks_stages)
     return out
