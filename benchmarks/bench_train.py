@@ -383,8 +383,11 @@ def config_rows(names, configs, rows=None):
                 mine, _ = _runners(None, config=parse_config(",".join(
                     t for t in items if not t.startswith("bwd."))))
                 o, s = mine(x)
-                do = torch.randn_like(o)
-                dht = torch.randn(s.shape, device="cuda")
+                # the same probes for every config (a seeded draw), so that their gradients
+                # can be compared
+                gen = torch.Generator(device="cuda").manual_seed(0)
+                do = torch.randn(o.shape, device="cuda", generator=gen).to(o.dtype)
+                dht = torch.randn(s.shape, device="cuda", generator=gen)
                 row["step_gpu_ms"], row["kernels"] = kernel_time(
                     lambda x=x, mine=mine, do=do, dht=dht: _step(mine, x, do, dht))
                 leaves = [x[m] for m in LEAVES if m in x]

@@ -33,9 +33,9 @@ SAVE_EVERY = 16 * CKC
 #: the reverse pass's operand types for its products with S and with dS (fp32: tf32
 #: products; docs/training.md "Precision")
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
-#: stage 1's backward: key columns a block; the reverse pass: the dS pass's value columns a
-#: program (0: the blocks kernel's), both kernels' pipeline stages (1: none)
-BWD_MODE = dict(prep_block_k=32, ds_block_v=0, ds_stages=1, blocks_stages=1)
+#: stage 1's backward: key columns a block; the reverse pass: the serial dS pass's value
+#: columns a program (0: the blocks kernel's), the blocks kernel's pipeline stages (1: none)
+BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=1)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -154,7 +154,6 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, blocks=blocks,
                                   block_offsets=block_offsets, segments=segments,
                                   ds_block_v=BWD_MODE["ds_block_v"] or None,
-                                  ds_stages=BWD_MODE["ds_stages"],
                                   blocks_stages=BWD_MODE["blocks_stages"])
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums

@@ -314,7 +314,7 @@ def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
 
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
-             num_warps, num_stages, ds_dtype):
+             num_warps, ds_dtype):
     w, qg, kend, klo, ainv, mqk, gamma = ops
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
@@ -323,16 +323,14 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps,
-        num_stages=num_stages)
+        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
 
 
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, ds_stages=1,
-                            blocks_stages=1):
+                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=1):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
@@ -341,12 +339,12 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     ``segments``: ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else
     None (the dS recurrence serial). ``s_dtype``, ``ds_dtype``: the operand types of the
     products with S and with dS (fp32: tf32). ``sms``: the device's SM count, which sizes
-    the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the dS
-    pass's value columns a program (its rows are independent; None: ``block_v``; its warps
-    scaled with it), ``ds_stages``, ``blocks_stages``: the two kernels' ``num_stages``
-    (above 1, Triton's pipeliner loads the next chunk's operands through shared memory
-    while the current one computes). Returns a dict of dv (like
-    v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk,
+    the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the serial
+    dS pass's value columns a program (its rows are independent; None, or a segmented plan:
+    ``block_v``; its warps scaled with it), ``blocks_stages``: the blocks kernel's
+    ``num_stages`` (above 1, Triton's pipeliner loads the next chunk's operands through
+    shared memory while the current one computes). Returns a dict of dv (like v), the
+    partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk,
     dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient,
     or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
@@ -367,11 +365,10 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     n_blocks = blocks.shape[0]
     ends = torch.empty((n_blocks, H, V, K), **f32)
     du = torch.empty(v.shape, **f32)
-    dbv = min(ds_block_v or block_v, V)
+    dbv = min((ds_block_v if segments is None else None) or block_v, V)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
               seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
-              num_warps=max(1, num_warps * dbv // block_v), num_stages=ds_stages,
-              ds_dtype=ds_dtype)
+              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype)
     nv_ds = -(-V // dbv)
     if segments is None:
         if num_seqs * H:
