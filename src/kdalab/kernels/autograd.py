@@ -34,7 +34,8 @@ SAVE_EVERY = 16 * CKC
 #: products; docs/training.md "Precision")
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: stage 1's backward: key columns a block; the reverse pass: the serial dS pass's value
-#: columns a program (0: the blocks kernel's), the blocks kernel's pipeline stages (1: none)
+#: columns a program (0: ``ds_value_block``'s choice), the blocks kernel's pipeline stages
+#: (1: none)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=1)
 
 

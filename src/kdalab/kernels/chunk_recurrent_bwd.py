@@ -312,6 +312,24 @@ def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
     return max(1, sms * per_sm // value_blocks)
 
 
+def ds_value_block(items: int, V: int, block_v: int, num_warps: int, sms: int,
+                   given: int | None = None) -> int:
+    """The serial dS pass's value columns a program (its rows are independent of each other,
+    so any split of V gives the same bits): half of ``block_v`` (on half the warps) where the
+    halves' programs are all resident at once (two an SM, by registers), else ``block_v``.
+    Measured on the H200 (docs/training.md): at BV 64 against 128, T 8192 H 64 (64
+    sequence-heads) 1.99 against 2.62 ms, T 1024 H 16 0.242 against 0.318; B 8 T 4096 H 32 (256,
+    two waves either way) 3.06 against 2.67. ``given``: the caller's choice instead."""
+    if given:
+        return min(given, V)
+    half = block_v // 2
+    if block_v < 128 or num_warps < 8:  # measured from 128 on 8 warps only (BV 32 on 2
+        return min(block_v, V)          # warps: 2.97 ms at T 8192 H 64, slower than both)
+    programs = items * -(-V // half)
+    per_sm = max(1, 65536 // (255 * 32 * (num_warps // 2)))
+    return min(half if programs <= sms * per_sm else block_v, V)
+
+
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
              num_warps, ds_dtype):
@@ -340,8 +358,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     None (the dS recurrence serial). ``s_dtype``, ``ds_dtype``: the operand types of the
     products with S and with dS (fp32: tf32). ``sms``: the device's SM count, which sizes
     the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the serial
-    dS pass's value columns a program (its rows are independent; None, or a segmented plan:
-    ``block_v``; its warps scaled with it), ``blocks_stages``: the blocks kernel's
+    dS pass's value columns a program (a segmented plan takes ``block_v``; None:
+    ``ds_value_block``'s choice; its warps scaled with it), ``blocks_stages``: the blocks kernel's
     ``num_stages`` (above 1, Triton's pipeliner loads the next chunk's operands through
     shared memory while the current one computes). Returns a dict of dv (like v), the
     partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk,
@@ -365,7 +383,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     n_blocks = blocks.shape[0]
     ends = torch.empty((n_blocks, H, V, K), **f32)
     du = torch.empty(v.shape, **f32)
-    dbv = min((ds_block_v if segments is None else None) or block_v, V)
+    dbv = block_v if segments is not None else ds_value_block(
+        num_seqs * H, V, block_v, num_warps, sms, ds_block_v)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
               seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
               num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype)
