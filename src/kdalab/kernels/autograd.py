@@ -35,8 +35,8 @@ SAVE_EVERY = 16 * CKC
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: stage 1's backward: key columns a block; the reverse pass: the serial dS pass's value
 #: columns a program (0: ``ds_value_block``'s choice), the blocks kernel's pipeline stages
-#: (1: none)
-BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=1)
+#: (0: ``blocks_kernel_stages``'s choice)
+BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -155,7 +155,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, blocks=blocks,
                                   block_offsets=block_offsets, segments=segments,
                                   ds_block_v=BWD_MODE["ds_block_v"] or None,
-                                  blocks_stages=BWD_MODE["blocks_stages"])
+                                  blocks_stages=BWD_MODE["blocks_stages"] or None)
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)

@@ -330,6 +330,18 @@ def ds_value_block(items: int, V: int, block_v: int, num_warps: int, sms: int,
     return min(half if programs <= sms * per_sm else block_v, V)
 
 
+def blocks_kernel_stages(has_initial_state: bool) -> int:
+    """The blocks kernel's ``num_stages``: 2 (Triton's pipeliner loads the next chunk's
+    operands through shared memory while the current one computes) without an initial
+    state, 1 with one. Measured on the H200, the kernel's GPU time at 2 against 1 stage
+    (docs/training.md): 0.925-0.94x on six shapes without a state (T 1024 H 16 to T 8192
+    H 64, B 16 T 1024 H 32, varlen), 1.07x and 1.08x on the two with one (B 8 T 4096 H 32,
+    T 4096 H 8); 3 stages 1.15-1.35x. The same bits either way. Why the state decides is not
+    pinned down: sm_90a spills 888 against 1284 bytes a thread without it, 1104 against 1276
+    with it, so the pipelined form spills less in both (``scripts/sm90_report.py``)."""
+    return 1 if has_initial_state else 2
+
+
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
              num_warps, ds_dtype):
@@ -348,7 +360,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=1):
+                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
@@ -359,9 +371,8 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     products with S and with dS (fp32: tf32). ``sms``: the device's SM count, which sizes
     the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the serial
     dS pass's value columns a program (a segmented plan takes ``block_v``; None:
-    ``ds_value_block``'s choice; its warps scaled with it), ``blocks_stages``: the blocks kernel's
-    ``num_stages`` (above 1, Triton's pipeliner loads the next chunk's operands through
-    shared memory while the current one computes). Returns a dict of dv (like v), the
+    ``ds_value_block``'s choice; its warps scaled with it), ``blocks_stages``: the blocks
+    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s). Returns a dict of dv (like v), the
     partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk,
     dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient,
     or None)."""
@@ -420,5 +431,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], num_warps=num_warps, num_stages=blocks_stages)
+        DD=_TL[ds_dtype], num_warps=num_warps,
+        num_stages=blocks_stages or blocks_kernel_stages(initial_state is not None))
     return out
