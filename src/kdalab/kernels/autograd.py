@@ -35,8 +35,10 @@ SAVE_EVERY = 16 * CKC
 BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: stage 1's backward: key columns a block; the reverse pass: the serial dS pass's value
 #: columns a program (0: ``ds_value_block``'s choice), the blocks kernel's pipeline stages
-#: (0: ``blocks_kernel_stages``'s choice)
-BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0)
+#: (0: ``blocks_kernel_stages``'s choice); stage 1's backward's register cap and pipeline
+#: stages (0: Triton's)
+BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=0,
+                prep_stages=0)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -160,7 +162,9 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
     dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
-                                                       grads, block_k=BWD_MODE["prep_block_k"])
+                                                       grads, block_k=BWD_MODE["prep_block_k"],
+                                                       maxnreg=BWD_MODE["prep_maxnreg"] or None,
+                                                       num_stages=BWD_MODE["prep_stages"] or None)
     dv, dh0 = out["dv"], out["dh0"]
     del c, out, grads  # stage 1 again and the partial sums: freed before the GVA sums
     GQ, GG = H // p.HQ, H // p.HG

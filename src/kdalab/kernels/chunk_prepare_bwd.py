@@ -258,14 +258,15 @@ def chunk_kda_prepare_bwd_kernel(
 
 
 def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
-                          num_warps=4, block_k=32):
+                          num_warps=4, block_k=32, maxnreg=None, num_stages=None):
     """Launch stage 1's backward (4 warps: 5.06 against 5.21 ms on 8 at T 8192 H 64, 10.14
     against 10.39 at B 8 T 4096 H 32, 0.660 against 0.655 at T 4096 H 16; train_h200's
     config rows, pw=4). ``grads``: the reverse pass's dict (its partial sums over value
     blocks already added). Returns (dq, dk, dg, dbeta, dA_log, ddt_bias) per value head:
     dq, dk, dg [B, T, H, K] and dbeta [B, T, H] in their inputs' dtypes where no GVA sum
     follows (rounded once, in the kernel; fp32 where the host sums value heads), dA_log
-    [chunks, H] and ddt_bias [chunks, H, K] per chunk, fp32 (None without A_log / dt_bias)."""
+    [chunks, H] and ddt_bias [chunks, H, K] per chunk, fp32 (None without A_log / dt_bias).
+    ``maxnreg``, ``num_stages``: a register cap and pipeline stages (None: Triton's)."""
     B, T, H, K = p.B, p.T, p.H, p.K
     dev = q.device
     f32 = dict(device=dev, dtype=torch.float32)
@@ -296,5 +297,6 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
         IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
-        num_warps=num_warps)
+        num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+        **({"num_stages": num_stages} if num_stages else {}))
     return dq, dk, dg, db, dalog, ddt
