@@ -241,11 +241,14 @@ def kdalab_rows(only: str | None = None):
                 scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
               USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=False)
-    for bk, nw in ((32, 4), (32, 2), (64, 4)):
+    from kdalab.kernels.autograd import BWD_MODE
+    cap = dict(num_stages=BWD_MODE["prep_stages"] or 3, maxnreg=BWD_MODE["prep_maxnreg"] or None)
+    tag = f" s{cap['num_stages']} r{cap['maxnreg']}"  # as the launcher runs it
+    for bk, nw, kw in ((32, 4, cap), (32, 4, {}), (32, 2, {}), (64, 4, {})):
         yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=bk), num_warps=nw,
-                    label=f"bwd stage 1 BK{bk} w{nw}")
+                    label=f"bwd stage 1 BK{bk} w{nw}{tag if kw else ''}", **kw)
     yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=32, GATE=1, SPAN_CHECK=True),
-                num_warps=4, label="bwd stage 1 BK32 softplus w4")
+                num_warps=4, label=f"bwd stage 1 BK32 softplus w4{tag}", **cap)
 
 
 if __name__ == "__main__":

@@ -36,9 +36,12 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: stage 1's backward: key columns a block; the reverse pass: the serial dS pass's value
 #: columns a program (0: ``ds_value_block``'s choice), the blocks kernel's pipeline stages
 #: (0: ``blocks_kernel_stages``'s choice); stage 1's backward's register cap and pipeline
-#: stages (0: Triton's)
-BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=0,
-                prep_stages=0)
+#: stages (0: Triton's). Measured (H200, the kernel's GPU time; docs/training.md): a cap of
+#: 168 registers (three programs an SM on 4 warps, 244 bytes of spills) without pipelining,
+#: against Triton's 255 and 3 stages: 0.87x at T 8192 H 64 and T 4096 H 16, 0.86x at B 8
+#: T 4096 H 32, 0.94x at T 1024 H 16; a cap of 128 alone 1.17-1.25x, 168 alone 0.99x
+BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
+                prep_stages=1)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
