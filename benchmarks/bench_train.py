@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -426,35 +427,44 @@ def to_json_rows(bw, rate, speed, acc, var=()):
                 unit="TB/s"),
            dict(target="H200 bf16 matmul rate (8192^3)", value=round(rate / 1e12, 1),
                 unit="TFLOP/s")]
-    ratios = []
-    for r in speed:
-        if "speedup" in r:
+    nan = float("nan")
+    ratios, eager = [], []
+    for r in speed:  # one row a shape: GPU time where the profiler gave it, eager wall time
+        if "speedup" in r:  # in the note (fla's eager step is host-bound at small shapes)
             ratios.append(r["speedup"])
-            out.append(dict(
-                target=f"train {r['shape']}: kdalab vs fla forward+backward", unit="x",
-                value=round(r["speedup"], 3),
-                note=(f"kdalab {r['kdalab_ms']:.3f} ms, fla {r['fla_ms']:.3f} ms, floor "
-                      f"{r['floor_ms']:.3f} ms ({r['kdalab_ms'] / r['floor_ms']:.1f}x it); "
-                      f"backward alone {r.get('kdalab_bwd_ms', float('nan')):.3f} vs "
-                      f"{r.get('fla_bwd_ms', float('nan')):.3f} ms; peak memory "
-                      f"{r.get('kdalab_peak_mb', float('nan')):.0f} vs "
-                      f"{r.get('fla_peak_mb', float('nan')):.0f} MiB")))
+            eager.append(f"{r['shape']} {r['speedup']:.2f}x")
+        mem = (f"peak memory {r.get('kdalab_peak_mb', nan):.0f} vs "
+               f"{r.get('fla_peak_mb', nan):.0f} MiB")
+        wall = (f"eager wall time {r['kdalab_ms']:.3f} vs {r['fla_ms']:.3f} ms "
+                f"({r['speedup']:.2f}x)" if "speedup" in r else "")
         if isinstance(r.get("speedup_gpu"), float):
             out.append(dict(
                 target=f"train {r['shape']}: GPU time (profiler) kdalab vs fla fwd+bwd",
                 unit="x", value=round(r["speedup_gpu"], 3),
-                note=(f"kdalab {r['kdalab_gpu_ms']:.3f} ms, fla {r['fla_gpu_ms']:.3f} ms; "
-                      f"backward alone {r.get('kdalab_bwd_gpu_ms', float('nan')):.3f} vs "
-                      f"{r.get('fla_bwd_gpu_ms', float('nan')):.3f} ms; kdalab's reverse "
+                note=(f"kdalab {r['kdalab_gpu_ms']:.3f} ms, fla {r['fla_gpu_ms']:.3f} ms, floor "
+                      f"{r['floor_ms']:.3f} ms ({r['kdalab_gpu_ms'] / r['floor_ms']:.1f}x it); "
+                      f"backward alone {r.get('kdalab_bwd_gpu_ms', nan):.3f} vs "
+                      f"{r.get('fla_bwd_gpu_ms', nan):.3f} ms; kdalab's reverse "
                       f"pass {reverse_ms(r['kdalab_kernels']):.3f}"
                       f" ms, stage 1's backward "
-                      f"{r['kdalab_kernels'].get('chunk_kda_prepare_bwd_kernel', 0):.3f} ms")))
+                      f"{r['kdalab_kernels'].get('chunk_kda_prepare_bwd_kernel', 0):.3f} ms; "
+                      f"{mem}" + (f"; {wall}" if wall else ""))))
+        elif "speedup" in r:
+            out.append(dict(
+                target=f"train {r['shape']}: kdalab vs fla forward+backward", unit="x",
+                value=round(r["speedup"], 3),
+                note=(f"{wall}, floor {r['floor_ms']:.3f} ms "
+                      f"({r['kdalab_ms'] / r['floor_ms']:.1f}x it); backward alone "
+                      f"{r.get('kdalab_bwd_ms', nan):.3f} vs {r.get('fla_bwd_ms', nan):.3f} ms; "
+                      f"{mem}")))
     gpu = [r["speedup_gpu"] for r in speed if isinstance(r.get("speedup_gpu"), float)]
-    for values, timing in ((gpu, "GPU time (profiler)"), (ratios, "eager wall time")):
+    for values, timing, each in ((gpu, "GPU time (profiler)", None),
+                                 (ratios, "eager wall time", eager)):
         if values:
             out.append(dict(target=f"train: geometric mean, kdalab vs fla, {timing}", unit="x",
                             value=round(geomean(values), 3),
-                            note=f"{len(values)} shapes; slowest {min(values):.3f}x"))
+                            note=f"{len(values)} shapes; slowest {min(values):.3f}x"
+                                 + (": " + ", ".join(each) if each else "")))
     by_shape = {}  # the configs' rows: one page row a shape, the fastest backward first
     for r in var:
         if "config" in r and "bwd_gpu_ms" in r:
@@ -466,9 +476,14 @@ def to_json_rows(bw, rate, speed, acc, var=()):
             k = r["kernels"]
             prep = sum(t for name, t in k.items()  # (d687608's A/B named two kernels)
                        if name.startswith("chunk_kda_prepare_bwd"))
-            parts.append(f"{r['config'] or 'default'} {r['bwd_gpu_ms']:.2f} (reverse "
+            at = f" at {r['at']}" if r.get("at") else ""  # the log's commit: the defaults
+            same = ""                                      # a config leaves are the commit's
+            if "grad_vs_first" in r:  # the gradients against the run's first config's
+                same = (", the same bits" if r["grad_vs_first"] == 0
+                        else f", gradients {r['grad_vs_first']:.1e} from the first's")
+            parts.append(f"{r['config'] or 'default'}{at} {r['bwd_gpu_ms']:.2f} (reverse "
                          f"{reverse_ms(k):.2f}, stage 1's "
-                         f"{prep:.2f}, {r['peak_mb']:.0f} MiB)")
+                         f"{prep:.2f}, {r['peak_mb']:.0f} MiB{same})")
         out.append(dict(
             target=f"train {shape}: kdalab backward GPU time, fastest config "
                    f"({rs[0]['config'] or 'default'})",
@@ -569,7 +584,12 @@ def read_logs(paths):
         return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
     for path in paths:
+        # a log named for its commit (train_<sha>[_x].log): its config rows say which
+        at = re.fullmatch(r"train_([0-9a-f]{7})(?:_[a-z])?\.(?:log|json)",
+                          os.path.basename(path))
         for row in rows_of(path):
+            if at and "config" in row:
+                row = dict(row, at=at.group(1))
             if "copy_bw_tbs" in row:
                 keyed[("rates",)] = ("rates", row)
             elif "family" in row:
