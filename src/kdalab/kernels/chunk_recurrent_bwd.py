@@ -78,29 +78,6 @@ def _cc(ptr, cc, o_r, c_ok, BT: tl.constexpr):
 
 
 @triton.jit
-def _ds_operands(do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, bos, eos, c, c0,
-                 i_h, o_r, o_k, o_v, v_mask, H, K: tl.constexpr, V: tl.constexpr,
-                 BT: tl.constexpr):
-    """The dS pass's operands of chunk ``c`` (none before ``bos``: c < 0 loads zeros), in
-    their stored types, token rows first: dO^T [BV, 16] (rows ``v_mask``), W, QG, KEND, KLO
-    [16, K], and MQK, GAMMA in fp32."""
-    rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-    live = (o_r * 0 + c) >= 0
-    r_ok = r_ok & live
-    c_ok = c_ok & live
-    offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-    m = r_ok[:, None]
-    dot_ = tl.load(do_ptr + tok, mask=v_mask[:, None] & r_ok[None, :], other=0.0)
-    w = tl.load(w_ptr + offs, mask=m, other=0.0)
-    qg = tl.load(qg_ptr + offs, mask=m, other=0.0)
-    kend = tl.load(kend_ptr + offs, mask=m, other=0.0)
-    klo = tl.load(klo_ptr + offs, mask=m, other=0.0)
-    mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
-    gam = tl.load(gamma_ptr + cc * K + o_k, mask=(o_k * 0 + c) >= 0, other=0.0)
-    return dot_, w, qg, kend, klo, mqk, gam
-
-
-@triton.jit
 def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
                 STATE_VK: tl.constexpr):
     """Pointers to S^T's rows ``o_v`` of state ``row`` of a [N, H, K, V] (VK: [N, H, V, K])
@@ -129,7 +106,7 @@ def chunk_kda_bwd_recurrent_kernel(
     seg_off_ptr, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_DHT: tl.constexpr, STATE_VK: tl.constexpr,
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SEG: tl.constexpr,
-    DD: tl.constexpr = tl.float32, PREFETCH: tl.constexpr = False,
+    DD: tl.constexpr = tl.float32,
 ):
     """The dS recurrence over one (sequence or segment, head, value block). ``PASS`` 1: a
     segment's summary (R^T, B) into ``sum_ptr`` ([segments, H, V + K, K]; nothing for a
@@ -186,13 +163,7 @@ def chunk_kda_bwd_recurrent_kernel(
             if n_ch == 0:  # an empty sequence has one (empty) block: its dS, dht, is stored
                 tl.store(slot_0 + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
         # one loop over the chunks, last first (not a loop over blocks around one over their
-        # chunks); with PREFETCH the chunk before's operands are loaded while this one computes
-        # (by hand, in their stored types, as the forward's stage 2)
-        vm = is_v & v_ok
-        if PREFETCH:
-            (n_do, n_w, n_qg, n_kh, n_kl, n_mqk, n_gam) = _ds_operands(
-                do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, bos, eos,
-                n_ch - 1, c0, i_h, o_r, o_k, o_v, vm, H, K, V, BT)
+        # chunks), so that a pipelined launch (``num_stages`` > 1) loads ahead across blocks
         for ic in range(0, n_ch):
             c = n_ch - 1 - ic
             if PASS == 3:  # the gradient after a block: at its last chunk
@@ -201,26 +172,22 @@ def chunk_kda_bwd_recurrent_kernel(
                     tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt,
                              mask=v_ok[:, None])
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-            if PREFETCH:
-                (do_r, w_r, qg_r, kh_r, kl_r, mqk, gam) = (n_do, n_w, n_qg, n_kh, n_kl, n_mqk,
-                                                           n_gam)
-                (n_do, n_w, n_qg, n_kh, n_kl, n_mqk, n_gam) = _ds_operands(
-                    do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, bos, eos,
-                    c - 1, c0, i_h, o_r, o_k, o_v, vm, H, K, V, BT)
-            else:
-                (do_r, w_r, qg_r, kh_r, kl_r, mqk, gam) = _ds_operands(
-                    do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, bos, eos,
-                    c, c0, i_h, o_r, o_k, o_v, vm, H, K, V, BT)
-            dot_ = do_r.to(tl.float32)
+            dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
+                           other=0.0).to(tl.float32)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+            mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
+            gam = tl.load(gamma_ptr + cc * K + o_k)
             # KEND as its two parts, as the forward multiplies it: KEND whole in one
             # tf32 product would drop KLO, which the collinear cases' dβ needs
-            dut = (_mm(dSt, tl.trans(kh_r.to(tl.float32)), DD)
-                   + _mm(dSt, tl.trans(kl_r.to(tl.float32)), DD)
+            dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
                    + tl.dot(dot_, mqk, input_precision="tf32"))
             if PASS == 3:
                 tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
-            dSt = (dSt * gam[None, :] + tl.dot(dot_, qg_r.to(tl.float32), input_precision="tf32")
-                   - tl.dot(dut, w_r.to(tl.float32), input_precision="tf32"))
+            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
+                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
         if PASS == 1:  # the summary: the gradient at the segment's start
             slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
             tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
@@ -377,7 +344,7 @@ def blocks_kernel_stages(has_initial_state: bool) -> int:
 
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
-             num_warps, ds_dtype, prefetch):
+             num_warps, ds_dtype):
     w, qg, kend, klo, ainv, mqk, gamma = ops
     dummy = gamma
     opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
@@ -386,16 +353,14 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, DD=_TL[ds_dtype], PREFETCH=prefetch, num_warps=num_warps,
-        num_stages=1)
+        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
 
 
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None,
-                            ds_prefetch=False):
+                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
@@ -407,8 +372,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the serial
     dS pass's value columns a program (a segmented plan takes ``block_v``; None:
     ``ds_value_block``'s choice; its warps scaled with it), ``blocks_stages``: the blocks
-    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s); ``ds_prefetch``: the dS
-    pass loads the chunk before's operands while one computes. Returns a dict of dv (like v), the
+    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s). Returns a dict of dv (like v), the
     partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk,
     dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (``initial_state``'s gradient,
     or None)."""
@@ -434,8 +398,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         num_seqs * H, V, block_v, num_warps, sms, ds_block_v)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
               seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
-              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype,
-              prefetch=ds_prefetch)
+              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype)
     nv_ds = -(-V // dbv)
     if segments is None:
         if num_seqs * H:
