@@ -326,6 +326,22 @@ def test_interp_sequence_parallel_backward():
     assert split.keys() == serial.keys()
 
 
+def test_reverse_pass_launch_choices():
+    # the dS pass halves its value block only where the halves' programs all fit at once
+    # (two an SM on 4 warps), from the measured 128-on-8-warps tile only; the blocks kernel is
+    # pipelined only without an initial state (both measured on the H200, docstrings)
+    from kdalab.kernels.chunk_recurrent_bwd import blocks_kernel_stages, ds_value_block
+
+    assert ds_value_block(64, 128, 128, 8, 132) == 64      # T 8192 H 64: 128 programs
+    assert ds_value_block(132, 128, 128, 8, 132) == 64     # 264: the last that fit
+    assert ds_value_block(133, 128, 128, 8, 132) == 128
+    assert ds_value_block(256, 128, 128, 8, 132) == 128    # B 8 T 4096 H 32
+    assert ds_value_block(4, 64, 64, 4, 132) == 64         # not measured: kept
+    assert ds_value_block(4, 32, 128, 8, 132) == 32        # V below the half
+    assert ds_value_block(256, 128, 128, 8, 132, given=32) == 32
+    assert (blocks_kernel_stages(False), blocks_kernel_stages(True)) == (2, 1)
+
+
 @interp
 def test_interp_reverse_pass_forms_agree(monkeypatch):
     # the dS recurrence serial or in segments (summaries, the combine in reverse), the blocks
