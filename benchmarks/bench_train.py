@@ -471,9 +471,11 @@ def to_json_rows(bw, rate, speed, acc, var=()):
             k = r["kernels"]
             prep = sum(t for name, t in k.items()  # (d687608's A/B named two kernels)
                        if name.startswith("chunk_kda_prepare_bwd"))
-            at = f" at {r['at']}" if r.get("at") else ""  # the log's commit: the defaults
-            same = ""                                      # a config leaves are the commit's
-            if "grad_vs_first" in r:  # the gradients against the run's first config's
+            # the log's commit (what a config leaves unset is that commit's default) and
+            # whether the config's gradients are the run's first config's bits
+            at = f" at {r['at']}" if r.get("at") else ""
+            same = ""
+            if "grad_vs_first" in r:
                 same = (", the same bits" if r["grad_vs_first"] == 0
                         else f", gradients {r['grad_vs_first']:.1e} from the first's")
             parts.append(f"{r['config'] or 'default'}{at} {r['bwd_gpu_ms']:.2f} (reverse "

@@ -325,9 +325,8 @@ def ds_value_block(items: int, V: int, block_v: int, num_warps: int, sms: int,
     half = block_v // 2
     if block_v < 128 or num_warps < 8:  # measured from 128 on 8 warps only (BV 32 on 2
         return min(block_v, V)          # warps: 2.97 ms at T 8192 H 64, slower than both)
-    programs = items * -(-V // half)
-    per_sm = max(1, 65536 // (255 * 32 * (num_warps // 2)))
-    return min(half if programs <= sms * per_sm else block_v, V)
+    fit = resident_programs(sms, num_warps // 2, -(-V // half))  # per value block, at once
+    return min(half if items <= fit else block_v, V)
 
 
 def blocks_kernel_stages(has_initial_state: bool) -> int:
@@ -342,15 +341,19 @@ def blocks_kernel_stages(has_initial_state: bool) -> int:
     return 1 if has_initial_state else 2
 
 
+def _opt(x, dummy):
+    """``x``, or ``dummy`` for an absent optional pointer (the kernel does not read it)."""
+    return x if x is not None else dummy
+
+
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
              num_warps, ds_dtype):
     w, qg, kend, klo, ainv, mqk, gamma = ops
-    dummy = gamma
-    opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
     chunk_kda_bwd_recurrent_kernel[(items, grid_v)](
-        do, w, qg, kend, klo, mqk, gamma, opt(dht), opt(summary), opt(ends), opt(du),
-        opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(segments), opt(seg_offsets),
+        do, w, qg, kend, klo, mqk, gamma, _opt(dht, gamma), _opt(summary, gamma), ends, du,
+        _opt(cu_seqlens, gamma), _opt(chunk_offsets, gamma), _opt(seq_order, gamma),
+        _opt(segments, gamma), _opt(seg_offsets, gamma),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
         SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
@@ -421,13 +424,11 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         return out
     n_prog = max(1, min(items, resident_programs(sms, num_warps, nv)))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
-    dummy = gamma
-    opt = lambda x: x if x is not None else dummy  # noqa: E731
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
         v, do, du, w, qg, kend, klo, ainv, gamma,
-        opt(initial_state), opt(checkpoints), opt(checkpoint_offsets), ends,
-        out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
-        out["dainv"], opt(out["dh0"]), scratch, blocks, items,
+        _opt(initial_state, gamma), _opt(checkpoints, gamma), _opt(checkpoint_offsets, gamma),
+        ends, out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
+        out["dainv"], _opt(out["dh0"], gamma), scratch, blocks, items,
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
