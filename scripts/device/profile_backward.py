@@ -16,8 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "benchmarks"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 
-from bench_train import SHAPES, _leaves, _runners, _step  # noqa: E402
 from bench_kernel import make_inputs  # noqa: E402
+from bench_train import SHAPES, _leaves, _runners, _step  # noqa: E402
 
 
 def main():
