@@ -7,13 +7,13 @@
 set -uo pipefail
 source scripts/device/peers.sh >/dev/null 2>&1
 OUT=${OUT:-/tmp/dvp}; mkdir -p "$OUT"
-timeout 260 python3 benchmarks/bench_train.py --no-speed \
-    --shapes T4096_H16,T8192_H64,B8_T4096_H32_state,T1024_H16 \
-    --configs 'block_v=128,bwd.exact_du=0;block_v=128,bwd.exact_du=1;block_v=128,bwd.exact_du=2;block_v=128,bwd.exact_du=0' \
+timeout 200 python3 benchmarks/bench_train.py --no-speed \
+    --shapes T4096_H16,T8192_H64,T1024_H16 \
+    --configs 'block_v=128,bwd.exact_du=0;block_v=128,bwd.exact_du=1;block_v=128,bwd.exact_du=2' \
     --json "$OUT/speed.json" > "$OUT/speed.log" 2>&1
 echo "speed exit $?"
 for ex in 0 1 2; do
-  timeout 100 python3 - "$ex" "$OUT/acc_$ex.json" > "$OUT/acc_$ex.log" 2>&1 <<'PY'
+  timeout 125 python3 - "$ex" "$OUT/acc_$ex.json" > "$OUT/acc_$ex.log" 2>&1 <<'PY'
 import sys
 sys.path.insert(0, "benchmarks")
 from kdalab.kernels import autograd
