@@ -216,7 +216,6 @@ def kdalab_rows(only: str | None = None):
                                "seg_ptr", "seg_off_ptr", "T", "H")}
     for pass_, seg, bv, nw, ex in ((3, False, 128, 8, 1), (3, True, 128, 8, 1),
                                    (1, True, 128, 8, 1), (3, False, 64, 4, 1),
-                                   (3, False, 128, 8, 2), (3, False, 64, 4, 2),
                                    (3, False, 64, 4, 0)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_DHT=True, STATE_VK=False,
                   IS_VARLEN=False, PASS=pass_, SEG=seg, EXACT_DU=ex)
