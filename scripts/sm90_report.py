@@ -214,13 +214,12 @@ def kdalab_rows(only: str | None = None):
                                "gamma_ptr", "dht_ptr", "sum_ptr", "ends_ptr", "du_ptr",
                                "cu_seqlens_ptr", "chunk_offsets_ptr", "seq_order_ptr",
                                "seg_ptr", "seg_off_ptr", "T", "H")}
-    for pass_, seg, bv, nw, ex in ((3, False, 128, 8, 1), (3, True, 128, 8, 1),
-                                   (1, True, 128, 8, 1), (3, False, 64, 4, 1),
-                                   (3, False, 64, 4, 0)):
+    for pass_, seg, bv, nw in ((3, False, 128, 8), (3, True, 128, 8), (1, True, 128, 8),
+                               (3, False, 64, 4)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_DHT=True, STATE_VK=False,
-                  IS_VARLEN=False, PASS=pass_, SEG=seg, EXACT_DU=ex)
+                  IS_VARLEN=False, PASS=pass_, SEG=seg)
         yield timed(chunk_kda_bwd_recurrent_kernel, rec, ce, num_warps=nw, num_stages=1,
-                    label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw} du{ex}")
+                    label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}")
     # the blocks kernel
     blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "w_ptr", "qg_ptr", "kend_ptr",
                                "klo_ptr", "ainv_ptr", "gamma_ptr", "h0_ptr",

@@ -100,30 +100,13 @@ def _mm(a, b, DT: tl.constexpr):
 
 
 @triton.jit
-def _mm_a2(a, b, DT: tl.constexpr, SPLIT: tl.constexpr):
-    """a @ b for a ``b`` exact in tf32 (stored in fp16, or KEND_hi): with ``SPLIT`` and fp32
-    ``DT``, ``a`` as two parts, its fp32 bits with the low 13 of the significand cleared
-    (exact in tf32) and the rest (2^-10 of ``a`` at most), two tf32 products whose only
-    truncation is the rest's; else ``_mm`` (``a`` truncated to tf32). (The rest's product in
-    bf16 spilled a little less, but the interpreter's bf16 tl.dot returns garbage, so CI could
-    not check it.)"""
-    if SPLIT != 0 and DT == tl.float32:
-        hi = (a.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        acc = tl.dot(hi, b.to(tl.float32), input_precision="tf32")
-        acc = tl.dot(a - hi, b.to(tl.float32), acc, input_precision="tf32")
-    else:
-        acc = _mm(a, b, DT)
-    return acc
-
-
-@triton.jit
 def chunk_kda_bwd_recurrent_kernel(
     do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, dht_ptr,
     sum_ptr, ends_ptr, du_ptr, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr,
     seg_off_ptr, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_DHT: tl.constexpr, STATE_VK: tl.constexpr,
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SEG: tl.constexpr,
-    DD: tl.constexpr = tl.float32, EXACT_DU: tl.constexpr = 1,
+    DD: tl.constexpr = tl.float32,
 ):
     """The dS recurrence over one (sequence or segment, head, value block). ``PASS`` 1: a
     segment's summary (R^T, B) into ``sum_ptr`` ([segments, H, V + K, K]; nothing for a
@@ -199,7 +182,7 @@ def chunk_kda_bwd_recurrent_kernel(
             gam = tl.load(gamma_ptr + cc * K + o_k)
             # KEND as its two parts, as the forward multiplies it: KEND whole in one
             # tf32 product would drop KLO, which the collinear cases' dβ needs
-            dut = (_mm_a2(dSt, kend_hi, DD, EXACT_DU) + _mm(dSt, klo, DD)
+            dut = (_mm(dSt, kend_hi, DD) + _mm(dSt, klo, DD)
                    + tl.dot(dot_, mqk, input_precision="tf32"))
             if PASS == 3:
                 tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
@@ -219,7 +202,6 @@ def chunk_kda_bwd_blocks_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    EXACT_DU: tl.constexpr = 1,
 ):
     """Every 64-token block (and head, and value block) from its start state (its
     checkpoint) and the gradient after it (pass 3's ``ends``), with every chunk's dU^T (pass
@@ -271,10 +253,7 @@ def chunk_kda_bwd_blocks_kernel(
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
             tl.store(scr_u + c * BV * BT, ut)
             # the products that need no state: here, where U is formed
-            if EXACT_DU != 0:  # AINV is fp32 for the span-checked gates: both split
-                dvt = tl.dot(dut, ainv, input_precision="tf32x3")
-            else:
-                dvt = tl.dot(dut, ainv, input_precision="tf32")
+            dvt = tl.dot(dut, ainv, input_precision="tf32")
             tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
             tril = o_r[:, None] >= o_r[None, :]
             dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
@@ -369,7 +348,7 @@ def _opt(x, dummy):
 
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
-             num_warps, ds_dtype, exact_du):
+             num_warps, ds_dtype):
     w, qg, kend, klo, ainv, mqk, gamma = ops
     chunk_kda_bwd_recurrent_kernel[(items, grid_v)](
         do, w, qg, kend, klo, mqk, gamma, _opt(dht, gamma), _opt(summary, gamma), ends, du,
@@ -377,16 +356,14 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         _opt(segments, gamma), _opt(seg_offsets, gamma),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, DD=_TL[ds_dtype], EXACT_DU=exact_du, num_warps=num_warps,
-        num_stages=1)
+        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
 
 
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None,
-                            exact_du=1):
+                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
@@ -424,8 +401,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         num_seqs * H, V, block_v, num_warps, sms, ds_block_v)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
               seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
-              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype,
-              exact_du=exact_du)
+              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype)
     nv_ds = -(-V // dbv)
     if segments is None:
         if num_seqs * H:
@@ -456,6 +432,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], EXACT_DU=exact_du, num_warps=num_warps,
+        DD=_TL[ds_dtype], num_warps=num_warps,
         num_stages=blocks_stages or blocks_kernel_stages(initial_state is not None))
     return out
