@@ -214,14 +214,12 @@ def kdalab_rows(only: str | None = None):
                                "gamma_ptr", "dht_ptr", "sum_ptr", "ends_ptr", "du_ptr",
                                "cu_seqlens_ptr", "chunk_offsets_ptr", "seq_order_ptr",
                                "seg_ptr", "seg_off_ptr", "T", "H")}
-    for pass_, seg, bv, nw, mg in ((3, False, 128, 8, True), (3, True, 128, 8, True),
-                                   (1, True, 128, 8, True), (3, False, 64, 4, True),
-                                   (3, False, 128, 8, False), (3, False, 64, 4, False)):
+    for pass_, seg, bv, nw in ((3, False, 128, 8), (3, True, 128, 8), (1, True, 128, 8),
+                               (3, False, 64, 4)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_DHT=True, STATE_VK=False,
-                  IS_VARLEN=False, PASS=pass_, SEG=seg, MERGE=mg)
+                  IS_VARLEN=False, PASS=pass_, SEG=seg)
         yield timed(chunk_kda_bwd_recurrent_kernel, rec, ce, num_warps=nw, num_stages=1,
-                    label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}"
-                    + ("" if mg else " unmerged"))
+                    label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}")
     # the blocks kernel
     blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "w_ptr", "qg_ptr", "kend_ptr",
                                "klo_ptr", "ainv_ptr", "gamma_ptr", "h0_ptr",
@@ -229,14 +227,12 @@ def kdalab_rows(only: str | None = None):
                                "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr", "dainv_ptr",
                                "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",
                                "part_gam", "part_cc", "H")}
-    for bv, nw, h0, mg in ((128, 8, True, True), (128, 8, False, True), (64, 4, True, True),
-                           (128, 8, True, False), (128, 8, False, False)):
+    for bv, nw, h0 in ((128, 8, True), (128, 8, False), (64, 4, True)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=h0, STORE_DH0=h0,
-                  STATE_VK=False, MERGE=mg)
+                  STATE_VK=False)
         ns = blocks_kernel_stages(h0)  # as the launcher picks them
         yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=ns,
-                    label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}"
-                    + ("" if mg else " unmerged"))
+                    label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}")
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",

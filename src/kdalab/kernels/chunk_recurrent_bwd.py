@@ -100,19 +100,17 @@ def _mm(a, b, DT: tl.constexpr):
 
 
 @triton.jit
-def _mm_pair(a, b1, b2, DT: tl.constexpr, MERGE: tl.constexpr):
-    """(a @ b1, a @ b2) for [M, N] ``b1``, ``b2``: with ``MERGE`` one product with b1 and b2
-    side by side ([M, 2N]), so that ``a`` is staged for the tensor cores
-    once; each column's sum is formed as in its own product, so the same bits."""
-    if MERGE:
-        N: tl.constexpr = b1.shape[1]
-        b = tl.reshape(tl.permute(tl.join(b1, b2), (0, 2, 1)), [b1.shape[0], 2 * N])
-        r = tl.permute(tl.reshape(_mm(a, b, DT), [a.shape[0], 2, N]), (0, 2, 1))
-        x1, x2 = tl.split(r)
-    else:
-        x1 = _mm(a, b1, DT)
-        x2 = _mm(a, b2, DT)
-    return x1, x2
+def _mm_pair(a, b1, b2, DT: tl.constexpr):
+    """(a @ b1, a @ b2) for [M, N] ``b1``, ``b2`` as one product with b1 and b2 side by side
+    ([M, 2N]), so that ``a`` is staged for the tensor cores once. The dS pass's dU (dS·KEND_hi,
+    dS·KLO) so: 0.400 against 0.435 ms at T 4096 H 16, 1.96 against 2.04 at T 8192 H 64, 2.48
+    against 2.71 at B 8 T 4096 H 32 (sm_90a: 22 wgmma against 38, no spills against 84 bytes);
+    the blocks kernel's dQG and dW (S^T·dO, S^T·dU) so measured 3-4.5 % slower (7.79 against
+    7.46 ms at T 8192 H 64; docs/training.md)."""
+    N: tl.constexpr = b1.shape[1]
+    b = tl.reshape(tl.permute(tl.join(b1, b2), (0, 2, 1)), [b1.shape[0], 2 * N])
+    r = tl.permute(tl.reshape(_mm(a, b, DT), [a.shape[0], 2, N]), (0, 2, 1))
+    return tl.split(r)
 
 
 @triton.jit
@@ -122,7 +120,7 @@ def chunk_kda_bwd_recurrent_kernel(
     seg_off_ptr, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_DHT: tl.constexpr, STATE_VK: tl.constexpr,
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SEG: tl.constexpr,
-    DD: tl.constexpr = tl.float32, MERGE: tl.constexpr = True,
+    DD: tl.constexpr = tl.float32,
 ):
     """The dS recurrence over one (sequence or segment, head, value block). ``PASS`` 1: a
     segment's summary (R^T, B) into ``sum_ptr`` ([segments, H, V + K, K]; nothing for a
@@ -198,7 +196,7 @@ def chunk_kda_bwd_recurrent_kernel(
             gam = tl.load(gamma_ptr + cc * K + o_k)
             # KEND as its two parts, as the forward multiplies it: KEND whole in one
             # tf32 product would drop KLO, which the collinear cases' dβ needs
-            du_hi, du_lo = _mm_pair(dSt, kend_hi, klo, DD, MERGE)
+            du_hi, du_lo = _mm_pair(dSt, kend_hi, klo, DD)
             dut = du_hi + du_lo + tl.dot(dot_, mqk, input_precision="tf32")
             if PASS == 3:
                 tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
@@ -218,7 +216,6 @@ def chunk_kda_bwd_blocks_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    MERGE: tl.constexpr = True,
 ):
     """Every 64-token block (and head, and value block) from its start state (its
     checkpoint) and the gradient after it (pass 3's ``ends``), with every chunk's dU^T (pass
@@ -278,8 +275,8 @@ def chunk_kda_bwd_blocks_kernel(
             o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
             tl.store(dmqk_ptr + o_cc, dmqk)
             tl.store(dainv_ptr + o_cc, dainv)
-            dqgt, dwt = _mm_pair(tl.trans(Sd), dot_, dut, DS, MERGE)
-            dwt = -dwt
+            dqgt = _mm(tl.trans(Sd), dot_, DS)
+            dwt = -_mm(tl.trans(Sd), dut, DS)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
             tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
@@ -365,7 +362,7 @@ def _opt(x, dummy):
 
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
-             num_warps, ds_dtype, merge):
+             num_warps, ds_dtype):
     w, qg, kend, klo, ainv, mqk, gamma = ops
     chunk_kda_bwd_recurrent_kernel[(items, grid_v)](
         do, w, qg, kend, klo, mqk, gamma, _opt(dht, gamma), _opt(summary, gamma), ends, du,
@@ -373,16 +370,14 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         _opt(segments, gamma), _opt(seg_offsets, gamma),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, DD=_TL[ds_dtype], MERGE=merge, num_warps=num_warps,
-        num_stages=1)
+        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
 
 
 def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None,
-                            merge=True):
+                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
@@ -420,8 +415,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         num_seqs * H, V, block_v, num_warps, sms, ds_block_v)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
               seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
-              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype,
-              merge=merge)
+              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype)
     nv_ds = -(-V // dbv)
     if segments is None:
         if num_seqs * H:
@@ -452,6 +446,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], MERGE=merge, num_warps=num_warps,
+        DD=_TL[ds_dtype], num_warps=num_warps,
         num_stages=blocks_stages or blocks_kernel_stages(initial_state is not None))
     return out
