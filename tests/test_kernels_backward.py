@@ -19,9 +19,13 @@ import torch
 
 pytest.importorskip("triton")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.kda import reference_forward  # noqa: E402
 from kdalab.kernels import KernelConfig, chunk_kda  # noqa: E402
+from kdalab.kernels.chunk_recurrent_bwd import _mm_pair  # noqa: E402
 from tests.serving_inputs import interp_test_count, run_interpreter_tests  # noqa: E402
 
 INTERP = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -324,6 +328,32 @@ def test_interp_sequence_parallel_backward():
     split = _compare(x, kw, KernelConfig(dot="tf32", segment_chunks=4))
     serial = _compare(x, kw, KernelConfig(dot="tf32", segment_chunks=0))
     assert split.keys() == serial.keys()
+
+
+@triton.jit
+def _pair_kernel(a_ptr, b1_ptr, b2_ptr, o1_ptr, o2_ptr, M: tl.constexpr, K: tl.constexpr,
+                 N: tl.constexpr):
+    om, ok, on = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+    a = tl.load(a_ptr + om[:, None] * K + ok[None, :])
+    b1 = tl.load(b1_ptr + ok[:, None] * N + on[None, :])
+    b2 = tl.load(b2_ptr + ok[:, None] * N + on[None, :])
+    x1, x2 = _mm_pair(a, b1, b2, tl.float32)
+    tl.store(o1_ptr + om[:, None] * N + on[None, :], x1)
+    tl.store(o2_ptr + om[:, None] * N + on[None, :], x2)
+
+
+@interp
+def test_interp_mm_pair_returns_each_product():
+    # the dS pass's dU forms dS·KEND_hi and dS·KLO as one product with the two side by side:
+    # each half must be its own product (the pass adds them, so a swap would pass the
+    # gradient tests; a mixed-up column would not)
+    gen = torch.Generator().manual_seed(3)
+    a, b1, b2 = (torch.randn(*s, generator=gen) for s in ((32, 64), (64, 16), (64, 16)))
+    o1, o2 = torch.empty(32, 16), torch.empty(32, 16)
+    _pair_kernel[(1,)](a, b1, b2, o1, o2, M=32, K=64, N=16)
+    # the interpreter multiplies fp32 exactly, summing in numpy's order: fp32 rounding
+    torch.testing.assert_close(o1, a @ b1, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o2, a @ b2, rtol=1e-5, atol=1e-5)
 
 
 def test_reverse_pass_launch_choices():
