@@ -102,11 +102,8 @@ def _mm(a, b, DT: tl.constexpr):
 @triton.jit
 def _mm_pair(a, b1, b2, DT: tl.constexpr):
     """(a @ b1, a @ b2) for [M, N] ``b1``, ``b2`` as one product with b1 and b2 side by side
-    ([M, 2N]), so that ``a`` is staged for the tensor cores once. The dS pass's dU (dS·KEND_hi,
-    dS·KLO) so: 0.400 against 0.435 ms at T 4096 H 16, 1.96 against 2.04 at T 8192 H 64, 2.48
-    against 2.71 at B 8 T 4096 H 32 (sm_90a: 22 wgmma against 38, no spills against 84 bytes);
-    the blocks kernel's dQG and dW (S^T·dO, S^T·dU) so measured 3-4.5 % slower (7.79 against
-    7.46 ms at T 8192 H 64; docs/training.md)."""
+    ([M, 2N]), ``a`` staged for the tensor cores once: the dS pass's dU 3-9 % faster, the
+    blocks kernel's dQG and dW 3-4.5 % slower so (docs/training.md)."""
     N: tl.constexpr = b1.shape[1]
     b = tl.reshape(tl.permute(tl.join(b1, b2), (0, 2, 1)), [b1.shape[0], 2 * N])
     r = tl.permute(tl.reshape(_mm(a, b, DT), [a.shape[0], 2, N]), (0, 2, 1))
