@@ -22,7 +22,8 @@
 #             (SERVING_PARTS: some of decode,pool,short; SERVING_ARGS: more options, e.g.
 #             "--candidates default,guard_inline --rounds 3")
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
-#             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes)
+#             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes;
+#             GRID_BASELINE=.baseline: also an earlier commit's kernels, as the baseline step)
 #   baseline  benchmarks/bench_kernel.py --grid --no-peers --baseline .baseline: kdalab against
 #             an earlier commit's kernels in alternating rounds (build them here with
 #             scripts/baseline_kernels.sh COMMIT and carry .baseline; GRID_SHAPES: some shapes)
@@ -146,7 +147,8 @@ step_grid() {
     timeout 150 python3 benchmarks/bench_kernel.py --warm-peers "${shapes[@]}" > "$D/grid.log" 2>&1
     peers_wait  # a FlashKDA build started in the background (PEERS_BUILD=background) ends first
     timeout "${GRID_S:-300}" python3 benchmarks/bench_kernel.py --grid --json "$D/grid.json" \
-        "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} >> "$D/grid.log" 2>&1
+        "${shapes[@]}" ${GRID_ALT:+--alt "$GRID_ALT"} ${GRID_BASELINE:+--baseline "$GRID_BASELINE"} \
+        >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
     peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
 }
