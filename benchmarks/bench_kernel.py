@@ -288,6 +288,11 @@ def explore_configs(shape):
     configs.update({
         "prep_w4": KernelConfig(prepare_warps=4),
         "bv128_w8": KernelConfig(block_v=128, num_warps=8),
+        # the serial pass in the Triton kernel's BV 64 form and by the Gluon prototype
+        # (kernels/chunk_recurrent_ws.py; Triton's where the prototype does not apply)
+        "serial_bv64": KernelConfig(segment_chunks=0, block_v=64, num_warps=4),
+        "serial_gluon": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
+                                     stage2="gluon"),
     })
     return configs
 

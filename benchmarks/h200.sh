@@ -24,6 +24,9 @@
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes;
 #             GRID_BASELINE=.baseline: also an earlier commit's kernels, as the baseline step)
+#   explore   benchmarks/bench_kernel.py --explore: the whole call under each launch choice
+#             (bench_kernel.explore_configs, with the Gluon stage 2), stage 1 alone, the passes
+#             (GRID_SHAPES: some shapes; EXPLORE_S, default 300)
 #   baseline  benchmarks/bench_kernel.py --grid --no-peers --baseline .baseline: kdalab against
 #             an earlier commit's kernels in alternating rounds (build them here with
 #             scripts/baseline_kernels.sh COMMIT and carry .baseline; GRID_SHAPES: some shapes)
@@ -151,6 +154,13 @@ step_grid() {
         >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
     peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
+}
+
+step_explore() {
+    local shapes=(${GRID_SHAPES:+--shapes "$GRID_SHAPES"})
+    timeout "${EXPLORE_S:-300}" python3 benchmarks/bench_kernel.py --explore \
+        --json "$D/explore.json" "${shapes[@]}" > "$D/explore.log" 2>&1
+    echo "explore exit $?"; tail -n 40 "$D/explore.log"
 }
 
 step_baseline() {

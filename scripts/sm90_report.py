@@ -57,7 +57,12 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
     aligned = set(os.environ.get("SM90_DIV16", "").split(","))
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if sig[name].startswith("*") or name in aligned}
-    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    if getattr(fn, "is_gluon", lambda: False)():  # a Gluon kernel (chunk_recurrent_ws.py)
+        from triton.experimental.gluon._runtime import GluonASTSource
+
+        src = GluonASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
+    else:
+        src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(src, target=TARGET,
                               options={"num_warps": num_warps, "num_stages": num_stages,
                                        **({"maxnreg": maxnreg} if maxnreg else {})})
@@ -101,6 +106,23 @@ def print_row(r: dict) -> None:
           + (f"  compile {r['compile_s']:.1f} s" if "compile_s" in r else ""), flush=True)
 
 
+def ws_signature(K: int, BV: int = 64) -> dict:
+    """The Gluon stage 2's arguments as a launch specializes them (its TMA descriptors with
+    their shared-memory layouts)."""
+    from triton.experimental.gluon import language as gl
+
+    def desc(dtype, gdt, block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
+        return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
+
+    ops = {f"{n}_d": desc("fp16", gl.float16, [16, K]) for n in ("w", "qg", "kend", "klo")}
+    return dict(ops, v_d=desc("bf16", gl.bfloat16, [16, BV]),
+                ainv_d=desc("fp16", gl.float16, [16, 16]),
+                mqk_d=desc("fp16", gl.float16, [16, 16]), o_d=desc("bf16", gl.bfloat16, [16, BV]),
+                gamma_ptr="*fp32", h0_ptr="*fp32", ht_ptr="*fp32", flag_ptr="*i32", T="i32",
+                H="i32")
+
+
 def kdalab_rows(only: str | None = None):
     """The Triton KDA kernels (forward and backward) at K = V = 128 (the benchmarks' head
     dims); ``only``: the labels containing it."""
@@ -117,6 +139,7 @@ def kdalab_rows(only: str | None = None):
         chunk_kda_bwd_blocks_kernel,
         chunk_kda_bwd_recurrent_kernel,
     )
+    from kdalab.kernels.chunk_recurrent_ws import chunk_kda_recurrent_ws_kernel
 
     def timed(*args, **kw):
         if only and only not in kw["label"]:
@@ -174,6 +197,12 @@ def kdalab_rows(only: str | None = None):
         yield timed(chunk_kda_recurrent_kernel, flagged if ce["FLAG"] else sig, ce,
                     num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
+    # the warp-specialized Gluon prototype of the serial pass (BV 64, a loader warp)
+    for k, h0 in ((128, True), (128, False), (64, True)):
+        yield timed(chunk_kda_recurrent_ws_kernel, ws_signature(k), dict(
+            K=k, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0, STATE_VK=False,
+            num_warps=4), num_warps=4, maxnreg=128,
+            label=f"stage 2 gluon ws K{k} BV64" + (" state" if h0 else ""))
     # serving: the pool (a state row by index) with and without checkpoints every 64 tokens
     # (CKC = 4 chunks, through a tensor descriptor), both state layouts, value blocks of 32
     # and 64 on 4 warps, 128 on 8

@@ -11,6 +11,7 @@ __all__ = ["KernelConfig", "DEFAULT_CONFIG"]
 
 _DOTS = ("auto", "fp16", "tf32")
 _GUARDS = ("auto", "inline", "launch")
+_STAGE2 = ("triton", "gluon")
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,9 @@ class KernelConfig:
     ``fp16_guard``: where the fp16 guard's redo runs — ``"inline"`` (in the same launch; its
     code costs registers), ``"launch"`` (a second launch of only the programs the first
     flagged) or ``"auto"`` (``launch_plan.fp16_guard``). Both give the same bits.
+    ``stage2``: the serial recurrent pass by the Triton kernel (``"triton"``) or by the
+    warp-specialized Gluon prototype (``"gluon"``, ``chunk_recurrent_ws.py``: where it applies,
+    a fixed-length serial fp16 call without pool or checkpoints; elsewhere Triton's).
     """
 
     dot: str = "auto"
@@ -35,6 +39,7 @@ class KernelConfig:
     prepare_warps: int | None = None
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
+    stage2: str = "triton"
 
     def __post_init__(self):
         if self.dot not in _DOTS:
@@ -49,6 +54,8 @@ class KernelConfig:
         if self.fp16_guard not in _GUARDS:
             raise ValueError(f"config.fp16_guard must be one of {_GUARDS}, "
                              f"got {self.fp16_guard!r}")
+        if self.stage2 not in _STAGE2:
+            raise ValueError(f"config.stage2 must be one of {_STAGE2}, got {self.stage2!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "

@@ -1,0 +1,159 @@
+"""The warp-specialized Gluon stage 2 (``kernels/chunk_recurrent_ws.py``, issue 43's prototype).
+
+Gluon has no interpreter, so on the CPU the kernel is compiled for sm_90a (what CI can check:
+it builds, its products are on the tensor cores, its shared memory and registers leave two
+programs an SM); on the GPU it is held to the Triton kernel bit for bit (the same products,
+operand types and accumulation chains: ``chunk_step``'s TTGIR and this kernel's have the same
+``warp_group_dot`` chain and MMA layouts), which also keeps the fp16 guard bit-causal (the
+guard's redo, Triton's second launch, repeats the first pass's fp16 steps and must get its
+bits)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon")
+
+from kdalab.kda import reference_forward  # noqa: E402
+from kdalab.kernels import KernelConfig, chunk_kda_fwd  # noqa: E402
+from kdalab.kernels import chunk_recurrent_ws as ws  # noqa: E402
+from tests.test_kernels import TOL_BF16_GPU, TOL_FP32, _err, _inputs, _state  # noqa: E402
+
+gpu = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+# the Triton kernel in the form the prototype replaces: the serial pass, BV 64 on 4 warps,
+# fp16 products, the guard's redo in a second launch
+TRITON = KernelConfig(dot="fp16", segment_chunks=0, block_v=64, num_warps=4, fp16_guard="launch")
+GLUON = KernelConfig(dot="fp16", segment_chunks=0, block_v=64, num_warps=4, stage2="gluon")
+
+
+def _sm90_report():
+    path = ROOT / "scripts" / "sm90_report.py"
+    spec = importlib.util.spec_from_file_location("sm90_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("K,h0", [(128, True), (128, False), (64, True)])
+def test_ws_compiles_for_sm90a(K, h0):
+    # ptxas (shipped with triton) for sm_90a: per chunk 8 + 8 wgmma for S^T W^T and S^T QG^T
+    # over K = 128 in steps of 16 (4 + 4 at K = 64) and one each for V^T AINV^T, U^T MQK^T,
+    # U^T KEND, U^T KLO; the ring of 3 stages and two output tiles in 62,780 bytes of shared
+    # memory at K = 128 (three programs fit an SM's 227 KB), 128 registers a thread at launch
+    # (two programs an SM; the compute warpgroup raises its own with setmaxnreg)
+    rep = _sm90_report()
+    row = rep.report(ws.chunk_kda_recurrent_ws_kernel, rep.ws_signature(K),
+                     dict(K=K, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0,
+                          STATE_VK=False, num_warps=4), num_warps=4, maxnreg=128)
+    assert row["regs"] is not None and row["regs"] <= 128, row
+    assert row["wgmma"] == (20 if K == 128 else 12), row
+    assert 3 * row["smem"] <= 227 * 1024, row
+
+
+def _ops(B, T, H, K, V, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(0)
+    r = lambda *s, dt=torch.float16: torch.randn(*s, generator=gen).to(dt)  # noqa: E731
+    w, qg, kend, klo = (r(B, T, H, K) for _ in range(4))
+    n = B * T // 16 * H
+    return (r(B, T, H, V, dt=dtype), w, qg, kend, klo, r(n, 16, 16), r(n, 16, 16),
+            r(n, K, dt=torch.float32))
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(T=40), "multiple of 16"), (dict(block_v=128), "block_v"), (dict(V=96), "block_v"),
+    (dict(K=32), "K 64 or 128"), (dict(dtype=torch.float32), "bf16 or fp16")])
+def test_ws_refuses_what_it_does_not_cover(change, match):
+    shape = dict(B=1, T=32, H=2, K=64, V=64)
+    block_v = change.pop("block_v", 64)
+    dtype = change.pop("dtype", torch.bfloat16)
+    shape.update(change)
+    v, *ops = _ops(**shape, dtype=dtype)
+    with pytest.raises(ValueError, match=match):
+        ws.chunk_kda_recurrent_ws(v, *ops, initial_state=None, final_state=None,
+                                  state_vk=False, block_v=block_v)
+
+
+def test_ws_applies_only_where_it_can():
+    v, w, *_ = _ops(1, 32, 2, 64, 64)
+    assert not ws.applies(v, w, False, "fp16")  # on the CPU: no interpreter for Gluon
+    with pytest.raises(ValueError, match="config.stage2"):
+        KernelConfig(stage2="cuda")
+
+
+# ---------------------------------------------------------------- GPU
+
+def _spy(monkeypatch):
+    calls = []
+    real = ws.chunk_kda_recurrent_ws
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(ws, "chunk_kda_recurrent_ws", counted)
+    return calls
+
+
+@gpu
+@pytest.mark.parametrize("family", ["model_like", "weak_decay_correlated"])
+@pytest.mark.parametrize("K,layout,state_dtype", [(128, "KV", torch.float32),
+                                                  (128, "VK", torch.bfloat16),
+                                                  (64, "KV", None)])
+def test_gpu_ws_has_the_triton_kernels_bits(family, K, layout, state_dtype, monkeypatch):
+    calls = _spy(monkeypatch)
+    q, k, v, g, beta, A_log, dt_bias = _inputs(family, 2, 1024, 4, K, device="cuda")
+    h0 = None if state_dtype is None else _state(2, 4, K, K, seed=1, layout=layout,
+                                                 dtype=state_dtype, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, initial_state=h0, output_final_state=True,
+                state_layout=layout)
+    o, s = chunk_kda_fwd(q, k, v, g, beta, **args, config=GLUON)
+    assert calls, "the Gluon kernel did not run"
+    to, ts = chunk_kda_fwd(q, k, v, g, beta, **args, config=TRITON)
+    assert torch.equal(o, to), float((o.float() - to.float()).abs().max())
+    assert torch.equal(s, ts), float((s - ts).abs().max())
+    ro, rs = reference_forward(q, k, v, g, beta, **args)
+    assert _err(o, ro) < TOL_BF16_GPU and _err(s, rs) < TOL_FP32
+
+
+@gpu
+def test_gpu_ws_long_sequence_and_many_heads(monkeypatch):
+    # the grid's serial shape class (T 8192 H 64 runs 128 programs of 512 chunks): the ring's
+    # phases over many chunks, many programs an SM
+    calls = _spy(monkeypatch)
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 4096, 32, 128, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True)
+    o, s = chunk_kda_fwd(q, k, v, g, beta, **args, config=GLUON)
+    to, ts = chunk_kda_fwd(q, k, v, g, beta, **args, config=TRITON)
+    assert calls and torch.equal(o, to) and torch.equal(s, ts)
+
+
+@gpu
+@pytest.mark.parametrize("P", [700, 1296])
+def test_gpu_ws_fp16_guard_redo_is_bit_causal(P, monkeypatch):
+    # values from token P on past fp16's range on one head: the Gluon pass flags that head's
+    # programs and Triton's second launch redoes them; the outputs before P are those of the
+    # same call without the large values, bit for bit, the other heads untouched, and the
+    # whole equals the Triton kernel's guarded call
+    calls = _spy(monkeypatch)
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 2000 // 16 * 16, 4, 128,
+                                               device="cuda")
+    big = v.clone()
+    big[:, P:, 2] *= 3e5
+    h0 = torch.randn(1, 4, 128, 128, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, initial_state=h0, output_final_state=True)
+    o, s = chunk_kda_fwd(q, k, big, g, beta, **args, config=GLUON)
+    po, ps = chunk_kda_fwd(q, k, v, g, beta, **args, config=GLUON)
+    to, ts = chunk_kda_fwd(q, k, big, g, beta, **args, config=TRITON)
+    assert len(calls) == 2
+    assert torch.isfinite(o).all() and torch.isfinite(s).all()
+    assert torch.equal(o[:, :P], po[:, :P])
+    keep = [0, 1, 3]
+    assert torch.equal(o[:, :, keep], po[:, :, keep]) and torch.equal(s[:, keep], ps[:, keep])
+    assert torch.equal(o, to) and torch.equal(s, ts)
+    ro, rs = reference_forward(q, k, big, g, beta, **args)
+    assert _err(o[:, :, 2], ro[:, :, 2]) < TOL_BF16_GPU and _err(s[:, 2], rs[:, 2]) < TOL_FP32
