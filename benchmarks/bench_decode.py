@@ -96,8 +96,11 @@ CANDIDATES = {
     "bv128_w8": KernelConfig(block_v=128, num_warps=8),
     "guard_launch": KernelConfig(fp16_guard="launch"),
     "guard_inline": KernelConfig(fp16_guard="inline"),
+    # the serial pass by the warp-specialized Gluon prototype (kernels/chunk_recurrent_ws.py)
+    "gluon": KernelConfig(stage2="gluon"),
 }
 ROUNDS = 5
+GLUON = CANDIDATES["gluon"]
 #: decode launch shapes (value block, warps) timed under graph replay beside the default's
 #: (``decode_launch_shape``: BV 32 on 4 warps below DECODE_WIDE_FROM programs, BV 64 from it)
 LAUNCH_SHAPES = ((16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))
@@ -313,13 +316,20 @@ def pool_rows(quick, rounds):
                                                 output_final_state=True, **gate),
             "pool_bf16_ck64": lambda: chunk_kda_fwd(*args, state_pool=poolb, state_indices=idx,
                                                     checkpoint_every=64, **gate),
+            # the Gluon prototype's serial pass, its checkpoints stored by TMA as it runs
+            "plain_gluon": lambda: chunk_kda_fwd(*args, initial_state=h0, output_final_state=True,
+                                                 config=GLUON, **gate),
+            "pool_ck64_gluon": lambda: chunk_kda_fwd(*args, state_pool=pool, state_indices=idx,
+                                                     checkpoint_every=64, config=GLUON, **gate),
         }
         row = dict(shape=name)
         ms = interleaved(fns, rounds, rep=60)
         for key, value in ms.items():
             row[f"{key}_ms"] = value
         for key, base, label in (("pool", "plain", "pool"), ("pool_ck64", "plain", "ck64"),
-                                 ("pool_bf16_ck64", "plain_bf16", "ck64_bf16")):
+                                 ("pool_bf16_ck64", "plain_bf16", "ck64_bf16"),
+                                 ("pool_ck64_gluon", "plain_gluon", "gluon_ck64"),
+                                 ("plain_gluon", "plain", "gluon_plain")):
             if isinstance(ms.get(key), float) and isinstance(ms.get(base), float):
                 row[f"{label}_over_plain"] = ms[key] / ms[base]
         # the checkpoints' bytes (fp32) over the plain call's time: the floor a store that
@@ -405,7 +415,8 @@ def to_json_rows(bw, dec, pools, short):
         out.append(dict(target=f"{tag}: graph time over memory floor",
                         value=round(r["over_floor_graph"], 3), unit="x"))
     for r in pools:
-        for key in ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain"):
+        for key in ("pool_over_plain", "ck64_over_plain", "ck64_bf16_over_plain",
+                    "gluon_ck64_over_plain", "gluon_plain_over_plain"):
             if key in r:
                 out.append(dict(target=f"prefill {r['shape']}: {key}", value=round(r[key], 4),
                                 unit="x", note=f"plain {r['plain_ms']:.3f} ms; checkpoints "

@@ -39,20 +39,23 @@ def _sm90_report():
     return mod
 
 
-@pytest.mark.parametrize("K,h0", [(128, True), (128, False), (64, True)])
-def test_ws_compiles_for_sm90a(K, h0):
+@pytest.mark.parametrize("K,h0,varlen,ckc", [(128, True, False, 0), (128, False, False, 0),
+                                             (64, True, False, 0), (128, True, True, 4)])
+def test_ws_compiles_for_sm90a(K, h0, varlen, ckc):
     # ptxas (shipped with triton) for sm_90a: per chunk 8 + 8 wgmma for S^T W^T and S^T QG^T
     # over K = 128 in steps of 16 (4 + 4 at K = 64) and one each for V^T AINV^T, U^T MQK^T,
-    # U^T KEND, U^T KLO; the ring of 3 stages and two output tiles in 62,780 bytes of shared
-    # memory at K = 128 (three programs fit an SM's 227 KB), 128 registers a thread at launch
-    # (two programs an SM; the compute warpgroup raises its own with setmaxnreg)
+    # U^T KEND, U^T KLO; 128 registers a thread at launch (two programs an SM; the compute
+    # warpgroup raises its own with setmaxnreg); the ring of 3 stages and two output tiles in
+    # 62,796 bytes of shared memory at K = 128, and a checkpoint tile of 32 KB (fp32): two
+    # programs fit an SM's 227 KB either way
     rep = _sm90_report()
     row = rep.report(ws.chunk_kda_recurrent_ws_kernel, rep.ws_signature(K),
                      dict(K=K, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0,
-                          STATE_VK=False, num_warps=4), num_warps=4, maxnreg=128)
+                          STATE_VK=False, IS_VARLEN=varlen, HAS_IDX=ckc > 0, CKC=ckc,
+                          FULL=not varlen, num_warps=4), num_warps=4, maxnreg=128)
     assert row["regs"] is not None and row["regs"] <= 128, row
     assert row["wgmma"] == (20 if K == 128 else 12), row
-    assert 3 * row["smem"] <= 227 * 1024, row
+    assert 2 * row["smem"] <= 227 * 1024, row
 
 
 def _ops(B, T, H, K, V, dtype=torch.bfloat16):
@@ -65,8 +68,8 @@ def _ops(B, T, H, K, V, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(T=40), "multiple of 16"), (dict(block_v=128), "block_v"), (dict(V=96), "block_v"),
-    (dict(K=32), "K 64 or 128"), (dict(dtype=torch.float32), "bf16 or fp16")])
+    (dict(block_v=128), "block_v"), (dict(V=96), "block_v"), (dict(K=32), "K 64 or 128"),
+    (dict(dtype=torch.float32), "bf16 or fp16")])
 def test_ws_refuses_what_it_does_not_cover(change, match):
     shape = dict(B=1, T=32, H=2, K=64, V=64)
     block_v = change.pop("block_v", 64)
@@ -80,7 +83,7 @@ def test_ws_refuses_what_it_does_not_cover(change, match):
 
 def test_ws_applies_only_where_it_can():
     v, w, *_ = _ops(1, 32, 2, 64, 64)
-    assert not ws.applies(v, w, False, "fp16")  # on the CPU: no interpreter for Gluon
+    assert not ws.applies(v, w, "fp16")  # on the CPU: no interpreter for Gluon
     with pytest.raises(ValueError, match="config.stage2"):
         KernelConfig(stage2="cuda")
 
@@ -118,6 +121,47 @@ def test_gpu_ws_has_the_triton_kernels_bits(family, K, layout, state_dtype, monk
     assert torch.equal(s, ts), float((s - ts).abs().max())
     ro, rs = reference_forward(q, k, v, g, beta, **args)
     assert _err(o, ro) < TOL_BF16_GPU and _err(s, rs) < TOL_FP32
+
+
+@gpu
+@pytest.mark.parametrize("cu", [None, [0, 1300, 1847, 1847, 3895, 4858, 5129, 8192]])
+def test_gpu_ws_varlen_and_ragged_lengths(cu, monkeypatch):
+    # sequences that end inside a chunk (the TMA box reads the next one's rows: zeroed), an
+    # empty one, and a fixed length that is not a multiple of 16
+    calls = _spy(monkeypatch)
+    T = 8192 if cu else 1000
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1 if cu else 2, T, 4, 128,
+                                               device="cuda")
+    n = len(cu) - 1 if cu else 2
+    args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True,
+                initial_state=_state(n, 4, 128, 128, seed=2, device="cuda"),
+                cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
+    o, s = chunk_kda_fwd(q, k, v, g, beta, **args, config=GLUON)
+    to, ts = chunk_kda_fwd(q, k, v, g, beta, **args, config=TRITON)
+    assert calls and torch.equal(o, to) and torch.equal(s, ts)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["KV", "VK"])
+def test_gpu_ws_pool_and_checkpoints(dtype, layout, monkeypatch):
+    # serving: states as pool rows (one sequence without a row: a zero start, no final
+    # state), checkpoints every 64 tokens stored by TMA as the chunks run
+    calls = _spy(monkeypatch)
+    cu = torch.tensor([0, 700, 2048, 2100, 4096], device="cuda")
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 4096, 4, 128, device="cuda")
+    pool = _state(6, 4, 128, 128, seed=3, layout=layout, dtype=dtype, device="cuda")
+    idx = torch.tensor([4, -1, 0, 2], device="cuda", dtype=torch.int32)
+    out = []
+    for config in (GLUON, TRITON):
+        p = pool.clone()
+        o, _, ck = chunk_kda_fwd(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, cu_seqlens=cu,
+                                 state_layout=layout, state_pool=p, state_indices=idx,
+                                 checkpoint_every=64, config=config)
+        out.append((o, p, ck))
+    assert calls
+    for a, b in zip(*out, strict=True):
+        assert torch.equal(a, b)
 
 
 @gpu

@@ -204,15 +204,15 @@ def forward_stage2(v, c: Prepared, initial_state, config: KernelConfig, *,
                   cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                   seq_order=seqs.seq_order, num_seqs=p.num_seqs, block_v=plan.block_v,
                   num_warps=plan.num_warps, dot=c.dot, guard=guard, **serving)
-    ws = None  # the Gluon prototype, where it applies (config.stage2)
-    if config.stage2 == "gluon" and not serving and plan.segment_chunks <= 0:
+    ws = None  # the Gluon prototype of the serial pass, where it applies (config.stage2)
+    if config.stage2 == "gluon" and plan.segment_chunks <= 0:
         from . import chunk_recurrent_ws
 
-        if chunk_recurrent_ws.applies(v, c.ops[0], p.varlen, c.dot):
+        if chunk_recurrent_ws.applies(v, c.ops[0], c.dot):
             ws = chunk_recurrent_ws.chunk_kda_recurrent_ws
     if ws is not None:
-        o = ws(v, *c.ops, initial_state=initial_state, final_state=final_state,
-               state_vk=p.state_vk)
+        mine = ("block_v", "num_warps", "dot", "guard")  # the prototype's own: BV 64, 4 warps
+        o = ws(v, *c.ops, **{key: x for key, x in launch.items() if key not in mine})
     elif plan.segment_chunks <= 0:
         o = chunk_kda_recurrent(v, *c.ops, **launch)
     else:

@@ -133,11 +133,9 @@ def store_outputs(o_ptr, ot, rows, eos, i_h, o_v, v_ok, H, V: tl.constexpr):
 
 @triton.jit
 def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.constexpr):
-    """Checkpoint row ``row`` of head ``i_h`` from S^T (value rows from ``v0``) through the
-    tensor descriptor ``ck`` of the checkpoints viewed as [rows * H, V, K] (VK) or
-    [rows * H, K, V] (KV): one bulk copy from shared memory, no [BV, K] tile of addresses or
-    masks in registers (the descriptor's bounds drop value rows past V). A store through
-    pointers spilled and measured slower (docs/kernels.md)."""
+    """Checkpoint row ``row`` of head ``i_h`` from S^T (value rows from ``v0``) by the tensor
+    descriptor ``ck`` ([rows * H, V, K] VK, [rows * H, K, V] KV): one bulk copy, no tile of
+    addresses in registers (through pointers it spilled and measured slower; docs/kernels.md)."""
     r = (row * H + i_h).to(tl.int32)
     BV: tl.constexpr = St.shape[0]
     if STATE_VK:
@@ -395,7 +393,7 @@ def chunk_kda_recurrent(
     v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state, final_state, state_vk, cu_seqlens,
     chunk_offsets, num_seqs, block_v, num_warps, dot, guard, num_stages=2, seq_order=None,
     segments=None, summary=None, passes=(0,), skip_last=True, o=None, state_indices=None,
-    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0,
+    checkpoints=None, checkpoint_offsets=None, checkpoint_chunks=0, first_flags=None,
 ):
     """Launch stage 2. Returns o (like v). ``segments`` (an int32 table [S, 6],
     ``launch_plan.segment_table``) selects the sequence-parallel ``passes`` (1: summaries into
@@ -405,9 +403,9 @@ def chunk_kda_recurrent(
     and ``final_state`` both the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each
     sequence's first row) and ``checkpoint_chunks`` > 0: the state every that many chunks
     (``run_chunks``), stored through a tensor descriptor. ``guard``: the fp16 guard's redo in
-    the same launch (True), in a second launch (``"launch"``), or none (False: tf32
-    products).
-    """
+    the same launch (True), in a second launch (``"launch"``), or none (False: tf32 products).
+    ``first_flags``: the guard's first launch ran elsewhere (``chunk_recurrent_ws``) and left
+    these flags: the redo alone runs (pass 0)."""
     B, T, H, V = v.shape
     K = w.shape[-1]
     if o is None:
@@ -417,8 +415,7 @@ def chunk_kda_recurrent(
     if checkpoints is not None and checkpoints.shape[0] == 0:
         checkpoints = None  # no sequence is as long as one checkpoint interval
     if checkpoints is not None:
-        # the checkpoints as [rows * H, V, K] (VK) or [rows * H, K, V] (KV), one [BV, K] (or
-        # [K, BV]) box a store; the box's bounds drop value rows past V
+        # one [BV, K] (or [K, BV]) box a store; the box's bounds drop value rows past V
         from triton.tools.tensor_descriptor import TensorDescriptor
 
         view = checkpoints.view(-1, *checkpoints.shape[2:])
@@ -442,8 +439,10 @@ def chunk_kda_recurrent(
         kw = dict(common, idx_ptr=state_indices, ck_ptr=checkpoints,
                   ck_offsets_ptr=checkpoint_offsets, PASS=pass_)
         if guard == "launch":  # the redo as a second launch (flags: one a program)
-            flags = torch.empty((math.prod(grid),), device=v.device, dtype=torch.int32)
-            chunk_kda_recurrent_kernel[grid](*args, **dict(kw, FLAG=1, flag_ptr=flags))
+            flags = first_flags
+            if flags is None:
+                flags = torch.empty((math.prod(grid),), device=v.device, dtype=torch.int32)
+                chunk_kda_recurrent_kernel[grid](*args, **dict(kw, FLAG=1, flag_ptr=flags))
             chunk_kda_recurrent_kernel[grid](*args, **dict(kw, FLAG=2, flag_ptr=flags))
         else:
             chunk_kda_recurrent_kernel[grid](*args, **kw)

@@ -13,11 +13,17 @@ as register operands in fp16, W, QG, KEND, KLO, AINV, MQK straight from shared m
 
 the products, operand types and order of ``chunk_step`` (fp16 operands, fp32 accumulation).
 
-Scope of the prototype: the serial pass (one program a sequence, head and value block), fixed
-length with T a multiple of 16 (a TMA box never crosses a sequence), fp16 products with the
-guard's first launch (``FLAG`` 1 of ``chunk_recurrent``: a program whose end state is not
-finite writes its flag and no final state; ``chunk_recurrent``'s second launch redoes it), no
-checkpoints. ``chunk_kda_recurrent_ws`` refuses anything else (``ValueError``).
+Scope of the prototype: the serial pass (one program a sequence, head and value block: fixed
+length, any T, or varlen, longest first), fp16 products with the guard's first launch
+(``FLAG`` 1 of ``chunk_recurrent``: a program whose end state is not finite writes its flag and
+no final state; ``chunk_recurrent``'s second launch redoes it), the pool (``state_indices``) and
+checkpoints every ``CKC`` chunks: a chunk's outputs and the checkpoint of the state entering the
+next one are written to shared memory while the next chunk's first products run, and leave by
+TMA stores awaited only before their tile is written again. A chunk that ends a sequence
+early reads the next sequence's rows (a TMA box does not stop there): its V^T and U^T columns
+and its KEND and KLO rows past the end are zeroed (in registers; in shared memory), which is
+what the Triton kernel's masked loads give (the other operands' rows there meet zeros of these,
+and come from this sequence's own chunk), and its outputs are stored through pointers.
 
 Gluon has no interpreter: CI compiles it for sm_90a (``tests/test_kernels_ws.py``); the GPU
 tests hold it to the Triton kernel's outputs.
@@ -44,9 +50,9 @@ _tma_store = (tma.async_store if hasattr(tma, "async_store")
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, row0, col_k, col_v, cc0, n_chunks, i_h, H):
+def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H):
     """One warp: chunk i's operands into stage i % NUM_STAGES once the compute warpgroup has
-    released it."""
+    released it (rows past the tensor's end come as zeros)."""
     w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d = descs
     w_s, qg_s, kend_s, klo_s, v_s, ainv_s, mqk_s = bufs
     ready, empty = bars
@@ -59,8 +65,8 @@ def _loader(descs, bufs, bars, row0, col_k, col_v, cc0, n_chunks, i_h, H):
         mbarrier.wait(empty.index(s), ((i // NS) & 1) ^ 1)
         bar = ready.index(s)
         mbarrier.expect(bar, nbytes)
-        row = row0 + i * BT
-        cc = (cc0 + i) * H + i_h
+        row = (bos + i * BT).to(gl.int32)
+        cc = ((c0 + i) * H + i_h).to(gl.int32)
         _tma_load(w_d, [row, col_k], bar, w_s.index(s))
         _tma_load(qg_d, [row, col_k], bar, qg_s.index(s))
         _tma_load(kend_d, [row, col_k], bar, kend_s.index(s))
@@ -71,11 +77,76 @@ def _loader(descs, bufs, bars, row0, col_k, col_v, cc0, n_chunks, i_h, H):
 
 
 @gluon.jit
-def _compute(bufs, bars, o_d, o_s, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, row0, col_v, cc0,
-             n_chunks, i_n, i_h, i_v, H, lin, K: gl.constexpr, V: gl.constexpr,
-             BV: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
-             STATE_VK: gl.constexpr, num_warps: gl.constexpr):
-    """The compute warpgroup: the chunks in order, S^T in registers."""
+def _state_offsets(row, i_h, i_v, H, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                   STATE_VK: gl.constexpr, layout: gl.constexpr):
+    """Offsets of S^T's rows i_v * BV + [0, BV) of state ``row`` ([N, H, K, V], VK: [N, H, V,
+    K]) in ``layout``."""
+    o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
+    o_k = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
+    base = (row * H + i_h) * K * V
+    if STATE_VK:
+        return base + (i_v * BV + o_v)[:, None] * K + o_k[None, :]
+    return base + o_k[None, :] * V + (i_v * BV + o_v)[:, None]
+
+
+@gluon.jit
+def _zero_rows(tile, n_ok, num_warps: gl.constexpr):
+    """Rows ``n_ok`` and on of a [16, K] shared-memory tile set to zero."""
+    lay: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    rows = gl.arange(0, tile.type.shape[0], layout=gl.SliceLayout(1, lay))
+    tile.store(gl.where((rows < n_ok)[:, None], tile.load(lay), 0.0))
+
+
+@gluon.jit
+def _store_o(ot, j, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V: gl.constexpr,
+             BV: gl.constexpr, FULL: gl.constexpr, layout: gl.constexpr):
+    """Chunk j's O^T: a whole chunk through shared memory by a TMA store (the buffer's store
+    from two chunks before awaited first), a sequence's short last chunk through pointers."""
+    BT: gl.constexpr = ot.type.shape[1]
+    row = bos + j * BT
+    if FULL or ((eos - row) >= BT):
+        ob = o_s.index(j % 2)
+        tma.store_wait(1)
+        ob.permute((1, 0)).store(ot.to(o_d.dtype))
+        fence_async_shared()
+        _tma_store(o_d, [row.to(gl.int32), (i_h * V + i_v * BV).to(gl.int32)], ob)
+    else:
+        o_t = gl.arange(0, BT, layout=gl.SliceLayout(0, layout))
+        o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
+        po = o_ptr + ((row + o_t[None, :]) * H + i_h) * V + (i_v * BV + o_v)[:, None]
+        gl.store(po, ot.to(o_ptr.dtype.element_ty), mask=(o_t < eos - row)[None, :])
+
+
+@gluon.jit
+def _store_checkpoint(St, j, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K: gl.constexpr,
+                      V: gl.constexpr, BV: gl.constexpr, CKC: gl.constexpr,
+                      STATE_VK: gl.constexpr):
+    """The state after j chunks, when j ends a checkpoint interval with a whole chunk: to
+    checkpoint row ``ck_row`` + j / CKC - 1 by a TMA store from ``ck_s`` (its previous store,
+    an earlier bulk group than the last O store, awaited first)."""
+    if (j % CKC == 0) & (bos + j * 16 <= eos) & (j > 0):
+        tma.store_wait(1)
+        cr = ((ck_row + j // CKC - 1) * H + i_h).to(gl.int32)
+        if STATE_VK:
+            ck_s.store(St.to(ck_d.dtype))
+            fence_async_shared()
+            _tma_store(ck_d, [cr * V + i_v * BV, 0], ck_s)
+        else:
+            ck_s.permute((1, 0)).store(St.to(ck_d.dtype))
+            fence_async_shared()
+            _tma_store(ck_d, [cr * K, i_v * BV], ck_s)
+
+
+@gluon.jit
+def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr,
+             ck_offsets_ptr, bos, eos, c0, n_chunks, i_n, i_row, i_h, i_v, H, lin,
+             K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr,
+             STORE_HT: gl.constexpr, STATE_VK: gl.constexpr, CKC: gl.constexpr,
+             FULL: gl.constexpr, num_warps: gl.constexpr):
+    """The compute warpgroup: the chunks in order, S^T in registers (``FULL``: every chunk
+    whole, fixed length with T % 16 == 0: the short last chunk's code left out). The previous
+    chunk's outputs and the checkpoint of the state entering this chunk are stored while this
+    chunk's first products run on the tensor cores."""
     w_s, qg_s, kend_s, klo_s, v_s, ainv_s, mqk_s = bufs
     ready, empty = bars
     NS: gl.constexpr = w_s.type.shape[0]
@@ -87,31 +158,50 @@ def _compute(bufs, bars, o_d, o_s, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, row0, co
                                                   instr_shape=[16, BT, 16])
     a_s: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=2)
     a_c: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=c_l, k_width=2)
-    o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, s_l))
     o_k = gl.arange(0, K, layout=gl.SliceLayout(0, s_l))
-    base = (i_n * H + i_h) * K * V
-    if STATE_VK:
-        offs = base + (i_v * BV + o_v)[:, None] * K + o_k[None, :]
-    else:
-        offs = base + o_k[None, :] * V + (i_v * BV + o_v)[:, None]
+    o_t = gl.arange(0, BT, layout=gl.SliceLayout(0, c_l))   # a chunk's tokens (columns)
+    offs = _state_offsets(i_row, i_h, i_v, H, K, V, BV, STATE_VK, s_l)
+    St = gl.zeros([BV, K], gl.float32, layout=s_l)
     if HAS_H0:
-        St = gl.load(h0_ptr + offs).to(gl.float32)
-    else:
-        St = gl.zeros([BV, K], gl.float32, layout=s_l)
+        if i_row >= 0:  # a negative pool row: a zero start
+            St = gl.load(h0_ptr + offs).to(gl.float32)
     zc = gl.zeros([BV, BT], gl.float32, layout=c_l)
+    ck_row = 0
+    if CKC > 0:
+        ck_row = gl.load(ck_offsets_ptr + i_n)
+    ot = zc  # the previous chunk's O^T
     for i in range(n_chunks):
         s = i % NS
-        gam = gl.load(gamma_ptr + ((cc0 + i) * H + i_h) * K + o_k)  # off the loader's ring
+        gam = gl.load(gamma_ptr + ((c0 + i) * H + i_h) * K + o_k)  # off the loader's ring
+        n_ok = eos - (bos + i * BT)  # the chunk's tokens before the sequence's end
+        t_ok = o_t < n_ok
         mbarrier.wait(ready.index(s), (i // NS) & 1)
+        if not FULL:
+            if n_ok < BT:  # KEND's and KLO's rows past the end: zeros, not another sequence's
+                _zero_rows(kend_s.index(s), n_ok, num_warps)
+                _zero_rows(klo_s.index(s), n_ok, num_warps)
+                fence_async_shared()  # generic stores, then the tensor cores' reads
         Sa = gl.convert_layout(St.to(gl.float16), a_c)
         sw = warpgroup_mma(Sa, w_s.index(s).permute((1, 0)), zc, use_acc=False, is_async=True)
         sq = warpgroup_mma(Sa, qg_s.index(s).permute((1, 0)), zc, use_acc=False,
                            is_async=True)
-        vt = v_s.index(s).permute((1, 0)).load(a_c).to(gl.float16)
+        if FULL:
+            vt = v_s.index(s).permute((1, 0)).load(a_c).to(gl.float16)
+        else:
+            vt = gl.where(t_ok[None, :], v_s.index(s).permute((1, 0)).load(c_l), 0.0)
+            vt = gl.convert_layout(vt.to(gl.float16), a_c)
         va = warpgroup_mma(vt, ainv_s.index(s).permute((1, 0)), zc, use_acc=False,
                            is_async=True)
+        # while they run: the previous chunk's outputs, the checkpoint of the state S^T
+        if i > 0:
+            _store_o(ot, i - 1, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V, BV, FULL, c_l)
+        if CKC > 0:
+            _store_checkpoint(St, i, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K, V, BV, CKC,
+                              STATE_VK)
         sw, sq, va = warpgroup_mma_wait(num_outstanding=0, deps=(sw, sq, va))
         ud = (va - sw).to(gl.float16)
+        if not FULL:
+            ud = gl.where(t_ok[None, :], ud, 0.0)
         ot = warpgroup_mma(gl.convert_layout(ud, a_c), mqk_s.index(s).permute((1, 0)), sq,
                            is_async=True)
         ua = gl.convert_layout(ud, a_s)
@@ -121,17 +211,16 @@ def _compute(bufs, bars, o_d, o_s, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, row0, co
         ot, St = warpgroup_mma_wait(num_outstanding=0, deps=(ot, St))
         fence_async_shared()  # V^T was read through the generic proxy
         mbarrier.arrive(empty.index(s))
-        # O^T leaves through shared memory: the buffer's store from two chunks ago first
-        ob = o_s.index(i % 2)
-        tma.store_wait(1)
-        ob.permute((1, 0)).store(ot.to(o_d.dtype))
-        fence_async_shared()
-        _tma_store(o_d, [row0 + i * BT, col_v], ob)
+    if n_chunks > 0:
+        _store_o(ot, n_chunks - 1, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V, BV, FULL, c_l)
+        if CKC > 0:
+            _store_checkpoint(St, n_chunks, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K, V,
+                              BV, CKC, STATE_VK)
     tma.store_wait(0)
     bad = gl.max(gl.max(((St != St) | (gl.abs(St) == float("inf"))).to(gl.int32), 1), 0)
     gl.store(flag_ptr + lin, bad)
     if STORE_HT:
-        if bad == 0:
+        if (bad == 0) & (i_row >= 0):
             gl.store(ht_ptr + offs, St.to(ht_ptr.dtype.element_ty))
 
 
@@ -143,27 +232,40 @@ def _ring(desc, NUM_STAGES: gl.constexpr):
 
 
 @gluon.jit
-def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, o_d,
-                                  gamma_ptr, h0_ptr, ht_ptr, flag_ptr, T, H,
-                                  K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, o_d, ck_d,
+                                  o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, cu_seqlens_ptr,
+                                  chunk_offsets_ptr, seq_order_ptr, idx_ptr, ck_offsets_ptr,
+                                  T, H, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
                                   NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr,
                                   STORE_HT: gl.constexpr, STATE_VK: gl.constexpr,
+                                  IS_VARLEN: gl.constexpr, HAS_IDX: gl.constexpr,
+                                  CKC: gl.constexpr, FULL: gl.constexpr,
                                   num_warps: gl.constexpr):
     i_nh = gl.program_id(0)
     i_v = gl.program_id(1)
     lin = i_nh * gl.num_programs(1) + i_v
-    i_n = i_nh // H
-    i_h = i_nh % H
     BT: gl.constexpr = 16
-    n_chunks = T // BT
-    row0 = i_n * T
-    cc0 = i_n * n_chunks
-    col_k = i_h * K
-    col_v = i_h * V + i_v * BV
+    # the program's sequence (varlen: longest first) as indexing.sequence_of_program
+    i_n = (i_nh // H).to(gl.int64)
+    i_h = i_nh % H
+    if IS_VARLEN:
+        i_n = gl.load(seq_order_ptr + i_n).to(gl.int64)
+        bos = gl.load(cu_seqlens_ptr + i_n).to(gl.int64)
+        eos = gl.load(cu_seqlens_ptr + i_n + 1).to(gl.int64)
+        c0 = gl.load(chunk_offsets_ptr + i_n).to(gl.int64)
+    else:
+        bos = i_n * T
+        eos = bos + T
+        c0 = i_n * gl.cdiv(T, BT)
+    n_chunks = gl.cdiv(eos - bos, BT).to(gl.int32)
+    i_row = i_n
+    if HAS_IDX:
+        i_row = gl.load(idx_ptr + i_n).to(gl.int64)
     bufs = (_ring(w_d, NUM_STAGES), _ring(qg_d, NUM_STAGES), _ring(kend_d, NUM_STAGES),
             _ring(klo_d, NUM_STAGES), _ring(v_d, NUM_STAGES), _ring(ainv_d, NUM_STAGES),
             _ring(mqk_d, NUM_STAGES))
     o_s = gl.allocate_shared_memory(o_d.dtype, [2] + o_d.block_type.shape, o_d.layout)
+    ck_s = gl.allocate_shared_memory(ck_d.dtype, ck_d.block_type.shape, ck_d.layout)
     ready = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
@@ -172,10 +274,11 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
     bars = (ready, empty)
     descs = (w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d)
     gl.warp_specialize([
-        (_compute, (bufs, bars, o_d, o_s, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, row0, col_v,
-                    cc0, n_chunks, i_n, i_h, i_v, H, lin, K, V, BV, HAS_H0, STORE_HT,
-                    STATE_VK, num_warps)),
-        (_loader, (descs, bufs, bars, row0, col_k, col_v, cc0, n_chunks, i_h, H)),
+        (_compute, (bufs, bars, o_d, o_s, ck_d, ck_s, o_ptr, gamma_ptr, h0_ptr, ht_ptr,
+                    flag_ptr, ck_offsets_ptr, bos, eos, c0, n_chunks, i_n, i_row, i_h, i_v, H,
+                    lin, K, V, BV, HAS_H0, STORE_HT, STATE_VK, CKC, FULL, num_warps)),
+        (_loader, (descs, bufs, bars, bos, i_h * K, i_h * V + i_v * BV, c0, n_chunks, i_h,
+                   H)),
     ], [1], [40])
 
 
@@ -190,56 +293,66 @@ def _desc(x, block):
     return TensorDescriptor.from_tensor(x, block, layout)
 
 
-def applies(v, w, varlen: bool, dot: str) -> bool:
-    """Whether the prototype runs this call's serial pass: fixed length, T a positive multiple
-    of 16, fp16 products, K 64 or 128, V a multiple of 64, v contiguous bf16 or fp16 on a
-    CUDA device (Gluon has no interpreter)."""
-    B, T, H, V = v.shape
-    return (v.is_cuda and not varlen and T > 0 and T % CHUNK == 0 and dot == "fp16"
-            and w.shape[-1] in (64, 128) and V % 64 == 0
-            and v.dtype in (torch.bfloat16, torch.float16) and v.is_contiguous())
+def applies(v, w, dot: str) -> bool:
+    """Whether the prototype runs this call's serial pass: fp16 products, K 64 or 128, V a
+    multiple of 64, v contiguous, not empty, bf16 or fp16 on a CUDA device (Gluon has no
+    interpreter)."""
+    return (v.is_cuda and v.numel() > 0 and dot == "fp16" and w.shape[-1] in (64, 128)
+            and v.shape[-1] % 64 == 0 and v.dtype in (torch.bfloat16, torch.float16)
+            and v.is_contiguous())
 
 
 def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state,
-                           final_state, state_vk, block_v=64, num_stages=3, maxnreg=128):
-    """Stage 2's serial pass (fixed length, T % 16 == 0, fp16 products) by
-    ``chunk_kda_recurrent_ws_kernel``, then the guard's redo of the programs it flagged by
-    ``chunk_recurrent``'s second launch (``FLAG`` 2, tf32 from the first chunk whose fp16 step
-    is not finite). Returns o; the final state, when given, is written."""
-    from .chunk_recurrent import chunk_kda_recurrent_kernel
+                           final_state, state_vk, cu_seqlens=None, chunk_offsets=None,
+                           seq_order=None, num_seqs=None, state_indices=None, checkpoints=None,
+                           checkpoint_offsets=None, checkpoint_chunks=0, block_v=64,
+                           num_stages=3, maxnreg=128):
+    """Stage 2's serial pass (fp16 products) by ``chunk_kda_recurrent_ws_kernel``, then the
+    guard's redo of the programs it flagged by ``chunk_recurrent``'s second launch (tf32 from
+    the first chunk whose fp16 step is not finite). ``chunk_kda_recurrent``'s arguments (one
+    serial pass; ``num_seqs`` defaults to B). Returns o; the final state, when given, is
+    written."""
+    from .chunk_recurrent import chunk_kda_recurrent
 
     B, T, H, V = v.shape
     K = w.shape[-1]
-    if T % CHUNK or T == 0:
-        raise ValueError(f"chunk_kda_recurrent_ws: T must be a positive multiple of {CHUNK}, "
-                         f"got {T}")
     if V % block_v or block_v != 64 or K not in (64, 128):
         raise ValueError(f"chunk_kda_recurrent_ws: needs block_v 64 dividing V and K 64 or "
                          f"128, got block_v {block_v}, V {V}, K {K}")
     if v.dtype not in (torch.bfloat16, torch.float16) or not v.is_contiguous():
         raise ValueError(f"chunk_kda_recurrent_ws: v must be contiguous bf16 or fp16, got "
                          f"{v.dtype}")
+    num_seqs = B if num_seqs is None else num_seqs
     o = torch.empty_like(v)
     rows = B * T
+    if checkpoints is not None and checkpoints.shape[0] == 0:
+        checkpoints = None  # no sequence is as long as one checkpoint interval
     descs = [_desc(x.view(rows, H * K), [CHUNK, K]) for x in (w, qg, kend, klo)]
     descs.append(_desc(v.view(rows, H * V), [CHUNK, block_v]))
     descs += [_desc(x.view(-1, CHUNK), [CHUNK, CHUNK]) for x in (ainv, mqk)]
     descs.append(_desc(o.view(rows, H * V), [CHUNK, block_v]))
-    grid = (B * H, V // block_v)
+    if checkpoints is not None:  # [rows * H * V, K] (VK) or [rows * H * K, V] (KV)
+        descs.append(_desc(checkpoints.view(-1, checkpoints.shape[-1]),
+                           [block_v, K] if state_vk else [K, block_v]))
+    else:  # a placeholder the kernel does not use (CKC 0)
+        descs.append(_desc(gamma.view(-1, gamma.shape[-1])[:1], [1, K]))
+    grid = (num_seqs * H, V // block_v)
     flags = torch.empty(grid[0] * grid[1], device=v.device, dtype=torch.int32)
-    h0 = initial_state if initial_state is not None else gamma
-    ht = final_state if final_state is not None else gamma
+    opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
+    ckc = checkpoint_chunks if checkpoints is not None else 0
     chunk_kda_recurrent_ws_kernel[grid](
-        *descs, gamma, h0, ht, flags, T, H, K=K, V=V, BV=block_v, NUM_STAGES=num_stages,
-        HAS_H0=initial_state is not None, STORE_HT=final_state is not None,
-        STATE_VK=state_vk, num_warps=4, maxnreg=maxnreg)
+        *descs, o, gamma, opt(initial_state), opt(final_state), flags, opt(cu_seqlens),
+        opt(chunk_offsets), opt(seq_order), opt(state_indices), opt(checkpoint_offsets), T, H,
+        K=K, V=V, BV=block_v, NUM_STAGES=num_stages, HAS_H0=initial_state is not None,
+        STORE_HT=final_state is not None, STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
+        HAS_IDX=state_indices is not None, CKC=ckc,
+        FULL=cu_seqlens is None and T % CHUNK == 0, num_warps=4, maxnreg=maxnreg)
     if bool(flags.any()):  # the redo (a host sync: the prototype's, not the launcher's)
-        import triton.language as tl
-
-        chunk_kda_recurrent_kernel[grid](
-            v, w, qg, kend, klo, ainv, mqk, gamma, h0, ht, o, gamma, gamma, gamma, gamma,
-            gamma, T, H=H, K=K, V=V, BT=CHUNK, BV=block_v, HAS_H0=initial_state is not None,
-            STORE_HT=final_state is not None, STATE_VK=state_vk, IS_VARLEN=False, PASS=0,
-            SKIP_LAST=True, DT=tl.float16, GUARD=False, FLAG=2, flag_ptr=flags, num_warps=4,
-            num_stages=2)
+        chunk_kda_recurrent(v, w, qg, kend, klo, ainv, mqk, gamma, initial_state=initial_state,
+                            final_state=final_state, state_vk=state_vk, cu_seqlens=cu_seqlens,
+                            chunk_offsets=chunk_offsets, num_seqs=num_seqs, block_v=block_v,
+                            num_warps=4, dot="fp16", guard="launch", seq_order=seq_order, o=o,
+                            state_indices=state_indices, checkpoints=checkpoints,
+                            checkpoint_offsets=checkpoint_offsets,
+                            checkpoint_chunks=checkpoint_chunks, first_flags=flags)
     return o

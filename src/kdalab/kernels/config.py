@@ -29,8 +29,8 @@ class KernelConfig:
     code costs registers), ``"launch"`` (a second launch of only the programs the first
     flagged) or ``"auto"`` (``launch_plan.fp16_guard``). Both give the same bits.
     ``stage2``: the serial recurrent pass by the Triton kernel (``"triton"``) or by the
-    warp-specialized Gluon prototype (``"gluon"``, ``chunk_recurrent_ws.py``: where it applies,
-    a fixed-length serial fp16 call without pool or checkpoints; elsewhere Triton's).
+    warp-specialized Gluon prototype (``"gluon"``, ``chunk_recurrent_ws.py``: fp16 products,
+    K 64 or 128, V a multiple of 64, on a GPU; elsewhere, and in split plans, Triton's).
     """
 
     dot: str = "auto"
