@@ -121,8 +121,8 @@ def ws_signature(K: int, BV: int = 64) -> dict:
                 ainv_d=desc("fp16", gl.float16, [16, 16]),
                 mqk_d=desc("fp16", gl.float16, [16, 16]), o_d=desc("bf16", gl.bfloat16, [16, BV]),
                 ck_d=desc("fp32", gl.float32, [K, BV]), o_ptr="*bf16", gamma_ptr="*fp32",
-                h0_ptr="*fp32", ht_ptr="*fp32", flag_ptr="*i32", T="i32", H="i32",
-                **{n: "*i32" for n in ptrs})
+                h0_ptr="*fp32", ht_ptr="*fp32", flag_ptr="*i32", sum_ptr="*fp32", T="i32",
+                H="i32", **{n: "*i32" for n in ptrs + ("seg_ptr",)})
 
 
 def kdalab_rows(only: str | None = None):
@@ -200,13 +200,15 @@ def kdalab_rows(only: str | None = None):
                     num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
     # the warp-specialized Gluon prototype of the serial pass (BV 64, a loader warp)
-    for k, h0, varlen, ckc in ((128, True, False, 0), (128, False, False, 0),
-                               (64, True, False, 0), (128, True, True, 0), (128, True, True, 4)):
+    for k, h0, varlen, ckc, pass_ in ((128, True, False, 0, 0), (128, False, False, 0, 0),
+                                      (64, True, False, 0, 0), (128, True, True, 0, 0),
+                                      (128, True, True, 4, 0), (128, True, False, 0, 1),
+                                      (128, True, False, 4, 2)):
         yield timed(chunk_kda_recurrent_ws_kernel, ws_signature(k), dict(
             K=k, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0, STATE_VK=False,
-            IS_VARLEN=varlen, HAS_IDX=ckc > 0, CKC=ckc, FULL=not varlen, num_warps=4),
-            num_warps=4, maxnreg=128,
-            label=f"stage 2 gluon ws K{k} BV64" + (" state" if h0 else "")
+            IS_VARLEN=varlen, HAS_IDX=ckc > 0, CKC=ckc, FULL=not varlen, PASS=pass_,
+            num_warps=4), num_warps=4, maxnreg=128,
+            label=f"stage 2 gluon ws pass {pass_} K{k} BV64" + (" state" if h0 else "")
             + (" varlen" if varlen else "") + (f" pool ck{ckc}" if ckc else ""))
     # serving: the pool (a state row by index) with and without checkpoints every 64 tokens
     # (CKC = 4 chunks, through a tensor descriptor), both state layouts, value blocks of 32

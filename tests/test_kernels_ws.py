@@ -39,9 +39,10 @@ def _sm90_report():
     return mod
 
 
-@pytest.mark.parametrize("K,h0,varlen,ckc", [(128, True, False, 0), (128, False, False, 0),
-                                             (64, True, False, 0), (128, True, True, 4)])
-def test_ws_compiles_for_sm90a(K, h0, varlen, ckc):
+@pytest.mark.parametrize("K,h0,varlen,ckc,pass_", [
+    (128, True, False, 0, 0), (128, False, False, 0, 0), (64, True, False, 0, 0),
+    (128, True, True, 4, 0), (128, True, False, 0, 1), (128, True, True, 4, 2)])
+def test_ws_compiles_for_sm90a(K, h0, varlen, ckc, pass_):
     # ptxas (shipped with triton) for sm_90a: per chunk 8 + 8 wgmma for S^T W^T and S^T QG^T
     # over K = 128 in steps of 16 (4 + 4 at K = 64) and one each for V^T AINV^T, U^T MQK^T,
     # U^T KEND, U^T KLO; 128 registers a thread at launch (two programs an SM; the compute
@@ -52,9 +53,11 @@ def test_ws_compiles_for_sm90a(K, h0, varlen, ckc):
     row = rep.report(ws.chunk_kda_recurrent_ws_kernel, rep.ws_signature(K),
                      dict(K=K, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0,
                           STATE_VK=False, IS_VARLEN=varlen, HAS_IDX=ckc > 0, CKC=ckc,
-                          FULL=not varlen, num_warps=4), num_warps=4, maxnreg=128)
+                          FULL=not varlen, PASS=pass_, num_warps=4), num_warps=4,
+                     maxnreg=128)
     assert row["regs"] is not None and row["regs"] <= 128, row
-    assert row["wgmma"] == (20 if K == 128 else 12), row
+    # a summary (pass 1) has no outputs: no S^T QG^T, no U^T MQK^T
+    assert row["wgmma"] == (20 if K == 128 else 12) - (9 if pass_ == 1 else 0), row
     assert 2 * row["smem"] <= 227 * 1024, row
 
 
@@ -68,17 +71,18 @@ def _ops(B, T, H, K, V, dtype=torch.bfloat16):
 
 
 @pytest.mark.parametrize("change,match", [
-    (dict(block_v=128), "block_v"), (dict(V=96), "block_v"), (dict(K=32), "K 64 or 128"),
+    (dict(dot="tf32"), "fp16 products"), (dict(V=96), "multiple of 64"), (dict(K=32), "K 64"),
     (dict(dtype=torch.float32), "bf16 or fp16")])
 def test_ws_refuses_what_it_does_not_cover(change, match):
     shape = dict(B=1, T=32, H=2, K=64, V=64)
-    block_v = change.pop("block_v", 64)
+    dot = change.pop("dot", "fp16")
     dtype = change.pop("dtype", torch.bfloat16)
     shape.update(change)
     v, *ops = _ops(**shape, dtype=dtype)
     with pytest.raises(ValueError, match=match):
         ws.chunk_kda_recurrent_ws(v, *ops, initial_state=None, final_state=None,
-                                  state_vk=False, block_v=block_v)
+                                  state_vk=False, cu_seqlens=None, chunk_offsets=None,
+                                  num_seqs=1, block_v=64, num_warps=4, dot=dot, guard="launch")
 
 
 def test_ws_applies_only_where_it_can():
@@ -162,6 +166,29 @@ def test_gpu_ws_pool_and_checkpoints(dtype, layout, monkeypatch):
     assert calls
     for a, b in zip(*out, strict=True):
         assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.parametrize("cu", [None, [0, 3000, 3000, 9001]])
+def test_gpu_ws_sequence_parallel_passes(cu, monkeypatch):
+    # the split plan (segments of 32 chunks): summaries (pass 1, the identity rows of M^T
+    # without values), the combine, the segments from their start states (pass 2, the final
+    # state from a sequence's last segment, checkpoints continuing the sequence's count)
+    calls = _spy(monkeypatch)
+    T = 9001 if cu else 4096
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, T, 2, 128, device="cuda")
+    n = len(cu) - 1 if cu else 1
+    args = dict(A_log=A_log, dt_bias=dt_bias, lower_bound=-0.1, output_final_state=True,
+                initial_state=_state(n, 2, 128, 128, seed=4, device="cuda"),
+                cu_seqlens=None if cu is None else torch.tensor(cu, device="cuda"))
+    split = dict(dot="fp16", segment_chunks=32, block_v=64, num_warps=4)
+    o, s = chunk_kda_fwd(q, k, v, g, beta, **args,
+                         config=KernelConfig(**split, stage2="gluon"))
+    to, ts = chunk_kda_fwd(q, k, v, g, beta, **args,
+                           config=KernelConfig(**split, fp16_guard="launch"))
+    assert len(calls) == 2 and torch.equal(o, to) and torch.equal(s, ts)
+    ro, rs = reference_forward(q, k, v, g, beta, **args)
+    assert _err(o, ro) < TOL_BF16_GPU and _err(s, rs) < TOL_FP32
 
 
 @gpu

@@ -204,28 +204,25 @@ def forward_stage2(v, c: Prepared, initial_state, config: KernelConfig, *,
                   cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
                   seq_order=seqs.seq_order, num_seqs=p.num_seqs, block_v=plan.block_v,
                   num_warps=plan.num_warps, dot=c.dot, guard=guard, **serving)
-    ws = None  # the Gluon prototype of the serial pass, where it applies (config.stage2)
-    if config.stage2 == "gluon" and plan.segment_chunks <= 0:
+    run = chunk_kda_recurrent
+    if config.stage2 == "gluon":  # the Gluon prototype, where it applies
         from . import chunk_recurrent_ws
 
         if chunk_recurrent_ws.applies(v, c.ops[0], c.dot):
-            ws = chunk_recurrent_ws.chunk_kda_recurrent_ws
-    if ws is not None:
-        mine = ("block_v", "num_warps", "dot", "guard")  # the prototype's own: BV 64, 4 warps
-        o = ws(v, *c.ops, **{key: x for key, x in launch.items() if key not in mine})
-    elif plan.segment_chunks <= 0:
-        o = chunk_kda_recurrent(v, *c.ops, **launch)
+            run = chunk_recurrent_ws.chunk_kda_recurrent_ws
+    if plan.segment_chunks <= 0:
+        o = run(v, *c.ops, **launch)
     else:
         table, seg_offsets, n_segs = seqs.segments(plan.segment_chunks)
         summary = torch.empty((n_segs, p.H, p.V + p.K, p.K), device=device,
                               dtype=torch.float32)
         o = torch.empty_like(v)
         stages = dict(launch, segments=table, summary=summary, o=o)
-        chunk_kda_recurrent(v, *c.ops, **stages, passes=(1,))
+        run(v, *c.ops, **stages, passes=(1,))
         chunk_kda_combine(summary, seg_offsets, initial_state, num_seqs=p.num_seqs,
                           state_vk=p.state_vk, H=p.H, K=p.K, V=p.V,
                           state_indices=launch.get("state_indices"))
-        chunk_kda_recurrent(v, *c.ops, **stages, passes=(2,))
+        run(v, *c.ops, **stages, passes=(2,))
     if state_pool is not None:
         final_state = None  # the final states are in the pool
     return o, final_state, ck

@@ -50,16 +50,18 @@ _tma_store = (tma.async_store if hasattr(tma, "async_store")
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H):
+def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H,
+            WRITE_O: gl.constexpr):
     """One warp: chunk i's operands into stage i % NUM_STAGES once the compute warpgroup has
-    released it (rows past the tensor's end come as zeros)."""
+    released it (rows past the tensor's end come as zeros; without outputs no QG, MQK)."""
     w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d = descs
     w_s, qg_s, kend_s, klo_s, v_s, ainv_s, mqk_s = bufs
     ready, empty = bars
     NS: gl.constexpr = w_s.type.shape[0]
     BT: gl.constexpr = w_s.type.shape[1]
-    nbytes: gl.constexpr = (4 * w_d.block_type.nbytes + v_d.block_type.nbytes
-                            + 2 * ainv_d.block_type.nbytes)
+    n_o: gl.constexpr = 2 if WRITE_O else 1  # tiles of QG-like and of MQK-like shapes
+    nbytes: gl.constexpr = ((2 + n_o) * w_d.block_type.nbytes + v_d.block_type.nbytes
+                            + n_o * ainv_d.block_type.nbytes)
     for i in range(n_chunks):
         s = i % NS
         mbarrier.wait(empty.index(s), ((i // NS) & 1) ^ 1)
@@ -68,12 +70,14 @@ def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H):
         row = (bos + i * BT).to(gl.int32)
         cc = ((c0 + i) * H + i_h).to(gl.int32)
         _tma_load(w_d, [row, col_k], bar, w_s.index(s))
-        _tma_load(qg_d, [row, col_k], bar, qg_s.index(s))
+        if WRITE_O:
+            _tma_load(qg_d, [row, col_k], bar, qg_s.index(s))
         _tma_load(kend_d, [row, col_k], bar, kend_s.index(s))
         _tma_load(klo_d, [row, col_k], bar, klo_s.index(s))
         _tma_load(v_d, [row, col_v], bar, v_s.index(s))
         _tma_load(ainv_d, [cc * BT, 0], bar, ainv_s.index(s))
-        _tma_load(mqk_d, [cc * BT, 0], bar, mqk_s.index(s))
+        if WRITE_O:
+            _tma_load(mqk_d, [cc * BT, 0], bar, mqk_s.index(s))
 
 
 @gluon.jit
@@ -118,15 +122,16 @@ def _store_o(ot, j, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V: gl.constexpr,
 
 
 @gluon.jit
-def _store_checkpoint(St, j, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K: gl.constexpr,
+def _store_checkpoint(St, j, j0, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K: gl.constexpr,
                       V: gl.constexpr, BV: gl.constexpr, CKC: gl.constexpr,
                       STATE_VK: gl.constexpr):
-    """The state after j chunks, when j ends a checkpoint interval with a whole chunk: to
-    checkpoint row ``ck_row`` + j / CKC - 1 by a TMA store from ``ck_s`` (its previous store,
-    an earlier bulk group than the last O store, awaited first)."""
-    if (j % CKC == 0) & (bos + j * 16 <= eos) & (j > 0):
+    """The state after the program's j chunks (its sequence's j0 + j), when that ends a
+    checkpoint interval with a whole chunk: to checkpoint row ``ck_row`` + (j0 + j) / CKC - 1
+    by a TMA store from ``ck_s`` (its previous store, an earlier bulk group than the last O
+    store, awaited first)."""
+    if ((j0 + j) % CKC == 0) & (bos + j * 16 <= eos) & (j > 0):
         tma.store_wait(1)
-        cr = ((ck_row + j // CKC - 1) * H + i_h).to(gl.int32)
+        cr = ((ck_row + (j0 + j) // CKC - 1) * H + i_h).to(gl.int32)
         if STATE_VK:
             ck_s.store(St.to(ck_d.dtype))
             fence_async_shared()
@@ -138,15 +143,18 @@ def _store_checkpoint(St, j, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K: gl.co
 
 
 @gluon.jit
-def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr,
-             ck_offsets_ptr, bos, eos, c0, n_chunks, i_n, i_row, i_h, i_v, H, lin,
-             K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, HAS_H0: gl.constexpr,
-             STORE_HT: gl.constexpr, STATE_VK: gl.constexpr, CKC: gl.constexpr,
-             FULL: gl.constexpr, num_warps: gl.constexpr):
+def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, ptrs, prog, K: gl.constexpr, V: gl.constexpr,
+             BV: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
+             STATE_VK: gl.constexpr, CKC: gl.constexpr, FULL: gl.constexpr,
+             PASS: gl.constexpr, num_warps: gl.constexpr):
     """The compute warpgroup: the chunks in order, S^T in registers (``FULL``: every chunk
     whole, fixed length with T % 16 == 0: the short last chunk's code left out). The previous
     chunk's outputs and the checkpoint of the state entering this chunk are stored while this
-    chunk's first products run on the tensor cores."""
+    chunk's first products run on the tensor cores. ``PASS`` as ``chunk_recurrent``'s: 0 the
+    serial pass, 1 a segment's summary (no outputs), 2 a segment from its combined start."""
+    o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, ck_offsets_ptr, sum_ptr = ptrs
+    bos, eos, c0, n_chunks, i_n, i_row, i_h, i_v, H, lin, j0, last, slot = prog
+    WRITE_O: gl.constexpr = PASS != 1
     w_s, qg_s, kend_s, klo_s, v_s, ainv_s, mqk_s = bufs
     ready, empty = bars
     NS: gl.constexpr = w_s.type.shape[0]
@@ -161,10 +169,17 @@ def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, o_ptr, gamma_ptr, h0_ptr, ht_ptr,
     o_k = gl.arange(0, K, layout=gl.SliceLayout(0, s_l))
     o_t = gl.arange(0, BT, layout=gl.SliceLayout(0, c_l))   # a chunk's tokens (columns)
     offs = _state_offsets(i_row, i_h, i_v, H, K, V, BV, STATE_VK, s_l)
+    o_vg = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, s_l))
+    slot_offs = slot + o_vg[:, None] * K + o_k[None, :]  # summaries [segments, H, V + K, K]
     St = gl.zeros([BV, K], gl.float32, layout=s_l)
-    if HAS_H0:
-        if i_row >= 0:  # a negative pool row: a zero start
-            St = gl.load(h0_ptr + offs).to(gl.float32)
+    if PASS == 0:
+        if HAS_H0:
+            if i_row >= 0:  # a negative pool row: a zero start
+                St = gl.load(h0_ptr + offs).to(gl.float32)
+    elif PASS == 1:  # rows of R from zero, rows V.. of M^T from the identity (with v = 0)
+        St = gl.where(o_vg[:, None] - V == o_k[None, :], 1.0, 0.0)
+    else:
+        St = gl.load(sum_ptr + slot_offs)
     zc = gl.zeros([BV, BT], gl.float32, layout=c_l)
     ck_row = 0
     if CKC > 0:
@@ -183,27 +198,33 @@ def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, o_ptr, gamma_ptr, h0_ptr, ht_ptr,
                 fence_async_shared()  # generic stores, then the tensor cores' reads
         Sa = gl.convert_layout(St.to(gl.float16), a_c)
         sw = warpgroup_mma(Sa, w_s.index(s).permute((1, 0)), zc, use_acc=False, is_async=True)
-        sq = warpgroup_mma(Sa, qg_s.index(s).permute((1, 0)), zc, use_acc=False,
-                           is_async=True)
+        sq = zc
+        if WRITE_O:
+            sq = warpgroup_mma(Sa, qg_s.index(s).permute((1, 0)), zc, use_acc=False,
+                               is_async=True)
         if FULL:
             vt = v_s.index(s).permute((1, 0)).load(a_c).to(gl.float16)
         else:
             vt = gl.where(t_ok[None, :], v_s.index(s).permute((1, 0)).load(c_l), 0.0)
             vt = gl.convert_layout(vt.to(gl.float16), a_c)
+        if PASS == 1:  # the rows of M^T: no values
+            vt = gl.where(i_v * BV < V, vt, 0.0)
         va = warpgroup_mma(vt, ainv_s.index(s).permute((1, 0)), zc, use_acc=False,
                            is_async=True)
         # while they run: the previous chunk's outputs, the checkpoint of the state S^T
-        if i > 0:
-            _store_o(ot, i - 1, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V, BV, FULL, c_l)
-        if CKC > 0:
-            _store_checkpoint(St, i, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K, V, BV, CKC,
-                              STATE_VK)
+        if WRITE_O:
+            if i > 0:
+                _store_o(ot, i - 1, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V, BV, FULL, c_l)
+            if CKC > 0:
+                _store_checkpoint(St, i, j0, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K, V,
+                                  BV, CKC, STATE_VK)
         sw, sq, va = warpgroup_mma_wait(num_outstanding=0, deps=(sw, sq, va))
         ud = (va - sw).to(gl.float16)
         if not FULL:
             ud = gl.where(t_ok[None, :], ud, 0.0)
-        ot = warpgroup_mma(gl.convert_layout(ud, a_c), mqk_s.index(s).permute((1, 0)), sq,
-                           is_async=True)
+        if WRITE_O:
+            ot = warpgroup_mma(gl.convert_layout(ud, a_c), mqk_s.index(s).permute((1, 0)), sq,
+                               is_async=True)
         ua = gl.convert_layout(ud, a_s)
         St = St * gam[None, :]
         St = warpgroup_mma(ua, kend_s.index(s), St, is_async=True)
@@ -211,16 +232,21 @@ def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, o_ptr, gamma_ptr, h0_ptr, ht_ptr,
         ot, St = warpgroup_mma_wait(num_outstanding=0, deps=(ot, St))
         fence_async_shared()  # V^T was read through the generic proxy
         mbarrier.arrive(empty.index(s))
-    if n_chunks > 0:
-        _store_o(ot, n_chunks - 1, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V, BV, FULL, c_l)
-        if CKC > 0:
-            _store_checkpoint(St, n_chunks, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K, V,
-                              BV, CKC, STATE_VK)
+    if WRITE_O:
+        if n_chunks > 0:
+            _store_o(ot, n_chunks - 1, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V, BV, FULL,
+                     c_l)
+            if CKC > 0:
+                _store_checkpoint(St, n_chunks, j0, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H,
+                                  K, V, BV, CKC, STATE_VK)
     tma.store_wait(0)
     bad = gl.max(gl.max(((St != St) | (gl.abs(St) == float("inf"))).to(gl.int32), 1), 0)
     gl.store(flag_ptr + lin, bad)
-    if STORE_HT:
-        if (bad == 0) & (i_row >= 0):
+    if PASS == 1:
+        if last == 0:  # (a sequence's last segment needs no summary: nothing ran)
+            gl.store(sum_ptr + slot_offs, St)
+    elif STORE_HT:  # pass 2: from a sequence's last segment
+        if (bad == 0) & (i_row >= 0) & (last != 0):
             gl.store(ht_ptr + offs, St.to(ht_ptr.dtype.element_ty))
 
 
@@ -235,29 +261,50 @@ def _ring(desc, NUM_STAGES: gl.constexpr):
 def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, o_d, ck_d,
                                   o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, cu_seqlens_ptr,
                                   chunk_offsets_ptr, seq_order_ptr, idx_ptr, ck_offsets_ptr,
-                                  T, H, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                                  sum_ptr, seg_ptr, T, H, K: gl.constexpr, V: gl.constexpr,
+                                  BV: gl.constexpr,
                                   NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr,
                                   STORE_HT: gl.constexpr, STATE_VK: gl.constexpr,
                                   IS_VARLEN: gl.constexpr, HAS_IDX: gl.constexpr,
-                                  CKC: gl.constexpr, FULL: gl.constexpr,
+                                  CKC: gl.constexpr, FULL: gl.constexpr, PASS: gl.constexpr,
                                   num_warps: gl.constexpr):
     i_nh = gl.program_id(0)
     i_v = gl.program_id(1)
     lin = i_nh * gl.num_programs(1) + i_v
     BT: gl.constexpr = 16
-    # the program's sequence (varlen: longest first) as indexing.sequence_of_program
+    # the program's sequence (varlen: longest first) or segment, as indexing's
+    # sequence_of_program and segment_of_program
     i_n = (i_nh // H).to(gl.int64)
     i_h = i_nh % H
-    if IS_VARLEN:
-        i_n = gl.load(seq_order_ptr + i_n).to(gl.int64)
-        bos = gl.load(cu_seqlens_ptr + i_n).to(gl.int64)
-        eos = gl.load(cu_seqlens_ptr + i_n + 1).to(gl.int64)
-        c0 = gl.load(chunk_offsets_ptr + i_n).to(gl.int64)
+    last = 1
+    j0 = 0  # the program's first chunk in its sequence
+    slot = 0
+    if PASS == 0:
+        if IS_VARLEN:
+            i_n = gl.load(seq_order_ptr + i_n).to(gl.int64)
+            bos = gl.load(cu_seqlens_ptr + i_n).to(gl.int64)
+            eos = gl.load(cu_seqlens_ptr + i_n + 1).to(gl.int64)
+            c0 = gl.load(chunk_offsets_ptr + i_n).to(gl.int64)
+        else:
+            bos = i_n * T
+            eos = bos + T
+            c0 = i_n * gl.cdiv(T, BT)
     else:
-        bos = i_n * T
-        eos = bos + T
-        c0 = i_n * gl.cdiv(T, BT)
+        i_s = i_n
+        row = seg_ptr + 6 * i_s
+        i_n = gl.load(row).to(gl.int64)
+        bos = gl.load(row + 2).to(gl.int64)
+        eos = gl.load(row + 3).to(gl.int64)
+        c0 = gl.load(row + 4).to(gl.int64)
+        last = gl.load(row + 5)
+        if IS_VARLEN:
+            j0 = (bos - gl.load(cu_seqlens_ptr + i_n).to(gl.int64)) // BT
+        else:
+            j0 = (bos - i_n * T) // BT
+        slot = (i_s * H + i_h) * (V + K) * K
     n_chunks = gl.cdiv(eos - bos, BT).to(gl.int32)
+    if PASS == 1:  # nothing after a sequence's last segment needs its summary
+        n_chunks = gl.where(last != 0, 0, n_chunks)
     i_row = i_n
     if HAS_IDX:
         i_row = gl.load(idx_ptr + i_n).to(gl.int64)
@@ -274,11 +321,12 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
     bars = (ready, empty)
     descs = (w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d)
     gl.warp_specialize([
-        (_compute, (bufs, bars, o_d, o_s, ck_d, ck_s, o_ptr, gamma_ptr, h0_ptr, ht_ptr,
-                    flag_ptr, ck_offsets_ptr, bos, eos, c0, n_chunks, i_n, i_row, i_h, i_v, H,
-                    lin, K, V, BV, HAS_H0, STORE_HT, STATE_VK, CKC, FULL, num_warps)),
+        (_compute, (bufs, bars, o_d, o_s, ck_d, ck_s,
+                    (o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, ck_offsets_ptr, sum_ptr),
+                    (bos, eos, c0, n_chunks, i_n, i_row, i_h, i_v, H, lin, j0, last, slot),
+                    K, V, BV, HAS_H0, STORE_HT, STATE_VK, CKC, FULL, PASS, num_warps)),
         (_loader, (descs, bufs, bars, bos, i_h * K, i_h * V + i_v * BV, c0, n_chunks, i_h,
-                   H)),
+                   H, PASS != 1)),
     ], [1], [40])
 
 
@@ -302,57 +350,68 @@ def applies(v, w, dot: str) -> bool:
             and v.is_contiguous())
 
 
-def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state,
-                           final_state, state_vk, cu_seqlens=None, chunk_offsets=None,
-                           seq_order=None, num_seqs=None, state_indices=None, checkpoints=None,
-                           checkpoint_offsets=None, checkpoint_chunks=0, block_v=64,
-                           num_stages=3, maxnreg=128):
-    """Stage 2's serial pass (fp16 products) by ``chunk_kda_recurrent_ws_kernel``, then the
-    guard's redo of the programs it flagged by ``chunk_recurrent``'s second launch (tf32 from
-    the first chunk whose fp16 step is not finite). ``chunk_kda_recurrent``'s arguments (one
-    serial pass; ``num_seqs`` defaults to B). Returns o; the final state, when given, is
-    written."""
+def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state, final_state,
+                           state_vk, cu_seqlens, chunk_offsets, num_seqs, block_v, num_warps, dot,
+                           guard, seq_order=None, segments=None, summary=None, passes=(0,),
+                           o=None, state_indices=None, checkpoints=None, checkpoint_offsets=None,
+                           checkpoint_chunks=0, num_stages=3, maxnreg=128):
+    """``chunk_kda_recurrent`` (its arguments, its passes) by ``chunk_kda_recurrent_ws_kernel``
+    with fp16 products, then the guard's redo of the programs it flagged by
+    ``chunk_recurrent``'s second launch (tf32 from the first chunk whose fp16 step is not
+    finite; a summary wholly). The tile is the prototype's own, 64 value rows on one
+    warpgroup and a loader warp (``block_v``, ``num_warps`` are the Triton plan's: ignored);
+    ``guard`` is always the second launch. Returns o."""
     from .chunk_recurrent import chunk_kda_recurrent
 
     B, T, H, V = v.shape
     K = w.shape[-1]
-    if V % block_v or block_v != 64 or K not in (64, 128):
-        raise ValueError(f"chunk_kda_recurrent_ws: needs block_v 64 dividing V and K 64 or "
-                         f"128, got block_v {block_v}, V {V}, K {K}")
+    BV = 64
+    if dot != "fp16":
+        raise ValueError(f"chunk_kda_recurrent_ws: fp16 products only, got dot={dot!r}")
+    if V % BV or K not in (64, 128):
+        raise ValueError(f"chunk_kda_recurrent_ws: needs V a multiple of {BV} and K 64 or 128, "
+                         f"got V {V}, K {K}")
     if v.dtype not in (torch.bfloat16, torch.float16) or not v.is_contiguous():
         raise ValueError(f"chunk_kda_recurrent_ws: v must be contiguous bf16 or fp16, got "
                          f"{v.dtype}")
-    num_seqs = B if num_seqs is None else num_seqs
-    o = torch.empty_like(v)
+    if o is None:
+        o = torch.empty_like(v)
     rows = B * T
     if checkpoints is not None and checkpoints.shape[0] == 0:
         checkpoints = None  # no sequence is as long as one checkpoint interval
     descs = [_desc(x.view(rows, H * K), [CHUNK, K]) for x in (w, qg, kend, klo)]
-    descs.append(_desc(v.view(rows, H * V), [CHUNK, block_v]))
+    descs.append(_desc(v.view(rows, H * V), [CHUNK, BV]))
     descs += [_desc(x.view(-1, CHUNK), [CHUNK, CHUNK]) for x in (ainv, mqk)]
-    descs.append(_desc(o.view(rows, H * V), [CHUNK, block_v]))
+    descs.append(_desc(o.view(rows, H * V), [CHUNK, BV]))
     if checkpoints is not None:  # [rows * H * V, K] (VK) or [rows * H * K, V] (KV)
         descs.append(_desc(checkpoints.view(-1, checkpoints.shape[-1]),
-                           [block_v, K] if state_vk else [K, block_v]))
+                           [BV, K] if state_vk else [K, BV]))
     else:  # a placeholder the kernel does not use (CKC 0)
         descs.append(_desc(gamma.view(-1, gamma.shape[-1])[:1], [1, K]))
-    grid = (num_seqs * H, V // block_v)
-    flags = torch.empty(grid[0] * grid[1], device=v.device, dtype=torch.int32)
     opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
     ckc = checkpoint_chunks if checkpoints is not None else 0
-    chunk_kda_recurrent_ws_kernel[grid](
-        *descs, o, gamma, opt(initial_state), opt(final_state), flags, opt(cu_seqlens),
-        opt(chunk_offsets), opt(seq_order), opt(state_indices), opt(checkpoint_offsets), T, H,
-        K=K, V=V, BV=block_v, NUM_STAGES=num_stages, HAS_H0=initial_state is not None,
-        STORE_HT=final_state is not None, STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None,
-        HAS_IDX=state_indices is not None, CKC=ckc,
-        FULL=cu_seqlens is None and T % CHUNK == 0, num_warps=4, maxnreg=maxnreg)
-    if bool(flags.any()):  # the redo (a host sync: the prototype's, not the launcher's)
-        chunk_kda_recurrent(v, w, qg, kend, klo, ainv, mqk, gamma, initial_state=initial_state,
-                            final_state=final_state, state_vk=state_vk, cu_seqlens=cu_seqlens,
-                            chunk_offsets=chunk_offsets, num_seqs=num_seqs, block_v=block_v,
-                            num_warps=4, dot="fp16", guard="launch", seq_order=seq_order, o=o,
-                            state_indices=state_indices, checkpoints=checkpoints,
-                            checkpoint_offsets=checkpoint_offsets,
-                            checkpoint_chunks=checkpoint_chunks, first_flags=flags)
+    common = dict(K=K, V=V, BV=BV, NUM_STAGES=num_stages, HAS_H0=initial_state is not None,
+                  STORE_HT=final_state is not None, STATE_VK=state_vk,
+                  IS_VARLEN=cu_seqlens is not None, HAS_IDX=state_indices is not None, CKC=ckc,
+                  FULL=cu_seqlens is None and T % CHUNK == 0, num_warps=4, maxnreg=maxnreg)
+    for pass_ in passes:
+        if pass_ == 0:
+            grid = (num_seqs * H, V // BV)
+        else:
+            grid = (segments.shape[0] * H, (V + K if pass_ == 1 else V) // BV)
+        flags = torch.empty(grid[0] * grid[1], device=v.device, dtype=torch.int32)
+        chunk_kda_recurrent_ws_kernel[grid](
+            *descs, o, gamma, opt(initial_state), opt(final_state), flags, opt(cu_seqlens),
+            opt(chunk_offsets), opt(seq_order), opt(state_indices), opt(checkpoint_offsets),
+            opt(summary), opt(segments), T, H, PASS=pass_, **common)
+        if bool(flags.any()):  # the redo (a host sync: the prototype's, not the launcher's)
+            chunk_kda_recurrent(v, w, qg, kend, klo, ainv, mqk, gamma,
+                                initial_state=initial_state, final_state=final_state,
+                                state_vk=state_vk, cu_seqlens=cu_seqlens,
+                                chunk_offsets=chunk_offsets, num_seqs=num_seqs, block_v=BV,
+                                num_warps=4, dot="fp16", guard="launch", seq_order=seq_order,
+                                segments=segments, summary=summary, passes=(pass_,), o=o,
+                                state_indices=state_indices, checkpoints=checkpoints,
+                                checkpoint_offsets=checkpoint_offsets,
+                                checkpoint_chunks=checkpoint_chunks, first_flags=flags)
     return o

@@ -28,9 +28,9 @@ class KernelConfig:
     ``fp16_guard``: where the fp16 guard's redo runs — ``"inline"`` (in the same launch; its
     code costs registers), ``"launch"`` (a second launch of only the programs the first
     flagged) or ``"auto"`` (``launch_plan.fp16_guard``). Both give the same bits.
-    ``stage2``: the serial recurrent pass by the Triton kernel (``"triton"``) or by the
+    ``stage2``: the recurrent passes by the Triton kernel (``"triton"``) or by the
     warp-specialized Gluon prototype (``"gluon"``, ``chunk_recurrent_ws.py``: fp16 products,
-    K 64 or 128, V a multiple of 64, on a GPU; elsewhere, and in split plans, Triton's).
+    K 64 or 128, V a multiple of 64, on a GPU; elsewhere Triton's).
     """
 
     dot: str = "auto"
