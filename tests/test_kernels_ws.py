@@ -92,6 +92,18 @@ def test_ws_applies_only_where_it_can():
         KernelConfig(stage2="cuda")
 
 
+def test_check_names_the_gluon_stage(monkeypatch):
+    # `kdalab check kdalab-gluon` / `kdalab hunt kdalab-gluon`: the GPU only, even where the
+    # interpreter runs the Triton kernels on the CPU; gradients through chunk_kda
+    from kdalab.check.builtin import load_kernel
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    adapter = load_kernel("kdalab-gluon")
+    assert adapter.name == "kdalab-gluon" and tuple(adapter.devices) == ("cuda",)
+    assert not adapter.no_backward and adapter.decode is not None
+    assert "cpu" in tuple(load_kernel("kdalab").devices)
+
+
 # ---------------------------------------------------------------- GPU
 
 def _spy(monkeypatch):

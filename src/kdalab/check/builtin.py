@@ -26,14 +26,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _kdalab(dot: str) -> KernelAdapter:
+def _kdalab(dot: str, stage2: str = "triton") -> KernelAdapter:
     # chunk_kda_fwd and kda_decode take the convention's gates as they are: the raw gate with a
     # lower bound or None (fla's softplus gate), and gate="log_decay"
     def kdalab_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
         import kdalab.kernels as kernels  # Triton: imported when the kernel runs
 
         return kernels.chunk_kda_fwd(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm,
-                                     config=kernels.KernelConfig(dot=dot), **kw)
+                                     config=kernels.KernelConfig(dot=dot, stage2=stage2), **kw)
 
     def kdalab_decode(q, k, v, g, beta, **kw):
         from kdalab.kernels import kda_decode
@@ -42,9 +42,11 @@ def _kdalab(dot: str) -> KernelAdapter:
     def kdalab_chunk_kda(q, k, v, g, beta, **kw):  # the differentiable kernel
         import kdalab.kernels as kernels
 
-        return kernels.chunk_kda(q, k, v, g, beta, config=kernels.KernelConfig(dot=dot), **kw)
+        return kernels.chunk_kda(q, k, v, g, beta,
+                                 config=kernels.KernelConfig(dot=dot, stage2=stage2), **kw)
 
-    devices = ("cuda", "cpu") if _interpreting() else ("cuda",)
+    # Gluon (stage2="gluon") has no interpreter: the GPU only
+    devices = ("cuda", "cpu") if _interpreting() and stage2 == "triton" else ("cuda",)
     return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
                          other_layout={"state_layout": "VK"}, decode=kdalab_decode,
                          grad_fn=kdalab_chunk_kda,
@@ -89,6 +91,7 @@ def _flashkda() -> KernelAdapter:
 BUILTIN: dict[str, Callable[[], KernelAdapter]] = {
     "kdalab": lambda: _kdalab("auto"),
     "kdalab-tf32": lambda: _kdalab("tf32"),
+    "kdalab-gluon": lambda: _kdalab("auto", "gluon"),
     "fla": _fla,
     "fla-recurrent": _fla_recurrent,
     "flashkda": _flashkda,
@@ -168,9 +171,10 @@ def _load_object(spec: str):
 
 
 def load_kernel(spec: str) -> KernelAdapter:
-    """A kernel by name: a built-in (``kdalab``, ``kdalab-tf32``, ``fla``, ``fla-recurrent``,
-    ``flashkda``), ``recipe:NAME``, or ``module:attr`` / ``path/file.py:attr`` naming a function
-    (the convention) or a :class:`KernelAdapter`. Raises ValueError for a bad name."""
+    """A kernel by name: a built-in (``kdalab``, ``kdalab-tf32``, ``kdalab-gluon``, ``fla``,
+    ``fla-recurrent``, ``flashkda``), ``recipe:NAME``, or ``module:attr`` / ``path/file.py:attr``
+    naming a function (the convention) or a :class:`KernelAdapter`. Raises ValueError for a bad
+    name."""
     spec = spec.strip()
     if spec in BUILTIN:
         return replace(BUILTIN[spec](), name=spec)
@@ -187,6 +191,7 @@ def load_kernel(spec: str) -> KernelAdapter:
     return KernelAdapter(obj, name=spec)
 
 
-KERNEL_HELP = ("kernels are kdalab, kdalab-tf32, fla, fla-recurrent, flashkda, recipe:NAME "
+KERNEL_HELP = ("kernels are kdalab, kdalab-tf32, kdalab-gluon, fla, fla-recurrent, flashkda, "
+               "recipe:NAME "
                "(a kdalab.kda recipe), or module:function / file.py:function (chunk_kda_fwd's "
                "convention, or a kdalab.check.KernelAdapter)")
