@@ -24,6 +24,8 @@
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes;
 #             GRID_BASELINE=.baseline: also an earlier commit's kernels, as the baseline step)
+#   ws-diagnose scripts/device/ws_diagnose.py: the Gluon stage 2 against the Triton kernel on a
+#             ladder of cases, smallest first (where they part, if they do)
 #   explore   benchmarks/bench_kernel.py --explore: the whole call under each launch choice
 #             (bench_kernel.explore_configs, with the Gluon stage 2), stage 1 alone, the passes
 #             (GRID_SHAPES: some shapes; EXPLORE_S, default 300)
@@ -154,6 +156,12 @@ step_grid() {
         >> "$D/grid.log" 2>&1
     echo "grid exit $?"; tail -n 30 "$D/grid.log"
     peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
+}
+
+step_ws-diagnose() {
+    timeout "${WS_S:-200}" python3 scripts/device/ws_diagnose.py --json "$D/ws_diagnose.json" \
+        > "$D/ws_diagnose.log" 2>&1
+    echo "ws-diagnose exit $?"; tail -n 16 "$D/ws_diagnose.log"
 }
 
 step_explore() {
