@@ -211,7 +211,9 @@ def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, ptrs, prog, K: gl.constexpr, V: g
             vt = gl.where(i_v * BV < V, vt, 0.0)
         va = warpgroup_mma(vt, ainv_s.index(s).permute((1, 0)), zc, use_acc=False,
                            is_async=True)
-        # while they run: the previous chunk's outputs, the checkpoint of the state S^T
+        # while they run: the previous chunk's outputs, the checkpoint of the state S^T (ptxas
+        # waits for the products before the checkpoint's shared-memory writes, C7517: S^T came
+        # from a GMMA; its TMA store still runs behind the next chunks)
         if WRITE_O:
             if i > 0:
                 _store_o(ot, i - 1, o_d, o_s, o_ptr, bos, eos, i_h, i_v, H, V, BV, FULL, c_l)
