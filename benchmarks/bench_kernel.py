@@ -293,7 +293,11 @@ def explore_configs(shape):
         "serial_bv64": KernelConfig(segment_chunks=0, block_v=64, num_warps=4),
         "serial_gluon": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
                                      stage2="gluon"),
+        "plan_gluon": KernelConfig(stage2="gluon"),
     })
+    for L in (64, 256):  # the prototype's own passes may want other segment lengths
+        if 2 * L <= n_chunks:
+            configs[f"L{L}_gluon"] = KernelConfig(segment_chunks=L, stage2="gluon")
     return configs
 
 
