@@ -405,7 +405,7 @@ def chunk_kda_recurrent(
     (``run_chunks``), stored through a tensor descriptor. ``guard``: the fp16 guard's redo in
     the same launch (True), in a second launch (``"launch"``), or none (False: tf32 products).
     ``first_flags``: the guard's first launch ran elsewhere (``chunk_recurrent_ws``) and left
-    these flags: the redo alone runs (pass 0)."""
+    these flags: the redo alone runs."""
     B, T, H, V = v.shape
     K = w.shape[-1]
     if o is None:
