@@ -26,7 +26,10 @@ what the Triton kernel's masked loads give (the other operands' rows there meet 
 and come from this sequence's own chunk), and its outputs are stored through pointers.
 
 Gluon has no interpreter: CI compiles it for sm_90a (``tests/test_kernels_ws.py``); the GPU
-tests hold it to the Triton kernel's outputs.
+tests hold it to the Triton kernel's outputs. Why Gluon and not NVIDIA's CuTe DSL
+(nvidia-cutlass-dsl 4.8 is on the package index): Gluon ships in the triton wheel the kernels
+already need, compiles on a machine without a GPU with triton's own ptxas (so CI checks it),
+and shares the Triton kernel's MMA layouts, which is what lets the two agree bit for bit.
 """
 
 from __future__ import annotations
