@@ -102,8 +102,9 @@ CANDIDATES = {
 ROUNDS = 5
 GLUON = CANDIDATES["gluon"]
 #: decode launch shapes (value block, warps) timed under graph replay beside the default's
-#: (``decode_launch_shape``: BV 32 on 4 warps below DECODE_WIDE_FROM programs, BV 64 from it)
-LAUNCH_SHAPES = ((16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8))
+#: (``decode_launch_shape``: BV 32 on 4 warps below DECODE_WIDE_FROM programs, BV 64 from it;
+#: BV 128, one program a state-head, for N 128 H 12 at 1.14x the floor: fewer, even waves?)
+LAUNCH_SHAPES = ((16, 2), (16, 4), (32, 2), (32, 4), (64, 4), (64, 8), (128, 8), (128, 16))
 
 
 def bench(fn, rep=100):
