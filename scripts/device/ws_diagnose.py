@@ -2,7 +2,7 @@
 """The Gluon stage 2 (kernels/chunk_recurrent_ws.py) against the Triton kernel on a ladder of
 cases, smallest first, so that one device call says where they part, not only that they do.
 
-    python scripts/device/ws_diagnose.py [--json out.json]
+    python scripts/device/ws_diagnose.py [--json out.json] [--first N]
 
 Each rung runs chunk_kda_fwd with KernelConfig(stage2="gluon") and with the Triton kernel in the
 same launch form (BV 64, 4 warps, the guard's redo in a second launch) on the same inputs and
@@ -103,9 +103,11 @@ LADDER = [
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
+    ap.add_argument("--first", type=int, default=len(LADDER),
+                    help="the first N rungs only (small cases, e.g. under compute-sanitizer)")
     args = ap.parse_args()
     rows = []
-    for name, spec in LADDER:
+    for name, spec in LADDER[:args.first]:
         try:
             row = rung(name, **spec)
         except Exception as exc:  # noqa: BLE001 - report and go on down the ladder
