@@ -250,7 +250,7 @@ def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, ptrs, prog, K: gl.constexpr, V: g
     if PASS == 1:
         if last == 0:  # (a sequence's last segment needs no summary: nothing ran)
             gl.store(sum_ptr + slot_offs, St)
-    elif STORE_HT:  # pass 2: from a sequence's last segment
+    elif STORE_HT:  # passes 0 and 2 (pass 2: from a sequence's last segment)
         if (bad == 0) & (i_row >= 0) & (last != 0):
             gl.store(ht_ptr + offs, St.to(ht_ptr.dtype.element_ty))
 
