@@ -85,6 +85,80 @@ def test_ws_refuses_what_it_does_not_cover(change, match):
                                   num_seqs=1, block_v=64, num_warps=4, dot=dot, guard="launch")
 
 
+class _Launches:
+    """Stands in for the Gluon kernel on the CPU: records each launch's grid, arguments and
+    constants, and writes ``flag`` into its flags (argument 13: nine descriptors, o, gamma,
+    h0, ht, then the flags)."""
+
+    def __init__(self, flag=0):
+        self.calls, self.flag = [], flag
+
+    def __getitem__(self, grid):
+        def launch(*args, **kw):
+            self.calls.append((grid, args, kw))
+            args[13].fill_(self.flag)
+        return launch
+
+
+def _ws_call(monkeypatch, flag=0, B=2, T=1000, H=2, K=128, V=128, **kw):
+    rec = _Launches(flag)
+    monkeypatch.setattr(ws, "chunk_kda_recurrent_ws_kernel", rec)
+    v, *ops = _ops(B, T, H, K, V)
+    args = dict(initial_state=None, final_state=None, state_vk=False, cu_seqlens=None,
+                chunk_offsets=None, num_seqs=B, block_v=128, num_warps=8, dot="fp16",
+                guard="launch")
+    ws.chunk_kda_recurrent_ws(v, *ops, **{**args, **kw})
+    return rec.calls
+
+
+def test_ws_host_side_grid_descriptors_and_constants(monkeypatch):
+    # the launches the wrapper makes (no GPU: the kernel recorded, not run): its own tile (BV 64,
+    # 4 warps, whatever the Triton plan's), a TMA box a chunk's rows of each operand at the
+    # views the kernel indexes, FULL only where every chunk is whole
+    (grid, args, kw), = _ws_call(monkeypatch)
+    assert grid == (2 * 2, 2) and kw["PASS"] == 0 and kw["num_warps"] == 4
+    assert kw["FULL"] is False and not kw["IS_VARLEN"] and kw["CKC"] == 0 and kw["BV"] == 64
+    boxes = [list(d.block_shape) for d in args[:9]]
+    assert boxes == [[16, 128]] * 4 + [[16, 64], [16, 16], [16, 16], [16, 64], [1, 128]]
+    assert [list(d.shape) for d in args[:5]] == [[2000, 256]] * 5
+    (_, _, kw), = _ws_call(monkeypatch, T=1024)
+    assert kw["FULL"] is True
+
+
+@pytest.mark.parametrize("layout", ["KV", "VK"])
+def test_ws_host_side_checkpoints_pool_and_passes(layout, monkeypatch):
+    vk = layout == "VK"
+    ck = torch.zeros(5, 2, 128, 128)
+    segs = torch.zeros(3, 6, dtype=torch.int32)
+    common = dict(B=1, T=512, state_vk=vk, cu_seqlens=torch.tensor([0, 200, 512]),
+                  chunk_offsets=torch.tensor([0, 13]), num_seqs=2,
+                  state_indices=torch.tensor([1, -1]), checkpoints=ck,
+                  checkpoint_offsets=torch.tensor([0, 3]), checkpoint_chunks=4)
+    (grid, args, kw), = _ws_call(monkeypatch, **common)
+    assert kw["IS_VARLEN"] and kw["HAS_IDX"] and kw["CKC"] == 4 and kw["FULL"] is False
+    # the checkpoints as rows of [rows * H * V, K] (VK) or [rows * H * K, V] (KV)
+    assert list(args[8].shape) == [5 * 2 * 128, 128]
+    assert list(args[8].block_shape) == ([64, 128] if vk else [128, 64])
+    calls = _ws_call(monkeypatch, **common, segments=segs, summary=torch.zeros(3, 2, 256, 128),
+                     passes=(1, 2))
+    assert [(c[0], c[2]["PASS"]) for c in calls] == [((6, 4), 1), ((6, 2), 2)]
+
+
+def test_ws_flagged_programs_go_to_the_triton_redo(monkeypatch):
+    # a program whose state left fp16's range is redone by the Triton kernel's second launch
+    # with the Gluon launch's flags, pass by pass; none flagged: no redo
+    import kdalab.kernels.chunk_recurrent as cr
+
+    redo = []
+    monkeypatch.setattr(cr, "chunk_kda_recurrent", lambda *a, **k: redo.append(k))
+    _ws_call(monkeypatch, flag=0)
+    assert redo == []
+    calls = _ws_call(monkeypatch, flag=1)
+    (k,) = redo
+    assert k["first_flags"] is calls[0][1][13] and k["passes"] == (0,)
+    assert (k["guard"], k["dot"], k["block_v"], k["num_warps"]) == ("launch", "fp16", 64, 4)
+
+
 def test_ws_applies_only_where_it_can():
     v, w, *_ = _ops(1, 32, 2, 64, 64)
     assert not ws.applies(v, w, "fp16")  # on the CPU: no interpreter for Gluon
