@@ -45,6 +45,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .indexing import segment_of_program, sequence_of_program
+
 CHUNK = 16
 # Gluon's TMA copies were renamed after triton 3.6 (the H200's): async_load / async_store
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -87,7 +89,8 @@ def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H,
 def _state_offsets(row, i_h, i_v, H, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
                    STATE_VK: gl.constexpr, layout: gl.constexpr):
     """Offsets of S^T's rows i_v * BV + [0, BV) of state ``row`` ([N, H, K, V], VK: [N, H, V,
-    K]) in ``layout``."""
+    K]) in ``layout``: ``chunk_recurrent.user_state_ptrs``' arithmetic, whose ``tl.arange``
+    without a layout Gluon refuses."""
     o_v = gl.arange(0, BV, layout=gl.SliceLayout(1, layout))
     o_k = gl.arange(0, K, layout=gl.SliceLayout(0, layout))
     base = (row * H + i_h) * K * V
@@ -277,31 +280,17 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
     i_v = gl.program_id(1)
     lin = i_nh * gl.num_programs(1) + i_v
     BT: gl.constexpr = 16
-    # the program's sequence (varlen: longest first) or segment, as indexing's
-    # sequence_of_program and segment_of_program
-    i_n = (i_nh // H).to(gl.int64)
-    i_h = i_nh % H
+    # the program's sequence (varlen: longest first) or segment: indexing's helpers
     last = 1
     j0 = 0  # the program's first chunk in its sequence
     slot = 0
     if PASS == 0:
-        if IS_VARLEN:
-            i_n = gl.load(seq_order_ptr + i_n).to(gl.int64)
-            bos = gl.load(cu_seqlens_ptr + i_n).to(gl.int64)
-            eos = gl.load(cu_seqlens_ptr + i_n + 1).to(gl.int64)
-            c0 = gl.load(chunk_offsets_ptr + i_n).to(gl.int64)
-        else:
-            bos = i_n * T
-            eos = bos + T
-            c0 = i_n * gl.cdiv(T, BT)
+        i_n, i_h, bos, eos, c0 = sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr,
+                                                     seq_order_ptr, T, H, BT, IS_VARLEN)
     else:
-        i_s = i_n
-        row = seg_ptr + 6 * i_s
-        i_n = gl.load(row).to(gl.int64)
-        bos = gl.load(row + 2).to(gl.int64)
-        eos = gl.load(row + 3).to(gl.int64)
-        c0 = gl.load(row + 4).to(gl.int64)
-        last = gl.load(row + 5)
+        i_s = (i_nh // H).to(gl.int64)
+        i_h = i_nh % H
+        i_n, _, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
         if IS_VARLEN:
             j0 = (bos - gl.load(cu_seqlens_ptr + i_n).to(gl.int64)) // BT
         else:
