@@ -24,10 +24,9 @@
 #   grid      benchmarks/bench_kernel.py: the issue-11 prefill grid against the peers (GRID_ALT:
 #             also a candidate KernelConfig, e.g. fp16_guard=launch; GRID_SHAPES: some shapes;
 #             GRID_BASELINE=.baseline: also an earlier commit's kernels, as the baseline step)
-#   ws-diagnose scripts/device/ws_diagnose.py: the Gluon stage 2 against the Triton kernel on a
-#             ladder of cases, smallest first (where they part, if they do)
-#   ws-sanitize the ladder's first rungs under compute-sanitizer (memcheck, then racecheck:
-#             the TMA ring's and the stores' shared memory between the warps; Firecracker only)
+#   ws-sanitize the Gluon stage 2's few-chunk GPU tests (tests/test_kernels_ws.py) under
+#             compute-sanitizer (memcheck, then racecheck: the TMA ring's and the stores' shared
+#             memory between the warps; Firecracker only)
 #   explore   benchmarks/bench_kernel.py --explore: the whole call under each launch choice
 #             (bench_kernel.explore_configs, with the Gluon stage 2), stage 1 alone, the passes
 #             (GRID_SHAPES: some shapes; EXPLORE_S, default 300)
@@ -160,18 +159,12 @@ step_grid() {
     peers_save_autotune  # fla's choices (30-90 s a new shape) for the next call to carry
 }
 
-step_ws-diagnose() {
-    timeout "${WS_S:-200}" python3 scripts/device/ws_diagnose.py --json "$D/ws_diagnose.json" \
-        > "$D/ws_diagnose.log" 2>&1
-    echo "ws-diagnose exit $?"; tail -n 16 "$D/ws_diagnose.log"
-}
-
 step_ws-sanitize() {
     local t
     for t in memcheck racecheck; do
         timeout "${WS_SAN_S:-150}" /usr/local/cuda/bin/compute-sanitizer --tool "$t" \
-            --print-limit 20 python3 scripts/device/ws_diagnose.py --first "${WS_FIRST:-8}" \
-            > "$D/ws_sanitize_$t.log" 2>&1
+            --print-limit 20 python3 -m pytest -q -p no:cacheprovider -m gpu \
+            tests/test_kernels_ws.py -k few_chunks > "$D/ws_sanitize_$t.log" 2>&1
         echo "ws-sanitize $t exit $?"; tail -n 12 "$D/ws_sanitize_$t.log"
     done
 }
