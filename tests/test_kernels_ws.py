@@ -100,9 +100,14 @@ class _Launches:
         return launch
 
 
-def _ws_call(monkeypatch, flag=0, B=2, T=1000, H=2, K=128, V=128, **kw):
+def _ws_call(monkeypatch, flag=0, B=2, T=1000, H=2, K=128, V=128, redo=None, **kw):
+    """The wrapper's Gluon launches, recorded; the Triton redo's arguments go to ``redo``."""
+    import kdalab.kernels.chunk_recurrent as cr
+
     rec = _Launches(flag)
     monkeypatch.setattr(ws, "chunk_kda_recurrent_ws_kernel", rec)
+    monkeypatch.setattr(cr, "chunk_kda_recurrent",
+                        lambda *a, **k: redo.append(k) if redo is not None else None)
     v, *ops = _ops(B, T, H, K, V)
     args = dict(initial_state=None, final_state=None, state_vk=False, cu_seqlens=None,
                 chunk_offsets=None, num_seqs=B, block_v=128, num_warps=8, dot="fp16",
@@ -146,17 +151,24 @@ def test_ws_host_side_checkpoints_pool_and_passes(layout, monkeypatch):
 
 def test_ws_flagged_programs_go_to_the_triton_redo(monkeypatch):
     # a program whose state left fp16's range is redone by the Triton kernel's second launch
-    # with the Gluon launch's flags, pass by pass; none flagged: no redo
-    import kdalab.kernels.chunk_recurrent as cr
-
+    # (FLAG 2: only the programs whose flag is set run) with the Gluon launch's flags, pass by
+    # pass, launched whatever the flags: no host sync, so a CUDA graph can capture the call
     redo = []
-    monkeypatch.setattr(cr, "chunk_kda_recurrent", lambda *a, **k: redo.append(k))
-    _ws_call(monkeypatch, flag=0)
-    assert redo == []
-    calls = _ws_call(monkeypatch, flag=1)
-    (k,) = redo
-    assert k["first_flags"] is calls[0][1][13] and k["passes"] == (0,)
-    assert (k["guard"], k["dot"], k["block_v"], k["num_warps"]) == ("launch", "fp16", 64, 4)
+    monkeypatch.setattr(torch.Tensor, "any", lambda *a, **k: pytest.fail("a host sync"))
+    for flag in (0, 1):
+        redo.clear()
+        calls = _ws_call(monkeypatch, flag=flag, redo=redo)
+        (k,) = redo
+        assert k["first_flags"] is calls[0][1][13] and k["passes"] == (0,)
+        assert int(k["first_flags"][0]) == flag
+        assert (k["guard"], k["dot"], k["block_v"], k["num_warps"]) == ("launch", "fp16", 64, 4)
+    redo.clear()
+    segs = torch.zeros(3, 6, dtype=torch.int32)
+    calls = _ws_call(monkeypatch, B=1, T=512, segments=segs, summary=torch.zeros(3, 2, 256, 128),
+                     passes=(1, 2), cu_seqlens=torch.tensor([0, 200, 512]), redo=redo,
+                     chunk_offsets=torch.tensor([0, 13]), num_seqs=2)
+    assert [k["passes"] for k in redo] == [(1,), (2,)]
+    assert [k["first_flags"] for k in redo] == [c[1][13] for c in calls]
 
 
 def test_ws_applies_only_where_it_can():

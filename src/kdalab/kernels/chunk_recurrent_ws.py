@@ -399,14 +399,15 @@ def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_sta
             *descs, o, gamma, opt(initial_state), opt(final_state), flags, opt(cu_seqlens),
             opt(chunk_offsets), opt(seq_order), opt(state_indices), opt(checkpoint_offsets),
             opt(summary), opt(segments), T, H, PASS=pass_, **common)
-        if bool(flags.any()):  # the redo (a host sync: the prototype's, not the launcher's)
-            chunk_kda_recurrent(v, w, qg, kend, klo, ainv, mqk, gamma,
-                                initial_state=initial_state, final_state=final_state,
-                                state_vk=state_vk, cu_seqlens=cu_seqlens,
-                                chunk_offsets=chunk_offsets, num_seqs=num_seqs, block_v=BV,
-                                num_warps=4, dot="fp16", guard="launch", seq_order=seq_order,
-                                segments=segments, summary=summary, passes=(pass_,), o=o,
-                                state_indices=state_indices, checkpoints=checkpoints,
-                                checkpoint_offsets=checkpoint_offsets,
-                                checkpoint_chunks=checkpoint_chunks, first_flags=flags)
+        # the redo, always launched: its programs read their flag and only the flagged run
+        # (no host sync, so a CUDA graph captures the call; a launch of exits otherwise)
+        chunk_kda_recurrent(v, w, qg, kend, klo, ainv, mqk, gamma,
+                            initial_state=initial_state, final_state=final_state,
+                            state_vk=state_vk, cu_seqlens=cu_seqlens,
+                            chunk_offsets=chunk_offsets, num_seqs=num_seqs, block_v=BV,
+                            num_warps=4, dot="fp16", guard="launch", seq_order=seq_order,
+                            segments=segments, summary=summary, passes=(pass_,), o=o,
+                            state_indices=state_indices, checkpoints=checkpoints,
+                            checkpoint_offsets=checkpoint_offsets,
+                            checkpoint_chunks=checkpoint_chunks, first_flags=flags)
     return o
