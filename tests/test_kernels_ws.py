@@ -172,8 +172,8 @@ def test_ws_flagged_programs_go_to_the_triton_redo(monkeypatch):
 
 
 def test_ws_applies_only_where_it_can():
-    v, w, *_ = _ops(1, 32, 2, 64, 64)
-    assert not ws.applies(v, w, "fp16")  # on the CPU: no interpreter for Gluon
+    v, *ops = _ops(1, 32, 2, 64, 64)
+    assert not ws.applies(v, ops, "fp16")  # on the CPU: no interpreter for Gluon
     with pytest.raises(ValueError, match="config.stage2"):
         KernelConfig(stage2="cuda")
 

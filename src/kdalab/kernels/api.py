@@ -81,7 +81,7 @@ def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
                             num_warps=plan.prepare_warps, dtype=products,
-                            precision=precision)
+                            precision=precision, klo8=config.klo == "fp8")
     return Prepared(p, seqs, plan, dot, ops)
 
 
@@ -208,7 +208,7 @@ def forward_stage2(v, c: Prepared, initial_state, config: KernelConfig, *,
     if config.stage2 == "gluon":  # the Gluon prototype, where it applies
         from . import chunk_recurrent_ws
 
-        if chunk_recurrent_ws.applies(v, c.ops[0], c.dot):
+        if chunk_recurrent_ws.applies(v, c.ops, c.dot):
             run = chunk_recurrent_ws.chunk_kda_recurrent_ws
     if plan.segment_chunks <= 0:
         o = run(v, *c.ops, **launch)

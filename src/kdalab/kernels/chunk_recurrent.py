@@ -6,11 +6,11 @@ per warpgroup; the untransposed products would have M = 16, the chunk):
 
     U^T = V^T AINV^T - S^T W^T             [BV, 16]
     O^T = S^T QG^T + U^T MQK^T             [BV, 16]
-    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO)
+    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO,
+                                                       KLO fp16, or fp8 bits decoded here)
 
-The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT`` is the
-products' operand type: fp16 (S and U rounded to fp16 as operands, fp32 accumulation) or fp32
-(tf32 products).
+The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT``: the
+products' operands, fp16 (S, U rounded; fp32 accumulation) or fp32 (tf32 products).
 
 The fp16 guard (``GUARD``). An fp16 product overflows only where S, U or v leaves fp16's
 range; inf then reaches every later product (inf·0 = NaN), so a program whose end state is not
@@ -43,6 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_prepare import klo_from_fp8
 from .indexing import segment_of_program, sequence_of_program
 
 CHUNK = 16
@@ -88,6 +89,8 @@ def chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT: tl.constexpr,
         ot = (tl.dot(Sd, qgt.to(DT), input_precision="tf32")
               + tl.dot(ud, mqkt.to(DT), input_precision="tf32"))
     St = St * gamma[None, :] + tl.dot(ud, kend.to(DT), input_precision="tf32")
+    if klo.dtype == tl.uint8:  # fp8 (config.klo): decoded here, kept narrow while prefetched
+        klo = klo_from_fp8(klo)
     St += tl.dot(ud, klo.to(DT), input_precision="tf32")
     return St, ot
 
@@ -403,15 +406,13 @@ def chunk_kda_recurrent(
     and ``final_state`` both the pool). ``checkpoints`` with ``checkpoint_offsets`` [N] (each
     sequence's first row) and ``checkpoint_chunks`` > 0: the state every that many chunks
     (``run_chunks``), stored through a tensor descriptor. ``guard``: the fp16 guard's redo in
-    the same launch (True), in a second launch (``"launch"``), or none (False: tf32 products).
-    ``first_flags``: the guard's first launch ran elsewhere (``chunk_recurrent_ws``) and left
-    these flags: the redo alone runs."""
+    the same launch (True), in a second launch (``"launch"``), or none (False: tf32 products);
+    ``first_flags``: its first launch's flags (run by ``chunk_recurrent_ws``): the redo alone."""
     B, T, H, V = v.shape
     K = w.shape[-1]
     if o is None:
         o = torch.empty_like(v)
-    dummy = gamma
-    opt = lambda x: x if x is not None else dummy  # noqa: E731 - absent optional pointers
+    opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
     if checkpoints is not None and checkpoints.shape[0] == 0:
         checkpoints = None  # no sequence is as long as one checkpoint interval
     if checkpoints is not None:
