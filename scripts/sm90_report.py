@@ -140,11 +140,11 @@ def kdalab_rows(only: str | None = None):
     from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd_kernel
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
     from kdalab.kernels.chunk_recurrent_bwd import (
-        blocks_kernel_stages,
         chunk_kda_bwd_blocks_kernel,
         chunk_kda_bwd_recurrent_kernel,
     )
     from kdalab.kernels.chunk_recurrent_ws import chunk_kda_recurrent_ws_kernel
+    from kdalab.kernels.launch_plan import blocks_kernel_stages
 
     def timed(*args, **kw):
         if only and only not in kw["label"]:

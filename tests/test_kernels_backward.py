@@ -374,8 +374,9 @@ def test_interp_mm_pair_returns_each_product():
 def test_reverse_pass_launch_choices():
     # the dS pass halves its value block only where the halves' programs all fit at once
     # (two an SM on 4 warps), from the measured 128-on-8-warps tile only; the blocks kernel is
-    # pipelined only without an initial state (both measured on the H200, docstrings)
-    from kdalab.kernels.chunk_recurrent_bwd import blocks_kernel_stages, ds_value_block
+    # pipelined only without an initial state (both measured on the H200, docstrings); its
+    # persistent programs are as few as keep the waves (each has its scratch)
+    from kdalab.kernels.launch_plan import blocks_kernel_stages, ds_value_block, persistent_programs
 
     assert ds_value_block(64, 128, 128, 8, 132) == 64      # T 8192 H 64: 128 programs
     assert ds_value_block(132, 128, 128, 8, 132) == 64     # 264: the last that fit
@@ -385,6 +386,11 @@ def test_reverse_pass_launch_choices():
     assert ds_value_block(4, 32, 128, 8, 132) == 32        # V below the half
     assert ds_value_block(256, 128, 128, 8, 132, given=32) == 32
     assert (blocks_kernel_stages(False), blocks_kernel_stages(True)) == (2, 1)
+    assert persistent_programs(256, 132) == 128          # T 1024 H 16: two waves either way
+    assert persistent_programs(1024, 132) == 128         # eight waves
+    assert persistent_programs(100, 132) == 100          # one wave: one program an item
+    assert persistent_programs(133, 132) == 67
+    assert persistent_programs(0, 132) == 1
 
 
 @interp

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from .chunk_prepare import klo_from_fp8
-from .indexing import segment_of_program, sequence_of_program
+from .indexing import program_rows
 
 CHUNK = 16
 
@@ -317,13 +317,10 @@ def chunk_kda_recurrent_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
-    if PASS == 0:
-        i_n, i_h, bos, eos, c0 = sequence_of_program(i_sh, cu_seqlens_ptr, chunk_offsets_ptr,
-                                                     seq_order_ptr, T, H, BT, IS_VARLEN)
-    else:
-        i_s = (i_sh // H).to(tl.int64)
-        i_h = i_sh % H
-        i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
+    i_n, i_h, i_s, bos, eos, c0, j0, p, last = program_rows(
+        i_sh, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr, T, H, BT, IS_VARLEN,
+        PASS != 0)
+    if PASS != 0:
         if PASS == 1:
             if SKIP_LAST:  # nothing after a sequence's last segment needs its summary
                 if last != 0:
@@ -334,16 +331,10 @@ def chunk_kda_recurrent_kernel(
         slot_ptrs = slot + o_v[:, None] * K + o_k[None, :]
     if PASS == 0:
         slot_ptrs = sum_ptr  # unused
-    # the chunk index in the sequence of the program's first chunk, and its checkpoints' rows
-    j0 = 0
+    # the sequence's first checkpoint row
     ck_base = 0
     if CKC > 0:
         ck_base = tl.load(ck_offsets_ptr + i_n).to(tl.int64)
-        if PASS == 2:
-            if IS_VARLEN:
-                j0 = (bos - tl.load(cu_seqlens_ptr + i_n).to(tl.int64)) // BT
-            else:
-                j0 = (bos - i_n * T) // BT
     # the state's row: the sequence's, or the pool row its index names (negative: none)
     i_row = i_n
     if HAS_IDX:

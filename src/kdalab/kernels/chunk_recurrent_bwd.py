@@ -43,7 +43,13 @@ import triton
 import triton.language as tl
 
 from .chunk_combine import chunk_kda_combine
-from .indexing import segment_of_program, sequence_of_program
+from .indexing import program_rows, segment_of_program
+from .launch_plan import (
+    blocks_kernel_stages,
+    ds_value_block,
+    persistent_programs,
+    resident_programs,
+)
 
 CHUNK = 16
 #: chunks between the forward's stored states (the block the backward recomputes)
@@ -137,19 +143,12 @@ def chunk_kda_bwd_recurrent_kernel(
     else:
         v_ok = o_v < V
         is_v = v_ok
-    if SEG:
-        i_h = item % H
-        i_s = (item // H).to(tl.int64)
-        i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
-        first = (p == 0).to(tl.int32)
-    else:  # varlen: the longest first, as the forward's serial pass
-        i_n, i_h, bos, eos, c0 = sequence_of_program(item, cu_seqlens_ptr, chunk_offsets_ptr,
-                                                     seq_order_ptr, T, H, BT, IS_VARLEN)
-        first = 1
-    if IS_VARLEN:
-        seq_bos = tl.load(cu_seqlens_ptr + i_n).to(tl.int64)
-    else:
-        seq_bos = i_n * T
+    # the program's sequence (varlen: the longest first, as the forward's serial pass) or
+    # segment, and its first chunk's index in its sequence (j0)
+    i_n, i_h, i_s, bos, eos, c0, j0, p, _ = program_rows(
+        item, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr, T, H, BT, IS_VARLEN,
+        SEG)
+    first = (p == 0).to(tl.int32) if SEG else 1
     n_ch = tl.cdiv(eos - bos, BT)
     # the gradient of the state after the program's last chunk
     if PASS == 1:
@@ -167,7 +166,7 @@ def chunk_kda_bwd_recurrent_kernel(
     if PASS == 1:
         run = 1 - first
     if run != 0:
-        j_blk0 = (bos - seq_bos) // (BT * CKC)   # the program's first block in its sequence
+        j_blk0 = j0 // CKC   # the program's first block in its sequence
         if PASS == 3:
             seg0 = tl.load(seg_off_ptr + i_n).to(tl.int64)  # the sequence's first block
             slot_0 = ends_ptr + ((seg0 + j_blk0) * H + i_h) * V * K
@@ -313,45 +312,6 @@ def chunk_kda_bwd_blocks_kernel(
         tl.debug_barrier()  # the next item's walk forward overwrites the scratch
 
 
-def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
-    """Persistent programs per value block of the blocks kernel: as many as the SMs hold at
-    once. Its tile takes 255 registers a thread (sm_90a, ``scripts/sm90_report.py``), so an
-    SM holds 65,536 // (255 · 32 · num_warps) programs (1 on 8 warps, 2 on 4); more would only
-    wait for a free SM, and each running program has its scratch (CKC states and U tiles:
-    295 KB at K = V = BV = 128), which is 39 MB on the H200's 132 SMs at the default tile."""
-    per_sm = max(1, 65536 // (255 * 32 * num_warps))
-    return max(1, sms * per_sm // value_blocks)
-
-
-def ds_value_block(items: int, V: int, block_v: int, num_warps: int, sms: int,
-                   given: int | None = None) -> int:
-    """The serial dS pass's value columns a program (its rows are independent of each other,
-    so any split of V gives the same bits): half of ``block_v`` (on half the warps) where the
-    halves' programs are all resident at once (two an SM, by registers), else ``block_v``.
-    Measured on the H200 (docs/training.md): at BV 64 against 128, T 8192 H 64 (64
-    sequence-heads) 1.99 against 2.62 ms, T 1024 H 16 0.242 against 0.318; B 8 T 4096 H 32 (256,
-    two waves either way) 3.06 against 2.67. ``given``: the caller's choice instead."""
-    if given:
-        return min(given, V)
-    half = block_v // 2
-    if block_v < 128 or num_warps < 8:  # measured from 128 on 8 warps only (BV 32 on 2
-        return min(block_v, V)          # warps: 2.97 ms at T 8192 H 64, slower than both)
-    fit = resident_programs(sms, num_warps // 2, -(-V // half))  # per value block, at once
-    return min(half if items <= fit else block_v, V)
-
-
-def blocks_kernel_stages(has_initial_state: bool) -> int:
-    """The blocks kernel's ``num_stages``: 2 (Triton's pipeliner loads the next chunk's
-    operands through shared memory while the current one computes) without an initial
-    state, 1 with one. Measured on the H200, the kernel's GPU time at 2 against 1 stage
-    (docs/training.md): 0.925-0.94x on six shapes without a state (T 1024 H 16 to T 8192
-    H 64, B 16 T 1024 H 32, varlen), 1.07x and 1.08x on the two with one (B 8 T 4096 H 32,
-    T 4096 H 8); 3 stages 1.15-1.35x. The same bits either way. Why the state decides is not
-    pinned down: sm_90a spills 888 against 1284 bytes a thread without it, 1104 against 1276
-    with it, so the pipelined form spills less in both (``scripts/sm90_report.py``)."""
-    return 1 if has_initial_state else 2
-
-
 def _opt(x, dummy):
     """``x``, or ``dummy`` for an absent optional pointer (the kernel does not read it)."""
     return x if x is not None else dummy
@@ -433,7 +393,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     items = n_blocks * H
     if items == 0:
         return out
-    n_prog = max(1, min(items, resident_programs(sms, num_warps, nv)))
+    n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
         v, do, du, w, qg, kend, klo, ainv, gamma,

@@ -34,6 +34,8 @@ and shares the Triton kernel's MMA layouts, which is what lets the two agree bit
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -45,7 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .indexing import segment_of_program, sequence_of_program
+from .indexing import program_rows
 
 CHUNK = 16
 # Gluon's TMA copies were renamed after triton 3.6 (the H200's): async_load / async_store
@@ -280,21 +282,13 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
     i_v = gl.program_id(1)
     lin = i_nh * gl.num_programs(1) + i_v
     BT: gl.constexpr = 16
-    # the program's sequence (varlen: longest first) or segment: indexing's helpers
-    last = 1
-    j0 = 0  # the program's first chunk in its sequence
+    # the program's sequence (varlen: longest first) or segment, and its first chunk's index
+    # in its sequence (j0)
+    i_n, i_h, i_s, bos, eos, c0, j0, _, last = program_rows(
+        i_nh, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr, T, H, BT, IS_VARLEN,
+        PASS != 0)
     slot = 0
-    if PASS == 0:
-        i_n, i_h, bos, eos, c0 = sequence_of_program(i_nh, cu_seqlens_ptr, chunk_offsets_ptr,
-                                                     seq_order_ptr, T, H, BT, IS_VARLEN)
-    else:
-        i_s = (i_nh // H).to(gl.int64)
-        i_h = i_nh % H
-        i_n, _, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
-        if IS_VARLEN:
-            j0 = (bos - gl.load(cu_seqlens_ptr + i_n).to(gl.int64)) // BT
-        else:
-            j0 = (bos - i_n * T) // BT
+    if PASS != 0:
         slot = (i_s * H + i_h) * (V + K) * K
     n_chunks = gl.cdiv(eos - bos, BT).to(gl.int32)
     if PASS == 1:  # nothing after a sequence's last segment needs its summary
@@ -335,13 +329,20 @@ def _desc(x, block):
     return TensorDescriptor.from_tensor(x, block, layout)
 
 
+@functools.lru_cache(maxsize=None)
+def _is_hopper(index: int) -> bool:
+    """Whether CUDA device ``index`` is sm_90 (asked once a device: ``applies`` runs a call)."""
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
 def applies(v, ops, dot: str) -> bool:
     """Whether the prototype runs this call's serial pass (``ops``: stage 1's): fp16 products
     and KLO (not fp8: config.klo), K 64 or 128, V a multiple of 64, v contiguous, not empty,
     bf16 or fp16 on a Hopper GPU (sm_90: wgmma; Gluon has no interpreter)."""
     w, klo = ops[0], ops[3]
     return (klo.dtype == torch.float16 and v.is_cuda
-            and torch.cuda.get_device_capability(v.device)[0] == 9
+            and _is_hopper(torch.cuda.current_device() if v.device.index is None
+                           else v.device.index)
             and v.numel() > 0 and dot == "fp16" and w.shape[-1] in (64, 128)
             and v.shape[-1] % 64 == 0 and v.dtype in (torch.bfloat16, torch.float16)
             and v.is_contiguous())

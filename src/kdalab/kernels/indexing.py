@@ -1,4 +1,4 @@
-"""Where a program's tokens are: the index arithmetic every kernel of the forward shares.
+"""Where a program's tokens are: the index arithmetic the kernels share (forward and backward).
 
 Fixed-length input is ``[B, T, ...]`` flattened to rows; variable-length input is one row
 range per sequence (``cu_seqlens``). Row ranges are ``[bos, eos)`` in the flattened rows.
@@ -61,3 +61,29 @@ def segment_of_program(i_s, seg_ptr):
     c0 = tl.load(base + 4).to(tl.int64)
     last = tl.load(base + 5)
     return i_n, p, bos, eos, c0, last
+
+
+@triton.jit
+def program_rows(i_sh, cu_seqlens_ptr, chunk_offsets_ptr, seq_order_ptr, seg_ptr, T, H,
+                 BT: tl.constexpr, IS_VARLEN: tl.constexpr, SEG: tl.constexpr):
+    """A recurrent program's rows, forward or backward: ``i_sh`` = (sequence rank, or
+    segment with ``SEG``) · H + head → (sequence, head, segment, bos, eos, global index of
+    the first chunk, index of the first chunk in its sequence, the segment's place in its
+    sequence, last segment of its sequence?). Without ``SEG`` the program has its whole
+    sequence: segment -1, first chunk 0, place 0, last."""
+    if SEG:
+        i_s = (i_sh // H).to(tl.int64)
+        i_h = i_sh % H
+        i_n, p, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
+        if IS_VARLEN:
+            j0 = (bos - tl.load(cu_seqlens_ptr + i_n).to(tl.int64)) // BT
+        else:
+            j0 = (bos - i_n * T) // BT
+    else:
+        i_n, i_h, bos, eos, c0 = sequence_of_program(i_sh, cu_seqlens_ptr, chunk_offsets_ptr,
+                                                     seq_order_ptr, T, H, BT, IS_VARLEN)
+        i_s = -1
+        j0 = 0
+        p = 0
+        last = 1
+    return i_n, i_h, i_s, bos, eos, c0, j0, p, last

@@ -211,3 +211,57 @@ def segment_table(seq_starts: torch.Tensor, seq_ends: torch.Tensor, chunk_starts
     table = torch.stack([seq, p, bos, eos, c0, last], dim=1).to(torch.int32).contiguous()
     seg_offsets = torch.cat([offsets.new_zeros(1), offsets]).to(torch.int32)
     return table, seg_offsets
+
+
+# ---------------------------------------- the backward's reverse pass (chunk_recurrent_bwd.py)
+
+def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
+    """Persistent programs per value block of the blocks kernel: as many as the SMs hold at
+    once. Its tile takes 255 registers a thread (sm_90a, ``scripts/sm90_report.py``), so an
+    SM holds 65,536 // (255 · 32 · num_warps) programs (1 on 8 warps, 2 on 4); more would only
+    wait for a free SM, and each running program has its scratch (CKC states and U tiles:
+    295 KB at K = V = BV = 128), which is 39 MB on the H200's 132 SMs at the default tile
+    (``persistent_programs`` trims it to whole waves). Keeping fewer states (the first
+    chunk's reloaded from its checkpoint, the last kept in registers) raised the kernel's
+    sm_90a spills from 888 to 1568-3008 bytes a thread: not kept (docs/training.md)."""
+    per_sm = max(1, 65536 // (255 * 32 * num_warps))
+    return max(1, sms * per_sm // value_blocks)
+
+
+def persistent_programs(items: int, resident: int) -> int:
+    """The blocks kernel's programs a value block: as few as run ``items`` in as many waves
+    as ``resident`` programs would (each program has its scratch; 256 items on 132 SMs: 128
+    programs, two waves either way)."""
+    if items <= 0:
+        return 1
+    waves = -(-items // max(1, resident))
+    return -(-items // waves)
+
+
+def ds_value_block(items: int, V: int, block_v: int, num_warps: int, sms: int,
+                   given: int | None = None) -> int:
+    """The serial dS pass's value columns a program (its rows are independent of each other,
+    so any split of V gives the same bits): half of ``block_v`` (on half the warps) where the
+    halves' programs are all resident at once (two an SM, by registers), else ``block_v``.
+    Measured on the H200 (docs/training.md): at BV 64 against 128, T 8192 H 64 (64
+    sequence-heads) 1.99 against 2.62 ms, T 1024 H 16 0.242 against 0.318; B 8 T 4096 H 32 (256,
+    two waves either way) 3.06 against 2.67. ``given``: the caller's choice instead."""
+    if given:
+        return min(given, V)
+    half = block_v // 2
+    if block_v < 128 or num_warps < 8:  # measured from 128 on 8 warps only (BV 32 on 2
+        return min(block_v, V)          # warps: 2.97 ms at T 8192 H 64, slower than both)
+    fit = resident_programs(sms, num_warps // 2, -(-V // half))  # per value block, at once
+    return min(half if items <= fit else block_v, V)
+
+
+def blocks_kernel_stages(has_initial_state: bool) -> int:
+    """The blocks kernel's ``num_stages``: 2 (Triton's pipeliner loads the next chunk's
+    operands through shared memory while the current one computes) without an initial
+    state, 1 with one. Measured on the H200, the kernel's GPU time at 2 against 1 stage
+    (docs/training.md): 0.925-0.94x on six shapes without a state (T 1024 H 16 to T 8192
+    H 64, B 16 T 1024 H 32, varlen), 1.07x and 1.08x on the two with one (B 8 T 4096 H 32,
+    T 4096 H 8); 3 stages 1.15-1.35x. The same bits either way. Why the state decides is not
+    pinned down: sm_90a spills 888 against 1284 bytes a thread without it, 1104 against 1276
+    with it, so the pipelined form spills less in both (``scripts/sm90_report.py``)."""
+    return 1 if has_initial_state else 2
