@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-SHAPES = "1,4096,16;1,8192,64"
+SHAPES = "1,1024,16;1,4096,16;1,8192,64"
 
 
 def _rss(field):
