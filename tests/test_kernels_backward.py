@@ -456,6 +456,49 @@ def test_interp_compile_fullgraph_training_step():
     assert torch.equal(loss, eager) and torch.equal(w.grad, want)
 
 
+@triton.jit
+def _tf32_forms_kernel(a_ptr, z_ptr, out_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    tile = o[:, None] * N + o[None, :]
+    a = tl.load(a_ptr + tile)
+    z = tl.load(z_ptr + tile)  # zeros: a + z is computed in registers, not folded away
+    eye = tl.where(o[:, None] == o[None, :], 1.0, 0.0)
+    at = tl.load(a_ptr + o[None, :] * N + o[:, None])  # a^T, loaded transposed
+    acc = tl.dot(a, eye, input_precision="ieee")        # a, as a product's fp32 result
+    forms = (tl.dot(a, eye, input_precision="tf32"),    # A loaded
+             tl.dot(eye, a, input_precision="tf32"),    # B loaded
+             tl.dot(a + z, eye, input_precision="tf32"),  # A computed
+             tl.dot(eye, tl.trans(at), input_precision="tf32"),  # B a transposed load
+             tl.dot(acc, eye, input_precision="tf32"))  # A a product's result
+    for i in tl.static_range(len(forms)):
+        tl.store(out_ptr + i * N * N + tile, forms[i])
+
+
+@gpu
+def test_gpu_tf32_products_truncate_fp32_operands():
+    # the premise of tf32_tensor_cores (the interpreter's emulation of the H200's products):
+    # a tf32 tl.dot with fp32 operands truncates them to 10 bits (triton issue 4574) in every
+    # form the backward uses: an operand times the identity returns its tf32 form exactly
+    # (products exact, sums with zeros exact), compared with its truncation and its rounding
+    # to nearest (which differ on about half of randn's values). A form that rounds names
+    # itself here, and the emulation must follow it (docs/training.md "Precision")
+    N = 64
+    a = torch.randn(N, N, generator=torch.Generator().manual_seed(5)).cuda()
+    out = torch.empty(5, N, N, device="cuda")
+    _tf32_forms_kernel[(1,)](a, torch.zeros_like(a), out, N=N, num_warps=4)
+    bits = a.view(torch.int32)
+    trunc = (bits & ~0x1FFF).view(torch.float32)
+    lsb = (bits >> 13) & 1
+    rne = ((bits + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)
+    assert not torch.equal(trunc, rne)
+    names = ("A loaded", "B loaded", "A computed", "B transposed", "A a product")
+    seen = {}
+    for name, got in zip(names, out):
+        seen[name] = ("truncates" if torch.equal(got, trunc) else
+                      "rounds to nearest" if torch.equal(got, rne) else "neither")
+    assert all(v == "truncates" for v in seen.values()), seen
+
+
 def test_interpreter_suite(tmp_path):
     """The interpreter tests above in one TRITON_INTERPRET=1 child; all must pass."""
     if INTERP:
