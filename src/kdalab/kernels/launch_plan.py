@@ -1,6 +1,6 @@
 """Launch shapes chosen from the problem: the recurrent programs' value block and warps, and
 whether (and how finely) to split sequences into segments for the sequence-parallel state
-pass.
+pass; at the end, the backward's reverse pass's (``chunk_recurrent_bwd.py``).
 
 The recurrent stage is a serial chain of one step per 16-token chunk, run by one program per
 (sequence, head, block of value columns). When those programs cannot fill the GPU (few heads,
