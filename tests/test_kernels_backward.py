@@ -489,13 +489,15 @@ def test_gpu_tf32_products_truncate_fp32_operands():
     bits = a.view(torch.int32)
     trunc = (bits & ~0x1FFF).view(torch.float32)
     lsb = (bits >> 13) & 1
-    rne = ((bits + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)
+    rne = ((bits + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)  # ties to even
+    rna = ((bits + 0x1000) & ~0x1FFF).view(torch.float32)  # ties away (PTX cvt.rna.tf32)
     assert not torch.equal(trunc, rne)
     names = ("A loaded", "B loaded", "A computed", "B transposed", "A a product")
     seen = {}
     for name, got in zip(names, out):
         seen[name] = ("truncates" if torch.equal(got, trunc) else
-                      "rounds to nearest" if torch.equal(got, rne) else "neither")
+                      "rounds to nearest even" if torch.equal(got, rne) else
+                      "rounds to nearest, ties away" if torch.equal(got, rna) else "neither")
     assert all(v == "truncates" for v in seen.values()), seen
 
 
