@@ -1,17 +1,21 @@
 """The bytes a ``kdalab.kernels.chunk_kda`` training step allocates, counted on the CPU.
 
-    python benchmarks/train_memory_cpu.py [--shapes B,T,H;B,T,H] [--json out.json]
+    python benchmarks/train_memory_cpu.py [--shapes B,T,H;B,T,H] [--json out.json] [--no-fla]
 
 Allocation is a host decision: which buffers a forward and backward create, and when they are
 freed, does not depend on what the kernels compute. So the step runs here with every Triton
-launch stubbed out (nothing computed), every ``torch.empty*`` replaced by its zero-filled twin
-(so that its pages are touched), and the peak resident set (``VmHWM``, reset before the step)
-above the inputs is the step's peak allocation: blocks this large are mmap'd by glibc and
-returned when freed. Inputs bf16, K = V = 128, the lower-bounded gate, a final state and its
-gradient, states VK (bench_train.py's step). The H200's caching allocator rounds blocks and
-keeps freed ones, so its ``max_memory_allocated`` is compared in BENCHMARKS.md, not equal
-(train_h200: 529 and 4103 MiB measured there where this counted 607 and 4128 before the
-backward's buffers changed). Linux only (``/proc/self``).
+launch stubbed out (nothing computed) under torch's profiler with ``profile_memory``: its
+allocator events carry the bytes allocated and not yet freed after each allocation or free,
+and the step's peak above its start is the figure ``torch.cuda.max_memory_allocated`` gives on
+a GPU (bench_train.py's ``peak_mb``), without the caching allocator's rounding. Inputs bf16,
+K = V = 128, the lower-bounded gate, a final state and its gradient, states VK: bench_train.py's
+step, for kdalab and (when installed) fla's ``chunk_kda``, each in a process of its own.
+Checked against the H200 (train_h200, ``max_memory_allocated`` at 9bbff03's buffers), at
+T 1024 H 16, T 4096 H 16 and T 8192 H 64: fla 121.6, 483.2 and 3862.0 MiB here, 122, 483 and
+3862 there; kdalab 145.0, 469.0 and 3496.8 at 7f6f5ff, whose blocks kernel has 4, 4 and 1
+fewer persistent programs (295 KB of scratch each) than the H200 run's 147, 471 and 3498. The
+earlier count, the peak resident set with every buffer zero-filled, gave kdalab 224, 564 and
+3575 (it also counted freed blocks the C library had not returned).
 """
 
 from __future__ import annotations
@@ -21,52 +25,77 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 SHAPES = "1,1024,16;1,4096,16;1,8192,64"
 
 
-def _rss(field):
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
-
-
-def peak_mib(B, T, H, K=128):
-    """The step's peak allocation above its inputs, MiB (this process's kernels stubbed)."""
+def _step_fn(kernel, B, T, H, K=128):
     import torch
 
     def leaf(*shape, dtype=torch.bfloat16):
         return torch.randn(*shape, dtype=dtype).requires_grad_(True)
-
-    from kdalab.kernels import chunk_kda
 
     q, k, v, g = (leaf(B, T, H, K) for _ in range(4))
     beta = leaf(B, T, H)
     A_log, dt_bias = leaf(H, dtype=torch.float32), leaf(H * K, dtype=torch.float32)
     do = torch.randn(B, T, H, K, dtype=torch.bfloat16)
     dht = torch.randn(B, H, K, K)
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # VmHWM := VmRSS
-    base = _rss("VmRSS")
-    o, s = chunk_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, output_final_state=True,
-                     state_layout="VK")
-    grads = torch.autograd.grad((o, s), [q, k, v, g, beta, A_log, dt_bias], (do, dht))
-    del o, s, grads
-    return (_rss("VmHWM") - base) / 2 ** 20
+    if kernel == "fla":  # bench_train.py's call of fla's chunk_kda, the same function
+        from fla.ops.kda import chunk_kda as fla
+
+        def forward():
+            return fla(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0,
+                       output_final_state=True, state_v_first=True,
+                       use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                       use_beta_sigmoid_in_kernel=True, safe_gate=True)
+    else:
+        from kdalab.kernels import chunk_kda
+
+        def forward():
+            return chunk_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias,
+                             output_final_state=True, state_layout="VK")
+
+    def step():
+        o, s = forward()
+        grads = torch.autograd.grad((o, s), [q, k, v, g, beta, A_log, dt_bias], (do, dht))
+        del o, s, grads
+
+    return step
+
+
+def peak_mib(kernel, B, T, H, K=128):
+    """A step's peak allocation above its start, MiB (this process's launches stubbed)."""
+    step = _step_fn(kernel, B, T, H, K)
+    step()  # the tables and plans are built once and cached: a step as a training loop's
+    return peak_of(step)
+
+
+def peak_of(fn) -> float:
+    """The most bytes ``fn()`` holds allocated at once above what was allocated before it,
+    MiB, from the profiler's allocator events (tensors freed before it returns included)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as fh:
+            events = json.load(fh)["traceEvents"]
+    mem = sorted((e for e in events if e.get("name") == "[memory]"), key=lambda e: e["ts"])
+    if not mem:
+        raise RuntimeError("the profiler recorded no allocation (profile_memory)")
+    start = mem[0]["args"]["Total Allocated"] - mem[0]["args"]["Bytes"]
+    return (max(e["args"]["Total Allocated"] for e in mem) - start) / 2 ** 20
 
 
 def _stub():
-    """Launches do nothing, allocations are touched, the device checks pass on the CPU."""
-    import torch
-    from triton.runtime.jit import JITFunction
+    """Launches do nothing (fla's autotuned kernels too); the device checks pass on the CPU."""
+    from triton.runtime.jit import KernelInterface
 
-    JITFunction.__getitem__ = lambda self, grid: (lambda *a, **k: None)
-    torch.empty = lambda *a, **k: torch.zeros(*a, **k)
-    torch.empty_like = lambda *a, **k: torch.zeros_like(*a, **k)
-    torch.Tensor.new_empty = lambda self, *a, **k: self.new_zeros(*a, **k)
+    KernelInterface.__getitem__ = lambda self, grid: (lambda *a, **k: None)
     import kdalab.kernels.api as api
     import kdalab.kernels.autograd as autograd
     import kdalab.kernels.contract as contract
@@ -75,28 +104,60 @@ def _stub():
     api._sm_count = autograd._sm_count = lambda device: 132  # the H200's SMs
 
 
+def _child(kernel, shape, bwd=""):
+    out = subprocess.run([sys.executable, __file__, "--one", f"{kernel}:{shape}",
+                          *(["--bwd", bwd] if bwd else [])], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"error: the {kernel} step at {shape} failed: "
+                         f"{out.stderr.strip().splitlines()[-1:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default=SHAPES, help="B,T,H;B,T,H...")
     ap.add_argument("--json", default=None)
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's shape
+    ap.add_argument("--no-fla", action="store_true", help="kdalab only (fla: when installed)")
+    ap.add_argument("--bwd", default="", help="KEY=INT,...: kdalab.kernels.autograd.BWD_MODE "
+                    "keys for kdalab's step, e.g. blocks_reread=1 (bench_train's bwd.KEY)")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's kernel:shape
     args = ap.parse_args()
-    if args.one:  # one shape a process: an earlier shape's freed blocks never count
+    if args.one:  # one step a process: an earlier step's cached tables never count
+        kernel, shape = args.one.split(":")
         _stub()
-        print(json.dumps(dict(peak_mib=peak_mib(*map(int, args.one.split(","))))))
+        if args.bwd:
+            from kdalab.kernels import autograd
+
+            for item in args.bwd.split(","):
+                key, val = item.split("=")
+                if key not in autograd.BWD_MODE:
+                    raise SystemExit(f"error: --bwd {key}: BWD_MODE has "
+                                     f"{sorted(autograd.BWD_MODE)}")
+                autograd.BWD_MODE[key] = int(val)
+        print(json.dumps(dict(peak_mib=peak_mib(kernel, *map(int, shape.split(","))))))
         return
+    try:
+        import fla  # noqa: F401
+        with_fla = not args.no_fla
+    except ImportError:
+        with_fla = False
     rows = []
     for shape in args.shapes.split(";"):
-        out = subprocess.run([sys.executable, __file__, "--one", shape], capture_output=True,
-                             text=True, check=True)
-        mib = json.loads(out.stdout.strip().splitlines()[-1])["peak_mib"]
+        mib = _child("kdalab", shape, args.bwd)
         B, T, H = shape.split(",")
-        print(f"B {B} T {T} H {H}: peak {mib:.0f} MiB above the inputs", flush=True)
-        rows.append(dict(target=f"train step B {B} T {T} H {H}: peak allocation above the "
-                         "inputs (CPU count, kernels stubbed)", value=round(mib), unit="MiB"))
+        row = dict(target=f"train step B {B} T {T} H {H}: peak allocation above the inputs, "
+                          f"kdalab{' (' + args.bwd + ')' if args.bwd else ''} (CPU count, "
+                          "kernels stubbed)", value=round(mib, 1), unit="MiB")
+        line = f"B {B} T {T} H {H}: kdalab {mib:.1f} MiB"
+        if with_fla:
+            theirs = _child("fla", shape)
+            row["note"] = f"fla {theirs:.1f} MiB (kdalab {mib / theirs:.3f}x fla's)"
+            line += f", fla {theirs:.1f} MiB ({mib / theirs:.3f}x)"
+        print(line, flush=True)
+        rows.append(row)
     if args.json:
         doc = dict(benchmark=os.path.basename(args.json)[:-5],
-                   device="CPU (allocation count; dev VM, torch "
+                   device="CPU (profiler allocation count; dev VM, torch "
                           f"{__import__('torch').__version__})",
                    date=time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()),
                    commit=os.environ.get("KDALAB_COMMIT", "unknown"),

@@ -416,6 +416,49 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
 
 
 @interp
+def test_interp_checkpoints_take_no_gradient():
+    # the op's third output, the states kept for the backward, is not differentiable, so
+    # autograd makes no zero gradient of its size for the backward (T/64 · H · K · V fp32:
+    # 512 MiB at T 8192 H 64); a loss on o alone or on the final state alone still has every
+    # gradient (the absent one comes as None and is taken as zero)
+    x, kw = _case(1, 130, 1, 1, 1, 16, 16)
+    o, s, ck = torch.ops.kdalab.chunk_kda(
+        x["q"], x["k"], x["v"], x["g"], x["beta"], x["A_log"], x["dt_bias"],
+        x["initial_state"], None, None, kw["lower_bound"], "raw", True, True, "KV", True,
+        "auto", -1, -1, -1, -1, "auto")
+    assert o.requires_grad and s.requires_grad and not ck.requires_grad
+    assert ck.shape[0] == 2  # states after tokens 64 and 128
+    for loss in (o.double().square().sum(), s.double().square().sum()):
+        got = torch.autograd.grad(loss, [x["q"], x["initial_state"]], retain_graph=True)
+        assert all(bool(torch.isfinite(t).all()) for t in got)
+    gen = torch.Generator().manual_seed(3)
+    dht = torch.randn(s.shape, generator=gen)
+    got = _grads(x, kw, _kernel(), torch.zeros(o.shape), dht)
+    want = _grads(x, kw, _reference, torch.zeros(o.shape), dht)
+    errors = {n: _err(got[n], want[n]) for n in got}
+    assert all(e < TOL for e in errors.values()), errors
+
+
+@interp
+@pytest.mark.parametrize("h0", [True, False])
+def test_interp_blocks_reread_gives_the_same_bits(monkeypatch, h0):
+    # BWD_MODE's blocks_reread: the blocks kernel reads each block's first state again from
+    # its start (the initial state, zero, or a checkpoint) instead of its scratch: the same
+    # fp32 values, so the same gradients bit for bit (varlen: first blocks with and without
+    # an initial state, later blocks from checkpoints, an empty sequence, a bf16 state)
+    from kdalab.kernels import autograd
+
+    x, kw = _case(1, 300, 2, 2, 2, 16, 32, cu=[0, 0, 70, 71, 300], h0=h0,
+                  state_dtype=torch.bfloat16)
+    do, dht = _probes(x, kw)
+    base = _grads(x, kw, _kernel(), do, dht)
+    monkeypatch.setitem(autograd.BWD_MODE, "blocks_reread", 1)
+    got = _grads(x, kw, _kernel(), do, dht)
+    assert all(torch.equal(got[n], base[n]) for n in base), [n for n in base
+                                                             if not torch.equal(got[n], base[n])]
+
+
+@interp
 def test_interp_final_state_gradient_only():
     # a loss on the final state alone: every gradient flows back from dHT (dO = 0)
     x, kw = _case(1, 48, 1, 1, 1, 16, 16)

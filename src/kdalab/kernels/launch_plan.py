@@ -221,9 +221,8 @@ def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
     SM holds 65,536 // (255 · 32 · num_warps) programs (1 on 8 warps, 2 on 4); more would only
     wait for a free SM, and each running program has its scratch (CKC states and U tiles:
     295 KB at K = V = BV = 128), which is 39 MB on the H200's 132 SMs at the default tile
-    (``persistent_programs`` trims it to whole waves). Keeping fewer states (the first
-    chunk's reloaded from its checkpoint, the last kept in registers) raised the kernel's
-    sm_90a spills from 888 to 1568-3008 bytes a thread: not kept (docs/training.md)."""
+    (``persistent_programs`` trims it to whole waves; BWD_MODE's ``blocks_reread`` keeps
+    one state less: docs/training.md "Memory")."""
     per_sm = max(1, 65536 // (255 * 32 * num_warps))
     return max(1, sms * per_sm // value_blocks)
 
