@@ -1,21 +1,24 @@
 """The bytes a ``kdalab.kernels.chunk_kda`` training step allocates, counted on the CPU.
 
-    python benchmarks/train_memory_cpu.py [--shapes B,T,H;B,T,H] [--json out.json] [--no-fla]
+    python benchmarks/train_memory_cpu.py [--shapes NAME;B,T,H;...] [--json out.json]
+        [--no-fla] [--bwd KEY=INT,...]
 
 Allocation is a host decision: which buffers a forward and backward create, and when they are
 freed, does not depend on what the kernels compute. So the step runs here with every Triton
 launch stubbed out (nothing computed) under torch's profiler with ``profile_memory``: its
 allocator events carry the bytes allocated and not yet freed after each allocation or free,
 and the step's peak above its start is the figure ``torch.cuda.max_memory_allocated`` gives on
-a GPU (bench_train.py's ``peak_mb``), without the caching allocator's rounding. Inputs bf16,
-K = V = 128, the lower-bounded gate, a final state and its gradient, states VK: bench_train.py's
-step, for kdalab and (when installed) fla's ``chunk_kda``, each in a process of its own.
-Checked against the H200 (train_h200, ``max_memory_allocated`` at 9bbff03's buffers), at
-T 1024 H 16, T 4096 H 16 and T 8192 H 64: fla 121.6, 483.2 and 3862.0 MiB here, 122, 483 and
-3862 there; kdalab 145.0, 469.0 and 3496.8 at 7f6f5ff, whose blocks kernel has 4, 4 and 1
-fewer persistent programs (295 KB of scratch each) than the H200 run's 147, 471 and 3498. The
-earlier count, the peak resident set with every buffer zero-filled, gave kdalab 224, 564 and
-3575 (it also counted freed blocks the C library had not returned).
+a GPU (bench_train.py's ``peak_mb``), without the caching allocator's rounding. A shape is
+one of bench_train.py's (its inputs drawn on the CPU, its calls of kdalab's and fla's
+``chunk_kda``, its upstream gradients), or "B,T,H" (bf16, K = V = 128, the lower-bounded gate,
+no initial state); kdalab's step and fla's (when installed) each run in a process of its own.
+Checked against the H200 (train_h200, ``max_memory_allocated`` at 9bbff03's buffers) on its
+six shapes: fla 121.6, 483.2, 3862.0, 3894.0, 3890.0, 7748.0 MiB here (T 1024 H 16, T 4096
+H 16, T 8192 H 64, the two varlen, B 8 T 4096 H 32 with states), 122, 483, 3862, 3894, 3890,
+7748 there; kdalab 145.0, 469.0, 3496.8 at 7f6f5ff (its blocks kernel with 4, 4, 1 fewer
+persistent programs of 295 KB of scratch), 147, 471, 3498 there. The earlier count, the
+peak resident set with every buffer zero-filled, gave kdalab 224, 564, 3575 (it also counted
+freed blocks the C library had not returned).
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import sys
 import tempfile
 import time
 
-SHAPES = "1,1024,16;1,4096,16;1,8192,64"
+#: bench_train.py's (train_h200's) six
+SHAPES = "T1024_H16;T4096_H16;T8192_H64;varlen6_H64;varlen1024x8_H64;B8_T4096_H32_state"
 
 
 def _step_fn(kernel, B, T, H, K=128):
@@ -65,9 +69,38 @@ def _step_fn(kernel, B, T, H, K=128):
     return step
 
 
-def peak_mib(kernel, B, T, H, K=128):
-    """A step's peak allocation above its start, MiB (this process's launches stubbed)."""
-    step = _step_fn(kernel, B, T, H, K)
+def _bench_step_fn(kernel, name):
+    """bench_train.py's step at its shape ``name`` (its inputs, drawn on the CPU, its calls
+    of kdalab and fla, its upstream gradients), as its ``peak_mb`` measures it on a GPU."""
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_train as bt
+    from bench_kernel import make_inputs
+
+    x = bt._leaves(make_inputs(bt.SHAPES[name], device="cpu"))
+    mine, theirs = bt._runners(bt._fla() if kernel == "fla" else None)
+    fn = theirs if kernel == "fla" else mine
+    o, s = fn(x)
+    gen = torch.Generator().manual_seed(5)
+    do, dht = torch.randn(o.shape, generator=gen).to(o.dtype), torch.randn(s.shape,
+                                                                           generator=gen)
+    del o, s
+
+    def step():
+        grads = bt._step(fn, x, do, dht)
+        del grads
+
+    return step
+
+
+def peak_mib(kernel, shape):
+    """A step's peak allocation above its start, MiB (this process's launches stubbed):
+    ``shape`` a bench_train.py shape name, or "B,T,H" (K = V = 128, no initial state)."""
+    if "," in shape:
+        step = _step_fn(kernel, *map(int, shape.split(",")))
+    else:
+        step = _bench_step_fn(kernel, shape)
     step()  # the tables and plans are built once and cached: a step as a training loop's
     return peak_of(step)
 
@@ -115,7 +148,8 @@ def _child(kernel, shape, bwd=""):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", default=SHAPES, help="B,T,H;B,T,H...")
+    ap.add_argument("--shapes", default=SHAPES, help="bench_train.py's shape names, or "
+                    "B,T,H triples, separated by ';'")
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-fla", action="store_true", help="kdalab only (fla: when installed)")
     ap.add_argument("--bwd", default="", help="KEY=INT,...: kdalab.kernels.autograd.BWD_MODE "
@@ -134,7 +168,7 @@ def main():
                     raise SystemExit(f"error: --bwd {key}: BWD_MODE has "
                                      f"{sorted(autograd.BWD_MODE)}")
                 autograd.BWD_MODE[key] = int(val)
-        print(json.dumps(dict(peak_mib=peak_mib(kernel, *map(int, shape.split(","))))))
+        print(json.dumps(dict(peak_mib=peak_mib(kernel, shape))))
         return
     try:
         import fla  # noqa: F401
@@ -144,11 +178,11 @@ def main():
     rows = []
     for shape in args.shapes.split(";"):
         mib = _child("kdalab", shape, args.bwd)
-        B, T, H = shape.split(",")
-        row = dict(target=f"train step B {B} T {T} H {H}: peak allocation above the inputs, "
+        label = "B {} T {} H {}".format(*shape.split(",")) if "," in shape else shape
+        row = dict(target=f"train step {label}: peak allocation above the inputs, "
                           f"kdalab{' (' + args.bwd + ')' if args.bwd else ''} (CPU count, "
                           "kernels stubbed)", value=round(mib, 1), unit="MiB")
-        line = f"B {B} T {T} H {H}: kdalab {mib:.1f} MiB"
+        line = f"{label}: kdalab {mib:.1f} MiB"
         if with_fla:
             theirs = _child("fla", shape)
             row["note"] = f"fla {theirs:.1f} MiB (kdalab {mib / theirs:.3f}x fla's)"

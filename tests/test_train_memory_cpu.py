@@ -52,3 +52,15 @@ def test_the_script_counts_fla_beside_kdalab(tmp_path):
     rows = _run(tmp_path)
     theirs = [float(r["note"].split()[1]) for r in rows]  # "fla X MiB (...)"
     assert 0 < theirs[0] < theirs[1]
+
+
+def test_a_bench_train_shape_counts_as_its_triple(tmp_path):
+    # bench_train.py's T1024_H16 (its inputs, calls and upstream gradients) is B 1, T 1024,
+    # H 16 without an initial state: the same buffers, so the same count
+    out = tmp_path / "mem.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--shapes", "T1024_H16;1,1024,16",
+                          "--no-fla", "--json", str(out)], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    named, triple = (r["value"] for r in json.loads(out.read_text())["rows"])
+    assert named == triple > 0
