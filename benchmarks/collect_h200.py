@@ -203,6 +203,27 @@ def _grid_json(path: Path) -> dict:
     return {"info": infos[-1], "grid": [r for r in lines if "kdalab_ms" in r], "cut_off": True}
 
 
+def alt_doc(paths: list[Path]) -> dict:
+    """kernel_candidates_h200.json from grid runs with ``--alt`` (one candidate KernelConfig
+    each): a row a candidate, the geometric mean over the shapes of the default's time over
+    the candidate's (above 1: the candidate faster), every shape's in the note."""
+    rows, dates = [], []
+    for path in paths:
+        doc = _grid_json(path)
+        grid = [r for r in doc["grid"] if "alt_over_default" in r]
+        geo = math.exp(sum(math.log(r["alt_over_default"]) for r in grid) / len(grid))
+        per = ", ".join(f"{r['shape']} {r['kdalab_ms']:.3f} -> {r['kdalab_alt_ms']:.3f} ms "
+                        f"({r['alt_over_default']:.3f}x)" for r in grid)
+        rows.append({"target": f"candidate {doc['alt']}: the default's time over its "
+                               f"(geometric mean, {len(grid)} shapes)", "value": round(geo, 3),
+                     "unit": "x", "note": per})
+        dates.append(doc["info"]["date"].replace(" UTC", "Z").replace(" ", "T"))
+    return {"benchmark": "kernel_candidates_h200", "date": max(dates),
+            "command": "benchmarks/h200.sh grid with GRID_ALT=<candidate> (bench_kernel.py "
+                       "--grid --alt; the default and the candidate timed in the same run)",
+            "rows": rows}
+
+
 def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
     """kernel_grid.json from bench_kernel.py --grid's JSON: each shape's best peer over kdalab
     (every time in the note), the geometric mean. ``earlier`` (a grid.json and its commit):
@@ -417,6 +438,9 @@ def main() -> None:
     ap.add_argument("--decode", action="store_true",
                     help="decode_h200.json from RUNS/serving/decode.json's decode part")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--grid-alt", nargs="+", type=Path, default=None, metavar="RUNS",
+                    help="grid steps' folders run with GRID_ALT (one candidate each): "
+                         "kernel_candidates_h200.json")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
                                        "latest first, e.g. a selection, then the last whole run)")
@@ -457,6 +481,13 @@ def main() -> None:
         _write(a.results, "kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),
                                "device": a.device,
                                "commit": a.commit})
+    if a.grid_alt:
+        for runs in a.grid_alt:
+            if not (runs / "grid" / "grid.json").is_file():
+                ap.error(f"--grid-alt: {runs / 'grid' / 'grid.json'} does not exist")
+        _write(a.results, "kernel_candidates_h200", {
+            **alt_doc([runs / "grid" / "grid.json" for runs in a.grid_alt]),
+            "device": a.device, "commit": a.commit})
     if a.serving:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]

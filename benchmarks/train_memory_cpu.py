@@ -153,7 +153,7 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-fla", action="store_true", help="kdalab only (fla: when installed)")
     ap.add_argument("--bwd", default="", help="KEY=INT,...: kdalab.kernels.autograd.BWD_MODE "
-                    "keys for kdalab's step, e.g. blocks_reread=1 (bench_train's bwd.KEY)")
+                    "keys for kdalab's step, e.g. ds_block_v=64 (bench_train's bwd.KEY)")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's kernel:shape
     args = ap.parse_args()
     if args.one:  # one step a process: an earlier step's cached tables never count

@@ -279,15 +279,12 @@ def kdalab_rows(only: str | None = None):
                                "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr", "dainv_ptr",
                                "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",
                                "part_gam", "part_cc", "H")}
-    # (and BWD_MODE's blocks_reread candidate: a block's first state read again)
-    for bv, nw, h0, rr in ((128, 8, True, False), (128, 8, False, False), (64, 4, True, False),
-                           (128, 8, True, True), (128, 8, False, True)):
+    for bv, nw, h0 in ((128, 8, True), (128, 8, False), (64, 4, True)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=h0, STORE_DH0=h0,
-                  STATE_VK=False, REREAD=rr)
+                  STATE_VK=False)
         ns = blocks_kernel_stages(h0)  # as the launcher picks them
         yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=ns,
-                    label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}"
-                          + (" reread" if rr else ""))
+                    label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}")
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",

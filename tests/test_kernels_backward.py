@@ -440,25 +440,6 @@ def test_interp_checkpoints_take_no_gradient():
 
 
 @interp
-@pytest.mark.parametrize("h0", [True, False])
-def test_interp_blocks_reread_gives_the_same_bits(monkeypatch, h0):
-    # BWD_MODE's blocks_reread: the blocks kernel reads each block's first state again from
-    # its start (the initial state, zero, or a checkpoint) instead of its scratch: the same
-    # fp32 values, so the same gradients bit for bit (varlen: first blocks with and without
-    # an initial state, later blocks from checkpoints, an empty sequence, a bf16 state)
-    from kdalab.kernels import autograd
-
-    x, kw = _case(1, 300, 2, 2, 2, 16, 32, cu=[0, 0, 70, 71, 300], h0=h0,
-                  state_dtype=torch.bfloat16)
-    do, dht = _probes(x, kw)
-    base = _grads(x, kw, _kernel(), do, dht)
-    monkeypatch.setitem(autograd.BWD_MODE, "blocks_reread", 1)
-    got = _grads(x, kw, _kernel(), do, dht)
-    assert all(torch.equal(got[n], base[n]) for n in base), [n for n in base
-                                                             if not torch.equal(got[n], base[n])]
-
-
-@interp
 def test_interp_final_state_gradient_only():
     # a loss on the final state alone: every gradient flows back from dHT (dO = 0)
     x, kw = _case(1, 48, 1, 1, 1, 16, 16)

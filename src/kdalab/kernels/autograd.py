@@ -41,10 +41,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: against Triton's 255 and 3 stages: 0.87x at T 8192 H 64 and T 4096 H 16, 0.86x at B 8
 #: T 4096 H 32, 0.94x at T 1024 H 16; a cap of 128 alone 1.17-1.25x, 168 alone 0.99x
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, blocks_reread=0)
-#: ``blocks_reread`` 1: the blocks kernel reads a block's first state again from its
-#: checkpoint instead of keeping it in its scratch (8 MiB less at T 1024 H 16: 121.0 against
-#: fla's 121.6 MiB, CPU count; sm_90a spills 1568 against 888 bytes a thread): not timed
+                prep_stages=1)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -163,8 +160,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, blocks=blocks,
                                   block_offsets=block_offsets, segments=segments,
                                   ds_block_v=BWD_MODE["ds_block_v"] or None,
-                                  blocks_stages=BWD_MODE["blocks_stages"] or None,
-                                  blocks_reread=bool(BWD_MODE["blocks_reread"]))
+                                  blocks_stages=BWD_MODE["blocks_stages"] or None)
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)

@@ -231,7 +231,6 @@ def chunk_kda_bwd_blocks_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    REREAD: tl.constexpr = False,
 ):
     """Every 64-token block (and head, and value block) from its start state (its
     checkpoint) and the gradient after it (pass 3's ``ends``), with every chunk's dU^T (pass
@@ -239,9 +238,7 @@ def chunk_kda_bwd_blocks_kernel(
     S^T and U^T to the program's scratch, dQG = dO S^T, dW = -dU S^T, and dV, dMQK, dAINV
     (no state in them); then backward (dS live, from pass 3's expression): dKEND = U dS'^T and
     dγ = Σ_v S ⊙ dS' (S read back from the scratch, elementwise). Programs are persistent
-    (the scratch is per running program), each looping over (block, head) items. ``REREAD``:
-    the first chunk's S is read again from the block's start instead of the scratch (CKC - 1
-    states there: a candidate, BWD_MODE's ``blocks_reread``)."""
+    (the scratch is per running program), each looping over (block, head) items."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -249,12 +246,9 @@ def chunk_kda_bwd_blocks_kernel(
     o_k = tl.arange(0, K)
     o_v = i_v * BV + tl.arange(0, BV)
     v_ok = o_v < V
-    NS: tl.constexpr = CKC - 1 if REREAD else CKC  # the states the scratch keeps
     slot = (pid * tl.num_programs(1) + i_v).to(tl.int64) * CKC
     scr_s = scratch_ptr + slot * (BV * K) + tl.arange(0, BV)[:, None] * K + o_k[None, :]
-    if REREAD:
-        scr_s = scr_s - slot * (BV * K) + (slot // CKC) * (NS * BV * K)
-    scr_u = (scratch_ptr + nprog * tl.num_programs(1) * NS * BV * K
+    scr_u = (scratch_ptr + nprog * tl.num_programs(1) * CKC * BV * K
              + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
     for item in range(pid, n_items, nprog):
         i_s = (item // H).to(tl.int64)
@@ -276,11 +270,7 @@ def chunk_kda_bwd_blocks_kernel(
             ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
             gam = tl.load(gamma_ptr + cc * K + o_k)
             Sd = St.to(DS)
-            if REREAD:
-                if c > 0:
-                    tl.store(scr_s + (c - 1) * BV * K, St)
-            else:
-                tl.store(scr_s + c * BV * K, St)
+            tl.store(scr_s + c * BV * K, St)
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
             tl.store(scr_u + c * BV * BT, ut)
             # the products that need no state: here, where U is formed
@@ -321,15 +311,7 @@ def chunk_kda_bwd_blocks_kernel(
             dkendt = _mm(tl.trans(dSt), ut, DD)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
-            if REREAD:
-                if c == 0:
-                    s_c = _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, v_ok,
-                                       H, K, V, BV, HAS_H0, STATE_VK)
-                else:
-                    s_c = tl.load(scr_s + (c - 1) * BV * K)
-            else:
-                s_c = tl.load(scr_s + c * BV * K)
-            dgam = tl.sum(s_c * dSt, axis=0)
+            dgam = tl.sum(tl.load(scr_s + c * BV * K) * dSt, axis=0)
             tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
             # pass 3's recurrence, the same expression (its dU loaded): the same dS
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
@@ -363,8 +345,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None,
-                            blocks_reread=False):
+                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None):
     """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
     ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
     sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
@@ -376,8 +357,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the serial
     dS pass's value columns a program (a segmented plan takes ``block_v``; None:
     ``ds_value_block``'s choice; its warps scaled with it), ``blocks_stages``: the blocks
-    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s), ``blocks_reread``: its
-    ``REREAD`` (a block's first state read again, one state less of scratch). Returns a
+    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s). Returns a
     dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks,
     H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0
     (``initial_state``'s gradient, or None)."""
@@ -425,8 +405,7 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     if items == 0:
         return out
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
-    states = CKC - 1 if blocks_reread else CKC  # kept in the scratch
-    scratch = torch.empty((n_prog * nv * block_v * (states * K + CKC * CHUNK),), **f32)
+    scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
         v, do, du, w, qg, kend, klo, ainv, gamma,
         _opt(initial_state, gamma), _opt(checkpoints, gamma), _opt(checkpoint_offsets, gamma),
@@ -435,6 +414,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], REREAD=blocks_reread, num_warps=num_warps,
+        DD=_TL[ds_dtype], num_warps=num_warps,
         num_stages=blocks_stages or blocks_kernel_stages(initial_state is not None))
     return out

@@ -221,8 +221,8 @@ def resident_programs(sms: int, num_warps: int, value_blocks: int) -> int:
     SM holds 65,536 // (255 · 32 · num_warps) programs (1 on 8 warps, 2 on 4); more would only
     wait for a free SM, and each running program has its scratch (CKC states and U tiles:
     295 KB at K = V = BV = 128), which is 39 MB on the H200's 132 SMs at the default tile
-    (``persistent_programs`` trims it to whole waves; BWD_MODE's ``blocks_reread`` keeps
-    one state less: docs/training.md "Memory")."""
+    (``persistent_programs`` trims it to whole waves; one state less, re-read from the
+    checkpoint, was 13-14 % slower on the H200: docs/training.md "Memory")."""
     per_sm = max(1, 65536 // (255 * 32 * num_warps))
     return max(1, sms * per_sm // value_blocks)
 
