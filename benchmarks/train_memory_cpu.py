@@ -9,9 +9,10 @@ launch stubbed out (nothing computed) under torch's profiler with ``profile_memo
 allocator events carry the bytes allocated and not yet freed after each allocation or free,
 and the step's peak above its start is the figure ``torch.cuda.max_memory_allocated`` gives on
 a GPU (bench_train.py's ``peak_mb``), without the caching allocator's rounding. A shape is
-one of bench_train.py's (its inputs drawn on the CPU, its calls of kdalab's and fla's
-``chunk_kda``, its upstream gradients), or "B,T,H" (bf16, K = V = 128, the lower-bounded gate,
-no initial state); kdalab's step and fla's (when installed) each run in a process of its own.
+one of bench_train.py's or "B,T,H" (K = V = 128, fixed length, no initial state), and the
+step is bench_train.py's (its inputs drawn on the CPU, its calls of kdalab's and fla's
+``chunk_kda``, its upstream gradients); kdalab's and fla's (when installed) each run in a
+process of its own.
 Checked against the H200 (train_h200, ``max_memory_allocated`` at 9bbff03's buffers) on its
 six shapes: fla 121.6, 483.2, 3862.0, 3894.0, 3890.0, 7748.0 MiB here (T 1024 H 16, T 4096
 H 16, T 8192 H 64, the two varlen, B 8 T 4096 H 32 with states), 122, 483, 3862, 3894, 3890,
@@ -35,50 +36,22 @@ import time
 SHAPES = "T1024_H16;T4096_H16;T8192_H64;varlen6_H64;varlen1024x8_H64;B8_T4096_H32_state"
 
 
-def _step_fn(kernel, B, T, H, K=128):
-    import torch
-
-    def leaf(*shape, dtype=torch.bfloat16):
-        return torch.randn(*shape, dtype=dtype).requires_grad_(True)
-
-    q, k, v, g = (leaf(B, T, H, K) for _ in range(4))
-    beta = leaf(B, T, H)
-    A_log, dt_bias = leaf(H, dtype=torch.float32), leaf(H * K, dtype=torch.float32)
-    do = torch.randn(B, T, H, K, dtype=torch.bfloat16)
-    dht = torch.randn(B, H, K, K)
-    if kernel == "fla":  # bench_train.py's call of fla's chunk_kda, the same function
-        from fla.ops.kda import chunk_kda as fla
-
-        def forward():
-            return fla(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, lower_bound=-5.0,
-                       output_final_state=True, state_v_first=True,
-                       use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
-                       use_beta_sigmoid_in_kernel=True, safe_gate=True)
-    else:
-        from kdalab.kernels import chunk_kda
-
-        def forward():
-            return chunk_kda(q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias,
-                             output_final_state=True, state_layout="VK")
-
-    def step():
-        o, s = forward()
-        grads = torch.autograd.grad((o, s), [q, k, v, g, beta, A_log, dt_bias], (do, dht))
-        del o, s, grads
-
-    return step
-
-
-def _bench_step_fn(kernel, name):
-    """bench_train.py's step at its shape ``name`` (its inputs, drawn on the CPU, its calls
-    of kdalab and fla, its upstream gradients), as its ``peak_mb`` measures it on a GPU."""
+def _step_fn(kernel, shape):
+    """bench_train.py's step (its inputs, drawn on the CPU, its calls of kdalab and fla, its
+    upstream gradients), as its ``peak_mb`` measures it on a GPU, at ``shape``: one of its
+    shape names, or "B,T,H" (K = V = 128, fixed length, no initial state)."""
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bench_train as bt
     from bench_kernel import make_inputs
 
-    x = bt._leaves(make_inputs(bt.SHAPES[name], device="cpu"))
+    if "," in shape:
+        B, T, H = map(int, shape.split(","))
+        spec = (shape, B, T, H, None, False)
+    else:
+        spec = bt.SHAPES[shape]
+    x = bt._leaves(make_inputs(spec, device="cpu"))
     mine, theirs = bt._runners(bt._fla() if kernel == "fla" else None)
     fn = theirs if kernel == "fla" else mine
     o, s = fn(x)
@@ -97,10 +70,7 @@ def _bench_step_fn(kernel, name):
 def peak_mib(kernel, shape):
     """A step's peak allocation above its start, MiB (this process's launches stubbed):
     ``shape`` a bench_train.py shape name, or "B,T,H" (K = V = 128, no initial state)."""
-    if "," in shape:
-        step = _step_fn(kernel, *map(int, shape.split(",")))
-    else:
-        step = _bench_step_fn(kernel, shape)
+    step = _step_fn(kernel, shape)
     step()  # the tables and plans are built once and cached: a step as a training loop's
     return peak_of(step)
 
