@@ -34,8 +34,6 @@ and shares the Triton kernel's MMA layouts, which is what lets the two agree bit
 
 from __future__ import annotations
 
-import functools
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -329,20 +327,13 @@ def _desc(x, block):
     return TensorDescriptor.from_tensor(x, block, layout)
 
 
-@functools.lru_cache(maxsize=None)
-def _is_hopper(index: int) -> bool:
-    """Whether CUDA device ``index`` is sm_90 (asked once a device: ``applies`` runs a call)."""
-    return torch.cuda.get_device_capability(index)[0] == 9
-
-
 def applies(v, ops, dot: str) -> bool:
     """Whether the prototype runs this call's serial pass (``ops``: stage 1's): fp16 products
     and KLO (not fp8: config.klo), K 64 or 128, V a multiple of 64, v contiguous, not empty,
     bf16 or fp16 on a Hopper GPU (sm_90: wgmma; Gluon has no interpreter)."""
     w, klo = ops[0], ops[3]
     return (klo.dtype == torch.float16 and v.is_cuda
-            and _is_hopper(torch.cuda.current_device() if v.device.index is None
-                           else v.device.index)
+            and torch.cuda.get_device_capability(v.device)[0] == 9
             and v.numel() > 0 and dot == "fp16" and w.shape[-1] in (64, 128)
             and v.shape[-1] % 64 == 0 and v.dtype in (torch.bfloat16, torch.float16)
             and v.is_contiguous())
