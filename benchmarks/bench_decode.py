@@ -98,8 +98,6 @@ CANDIDATES = {
     "guard_inline": KernelConfig(fp16_guard="inline"),
     # the serial pass by the warp-specialized Gluon prototype (kernels/chunk_recurrent_ws.py)
     "gluon": KernelConfig(stage2="gluon"),
-    # KLO stored in fp8 (kernels/chunk_prepare.py klo_to_fp8): half its bytes
-    "klo8": KernelConfig(klo="fp8"),
 }
 ROUNDS = 5
 GLUON = CANDIDATES["gluon"]

@@ -294,8 +294,6 @@ def explore_configs(shape):
         "serial_gluon": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
                                      stage2="gluon"),
         "plan_gluon": KernelConfig(stage2="gluon"),
-        # KLO stored in fp8 (KernelConfig.klo; int8's layout conversions avoided: kernels.md)
-        "klo8": KernelConfig(klo="fp8"),
     })
     for L in (64, 256):  # the prototype's own passes may want other segment lengths
         if 2 * L <= n_chunks:
@@ -320,7 +318,7 @@ def _stage1_fn(x, config):
 
     def s1():
         return chunk_kda_prepare(q, k, g, beta, x["A_log"], dt_bias, p, seqs,
-                                 num_warps=plan.prepare_warps, klo8=config.klo == "fp8")
+                                 num_warps=plan.prepare_warps)
     return s1, seqs, plan
 
 

@@ -171,10 +171,6 @@ def kdalab_rows(only: str | None = None):
                 num_warps=2, label="stage 1 varlen w2")
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, CLAMP_ROWS=True), num_warps=2,
                 label="stage 1 ragged w2")
-    # KLO in fp8 (KernelConfig(klo="fp8"): uint8 bits)
-    for label, extra in (("", {}), (" varlen", dict(IS_VARLEN=True, CLAMP_ROWS=True))):
-        yield timed(chunk_kda_prepare_kernel, dict(prep, klo_ptr="*u8"), dict(ce, **extra),
-                    num_warps=2, label=f"stage 1{label} w2 klo8")
     # the span-checked gates: the first launch (a wide chunk flagged) and the flagged chunks'
     # second launch (REDO: the per-pair path)
     for gate, name in ((1, "softplus"), (2, "log-decay")):
@@ -206,15 +202,6 @@ def kdalab_rows(only: str | None = None):
         yield timed(chunk_kda_recurrent_kernel, flagged if ce["FLAG"] else sig, ce,
                     num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
-    # the same with KLO in fp8 (uint8 bits, decoded before its product)
-    for pass_, bv, nw, dt in ((0, 64, 4, "fp16"), (0, 128, 8, "fp16"), (0, 64, 4, "fp16-launch"),
-                              (0, 64, 4, "redo"), (2, 64, 4, "fp16")):
-        ce = dict(K=128, V=128, BT=16, BV=bv, HAS_H0=True, STORE_HT=True, STATE_VK=False,
-                  IS_VARLEN=False, PASS=pass_, SKIP_LAST=True, DT=tl.float16,
-                  GUARD=dt == "fp16", FLAG={"fp16-launch": 1, "redo": 2}.get(dt, 0))
-        base = flagged if ce["FLAG"] else sig
-        yield timed(chunk_kda_recurrent_kernel, dict(base, klo_ptr="*u8"), ce, num_warps=nw,
-                    label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw} state klo8")
     # the warp-specialized Gluon prototype of the serial pass (BV 64, a loader warp)
     for k, h0, varlen, ckc, pass_ in ((128, True, False, 0, 0), (128, False, False, 0, 0),
                                       (64, True, False, 0, 0), (128, True, True, 0, 0),

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-import triton.language as tl  # noqa: E402
 
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.kda import reference_forward  # noqa: E402
@@ -31,7 +30,6 @@ from kdalab.kernels import (  # noqa: E402
     chunk_kda_fwd,
     chunk_kda_transition,
 )
-from kdalab.kernels.chunk_prepare import e5m2_bits, klo_from_fp8, klo_to_fp8  # noqa: E402
 from kdalab.kernels.launch_plan import fp16_guard, plan_launch, segment_table  # noqa: E402
 from kdalab.studies.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 from tests.serving_inputs import (  # noqa: E402
@@ -479,148 +477,15 @@ def test_interp_segments_equal_serial(h0, layout):
                         assert torch.equal(split[1][empty], state[empty])
 
 
-@triton.jit
-def _klo8_codec_kernel(x_ptr, b_ptr, i_ptr, y_ptr, N: tl.constexpr):
-    o = tl.arange(0, N)
-    x = tl.load(x_ptr + o)
-    tl.store(b_ptr + o, klo_to_fp8(x))
-    tl.store(i_ptr + o, e5m2_bits(x * 256.0))
-    tl.store(y_ptr + o, klo_from_fp8(tl.load(b_ptr + o)))
-
-
-def _klo8_codec(device):
-    """``klo_to_fp8`` (the GPU's conversion there, integer operations in the interpreter),
-    ``e5m2_bits`` and ``klo_from_fp8`` on values that reach every case: e5m2 subnormals and
-    normals of both signs, zeros, and ties (half a step, with an even and an odd kept bit;
-    subnormal ties at 0.5 to 3.5 steps), against torch's fp32 -> e5m2 (nearest even) of x·256;
-    the decode against torch's e5m2 value / 256."""
-    gen = torch.Generator().manual_seed(0)
-    n = 4096
-    x = torch.randn(n, generator=gen) * torch.exp2(
-        torch.randint(-34, -9, (n,), generator=gen).float())  # |x·256| from 2^-26 up
-    normal_ties = torch.tensor([0x3F900000, 0x3FB00000, 0x38900000, 0x38B00000, 0x3F8FFFFF,
-                                0x3F900001, 0xBF900000, 0xBFB00000], dtype=torch.int64)
-    ties = normal_ties.to(torch.int32).view(torch.float32)
-    sub = torch.tensor([0.5, 1.5, 2.5, 3.5, -0.5, -2.5, 0.0, -0.0]) * 2.0 ** -16
-    special = torch.cat([ties, sub]) / 256
-    x[:len(special)] = special
-    x = x.to(device)
-    b, i = (torch.empty(n, dtype=torch.uint8, device=device) for _ in range(2))
-    y = torch.empty(n, dtype=torch.float32, device=device)
-    _klo8_codec_kernel[(1,)](x, b, i, y, N=n)
-    want = (x * 256).to(torch.float8_e5m2)
-    assert torch.equal(b, want.view(torch.uint8)) and torch.equal(i, b)
-    assert torch.equal(y, want.float() / 256)
-    assert torch.equal(y.half().float(), y)  # exact in fp16: the products' operand
-    assert b[:len(special)].cpu().tolist() == [0x3C, 0x3E, 0x04, 0x06, 0x3C, 0x3D, 0xBC, 0xBE,
-                                               0x00, 0x02, 0x02, 0x04, 0x80, 0x82, 0x00, 0x80]
-
-
-def _klo8_stage2(device, T=40, cu=None, h0=True, H=2, K=32, big=False, stage2="triton"):
-    """config.klo="fp8" against a twin: stage 1's fp16 operands with KLO replaced by the fp8
-    KLO's value (exact in fp16) through the fp16-KLO stage 2. Stage 1's other operands are the
-    same bits, stage 2 gives the same bits, and the fp8 KLO differs from the fp16 one only
-    where e5m2 rounds (by at most 2^-3 of itself plus 2^-24, never more than 2^-15). ``big``:
-    head 1's values scaled past fp16's range in its state, so the fp16 guard redoes it (tf32
-    products of the decoded KLO); ``stage2="gluon"``: the Gluon stage gives way to Triton's."""
-    from kdalab.kernels import api
-    from kdalab.kernels.chunk_prepare import chunk_kda_prepare
-
-    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, T, H, K, device=device)
-    if big:
-        v[:, :, 1] *= 3e4
-    h = _state(1 if cu is None else len(cu) - 1, H, K, K, seed=3, device=device)
-    kw = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True,
-              initial_state=h if h0 else None,
-              cu_seqlens=None if cu is None else torch.tensor(cu, device=device))
-    o8, s8 = chunk_kda_fwd(q, k, v, g, beta, **kw, config=KernelConfig(klo="fp8",
-                                                                      stage2=stage2))
-    seen = {}
-
-    def twin(*a, klo8=False, **k):
-        ops8 = chunk_kda_prepare(*a, **k, klo8=True)
-        ops = chunk_kda_prepare(*a, **k)
-        assert ops8[3].dtype == torch.uint8 and ops[3].dtype == torch.float16
-        assert all(torch.equal(x, y) for i, (x, y) in enumerate(zip(ops8, ops)) if i != 3)
-        klo = (ops8[3].view(torch.float8_e5m2).float() / 256).half()
-        seen.update(klo8=klo, klo16=ops[3])
-        return ops[:3] + (klo,) + ops[4:]
-
-    original = api.chunk_kda_prepare
-    api.chunk_kda_prepare = twin
-    try:
-        o, s = chunk_kda_fwd(q, k, v, g, beta, **kw)
-    finally:
-        api.chunk_kda_prepare = original
-    assert torch.equal(o8, o) and torch.equal(s8, s)
-    d = (seen["klo8"].float() - seen["klo16"].float()).abs()
-    assert (d > 0).any() and float(d.max()) <= 2.0 ** -15
-    # (e5m2's rounding: 2^-3 of the value; its smallest step is 2^-24 once unscaled, and the
-    # two roundings, to fp16 and then to the byte, can take a value just past a tie the other
-    # way: at most that step)
-    bad = d > seen["klo16"].float().abs() / 8 + 2.0 ** -24
-    assert not bad.any(), (seen["klo16"][bad][:8], seen["klo8"][bad][:8])
-    o16, s16 = chunk_kda_fwd(q, k, v, g, beta, **kw)
-    assert not torch.equal(s16, s8)  # the fp8 KLO reaches the state: the test is not vacuous
-
-
 @interp
-def test_interp_klo8_codec():
-    _klo8_codec("cpu")
-
-
-@interp
-@pytest.mark.parametrize("T,cu,h0,big", [(40, None, True, False), (64, None, False, False),
-                                         (70, [0, 33, 33, 70], True, False),
-                                         (48, None, True, True)])
-def test_interp_klo8_stage2_twin(T, cu, h0, big):
-    _klo8_stage2("cpu", T, cu, h0, big=big)
-
-
-def test_klo8_config():
-    with pytest.raises(ValueError, match="config.klo"):
-        KernelConfig(klo="e4m3")
-
-
-@pytest.mark.parametrize("varlen", [False, True])
-def test_klo8_stage1_keeps_the_fp16_layout_on_sm90a(varlen):
-    # stage 1 compiled for sm_90a (ptxas shipped with triton) with KLO as fp8 bytes: no more
-    # barriers or shared-memory stores than with fp16 KLO. A 16-byte store of the bytes
-    # converts the [16, K] tiles' layout through shared memory (the deleted int8 KLO: 37
-    # barriers against 31, 0.71-0.86x on the H200); the store's contiguity hint avoids it
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / "sm90_report.py"
-    spec = importlib.util.spec_from_file_location("sm90_report", path)
-    rep = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rep)
-    from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
-
-    rows = {}
-    for klo in ("*fp16", "*u8"):
-        sig = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
-                   a_log_ptr="*fp32", dt_bias_ptr="*fp32", w_ptr="*fp16", qg_ptr="*fp16",
-                   kend_ptr="*fp16", klo_ptr=klo, ainv_ptr="*fp16", mqk_ptr="*fp16",
-                   gamma_ptr="*fp32", chunk_table_ptr="*i32", wide_ptr="*i32", T="i32",
-                   scale="fp32", lower_bound="fp32", H="i32")
-        ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
-                  USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=varlen, CLAMP_ROWS=varlen)
-        rows[klo] = rep.report(chunk_kda_prepare_kernel, sig, ce, num_warps=2)
-    fp16, fp8 = rows["*fp16"], rows["*u8"]
-    assert fp8["regs"] is not None and fp8["spill_st"] == 0, fp8
-    assert fp8["bar_sync"] <= fp16["bar_sync"] and fp8["st_shared"] <= fp16["st_shared"], rows
-
-
-@interp
-@pytest.mark.parametrize("klo", ["fp16", "fp8"])
-def test_interp_collinear_keys_kend_split(klo):
+def test_interp_collinear_keys_kend_split():
     # The H200 hunt's worst case (docs/hunt.md; worst.json of its 10-minute run, at T = 1024,
     # one head, v and the state at ordinary scale): exactly collinear keys, β ≈ 1, decay ≈ 1.
     # KEND's rounding error is orthogonal to the keys, so the delta rule never erases it and
     # it adds up over the chunks; the split (KEND + KLO) removes it. Measured here: output
     # 3.47e-3 (2.1x the bf16 floor 1.66e-3) and state 3.75e-3 with the split, 6.47e-3 and
     # 9.49e-3 with one rounded KEND (that variant is deleted; docs/kernels.md keeps its
-    # figures). The bound sits between the two. KLO in fp8 (config.klo): 3.47e-3 and 3.78e-3.
+    # figures). The bound sits between the two.
     from kdalab.hunt.evaluate import reference
     from kdalab.inputs.sequences import SequenceSpec, draw
 
@@ -637,7 +502,7 @@ def test_interp_collinear_keys_kend_split(klo):
     kw = {n: x[n] for n in ("scale", "initial_state", "A_log", "dt_bias", "lower_bound",
                             "use_qk_l2norm")}
     o, s = chunk_kda_fwd(x["q"], x["k"], x["v"], x["g"], x["beta"], **kw,
-                         output_final_state=True, config=KernelConfig(klo=klo))
+                         output_final_state=True)
     assert _err(o, o_ref) < 2.6 * floor, (_err(o, o_ref), floor)
     assert _err(s, s_ref) < 6e-3, _err(s, s_ref)  # 3.75e-3 measured; one KEND gave 9.49e-3
 
@@ -1017,18 +882,3 @@ def test_gpu_planned_shapes(T, H):
 def test_gpu_weak_decay_correlated_long():
     eo, es = _run("weak_decay_correlated", 1, 32768, 2, 128, device="cuda", h0=True, seed=5)
     assert eo < TOL_BF16_GPU and es < 5e-3, (eo, es)
-
-
-@gpu
-def test_gpu_klo8_codec():
-    _klo8_codec("cuda")
-
-
-@gpu
-@pytest.mark.parametrize("T,cu,big,stage2", [
-    (1000, None, False, "triton"), (2000, [0, 700, 700, 2000], False, "triton"),
-    (512, None, True, "triton"), (1024, None, False, "gluon")])
-def test_gpu_klo8_stage2_twin(T, cu, big, stage2):
-    # sm_90a's conversions and products: the fp8 KLO's stage 2 against the fp16 one fed the
-    # decoded values, bit for bit (the guard's redo included); the Gluon stage gives way
-    _klo8_stage2("cuda", T, cu, True, H=4, K=128, big=big, stage2=stage2)

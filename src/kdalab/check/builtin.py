@@ -26,14 +26,14 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _kdalab(dot: str, stage2: str = "triton", klo: str = "fp16") -> KernelAdapter:
+def _kdalab(dot: str, stage2: str = "triton") -> KernelAdapter:
     # chunk_kda_fwd and kda_decode take the convention's gates as they are: the raw gate with a
     # lower bound or None (fla's softplus gate), and gate="log_decay"
     def kdalab_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
         import kdalab.kernels as kernels  # Triton: imported when the kernel runs
 
         return kernels.chunk_kda_fwd(q, k, v, g, beta, use_qk_l2norm=use_qk_l2norm,
-                                     config=kernels.KernelConfig(dot=dot, stage2=stage2, klo=klo),
+                                     config=kernels.KernelConfig(dot=dot, stage2=stage2),
                                      **kw)
 
     def kdalab_decode(q, k, v, g, beta, **kw):
@@ -44,7 +44,7 @@ def _kdalab(dot: str, stage2: str = "triton", klo: str = "fp16") -> KernelAdapte
         import kdalab.kernels as kernels
 
         return kernels.chunk_kda(q, k, v, g, beta,
-                                 config=kernels.KernelConfig(dot=dot, stage2=stage2, klo=klo),
+                                 config=kernels.KernelConfig(dot=dot, stage2=stage2),
                                  **kw)
 
     # Gluon (stage2="gluon") has no interpreter: the GPU only
@@ -94,7 +94,6 @@ BUILTIN: dict[str, Callable[[], KernelAdapter]] = {
     "kdalab": lambda: _kdalab("auto"),
     "kdalab-tf32": lambda: _kdalab("tf32"),
     "kdalab-gluon": lambda: _kdalab("auto", "gluon"),
-    "kdalab-klo8": lambda: _kdalab("auto", klo="fp8"),
     "fla": _fla,
     "fla-recurrent": _fla_recurrent,
     "flashkda": _flashkda,
@@ -174,8 +173,7 @@ def _load_object(spec: str):
 
 
 def load_kernel(spec: str) -> KernelAdapter:
-    """A kernel by name: a built-in (``kdalab``, ``kdalab-tf32``, ``kdalab-gluon``,
-    ``kdalab-klo8``, ``fla``,
+    """A kernel by name: a built-in (``kdalab``, ``kdalab-tf32``, ``kdalab-gluon``, ``fla``,
     ``fla-recurrent``, ``flashkda``), ``recipe:NAME``, or ``module:attr`` / ``path/file.py:attr``
     naming a function (the convention) or a :class:`KernelAdapter`. Raises ValueError for a bad
     name."""
@@ -195,8 +193,7 @@ def load_kernel(spec: str) -> KernelAdapter:
     return KernelAdapter(obj, name=spec)
 
 
-KERNEL_HELP = ("kernels are kdalab, kdalab-tf32, kdalab-gluon, kdalab-klo8, fla, fla-recurrent, "
-               "flashkda, "
+KERNEL_HELP = ("kernels are kdalab, kdalab-tf32, kdalab-gluon, fla, fla-recurrent, flashkda, "
                "recipe:NAME "
                "(a kdalab.kda recipe), or module:function / file.py:function (chunk_kda_fwd's "
                "convention, or a kdalab.check.KernelAdapter)")

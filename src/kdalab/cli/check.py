@@ -18,7 +18,7 @@ from kdalab.cli.app import STATE, app, console, err_console
 
 _EPILOG = (
     "Kernels: kdalab, kdalab-tf32 (Triton; CUDA), kdalab-gluon (its Gluon stage 2; Hopper), "
-    "kdalab-klo8 (KLO stored in fp8), fla, fla-recurrent (fla's chunk and fused "
+    "fla, fla-recurrent (fla's chunk and fused "
     "recurrent KDA; CUDA), flashkda (flash_kda.fwd; CUDA, K = V = 128), recipe:NAME (a "
     "kdalab.kda recipe, e.g. recipe:flashkda, recipe:fla, recipe:fp32; CPU or CUDA), or "
     "module:function / file.py:function with chunk_kda_fwd's convention (docs/check.md). "

@@ -14,8 +14,8 @@ import typer
 from kdalab.cli.app import STATE, Interrupted, app, console, prose
 
 _EPILOG = (
-    "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, kdalab-gluon, kdalab-klo8, "
-    "fla, fla-recurrent, flashkda "
+    "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, kdalab-gluon, fla, "
+    "fla-recurrent, flashkda "
     "(CUDA), recipe:NAME (a kdalab.kda recipe, e.g. recipe:flashkda, recipe:fp32; CPU or "
     "CUDA), module:function. Reproducibility: with --trials N (and no --budget-s) the same "
     "--seed gives the same trials and the same worst case, bit for bit (a deterministic target "

@@ -81,7 +81,7 @@ def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
                             num_warps=plan.prepare_warps, dtype=products,
-                            precision=precision, klo8=config.klo == "fp8")
+                            precision=precision)
     return Prepared(p, seqs, plan, dot, ops)
 
 

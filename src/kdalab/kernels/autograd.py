@@ -255,8 +255,8 @@ def chunk_kda(
     final state too. One custom op each way (``torch.ops.kdalab.chunk_kda`` and
     ``.chunk_kda_bwd``), so ``torch.compile(fullgraph=True)`` traces a training step. Where no
     input requires a gradient (or grad mode is off) it is ``chunk_kda_fwd``: the states every
-    64 tokens are kept only for a backward. ``config.stage2`` and ``config.klo`` are inference
-    choices: a training step keeps the Triton stage 2 and fp16 KLO (the op carries the rest)."""
+    64 tokens are kept only for a backward. ``config.stage2`` is an inference choice: a
+    training step keeps the Triton stage 2 (the op carries the rest)."""
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
     if not isinstance(output_final_state, bool):

@@ -10,8 +10,7 @@ nothing it can rebuild:
     W    = (I + L)^-1 diag(β) (Γ ⊙ K)       [16, K]  token rows   (state correction)
     QG   = scale · Γ ⊙ Q                     [16, K]  token rows   (inter-chunk output)
     KEND = exp(G_last - G) ⊙ K               [16, K]  token rows   (state update)
-    KLO  = KEND - KEND rounded               [16, K]  token rows   (its rounding error;
-                                                                    fp16, or fp8: klo_to_fp8)
+    KLO  = KEND - KEND rounded               [16, K]  token rows   (its rounding error)
     AINV = (I + L)^-1 diag(β)                [16, 16] per chunk
     MQK  = tril(scale · Q K^T ⊙ exp(G_i - G_j))  [16, 16] per chunk
     GAMMA = exp(G_last)                      [K]      per chunk    (state decay)
@@ -35,8 +34,6 @@ threshold (docs/hunt.md has the figures).
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import triton
@@ -69,51 +66,6 @@ def split_operand(x, DT: tl.constexpr):
     else:
         hi = (x.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
     return hi, x - hi
-
-
-#: KLO in fp8 is stored scaled by 2^KLO_SHIFT: |KLO| <= 2^-12 for |KEND| <= 1 (half fp16's
-#: ulp), so the largest is 2^-4, far inside e5m2; the smallest e5m2 step, 2^-16, is 2^-24 once
-#: unscaled, fp16's own, so every stored value is exact again in fp16 (and in tf32).
-KLO_SHIFT = 8
-
-
-@triton.jit
-def e5m2_bits(x):
-    """fp8 e5m2 of ``x`` (fp32, |x| < 57344) rounded to nearest even, as its bits (uint8), in
-    integer operations: the GPU's conversion's result, which the interpreter's fp8 cast (not
-    to nearest even) is not; the GPU tests compare the two."""
-    b = x.to(tl.int32, bitcast=True)
-    a = b & 0x7FFFFFFF
-    sign = ((b >> 24) & 0x80).to(tl.uint8)
-    # normal (|x| >= 2^-14): 21 significand bits dropped, to nearest even, exponent rebased
-    r = a + 0xFFFFF + ((a >> 21) & 1)
-    normal = ((r >> 21) - ((127 - 15) << 2)) & 0x7F
-    # subnormal: |x| in steps of 2^-16 (an fp32 add rounds to an integer, nearest even)
-    steps = ((tl.abs(x) * 65536.0 + 8388608.0) - 8388608.0).to(tl.int32)
-    return sign | tl.where(a >= 0x38800000, normal, steps).to(tl.uint8)
-
-
-# chosen at import, as triton.jit itself chooses between compiling and interpreting
-if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    @triton.jit
-    def klo_to_fp8(klo):
-        """KLO (fp32) as the bits (uint8) of fp8 e5m2 of KLO·2^KLO_SHIFT, to nearest even:
-        the GPU's conversion (one ``cvt`` a pair; in integer operations stage 1 took 210
-        registers instead of 136 on sm_90a)."""
-        return (klo * 256.0).to(tl.float8e5).to(tl.uint8, bitcast=True)
-else:
-    @triton.jit
-    def klo_to_fp8(klo):
-        """In the interpreter: the same rounding in integer operations (``e5m2_bits``)."""
-        return e5m2_bits(klo * 256.0)
-
-
-@triton.jit
-def klo_from_fp8(x):
-    """``klo_to_fp8``'s bits as KLO's value (fp32), exact in fp16 and tf32. Decoded to fp16
-    instead (a conversion less before the fp16 product), stage 2's BV 64 fp8 forms spilled
-    more on sm_90a (376-412 against 348 bytes a thread, triton 3.6): not kept."""
-    return (x.to(tl.uint16) << 8).to(tl.float16, bitcast=True).to(tl.float32) * 0.00390625
 
 
 @triton.jit
@@ -267,13 +219,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
     if FIRST:
         tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
-        if klo_ptr.dtype.element_ty == tl.uint8:  # fp8 (chunk_kda_prepare's ``klo8``)
-            # 8 bytes a thread, so that the bytes keep the fp16 tiles' layout: a 16-byte store
-            # converts every [16, K] tile's layout through shared memory (the int8 KLO's
-            # slowdown: 37 bar.sync against 30 on sm_90a; with the hint 30)
-            tl.store(klo_ptr + tl.max_contiguous(offs, [1, 8]), klo_to_fp8(klo), mask=m2)
-        else:
-            tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
+        tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
     decay = tl.exp2(g2)
     qs = l2_normalize(q_raw, USE_L2NORM) * scale
@@ -313,7 +259,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
-                      clamp_rows=None, dtype=None, precision="tf32", klo8=False):
+                      clamp_rows=None, dtype=None, precision="tf32"):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q with the value heads, AINV and MQK [num_chunks, H, 16, 16] (fp16 when q and k are
     normalized: every operand is then <= 1 in size, AINV's entries bounded by the Neumann
@@ -325,19 +271,14 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     ``precision``: the pairwise products (MQK, L) and W = AINV·Kd, "tf32" (the forward) or
     "tf32x3" (the backward's recompute: on the H200 a tf32 product truncates its operands to
     10 bits, and on clustered keys with β near 1 the gradients amplify L's and W's errors
-    through (I + L)^-1; docs/training.md "Precision"). ``klo8``: KLO as fp8 where the products
-    are fp16 (``klo_to_fp8``'s bits, uint8; ignored otherwise)."""
+    through (I + L)^-1; docs/training.md "Precision")."""
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0
     if dtype is None:
         dtype = torch.float16 if p.use_qk_l2norm else torch.float32
     # one allocation per kind (a host-side cost per call: short inputs are bound by it)
-    if klo8 and dtype == torch.float16:
-        w, qg, kend = torch.empty((3, B, T, H, K), device=q.device, dtype=dtype).unbind(0)
-        klo = torch.empty((B, T, H, K), device=q.device, dtype=torch.uint8)
-    else:
-        w, qg, kend, klo = torch.empty((4, B, T, H, K), device=q.device, dtype=dtype).unbind(0)
+    w, qg, kend, klo = torch.empty((4, B, T, H, K), device=q.device, dtype=dtype).unbind(0)
     ainv, mqk = torch.empty((2, seqs.num_chunks, H, CHUNK, CHUNK), device=q.device,
                             dtype=dtype).unbind(0)
     gamma = torch.empty((seqs.num_chunks, H, K), device=q.device, dtype=torch.float32)

@@ -6,8 +6,7 @@ per warpgroup; the untransposed products would have M = 16, the chunk):
 
     U^T = V^T AINV^T - S^T W^T             [BV, 16]
     O^T = S^T QG^T + U^T MQK^T             [BV, 16]
-    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO,
-                                                       KLO fp16, or fp8 bits decoded here)
+    S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO)
 
 The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT``: the
 products' operands, fp16 (S, U rounded; fp32 accumulation) or fp32 (tf32 products).
@@ -43,7 +42,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_prepare import klo_from_fp8
 from .indexing import program_rows
 
 CHUNK = 16
@@ -89,8 +87,6 @@ def chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT: tl.constexpr,
         ot = (tl.dot(Sd, qgt.to(DT), input_precision="tf32")
               + tl.dot(ud, mqkt.to(DT), input_precision="tf32"))
     St = St * gamma[None, :] + tl.dot(ud, kend.to(DT), input_precision="tf32")
-    if klo.dtype == tl.uint8:  # fp8 (config.klo): decoded here, kept narrow while prefetched
-        klo = klo_from_fp8(klo)
     St += tl.dot(ud, klo.to(DT), input_precision="tf32")
     return St, ot
 

@@ -328,11 +328,11 @@ def _desc(x, block):
 
 
 def applies(v, ops, dot: str) -> bool:
-    """Whether the prototype runs this call's serial pass (``ops``: stage 1's): fp16 products
-    and KLO (not fp8: config.klo), K 64 or 128, V a multiple of 64, v contiguous, not empty,
-    bf16 or fp16 on a Hopper GPU (sm_90: wgmma; Gluon has no interpreter)."""
-    w, klo = ops[0], ops[3]
-    return (klo.dtype == torch.float16 and v.is_cuda
+    """Whether the prototype runs this call's serial pass (``ops``: stage 1's): fp16 products,
+    K 64 or 128, V a multiple of 64, v contiguous, not empty, bf16 or fp16 on a Hopper GPU
+    (sm_90: wgmma; Gluon has no interpreter)."""
+    w = ops[0]
+    return (w.dtype == torch.float16 and v.is_cuda
             and torch.cuda.get_device_capability(v.device)[0] == 9
             and v.numel() > 0 and dot == "fp16" and w.shape[-1] in (64, 128)
             and v.shape[-1] % 64 == 0 and v.dtype in (torch.bfloat16, torch.float16)

@@ -12,7 +12,6 @@ __all__ = ["KernelConfig", "DEFAULT_CONFIG"]
 _DOTS = ("auto", "fp16", "tf32")
 _GUARDS = ("auto", "inline", "launch")
 _STAGE2 = ("triton", "gluon")
-_KLO = ("fp16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -31,11 +30,8 @@ class KernelConfig:
     flagged) or ``"auto"`` (``launch_plan.fp16_guard``). Both give the same bits.
     ``stage2``: the recurrent passes by the Triton kernel (``"triton"``) or by the
     warp-specialized Gluon prototype (``"gluon"``, ``chunk_recurrent_ws.py``: fp16 products,
-    K 64 or 128, V a multiple of 64, on a GPU; elsewhere Triton's).
-    ``klo``: how the forward stores KLO (KEND's rounding error) where stage 1's products are
-    fp16: ``"fp16"``, or ``"fp8"`` (e5m2 of KLO·2^8, half the bytes; the Triton stage 2 only:
-    the Gluon one then gives way). ``stage2`` and ``klo`` are inference choices: a training
-    step (``chunk_kda`` with gradients) runs the defaults.
+    K 64 or 128, V a multiple of 64, on a GPU; elsewhere Triton's). ``stage2`` is an inference
+    choice: a training step (``chunk_kda`` with gradients) runs the default.
     """
 
     dot: str = "auto"
@@ -45,7 +41,6 @@ class KernelConfig:
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
     stage2: str = "triton"
-    klo: str = "fp16"
 
     def __post_init__(self):
         if self.dot not in _DOTS:
@@ -62,8 +57,6 @@ class KernelConfig:
                              f"got {self.fp16_guard!r}")
         if self.stage2 not in _STAGE2:
             raise ValueError(f"config.stage2 must be one of {_STAGE2}, got {self.stage2!r}")
-        if self.klo not in _KLO:
-            raise ValueError(f"config.klo must be one of {_KLO}, got {self.klo!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
