@@ -281,21 +281,23 @@ def grid(names, alt=None, baseline=None, with_peers=True):
 def explore_configs(shape):
     name, B, T, H, lens, state = shape
     n_chunks = max(lens or [T]) // 16
-    configs = {"plan": KernelConfig(), "serial": KernelConfig(segment_chunks=0)}
+    configs = {"plan": KernelConfig(), "plan_triton": KernelConfig(stage2="triton"),
+               "serial": KernelConfig(segment_chunks=0, stage2="triton")}
     for L in (8, 16, 32, 64, 128, 256, 512):
         if 2 * L <= n_chunks:
-            configs[f"L{L}"] = KernelConfig(segment_chunks=L)
+            configs[f"L{L}"] = KernelConfig(segment_chunks=L, stage2="triton")
     configs.update({
         "prep_w4": KernelConfig(prepare_warps=4),
-        "bv128_w8": KernelConfig(block_v=128, num_warps=8),
+        "bv128_w8": KernelConfig(block_v=128, num_warps=8, stage2="triton"),
         # the serial pass in the Triton kernel's BV 64 form and by the Gluon prototype
         # (kernels/chunk_recurrent_ws.py; Triton's where the prototype does not apply)
-        "serial_bv64": KernelConfig(segment_chunks=0, block_v=64, num_warps=4),
+        "serial_bv64": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
+                                    stage2="triton"),
         "serial_gluon": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
                                      stage2="gluon"),
         "plan_gluon": KernelConfig(stage2="gluon"),
     })
-    for L in (64, 256):  # the prototype's own passes may want other segment lengths
+    for L in (64, 256, 1024):  # the prototype's own passes may want other segment lengths
         if 2 * L <= n_chunks:
             configs[f"L{L}_gluon"] = KernelConfig(segment_chunks=L, stage2="gluon")
     return configs
@@ -369,7 +371,7 @@ def explore(names):
             except Exception as exc:  # noqa: BLE001 - e.g. a launch shape out of resources
                 row["ms"][cname] = f"{type(exc).__name__}: {exc}"[:200]
         try:
-            row["parts"] = parts(x, KernelConfig())
+            row["parts"] = parts(x, KernelConfig(stage2="triton"))
         except Exception as exc:  # noqa: BLE001
             row["parts"] = f"{type(exc).__name__}: {exc}"[:300]
         times = {k: v for k, v in row["ms"].items() if isinstance(v, float)}

@@ -210,7 +210,7 @@ def kdalab_rows(only: str | None = None):
         yield timed(chunk_kda_recurrent_ws_kernel, ws_signature(k), dict(
             K=k, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0, STATE_VK=False,
             IS_VARLEN=varlen, HAS_IDX=ckc > 0, CKC=ckc, FULL=not varlen, PASS=pass_,
-            num_warps=4), num_warps=4, maxnreg=128,
+            NV=(128 + k if pass_ == 1 else 128) // 64, num_warps=4), num_warps=4, maxnreg=128,
             label=f"stage 2 gluon ws pass {pass_} K{k} BV64" + (" state" if h0 else "")
             + (" varlen" if varlen else "") + (f" pool ck{ckc}" if ckc else ""))
     # serving: the pool (a state row by index) with and without checkpoints every 64 tokens

@@ -187,6 +187,28 @@ def test_plan_places_the_fp16_guard(n_chunks, H, guard):
     assert fp16_guard(plan) == guard
 
 
+@pytest.mark.parametrize("n_chunks,H,stage2", [
+    ([512], 64, "gluon"),          # T 8192 H 64: 128 programs alone on their SMs
+    ([8192], 8, "gluon"),          # T 131072 H 8: the split pass
+    ([64], 16, "triton"),          # T 1024 H 16: below the Gluon path's host time
+    ([4] * 128, 16, "triton"),     # B 128 T 64 H 16: the same
+])
+def test_plan_chooses_the_stage2_kernel(n_chunks, H, stage2):
+    plan = plan_launch(n_chunks, H, 128, 128, 132, gluon="yes")
+    assert plan.stage2 == stage2
+    if stage2 == "gluon":
+        assert (plan.block_v, plan.num_warps) == (64, 4)  # the Gluon kernel's tile
+        assert plan.estimate_us < plan_launch(n_chunks, H, 128, 128, 132).estimate_us
+    else:
+        assert plan == plan_launch(n_chunks, H, 128, 128, 132)
+    # "no" (not a Hopper GPU, tf32 products, stage2="triton"): never; "only": wherever K and
+    # V suit it, and never where they do not
+    assert plan_launch(n_chunks, H, 128, 128, 132).stage2 == "triton"
+    assert plan_launch(n_chunks, H, 128, 128, 132, gluon="only").stage2 == "gluon"
+    assert plan_launch(n_chunks, H, 128, 96, 132, gluon="only").stage2 == "triton"
+    assert plan_launch(n_chunks, H, 256, 128, 132, gluon="only").stage2 == "triton"
+
+
 def test_plan_keeps_given_values():
     plan = plan_launch([100], 4, 64, 64, 132, block_v=32, num_warps=2, prepare_warps=8,
                        segment_chunks=7)

@@ -143,7 +143,7 @@ def test_interp_gradients_match_fp64(case):
 
 @interp
 def test_interp_training_step_runs_the_default_stage2():
-    # config.stage2 is an inference choice (KernelConfig): with gradients the step is the
+    # config.stage2 is not carried by the training op: with gradients the step is the
     # default config's, bit for bit
     x, kw = _case(B=2, T=83, HQ=1, H=2, HG=2, K=16, V=32)
     gen = torch.Generator().manual_seed(7)

@@ -27,7 +27,8 @@ gpu = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]
 # the Triton kernel in the form the prototype replaces: the serial pass, BV 64 on 4 warps,
 # fp16 products, the guard's redo in a second launch
-TRITON = KernelConfig(dot="fp16", segment_chunks=0, block_v=64, num_warps=4, fp16_guard="launch")
+TRITON = KernelConfig(dot="fp16", segment_chunks=0, block_v=64, num_warps=4, fp16_guard="launch",
+                      stage2="triton")
 GLUON = KernelConfig(dot="fp16", segment_chunks=0, block_v=64, num_warps=4, stage2="gluon")
 
 
@@ -53,7 +54,8 @@ def test_ws_compiles_for_sm90a(K, h0, varlen, ckc, pass_):
     row = rep.report(ws.chunk_kda_recurrent_ws_kernel, rep.ws_signature(K),
                      dict(K=K, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0,
                           STATE_VK=False, IS_VARLEN=varlen, HAS_IDX=ckc > 0, CKC=ckc,
-                          FULL=not varlen, PASS=pass_, num_warps=4), num_warps=4,
+                          FULL=not varlen, PASS=pass_, NV=(128 + K if pass_ == 1 else 128) // 64,
+                          num_warps=4), num_warps=4,
                      maxnreg=128)
     assert row["regs"] is not None and row["regs"] <= 128, row
     # a summary (pass 1) has no outputs: no S^T QG^T, no U^T MQK^T
@@ -120,8 +122,10 @@ def test_ws_host_side_grid_descriptors_and_constants(monkeypatch):
     # the launches the wrapper makes (no GPU: the kernel recorded, not run): its own tile (BV 64,
     # 4 warps, whatever the Triton plan's), a TMA box a chunk's rows of each operand at the
     # views the kernel indexes, FULL only where every chunk is whole
+    # the grid: value blocks first, so that a (sequence, head)'s two start together
     (grid, args, kw), = _ws_call(monkeypatch)
-    assert grid == (2 * 2, 2) and kw["PASS"] == 0 and kw["num_warps"] == 4
+    assert grid == (2, 2 * 2) and kw["NV"] == 2
+    assert kw["PASS"] == 0 and kw["num_warps"] == 4
     assert kw["FULL"] is False and not kw["IS_VARLEN"] and kw["CKC"] == 0 and kw["BV"] == 64
     boxes = [list(d.block_shape) for d in args[:9]]
     assert boxes == [[16, 128]] * 4 + [[16, 64], [16, 16], [16, 16], [16, 64], [1, 128]]
@@ -146,7 +150,20 @@ def test_ws_host_side_checkpoints_pool_and_passes(layout, monkeypatch):
     assert list(args[8].block_shape) == ([64, 128] if vk else [128, 64])
     calls = _ws_call(monkeypatch, **common, segments=segs, summary=torch.zeros(3, 2, 256, 128),
                      passes=(1, 2))
-    assert [(c[0], c[2]["PASS"]) for c in calls] == [((6, 4), 1), ((6, 2), 2)]
+    assert [(c[0], c[2]["PASS"], c[2]["NV"]) for c in calls] == [((4, 6), 1, 4),
+                                                                  ((2, 6), 2, 2)]
+
+
+def test_ws_gives_way_past_the_grids_second_axis(monkeypatch):
+    # more (sequence, head) items than CUDA's second grid axis holds: no Gluon launch, the
+    # Triton kernel's two launches (its own flags) instead
+    redo = []
+    monkeypatch.setattr(ws, "_MAX_GRID_Y", 3)
+    assert _ws_call(monkeypatch, B=2, T=64, H=2, redo=redo) == []
+    (k,) = redo
+    assert k["first_flags"] is None and k["guard"] == "launch"
+    monkeypatch.setattr(ws, "_MAX_GRID_Y", 4)
+    assert len(_ws_call(monkeypatch, B=2, T=64, H=2)) == 1
 
 
 def test_ws_flagged_programs_go_to_the_triton_redo(monkeypatch):
@@ -312,7 +329,7 @@ def test_gpu_ws_sequence_parallel_passes(cu, monkeypatch):
     o, s = chunk_kda_fwd(q, k, v, g, beta, **args,
                          config=KernelConfig(**split, stage2="gluon"))
     to, ts = chunk_kda_fwd(q, k, v, g, beta, **args,
-                           config=KernelConfig(**split, fp16_guard="launch"))
+                           config=KernelConfig(**split, fp16_guard="launch", stage2="triton"))
     assert len(calls) == 2 and torch.equal(o, to) and torch.equal(s, ts)
     # the fp64 reference refuses an empty sequence: it runs the others, and the empty one's
     # final state is its initial state

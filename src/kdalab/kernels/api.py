@@ -39,15 +39,26 @@ def _sm_count(device: torch.device) -> int:
     return _SMS[index]
 
 
-def plan_for(seqs: Sequences, p: Problem, config: KernelConfig) -> LaunchPlan:
+def _gluon(seqs: Sequences, dot: str, config: KernelConfig) -> str:
+    """``plan_launch``'s ``gluon``: "no" unless the call's products are fp16 on a Hopper GPU
+    (wgmma; Gluon has no interpreter) and ``config.stage2`` allows it; "only" when asked for.
+    (``chunk_recurrent_ws.applies`` checks the tensors themselves at the launch.)"""
+    if (config.stage2 == "triton" or dot != "fp16" or seqs.device.type != "cuda"
+            or torch.cuda.get_device_capability(seqs.device)[0] != 9):
+        return "no"
+    return "only" if config.stage2 == "gluon" else "yes"
+
+
+def plan_for(seqs: Sequences, p: Problem, config: KernelConfig, dot: str = "fp16") -> LaunchPlan:
     """The launch plan of a call (cached with its sequence tables)."""
-    key = (p.H, p.K, p.V, config)
+    gluon = _gluon(seqs, dot, config)
+    key = (p.H, p.K, p.V, config, gluon)
     plan = seqs.plans.get(key)
     if plan is None:
         plan = plan_launch(seqs.n_chunks, p.H, p.K, p.V, _sm_count(seqs.device),
                            block_v=config.block_v, num_warps=config.num_warps,
                            prepare_warps=config.prepare_warps,
-                           segment_chunks=config.segment_chunks)
+                           segment_chunks=config.segment_chunks, gluon=gluon)
         seqs.plans[key] = plan
     return plan
 
@@ -77,8 +88,8 @@ def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
     ``products``, ``precision``: stage 1's storage dtype instead of its default and its
     products' precision (chunk_kda_prepare)."""
     seqs = sequences_for(p, cu_seqlens, q.device)
-    plan = plan_for(seqs, p, config)
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
+    plan = plan_for(seqs, p, config, dot)
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
                             num_warps=plan.prepare_warps, dtype=products,
                             precision=precision)
@@ -205,7 +216,7 @@ def forward_stage2(v, c: Prepared, initial_state, config: KernelConfig, *,
                   seq_order=seqs.seq_order, num_seqs=p.num_seqs, block_v=plan.block_v,
                   num_warps=plan.num_warps, dot=c.dot, guard=guard, **serving)
     run = chunk_kda_recurrent
-    if config.stage2 == "gluon":  # the Gluon prototype, where it applies
+    if plan.stage2 == "gluon":  # the Gluon kernel, where the tensors suit it
         from . import chunk_recurrent_ws
 
         if chunk_recurrent_ws.applies(v, c.ops, c.dot):

@@ -137,7 +137,10 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     products = torch.float32 if p.gate.span_checked else None
     # stage 1's products in 3xTF32: their tf32 rounding reaches dA_log and dβ through
     # (I + L)^-1 on clustered keys with β near 1
-    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config, products=products,
+    # (the plan's segments, which the reverse pass follows, are the Triton model's: the
+    # forward's Gluon figures say nothing of the reverse pass)
+    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens,
+                dataclasses.replace(config, stage2="triton"), products=products,
                 precision="tf32x3")
     seqs, plan = c.seqs, c.plan
     if dht is not None:
@@ -255,8 +258,8 @@ def chunk_kda(
     final state too. One custom op each way (``torch.ops.kdalab.chunk_kda`` and
     ``.chunk_kda_bwd``), so ``torch.compile(fullgraph=True)`` traces a training step. Where no
     input requires a gradient (or grad mode is off) it is ``chunk_kda_fwd``: the states every
-    64 tokens are kept only for a backward. ``config.stage2`` is an inference choice: a
-    training step keeps the Triton stage 2 (the op carries the rest)."""
+    64 tokens are kept only for a backward. ``config.stage2`` is not carried by the op: a
+    training step's forward runs the plan's choice ("auto")."""
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config must be a KernelConfig, got {type(config).__name__}")
     if not isinstance(output_final_state, bool):

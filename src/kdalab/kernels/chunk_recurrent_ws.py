@@ -275,10 +275,12 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
                                   STORE_HT: gl.constexpr, STATE_VK: gl.constexpr,
                                   IS_VARLEN: gl.constexpr, HAS_IDX: gl.constexpr,
                                   CKC: gl.constexpr, FULL: gl.constexpr, PASS: gl.constexpr,
-                                  num_warps: gl.constexpr):
-    i_nh = gl.program_id(0)
-    i_v = gl.program_id(1)
-    lin = i_nh * gl.num_programs(1) + i_v
+                                  NV: gl.constexpr, num_warps: gl.constexpr):
+    # the value block on the grid's first axis, so that a pair's blocks start together (as
+    # chunk_recurrent's one axis, whose index ``lin`` the flags use)
+    i_v = gl.program_id(0)
+    i_nh = gl.program_id(1)
+    lin = i_nh * NV + i_v
     BT: gl.constexpr = 16
     # the program's sequence (varlen: longest first) or segment, and its first chunk's index
     # in its sequence (j0)
@@ -316,6 +318,9 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
     ], [1], [40])
 
 
+#: the grid's second axis's limit (CUDA); the items go there, the value blocks first (a 1-D
+#: grid with the item and block computed from one index spilled 104-196 bytes on sm_90a)
+_MAX_GRID_Y = 65535
 _GL = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
 
 
@@ -384,15 +389,16 @@ def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_sta
                   IS_VARLEN=cu_seqlens is not None, HAS_IDX=state_indices is not None, CKC=ckc,
                   FULL=cu_seqlens is None and T % CHUNK == 0, num_warps=4, maxnreg=maxnreg)
     for pass_ in passes:
-        if pass_ == 0:
-            grid = (num_seqs * H, V // BV)
-        else:
-            grid = (segments.shape[0] * H, (V + K if pass_ == 1 else V) // BV)
-        flags = torch.empty(grid[0] * grid[1], device=v.device, dtype=torch.int32)
-        chunk_kda_recurrent_ws_kernel[grid](
-            *descs, o, gamma, opt(initial_state), opt(final_state), flags, opt(cu_seqlens),
-            opt(chunk_offsets), opt(seq_order), opt(state_indices), opt(checkpoint_offsets),
-            opt(summary), opt(segments), T, H, PASS=pass_, **common)
+        items = num_seqs * H if pass_ == 0 else segments.shape[0] * H
+        nv = (V + K if pass_ == 1 else V) // BV
+        flags = None  # past the grid's second axis (65535 items): Triton's two launches
+        if items <= _MAX_GRID_Y:
+            flags = torch.empty(items * nv, device=v.device, dtype=torch.int32)
+            chunk_kda_recurrent_ws_kernel[(nv, items)](
+                *descs, o, gamma, opt(initial_state), opt(final_state), flags,
+                opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(state_indices),
+                opt(checkpoint_offsets), opt(summary), opt(segments), T, H, PASS=pass_, NV=nv,
+                **common)
         # the redo, always launched: its programs read their flag and only the flagged run
         # (no host sync, so a CUDA graph captures the call; a launch of exits otherwise)
         chunk_kda_recurrent(v, w, qg, kend, klo, ainv, mqk, gamma,

@@ -11,7 +11,7 @@ __all__ = ["KernelConfig", "DEFAULT_CONFIG"]
 
 _DOTS = ("auto", "fp16", "tf32")
 _GUARDS = ("auto", "inline", "launch")
-_STAGE2 = ("triton", "gluon")
+_STAGE2 = ("auto", "triton", "gluon")
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,11 @@ class KernelConfig:
     ``fp16_guard``: where the fp16 guard's redo runs — ``"inline"`` (in the same launch; its
     code costs registers), ``"launch"`` (a second launch of only the programs the first
     flagged) or ``"auto"`` (``launch_plan.fp16_guard``). Both give the same bits.
-    ``stage2``: the recurrent passes by the Triton kernel (``"triton"``) or by the
-    warp-specialized Gluon prototype (``"gluon"``, ``chunk_recurrent_ws.py``: fp16 products,
-    K 64 or 128, V a multiple of 64, on a GPU; elsewhere Triton's). ``stage2`` is an inference
-    choice: a training step (``chunk_kda`` with gradients) runs the default.
+    ``stage2``: the recurrent passes by the Triton kernel (``"triton"``), by the
+    warp-specialized Gluon kernel (``"gluon"``, ``chunk_recurrent_ws.py``: fp16 products,
+    K 64 or 128, V a multiple of 64, on a Hopper GPU; elsewhere Triton's), or ``"auto"``
+    (the launch plan's choice: ``launch_plan.GLUON_COST``). On the same plan both give the
+    same bits; the plan's segment length can differ with the kernel.
     """
 
     dot: str = "auto"
@@ -40,7 +41,7 @@ class KernelConfig:
     prepare_warps: int | None = None
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
-    stage2: str = "triton"
+    stage2: str = "auto"
 
     def __post_init__(self):
         if self.dot not in _DOTS:

@@ -40,6 +40,7 @@ class StepCost:
     full_shared: float
     summary_alone: float
     summary_shared: float
+    kernel: str = "triton"
 
 
 # Measured (the run: docs/kernels.md "Launch plan"), K = V = 128, fp16 products: BV = 64 on 4 warps
@@ -54,6 +55,17 @@ STEP_COSTS = (
     StepCost(128, 8, 1, full_alone=1.15, full_shared=1.15, summary_alone=0.78,
              summary_shared=0.78),
 )
+# The Gluon stage 2 (chunk_recurrent_ws.py: BV 64, a loader warp and one compute warpgroup,
+# two programs an SM), from the grid's candidate run (the default and it in one process): its
+# call's time less the Triton plan's estimate of its stage 2 gives 0.55 µs a step alone (T =
+# 8192, H = 64), 1.21 shared (varlen 1024 x 8 and B = 8, T = 4096, H = 32); summary steps
+# scaled by the Triton kernel's summary/full ratio (not measured alone).
+GLUON_COST = StepCost(64, 4, 2, full_alone=0.55, full_shared=1.21, summary_alone=0.37,
+                      summary_shared=0.82, kernel="gluon")
+#: the Gluon path's host time above the Triton path's a call (its tensor descriptors and the
+#: guard's always-launched redo): at T = 1024, H = 16 a call took 0.416 ms with it and 0.121
+#: without; a stage estimated below it waits on the host
+GLUON_HOST_US = 300.0
 COMBINE_STEP_US = 3.0  # one segment of the combine (the whole M^T in registers; estimated)
 LAUNCH_US = 8.0        # one more launch (host and device)
 SEGMENT_CHUNKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -65,13 +77,15 @@ MIN_GAIN = 0.85
 class LaunchPlan:
     """What ``chunk_kda_fwd`` launches: the recurrent stage's value block and warps, stage 1's
     warps, the segment length in chunks (0: one serial pass per
-    sequence), and the model's estimate of the recurrent stage (µs)."""
+    sequence), the model's estimate of the recurrent stage (µs), and its kernel
+    (``"triton"``, or ``"gluon"``: chunk_recurrent_ws.py, whose tile is BV 64 on 4 warps)."""
 
     block_v: int
     num_warps: int
     prepare_warps: int
     segment_chunks: int
     estimate_us: float = float("nan")
+    stage2: str = "triton"
 
 
 def default_prepare_warps(K: int) -> int:
@@ -124,8 +138,9 @@ def estimate_us(n_chunks, H: int, K: int, V: int, cost: StepCost, segment_chunks
     return t1 + tc + t2 + 2 * LAUNCH_US
 
 
-def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None):
-    """The program shapes to consider: the measured ones that fit V (and the given values);
+def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None, gluon: str):
+    """The program shapes to consider: the measured ones that fit V (and the given values),
+    the Gluon kernel's where ``gluon`` is "yes" or "only" (then alone) and K, V suit it;
     below V = 64 one block of all V columns, above K = 128 eight warps (the state S^T of
     64 x 256 fp32 would spill on four); a shape without figures gets the nearest one's,
     scaled by its rows."""
@@ -133,8 +148,11 @@ def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None):
         ref = STEP_COSTS[0]
         return [StepCost(64, 8, 1, ref.full_alone, ref.full_alone, ref.summary_alone,
                          ref.summary_alone)]
-    costs = [c for c in STEP_COSTS if c.block_v <= V and block_v in (None, c.block_v)
-             and num_warps in (None, c.num_warps)]
+    given = [c for c in STEP_COSTS + (GLUON_COST,) if c.block_v <= V
+             and block_v in (None, c.block_v) and num_warps in (None, c.num_warps)]
+    costs = [c for c in given if c.kernel == "triton" and gluon != "only"]
+    if gluon != "no" and K in (64, 128) and V % 64 == 0:
+        costs += [c for c in given if c.kernel == "gluon"]
     if costs:
         return costs
     ref = STEP_COSTS[0]
@@ -148,16 +166,19 @@ def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None):
 def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
                 block_v: int | None = None, num_warps: int | None = None,
                 prepare_warps: int | None = None,
-                segment_chunks: int | None = None) -> LaunchPlan:
+                segment_chunks: int | None = None, gluon: str = "no") -> LaunchPlan:
     """The launch plan for sequences of ``n_chunks`` chunks (16 tokens) each, ``H`` heads,
     head dims K and V, on a GPU of ``sms`` multiprocessors. Given values are kept; ``None``
     ones are chosen by the cost model above. Sequence parallelism needs K <= 128 (the
-    combine holds a segment's K x K transition in registers)."""
+    combine holds a segment's K x K transition in registers). ``gluon``: whether the Gluon
+    stage 2 may run ("yes": the model chooses, "only": it runs wherever K and V suit it,
+    "no"); the caller says whether the call suits it otherwise (a Hopper GPU, fp16 products).
+    Its estimate is at least ``GLUON_HOST_US``: below that the call waits on the host."""
     if segment_chunks and K > 128:
         raise ValueError(f"config.segment_chunks={segment_chunks}: the sequence-parallel pass "
                          f"needs K <= 128, got K={K}")
     pw = prepare_warps or default_prepare_warps(K)
-    costs = _candidates(K, V, block_v, num_warps)
+    costs = _candidates(K, V, block_v, num_warps, gluon)
     if K > 128 or (segment_chunks is not None):
         lengths = [0 if K > 128 else segment_chunks or 0]
     else:
@@ -165,15 +186,17 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
         lengths = [0] + [L for L in SEGMENT_CHUNKS if 2 * L <= longest]
     best = None
     for cost in costs:
+        host = GLUON_HOST_US if cost.kernel == "gluon" else 0.0
         serial = estimate_us(n_chunks, H, K, V, cost, 0, sms)
         for L in lengths:
             t = estimate_us(n_chunks, H, K, V, cost, L, sms)
             if L > 0 and segment_chunks is None and t > MIN_GAIN * serial:
                 continue  # a split must clearly win: it adds passes and roundings
+            t = max(t, host)
             if best is None or t < best[0]:
                 best = (t, cost, L)
     t, cost, L = best
-    return LaunchPlan(cost.block_v, cost.num_warps, pw, L, t)
+    return LaunchPlan(cost.block_v, cost.num_warps, pw, L, t, cost.kernel)
 
 
 def fp16_guard(plan: LaunchPlan) -> str:
