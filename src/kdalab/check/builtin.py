@@ -26,7 +26,7 @@ def _interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def _kdalab(dot: str, stage2: str = "triton") -> KernelAdapter:
+def _kdalab(dot: str, stage2: str = "auto") -> KernelAdapter:
     # chunk_kda_fwd and kda_decode take the convention's gates as they are: the raw gate with a
     # lower bound or None (fla's softplus gate), and gate="log_decay"
     def kdalab_kernel(q, k, v, g, beta, *, use_qk_l2norm=True, **kw):
@@ -47,8 +47,8 @@ def _kdalab(dot: str, stage2: str = "triton") -> KernelAdapter:
                                  config=kernels.KernelConfig(dot=dot, stage2=stage2),
                                  **kw)
 
-    # Gluon (stage2="gluon") has no interpreter: the GPU only
-    devices = ("cuda", "cpu") if _interpreting() and stage2 == "triton" else ("cuda",)
+    # Gluon (stage2="gluon") has no interpreter: the GPU only ("auto" plans Triton there)
+    devices = ("cuda", "cpu") if _interpreting() and stage2 != "gluon" else ("cuda",)
     return KernelAdapter(kdalab_kernel, devices=devices, requires=("kdalab.kernels",),
                          other_layout={"state_layout": "VK"}, decode=kdalab_decode,
                          grad_fn=kdalab_chunk_kda,
