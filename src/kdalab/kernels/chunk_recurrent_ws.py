@@ -34,6 +34,8 @@ and shares the Triton kernel's MMA layouts, which is what lets the two agree bit
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -324,12 +326,18 @@ _MAX_GRID_Y = 65535
 _GL = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16, torch.float32: gl.float32}
 
 
+@functools.lru_cache(maxsize=None)
+def _smem_layout(block: tuple, dtype: torch.dtype):
+    """The shared-memory layout of a ``block`` box (a value: built once, half the wrapper's
+    host time before it was cached)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL[dtype])
+
+
 def _desc(x, block):
     """A TMA descriptor of the 2D tensor ``x`` with ``block``-sized boxes."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layout = gl.NVMMASharedLayout.get_default_for(block, _GL[x.dtype])
-    return TensorDescriptor.from_tensor(x, block, layout)
+    return TensorDescriptor.from_tensor(x, block, _smem_layout(tuple(block), x.dtype))
 
 
 def applies(v, ops, dot: str) -> bool:
