@@ -56,16 +56,20 @@ STEP_COSTS = (
              summary_shared=0.78),
 )
 # The Gluon stage 2 (chunk_recurrent_ws.py: BV 64, a loader warp and one compute warpgroup,
-# two programs an SM), from the grid's candidate run (the default and it in one process): its
-# call's time less the Triton plan's estimate of its stage 2 gives 0.55 µs a step alone (T =
-# 8192, H = 64), 1.21 shared (varlen 1024 x 8 and B = 8, T = 4096, H = 32); summary steps
-# scaled by the Triton kernel's summary/full ratio (not measured alone).
-GLUON_COST = StepCost(64, 4, 2, full_alone=0.55, full_shared=1.21, summary_alone=0.37,
-                      summary_shared=0.82, kernel="gluon")
-#: the Gluon path's host time above the Triton path's a call (its tensor descriptors and the
-#: guard's always-launched redo): at T = 1024, H = 16 a call took 0.416 ms with it and 0.121
-#: without; a stage estimated below it waits on the host
-GLUON_HOST_US = 300.0
+# two programs an SM), as ratios to the Triton kernel's stage 2 in the same H200 runs (each
+# call's time less stage 1's; docs/kernels.md "Launch plan"): 0.66x the BV-64 step alone (T =
+# 8192, H = 64), 0.78-0.83x a BV-128 step's SM time shared (B = 8, T = 4096, H = 32; B = 16,
+# T = 1024, H = 32; varlen 512 x 16 and 1024 x 8 at H = 64); summary steps at the Triton
+# summary/full ratio, which makes 256-chunk segments the choice at T = 131072, H = 8 (2.285 ms
+# against 2.469 with 1024 and the Triton plan's 2.478).
+GLUON_COST = StepCost(64, 4, 2, full_alone=0.64, full_shared=0.93, summary_alone=0.44,
+                      summary_shared=0.63, kernel="gluon")
+#: a call through the Gluon kernel takes at least this long (µs; host time: its tensor
+#: descriptors, two launches a pass): 0.30-0.58 ms measured where its GPU work was under 0.25
+#: ms (T = 1024 H = 16, T = 2048 H = 32, T = 4096 H = 8 with states), so the plan weighs the
+#: whole call, stage 1 (``STAGE1_NS`` a token-head) and stage 2, against it
+GLUON_CALL_US = 600.0
+STAGE1_NS = 0.8
 COMBINE_STEP_US = 3.0  # one segment of the combine (the whole M^T in registers; estimated)
 LAUNCH_US = 8.0        # one more launch (host and device)
 SEGMENT_CHUNKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -173,7 +177,8 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
     combine holds a segment's K x K transition in registers). ``gluon``: whether the Gluon
     stage 2 may run ("yes": the model chooses, "only": it runs wherever K and V suit it,
     "no"); the caller says whether the call suits it otherwise (a Hopper GPU, fp16 products).
-    Its estimate is at least ``GLUON_HOST_US``: below that the call waits on the host."""
+    Its estimate is at least ``GLUON_CALL_US`` less stage 1's: below that the call waits on
+    the host."""
     if segment_chunks and K > 128:
         raise ValueError(f"config.segment_chunks={segment_chunks}: the sequence-parallel pass "
                          f"needs K <= 128, got K={K}")
@@ -185,8 +190,9 @@ def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
         longest = max(n_chunks, default=0)
         lengths = [0] + [L for L in SEGMENT_CHUNKS if 2 * L <= longest]
     best = None
+    stage1 = STAGE1_NS * 1e-3 * CHUNK * H * sum(n_chunks)
     for cost in costs:
-        host = GLUON_HOST_US if cost.kernel == "gluon" else 0.0
+        host = GLUON_CALL_US - stage1 if cost.kernel == "gluon" else 0.0
         serial = estimate_us(n_chunks, H, K, V, cost, 0, sms)
         for L in lengths:
             t = estimate_us(n_chunks, H, K, V, cost, L, sms)
