@@ -57,7 +57,8 @@ STEP_COSTS = (
 )
 # The Gluon stage 2 (chunk_recurrent_ws.py: BV 64, a loader warp and one compute warpgroup,
 # two programs an SM), as ratios to the Triton kernel's stage 2 in the same H200 runs (each
-# call's time less stage 1's; docs/kernels.md "Launch plan"): 0.66x the BV-64 step alone (T =
+# call's time less stage 1's; benchmarks/results/raw/logs/explore_31e02c3.json, grid_31e02c3.json
+# and grid_gluon_order.json): 0.66x the BV-64 step alone (T =
 # 8192, H = 64), 0.78-0.83x a BV-128 step's SM time shared (B = 8, T = 4096, H = 32; B = 16,
 # T = 1024, H = 32; varlen 512 x 16 and 1024 x 8 at H = 64); summary steps at the Triton
 # summary/full ratio, which makes 256-chunk segments the choice at T = 131072, H = 8 (2.285 ms
