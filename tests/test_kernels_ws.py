@@ -380,3 +380,33 @@ def test_gpu_ws_fp16_guard_redo_is_bit_causal(P, monkeypatch):
     assert torch.equal(o, to) and torch.equal(s, ts)
     ro, rs = reference_forward(q, k, big, g, beta, **args)
     assert _err(o[:, :, 2], ro[:, :, 2]) < TOL_BF16_GPU and _err(s[:, 2], rs[:, 2]) < TOL_FP32
+
+
+def test_auto_plans_triton_off_hopper():
+    # stage2="auto" considers the Gluon kernel only with fp16 products on a Hopper GPU: on the
+    # CPU (the interpreter), with tf32 products, or forced to Triton, the plan is Triton's
+    from kdalab.kernels import api
+    from kdalab.kernels.tables import fixed_sequences
+
+    seqs = fixed_sequences(torch.device("cpu"), 1, 8192)
+    for dot, config in (("fp16", KernelConfig()), ("tf32", KernelConfig()),
+                        ("fp16", KernelConfig(stage2="triton"))):
+        assert api._gluon(seqs, dot, config) == "no"
+
+
+@gpu
+def test_gpu_default_config_plans_gluon_and_keeps_tritons_bits(monkeypatch):
+    # the default config at T 8192 H 64 (the grid's serial shape): the plan takes the Gluon
+    # kernel (BV 64, serial), and its call equals the Triton kernel's on the same plan
+    from kdalab.kernels import api
+    from kdalab.kernels.tables import fixed_sequences
+
+    seqs = fixed_sequences(torch.device("cuda"), 1, 8192)
+    assert api._gluon(seqs, "fp16", KernelConfig()) == "yes"
+    calls = _spy(monkeypatch)
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 8192, 64, 128, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True)
+    o, s = chunk_kda_fwd(q, k, v, g, beta, **args)
+    assert len(calls) == 1
+    to, ts = chunk_kda_fwd(q, k, v, g, beta, **args, config=TRITON)
+    assert len(calls) == 1 and torch.equal(o, to) and torch.equal(s, ts)
