@@ -61,8 +61,8 @@ STEP_COSTS = (
 # and grid_gluon_order.json): 0.66x the BV-64 step alone (T =
 # 8192, H = 64), 0.78-0.83x a BV-128 step's SM time shared (B = 8, T = 4096, H = 32; B = 16,
 # T = 1024, H = 32; varlen 512 x 16 and 1024 x 8 at H = 64); summary steps at the Triton
-# summary/full ratio, which makes 256-chunk segments the choice at T = 131072, H = 8 (2.285 ms
-# against 2.469 with 1024 and the Triton plan's 2.478).
+# summary/full ratio (not measured alone). At T = 131072, H = 8 the model then takes segments
+# of 512 chunks, not timed with Gluon (256: 2.285 ms, 1024: 2.469; the Triton plan 2.478).
 GLUON_COST = StepCost(64, 4, 2, full_alone=0.64, full_shared=0.93, summary_alone=0.44,
                       summary_shared=0.63, kernel="gluon")
 #: a call through the Gluon kernel takes at least this long (µs; host time: its tensor
