@@ -1,4 +1,5 @@
-"""Stage 2 as a warp-specialized Gluon kernel (issue 43, a prototype beside ``chunk_recurrent``).
+"""Stage 2 as a warp-specialized Gluon kernel (issue 43), beside ``chunk_recurrent``; the launch
+plan chooses between them (``launch_plan.GLUON_COST``, ``KernelConfig.stage2``).
 
 The recurrence of ``chunk_recurrent.py`` (module docstring there), with the operands of every
 chunk brought into shared memory by TMA from a loader warp that runs ``NUM_STAGES`` chunks ahead
@@ -13,17 +14,18 @@ as register operands in fp16, W, QG, KEND, KLO, AINV, MQK straight from shared m
 
 the products, operand types and order of ``chunk_step`` (fp16 operands, fp32 accumulation).
 
-Scope of the prototype: the serial pass (one program a sequence, head and value block: fixed
-length, any T, or varlen, longest first), fp16 products with the guard's first launch
-(``FLAG`` 1 of ``chunk_recurrent``: a program whose end state is not finite writes its flag and
-no final state; ``chunk_recurrent``'s second launch redoes it), the pool (``state_indices``) and
-checkpoints every ``CKC`` chunks: a chunk's outputs and the checkpoint of the state entering the
-next one are written to shared memory while the next chunk's first products run, and leave by
-TMA stores awaited only before their tile is written again. A chunk that ends a sequence
-early reads the next sequence's rows (a TMA box does not stop there): its V^T and U^T columns
-and its KEND and KLO rows past the end are zeroed (in registers; in shared memory), which is
-what the Triton kernel's masked loads give (the other operands' rows there meet zeros of these,
-and come from this sequence's own chunk), and its outputs are stored through pointers.
+Scope: ``chunk_recurrent``'s passes, serial and split (one program a sequence or segment, head
+and value block: fixed length, any T, or varlen, longest first), fp16 products with the guard's
+first launch (``FLAG`` 1 of ``chunk_recurrent``: a program whose end state is not finite writes
+its flag and no final state; ``chunk_recurrent``'s second launch redoes it), the pool
+(``state_indices``) and checkpoints every ``CKC`` chunks: a chunk's outputs and the checkpoint
+of the state entering the next one are written to shared memory while the next chunk's first
+products run, and leave by TMA stores awaited only before their tile is written again. A chunk
+that ends a sequence early reads the next sequence's rows (a TMA box does not stop there): its
+V^T and U^T columns and its KEND and KLO rows past the end are zeroed (in registers; in shared
+memory), which is what the Triton kernel's masked loads give (the other operands' rows there
+meet zeros of these, and come from this sequence's own chunk), and its outputs are stored
+through pointers.
 
 Gluon has no interpreter: CI compiles it for sm_90a (``tests/test_kernels_ws.py``); the GPU
 tests hold it to the Triton kernel's outputs. Why Gluon and not NVIDIA's CuTe DSL
@@ -341,7 +343,7 @@ def _desc(x, block):
 
 
 def applies(v, ops, dot: str) -> bool:
-    """Whether the prototype runs this call's serial pass (``ops``: stage 1's): fp16 products,
+    """Whether the Gluon kernel runs this call's serial pass (``ops``: stage 1's): fp16 products,
     K 64 or 128, V a multiple of 64, v contiguous, not empty, bf16 or fp16 on a Hopper GPU
     (sm_90: wgmma; Gluon has no interpreter)."""
     w = ops[0]
@@ -360,7 +362,7 @@ def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_sta
     """``chunk_kda_recurrent`` (its arguments, its passes) by ``chunk_kda_recurrent_ws_kernel``
     with fp16 products, then the guard's redo of the programs it flagged by
     ``chunk_recurrent``'s second launch (tf32 from the first chunk whose fp16 step is not
-    finite; a summary wholly). The tile is the prototype's own, 64 value rows on one
+    finite; a summary wholly). The tile is the kernel's own, 64 value rows on one
     warpgroup and a loader warp (``block_v``, ``num_warps`` are the Triton plan's: ignored);
     ``guard`` is always the second launch. Returns o."""
     from .chunk_recurrent import chunk_kda_recurrent
