@@ -289,15 +289,15 @@ def explore_configs(shape):
     configs.update({
         "prep_w4": KernelConfig(prepare_warps=4),
         "bv128_w8": KernelConfig(block_v=128, num_warps=8, stage2="triton"),
-        # the serial pass in the Triton kernel's BV 64 form and by the Gluon prototype
-        # (kernels/chunk_recurrent_ws.py; Triton's where the prototype does not apply)
+        # the serial pass in the Triton kernel's BV 64 form and by the Gluon kernel
+        # (kernels/chunk_recurrent_ws.py; Triton's where it does not apply)
         "serial_bv64": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
                                     stage2="triton"),
         "serial_gluon": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
                                      stage2="gluon"),
         "plan_gluon": KernelConfig(stage2="gluon"),
     })
-    for L in (64, 256, 1024):  # the prototype's own passes may want other segment lengths
+    for L in (64, 256, 1024):  # the Gluon kernel's passes may want other segment lengths
         if 2 * L <= n_chunks:
             configs[f"L{L}_gluon"] = KernelConfig(segment_chunks=L, stage2="gluon")
     return configs

@@ -203,6 +203,10 @@ def _grid_json(path: Path) -> dict:
     return {"info": infos[-1], "grid": [r for r in lines if "kdalab_ms" in r], "cut_off": True}
 
 
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in values) / len(values))
+
+
 def alt_doc(paths: list[Path]) -> dict:
     """kernel_candidates_h200.json from grid runs with ``--alt`` (one candidate KernelConfig
     each): a row a candidate, the geometric mean over the shapes of the default's time over
@@ -211,7 +215,7 @@ def alt_doc(paths: list[Path]) -> dict:
     for path in paths:
         doc = _grid_json(path)
         grid = [r for r in doc["grid"] if "alt_over_default" in r]
-        geo = math.exp(sum(math.log(r["alt_over_default"]) for r in grid) / len(grid))
+        geo = _geomean([r["alt_over_default"] for r in grid])
         per = ", ".join(f"{r['shape']} {r['kdalab_ms']:.3f} -> {r['kdalab_alt_ms']:.3f} ms "
                         f"({r['alt_over_default']:.3f}x)" for r in grid)
         rows.append({"target": f"candidate {doc['alt']}: the default's time over its "
@@ -250,7 +254,7 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
         rows.append({"target": f"{r['shape']}: best peer / kdalab", "value": round(r["ratio"], 3),
                      "unit": "x", "note": times})
     slowest = min(grid, key=lambda r: r["ratio"])
-    geomean = math.exp(sum(math.log(r["ratio"]) for r in grid) / len(grid))
+    geomean = _geomean([r["ratio"] for r in grid])
     rows.append({"target": f"geometric mean over the grid ({len(grid)} shapes)",
                  "value": round(geomean, 3), "unit": "x",
                  "note": f"slowest {slowest['shape']} {slowest['ratio']:.3f}x"})

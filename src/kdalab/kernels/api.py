@@ -51,14 +51,14 @@ def _gluon(seqs: Sequences, dot: str, config: KernelConfig) -> str:
 
 def plan_for(seqs: Sequences, p: Problem, config: KernelConfig, dot: str = "fp16") -> LaunchPlan:
     """The launch plan of a call (cached with its sequence tables)."""
-    gluon = _gluon(seqs, dot, config)
-    key = (p.H, p.K, p.V, config, gluon)
+    key = (p.H, p.K, p.V, config, dot)
     plan = seqs.plans.get(key)
     if plan is None:
         plan = plan_launch(seqs.n_chunks, p.H, p.K, p.V, _sm_count(seqs.device),
                            block_v=config.block_v, num_warps=config.num_warps,
                            prepare_warps=config.prepare_warps,
-                           segment_chunks=config.segment_chunks, gluon=gluon)
+                           segment_chunks=config.segment_chunks,
+                           gluon=_gluon(seqs, dot, config))
         seqs.plans[key] = plan
     return plan
 

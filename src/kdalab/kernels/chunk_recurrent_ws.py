@@ -343,12 +343,12 @@ def _desc(x, block):
 
 
 def applies(v, ops, dot: str) -> bool:
-    """Whether the Gluon kernel runs this call's serial pass (``ops``: stage 1's): fp16 products,
-    K 64 or 128, V a multiple of 64, v contiguous, not empty, bf16 or fp16 on a Hopper GPU
-    (sm_90: wgmma; Gluon has no interpreter)."""
+    """Whether the Gluon kernel runs this call's passes (``ops``: stage 1's), where the plan
+    chose it: fp16 products, K 64 or 128, V a multiple of 64, v contiguous, not empty, bf16 or
+    fp16 on the GPU (Gluon has no interpreter). The device's kind (Hopper: wgmma) is the
+    plan's to check (``api._gluon``), once a plan."""
     w = ops[0]
     return (w.dtype == torch.float16 and v.is_cuda
-            and torch.cuda.get_device_capability(v.device)[0] == 9
             and v.numel() > 0 and dot == "fp16" and w.shape[-1] in (64, 128)
             and v.shape[-1] % 64 == 0 and v.dtype in (torch.bfloat16, torch.float16)
             and v.is_contiguous())
