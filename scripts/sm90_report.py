@@ -141,6 +141,7 @@ def kdalab_rows(only: str | None = None):
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
     from kdalab.kernels.chunk_recurrent_bwd import (
         chunk_kda_bwd_blocks_kernel,
+        chunk_kda_bwd_dv_kernel,
         chunk_kda_bwd_recurrent_kernel,
     )
     from kdalab.kernels.chunk_recurrent_ws import chunk_kda_recurrent_ws_kernel
@@ -266,12 +267,21 @@ def kdalab_rows(only: str | None = None):
                                "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr", "dainv_ptr",
                                "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",
                                "part_gam", "part_cc", "H")}
-    for bv, nw, h0 in ((128, 8, True), (128, 8, False), (64, 4, True)):
+    for bv, nw, h0, dv in ((128, 8, True, True), (128, 8, False, True), (64, 4, True, True),
+                           (128, 8, True, False), (128, 8, False, False)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=h0, STORE_DH0=h0,
-                  STATE_VK=False)
+                  STATE_VK=False, DV=dv)
         ns = blocks_kernel_stages(h0)  # as the launcher picks them
         yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=ns,
-                    label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}")
+                    label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}"
+                          + ("" if dv else " no dv"))
+    # dV and dAINV in a kernel of their own (autograd.BWD_MODE["dv_kernel"])
+    for varlen in (False, True):
+        yield timed(chunk_kda_bwd_dv_kernel, dict(
+            v_ptr="*bf16", du_ptr="*fp32", ainv_ptr="*fp16", dv_ptr="*bf16", dainv_ptr="*fp32",
+            chunk_table_ptr="*i32", T="i32", H="i32", part_cc="i32"),
+            dict(V=128, BT=16, BV=128, IS_VARLEN=varlen), num_warps=4,
+            label="bwd dv BV128 w4" + (" varlen" if varlen else ""))
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",

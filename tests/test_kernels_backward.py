@@ -413,6 +413,28 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
 
 
 @interp
+def test_interp_dv_kernel_gives_the_blocks_kernels_bits(monkeypatch):
+    # dV and dAINV by their own chunk-parallel kernel (BWD_MODE["dv_kernel"]): the same
+    # products on the same operands, the same value blocks' partial sums, so the same bits
+    # as the blocks kernel's, on a packed batch with an empty sequence and a ragged tail,
+    # grouped heads, two value blocks and a segmented plan
+    from kdalab.kernels import autograd
+
+    for shape, config in (((1, 150, 2, 4, 2, 32, 32, [0, 0, 70, 71, 150]),
+                           KernelConfig(block_v=16)),
+                          ((2, 37, 1, 2, 1, 16, 16, None), KernelConfig(segment_chunks=4))):
+        *dims, cu = shape
+        x, kw = _case(*dims, cu=cu)
+        do, dht = _probes(x, kw)
+        monkeypatch.setitem(autograd.BWD_MODE, "dv_kernel", 0)
+        want = _grads(x, kw, _kernel(config), do, dht)
+        monkeypatch.setitem(autograd.BWD_MODE, "dv_kernel", 1)
+        got = _grads(x, kw, _kernel(config), do, dht)
+        assert all(torch.equal(got[n], want[n]) for n in want), [
+            n for n in want if not torch.equal(got[n], want[n])]
+
+
+@interp
 def test_interp_checkpoints_take_no_gradient():
     # the op's third output, the states kept for the backward, is not differentiable, so
     # autograd makes no zero gradient of its size for the backward (T/64 · H · K · V fp32:

@@ -41,7 +41,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: against Triton's 255 and 3 stages: 0.87x at T 8192 H 64 and T 4096 H 16, 0.86x at B 8
 #: T 4096 H 32, 0.94x at T 1024 H 16; a cap of 128 alone 1.17-1.25x, 168 alone 0.99x
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1)
+                prep_stages=1, dv_kernel=0)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -163,7 +163,9 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, blocks=blocks,
                                   block_offsets=block_offsets, segments=segments,
                                   ds_block_v=BWD_MODE["ds_block_v"] or None,
-                                  blocks_stages=BWD_MODE["blocks_stages"] or None)
+                                  blocks_stages=BWD_MODE["blocks_stages"] or None,
+                                  dv_kernel=bool(BWD_MODE["dv_kernel"]),
+                                  chunk_table=seqs.chunk_table)
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)

@@ -16,8 +16,7 @@ and the gradients of stage 1's operands, sums over the value columns:
     dγ = Σ_v S ⊙ dS'                                [K]
     dMQK = tril(dO U^T),  dAINV = tril(dU V^T)      [16, 16]
 
-Two kernels, so that one state is live at a time (one kernel holding S and dS spilled 2.4 KB
-a thread on sm_90a and ran a serial chain; docs/training.md):
+Two kernels, so that one state is live at a time (docs/training.md), and an optional third:
 
 1. ``chunk_kda_bwd_recurrent_kernel``: the dS recurrence alone (four products a chunk; it
    needs no forward state), storing each chunk's dU^T and the gradient after every 64-token
@@ -29,11 +28,11 @@ a thread on sm_90a and ran a serial chain; docs/training.md):
 2. ``chunk_kda_bwd_blocks_kernel``: every 64-token block in parallel from its checkpoint
    (the forward keeps the state every ``CKC`` chunks, fp32) and its ``ends`` gradient:
    forward through the block (S live; each chunk's S and U to the program's scratch, dQG,
-   dW), then backward (dS live; dKEND, dγ, dV, dMQK, dAINV).
+   dW, dMQK, dV, dAINV), then backward (dS live; dKEND, dγ).
+3. ``chunk_kda_bwd_dv_kernel`` (``dv_kernel``): dV and dAINV instead, chunk-parallel.
 
-A program owns BV value columns and all K; with several value blocks (V > BV) the sums over
-value columns are partial, one per block, and added on the host (a deterministic sum, no
-atomics).
+A program owns BV value columns and all K; the sums over value columns are partial, one per
+value block, added on the host (a deterministic sum, no atomics).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .chunk_combine import chunk_kda_combine
-from .indexing import program_rows, segment_of_program
+from .indexing import chunk_of_program, program_rows, segment_of_program
 from .launch_plan import (
     blocks_kernel_stages,
     ds_value_block,
@@ -97,19 +96,15 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 
 @triton.jit
 def _mm(a, b, DT: tl.constexpr):
-    """a @ b with ``DT`` operands (fp32: tf32 products), fp32 accumulation. On the H200 a tf32
-    tl.dot can truncate fp32 operands to 10 bits (triton issue 4574); rounding them first (bit
-    operations) cut dβ on the worst hunt case from 0.26 to 0.017 (emulated) but cost the
-    reverse pass 75 % (2.81 against 1.6 ms at T 4096, H 16) and faulted (illegal address) at
-    K = 64 under triton 3.6: measured at 23bc46c and removed (docs/training.md)."""
+    """a @ b with ``DT`` operands (fp32: tf32 products, which the H200 truncates to 10 bits:
+    docs/training.md "Precision"), fp32 accumulation."""
     return tl.dot(a.to(DT), b.to(DT), input_precision="tf32")
 
 
 @triton.jit
 def _mm_pair(a, b1, b2, DT: tl.constexpr):
-    """(a @ b1, a @ b2) for [M, N] ``b1``, ``b2`` as one product with b1 and b2 side by side
-    ([M, 2N]), ``a`` staged for the tensor cores once: the dS pass's dU 3-9 % faster, the
-    blocks kernel's dQG and dW 3-4.5 % slower so (docs/training.md)."""
+    """(a @ b1, a @ b2) as one product with b1 and b2 side by side, ``a`` staged once (the dS
+    pass's dU 3-9 % faster; the blocks kernel's dQG and dW slower so: docs/training.md)."""
     N: tl.constexpr = b1.shape[1]
     b = tl.reshape(tl.permute(tl.join(b1, b2), (0, 2, 1)), [b1.shape[0], 2 * N])
     r = tl.permute(tl.reshape(_mm(a, b, DT), [a.shape[0], 2, N]), (0, 2, 1))
@@ -204,6 +199,34 @@ def chunk_kda_bwd_recurrent_kernel(
 
 
 @triton.jit
+def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_table_ptr, T, H,
+                            part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
+                            IS_VARLEN: tl.constexpr):
+    """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
+    state-free products taken out of it (``DV`` False); partial sums by ``BV`` as its own."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
+    o_r = tl.arange(0, BT)
+    rows = row0 + o_r
+    r_ok = rows < eos
+    cc = i_c.to(tl.int64) * H + i_h
+    ainv = tl.load(ainv_ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]).to(tl.float32)
+    tril = o_r[:, None] >= o_r[None, :]
+    for i_v in tl.static_range(0, (V + BV - 1) // BV):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m = (o_v < V)[:, None] & r_ok[None, :]
+        tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
+        dut = tl.load(du_ptr + tok, mask=m, other=0.0)
+        vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
+        dvt = tl.dot(dut, ainv, input_precision="tf32")
+        tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
+        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
+        tl.store(dainv_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :],
+                 dainv)
+
+
+@triton.jit
 def _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, v_ok, H,
                  K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
                  STATE_VK: tl.constexpr):
@@ -231,14 +254,14 @@ def chunk_kda_bwd_blocks_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
+    DV: tl.constexpr = True,
 ):
-    """Every 64-token block (and head, and value block) from its start state (its
-    checkpoint) and the gradient after it (pass 3's ``ends``), with every chunk's dU^T (pass
-    3's ``du``); no block waits for another. Forward through the block (S live): each chunk's
-    S^T and U^T to the program's scratch, dQG = dO S^T, dW = -dU S^T, and dV, dMQK, dAINV
-    (no state in them); then backward (dS live, from pass 3's expression): dKEND = U dS'^T and
-    dγ = Σ_v S ⊙ dS' (S read back from the scratch, elementwise). Programs are persistent
-    (the scratch is per running program), each looping over (block, head) items."""
+    """Every 64-token block (and head, and value block) from its checkpoint and pass 3's
+    ``ends`` and ``du``; no block waits for another. Forward through the block (S live):
+    each chunk's S^T and U^T to the program's scratch, dQG, dW, dMQK, and dV, dAINV unless
+    ``DV`` is False; then backward (dS live, by pass 3's expression): dKEND and dγ (S read
+    back from the scratch). Programs are persistent (the scratch is per running program),
+    each looping over (block, head) items."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -274,14 +297,17 @@ def chunk_kda_bwd_blocks_kernel(
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
             tl.store(scr_u + c * BV * BT, ut)
             # the products that need no state: here, where U is formed
-            dvt = tl.dot(dut, ainv, input_precision="tf32")
-            tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
+            if DV:
+                dvt = tl.dot(dut, ainv, input_precision="tf32")
+                tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
             tril = o_r[:, None] >= o_r[None, :]
             dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
-            dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
+            if DV:
+                dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
             o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
             tl.store(dmqk_ptr + o_cc, dmqk)
-            tl.store(dainv_ptr + o_cc, dainv)
+            if DV:
+                tl.store(dainv_ptr + o_cc, dainv)
             dqgt = _mm(tl.trans(Sd), dot_, DS)
             dwt = -_mm(tl.trans(Sd), dut, DS)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
@@ -345,10 +371,10 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
                             dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
                             block_v, num_warps, sms, seq_order, blocks, block_offsets,
                             segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None):
-    """Launch the reverse pass (module docstring). ``ops``: stage 1's (w, qg, kend, klo,
-    ainv, mqk, gamma); ``checkpoints``: the forward's states after every 64 tokens of each
-    sequence (fp32, ``pool.py``'s layout), ``checkpoint_offsets`` each sequence's first row;
+                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None,
+                            dv_kernel=False, chunk_table=None):
+    """Launch the reverse pass (module docstring). ``ops``: stage 1's; ``checkpoints``: the
+    forward's states after every 64 tokens (fp32, ``pool.py``'s), ``checkpoint_offsets``;
     ``dht``: the final state's gradient or None; ``blocks``, ``block_offsets``: the table of
     64-token segments (``Sequences.segments(CKC)``) and each sequence's first;
     ``segments``: ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else
@@ -357,10 +383,10 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the serial
     dS pass's value columns a program (a segmented plan takes ``block_v``; None:
     ``ds_value_block``'s choice; its warps scaled with it), ``blocks_stages``: the blocks
-    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s). Returns a
-    dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks,
-    H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0
-    (``initial_state``'s gradient, or None)."""
+    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s); ``dv_kernel``: dV, dAINV by
+    ``chunk_kda_bwd_dv_kernel`` (``chunk_table``: ``Sequences.chunk_table``). Returns a dict
+    of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K],
+    dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
@@ -404,6 +430,11 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
     items = n_blocks * H
     if items == 0:
         return out
+    if dv_kernel and num_chunks:
+        chunk_kda_bwd_dv_kernel[(num_chunks, H)](
+            v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
+            num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
+            IS_VARLEN=chunk_table is not None, num_warps=4)
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
@@ -414,6 +445,6 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], num_warps=num_warps,
+        DD=_TL[ds_dtype], DV=not dv_kernel, num_warps=num_warps,
         num_stages=blocks_stages or blocks_kernel_stages(initial_state is not None))
     return out
