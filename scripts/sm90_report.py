@@ -135,15 +135,15 @@ def kdalab_rows(only: str | None = None):
 
     import triton.language as tl
 
+    from kdalab.kernels.chunk_blocks_bwd import (
+        chunk_kda_bwd_blocks_kernel,
+        chunk_kda_bwd_dv_kernel,
+    )
     from kdalab.kernels.chunk_combine import chunk_kda_combine_kernel
     from kdalab.kernels.chunk_prepare import chunk_kda_prepare_kernel
     from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd_kernel
     from kdalab.kernels.chunk_recurrent import chunk_kda_recurrent_kernel
-    from kdalab.kernels.chunk_recurrent_bwd import (
-        chunk_kda_bwd_blocks_kernel,
-        chunk_kda_bwd_dv_kernel,
-        chunk_kda_bwd_recurrent_kernel,
-    )
+    from kdalab.kernels.chunk_recurrent_bwd import chunk_kda_bwd_recurrent_kernel
     from kdalab.kernels.chunk_recurrent_ws import chunk_kda_recurrent_ws_kernel
     from kdalab.kernels.launch_plan import blocks_kernel_stages
 
@@ -267,15 +267,19 @@ def kdalab_rows(only: str | None = None):
                                "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr", "dainv_ptr",
                                "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",
                                "part_gam", "part_cc", "H")}
-    for bv, nw, h0, dv in ((128, 8, True, True), (128, 8, False, True), (64, 4, True, True),
-                           (128, 8, True, False), (128, 8, False, False)):
+    # SPLIT (autograd.BWD_MODE["blocks_split"]) 0, 1 (dV and dAINV by the dV kernel) and 2
+    # (also the products with S and dS' from the scratch)
+    for bv, nw, h0, split, ns in ((128, 8, True, 0, 0), (128, 8, False, 0, 0),
+                                  (64, 4, True, 0, 0), (128, 8, True, 1, 0),
+                                  (128, 8, False, 1, 0), (128, 8, True, 2, 0),
+                                  (128, 8, False, 2, 0), (128, 8, False, 2, 1)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=h0, STORE_DH0=h0,
-                  STATE_VK=False, DV=dv)
-        ns = blocks_kernel_stages(h0)  # as the launcher picks them
+                  STATE_VK=False, SPLIT=split)
+        ns = ns or blocks_kernel_stages(h0)  # as the launcher picks them
         yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=ns,
                     label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}"
-                          + ("" if dv else " no dv"))
-    # dV and dAINV in a kernel of their own (autograd.BWD_MODE["dv_kernel"])
+                          + (f" split{split}" if split else ""))
+    # dV and dAINV in a kernel of their own (SPLIT 1 and 2)
     for varlen in (False, True):
         yield timed(chunk_kda_bwd_dv_kernel, dict(
             v_ptr="*bf16", du_ptr="*fp32", ainv_ptr="*fp16", dv_ptr="*bf16", dainv_ptr="*fp32",

@@ -413,11 +413,13 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
 
 
 @interp
-def test_interp_dv_kernel_gives_the_blocks_kernels_bits(monkeypatch):
-    # dV and dAINV by their own chunk-parallel kernel (BWD_MODE["dv_kernel"]): the same
-    # products on the same operands, the same value blocks' partial sums, so the same bits
-    # as the blocks kernel's, on a packed batch with an empty sequence and a ragged tail,
-    # grouped heads, two value blocks and a segmented plan
+def test_interp_blocks_split_gives_the_same_bits(monkeypatch):
+    # the blocks kernel split (BWD_MODE["blocks_split"]): 1, dV and dAINV by their own
+    # chunk-parallel kernel; 2, also the products with S and dS' in walks of their own from
+    # the scratch. The same products on the same operands (the scratch holds them in fp32)
+    # and the same value blocks' partial sums, so the same bits as the unsplit kernel's, on
+    # a packed batch with an empty sequence and a ragged tail, grouped heads, two value
+    # blocks, and a segmented plan with an initial state
     from kdalab.kernels import autograd
 
     for shape, config in (((1, 150, 2, 4, 2, 32, 32, [0, 0, 70, 71, 150]),
@@ -426,12 +428,13 @@ def test_interp_dv_kernel_gives_the_blocks_kernels_bits(monkeypatch):
         *dims, cu = shape
         x, kw = _case(*dims, cu=cu)
         do, dht = _probes(x, kw)
-        monkeypatch.setitem(autograd.BWD_MODE, "dv_kernel", 0)
+        monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", 0)
         want = _grads(x, kw, _kernel(config), do, dht)
-        monkeypatch.setitem(autograd.BWD_MODE, "dv_kernel", 1)
-        got = _grads(x, kw, _kernel(config), do, dht)
-        assert all(torch.equal(got[n], want[n]) for n in want), [
-            n for n in want if not torch.equal(got[n], want[n])]
+        for split in (1, 2):
+            monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", split)
+            got = _grads(x, kw, _kernel(config), do, dht)
+            assert all(torch.equal(got[n], want[n]) for n in want), (split, [
+                n for n in want if not torch.equal(got[n], want[n])])
 
 
 @interp
@@ -656,6 +659,28 @@ def test_gpu_two_optimizer_steps_match_fla():
     for n in runs["kdalab"]:
         a, b = runs["kdalab"][n].detach(), runs["fla"][n].detach()
         assert _err(a, b) < 1e-3, (n, _err(a, b))
+
+
+@gpu
+@pytest.mark.parametrize("split", [1, 2])
+def test_gpu_blocks_split_keeps_the_gradients(split, monkeypatch):
+    """The blocks kernel split (BWD_MODE["blocks_split"]) on the GPU: its products read S
+    and dS' from the scratch where the unsplit kernel converts them in registers, the same
+    fp32 operands, so the same gradients up to the order of the tensor cores' fp32 sums
+    (1e-5 relative leaves room for that; a product on a wrong operand gives 1e-2 and more);
+    with an initial state, on packed sequences and on a fixed-length batch."""
+    from kdalab.kernels import autograd
+
+    for shape, cu in (((1, 700, 4, 4, 4, 128, 128), [0, 0, 300, 301, 700]),
+                      ((2, 256, 2, 4, 2, 64, 128), None)):
+        x, kw = _case(*shape, cu=cu, device="cuda", dtype=torch.bfloat16)
+        do, dht = (t.cuda() for t in _probes(x, kw))
+        monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", 0)
+        want = _grads(x, kw, _kernel(), do, dht)
+        monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", split)
+        got = _grads(x, kw, _kernel(), do, dht)
+        errors = {n: _err(got[n].float(), want[n].float()) for n in want}
+        assert all(e < 1e-5 for e in errors.values()), errors
 
 
 @gpu

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from .api import _sm_count, chunk_kda_fwd, contiguous, forward_stage2, prepare
+from .chunk_blocks_bwd import chunk_kda_bwd_blocks
 from .chunk_prepare_bwd import chunk_kda_prepare_bwd
 from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
 from .config import DEFAULT_CONFIG, KernelConfig
@@ -41,7 +42,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: against Triton's 255 and 3 stages: 0.87x at T 8192 H 64 and T 4096 H 16, 0.86x at B 8
 #: T 4096 H 32, 0.94x at T 1024 H 16; a cap of 128 alone 1.17-1.25x, 168 alone 0.99x
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dv_kernel=0)
+                prep_stages=1, blocks_split=0)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -149,23 +150,23 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     # the reverse pass's tile: the config's (a recurrent program's value columns and warps)
     block_v = min(config.block_v or 128, V)
     sms = _sm_count(v.device)
-    common = dict(initial_state=h0, checkpoints=checkpoints,
-                  checkpoint_offsets=_offsets(seqs), dht=dht, state_vk=p.state_vk,
-                  cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
-                  seq_order=seqs.seq_order, num_seqs=p.num_seqs, num_chunks=seqs.num_chunks,
-                  block_v=block_v, num_warps=config.num_warps or 8,
-                  sms=sms,
-                  dh0_dtype=torch.float32, **BWD_PRODUCTS)
+    tile = dict(state_vk=p.state_vk, block_v=block_v, num_warps=config.num_warps or 8, sms=sms,
+                ds_dtype=BWD_PRODUCTS["ds_dtype"])
     blocks, block_offsets, _ = seqs.segments(CKC)
     segments = None
     if plan.segment_chunks > 0:  # segments of whole blocks
         segments = seqs.segments(-(-plan.segment_chunks // CKC) * CKC)
-    out = chunk_kda_bwd_recurrent(v, do, c.ops, **common, blocks=blocks,
-                                  block_offsets=block_offsets, segments=segments,
-                                  ds_block_v=BWD_MODE["ds_block_v"] or None,
-                                  blocks_stages=BWD_MODE["blocks_stages"] or None,
-                                  dv_kernel=bool(BWD_MODE["dv_kernel"]),
-                                  chunk_table=seqs.chunk_table)
+    du, ends = chunk_kda_bwd_recurrent(
+        do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
+        num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
+        block_offsets=block_offsets, segments=segments,
+        ds_block_v=BWD_MODE["ds_block_v"] or None, **tile)
+    out = chunk_kda_bwd_blocks(
+        v, do, c.ops, du, ends, initial_state=h0, checkpoints=checkpoints,
+        checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,
+        chunk_table=seqs.chunk_table, s_dtype=BWD_PRODUCTS["s_dtype"],
+        stages=BWD_MODE["blocks_stages"] or None, split=BWD_MODE["blocks_split"], **tile)
+    del du, ends
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)

@@ -16,7 +16,7 @@ and the gradients of stage 1's operands, sums over the value columns:
     dγ = Σ_v S ⊙ dS'                                [K]
     dMQK = tril(dO U^T),  dAINV = tril(dU V^T)      [16, 16]
 
-Two kernels, so that one state is live at a time (docs/training.md), and an optional third:
+Two kernels, so that one state is live at a time (docs/training.md):
 
 1. ``chunk_kda_bwd_recurrent_kernel``: the dS recurrence alone (four products a chunk; it
    needs no forward state), storing each chunk's dU^T and the gradient after every 64-token
@@ -25,11 +25,10 @@ Two kernels, so that one state is live at a time (docs/training.md), and an opti
    pass 1 computes each segment's (R^T, B) from a zero and an identity start (rows
    V..V+K-1, dO = 0), the combine (``chunk_combine.py``, in reverse) each segment's dS at its
    end, and pass 3 runs every segment from there (serial plans: pass 3 alone).
-2. ``chunk_kda_bwd_blocks_kernel``: every 64-token block in parallel from its checkpoint
-   (the forward keeps the state every ``CKC`` chunks, fp32) and its ``ends`` gradient:
-   forward through the block (S live; each chunk's S and U to the program's scratch, dQG,
-   dW, dMQK, dV, dAINV), then backward (dS live; dKEND, dγ).
-3. ``chunk_kda_bwd_dv_kernel`` (``dv_kernel``): dV and dAINV instead, chunk-parallel.
+2. ``chunk_kda_bwd_blocks_kernel`` (``chunk_blocks_bwd.py``): every 64-token block in
+   parallel from its checkpoint (the forward keeps the state every ``CKC`` chunks, fp32)
+   and its ``ends`` gradient: forward through the block (S live; each chunk's S and U to
+   the program's scratch, dQG, dW, dMQK, dV, dAINV), then backward (dS live; dKEND, dγ).
 
 A program owns BV value columns and all K; the sums over value columns are partial, one per
 value block, added on the host (a deterministic sum, no atomics).
@@ -42,13 +41,8 @@ import triton
 import triton.language as tl
 
 from .chunk_combine import chunk_kda_combine
-from .indexing import chunk_of_program, program_rows, segment_of_program
-from .launch_plan import (
-    blocks_kernel_stages,
-    ds_value_block,
-    persistent_programs,
-    resident_programs,
-)
+from .indexing import program_rows
+from .launch_plan import ds_value_block
 
 CHUNK = 16
 #: chunks between the forward's stored states (the block the backward recomputes)
@@ -198,157 +192,6 @@ def chunk_kda_bwd_recurrent_kernel(
             tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
 
 
-@triton.jit
-def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_table_ptr, T, H,
-                            part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                            IS_VARLEN: tl.constexpr):
-    """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
-    state-free products taken out of it (``DV`` False); partial sums by ``BV`` as its own."""
-    i_c = tl.program_id(0)
-    i_h = tl.program_id(1)
-    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
-    o_r = tl.arange(0, BT)
-    rows = row0 + o_r
-    r_ok = rows < eos
-    cc = i_c.to(tl.int64) * H + i_h
-    ainv = tl.load(ainv_ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]).to(tl.float32)
-    tril = o_r[:, None] >= o_r[None, :]
-    for i_v in tl.static_range(0, (V + BV - 1) // BV):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m = (o_v < V)[:, None] & r_ok[None, :]
-        tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
-        dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-        vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
-        dvt = tl.dot(dut, ainv, input_precision="tf32")
-        tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
-        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
-        tl.store(dainv_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :],
-                 dainv)
-
-
-@triton.jit
-def _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, v_ok, H,
-                 K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr, HAS_H0: tl.constexpr,
-                 STATE_VK: tl.constexpr):
-    """S^T [BV, K] fp32 before block ``jb`` of sequence ``i_n``: the initial state (or zero)
-    before its first block, else the forward's checkpoint after block jb - 1."""
-    if jb == 0:
-        if HAS_H0:
-            St = tl.load(_state_ptrs(h0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
-                         mask=v_ok[:, None], other=0.0).to(tl.float32)
-        else:
-            St = tl.zeros([BV, K], dtype=tl.float32)
-    else:
-        ck_base = tl.load(ck_offsets_ptr + i_n).to(tl.int64)
-        St = tl.load(_state_ptrs(ck_ptr, ck_base + jb - 1, i_h, o_v, H, K, V, STATE_VK),
-                     mask=v_ok[:, None], other=0.0).to(tl.float32)
-    return St
-
-
-@triton.jit
-def chunk_kda_bwd_blocks_kernel(
-    v_ptr, do_ptr, du_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, gamma_ptr,
-    h0_ptr, ck_ptr, ck_offsets_ptr, ends_ptr,
-    dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
-    scratch_ptr, seg_ptr, n_items, part_tok, part_gam, part_cc,
-    H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-    CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
-    STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    DV: tl.constexpr = True,
-):
-    """Every 64-token block (and head, and value block) from its checkpoint and pass 3's
-    ``ends`` and ``du``; no block waits for another. Forward through the block (S live):
-    each chunk's S^T and U^T to the program's scratch, dQG, dW, dMQK, and dV, dAINV unless
-    ``DV`` is False; then backward (dS live, by pass 3's expression): dKEND and dγ (S read
-    back from the scratch). Programs are persistent (the scratch is per running program),
-    each looping over (block, head) items."""
-    pid = tl.program_id(0)
-    i_v = tl.program_id(1)
-    nprog = tl.num_programs(0)
-    o_r = tl.arange(0, BT)
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    v_ok = o_v < V
-    slot = (pid * tl.num_programs(1) + i_v).to(tl.int64) * CKC
-    scr_s = scratch_ptr + slot * (BV * K) + tl.arange(0, BV)[:, None] * K + o_k[None, :]
-    scr_u = (scratch_ptr + nprog * tl.num_programs(1) * CKC * BV * K
-             + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
-    for item in range(pid, n_items, nprog):
-        i_s = (item // H).to(tl.int64)
-        i_h = item % H
-        i_n, jb, bos, eos, c0, last = segment_of_program(i_s, seg_ptr)
-        n_ch = tl.cdiv(eos - bos, BT)
-        St = _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, v_ok, H, K, V,
-                          BV, HAS_H0, STATE_VK)
-        # forward through the block
-        for c in range(0, n_ch):
-            rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-            m = v_ok[:, None] & r_ok[None, :]
-            vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
-            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
-            dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
-            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
-            gam = tl.load(gamma_ptr + cc * K + o_k)
-            Sd = St.to(DS)
-            tl.store(scr_s + c * BV * K, St)
-            ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
-            tl.store(scr_u + c * BV * BT, ut)
-            # the products that need no state: here, where U is formed
-            if DV:
-                dvt = tl.dot(dut, ainv, input_precision="tf32")
-                tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
-            tril = o_r[:, None] >= o_r[None, :]
-            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
-            if DV:
-                dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
-            o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
-            tl.store(dmqk_ptr + o_cc, dmqk)
-            if DV:
-                tl.store(dainv_ptr + o_cc, dainv)
-            dqgt = _mm(tl.trans(Sd), dot_, DS)
-            dwt = -_mm(tl.trans(Sd), dut, DS)
-            offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-            tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
-            tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
-            # U as two parts in U·KEND_hi, and KEND's two parts (docs/training.md
-            # "Precision": the H200 truncates U to 10 bits where the forward rounds it)
-            kt = tl.trans(kend_hi)
-            u_hi = ut.to(tl.bfloat16).to(tl.float32)
-            St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
-                  + tl.dot(ut - u_hi, kt, input_precision="tf32"))
-            St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
-        tl.debug_barrier()  # the scratch rows are read by other threads
-        dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
-                      mask=v_ok[:, None], other=0.0)
-        # backward through the block
-        for ic in range(0, n_ch):
-            c = n_ch - 1 - ic
-            rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-            m = v_ok[:, None] & r_ok[None, :]
-            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
-            dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-            ut = tl.load(scr_u + c * BV * BT)
-            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-            gam = tl.load(gamma_ptr + cc * K + o_k)
-            dkendt = _mm(tl.trans(dSt), ut, DD)
-            offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-            tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
-            dgam = tl.sum(tl.load(scr_s + c * BV * K) * dSt, axis=0)
-            tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
-            # pass 3's recurrence, the same expression (its dU loaded): the same dS
-            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
-        if STORE_DH0:
-            if jb == 0:
-                tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
-                         dSt.to(dh0_ptr.dtype.element_ty), mask=v_ok[:, None])
-        tl.debug_barrier()  # the next item's walk forward overwrites the scratch
-
-
 def _opt(x, dummy):
     """``x``, or ``dummy`` for an absent optional pointer (the kernel does not read it)."""
     return x if x is not None else dummy
@@ -367,44 +210,23 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
 
 
-def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoint_offsets,
-                            dht, state_vk, cu_seqlens, chunk_offsets, num_seqs, num_chunks,
-                            block_v, num_warps, sms, seq_order, blocks, block_offsets,
-                            segments=None, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                            ds_dtype=torch.float32, ds_block_v=None, blocks_stages=None,
-                            dv_kernel=False, chunk_table=None):
-    """Launch the reverse pass (module docstring). ``ops``: stage 1's; ``checkpoints``: the
-    forward's states after every 64 tokens (fp32, ``pool.py``'s), ``checkpoint_offsets``;
-    ``dht``: the final state's gradient or None; ``blocks``, ``block_offsets``: the table of
-    64-token segments (``Sequences.segments(CKC)``) and each sequence's first;
-    ``segments``: ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else
-    None (the dS recurrence serial). ``s_dtype``, ``ds_dtype``: the operand types of the
-    products with S and with dS (fp32: tf32). ``sms``: the device's SM count, which sizes
-    the blocks kernel's persistent grid (``resident_programs``). ``ds_block_v``: the serial
-    dS pass's value columns a program (a segmented plan takes ``block_v``; None:
-    ``ds_value_block``'s choice; its warps scaled with it), ``blocks_stages``: the blocks
-    kernel's ``num_stages`` (None: ``blocks_kernel_stages``'s); ``dv_kernel``: dV, dAINV by
-    ``chunk_kda_bwd_dv_kernel`` (``chunk_table``: ``Sequences.chunk_table``). Returns a dict
-    of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K],
-    dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (or None)."""
+def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets, num_seqs,
+                            block_v, num_warps, sms, seq_order, n_blocks, block_offsets,
+                            segments=None, ds_dtype=torch.float32, ds_block_v=None):
+    """Launch the dS recurrence (module docstring, kernel 1). ``ops``: stage 1's; ``dht``:
+    the final state's gradient or None; ``n_blocks``, ``block_offsets``: the 64-token blocks
+    (``Sequences.segments(CKC)``) and each sequence's first; ``segments``:
+    ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else None (serial).
+    ``ds_dtype``: the operand type of the products with dS (fp32: tf32). ``ds_block_v``: the
+    serial pass's value columns a program (a segmented plan takes ``block_v``; None:
+    ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it). Returns (dU like
+    do, fp32; the gradient after every block, [n_blocks, H, V, K] fp32)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
-    B, T, H, V = v.shape
+    B, T, H, V = do.shape
     K = w.shape[-1]
-    nv = -(-V // block_v)
-    dev = v.device
-    f32 = dict(device=dev, dtype=torch.float32)
-    out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
-               dqg=torch.empty((nv, B, T, H, K), **f32),
-               dw=torch.empty((nv, B, T, H, K), **f32),
-               dkend=torch.empty((nv, B, T, H, K), **f32),
-               dgam=torch.empty((nv, num_chunks, H, K), **f32),
-               dmqk=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
-               dainv=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
-               dh0=None if initial_state is None else torch.empty(
-                   initial_state.shape, device=dev, dtype=dh0_dtype))
-    n_blocks = blocks.shape[0]
+    f32 = dict(device=do.device, dtype=torch.float32)
     ends = torch.empty((n_blocks, H, V, K), **f32)
-    du = torch.empty(v.shape, **f32)
+    du = torch.empty(do.shape, **f32)
     dbv = block_v if segments is not None else ds_value_block(
         num_seqs * H, V, block_v, num_warps, sms, ds_block_v)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
@@ -427,24 +249,4 @@ def chunk_kda_bwd_recurrent(v, do, ops, *, initial_state, checkpoints, checkpoin
             _ds_pass(do, ops, 3, items=n_segs * H, grid_v=nv_ds, segments=table,
                      seg_offsets=block_offsets, summary=summary, **ds)
         del summary
-    items = n_blocks * H
-    if items == 0:
-        return out
-    if dv_kernel and num_chunks:
-        chunk_kda_bwd_dv_kernel[(num_chunks, H)](
-            v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
-            num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
-            IS_VARLEN=chunk_table is not None, num_warps=4)
-    n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
-    scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
-    chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
-        v, do, du, w, qg, kend, klo, ainv, gamma,
-        _opt(initial_state, gamma), _opt(checkpoints, gamma), _opt(checkpoint_offsets, gamma),
-        ends, out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
-        out["dainv"], _opt(out["dh0"], gamma), scratch, blocks, items,
-        B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
-        H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
-        STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], DV=not dv_kernel, num_warps=num_warps,
-        num_stages=blocks_stages or blocks_kernel_stages(initial_state is not None))
-    return out
+    return du, ends
