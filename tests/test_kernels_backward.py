@@ -412,6 +412,16 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
         assert all(e < 1e-5 for e in errors.values()), (config, ds_block_v, errors)
 
 
+def test_blocks_split_refuses_an_unknown_level():
+    # the kernel knows SPLIT 0, 1 and 2; another level would skip products silently
+    from kdalab.kernels.chunk_blocks_bwd import chunk_kda_bwd_blocks
+
+    with pytest.raises(ValueError, match="split: 3"):
+        chunk_kda_bwd_blocks(None, None, None, None, None, initial_state=None, checkpoints=None,
+                             checkpoint_offsets=None, state_vk=False, num_chunks=0, block_v=16,
+                             num_warps=4, sms=1, blocks=None, chunk_table=None, split=3)
+
+
 @interp
 def test_interp_blocks_split_gives_the_same_bits(monkeypatch):
     # the blocks kernel split (BWD_MODE["blocks_split"]): 1, dV and dAINV by their own

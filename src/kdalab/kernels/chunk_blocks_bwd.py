@@ -225,6 +225,8 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam
     [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (or
     None)."""
+    if split not in (0, 1, 2):  # the kernel knows these three (another would skip products)
+        raise ValueError(f"split: {split!r} is not 0, 1 or 2")
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
