@@ -410,11 +410,12 @@ def config_rows(names, configs, rows=None):
 
 
 def reverse_ms(kernels: dict) -> float:
-    """The reverse pass's GPU time from a row's per-kernel times: the dS pass and the blocks
-    kernel (one kernel before the split at 667450a; the combine's share left out, as
-    before)."""
+    """The reverse pass's GPU time from a row's per-kernel times: the dS pass, the blocks
+    kernel and, split (``BWD_MODE["blocks_split"]``), the dV kernel (one kernel before the
+    split at 667450a; the combine's share left out, as before)."""
     return (kernels.get("chunk_kda_bwd_recurrent_kernel", 0.0)
-            + kernels.get("chunk_kda_bwd_blocks_kernel", 0.0))
+            + kernels.get("chunk_kda_bwd_blocks_kernel", 0.0)
+            + kernels.get("chunk_kda_bwd_dv_kernel", 0.0))
 
 
 def to_json_rows(bw, rate, speed, acc, var=()):
