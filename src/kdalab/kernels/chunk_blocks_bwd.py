@@ -28,7 +28,7 @@ def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_ta
                             part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                             IS_VARLEN: tl.constexpr):
     """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
-    state-free products taken out of it (``DV`` False); partial sums by ``BV`` as its own."""
+    state-free products taken out of it (``SPLIT`` 1, 2); partial sums by ``BV`` as its own."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
