@@ -27,6 +27,21 @@ from triton.compiler import ASTSource
 TARGET = GPUTarget("cuda", 90, 32)
 
 
+def _sass_count(cubin: bytes) -> int | None:
+    """The kernel's SASS instructions (static: a loop's body counts once), by the nvdisasm
+    shipped with triton; None where it is not there."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                            "nvdisasm")
+    if not os.path.exists(nvdisasm):
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "k.cubin")
+        with open(path, "wb") as fh:
+            fh.write(cubin)
+        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
+    return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", text, flags=re.M))
+
+
 def _ptxas() -> str:
     # triton's PTX may need a newer ptxas than the bundled one: prefer ptxas-blackwell (CUDA 13)
     base = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -97,6 +112,9 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
         # layout conversions through shared memory show as barriers and shared stores
         "bar_sync": len(re.findall(r"\bbar\.sync", ptx)),
         "st_shared": len(re.findall(r"\bst\.shared", ptx)),
+        # instructions issued where the kernel has no loop (stage 1's bounded form): an
+        # issue-bound kernel's floor, over 4 a cycle an SM
+        "sass": _sass_count(compiled.asm["cubin"]),
     }
     if regs is None:
         res["ptxas"] = text[-400:]
@@ -106,6 +124,7 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
 def print_row(r: dict) -> None:
     print(f"{r['label']:<36} regs {r['regs']!s:>4}  spill st/ld {r['spill_st']!s:>6}/"
           f"{r['spill_ld']!s:<6} smem {r['smem']:>7}  wgmma {r['wgmma']:>3}  mma {r['mma']:>3}"
+          + (f"  sass {r['sass']:>5}" if r.get("sass") else "")
           + (f"  compile {r['compile_s']:.1f} s" if "compile_s" in r else ""), flush=True)
 
 
