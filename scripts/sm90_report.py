@@ -25,13 +25,14 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 TARGET = GPUTarget("cuda", 90, 32)
+#: the NVIDIA tools shipped with triton (ptxas, nvdisasm)
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
 def _sass_count(cubin: bytes) -> int | None:
     """The kernel's SASS instructions (static: a loop's body counts once), by the nvdisasm
     shipped with triton; None where it is not there."""
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                            "nvdisasm")
+    nvdisasm = os.path.join(_BIN, "nvdisasm")
     if not os.path.exists(nvdisasm):
         return None
     with tempfile.TemporaryDirectory() as d:
@@ -44,10 +45,9 @@ def _sass_count(cubin: bytes) -> int | None:
 
 def _ptxas() -> str:
     # triton's PTX may need a newer ptxas than the bundled one: prefer ptxas-blackwell (CUDA 13)
-    base = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     for name in ("ptxas-blackwell", "ptxas"):
-        if os.path.exists(os.path.join(base, name)):
-            return os.path.join(base, name)
+        if os.path.exists(os.path.join(_BIN, name)):
+            return os.path.join(_BIN, name)
     return "ptxas"
 
 
