@@ -224,7 +224,8 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     ``num_stages`` (None: ``blocks_kernel_stages``'s); ``split``: the kernel's ``SPLIT``.
     Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam
     [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (or
-    None)."""
+    None); at ``split`` 2 with one value block and K = V, dkend is ``du``'s storage (dU is
+    overwritten)."""
     if split not in (0, 1, 2):  # the kernel knows these three (another would skip products)
         raise ValueError(f"split: {split!r} is not 0, 1 or 2")
     w, qg, kend, klo, ainv, mqk, gamma = ops
@@ -236,7 +237,12 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
                dqg=torch.empty((nv, B, T, H, K), **f32),
                dw=torch.empty((nv, B, T, H, K), **f32),
-               dkend=torch.empty((nv, B, T, H, K), **f32),
+               # at SPLIT 2 dKEND's last walk follows every read of the block's dU rows, so
+               # with one value block and K = V it is written over dU (-T·H·V·4 bytes at
+               # the peak: 8 MiB at T 1024 H 16, where fla's 121.6 MiB is the target)
+               dkend=(du.view(1, B, T, H, K) if split == 2 and nv == 1 and K == V
+                      and du.dtype == torch.float32 and du.is_contiguous()
+                      else torch.empty((nv, B, T, H, K), **f32)),
                dgam=torch.empty((nv, num_chunks, H, K), **f32),
                dmqk=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
                dainv=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
