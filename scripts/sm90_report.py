@@ -279,26 +279,22 @@ def kdalab_rows(only: str | None = None):
                   IS_VARLEN=False, PASS=pass_, SEG=seg)
         yield timed(chunk_kda_bwd_recurrent_kernel, rec, ce, num_warps=nw, num_stages=1,
                     label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}")
-    # the blocks kernel
+    # the blocks kernel, and the dV kernel (dV and dAINV, taken out of it)
     blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "w_ptr", "qg_ptr", "kend_ptr",
                                "klo_ptr", "ainv_ptr", "gamma_ptr", "h0_ptr",
-                               "ck_ptr", "ck_offsets_ptr", "ends_ptr", "dv_ptr", "dqg_ptr",
-                               "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr", "dainv_ptr",
+                               "ck_ptr", "ck_offsets_ptr", "ends_ptr", "dqg_ptr",
+                               "dw_ptr", "dkend_ptr", "dgam_ptr", "dmqk_ptr",
                                "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",
                                "part_gam", "part_cc", "H")}
-    # SPLIT (autograd.BWD_MODE["blocks_split"]) 0, 1 (dV and dAINV by the dV kernel) and 2
-    # (also the products with S and dS' from the scratch)
-    for bv, nw, h0, split, ns in ((128, 8, True, 0, 0), (128, 8, False, 0, 0),
-                                  (64, 4, True, 0, 0), (128, 8, True, 1, 0),
-                                  (128, 8, False, 1, 0), (128, 8, True, 2, 0),
-                                  (128, 8, False, 2, 0), (128, 8, False, 2, 1)):
+    # DKEND_OVER_DU (autograd.BWD_MODE["dkend_over_du"]): a barrier before each dKEND store
+    for bv, nw, h0, over in ((128, 8, True, True), (128, 8, False, True),
+                             (128, 8, True, False), (64, 4, True, False)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=h0, STORE_DH0=h0,
-                  STATE_VK=False, SPLIT=split)
-        ns = ns or blocks_kernel_stages(h0)  # as the launcher picks them
+                  STATE_VK=False, DKEND_OVER_DU=over)
+        ns = blocks_kernel_stages(h0)  # as the launcher picks them
         yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=ns,
                     label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}"
-                          + (f" split{split}" if split else ""))
-    # dV and dAINV in a kernel of their own (SPLIT 1 and 2)
+                          + (" over-dU" if over else ""))
     for varlen in (False, True):
         yield timed(chunk_kda_bwd_dv_kernel, dict(
             v_ptr="*bf16", du_ptr="*fp32", ainv_ptr="*fp16", dv_ptr="*bf16", dainv_ptr="*fp32",

@@ -412,39 +412,27 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
         assert all(e < 1e-5 for e in errors.values()), (config, ds_block_v, errors)
 
 
-def test_blocks_split_refuses_an_unknown_level():
-    # the kernel knows SPLIT 0, 1 and 2; another level would skip products silently
-    from kdalab.kernels.chunk_blocks_bwd import chunk_kda_bwd_blocks
-
-    with pytest.raises(ValueError, match="split: 3"):
-        chunk_kda_bwd_blocks(None, None, None, None, None, initial_state=None, checkpoints=None,
-                             checkpoint_offsets=None, state_vk=False, num_chunks=0, block_v=16,
-                             num_warps=4, sms=1, blocks=None, chunk_table=None, split=3)
-
-
 @interp
-def test_interp_blocks_split_gives_the_same_bits(monkeypatch):
-    # the blocks kernel split (BWD_MODE["blocks_split"]): 1, dV and dAINV by their own
-    # chunk-parallel kernel; 2, also the products with S and dS' in walks of their own from
-    # the scratch. The same products on the same operands (the scratch holds them in fp32)
-    # and the same value blocks' partial sums, so the same bits as the unsplit kernel's, on
-    # a packed batch with an empty sequence and a ragged tail, grouped heads, two value
-    # blocks, and a segmented plan with an initial state
+def test_interp_dkend_over_du_gives_the_same_bits(monkeypatch):
+    # dKEND written over dU (BWD_MODE["dkend_over_du"], one value block and K = V): each
+    # chunk's dKEND is stored after its dU has been read, so the same bits as with its own
+    # buffer, on a packed batch with an empty sequence and a ragged tail, grouped heads and a
+    # segmented plan with an initial state (the alias); and with two value blocks and K != V
+    # (its own buffer either way)
     from kdalab.kernels import autograd
 
-    for shape, config in (((1, 150, 2, 4, 2, 32, 32, [0, 0, 70, 71, 150]),
-                           KernelConfig(block_v=16)),
-                          ((2, 37, 1, 2, 1, 16, 16, None), KernelConfig(segment_chunks=4))):
+    for shape, config in (((1, 150, 2, 4, 2, 32, 32, [0, 0, 70, 71, 150]), KernelConfig()),
+                          ((2, 37, 1, 2, 1, 16, 16, None), KernelConfig(segment_chunks=4)),
+                          ((1, 70, 1, 2, 1, 16, 32, None), KernelConfig(block_v=16))):
         *dims, cu = shape
         x, kw = _case(*dims, cu=cu)
         do, dht = _probes(x, kw)
-        monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", 0)
+        monkeypatch.setitem(autograd.BWD_MODE, "dkend_over_du", 0)
         want = _grads(x, kw, _kernel(config), do, dht)
-        for split in (1, 2):
-            monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", split)
-            got = _grads(x, kw, _kernel(config), do, dht)
-            assert all(torch.equal(got[n], want[n]) for n in want), (split, [
-                n for n in want if not torch.equal(got[n], want[n])])
+        monkeypatch.setitem(autograd.BWD_MODE, "dkend_over_du", 1)
+        got = _grads(x, kw, _kernel(config), do, dht)
+        assert all(torch.equal(got[n], want[n]) for n in want), [
+            n for n in want if not torch.equal(got[n], want[n])]
 
 
 @interp
@@ -672,23 +660,23 @@ def test_gpu_two_optimizer_steps_match_fla():
 
 
 @gpu
-@pytest.mark.parametrize("split", [1, 2])
-def test_gpu_blocks_split_keeps_the_gradients(split, monkeypatch):
-    """The blocks kernel split (BWD_MODE["blocks_split"]) on the GPU: its products read S
-    and dS' from the scratch where the unsplit kernel converts them in registers, the same
-    fp32 operands, so the same gradients up to the order of the tensor cores' fp32 sums
-    (1e-5 relative leaves room for that; a product on a wrong operand gives 1e-2 and more);
-    with an initial state, on packed sequences and on a fixed-length batch. fp32 inputs, so
-    that the gradients come back in fp32: in bf16 a last-bit difference flips a rounding."""
+def test_gpu_dkend_over_du_keeps_the_gradients(monkeypatch):
+    """dKEND written over dU on the GPU: each chunk's store waits at a barrier behind every
+    thread's load of its dU, so the gradients match those with dKEND in its own buffer (the
+    same kernel but for that barrier: 1e-5 relative leaves room for the compiler's freedom;
+    a store that raced a load would put dKEND's values in dU, errors of 1e-2 and more); on
+    packed sequences with an initial state (K = V: the alias) and a fixed-length batch
+    (K != V: its own buffer either way). fp32 inputs, so that the gradients come back in
+    fp32: in bf16 a last-bit difference flips a rounding."""
     from kdalab.kernels import autograd
 
     for shape, cu in (((1, 700, 4, 4, 4, 128, 128), [0, 0, 300, 301, 700]),
                       ((2, 256, 2, 4, 2, 64, 128), None)):
         x, kw = _case(*shape, cu=cu, device="cuda")
         do, dht = (t.cuda() for t in _probes(x, kw))
-        monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", 0)
+        monkeypatch.setitem(autograd.BWD_MODE, "dkend_over_du", 0)
         want = _grads(x, kw, _kernel(), do, dht)
-        monkeypatch.setitem(autograd.BWD_MODE, "blocks_split", split)
+        monkeypatch.setitem(autograd.BWD_MODE, "dkend_over_du", 1)
         got = _grads(x, kw, _kernel(), do, dht)
         errors = {n: _err(got[n], want[n]) for n in want}
         assert all(e < 1e-5 for e in errors.values()), errors

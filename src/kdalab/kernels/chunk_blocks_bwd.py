@@ -1,6 +1,6 @@
-"""Backward of stage 2, its second part: every 64-token block in parallel
-(``chunk_kda_bwd_blocks_kernel``), after the dS recurrence (``chunk_recurrent_bwd.py``, whose
-docstring has the algebra), and dV, dAINV chunk-parallel (``chunk_kda_bwd_dv_kernel``)."""
+"""Backward of stage 2, its second part: dV, dAINV chunk-parallel (``chunk_kda_bwd_dv_kernel``)
+and every 64-token block in parallel (``chunk_kda_bwd_blocks_kernel``), after the dS recurrence
+(``chunk_recurrent_bwd.py``, whose docstring has the algebra)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_ta
                             part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                             IS_VARLEN: tl.constexpr):
     """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
-    state-free products taken out of it (``SPLIT`` 1, 2); partial sums by ``BV`` as its own."""
+    state-free products taken out of it; partial sums by ``BV`` as its own."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
@@ -74,22 +74,22 @@ def _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, v_ok, H,
 def chunk_kda_bwd_blocks_kernel(
     v_ptr, do_ptr, du_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, gamma_ptr,
     h0_ptr, ck_ptr, ck_offsets_ptr, ends_ptr,
-    dv_ptr, dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr, dh0_ptr,
+    dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dh0_ptr,
     scratch_ptr, seg_ptr, n_items, part_tok, part_gam, part_cc,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    SPLIT: tl.constexpr = 0,
+    DKEND_OVER_DU: tl.constexpr = False,
 ):
     """Every 64-token block (and head, and value block) from its checkpoint and pass 3's
-    ``ends`` and ``du``; no block waits for another. ``SPLIT`` 0: forward through the block
-    (S live; each chunk's S^T and U^T to the program's scratch; dQG, dW, dMQK, dV, dAINV),
-    then back (dS live, by pass 3's expression; dKEND, dγ with S read back). 1: dV and dAINV
-    left to ``chunk_kda_bwd_dv_kernel``. 2: also no product with a live state but the
-    recurrences' own: dQG, dW, dMQK in a walk of their own from the scratch, dS' over S
-    there (after dγ) and dKEND in a last walk (sm_90a spills a thread at BV 128: 1276, 604,
-    244 bytes with an initial state). Programs are persistent (the scratch is per running
-    program), each looping over (block, head) items."""
+    ``ends`` and ``du``; no block waits for another. Forward through the block (S live; each
+    chunk's S^T and U^T to the program's scratch; dQG, dW, dMQK), then back (dS live, by pass
+    3's expression; dKEND, dγ with S read back). dV and dAINV, which need no state, are
+    ``chunk_kda_bwd_dv_kernel``'s (a state that is both an accumulator and a product's
+    operand spills: sm_90a 604 against 1276 bytes a thread with them here). ``DKEND_OVER_DU``:
+    ``dkend_ptr`` is ``du_ptr`` (one value block, K = V), each chunk's dKEND stored after a
+    barrier behind every thread's load of its dU. Programs are persistent (the scratch is per
+    running program), each looping over (block, head) items."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -99,7 +99,6 @@ def chunk_kda_bwd_blocks_kernel(
     v_ok = o_v < V
     slot = (pid * tl.num_programs(1) + i_v).to(tl.int64) * CKC
     scr_s = scratch_ptr + slot * (BV * K) + tl.arange(0, BV)[:, None] * K + o_k[None, :]
-    scr_sk = scratch_ptr + slot * (BV * K) + tl.arange(0, BV)[None, :] * K + o_k[:, None]
     scr_u = (scratch_ptr + nprog * tl.num_programs(1) * CKC * BV * K
              + slot * (BV * BT) + tl.arange(0, BV)[:, None] * BT + o_r[None, :])
     for item in range(pid, n_items, nprog):
@@ -121,34 +120,19 @@ def chunk_kda_bwd_blocks_kernel(
             klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
             ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            if SPLIT < 2:
-                Sd = St.to(DS)
-                tl.store(scr_s + c * BV * K, St)
-            else:  # S as the product's operand from the scratch, not a copy in registers
-                tl.store(scr_s + c * BV * K, St)
-                tl.debug_barrier()
-                Sd = tl.load(scr_s + c * BV * K).to(DS)
+            Sd = St.to(DS)
+            tl.store(scr_s + c * BV * K, St)
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
             tl.store(scr_u + c * BV * BT, ut)
-            # the products that need no state: here, where U is formed
-            if SPLIT == 0:
-                dvt = tl.dot(dut, ainv, input_precision="tf32")
-                tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
-            if SPLIT < 2:
-                tril = o_r[:, None] >= o_r[None, :]
-                dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
-                if SPLIT == 0:
-                    dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"),
-                                     0.0)
-                o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
-                tl.store(dmqk_ptr + o_cc, dmqk)
-                if SPLIT == 0:
-                    tl.store(dainv_ptr + o_cc, dainv)
-                dqgt = _mm(tl.trans(Sd), dot_, DS)
-                dwt = -_mm(tl.trans(Sd), dut, DS)
-                offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-                tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
-                tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
+            tril = o_r[:, None] >= o_r[None, :]
+            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
+            tl.store(dmqk_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT
+                     + o_r[None, :], dmqk)
+            dqgt = _mm(tl.trans(Sd), dot_, DS)
+            dwt = -_mm(tl.trans(Sd), dut, DS)
+            offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
+            tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
+            tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
             # U as two parts in U·KEND_hi, and KEND's two parts (docs/training.md
             # "Precision": the H200 truncates U to 10 bits where the forward rounds it)
             kt = tl.trans(kend_hi)
@@ -157,21 +141,6 @@ def chunk_kda_bwd_blocks_kernel(
                   + tl.dot(ut - u_hi, kt, input_precision="tf32"))
             St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
         tl.debug_barrier()  # the scratch rows are read by other threads
-        if SPLIT == 2:  # the products with S and U, no state live: read from the scratch
-            for c in range(0, n_ch):
-                rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-                m = v_ok[:, None] & r_ok[None, :]
-                dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
-                dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-                Sk = tl.load(scr_sk + c * BV * K).to(DS)  # S [K, BV]
-                offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-                tl.store(dqg_ptr + offs_t, _mm(Sk, dot_, DS), mask=r_ok[None, :])
-                tl.store(dw_ptr + offs_t, -_mm(Sk, dut, DS), mask=r_ok[None, :])
-                o_cc = i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
-                tl.store(dmqk_ptr + o_cc, tl.where(
-                    o_r[:, None] >= o_r[None, :],
-                    tl.dot(tl.trans(dot_), tl.load(scr_u + c * BV * BT), input_precision="tf32"),
-                    0.0))
         dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
                       mask=v_ok[:, None], other=0.0)
         # backward through the block
@@ -185,25 +154,16 @@ def chunk_kda_bwd_blocks_kernel(
             wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
             qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            if SPLIT < 2:
-                dkendt = _mm(tl.trans(dSt), ut, DD)
-                offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-                tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
+            dkendt = _mm(tl.trans(dSt), ut, DD)
+            if DKEND_OVER_DU:  # every thread's dU rows of this chunk read before any store
+                tl.debug_barrier()
+            offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
+            tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
             dgam = tl.sum(tl.load(scr_s + c * BV * K) * dSt, axis=0)
             tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
-            if SPLIT == 2:  # dS' over S in the scratch, for dKEND below
-                tl.debug_barrier()
-                tl.store(scr_s + c * BV * K, dSt)
             # pass 3's recurrence, the same expression (its dU loaded): the same dS
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
                    - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
-        if SPLIT == 2:  # dKEND = U dS'^T, no state live: dS' read back from the scratch
-            tl.debug_barrier()
-            for c in range(0, n_ch):
-                rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-                dkendt = _mm(tl.load(scr_sk + c * BV * K), tl.load(scr_u + c * BV * BT), DD)
-                offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
-                tl.store(dkend_ptr + offs_t, dkendt, mask=r_ok[None, :])
         if STORE_DH0:
             if jb == 0:
                 tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
@@ -214,35 +174,30 @@ def chunk_kda_bwd_blocks_kernel(
 def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
                          checkpoint_offsets, state_vk, num_chunks, block_v, num_warps, sms,
                          blocks, chunk_table, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                         ds_dtype=torch.float32, stages=None, split=0):
-    """Launch the blocks kernel (and, with ``split``, the dV kernel) after the dS pass
-    (``du``, ``ends``). ``checkpoints``: the forward's states after every 64 tokens (fp32,
-    ``pool.py``'s), ``checkpoint_offsets`` each sequence's first; ``blocks``: the table of
-    64-token segments; ``chunk_table``: ``Sequences.chunk_table``; ``sms``: the device's SM
-    count, which sizes the persistent grid (``resident_programs``); ``s_dtype``,
-    ``ds_dtype``: the operand types of the products with S and dS (fp32: tf32); ``stages``:
-    ``num_stages`` (None: ``blocks_kernel_stages``'s); ``split``: the kernel's ``SPLIT``.
-    Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam
-    [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (or
-    None); at ``split`` 2 with one value block and K = V, dkend is ``du``'s storage (dU is
-    overwritten)."""
-    if split not in (0, 1, 2):  # the kernel knows these three (another would skip products)
-        raise ValueError(f"split: {split!r} is not 0, 1 or 2")
+                         ds_dtype=torch.float32, stages=None, dkend_over_du=True):
+    """Launch the dV kernel and the blocks kernel after the dS pass (``du``, ``ends``).
+    ``checkpoints``: the forward's states after every 64 tokens (fp32, ``pool.py``'s),
+    ``checkpoint_offsets`` each sequence's first; ``blocks``: the table of 64-token segments;
+    ``chunk_table``: ``Sequences.chunk_table``; ``sms``: the device's SM count, which sizes the
+    persistent grid (``resident_programs``); ``s_dtype``, ``ds_dtype``: the operand types of
+    the products with S and dS (fp32: tf32); ``stages``: ``num_stages`` (None:
+    ``blocks_kernel_stages``'s); ``dkend_over_du``: with one value block and K = V, dKEND is
+    written over ``du`` (dU is then overwritten), T·H·V·4 bytes less at the peak (8 MiB at T
+    1024 H 16). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
+    K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and
+    dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
     nv = -(-V // block_v)
     dev = v.device
     f32 = dict(device=dev, dtype=torch.float32)
+    over = (dkend_over_du and nv == 1 and K == V and du.dtype == torch.float32
+            and du.is_contiguous())
     out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
                dqg=torch.empty((nv, B, T, H, K), **f32),
                dw=torch.empty((nv, B, T, H, K), **f32),
-               # at SPLIT 2 dKEND's last walk follows every read of the block's dU rows, so
-               # with one value block and K = V it is written over dU (-T·H·V·4 bytes at
-               # the peak: 8 MiB at T 1024 H 16, where fla's 121.6 MiB is the target)
-               dkend=(du.view(1, B, T, H, K) if split == 2 and nv == 1 and K == V
-                      and du.dtype == torch.float32 and du.is_contiguous()
-                      else torch.empty((nv, B, T, H, K), **f32)),
+               dkend=du.view(1, B, T, H, K) if over else torch.empty((nv, B, T, H, K), **f32),
                dgam=torch.empty((nv, num_chunks, H, K), **f32),
                dmqk=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
                dainv=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
@@ -251,21 +206,20 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     items = blocks.shape[0] * H
     if items == 0:
         return out
-    if split and num_chunks:
-        chunk_kda_bwd_dv_kernel[(num_chunks, H)](
-            v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
-            num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
-            IS_VARLEN=chunk_table is not None, num_warps=4)
+    chunk_kda_bwd_dv_kernel[(num_chunks, H)](  # before the blocks kernel: it reads dU
+        v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
+        num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
+        IS_VARLEN=chunk_table is not None, num_warps=4)
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
         v, do, du, w, qg, kend, klo, ainv, gamma,
         _opt(initial_state, gamma), _opt(checkpoints, gamma), _opt(checkpoint_offsets, gamma),
-        ends, out["dv"], out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
-        out["dainv"], _opt(out["dh0"], gamma), scratch, blocks, items,
+        ends, out["dqg"], out["dw"], out["dkend"], out["dgam"], out["dmqk"],
+        _opt(out["dh0"], gamma), scratch, blocks, items,
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], SPLIT=split, num_warps=num_warps,
+        DD=_TL[ds_dtype], DKEND_OVER_DU=over, num_warps=num_warps,
         num_stages=stages or blocks_kernel_stages(initial_state is not None))
     return out
