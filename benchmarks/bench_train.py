@@ -411,8 +411,8 @@ def config_rows(names, configs, rows=None):
 
 def reverse_ms(kernels: dict) -> float:
     """The reverse pass's GPU time from a row's per-kernel times: the dS pass, the blocks
-    kernel and the dV kernel (one kernel before the split at 667450a, two before 3b0b4c7's
-    dV kernel; the combine's share left out, as before)."""
+    kernel and the dV kernel (one kernel before the split at 667450a, two from 4b44358 on (the
+    dV kernel); the combine's share left out, as before)."""
     return (kernels.get("chunk_kda_bwd_recurrent_kernel", 0.0)
             + kernels.get("chunk_kda_bwd_blocks_kernel", 0.0)
             + kernels.get("chunk_kda_bwd_dv_kernel", 0.0))
