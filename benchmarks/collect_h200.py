@@ -270,17 +270,23 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
 
 def gpu_test_row(runs: Path, commit: str) -> tuple[dict, str]:
     """One row from a ``gpu-tests`` step's JUnit file (RUNS/gpu-tests/gpu_tests.xml): the GPU
-    tests that passed at ``commit``, what failed, erred or skipped, and the test files that
-    ran (a ``TESTS_K`` selection runs some of them); and the run's timestamp."""
+    tests that passed at ``commit``, what failed, erred, skipped or was cut off (pytest writes
+    a nameless case when its time limit interrupts it), and the test files that ran (a
+    ``TESTS_K`` selection runs some of them); the GPU's name where the step wrote it
+    (gpu_name.txt); and the run's timestamp."""
     root = ET.parse(runs / "gpu-tests" / "gpu_tests.xml").getroot()
     cases = list(root.iter("testcase"))
     bad = {t: sum(c.find(t) is not None for c in cases) for t in ("failure", "error", "skipped")}
-    files = sorted({c.get("classname").rsplit(".", 1)[-1] for c in cases})
+    cut = sum(c.get("name") is None for c in cases)
+    files = sorted({c.get("classname").rsplit(".", 1)[-1] for c in cases if c.get("name")})
     when = next(root.iter("testsuite")).get("timestamp", "")[:16] + "Z"
-    return ({"target": f"GPU tests at {commit}: passed, of {len(cases)} run", "unit": "tests",
-             "value": len(cases) - sum(bad.values()),
-             "note": f"{bad['failure']} failed, {bad['error']} errors, {bad['skipped']} skipped; "
-                     f"{when}; {len(files)} test files: {', '.join(files)}"}, when)
+    gpu = runs / "gpu-tests" / "gpu_name.txt"
+    on = f" on {gpu.read_text().strip()}" if gpu.is_file() else ""
+    return ({"target": f"GPU tests at {commit}: passed, of {len(cases) - cut} run",
+             "unit": "tests", "value": len(cases) - cut - sum(bad.values()),
+             "note": f"{bad['failure']} failed, {bad['error']} errors, {bad['skipped']} skipped"
+                     + (f", {cut} cut off by the step's time limit" if cut else "")
+                     + f"; {when}{on}; {len(files)} test files: {', '.join(files)}"}, when)
 
 
 def fold_short(rows: list[dict]) -> list[dict]:

@@ -369,7 +369,9 @@ def test_collect_gpu_tests_puts_a_new_call_before_the_pages_earlier_ones(tmp_pat
         '<testsuites><testsuite timestamp="2026-01-02T03:04:05">'
         '<testcase classname="tests.test_a" name="x"/>'
         '<testcase classname="tests.test_b" name="y"><skipped/></testcase>'
+        '<testcase time="0.001" />'  # pytest's entry for a test its time limit cut off
         '</testsuite></testsuites>')
+    (runs / "gpu-tests" / "gpu_name.txt").write_text("NVIDIA H100 80GB HBM3\n")
     (results / "gpu_tests_h200.json").write_text(json.dumps(dict(
         HEAD, benchmark="gpu_tests_h200", rows=[
             dict(target="GPU tests at 0ld0ld0: passed, of 9 run", value=9, unit="tests",
@@ -382,7 +384,9 @@ def test_collect_gpu_tests_puts_a_new_call_before_the_pages_earlier_ones(tmp_pat
     assert [(r["target"], r["value"]) for r in page["rows"]] == [
         ("GPU tests at fedcba9: passed, of 2 run", 1),
         ("GPU tests at 0ld0ld0: passed, of 9 run", 9)]
-    assert page["rows"][0]["note"].startswith("0 failed, 0 errors, 1 skipped")
+    assert page["rows"][0]["note"] == (
+        "0 failed, 0 errors, 1 skipped, 1 cut off by the step's time limit; 2026-01-02T03:04Z "
+        "on NVIDIA H100 80GB HBM3; 2 test files: test_a, test_b")
 
 
 @pytest.mark.parametrize("option,missing", [

@@ -13,6 +13,7 @@ if ! python3 -c "import fla" 2>/dev/null && ls .whl/fla_core-*.whl >/dev/null 2>
         .whl/fla_core-*.whl
 fi
 report=${OUT:-/tmp}/gpu_tests.xml
+nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 > "${OUT:-/tmp}/gpu_name.txt"
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_tests.sh: no CUDA device')" || exit 2
 python3 -m pytest -q -p no:cacheprovider -m gpu -v -rfEs --durations=25 --junitxml="$report" tests "$@"
 status=$?
@@ -20,8 +21,11 @@ python3 - "$report" <<'PY' || status=1
 import sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 cases = list(root.iter("testcase"))
-bad = {t: [c.get("classname") + "::" + c.get("name") for c in cases if c.find(t) is not None]
-       for t in ("failure", "error", "skipped")}
+bad = {t: [c.get("classname") + "::" + c.get("name") for c in cases
+           if c.get("name") and c.find(t) is not None] for t in ("failure", "error", "skipped")}
+# a nameless case: pytest interrupted (the step's time limit) while a test ran
+bad["cut off"] = [c.get("classname") or "?" for c in cases if not c.get("name")]
+cases = [c for c in cases if c.get("name")]
 print(f"gpu_tests.sh: {len(cases)} GPU tests, " + ", ".join(f"{len(v)} {k}" for k, v in bad.items()))
 for kind, names in bad.items():
     for n in names:
