@@ -143,8 +143,9 @@ def chunk_kda_bwd_blocks_kernel(
         tl.debug_barrier()  # the scratch rows are read by other threads
         dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
                       mask=v_ok[:, None], other=0.0)
-        # backward through the block
-        for ic in range(0, n_ch):
+        # backward through the block; never pipelined: an asynchronous copy of dU would be
+        # read after the barrier that lets DKEND_OVER_DU's store overwrite it
+        for ic in tl.range(0, n_ch, num_stages=1):
             c = n_ch - 1 - ic
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
             m = v_ok[:, None] & r_ok[None, :]
