@@ -665,14 +665,16 @@ def test_gpu_dkend_over_du_keeps_the_gradients(monkeypatch):
     thread's load of its dU, so the gradients match those with dKEND in its own buffer (the
     same kernel but for that barrier: 1e-5 relative leaves room for the compiler's freedom;
     a store that raced a load would put dKEND's values in dU, errors of 1e-2 and more); on
-    packed sequences with an initial state (K = V: the alias) and a fixed-length batch
+    packed sequences with an initial state (K = V: the alias; the blocks kernel unpipelined),
+    a batch without one (the alias; its walk forward pipelined) and a fixed-length batch
     (K != V: its own buffer either way). fp32 inputs, so that the gradients come back in
     fp32: in bf16 a last-bit difference flips a rounding."""
     from kdalab.kernels import autograd
 
-    for shape, cu in (((1, 700, 4, 4, 4, 128, 128), [0, 0, 300, 301, 700]),
-                      ((2, 256, 2, 4, 2, 64, 128), None)):
-        x, kw = _case(*shape, cu=cu, device="cuda")
+    for shape, cu, h0 in (((1, 700, 4, 4, 4, 128, 128), [0, 0, 300, 301, 700], True),
+                          ((2, 300, 4, 4, 4, 128, 128), None, False),
+                          ((2, 256, 2, 4, 2, 64, 128), None, True)):
+        x, kw = _case(*shape, cu=cu, h0=h0, device="cuda")
         do, dht = (t.cuda() for t in _probes(x, kw))
         monkeypatch.setitem(autograd.BWD_MODE, "dkend_over_du", 0)
         want = _grads(x, kw, _kernel(), do, dht)
