@@ -28,7 +28,8 @@ Two kernels, so that one state is live at a time (docs/training.md):
 2. ``chunk_kda_bwd_blocks_kernel`` (``chunk_blocks_bwd.py``): every 64-token block in
    parallel from its checkpoint (the forward keeps the state every ``CKC`` chunks, fp32)
    and its ``ends`` gradient: forward through the block (S live; each chunk's S and U to
-   the program's scratch, dQG, dW, dMQK, dV, dAINV), then backward (dS live; dKEND, dγ).
+   the program's scratch, dQG, dW, dMQK), then backward (dS live; dKEND, dγ); dV and dAINV,
+   which need no state, by ``chunk_kda_bwd_dv_kernel`` there, chunk-parallel.
 
 A program owns BV value columns and all K; the sums over value columns are partial, one per
 value block, added on the host (a deterministic sum, no atomics).
