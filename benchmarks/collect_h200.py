@@ -21,8 +21,9 @@ import json
 import math
 import re
 import statistics
-import xml.etree.ElementTree as ET
 from pathlib import Path
+
+from junit_outcomes import outcomes  # benchmarks/, beside this script
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -274,16 +275,14 @@ def gpu_test_row(runs: Path, commit: str) -> tuple[dict, str]:
     a nameless case when its time limit interrupts it), and the test files that ran (a
     ``TESTS_K`` selection runs some of them); the GPU's name where the step wrote it
     (gpu_name.txt); and the run's timestamp."""
-    root = ET.parse(runs / "gpu-tests" / "gpu_tests.xml").getroot()
-    cases = list(root.iter("testcase"))
-    bad = {t: sum(c.find(t) is not None for c in cases) for t in ("failure", "error", "skipped")}
-    cut = sum(c.get("name") is None for c in cases)
-    files = sorted({c.get("classname").rsplit(".", 1)[-1] for c in cases if c.get("name")})
-    when = next(root.iter("testsuite")).get("timestamp", "")[:16] + "Z"
+    o = outcomes(runs / "gpu-tests" / "gpu_tests.xml")
+    bad = {t: len(o[t]) for t in ("failure", "error", "skipped")}
+    cut, files, when = len(o["cut off"]), o["files"], o["timestamp"] + "Z"
+    ran = len(o["passed"]) + sum(bad.values())
     gpu = runs / "gpu-tests" / "gpu_name.txt"
     on = f" on {gpu.read_text().strip()}" if gpu.is_file() else ""
-    return ({"target": f"GPU tests at {commit}: passed, of {len(cases) - cut} run",
-             "unit": "tests", "value": len(cases) - cut - sum(bad.values()),
+    return ({"target": f"GPU tests at {commit}: passed, of {ran} run",
+             "unit": "tests", "value": len(o["passed"]),
              "note": f"{bad['failure']} failed, {bad['error']} errors, {bad['skipped']} skipped"
                      + (f", {cut} cut off by the step's time limit" if cut else "")
                      + f"; {when}{on}; {len(files)} test files: {', '.join(files)}"}, when)

@@ -389,6 +389,24 @@ def test_collect_gpu_tests_puts_a_new_call_before_the_pages_earlier_ones(tmp_pat
         "on NVIDIA H100 80GB HBM3; 2 test files: test_a, test_b")
 
 
+@pytest.mark.parametrize("cases,rc,summary", [
+    ('<testcase classname="tests.test_a" name="x"/>', 0,
+     "1 GPU tests, 0 failure, 0 error, 0 skipped, 0 cut off"),
+    ('<testcase classname="tests.test_a" name="x"/><testcase time="0.001" />', 1,
+     "1 GPU tests, 0 failure, 0 error, 0 skipped, 1 cut off"),
+    ('<testcase classname="tests.test_a" name="x"><skipped/></testcase>', 1,
+     "1 GPU tests, 0 failure, 0 error, 1 skipped, 0 cut off"),
+    ("", 1, "0 GPU tests")])
+def test_gpu_tests_verdict_reads_the_junit_file_as_the_page_does(tmp_path, cases, rc, summary):
+    # gpu_tests.sh's verdict and collect_h200's row share benchmarks/junit_outcomes.py: a
+    # skip, a cut-off test or no test at all fails the call
+    xml = tmp_path / "r.xml"
+    xml.write_text(f'<testsuites><testsuite timestamp="2026-01-02T03:04:05">{cases}'
+                   "</testsuite></testsuites>")
+    res = _run("junit_outcomes.py", xml)
+    assert res.returncode == rc and summary in res.stdout, res.stdout + res.stderr
+
+
 @pytest.mark.parametrize("option,missing", [
     ("--check", "check/check.json"), ("--check-grad", "check-grad/check.json"),
     ("--decode", "serving/decode.json"), ("--grid", "grid/grid.json")])

@@ -17,19 +17,5 @@ nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 > "${O
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu_tests.sh: no CUDA device')" || exit 2
 python3 -m pytest -q -p no:cacheprovider -m gpu -v -rfEs --durations=25 --junitxml="$report" tests "$@"
 status=$?
-python3 - "$report" <<'PY' || status=1
-import sys, xml.etree.ElementTree as ET
-root = ET.parse(sys.argv[1]).getroot()
-cases = list(root.iter("testcase"))
-bad = {t: [c.get("classname") + "::" + c.get("name") for c in cases
-           if c.get("name") and c.find(t) is not None] for t in ("failure", "error", "skipped")}
-# a nameless case: pytest interrupted (the step's time limit) while a test ran
-bad["cut off"] = [c.get("classname") or "?" for c in cases if not c.get("name")]
-cases = [c for c in cases if c.get("name")]
-print(f"gpu_tests.sh: {len(cases)} GPU tests, " + ", ".join(f"{len(v)} {k}" for k, v in bad.items()))
-for kind, names in bad.items():
-    for n in names:
-        print(f"  {kind}: {n}")
-sys.exit(1 if not cases or any(bad.values()) else 0)
-PY
+python3 benchmarks/junit_outcomes.py "$report" || status=1
 exit $status
