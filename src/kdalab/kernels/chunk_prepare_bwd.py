@@ -179,9 +179,11 @@ def chunk_kda_prepare_bwd_kernel(
     before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
 
     # (C) each block's gradients
-    ysk = tl.zeros([BT], dtype=tl.float32)  # Σ_c k̂ dk̂ and Σ_c q̂ d(q̂) of the rows
-    ysq = tl.zeros([BT], dtype=tl.float32)
-    dalog = tl.max(tl.zeros([BT], dtype=tl.float32), axis=0)
+    # Σ_c k̂ dk̂, Σ_c q̂ d(q̂) of the rows and dA_log's terms, summed elementwise over the
+    # blocks and across the tile once, after them
+    ysk = tl.zeros([BT, BK], dtype=tl.float32)
+    ysq = tl.zeros([BT, BK], dtype=tl.float32)
+    dalog = tl.zeros([BT, BK], dtype=tl.float32)
     for kb in range(0, K, BK):
         o_k = kb + tl.arange(0, BK)
         offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
@@ -204,6 +206,7 @@ def chunk_kda_prepare_bwd_kernel(
         dkd = tl.dot(tl.trans(A), dw, input_precision="tf32x3")
         if wide:
             drow, dqs, dcol, dpair = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
+            pair = tl.zeros(kv.shape, dtype=tl.float32)
         else:
             mid = g2_last[None, :] * 0.5
             up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
@@ -213,13 +216,15 @@ def chunk_kda_prepare_bwd_kernel(
             dqs = up * tl.dot(dM, ki, input_precision="tf32x3")
             dcol = dn * (tl.dot(tl.trans(dP), kv * up, input_precision="tf32x3")
                          + tl.dot(tl.trans(dM), qs * up, input_precision="tf32x3"))
-            dpair = tl.cumsum(kv * (drow - dcol) + qs * dqs, axis=0, reverse=True)
+            # the pairs' step gradient joins the steps' own in one reverse sum (below)
+            pair = kv * (drow - dcol) + qs * dqs
+            dpair = tl.zeros(kv.shape, dtype=tl.float32)
         dqs += diag[:, None] * kv
         dcol += diag[:, None] * qs
         dkv = drow + dcol + decay * dkd + ekend * dkend
         dqs += decay * dqg
         # each step's gradient (base 2): the whole-row kernel's terms (its comment)
-        dstep = LN2 * (tl.cumsum(kd * dkd + qs * decay * dqg, axis=0, reverse=True) + dpair
+        dstep = LN2 * (tl.cumsum(kd * dkd + qs * decay * dqg + pair, axis=0, reverse=True) + dpair
                        + tl.dot(before, kv * ekend * dkend, input_precision="ieee")
                        + (tl.exp2(g2_last) * dgam)[None, :])
         dx, da = log2_decay_grads(g_raw, a, bias[None, :], lower_bound, GATE)
@@ -228,13 +233,15 @@ def chunk_kda_prepare_bwd_kernel(
         if HAS_DT_BIAS:
             tl.store(ddt_ptr + cc * K + o_k, tl.sum(dgate, axis=0))
         if HAS_A_LOG:
-            dalog += tl.sum(tl.sum(tl.where(m2, dstep * da, 0.0), axis=1), axis=0)
-        ysk += tl.sum(kv * dkv, axis=1)
-        ysq += tl.sum(qn * dqs, axis=1)
+            dalog += tl.where(m2, dstep * da, 0.0)
+        ysk += kv * dkv
+        ysq += qn * dqs
         tl.store(dw_ptr + offs, dkv, mask=m2)   # parked: dk̂
         tl.store(dqg_ptr + offs, dqs, mask=m2)  # parked: dqs
     if HAS_A_LOG:
-        tl.store(dalog_ptr + cc, dalog)
+        tl.store(dalog_ptr + cc, tl.sum(tl.sum(dalog, axis=1), axis=0))
+    ysk = tl.sum(ysk, axis=1)
+    ysq = tl.sum(ysq, axis=1)
     if BETA_LOGITS:  # σ'(x) = σ(x) σ(-x): σ(1 - σ) rounds to 0 where σ saturates
         db = db * (tl.sigmoid(b_in) * tl.sigmoid(-b_in))
     tl.store(db_ptr + rows * H + i_h, db.to(db_ptr.dtype.element_ty), mask=r_ok)

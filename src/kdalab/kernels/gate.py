@@ -114,9 +114,11 @@ def log2_decay_grads(x, a, bias, lower_bound, GATE: tl.constexpr):
         da = tl.zeros(x.shape, dtype=tl.float32)
     elif GATE == GATE_LOWER_BOUND:
         z = x + bias
-        # σ'(u) = σ(u) σ(-u): σ(1 - σ) rounds to 0 where σ saturates to 1 in fp32, and the
-        # gate's gradient with it
-        dx = (lower_bound * LOG2E) * (a * (tl.sigmoid(a * z) * tl.sigmoid(-(a * z))))
+        # σ'(u) = σ(u) σ(-u) = e / (1 + e)^2 with e = exp(-|u|) (one exponential, one
+        # division): σ(1 - σ) would round to 0 where σ saturates to 1 in fp32, and the
+        # gate's gradient with it; e / (1 + e)^2 stays e there
+        e = tl.exp(-tl.abs(a * z))
+        dx = (lower_bound * LOG2E) * (a * (e / ((1.0 + e) * (1.0 + e))))
         da = dx * z
     else:
         z = x + bias
