@@ -188,8 +188,9 @@ def parse_config(text):
     return KernelConfig(**fields)
 
 
-def load_baseline(folder):
-    """``chunk_kda_fwd`` of an earlier commit's kernels: the package ``kdalab_baseline`` in
+def load_baseline(folder, name="chunk_kda_fwd"):
+    """``name`` (``chunk_kda_fwd``; ``chunk_kda``, its differentiable call, for
+    bench_train.py) of an earlier commit's kernels: the package ``kdalab_baseline`` in
     ``folder`` (scripts/baseline_kernels.sh builds it from a commit), and that commit."""
     import importlib
     import sys
@@ -197,7 +198,7 @@ def load_baseline(folder):
     sys.path.insert(0, os.path.abspath(folder))
     mod = importlib.import_module("kdalab_baseline")
     commit = open(os.path.join(folder, "kdalab_baseline", "COMMIT")).read().strip()
-    return mod.chunk_kda_fwd, commit
+    return getattr(mod, name), commit
 
 
 def baseline_rounds(x, old_fwd, rounds=3):

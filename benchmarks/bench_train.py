@@ -42,6 +42,7 @@ from bench_kernel import (  # noqa: E402
     SHAPES,
     geomean,
     kernel_time,
+    load_baseline,
     make_inputs,
     parse_config,
     write_raw,
@@ -81,14 +82,15 @@ def _fla():
     return fla
 
 
-def _runners(fla, gate="lower_bound", config=None):
-    """(kdalab, fla) forward functions on a dict of leaves (states VK: every kernel's)."""
+def _runners(fla, gate="lower_bound", config=None, op=chunk_kda):
+    """(kdalab, fla) forward functions on a dict of leaves (states VK: every kernel's);
+    ``op``: kdalab's ``chunk_kda`` or an earlier commit's (``--baseline``)."""
     lb = LOWER_BOUND if gate == "lower_bound" else None
 
     def mine(x):
         kw = dict(gate="log_decay") if gate == "log_decay" else dict(
             A_log=x["A_log"], dt_bias=x["dt_bias"])
-        return chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb,
+        return op(x["q"], x["k"], x["v"], x["g"], x["beta"], lower_bound=lb,
                          initial_state=x.get("h0"), output_final_state=True,
                          cu_seqlens=x.get("cu"), state_layout="VK",
                          **(dict(config=config) if config is not None else {}), **kw)
@@ -356,11 +358,13 @@ def variant_rows(fla, names, rounds):
     return rows
 
 
-def config_rows(names, configs, rows=None):
+def config_rows(names, configs, rows=None, baseline=None):
     """kdalab's GPU time (profiler) of forward+backward and of the backward alone under other
     KernelConfigs (``field=value,...`` each; the reverse pass takes block_v and num_warps,
     the plan segment_chunks; ``bwd.KEY=INT`` sets one of ``autograd.BWD_MODE``'s keys, e.g.
-    ``bwd.prep_block_k=64``)."""
+    ``bwd.prep_block_k=64``). The config ``baseline``: ``baseline`` = (an earlier commit's
+    ``chunk_kda``, that commit), at its own defaults (``--baseline``): a kernel change timed
+    against the kernels before it in one process."""
     rows = [] if rows is None else rows
     for name in names:
         x = _leaves(make_inputs(SHAPES[name]))
@@ -376,8 +380,14 @@ def config_rows(names, configs, rows=None):
                         if key not in saved:
                             raise ValueError(f"{t}: BWD_MODE has {sorted(saved)}")
                         kernel_autograd.BWD_MODE[key] = int(val)
-                mine, _ = _runners(None, config=parse_config(",".join(
-                    t for t in items if not t.startswith("bwd."))))
+                if text == "baseline":
+                    if baseline is None:
+                        raise ValueError("the config 'baseline' needs --baseline DIR")
+                    row["config"] = f"baseline {baseline[1]}"
+                    mine, _ = _runners(None, op=baseline[0])
+                else:
+                    mine, _ = _runners(None, config=parse_config(",".join(
+                        t for t in items if not t.startswith("bwd."))))
                 o, s = mine(x)
                 # the same probes for every config (a seeded draw), so that their gradients
                 # can be compared
@@ -518,6 +528,9 @@ def main():
     ap.add_argument("--configs", default=None, metavar="CFG;CFG",
                     help="';'-separated KernelConfigs (field=value,...) to time kdalab under, "
                          "at --shapes (GPU time)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="an earlier commit's kernels (scripts/baseline_kernels.sh COMMIT DIR), "
+                         "timed as the config 'baseline' of --configs")
     ap.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
                     help="write --json from the JSON lines of earlier runs' logs (a later log's "
                          "row replaces an earlier one of the same shape, case or config)")
@@ -562,7 +575,9 @@ def main():
     if args.variants:
         res["var"].extend(variant_rows(fla, args.variants.split(","), args.rounds))
     if args.configs:
-        config_rows(names, args.configs.split(";"), rows=res["var"])
+        config_rows(names, args.configs.split(";"), rows=res["var"],
+                    baseline=load_baseline(args.baseline, "chunk_kda") if args.baseline
+                    else None)
     save()
 
 
