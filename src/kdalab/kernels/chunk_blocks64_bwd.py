@@ -49,6 +49,13 @@ def _tok(ptr, rows, r_ok, i_h, H, o_c, C: tl.constexpr):
 
 
 @triton.jit
+def _kend(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K: tl.constexpr):
+    """KEND's rows, its two parts (KEND_hi + KLO) added in fp32."""
+    return (_tok(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            + _tok(klo_ptr, rows, r_ok, i_h, H, o_k, K))
+
+
+@triton.jit
 def _state_cols(ptr, row, i_h, o_v, o_k, H, K: tl.constexpr, V: tl.constexpr,
                 STATE_VK: tl.constexpr):
     """Pointers to columns ``o_k`` of Sᵀ [V, ·] of state ``row`` of a [N, H, K, V] (VK:
@@ -123,8 +130,7 @@ def chunk_kda_bwd_blocks64_kernel(
                     input_precision="tf32")
         for cp in tl.static_range(3):
             rc = bos + cp * BT + o_r
-            ke = (_tok(kend_ptr, rc, rc < eos, i_h, H, o_k, K)
-                  + _tok(klo_ptr, rc, rc < eos, i_h, H, o_k, K))
+            ke = _kend(kend_ptr, klo_ptr, rc, rc < eos, i_h, H, o_k, K)
             if cp == 0:
                 m0 += tl.dot(w * _rows4(ct, nil, one, g1, g1 * g2), tl.trans(ke),
                              input_precision="tf32")
@@ -194,13 +200,13 @@ def chunk_kda_bwd_blocks64_kernel(
         g_end = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :])
         w = _tok(w_ptr, rows, r_ok, i_h, H, o_k, K)
         qg = _tok(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-        ke = _tok(kend_ptr, rows, r_ok, i_h, H, o_k, K) + _tok(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+        ke = _kend(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
         y = tl.dot(do, st, input_precision="tf32")      # dO S_0 (the state before the block)
         z = tl.dot(du, st, input_precision="tf32")
         ug = tl.dot(u, g_end, input_precision="tf32")   # U G_3
-        ke0 = _tok(kend_ptr, r0, r0 < eos, i_h, H, o_k, K) + _tok(klo_ptr, r0, r0 < eos, i_h, H, o_k, K)
-        ke1 = _tok(kend_ptr, r1, r1 < eos, i_h, H, o_k, K) + _tok(klo_ptr, r1, r1 < eos, i_h, H, o_k, K)
-        ke2 = _tok(kend_ptr, r2, r2 < eos, i_h, H, o_k, K) + _tok(klo_ptr, r2, r2 < eos, i_h, H, o_k, K)
+        ke0 = _kend(kend_ptr, klo_ptr, r0, r0 < eos, i_h, H, o_k, K)
+        ke1 = _kend(kend_ptr, klo_ptr, r1, r1 < eos, i_h, H, o_k, K)
+        ke2 = _kend(kend_ptr, klo_ptr, r2, r2 < eos, i_h, H, o_k, K)
         e0 = _rows4(ct, nil, one, g1, g1 * g2)   # E(0, c), rows after chunk 0
         e1 = _rows4(ct, nil, nil, one, g2)
         e2 = _rows4(ct, nil, nil, nil, one)
@@ -231,7 +237,6 @@ def chunk_kda_bwd_blocks64_kernel(
         sig = tl.sum(st * g_end, axis=0)
         qy = _sum4(qg * y - w * z, BT)
         kug = _sum4(ke * ug, BT)
-        kx1 = _sum4(ke * x1, BT)
         kx2 = _sum4(ke * x2, BT)
         kx3 = _sum4(ke * x3, BT)
         o4 = tl.arange(0, 4)[:, None]

@@ -187,9 +187,9 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     ``blocks_kernel_stages``'s); ``dkend_over_du``: with one value block and K = V, dKEND is
     written over ``du`` (dU is then overwritten), T·H·V·4 bytes less at the peak (8 MiB at T
     1024 H 16); ``walk``: False for ``chunk_blocks64_bwd``'s form (no walk; one value block,
-    K and V at most 128; else the walk). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
-    K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and
-    dh0 (or None)."""
+    K and V at most 128; else the walk). Returns a dict of dv (like v), the partial sums dqg,
+    dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16]
+    (NV value blocks) and dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
