@@ -89,7 +89,6 @@ def chunk_kda_bwd_blocks64_kernel(
     dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dh0_ptr, seg_ptr,
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr, STATE_VK: tl.constexpr,
-    DKEND_OVER_DU: tl.constexpr,
 ):
     """One (64-token block, head). ``u_ptr``: a [T, H, V] fp32 buffer for U."""
     item = tl.program_id(0)
@@ -182,10 +181,8 @@ def chunk_kda_bwd_blocks64_kernel(
     mq = tl.where(o_t[:, None] % BT >= col, mq, 0.0)
     tl.store(dmqk_ptr + (((c0 + ct[:, None]) * H + i_h) * BT + o_t[:, None] % BT) * BT + col,
              mq, mask=(ct[:, None] < n_ch) & (col >= 0))
-    if DKEND_OVER_DU:  # every thread's dU read before a dKEND store overwrites it
-        tl.debug_barrier()
 
-    for kb in range(0, K, BK):
+    for kb in range(0, K, BK):  # the key columns are independent from here on
         o_k = kb + tl.arange(0, BK)
         one = tl.full([BK], 1.0, f32)
         nil = tl.zeros([BK], dtype=f32)
@@ -194,48 +191,42 @@ def chunk_kda_bwd_blocks64_kernel(
         g2 = tl.load(gamma_ptr + cg + 2 * H * K + o_k, mask=(o_k * 0 + 2) < n_ch, other=1.0)
         g3 = tl.load(gamma_ptr + cg + 3 * H * K + o_k, mask=(o_k * 0 + 3) < n_ch, other=1.0)
         dd = _rows4(ct, one, g0, g0 * g1, g0 * g1 * g2)          # D_c
-        ff = _rows4(ct, g1 * g2 * g3, g2 * g3, g3, one)          # F_c
+        offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
         st = _start_cols(h0_ptr, ck_ptr, i_n, st_row, jb, i_h, o_v, o_k, H, K, V, HAS_H0,
                          STATE_VK)
-        g_end = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :])
-        w = _tok(w_ptr, rows, r_ok, i_h, H, o_k, K)
-        qg = _tok(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-        ke = _kend(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
-        y = tl.dot(do, st, input_precision="tf32")      # dO S_0 (the state before the block)
-        z = tl.dot(du, st, input_precision="tf32")
-        ug = tl.dot(u, g_end, input_precision="tf32")   # U G_3
         ke0 = _kend(kend_ptr, klo_ptr, r0, r0 < eos, i_h, H, o_k, K)
         ke1 = _kend(kend_ptr, klo_ptr, r1, r1 < eos, i_h, H, o_k, K)
         ke2 = _kend(kend_ptr, klo_ptr, r2, r2 < eos, i_h, H, o_k, K)
         e0 = _rows4(ct, nil, one, g1, g1 * g2)   # E(0, c), rows after chunk 0
         e1 = _rows4(ct, nil, nil, one, g2)
         e2 = _rows4(ct, nil, nil, nil, one)
-        dqg = (y * dd + tl.dot(p1_0, ke0, input_precision="tf32") * e0
-               + tl.dot(p1_1, ke1, input_precision="tf32") * e1
-               + tl.dot(p1_2, ke2, input_precision="tf32") * e2)
-        dw = -(z * dd + tl.dot(p2_0, ke0, input_precision="tf32") * e0
-               + tl.dot(p2_1, ke1, input_precision="tf32") * e1
-               + tl.dot(p2_2, ke2, input_precision="tf32") * e2)
-        qg1 = _tok(qg_ptr, r1, r1 < eos, i_h, H, o_k, K)
-        qg2 = _tok(qg_ptr, r2, r2 < eos, i_h, H, o_k, K)
-        qg3 = _tok(qg_ptr, r3, r3 < eos, i_h, H, o_k, K)
-        w1 = _tok(w_ptr, r1, r1 < eos, i_h, H, o_k, K)
-        w2 = _tok(w_ptr, r2, r2 < eos, i_h, H, o_k, K)
-        w3 = _tok(w_ptr, r3, r3 < eos, i_h, H, o_k, K)
-        x1 = tl.dot(q1_1, qg1, input_precision="tf32") - tl.dot(q2_1, w1, input_precision="tf32")
-        x2 = tl.dot(q1_2, qg2, input_precision="tf32") - tl.dot(q2_2, w2, input_precision="tf32")
-        x3 = tl.dot(q1_3, qg3, input_precision="tf32") - tl.dot(q2_3, w3, input_precision="tf32")
-        f1 = _rows4(ct, one, nil, nil, nil)       # E(c, 1), rows before chunk 1
-        f2 = _rows4(ct, g1, one, nil, nil)
-        f3 = _rows4(ct, g1 * g2, g2, one, nil)
-        dke = ug * ff + x1 * f1 + x2 * f2 + x3 * f3
-        offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
-        tl.store(dqg_ptr + offs, dqg, mask=r_ok[:, None])
-        tl.store(dw_ptr + offs, dw, mask=r_ok[:, None])
+        # dQG, dW: through S_0 (the state before the block) and the earlier chunks' U
+        y = tl.dot(_tok(do_ptr, rows, r_ok, i_h, H, o_v, V), st, input_precision="tf32")
+        tl.store(dqg_ptr + offs, y * dd + tl.dot(p1_0, ke0, input_precision="tf32") * e0
+                 + tl.dot(p1_1, ke1, input_precision="tf32") * e1
+                 + tl.dot(p1_2, ke2, input_precision="tf32") * e2, mask=r_ok[:, None])
+        qy = _sum4(_tok(qg_ptr, rows, r_ok, i_h, H, o_k, K) * y, BT)
+        z = tl.dot(_tok(du_ptr, rows, r_ok, i_h, H, o_v, V), st, input_precision="tf32")
+        tl.store(dw_ptr + offs, -(z * dd + tl.dot(p2_0, ke0, input_precision="tf32") * e0
+                                  + tl.dot(p2_1, ke1, input_precision="tf32") * e1
+                                  + tl.dot(p2_2, ke2, input_precision="tf32") * e2),
+                 mask=r_ok[:, None])
+        qy -= _sum4(_tok(w_ptr, rows, r_ok, i_h, H, o_k, K) * z, BT)
+        # dKEND: through G_3 (the gradient after the block) and the later chunks' dO, dU
+        g_end = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :])
+        sig = tl.sum(st * g_end, axis=0)
+        ug = tl.dot(_tok(u_ptr, rows, r_ok, i_h, H, o_v, V), g_end, input_precision="tf32")
+        x2 = (tl.dot(q1_2, _tok(qg_ptr, r2, r2 < eos, i_h, H, o_k, K), input_precision="tf32")
+              - tl.dot(q2_2, _tok(w_ptr, r2, r2 < eos, i_h, H, o_k, K), input_precision="tf32"))
+        x3 = (tl.dot(q1_3, _tok(qg_ptr, r3, r3 < eos, i_h, H, o_k, K), input_precision="tf32")
+              - tl.dot(q2_3, _tok(w_ptr, r3, r3 < eos, i_h, H, o_k, K), input_precision="tf32"))
+        x1 = (tl.dot(q1_1, _tok(qg_ptr, r1, r1 < eos, i_h, H, o_k, K), input_precision="tf32")
+              - tl.dot(q2_1, _tok(w_ptr, r1, r1 < eos, i_h, H, o_k, K), input_precision="tf32"))
+        dke = (ug * _rows4(ct, g1 * g2 * g3, g2 * g3, g3, one) + x1 * _rows4(ct, one, nil, nil, nil)
+               + x2 * _rows4(ct, g1, one, nil, nil) + x3 * _rows4(ct, g1 * g2, g2, one, nil))
         tl.store(dkend_ptr + offs, dke, mask=r_ok[:, None])
         # dγ_c = Σ_v S_c ⊙ G_c, S_c and G_c as above: per chunk, [4, BK]
-        sig = tl.sum(st * g_end, axis=0)
-        qy = _sum4(qg * y - w * z, BT)
+        ke = _kend(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
         kug = _sum4(ke * ug, BT)
         kx2 = _sum4(ke * x2, BT)
         kx3 = _sum4(ke * x3, BT)
@@ -251,6 +242,10 @@ def chunk_kda_bwd_blocks64_kernel(
         tl.store(dgam_ptr + ((c0 + o4) * H + i_h) * K + o_k[None, :], gam, mask=o4 < n_ch)
         if STORE_DH0:
             if jb == 0:  # the gradient before the block: G_3 D_4 + Σ_c R_c D_c
+                do = _tok(do_ptr, rows, r_ok, i_h, H, o_v, V)
+                du = _tok(du_ptr, rows, r_ok, i_h, H, o_v, V)
+                qg = _tok(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+                w = _tok(w_ptr, rows, r_ok, i_h, H, o_k, K)
                 dh = (g_end * (g0 * g1 * g2 * g3)[None, :]
                       + tl.dot(tl.trans(do), qg * dd, input_precision="tf32")
                       - tl.dot(tl.trans(du), w * dd, input_precision="tf32"))

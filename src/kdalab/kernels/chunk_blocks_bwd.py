@@ -196,7 +196,9 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     nv = -(-V // block_v)
     dev = v.device
     f32 = dict(device=dev, dtype=torch.float32)
-    over = (dkend_over_du and nv == 1 and K == V and du.dtype == torch.float32
+    use64 = not walk and nv == 1 and max(K, V) <= 128
+    # blocks64 reads each block's dU at every key block: dKEND has its own buffer there
+    over = (not use64 and dkend_over_du and nv == 1 and K == V and du.dtype == torch.float32
             and du.is_contiguous())
     out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
                dqg=torch.empty((nv, B, T, H, K), **f32),
@@ -214,15 +216,14 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
         v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
         num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
         IS_VARLEN=chunk_table is not None, num_warps=4)
-    if not walk and nv == 1 and max(K, V) <= 128:
+    if use64:
         chunk_kda_bwd_blocks64_kernel[(items,)](
             v, do, du, w, qg, kend, klo, ainv, gamma, _opt(initial_state, gamma),
             _opt(checkpoints, gamma), _opt(checkpoint_offsets, gamma), ends,
             torch.empty((B, T, H, V), **f32), out["dqg"], out["dw"], out["dkend"],
             out["dgam"], out["dmqk"], _opt(out["dh0"], gamma), blocks, H=H, K=K, V=V,
             BT=CHUNK, BK=min(32, K), HAS_H0=initial_state is not None,
-            STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DKEND_OVER_DU=over,
-            num_warps=8)
+            STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, num_warps=8)
         return out
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
