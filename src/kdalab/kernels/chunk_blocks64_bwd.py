@@ -22,6 +22,12 @@ from .indexing import segment_of_program
 
 
 @triton.jit
+def _dot(a, b):
+    """a @ b, tf32 products (as the walk's), fp32 accumulation."""
+    return tl.dot(a, b, input_precision="tf32")
+
+
+@triton.jit
 def _rows4(ct, a0, a1, a2, a3):
     """[64, BK]: row t takes a_c of its chunk c = ``ct``[t] (four [BK] vectors)."""
     c = ct[:, None]
@@ -111,7 +117,7 @@ def chunk_kda_bwd_blocks64_kernel(
     same = (ct[:, None] == ct[None, :]) & r_ok[:, None] & r_ok[None, :]
     a_offs = (((c0 + ct[:, None]) * H + i_h) * BT + o_t[:, None] % BT) * BT + o_t[None, :] % BT
     ablk = tl.load(ainv_ptr + a_offs, mask=same, other=0.0).to(f32)
-    u = tl.dot(ablk, _tok(v_ptr, rows, r_ok, i_h, H, o_v, V), input_precision="tf32")
+    u = _dot(ablk, _tok(v_ptr, rows, r_ok, i_h, H, o_v, V))
     m0 = tl.zeros([BB, BT], dtype=f32)  # (W ⊙ E(c', ·)) KEND_{c'}ᵀ, rows after chunk c'
     m1 = tl.zeros([BB, BT], dtype=f32)
     m2 = tl.zeros([BB, BT], dtype=f32)
@@ -146,41 +152,26 @@ def chunk_kda_bwd_blocks64_kernel(
         rc = bos + cp * BT + o_r
         uc = _tok(u_ptr, rc, rc < eos, i_h, H, o_v, V)
         if cp == 0:
-            u -= tl.dot(m0, uc, input_precision="tf32")
+            u -= _dot(m0, uc)
         elif cp == 1:
-            u -= tl.dot(m1, uc, input_precision="tf32")
+            u -= _dot(m1, uc)
         else:
-            u -= tl.dot(m2, uc, input_precision="tf32")
+            u -= _dot(m2, uc)
     tl.store(u_ptr + u_offs, u, mask=(r_ok & (ct == 3))[:, None])
     tl.debug_barrier()  # U's rows are read by other threads below
 
     # the pairs: dO U_{c'}ᵀ and dU U_{c'}ᵀ (rows after c'), U dO_{c''}ᵀ and U dU_{c''}ᵀ
-    # (rows before c''), [64, 16] each; dMQK = tril(dO_c U_cᵀ)
+    # (rows before c''): dO Uᵀ and dU Uᵀ over the block, [64, 64], masked by chunk
     do = _tok(do_ptr, rows, r_ok, i_h, H, o_v, V)
     du = _tok(du_ptr, rows, r_ok, i_h, H, o_v, V)
-    r0 = bos + o_r
-    r1 = r0 + BT
-    r2 = r1 + BT
-    r3 = r2 + BT
-    p1_0 = tl.dot(do, tl.trans(_tok(u_ptr, r0, r0 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    p1_1 = tl.dot(do, tl.trans(_tok(u_ptr, r1, r1 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    p1_2 = tl.dot(do, tl.trans(_tok(u_ptr, r2, r2 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    p1_3 = tl.dot(do, tl.trans(_tok(u_ptr, r3, r3 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    p2_0 = tl.dot(du, tl.trans(_tok(u_ptr, r0, r0 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    p2_1 = tl.dot(du, tl.trans(_tok(u_ptr, r1, r1 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    p2_2 = tl.dot(du, tl.trans(_tok(u_ptr, r2, r2 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    q1_1 = tl.dot(u, tl.trans(_tok(do_ptr, r1, r1 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    q1_2 = tl.dot(u, tl.trans(_tok(do_ptr, r2, r2 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    q1_3 = tl.dot(u, tl.trans(_tok(do_ptr, r3, r3 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    q2_1 = tl.dot(u, tl.trans(_tok(du_ptr, r1, r1 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    q2_2 = tl.dot(u, tl.trans(_tok(du_ptr, r2, r2 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    q2_3 = tl.dot(u, tl.trans(_tok(du_ptr, r3, r3 < eos, i_h, H, o_v, V)), input_precision="tf32")
-    col = o_t[:, None] * 0 + o_r[None, :]  # [64, 16]: the pair tile's column
-    mq = tl.where(ct[:, None] == 0, p1_0, tl.where(ct[:, None] == 1, p1_1,
-                  tl.where(ct[:, None] == 2, p1_2, p1_3)))
-    mq = tl.where(o_t[:, None] % BT >= col, mq, 0.0)
-    tl.store(dmqk_ptr + (((c0 + ct[:, None]) * H + i_h) * BT + o_t[:, None] % BT) * BT + col,
-             mq, mask=(ct[:, None] < n_ch) & (col >= 0))
+    u = _tok(u_ptr, rows, r_ok, i_h, H, o_v, V)
+    p1 = _dot(do, tl.trans(u))  # [64, 64]: dO_t · U_s
+    p2 = _dot(du, tl.trans(u))
+    cs = ct[None, :]  # the pair tile's column chunk
+    # dMQK = tril(dO_c U_cᵀ): p1's diagonal blocks
+    blk = (ct[:, None] == cs) & (ct[:, None] < n_ch)
+    tl.store(dmqk_ptr + (((c0 + ct[:, None]) * H + i_h) * BT + o_t[:, None] % BT) * BT
+             + o_t[None, :] % BT, tl.where(o_t[:, None] >= o_t[None, :], p1, 0.0), mask=blk)
 
     for kb in range(0, K, BK):  # the key columns are independent from here on
         o_k = kb + tl.arange(0, BK)
@@ -194,39 +185,38 @@ def chunk_kda_bwd_blocks64_kernel(
         offs = (rows[:, None] * H + i_h) * K + o_k[None, :]
         st = _start_cols(h0_ptr, ck_ptr, i_n, st_row, jb, i_h, o_v, o_k, H, K, V, HAS_H0,
                          STATE_VK)
-        ke0 = _kend(kend_ptr, klo_ptr, r0, r0 < eos, i_h, H, o_k, K)
-        ke1 = _kend(kend_ptr, klo_ptr, r1, r1 < eos, i_h, H, o_k, K)
-        ke2 = _kend(kend_ptr, klo_ptr, r2, r2 < eos, i_h, H, o_k, K)
+        ke = _kend(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
         e0 = _rows4(ct, nil, one, g1, g1 * g2)   # E(0, c), rows after chunk 0
         e1 = _rows4(ct, nil, nil, one, g2)
         e2 = _rows4(ct, nil, nil, nil, one)
         # dQG, dW: through S_0 (the state before the block) and the earlier chunks' U
-        y = tl.dot(_tok(do_ptr, rows, r_ok, i_h, H, o_v, V), st, input_precision="tf32")
-        tl.store(dqg_ptr + offs, y * dd + tl.dot(p1_0, ke0, input_precision="tf32") * e0
-                 + tl.dot(p1_1, ke1, input_precision="tf32") * e1
-                 + tl.dot(p1_2, ke2, input_precision="tf32") * e2, mask=r_ok[:, None])
-        qy = _sum4(_tok(qg_ptr, rows, r_ok, i_h, H, o_k, K) * y, BT)
-        z = tl.dot(_tok(du_ptr, rows, r_ok, i_h, H, o_v, V), st, input_precision="tf32")
-        tl.store(dw_ptr + offs, -(z * dd + tl.dot(p2_0, ke0, input_precision="tf32") * e0
-                                  + tl.dot(p2_1, ke1, input_precision="tf32") * e1
-                                  + tl.dot(p2_2, ke2, input_precision="tf32") * e2),
+        y = _dot(_tok(do_ptr, rows, r_ok, i_h, H, o_v, V), st)
+        tl.store(dqg_ptr + offs, y * dd + _dot(tl.where(cs == 0, p1, 0.0), ke) * e0
+                 + _dot(tl.where(cs == 1, p1, 0.0), ke) * e1
+                 + _dot(tl.where(cs == 2, p1, 0.0), ke) * e2, mask=r_ok[:, None])
+        qg = _tok(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+        w = _tok(w_ptr, rows, r_ok, i_h, H, o_k, K)
+        qy = _sum4(qg * y, BT)
+        z = _dot(_tok(du_ptr, rows, r_ok, i_h, H, o_v, V), st)
+        tl.store(dw_ptr + offs, -(z * dd + _dot(tl.where(cs == 0, p2, 0.0), ke) * e0
+                                  + _dot(tl.where(cs == 1, p2, 0.0), ke) * e1
+                                  + _dot(tl.where(cs == 2, p2, 0.0), ke) * e2),
                  mask=r_ok[:, None])
-        qy -= _sum4(_tok(w_ptr, rows, r_ok, i_h, H, o_k, K) * z, BT)
+        qy -= _sum4(w * z, BT)
         # dKEND: through G_3 (the gradient after the block) and the later chunks' dO, dU
         g_end = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :])
         sig = tl.sum(st * g_end, axis=0)
-        ug = tl.dot(_tok(u_ptr, rows, r_ok, i_h, H, o_v, V), g_end, input_precision="tf32")
-        x2 = (tl.dot(q1_2, _tok(qg_ptr, r2, r2 < eos, i_h, H, o_k, K), input_precision="tf32")
-              - tl.dot(q2_2, _tok(w_ptr, r2, r2 < eos, i_h, H, o_k, K), input_precision="tf32"))
-        x3 = (tl.dot(q1_3, _tok(qg_ptr, r3, r3 < eos, i_h, H, o_k, K), input_precision="tf32")
-              - tl.dot(q2_3, _tok(w_ptr, r3, r3 < eos, i_h, H, o_k, K), input_precision="tf32"))
-        x1 = (tl.dot(q1_1, _tok(qg_ptr, r1, r1 < eos, i_h, H, o_k, K), input_precision="tf32")
-              - tl.dot(q2_1, _tok(w_ptr, r1, r1 < eos, i_h, H, o_k, K), input_precision="tf32"))
+        ug = _dot(_tok(u_ptr, rows, r_ok, i_h, H, o_v, V), g_end)
+        x2 = (_dot(tl.where(cs == 2, tl.trans(p1), 0.0), qg)
+              - _dot(tl.where(cs == 2, tl.trans(p2), 0.0), w))
+        x3 = (_dot(tl.where(cs == 3, tl.trans(p1), 0.0), qg)
+              - _dot(tl.where(cs == 3, tl.trans(p2), 0.0), w))
+        x1 = (_dot(tl.where(cs == 1, tl.trans(p1), 0.0), qg)
+              - _dot(tl.where(cs == 1, tl.trans(p2), 0.0), w))
         dke = (ug * _rows4(ct, g1 * g2 * g3, g2 * g3, g3, one) + x1 * _rows4(ct, one, nil, nil, nil)
                + x2 * _rows4(ct, g1, one, nil, nil) + x3 * _rows4(ct, g1 * g2, g2, one, nil))
         tl.store(dkend_ptr + offs, dke, mask=r_ok[:, None])
         # dγ_c = Σ_v S_c ⊙ G_c, S_c and G_c as above: per chunk, [4, BK]
-        ke = _kend(kend_ptr, klo_ptr, rows, r_ok, i_h, H, o_k, K)
         kug = _sum4(ke * ug, BT)
         kx2 = _sum4(ke * x2, BT)
         kx3 = _sum4(ke * x3, BT)
@@ -244,10 +234,8 @@ def chunk_kda_bwd_blocks64_kernel(
             if jb == 0:  # the gradient before the block: G_3 D_4 + Σ_c R_c D_c
                 do = _tok(do_ptr, rows, r_ok, i_h, H, o_v, V)
                 du = _tok(du_ptr, rows, r_ok, i_h, H, o_v, V)
-                qg = _tok(qg_ptr, rows, r_ok, i_h, H, o_k, K)
-                w = _tok(w_ptr, rows, r_ok, i_h, H, o_k, K)
                 dh = (g_end * (g0 * g1 * g2 * g3)[None, :]
-                      + tl.dot(tl.trans(do), qg * dd, input_precision="tf32")
-                      - tl.dot(tl.trans(du), w * dd, input_precision="tf32"))
+                      + _dot(tl.trans(do), qg * dd)
+                      - _dot(tl.trans(du), w * dd))
                 tl.store(_state_cols(dh0_ptr, i_n, i_h, o_v, o_k, H, K, V, STATE_VK),
                          dh.to(dh0_ptr.dtype.element_ty))

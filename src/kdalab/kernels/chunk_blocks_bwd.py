@@ -222,7 +222,7 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
             _opt(checkpoints, gamma), _opt(checkpoint_offsets, gamma), ends,
             torch.empty((B, T, H, V), **f32), out["dqg"], out["dw"], out["dkend"],
             out["dgam"], out["dmqk"], _opt(out["dh0"], gamma), blocks, H=H, K=K, V=V,
-            BT=CHUNK, BK=min(32, K), HAS_H0=initial_state is not None,
+            BT=CHUNK, BK=min(16, K), HAS_H0=initial_state is not None,
             STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, num_warps=8)
         return out
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
