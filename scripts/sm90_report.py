@@ -295,15 +295,6 @@ def kdalab_rows(only: str | None = None):
         yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=ns,
                     label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}"
                           + (" over-dU" if over else ""))
-    # the blocks' products without a walk (autograd.BWD_MODE["blocks64"])
-    from kdalab.kernels.chunk_blocks64_bwd import chunk_kda_bwd_blocks64_kernel
-    b64 = dict({n: blk[n] for n in blk if n not in ("scratch_ptr", "n_items", "part_tok",
-                                                   "part_gam", "part_cc")}, u_ptr="*fp32")
-    for nw, bk in ((8, 16), (8, 32), (4, 32)):  # the launcher: BK 16 on 8 warps
-        yield timed(chunk_kda_bwd_blocks64_kernel, b64, dict(
-            K=128, V=128, BT=16, BK=bk, HAS_H0=True, STORE_DH0=True, STATE_VK=False),
-            num_warps=nw, num_stages=1,
-            label=f"bwd blocks64 BK{bk} w{nw}")
     for varlen in (False, True):
         yield timed(chunk_kda_bwd_dv_kernel, dict(
             v_ptr="*bf16", du_ptr="*fp32", ainv_ptr="*fp16", dv_ptr="*bf16", dainv_ptr="*fp32",

@@ -436,34 +436,6 @@ def test_interp_dkend_over_du_gives_the_same_bits(monkeypatch):
 
 
 @interp
-def test_interp_blocks64_matches_the_walk(monkeypatch):
-    # the blocks' products without a walk (BWD_MODE["blocks64"]: from each block's checkpoint
-    # and the gradient after it, docs/training.md) against the walk, the same function: a
-    # packed batch with an empty sequence, a ragged tail and grouped heads; a segmented plan
-    # with a batch of two; K != V; the VK layout with a bf16 state and fla's unbounded gate.
-    # Both multiply fp32 exactly here and differ only in the order of sums: measured at most
-    # 7e-7 relative (dA_log, a sum over the channels); 1e-5 leaves margin, and a term left
-    # out (tried: of dQG, dKEND, dγ, dh0 or U's solve) gives 2e-4 to 0.5 in some case
-    from kdalab.kernels import autograd
-
-    for shape, config, extra in (
-            ((1, 150, 2, 4, 2, 32, 32, [0, 0, 70, 71, 150]), KernelConfig(), {}),
-            ((2, 37, 1, 2, 1, 16, 16, None), KernelConfig(segment_chunks=4), {}),
-            ((1, 130, 1, 1, 1, 32, 16, None), KernelConfig(), {}),
-            ((1, 100, 1, 2, 1, 16, 16, None), KernelConfig(),
-             dict(layout="VK", state_dtype=torch.bfloat16, gate="unbounded"))):
-        *dims, cu = shape
-        x, kw = _case(*dims, cu=cu, **extra)
-        do, dht = _probes(x, kw)
-        monkeypatch.setitem(autograd.BWD_MODE, "blocks64", 0)
-        want = _grads(x, kw, _kernel(config), do, dht)
-        monkeypatch.setitem(autograd.BWD_MODE, "blocks64", 1)
-        got = _grads(x, kw, _kernel(config), do, dht)
-        errors = {n: _err(got[n], want[n]) for n in want}
-        assert all(e <= 1e-5 for e in errors.values()), (shape, errors)
-
-
-@interp
 def test_interp_checkpoints_take_no_gradient():
     # the op's third output, the states kept for the backward, is not differentiable, so
     # autograd makes no zero gradient of its size for the backward (T/64 · H · K · V fp32:

@@ -42,10 +42,9 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: against Triton's 255 and 3 stages: 0.87x at T 8192 H 64 and T 4096 H 16, 0.86x at B 8
 #: T 4096 H 32, 0.94x at T 1024 H 16; a cap of 128 alone 1.17-1.25x, 168 alone 0.99x.
 #: dkend_over_du: dKEND written over dU where one value block and K = V allow (8 MiB less at
-#: the peak at T 1024 H 16; 0 for its own buffer); blocks64: 1 for the blocks' products
-#: without a walk (``chunk_blocks64_bwd.py``; not yet timed on the device)
+#: the peak at T 1024 H 16; 0 for its own buffer)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1, blocks64=0)
+                prep_stages=1, dkend_over_du=1)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -169,8 +168,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,
         chunk_table=seqs.chunk_table, s_dtype=BWD_PRODUCTS["s_dtype"],
         stages=BWD_MODE["blocks_stages"] or None,
-        dkend_over_du=bool(BWD_MODE["dkend_over_du"]), walk=not BWD_MODE["blocks64"],
-        **tile)
+        dkend_over_du=bool(BWD_MODE["dkend_over_du"]), **tile)
     del du, ends
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums

@@ -8,7 +8,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_blocks64_bwd import chunk_kda_bwd_blocks64_kernel
 from .chunk_recurrent_bwd import (
     _TL,
     CHUNK,
@@ -176,8 +175,7 @@ def chunk_kda_bwd_blocks_kernel(
 def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
                          checkpoint_offsets, state_vk, num_chunks, block_v, num_warps, sms,
                          blocks, chunk_table, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                         ds_dtype=torch.float32, stages=None, dkend_over_du=True,
-                         walk=True):
+                         ds_dtype=torch.float32, stages=None, dkend_over_du=True):
     """Launch the dV kernel and the blocks kernel after the dS pass (``du``, ``ends``).
     ``checkpoints``: the forward's states after every 64 tokens (fp32, ``pool.py``'s),
     ``checkpoint_offsets`` each sequence's first; ``blocks``: the table of 64-token segments;
@@ -186,19 +184,16 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     the products with S and dS (fp32: tf32); ``stages``: ``num_stages`` (None:
     ``blocks_kernel_stages``'s); ``dkend_over_du``: with one value block and K = V, dKEND is
     written over ``du`` (dU is then overwritten), T·H·V·4 bytes less at the peak (8 MiB at T
-    1024 H 16); ``walk``: False for ``chunk_blocks64_bwd``'s form (no walk; one value block,
-    K and V at most 128; else the walk). Returns a dict of dv (like v), the partial sums dqg,
-    dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16]
-    (NV value blocks) and dh0 (or None)."""
+    1024 H 16). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
+    K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and
+    dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
     nv = -(-V // block_v)
     dev = v.device
     f32 = dict(device=dev, dtype=torch.float32)
-    use64 = not walk and nv == 1 and max(K, V) <= 128
-    # blocks64 reads each block's dU at every key block: dKEND has its own buffer there
-    over = (not use64 and dkend_over_du and nv == 1 and K == V and du.dtype == torch.float32
+    over = (dkend_over_du and nv == 1 and K == V and du.dtype == torch.float32
             and du.is_contiguous())
     out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
                dqg=torch.empty((nv, B, T, H, K), **f32),
@@ -216,16 +211,6 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
         v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
         num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
         IS_VARLEN=chunk_table is not None, num_warps=4)
-    if use64:
-        chunk_kda_bwd_blocks64_kernel[(items,)](
-            v, do, du, w, qg, kend, klo, ainv, gamma, _opt(initial_state, gamma),
-            _opt(checkpoints, gamma), _opt(checkpoint_offsets, gamma), ends,
-            torch.empty((B, T, H, V), **f32), out["dqg"], out["dw"], out["dkend"],
-            out["dgam"], out["dmqk"], _opt(out["dh0"], gamma), blocks, H=H, K=K, V=V,
-            BT=CHUNK, BK=min(16, K), HAS_H0=initial_state is not None,
-            STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, num_warps=8,
-            num_stages=1)  # Triton's 3 stages: 372 KB of shared memory (the H100: 227)
-        return out
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
