@@ -428,10 +428,10 @@ def reverse_ms(kernels: dict) -> float:
             + kernels.get("chunk_kda_bwd_dv_kernel", 0.0))
 
 
-def to_json_rows(bw, rate, speed, acc, var=()):
-    out = [dict(target="H200 copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 2),
+def to_json_rows(bw, rate, speed, acc, var=(), card="H200"):
+    out = [dict(target=f"{card} copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 2),
                 unit="TB/s"),
-           dict(target="H200 bf16 matmul rate (8192^3)", value=round(rate / 1e12, 1),
+           dict(target=f"{card} bf16 matmul rate (8192^3)", value=round(rate / 1e12, 1),
                 unit="TFLOP/s")]
     nan = float("nan")
     ratios, eager = [], []
@@ -531,6 +531,8 @@ def main():
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="an earlier commit's kernels (scripts/baseline_kernels.sh COMMIT DIR), "
                          "timed as the config 'baseline' of --configs")
+    ap.add_argument("--device", default=None,
+                    help="the card the logs ran on, for --from-log's page (default: H200)")
     ap.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
                     help="write --json from the JSON lines of earlier runs' logs (a later log's "
                          "row replaces an earlier one of the same shape, case or config)")
@@ -541,14 +543,17 @@ def main():
     def save():
         if not args.json or res["bw"] is None:
             return
-        doc = dict(benchmark="train_h200",
-                   device=("NVIDIA H200 (from logs)" if args.from_log
-                           else torch.cuda.get_device_name()),
+        stem = os.path.splitext(os.path.basename(args.json))[0]
+        doc_device = args.device or ("NVIDIA H200 (from logs)" if args.from_log
+                                     else torch.cuda.get_device_name())
+        doc = dict(benchmark=stem if stem.startswith("train_") else "train_h200",
+                   device=doc_device,
                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                    commit=os.environ.get("KDALAB_COMMIT", "unknown"),
                    command="python benchmarks/bench_train.py " + " ".join(sys.argv[1:]),
                    rows=to_json_rows(res["bw"], res["rate"], res["speed"], res["acc"],
-                                     res["var"]))
+                                     res["var"],
+                                     card="H100" if "H100" in doc_device else "H200"))
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=1)
         write_raw(args.json, dict(rates=dict(copy_bw_tbs=res["bw"] / 1e12,
@@ -598,7 +603,7 @@ def read_logs(paths):
 
     for path in paths:
         # a log named for its commit (train_<sha>[_x].log): its config rows say which
-        at = re.fullmatch(r"train_([0-9a-f]{7})(?:_[a-z])?\.(?:log|json)",
+        at = re.fullmatch(r"train_([0-9a-f]{7})(?:_[a-z][a-z0-9]*)?\.(?:log|json)",
                           os.path.basename(path))
         for row in rows_of(path):
             if at and "config" in row:
