@@ -242,6 +242,44 @@ def test_train_from_logs_reads_an_earlier_raw_file(tmp_path):
     assert raw["rates"]["copy_bw_tbs"] == 4.0 and len(raw["variants"]) == 2
 
 
+def test_train_from_logs_of_another_card_names_it(tmp_path):
+    # an H100's logs (train_<sha>_h100.log): the page is named for the file, its rates rows
+    # for the card, and the config rows carry the log's commit
+    kern = {"chunk_kda_bwd_recurrent_kernel": 1.0, "chunk_kda_prepare_bwd_kernel": 0.5}
+    log = tmp_path / "train_abcdef0_h100.log"
+    log.write_text("\n".join(json.dumps(r) for r in (
+        dict(copy_bw_tbs=3.0, bf16_tflops=700.0),
+        dict(shape="S", config="block_v=128", step_gpu_ms=2.0, bwd_gpu_ms=1.5, kernels=kern,
+             peak_mb=8.0))) + "\n")
+    out = tmp_path / "train_h100.json"
+    done = _run("bench_train.py", "--from-log", log, "--json", out, "--device", "NVIDIA H100")
+    assert done.returncode == 0, done.stderr
+    page = json.loads(out.read_text())
+    assert page["benchmark"] == "train_h100" and page["device"] == "NVIDIA H100"
+    targets = [r["target"] for r in page["rows"]]
+    assert "H100 copy bandwidth (1 GiB d2d)" in targets
+    assert "block_v=128 at abcdef0 1.50" in page["rows"][-1]["note"]
+
+
+def test_baseline_kernels_rename_every_op_they_call(tmp_path):
+    # scripts/baseline_kernels.sh: an earlier commit's kernels as kdalab_baseline, its ops
+    # registered and called under that name only (by string and by attribute: left as
+    # torch.ops.kdalab.chunk_kda, the baseline's training step ran the new op), importable
+    # beside kdalab.kernels
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "baseline_kernels.sh"), "HEAD",
+                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    text = "".join(p.read_text() for p in (tmp_path / "kdalab_baseline").glob("*.py"))
+    assert "torch.ops.kdalab_baseline.chunk_kda" in text
+    assert "ops.kdalab." not in text and '"kdalab::' not in text
+    probe = ("import sys, torch; import kdalab.kernels; sys.path.insert(0, sys.argv[1]); "
+             "import kdalab_baseline; print(torch.ops.kdalab_baseline.chunk_kda_bwd, "
+             "torch.ops.kdalab.chunk_kda_bwd)")
+    res = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0 and "kdalab_baseline.chunk_kda_bwd" in res.stdout, res.stderr
+
+
 def _check_record(kernel, case, o_err, s_err=1e-4, status="pass"):
     return dict(kernel=kernel, case=case, status=status, kind="accuracy", o_rel_err=o_err,
                 state_rel_err=s_err, bf16_floor=1e-3, floor_multiple=o_err / 1e-3)
