@@ -29,7 +29,6 @@ import triton.language as tl
 
 from .chunk_prepare import (
     beta_of,
-    neumann_inverse16,
     pairwise_tiles,
 )
 from .contract import Problem
@@ -66,6 +65,46 @@ def pairwise_grads(dP, dM, kv, qs, g2, o_r, BT: tl.constexpr):
         dstep += tl.where((o_r > j)[:, None], tl.cumsum(x * kj[None, :], axis=0, reverse=True),
                           0.0)
     return drow, dqs, dcol, dstep
+
+
+@triton.jit
+def _hi(x):
+    """x rounded to 10 significand bits (half away from zero, on the bits): exact in tf32, the
+    big part of a 3xTF32 split; x - _hi(x) is exact in fp32 and at most 2^-11 |x|. Splitting
+    by hand lets a loop-invariant operand be split once, where tl.dot's "tf32x3" splits both
+    operands at every product (and, measured on the sm_90a compile, takes more instructions
+    even where nothing is hoisted)."""
+    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot3(a_hi, a_lo, b):
+    """a @ b as three tf32 products (3xTF32) with ``a`` split once by the caller (``_hi``)."""
+    b_hi = _hi(b)
+    return (tl.dot(a_hi, b_hi, input_precision="tf32")
+            + tl.dot(a_hi, b - b_hi, input_precision="tf32")
+            + tl.dot(a_lo, b_hi, input_precision="tf32"))
+
+
+@triton.jit
+def _inverse16(L, BT: tl.constexpr):
+    """(I + L)^-1 of a strictly lower BT×BT block by the Neumann product, as the forward's
+    ``neumann_inverse16``, its 3xTF32 products with each factor split once (L^2k serves two
+    products)."""
+    o_r = tl.arange(0, BT)
+    p = L
+    inv = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0) - L
+    p_hi = _hi(p)
+    for _ in tl.static_range(3):
+        p = (tl.dot(p_hi, p_hi, input_precision="tf32")
+             + tl.dot(p_hi, p - p_hi, input_precision="tf32")
+             + tl.dot(p - p_hi, p_hi, input_precision="tf32"))  # L^2, L^4, L^8
+        p_hi = _hi(p)
+        inv_hi = _hi(inv)
+        inv = inv + (tl.dot(inv_hi, p_hi, input_precision="tf32")
+                     + tl.dot(inv_hi, p - p_hi, input_precision="tf32")
+                     + tl.dot(inv - inv_hi, p_hi, input_precision="tf32"))
+    return inv
 
 
 @triton.jit
@@ -158,18 +197,23 @@ def chunk_kda_prepare_bwd_kernel(
             mid = g2_last[None, :] * 0.5
             up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
             dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))
-            P += tl.dot(kv * up, tl.trans(kv * dn), input_precision="tf32x3")
-        dwkd += tl.dot(dw, tl.trans(kv * tl.exp2(g2)), input_precision="tf32x3")
+            ku = kv * up
+            P += _dot3(_hi(ku), ku - _hi(ku), tl.trans(kv * dn))
+        dwkd += _dot3(_hi(dw), dw - _hi(dw), tl.trans(kv * tl.exp2(g2)))
 
     # the [BT, BT] algebra: T = (I + L)^-1, A = T diag(β), and their gradients
     P = tl.where(strict, P, 0.0)
-    Tinv = neumann_inverse16(P * b[:, None], BT)
+    Tinv = _inverse16(P * b[:, None], BT)
     A = Tinv * b[None, :]
     dA = tl.where(o_r[:, None] >= o_r[None, :], tl.load(dainv_ptr + o_cc) + dwkd, 0.0)
     db = tl.sum(Tinv * dA, axis=0)
     TiT = tl.trans(Tinv)
-    dL = -tl.dot(tl.dot(TiT, dA * b[None, :], input_precision="tf32x3"), TiT,
-                 input_precision="tf32x3")
+    tit_hi = _hi(TiT)
+    x = _dot3(tit_hi, TiT - tit_hi, dA * b[None, :])
+    x_hi = _hi(x)
+    dL = -(tl.dot(x_hi, tit_hi, input_precision="tf32")
+           + tl.dot(x_hi, TiT - tit_hi, input_precision="tf32")
+           + tl.dot(x - x_hi, tit_hi, input_precision="tf32"))
     dL = tl.where(strict, dL, 0.0)
     db += tl.sum(dL * P, axis=1)
     dP = dL * b[:, None]
@@ -177,6 +221,17 @@ def chunk_kda_prepare_bwd_kernel(
     diag = tl.sum(tl.where(o_r[:, None] == o_r[None, :], dM, 0.0), axis=1)
     dM = tl.where(strict, dM, 0.0)
     before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
+    # the key blocks' [16, 16] operands, split for 3xTF32 once
+    at_hi = _hi(tl.trans(A))
+    at_lo = tl.trans(A) - at_hi
+    dp_hi = _hi(dP)
+    dp_lo = dP - dp_hi
+    dm_hi = _hi(dM)
+    dm_lo = dM - dm_hi
+    dpt_hi = _hi(tl.trans(dP))
+    dpt_lo = tl.trans(dP) - dpt_hi
+    dmt_hi = _hi(tl.trans(dM))
+    dmt_lo = tl.trans(dM) - dmt_hi
 
     # (C) each block's gradients
     # Σ_c k̂ dk̂, Σ_c q̂ d(q̂) of the rows and dA_log's terms, summed elementwise over the
@@ -203,7 +258,7 @@ def chunk_kda_prepare_bwd_kernel(
         decay = tl.exp2(g2)
         kd = kv * decay
         ekend = tl.exp2(g2_last[None, :] - g2)
-        dkd = tl.dot(tl.trans(A), dw, input_precision="tf32x3")
+        dkd = _dot3(at_hi, at_lo, dw)
         if wide:
             drow, dqs, dcol, dpair = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
             pair = tl.zeros(kv.shape, dtype=tl.float32)
@@ -212,10 +267,9 @@ def chunk_kda_prepare_bwd_kernel(
             up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
             dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))
             ki = kv * dn
-            drow = up * tl.dot(dP, ki, input_precision="tf32x3")
-            dqs = up * tl.dot(dM, ki, input_precision="tf32x3")
-            dcol = dn * (tl.dot(tl.trans(dP), kv * up, input_precision="tf32x3")
-                         + tl.dot(tl.trans(dM), qs * up, input_precision="tf32x3"))
+            drow = up * _dot3(dp_hi, dp_lo, ki)
+            dqs = up * _dot3(dm_hi, dm_lo, ki)
+            dcol = dn * (_dot3(dpt_hi, dpt_lo, kv * up) + _dot3(dmt_hi, dmt_lo, qs * up))
             # the pairs' step gradient joins the steps' own in one reverse sum (below)
             pair = kv * (drow - dcol) + qs * dqs
             dpair = tl.zeros(kv.shape, dtype=tl.float32)
