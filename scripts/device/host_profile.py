@@ -30,9 +30,12 @@ A_log = torch.zeros(H, device=dev)
 dt_bias = torch.zeros(H * K, device=dev)
 print(torch.cuda.get_device_name(), "triton", triton.__version__, "torch", torch.__version__)
 for spec in a.configs.split(";"):
-    cfg = KernelConfig() if spec == "auto" else KernelConfig(**{
-        kv.split("=")[0]: kv.split("=")[1] for kv in spec.split(",")})
-    fn = lambda: chunk_kda_fwd(q, k, v, gate, beta, A_log=A_log, dt_bias=dt_bias, config=cfg)
+    fields = {} if spec == "auto" else dict(kv.split("=") for kv in spec.split(","))
+    cfg = KernelConfig(**{f: int(x) if x.isdigit() else x for f, x in fields.items()})
+
+    def fn(cfg=cfg):
+        return chunk_kda_fwd(q, k, v, gate, beta, A_log=A_log, dt_bias=dt_bias, config=cfg)
+
     for _ in range(20):
         fn()
     torch.cuda.synchronize()
