@@ -17,7 +17,9 @@
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh; TESTS_S, default 540: 64
-#             tests ran past 420 s at aa848c3)
+#             tests ran past 420 s at aa848c3); TESTS_K: a -k selection, e.g. kernels_backward
+#             (the backward's 8, 175 s on an H100; '-k backward' also takes check --grad's fla
+#             case, whose autotuning ran past 200 s at 5784e74)
 #   serving   benchmarks/bench_decode.py: decode, pool, checkpoints, many short sequences
 #             (SERVING_PARTS: some of decode,pool,short; SERVING_ARGS: more options, e.g.
 #             "--candidates default,guard_inline --rounds 3")
