@@ -78,12 +78,25 @@ def _hi(x):
 
 
 @triton.jit
-def _dot3(a_hi, a_lo, b):
-    """a @ b as three tf32 products (3xTF32) with ``a`` split once by the caller (``_hi``)."""
-    b_hi = _hi(b)
+def _split(x):
+    """(hi, lo): x = hi + lo exactly, hi = ``_hi(x)``."""
+    hi = _hi(x)
+    return hi, x - hi
+
+
+@triton.jit
+def _mm3(a_hi, a_lo, b_hi, b_lo):
+    """a @ b as three tf32 products (3xTF32) of operands split by the caller (``_split``)."""
     return (tl.dot(a_hi, b_hi, input_precision="tf32")
-            + tl.dot(a_hi, b - b_hi, input_precision="tf32")
+            + tl.dot(a_hi, b_lo, input_precision="tf32")
             + tl.dot(a_lo, b_hi, input_precision="tf32"))
+
+
+@triton.jit
+def _dot3(a_hi, a_lo, b):
+    """a @ b as ``_mm3`` with ``a`` split once by the caller, ``b`` here."""
+    b_hi, b_lo = _split(b)
+    return _mm3(a_hi, a_lo, b_hi, b_lo)
 
 
 @triton.jit
@@ -94,16 +107,12 @@ def _inverse16(L, BT: tl.constexpr):
     o_r = tl.arange(0, BT)
     p = L
     inv = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0) - L
-    p_hi = _hi(p)
+    p_hi, p_lo = _split(p)
     for _ in tl.static_range(3):
-        p = (tl.dot(p_hi, p_hi, input_precision="tf32")
-             + tl.dot(p_hi, p - p_hi, input_precision="tf32")
-             + tl.dot(p - p_hi, p_hi, input_precision="tf32"))  # L^2, L^4, L^8
-        p_hi = _hi(p)
-        inv_hi = _hi(inv)
-        inv = inv + (tl.dot(inv_hi, p_hi, input_precision="tf32")
-                     + tl.dot(inv_hi, p - p_hi, input_precision="tf32")
-                     + tl.dot(inv - inv_hi, p_hi, input_precision="tf32"))
+        p = _mm3(p_hi, p_lo, p_hi, p_lo)  # L^2, L^4, L^8
+        p_hi, p_lo = _split(p)
+        inv_hi, inv_lo = _split(inv)
+        inv = inv + _mm3(inv_hi, inv_lo, p_hi, p_lo)
     return inv
 
 
@@ -198,8 +207,10 @@ def chunk_kda_prepare_bwd_kernel(
             up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
             dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))
             ku = kv * up
-            P += _dot3(_hi(ku), ku - _hi(ku), tl.trans(kv * dn))
-        dwkd += _dot3(_hi(dw), dw - _hi(dw), tl.trans(kv * tl.exp2(g2)))
+            ku_hi, ku_lo = _split(ku)
+            P += _dot3(ku_hi, ku_lo, tl.trans(kv * dn))
+        dw_hi, dw_lo = _split(dw)
+        dwkd += _dot3(dw_hi, dw_lo, tl.trans(kv * tl.exp2(g2)))
 
     # the [BT, BT] algebra: T = (I + L)^-1, A = T diag(β), and their gradients
     P = tl.where(strict, P, 0.0)
@@ -208,12 +219,9 @@ def chunk_kda_prepare_bwd_kernel(
     dA = tl.where(o_r[:, None] >= o_r[None, :], tl.load(dainv_ptr + o_cc) + dwkd, 0.0)
     db = tl.sum(Tinv * dA, axis=0)
     TiT = tl.trans(Tinv)
-    tit_hi = _hi(TiT)
-    x = _dot3(tit_hi, TiT - tit_hi, dA * b[None, :])
-    x_hi = _hi(x)
-    dL = -(tl.dot(x_hi, tit_hi, input_precision="tf32")
-           + tl.dot(x_hi, TiT - tit_hi, input_precision="tf32")
-           + tl.dot(x - x_hi, tit_hi, input_precision="tf32"))
+    tit_hi, tit_lo = _split(TiT)
+    x_hi, x_lo = _split(_dot3(tit_hi, tit_lo, dA * b[None, :]))
+    dL = -_mm3(x_hi, x_lo, tit_hi, tit_lo)
     dL = tl.where(strict, dL, 0.0)
     db += tl.sum(dL * P, axis=1)
     dP = dL * b[:, None]
@@ -222,16 +230,11 @@ def chunk_kda_prepare_bwd_kernel(
     dM = tl.where(strict, dM, 0.0)
     before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
     # the key blocks' [16, 16] operands, split for 3xTF32 once
-    at_hi = _hi(tl.trans(A))
-    at_lo = tl.trans(A) - at_hi
-    dp_hi = _hi(dP)
-    dp_lo = dP - dp_hi
-    dm_hi = _hi(dM)
-    dm_lo = dM - dm_hi
-    dpt_hi = _hi(tl.trans(dP))
-    dpt_lo = tl.trans(dP) - dpt_hi
-    dmt_hi = _hi(tl.trans(dM))
-    dmt_lo = tl.trans(dM) - dmt_hi
+    at_hi, at_lo = _split(tl.trans(A))
+    dp_hi, dp_lo = _split(dP)
+    dm_hi, dm_lo = _split(dM)
+    dpt_hi, dpt_lo = _split(tl.trans(dP))
+    dmt_hi, dmt_lo = _split(tl.trans(dM))
 
     # (C) each block's gradients
     # Σ_c k̂ dk̂, Σ_c q̂ d(q̂) of the rows and dA_log's terms, summed elementwise over the
