@@ -10,6 +10,7 @@ bits)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -410,3 +411,190 @@ def test_gpu_default_config_plans_gluon_and_keeps_tritons_bits(monkeypatch):
     assert len(calls) == 1
     to, ts = chunk_kda_fwd(q, k, v, g, beta, **args, config=TRITON)
     assert len(calls) == 1 and torch.equal(o, to) and torch.equal(s, ts)
+
+
+# ------------------------------------------------ stage 1 streamed beside the Gluon stage 2
+
+def _problem(B, T, H, K=128, V=128, gate="raw", lower_bound=-5.0, cu_seqlens=None):
+    from kdalab.kernels.contract import prefill_problem
+
+    z = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)  # noqa: E731
+    return prefill_problem(z(B, T, H, K), z(B, T, H, K), z(B, T, H, V), z(B, T, H, K),
+                           z(B, T, H), scale=None, initial_state=None, A_log=None,
+                           dt_bias=None, gate=gate, lower_bound=lower_bound,
+                           cu_seqlens=cu_seqlens, use_qk_l2norm=True, beta_is_logits=True,
+                           state_layout="KV", config=KernelConfig())
+
+
+@pytest.mark.parametrize("case,want", [
+    (dict(), True),                                     # T 8192 H 64: 128 programs
+    (dict(H=132), True),                                # 264: two an SM, every one resident
+    (dict(H=133), False),                               # 266: some would wait for an SM
+    (dict(B=8, T=4096, H=32), False),                   # 512
+    (dict(gate_none=True), False),                      # the softplus gate: span-checked
+    (dict(gate="log_decay"), False),
+    (dict(cu=True), False),                             # varlen: stage 1's grid not in time
+    (dict(plan=dict(segment_chunks=64)), False),        # the split passes
+    (dict(plan=dict(stage2="triton")), False),
+    (dict(config=KernelConfig(stage1="first")), False),
+    (dict(v=torch.float32), False),
+])
+def test_streams_only_where_every_stage2_program_is_resident(case, want):
+    # stage 1 runs beside stage 2 only where nothing can wait for what cannot start: the Gluon
+    # serial pass, fixed length, no span check, at most two stage-2 programs an SM (the
+    # interpreter's assumed 132 SMs here)
+    from kdalab.kernels import api
+    from kdalab.kernels.launch_plan import LaunchPlan
+    from kdalab.kernels.tables import fixed_sequences, varlen_sequences
+
+    B, T, H = case.get("B", 1), case.get("T", 8192), case.get("H", 64)
+    cu = torch.tensor([0, 5000, T]) if case.get("cu") else None
+    gate = case.get("gate", "raw")
+    lb = None if case.get("gate_none") or gate == "log_decay" else -5.0
+    p = _problem(1 if cu is not None else B, T, H, gate=gate, lower_bound=lb, cu_seqlens=cu)
+    seqs = (varlen_sequences(cu, T) if cu is not None
+            else fixed_sequences(torch.device("cpu"), B, T))
+    plan = LaunchPlan(**{**dict(block_v=64, num_warps=4, prepare_warps=2, segment_chunks=0,
+                                stage2="gluon"), **case.get("plan", {})})
+    v = torch.zeros(p.B, T, H, 128, dtype=case.get("v", torch.bfloat16))
+    assert api.streams(p, seqs, plan, case.get("config", KernelConfig()), "fp16", v) is want
+    if want:
+        assert api.streams(p, seqs, plan, KernelConfig(), "tf32", v) is False
+
+
+def test_ws_streamed_launches_stage2_first_on_its_own_stream(monkeypatch):
+    # the order a streamed call makes: the side stream waits for the caller's (the flags
+    # zeroed, the inputs written), stage 2 is launched there with STREAM, then stage 1 on the
+    # caller's stream, then the caller waits for the side stream, then the guard's redo
+    import contextlib
+
+    events = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            events.append(f"{self.name} waits {other.name}")
+
+    side, caller = Stream("side"), Stream("caller")
+
+    @contextlib.contextmanager
+    def on(stream):
+        events.append(f"on {stream.name}")
+        yield
+        events.append("off")
+
+    monkeypatch.setattr(ws, "_side_stream", lambda device: side)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
+    monkeypatch.setattr(torch.cuda, "stream", on)
+    ready = torch.zeros(2, 2 * 64, dtype=torch.int32)
+    redo = []
+    calls = _ws_call(monkeypatch, T=1024, ready=ready, redo=redo,
+                     producer=lambda: events.append("stage 1"))
+    (grid, args, kw), = calls
+    assert kw["STREAM"] is True and args[21] is ready and args[24] == 2 * 64  # NC: chunks
+    assert events == ["side waits caller", "on side", "off", "stage 1", "caller waits side"]
+    assert len(redo) == 1  # the redo after the join (it reads stage 1's operands too)
+    # without a producer: one launch, no STREAM, no streams touched
+    events.clear()
+    (_, _, kw), = _ws_call(monkeypatch, T=1024)
+    assert "STREAM" not in kw and events == []
+
+
+@pytest.mark.parametrize("kw", [dict(producer=lambda: None), dict(ready=torch.zeros(1)),
+                                dict(producer=lambda: None, ready=torch.zeros(1),
+                                     passes=(1, 2), segments=torch.zeros(3, 6),
+                                     summary=torch.zeros(3, 2, 256, 128))])
+def test_ws_streamed_refuses_half_an_arrangement(kw, monkeypatch):
+    with pytest.raises(ValueError, match="producer and ready"):
+        _ws_call(monkeypatch, T=1024, **kw)
+
+
+def _streamed_pair(monkeypatch, q, k, v, g, beta, **args):
+    """The call with stage 1 streamed (asserting it was) and with stage 1 first."""
+    from kdalab.kernels import api
+
+    seen = []
+    real = api.chunk_kda_prepare
+
+    def spy(*a, **k):
+        seen.append(k.get("ready") is not None)
+        return real(*a, **k)
+
+    monkeypatch.setattr(api, "chunk_kda_prepare", spy)
+    got = chunk_kda_fwd(q, k, v, g, beta, **args, config=GLUON)
+    first = chunk_kda_fwd(q, k, v, g, beta, **args,
+                          config=dataclasses.replace(GLUON, stage1="first"))
+    assert seen == [True, False], seen
+    return got, first
+
+
+@gpu
+@pytest.mark.parametrize("B,T,H,K,h0,ck", [(1, 1024, 4, 128, False, None),
+                                           (2, 1000, 8, 128, True, None),
+                                           (3, 2048, 4, 64, True, 64),
+                                           (1, 4096, 132, 128, True, 64),
+                                           (2, 512, 16, 128, False, 128)])
+def test_gpu_streamed_stage1_gives_the_same_bits(B, T, H, K, h0, ck, monkeypatch):
+    # stage 2 running while stage 1 writes its operands, waiting for each chunk's flag: the
+    # outputs, final states and checkpoints of the same call with stage 1 run first, bit for
+    # bit (a chunk read before it was written would differ), at 1 to 264 programs, K 64, a
+    # ragged T, checkpoints; three repeats (a race need not show every time)
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", B, T, H, K, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True, checkpoint_every=ck,
+                initial_state=_state(B, H, K, K, seed=1, device="cuda") if h0 else None)
+    for _ in range(3):
+        got, first = _streamed_pair(monkeypatch, q, k, v, g, beta, **args)
+        for a, b in zip(got, first, strict=True):
+            if a is not None:
+                same, where = _same_bits(a, b)
+                assert same, where
+
+
+@gpu
+def test_gpu_streamed_call_captures_in_a_cuda_graph(monkeypatch):
+    # serving captures a call: the side stream forks from and joins the capturing stream, and
+    # the flags' zeroing is in the graph, so every replay waits for its own stage 1
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 2048, 16, 128, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True)
+    want, _ = _streamed_pair(monkeypatch, q, k, v, g, beta, **args)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm-up off the capture (allocator, Triton's caches)
+        chunk_kda_fwd(q, k, v, g, beta, **args, config=GLUON)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, st = chunk_kda_fwd(q, k, v, g, beta, **args, config=GLUON)
+    for scale in (1.0, 0.5, 1.0):
+        v.mul_(scale)
+        graph.replay()
+        torch.cuda.synchronize()
+        ref, ref_s = chunk_kda_fwd(q, k, v, g, beta, **args,
+                                   config=dataclasses.replace(GLUON, stage1="first"))
+        assert torch.equal(o, ref) and torch.equal(st, ref_s)
+    assert torch.equal(want[0], chunk_kda_fwd(q, k, v * 2, g, beta, **args)[0])
+
+
+@gpu
+def test_gpu_streamed_training_forward_keeps_the_gradients(monkeypatch):
+    # the differentiable op's forward streams too (its checkpoints every 64 tokens, fp32): the
+    # gradients equal those of the op with stage 1 first
+    from kdalab.kernels import api, chunk_kda
+
+    # T 8192 H 64: a shape whose plan takes the Gluon serial pass (the op's config has no
+    # stage2 to force it)
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 8192, 64, 128, device="cuda")
+    grads, said = [], []
+    real = api.streams
+    for stage1 in ("auto", "first"):
+        monkeypatch.setattr(api, "streams", lambda *a, _s=stage1: said.append(
+            real(*a) if _s == "auto" else False) or said[-1])
+        leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+        o, _ = chunk_kda(*leaves, g, beta, A_log=A_log, dt_bias=dt_bias)
+        o.float().square().sum().backward()
+        grads.append([x.grad for x in leaves] + [o.detach()])
+    assert said[0] is True and not any(said[1:]), said
+    for a, b in zip(*grads, strict=True):
+        assert torch.equal(a, b)

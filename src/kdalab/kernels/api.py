@@ -73,26 +73,56 @@ def sequences_for(p: Problem, cu_seqlens, device, entry="chunk_kda_fwd") -> Sequ
 
 
 class Prepared(NamedTuple):
-    """A call after stage 1: what stage 2 (forward or backward) needs."""
+    """A call after stage 1 (or with stage 1 pending): what stage 2 (forward or backward)
+    needs."""
 
     p: Problem
     seqs: Sequences
     plan: LaunchPlan
     dot: str
     ops: tuple  # stage 1's (w, qg, kend, klo, ainv, mqk, gamma)
+    #: stage 1's launch where it is streamed beside stage 2 (``streams``), else None (done)
+    pending: object = None
+    ready: torch.Tensor | None = None  # its chunks' flags, [H, chunks] int32
+
+
+def streams(p: Problem, seqs: Sequences, plan: LaunchPlan, config: KernelConfig, dot: str,
+            v: torch.Tensor) -> bool:
+    """Whether stage 1 runs at the same time as stage 2 (``KernelConfig.stage1``): the Gluon
+    serial pass (its loader waits for each chunk's flag), fixed-length sequences (stage 1's
+    grid in time order), a gate without the span check (no second stage-1 launch), and every
+    stage-2 program resident at once with room for stage 1's (at most two an SM: two take
+    40,960 of an SM's 65,536 registers and at most 191 KB of its 227 KB of shared memory,
+    leaving one 2-warp stage-1 program's 10,752 registers and 24 KB), so that no stage-2
+    program waits for a stage-1 program that cannot start."""
+    if (config.stage1 != "auto" or plan.stage2 != "gluon" or plan.segment_chunks > 0
+            or p.varlen or p.gate.span_checked or dot != "fp16" or seqs.num_chunks == 0):
+        return False
+    from . import chunk_recurrent_ws
+
+    programs = p.num_seqs * p.H * -(-p.V // 64)
+    return (programs <= 2 * _sm_count(seqs.device) and v.is_contiguous()
+            and v.dtype in (torch.bfloat16, torch.float16) and p.K in (64, 128)
+            and p.V % 64 == 0 and chunk_recurrent_ws.CHUNK == 16)
 
 
 def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
-            config: KernelConfig, products=None, precision="tf32") -> Prepared:
+            config: KernelConfig, products=None, precision="tf32", v=None) -> Prepared:
     """Tables, plan and stage 1 of a checked call (inputs contiguous, dt_bias flat);
     ``products``, ``precision``: stage 1's storage dtype instead of its default and its
-    products' precision (chunk_kda_prepare)."""
+    products' precision (chunk_kda_prepare). ``v``: the forward's values, given where stage
+    2 follows: stage 1 is then left pending where it ``streams`` (``forward_stage2``
+    launches it)."""
     seqs = sequences_for(p, cu_seqlens, q.device)
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
     plan = plan_for(seqs, p, config, dot)
-    ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
-                            num_warps=plan.prepare_warps, dtype=products,
-                            precision=precision)
+    kw = dict(num_warps=plan.prepare_warps, dtype=products, precision=precision)
+    if v is not None and products is None and streams(p, seqs, plan, config, dot, v):
+        ready = torch.zeros((p.H, seqs.num_chunks), device=q.device, dtype=torch.int32)
+        ops, launch = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs, **kw,
+                                        ready=ready, defer=True)
+        return Prepared(p, seqs, plan, dot, ops, launch, ready)
+    ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs, **kw)
     return Prepared(p, seqs, plan, dot, ops)
 
 
@@ -174,7 +204,7 @@ def chunk_kda_fwd(
         raise ValueError(f"output_final_state must be True or False, got {output_final_state!r}")
     q, k, v, g, beta, A_log, dt_bias, initial_state = contiguous(q, k, v, g, beta, A_log,
                                                                  dt_bias, initial_state)
-    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config)
+    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config, v=v)
     o, final_state, ck = forward_stage2(
         v, c, initial_state, config, output_final_state=output_final_state,
         state_pool=state_pool, state_indices=state_indices, checkpoint_every=checkpoint_every)
@@ -221,6 +251,11 @@ def forward_stage2(v, c: Prepared, initial_state, config: KernelConfig, *,
 
         if chunk_recurrent_ws.applies(v, c.ops, c.dot):
             run = chunk_recurrent_ws.chunk_kda_recurrent_ws
+    if c.pending is not None:  # stage 1 streamed beside the Gluon serial pass
+        if run is chunk_kda_recurrent or plan.segment_chunks > 0:
+            c.pending()  # (not reached where ``streams`` held: stage 1 first)
+        else:
+            launch.update(producer=c.pending, ready=c.ready)
     if plan.segment_chunks <= 0:
         o = run(v, *c.ops, **launch)
     else:
