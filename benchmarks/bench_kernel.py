@@ -127,6 +127,19 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=300, return_mode="median")
 
 
+def graph_ms(fn):
+    """do_bench of ``fn`` captured in a CUDA graph (warmed on a side stream first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return bench(graph.replay)
+
+
 def kernel_time(fn, iters=5):
     """(GPU busy ms per call, {kernel: ms per call}): the kernels' and copies' durations from
     torch.profiler (one stream: they do not overlap), so the host's launch overhead, which
@@ -217,10 +230,10 @@ def baseline_rounds(x, old_fwd, rounds=3):
                 baseline_max_abs_diff=float((a.float() - b.float()).abs().max()))
 
 
-def grid(names, alt=None, baseline=None, with_peers=True):
-    """kdalab (the default config, and ``alt`` after it when given) and the peers per shape;
-    ``baseline`` (a folder, ``load_baseline``): an earlier commit's kernel in alternating
-    rounds too."""
+def grid(names, alt=None, baseline=None, with_peers=True, base=KernelConfig()):
+    """kdalab (the ``base`` config, the default's, and ``alt`` after it when given) and the
+    peers per shape; ``baseline`` (a folder, ``load_baseline``): an earlier commit's kernel in
+    alternating rounds too."""
     peers = ({"fla": load_fla(), "flashkda": load_flashkda()} if with_peers else {})
     old_fwd = None
     if baseline is not None:
@@ -231,15 +244,19 @@ def grid(names, alt=None, baseline=None, with_peers=True):
         x = make_inputs(SHAPES[name])
         row = dict(shape=name)
         t0 = time.perf_counter()
-        run_kdalab(x)  # compile / plan outside the timing
+        run_kdalab(x, base)  # compile / plan outside the timing
         row["kdalab_first_call_s"] = time.perf_counter() - t0
-        row["kdalab_ms"] = bench(lambda: run_kdalab(x))
+        row["kdalab_ms"] = bench(lambda: run_kdalab(x, base))
         if old_fwd is not None:
             row.update(baseline_rounds(x, old_fwd))
         if alt is not None:
             run_kdalab(x, alt)
             row["kdalab_alt_ms"] = bench(lambda: run_kdalab(x, alt))
             row["alt_over_default"] = row["kdalab_ms"] / row["kdalab_alt_ms"]
+            # and under CUDA-graph replay (no host time between the launches of a call)
+            row["kdalab_graph_ms"] = graph_ms(lambda: run_kdalab(x, base))
+            row["kdalab_alt_graph_ms"] = graph_ms(lambda: run_kdalab(x, alt))
+            row["alt_over_default_graph"] = row["kdalab_graph_ms"] / row["kdalab_alt_graph_ms"]
         for peer, fn in peers.items():
             if fn is None:
                 continue
@@ -263,8 +280,8 @@ def grid(names, alt=None, baseline=None, with_peers=True):
         cells = [f"{r.get(k, float('nan')):8.3f}" for k in ("kdalab_ms", "fla_ms")]
         cells.append(f"{r.get('flashkda_ms', float('nan')):9.3f}")
         print(f"{r['shape']:22s} {' '.join(cells)}  {r.get('ratio', float('nan')):5.2f}x"
-              + (f"  alt {r['alt_over_default']:.3f}x the default" if "alt_over_default" in r
-                 else "")
+              + (f"  alt {r['alt_over_default']:.3f}x the default (graph "
+                 f"{r['alt_over_default_graph']:.3f}x)" if "alt_over_default" in r else "")
               + (f"  {r['kdalab_over_baseline']:.3f}x the baseline's time"
                  if "kdalab_over_baseline" in r else ""))
     if old_fwd is not None:
@@ -521,6 +538,9 @@ def main():
     ap.add_argument("--alt", default=None, metavar="FIELD=VALUE,...",
                     help="--grid: also time kdalab under this KernelConfig (e.g. "
                          "fp16_guard=launch), after the default on each shape")
+    ap.add_argument("--base", default=None, metavar="FIELD=VALUE,...",
+                    help="--grid: kdalab's config in place of the default (e.g. "
+                         "stage2=gluon,segment_chunks=0), --alt's too")
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="--grid: also time an earlier commit's kernel (the package "
                          "kdalab_baseline in DIR: scripts/baseline_kernels.sh), alternating")
@@ -546,11 +566,14 @@ def main():
     if args.accuracy:
         result["accuracy"] = accuracy()
     if args.grid:
-        alt = parse_config(args.alt) if args.alt else None
+        base = parse_config(args.base) if args.base else KernelConfig()
+        alt = parse_config(",".join(filter(None, (args.base, args.alt)))) if args.alt else None
         result["grid"], result["geomean"] = grid(names, alt, args.baseline,
-                                                 with_peers=not args.no_peers)
+                                                 with_peers=not args.no_peers, base=base)
         if alt is not None:
             result["alt"] = args.alt
+        if args.base:
+            result["base"] = args.base
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

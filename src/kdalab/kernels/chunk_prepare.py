@@ -337,11 +337,6 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
             chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, REDO=True)
 
     if defer:
-        if q.is_cuda and ready is not None:
-            # compiled now, not at its launch: a stage 2 launched before it waits for its
-            # flags, and a first call's compile (seconds) would outlast that wait
-            chunk_kda_prepare_kernel.warmup(*args, **kw, STREAM=True,
-                                            grid=(seqs.num_chunks * H,))
         return ops, launch
     launch()
     return ops

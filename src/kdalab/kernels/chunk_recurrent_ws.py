@@ -81,8 +81,7 @@ def _await_chunks(ready_ptr, i, n_chunks, avail, WINDOW: gl.constexpr):
     i + WINDOW - 1 read in one load (relaxed, a pause between reads) until chunk i's is set,
     the ready run from i taken, then one acquire fence. A bounded wait (2^22 reads, over a
     second): past it the chunk is taken as it is (the GPU tests compare every output with the
-    unstreamed call's), not a hang; the host compiles stage 1 before it launches this kernel,
-    so that stage 1's compile is not waited for here."""
+    unstreamed call's), not a hang."""
     lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     o = gl.arange(0, WINDOW, layout=lay)
     spins = 0
@@ -432,9 +431,10 @@ def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_sta
     ``guard`` is always the second launch. Returns o.
 
     Streamed (``producer``: stage 1's launch, not yet made; ``ready``: its chunks' flags,
-    [H, chunks] int32, zero): the kernel is launched first, on a high-priority side stream,
-    its loader waiting for each chunk's flag, and stage 1 then on the caller's stream, so that
-    the two run at once; the caller's stream waits for both before the redo. The serial pass
+    [H, chunks] int32, zero): stage 1 on the caller's stream, and this kernel beside it on a
+    high-priority side stream (its programs are started before stage 1's next ones), its
+    loader waiting for each chunk's flag; the caller's stream waits for both before the
+    redo. The serial pass
     only, every program resident at once (the caller's rule: ``api.streams``)."""
     from .chunk_recurrent import chunk_kda_recurrent
 
@@ -484,14 +484,17 @@ def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_sta
                     ready.shape[-1] if ready is not None else 0)
             if producer is None:
                 chunk_kda_recurrent_ws_kernel[(nv, items)](*args, PASS=pass_, NV=nv, **common)
-            else:
+            else:  # the side stream starts after the caller's work so far (the flags
+                # zeroed), not after stage 1, which is launched first: its compile and module
+                # load on the host (seconds, the first time; a module load waits for the
+                # device) come before anything waits for it on the device
                 caller = torch.cuda.current_stream(v.device)
                 side = _side_stream(v.device)
                 side.wait_stream(caller)
+                producer()
                 with torch.cuda.stream(side):
                     chunk_kda_recurrent_ws_kernel[(nv, items)](*args, PASS=pass_, NV=nv,
                                                                STREAM=True, **common)
-                producer()
                 caller.wait_stream(side)
         elif producer is not None:  # no Gluon launch: stage 1 first, then Triton's
             producer()
