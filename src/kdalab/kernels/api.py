@@ -120,9 +120,12 @@ def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
     plan = plan_for(seqs, p, config, dot)
     kw = dict(num_warps=plan.prepare_warps, dtype=products, precision=precision)
     if v is not None and products is None and streams(p, seqs, plan, config, dot, v):
-        ready = torch.zeros((p.H, seqs.num_chunks), device=q.device, dtype=torch.int32)
+        # each chunk's flag [H, chunks], then each (sequence, head)'s progress in stage 2
+        flat = torch.zeros(p.H * seqs.num_chunks + p.num_seqs * p.H, device=q.device,
+                           dtype=torch.int32)
+        ready = flat[:p.H * seqs.num_chunks].view(p.H, seqs.num_chunks)
         ops, launch = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs, **kw,
-                                        ready=ready, defer=True)
+                                        ready=flat, defer=True)
         return Prepared(p, seqs, plan, dot, ops, launch, ready)
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs, **kw)
     return Prepared(p, seqs, plan, dot, ops)

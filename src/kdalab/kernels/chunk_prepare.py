@@ -44,6 +44,7 @@ from .gate import SPLIT_SPAN2, gate_params, log2_decay
 from .indexing import chunk_of_program
 
 CHUNK = 16
+STREAM_LAG = 0  # (experiment) chunks a streamed stage 1 may run ahead of stage 2; 0: any
 
 
 @triton.jit
@@ -153,6 +154,7 @@ def chunk_kda_prepare_kernel(
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
     PRECISION: tl.constexpr = "tf32", REDO: tl.constexpr = False, STREAM: tl.constexpr = False,
+    LAG: tl.constexpr = 0,
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
@@ -183,6 +185,12 @@ def chunk_kda_prepare_kernel(
         i_h = lin % H
         r = lin // H
         i_c = (r % B) * nt + r // B
+        if LAG > 0:  # at most LAG chunks ahead of stage 2's loads of this (sequence, head)
+            t = r // B
+            prog = ready_ptr + B * nt * H + (r % B) * H + i_h
+            spins = 0
+            while (tl.load(prog, volatile=True) < t - LAG) & (spins < 1048576):
+                spins += 1
     else:
         i_c = tl.program_id(0)
         i_h = tl.program_id(1)
@@ -330,7 +338,8 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
 
     def launch():
         if ready is not None:
-            chunk_kda_prepare_kernel[(seqs.num_chunks * H,)](*args, **kw, STREAM=True)
+            chunk_kda_prepare_kernel[(seqs.num_chunks * H,)](*args, **kw, STREAM=True,
+                                                              LAG=STREAM_LAG)
             return
         chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw)
         if two:  # the flagged (wide) chunks' tiles per pair

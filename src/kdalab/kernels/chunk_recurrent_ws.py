@@ -100,7 +100,7 @@ def _await_chunks(ready_ptr, i, n_chunks, avail, WINDOW: gl.constexpr):
 
 @gluon.jit
 def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H, ready_ptr, NC,
-            WRITE_O: gl.constexpr, STREAM: gl.constexpr):
+            prog_ptr, publish, WRITE_O: gl.constexpr, STREAM: gl.constexpr):
     """One warp: chunk i's operands into stage i % NUM_STAGES once the compute warpgroup has
     released it (rows past the tensor's end come as zeros; without outputs no QG, MQK) and,
     with ``STREAM``, once stage 1 has flagged it (``ready_ptr`` [H, NC])."""
@@ -132,6 +132,9 @@ def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H, ready_pt
         _tma_load(ainv_d, [cc * BT, 0], bar, ainv_s.index(s))
         if WRITE_O:
             _tma_load(mqk_d, [cc * BT, 0], bar, mqk_s.index(s))
+        if STREAM:
+            if publish != 0:  # how far this (sequence, head) has come: stage 1's pace
+                gl.store(prog_ptr, (i + 1).to(gl.int32))
 
 
 @gluon.jit
@@ -368,7 +371,8 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
                     K, V, BV, HAS_H0, STORE_HT, STATE_VK, CKC, FULL, PASS, num_warps,
                     STREAM)),
         (_loader, (descs, bufs, bars, bos, i_h * K, i_h * V + i_v * BV, c0, n_chunks, i_h,
-                   H, ready_ptr, NC, PASS != 1, STREAM)),
+                   H, ready_ptr, NC, ready_ptr + H * NC + i_n * H + i_h,
+                   (i_v == 0).to(gl.int32), PASS != 1, STREAM)),
     ], [1], [40])
 
 
