@@ -31,8 +31,9 @@ def test_the_page_is_what_the_results_give():
     # figures live in git, not here; 335 when decode's N = 128 and 512 did, 338 when the CPU
     # memory count took training's six shapes, 348 when the kernel candidates' grids joined,
     # 365 when the H100's training figures did: the device lent no H200 for two sessions;
-    # 400 when the H100's prefill grid and serving pages did, for a third)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 400
+    # 400 when the H100's prefill grid and serving pages did, for a third; 410 for the H100's
+    # page of stage 1 streamed beside stage 2, whose code was deleted: its figures stay)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 410
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
