@@ -314,10 +314,6 @@ def explore_configs(shape):
         "serial_gluon": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
                                      stage2="gluon"),
         "plan_gluon": KernelConfig(stage2="gluon"),
-        # stage 1 run to its end before the Gluon serial pass instead of beside it
-        # (KernelConfig.stage1; the same bits)
-        "serial_gluon_first": KernelConfig(segment_chunks=0, block_v=64, num_warps=4,
-                                           stage2="gluon", stage1="first"),
     })
     for L in (64, 256, 1024):  # the Gluon kernel's passes may want other segment lengths
         if 2 * L <= n_chunks:

@@ -144,7 +144,7 @@ def ws_signature(K: int, BV: int = 64) -> dict:
                 mqk_d=desc("fp16", gl.float16, [16, 16]), o_d=desc("bf16", gl.bfloat16, [16, BV]),
                 ck_d=desc("fp32", gl.float32, [K, BV]), o_ptr="*bf16", gamma_ptr="*fp32",
                 h0_ptr="*fp32", ht_ptr="*fp32", flag_ptr="*i32", sum_ptr="*fp32", T="i32",
-                H="i32", NC="i32", **{n: "*i32" for n in ptrs + ("seg_ptr", "ready_ptr")})
+                H="i32", **{n: "*i32" for n in ptrs + ("seg_ptr",)})
 
 
 def kdalab_rows(only: str | None = None):
@@ -178,8 +178,8 @@ def kdalab_rows(only: str | None = None):
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", w_ptr="*fp16", qg_ptr="*fp16",
                 kend_ptr="*fp16", klo_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16",
                 gamma_ptr="*fp32",
-                chunk_table_ptr="*i32", wide_ptr="*i32", ready_ptr="*i32", T="i32",
-                scale="fp32", lower_bound="fp32", B="i32", H="i32")
+                chunk_table_ptr="*i32", wide_ptr="*i32", T="i32", scale="fp32",
+                lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
               USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=False)
     # rows in whole chunks (fixed length, T % 16 == 0) masked; other rows (varlen, or a
@@ -187,9 +187,6 @@ def kdalab_rows(only: str | None = None):
     # path
     for nw in (2, 4):
         yield timed(chunk_kda_prepare_kernel, prep, ce, num_warps=nw, label=f"stage 1 w{nw}")
-    # streamed beside the Gluon stage 2: a time-ordered grid, each chunk's flag set at its end
-    yield timed(chunk_kda_prepare_kernel, prep, dict(ce, STREAM=True), num_warps=2,
-                label="stage 1 streamed w2")
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, IS_VARLEN=True, CLAMP_ROWS=True),
                 num_warps=2, label="stage 1 varlen w2")
     yield timed(chunk_kda_prepare_kernel, prep, dict(ce, CLAMP_ROWS=True), num_warps=2,
@@ -226,20 +223,16 @@ def kdalab_rows(only: str | None = None):
                     num_warps=nw,
                     label=f"stage 2 pass {pass_} {dt} BV{bv} w{nw}" + (" state" if h0 else ""))
     # the warp-specialized Gluon prototype of the serial pass (BV 64, a loader warp)
-    # (and streamed: its loader waiting for stage 1's flags, with and without checkpoints)
-    for k, h0, varlen, ckc, pass_, st in ((128, True, False, 0, 0, 0), (128, False, False, 0, 0, 0),
-                                          (64, True, False, 0, 0, 0), (128, True, True, 0, 0, 0),
-                                          (128, True, True, 4, 0, 0), (128, True, False, 0, 1, 0),
-                                          (128, True, False, 4, 2, 0), (128, False, False, 0, 0, 1),
-                                          (128, True, False, 4, 0, 1)):
+    for k, h0, varlen, ckc, pass_ in ((128, True, False, 0, 0), (128, False, False, 0, 0),
+                                      (64, True, False, 0, 0), (128, True, True, 0, 0),
+                                      (128, True, True, 4, 0), (128, True, False, 0, 1),
+                                      (128, True, False, 4, 2)):
         yield timed(chunk_kda_recurrent_ws_kernel, ws_signature(k), dict(
             K=k, V=128, BV=64, NUM_STAGES=3, HAS_H0=h0, STORE_HT=h0, STATE_VK=False,
             IS_VARLEN=varlen, HAS_IDX=ckc > 0, CKC=ckc, FULL=not varlen, PASS=pass_,
-            NV=(128 + k if pass_ == 1 else 128) // 64, STREAM=bool(st), num_warps=4),
-            num_warps=4, maxnreg=128,
+            NV=(128 + k if pass_ == 1 else 128) // 64, num_warps=4), num_warps=4, maxnreg=128,
             label=f"stage 2 gluon ws pass {pass_} K{k} BV64" + (" state" if h0 else "")
-            + (" varlen" if varlen else "") + (f" pool ck{ckc}" if ckc else "")
-            + (" streamed" if st else ""))
+            + (" varlen" if varlen else "") + (f" pool ck{ckc}" if ckc else ""))
     # serving: the pool (a state row by index) with and without checkpoints every 64 tokens
     # (CKC = 4 chunks, through a tensor descriptor), both state layouts, value blocks of 32
     # and 64 on 4 warps, 128 on 8

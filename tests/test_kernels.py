@@ -465,47 +465,6 @@ def test_interp_prepare_clamped_rows_same_bits(T, cu):
 
 
 @interp
-@pytest.mark.parametrize("B,T,H,HQ", [(2, 83, 2, 2), (3, 64, 4, 2)])
-def test_interp_prepare_streamed_same_bits_and_a_flag_per_chunk(B, T, H, HQ):
-    # stage 1 streamed beside stage 2 (chunk_prepare's STREAM: a 1-D grid in time order that
-    # sets each (chunk, head)'s flag once its operands are stored): deferred, nothing runs
-    # until its launch; then the operands of the 2-D grid bit for bit, and every flag set
-    # (every (chunk, head) ran), with GVA (q/k heads shared) and a ragged tail
-    from kdalab.kernels import api
-    from kdalab.kernels.chunk_prepare import chunk_kda_prepare
-    from kdalab.kernels.contract import prefill_problem
-
-    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", B, T, H, 32, seed=8)
-    q, k, dt_bias = q[:, :, :HQ].contiguous(), k[:, :, :HQ].contiguous(), dt_bias.reshape(-1)
-
-    def problem(lower_bound=-0.1, cu_seqlens=None):
-        n = 1 if cu_seqlens is not None else B
-        p = prefill_problem(q[:n], k[:n], v[:n], g[:n], beta[:n], scale=None,
-                            initial_state=None, A_log=A_log, dt_bias=dt_bias, gate="raw",
-                            lower_bound=lower_bound, cu_seqlens=cu_seqlens,
-                            use_qk_l2norm=True, beta_is_logits=True, state_layout="KV",
-                            config=KernelConfig())
-        return p, api.sequences_for(p, cu_seqlens, q.device)
-
-    p, seqs = problem()
-    args = (q, k, g, beta, A_log, dt_bias, p, seqs)
-    want = chunk_kda_prepare(*args, num_warps=2)
-    ready = torch.zeros((H, seqs.num_chunks), dtype=torch.int32)
-    ops, launch = chunk_kda_prepare(*args, num_warps=2, ready=ready, defer=True)
-    assert not ready.any()
-    launch()
-    assert bool((ready == 1).all()) and seqs.num_chunks == B * -(-T // 16)
-    assert all(torch.equal(a, b) for a, b in zip(ops, want, strict=True))
-    # a gate with the span check has a second launch, varlen no time order: refused
-    for change in (dict(lower_bound=None), dict(cu_seqlens=torch.tensor([0, 20, T]))):
-        pc, sc = problem(**change)
-        n = pc.B
-        with pytest.raises(ValueError, match="streamed stage 1"):
-            chunk_kda_prepare(q[:n], k[:n], g[:n], beta[:n], A_log, dt_bias, pc, sc,
-                              num_warps=2, ready=ready)
-
-
-@interp
 @pytest.mark.parametrize("h0,layout", [(False, "KV"), (True, "VK")])
 def test_interp_segments_equal_serial(h0, layout):
     # the sequence-parallel state pass against the serial one, on slow-decay inputs: fixed

@@ -73,61 +73,26 @@ def sequences_for(p: Problem, cu_seqlens, device, entry="chunk_kda_fwd") -> Sequ
 
 
 class Prepared(NamedTuple):
-    """A call after stage 1 (or with stage 1 pending): what stage 2 (forward or backward)
-    needs."""
+    """A call after stage 1: what stage 2 (forward or backward) needs."""
 
     p: Problem
     seqs: Sequences
     plan: LaunchPlan
     dot: str
     ops: tuple  # stage 1's (w, qg, kend, klo, ainv, mqk, gamma)
-    #: stage 1's launch where it is streamed beside stage 2 (``streams``), else None (done)
-    pending: object = None
-    ready: torch.Tensor | None = None  # its chunks' flags, [H, chunks] int32
-
-
-def streams(p: Problem, seqs: Sequences, plan: LaunchPlan, config: KernelConfig, dot: str,
-            v: torch.Tensor) -> bool:
-    """Whether stage 1 runs at the same time as stage 2 (``KernelConfig.stage1``): the Gluon
-    serial pass (its loader waits for each chunk's flag), fixed-length sequences (stage 1's
-    grid in time order), a gate without the span check (no second stage-1 launch), and at
-    most one stage-2 program an SM: every one resident at once with room for stage 1's, so
-    that none waits for a stage-1 program that cannot start (one takes 20,480 of an SM's
-    65,536 registers and at most 96 KB of its 227 KB of shared memory; a 2-warp stage-1
-    program 10,752 and 24 KB), and stage 1 keeps four programs an SM of its six. Two an SM
-    (T 8192 H 96, 192 programs, H100): stage 1 1.72 ms against 0.635 alone, the call 2.13
-    against 1.16 with stage 1 first."""
-    if (config.stage1 != "auto" or plan.stage2 != "gluon" or plan.segment_chunks > 0
-            or p.varlen or p.gate.span_checked or dot != "fp16" or seqs.num_chunks == 0):
-        return False
-    from . import chunk_recurrent_ws
-
-    programs = p.num_seqs * p.H * -(-p.V // 64)
-    return (programs <= _sm_count(seqs.device) and v.is_contiguous()
-            and v.dtype in (torch.bfloat16, torch.float16) and p.K in (64, 128)
-            and p.V % 64 == 0 and chunk_recurrent_ws.CHUNK == 16)
 
 
 def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
-            config: KernelConfig, products=None, precision="tf32", v=None) -> Prepared:
+            config: KernelConfig, products=None, precision="tf32") -> Prepared:
     """Tables, plan and stage 1 of a checked call (inputs contiguous, dt_bias flat);
     ``products``, ``precision``: stage 1's storage dtype instead of its default and its
-    products' precision (chunk_kda_prepare). ``v``: the forward's values, given where stage
-    2 follows: stage 1 is then left pending where it ``streams`` (``forward_stage2``
-    launches it)."""
+    products' precision (chunk_kda_prepare)."""
     seqs = sequences_for(p, cu_seqlens, q.device)
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
     plan = plan_for(seqs, p, config, dot)
-    kw = dict(num_warps=plan.prepare_warps, dtype=products, precision=precision)
-    if v is not None and products is None and streams(p, seqs, plan, config, dot, v):
-        # each chunk's flag [H, chunks], then each (sequence, head)'s progress in stage 2
-        flat = torch.zeros(p.H * seqs.num_chunks + p.num_seqs * p.H, device=q.device,
-                           dtype=torch.int32)
-        ready = flat[:p.H * seqs.num_chunks].view(p.H, seqs.num_chunks)
-        ops, launch = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs, **kw,
-                                        ready=flat, defer=True)
-        return Prepared(p, seqs, plan, dot, ops, launch, ready)
-    ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs, **kw)
+    ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
+                            num_warps=plan.prepare_warps, dtype=products,
+                            precision=precision)
     return Prepared(p, seqs, plan, dot, ops)
 
 
@@ -209,7 +174,7 @@ def chunk_kda_fwd(
         raise ValueError(f"output_final_state must be True or False, got {output_final_state!r}")
     q, k, v, g, beta, A_log, dt_bias, initial_state = contiguous(q, k, v, g, beta, A_log,
                                                                  dt_bias, initial_state)
-    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config, v=v)
+    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config)
     o, final_state, ck = forward_stage2(
         v, c, initial_state, config, output_final_state=output_final_state,
         state_pool=state_pool, state_indices=state_indices, checkpoint_every=checkpoint_every)
@@ -256,11 +221,6 @@ def forward_stage2(v, c: Prepared, initial_state, config: KernelConfig, *,
 
         if chunk_recurrent_ws.applies(v, c.ops, c.dot):
             run = chunk_recurrent_ws.chunk_kda_recurrent_ws
-    if c.pending is not None:  # stage 1 streamed beside the Gluon serial pass
-        if run is chunk_kda_recurrent or plan.segment_chunks > 0:
-            c.pending()  # (not reached where ``streams`` held: stage 1 first)
-        else:
-            launch.update(producer=c.pending, ready=c.ready)
     if plan.segment_chunks <= 0:
         o = run(v, *c.ops, **launch)
     else:

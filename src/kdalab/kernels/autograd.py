@@ -79,7 +79,7 @@ def chunk_kda_op(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                  lower_bound, gate, use_qk_l2norm, beta_is_logits, state_layout, config)
     q, k, v, g, beta, A_log, dt_bias, h0 = contiguous(q, k, v, g, beta, A_log, dt_bias,
                                                       initial_state)
-    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config, v=v)
+    c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens, config)
     o, final, ck = forward_stage2(v, c, h0, config, output_final_state=output_final_state,
                                   checkpoint_every=SAVE_EVERY, checkpoint_dtype=torch.float32)
     return o, (final if final is not None else v.new_empty(0)), ck

@@ -44,7 +44,6 @@ from .gate import SPLIT_SPAN2, gate_params, log2_decay
 from .indexing import chunk_of_program
 
 CHUNK = 16
-STREAM_LAG = 0  # (experiment) chunks a streamed stage 1 may run ahead of stage 2; 0: any
 
 
 @triton.jit
@@ -147,14 +146,13 @@ def pairwise_tiles(qd, kv, g2, o_r, BT: tl.constexpr, WITH_M: tl.constexpr = Tru
 def chunk_kda_prepare_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    chunk_table_ptr, wide_ptr, ready_ptr,
-    T, scale, lower_bound, B,
+    chunk_table_ptr, wide_ptr,
+    T, scale, lower_bound,
     H, K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
-    PRECISION: tl.constexpr = "tf32", REDO: tl.constexpr = False, STREAM: tl.constexpr = False,
-    LAG: tl.constexpr = 0,
+    PRECISION: tl.constexpr = "tf32", REDO: tl.constexpr = False,
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
@@ -171,29 +169,9 @@ def chunk_kda_prepare_kernel(
     stores MQK, AINV and W (the rest the first launch stored).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
-    as soon as it is formed, so that few [BT, K] tiles are live at once.
-
-    ``STREAM`` (fixed length, no span check: stage 1 streamed beside a running stage 2,
-    ``chunk_recurrent_ws``): a 1-D grid in time order, chunk t of every (sequence, head)
-    before chunk t + 1 of any (the GPU starts programs in order), and each program, once
-    its stores are done, sets its chunk's flag in ``ready_ptr`` ([H, chunks] int32) with
-    release semantics (after a barrier: every thread's stores before it), which the stage
-    2 loader acquires before it copies the chunk. The same bits as the 2-D grid."""
-    if STREAM:
-        lin = tl.program_id(0)
-        nt = tl.cdiv(T, BT)
-        i_h = lin % H
-        r = lin // H
-        i_c = (r % B) * nt + r // B
-        if LAG > 0:  # at most LAG chunks ahead of stage 2's loads of this (sequence, head)
-            t = r // B
-            prog = ready_ptr + B * nt * H + (r % B) * H + i_h
-            spins = 0
-            while (tl.load(prog, volatile=True) < t - LAG) & (spins < 1048576):
-                spins += 1
-    else:
-        i_c = tl.program_id(0)
-        i_h = tl.program_id(1)
+    as soon as it is formed, so that few [BT, K] tiles are live at once."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
     cc = i_c.to(tl.int64) * H + i_h
     run = 1
     if REDO:
@@ -204,11 +182,6 @@ def chunk_kda_prepare_kernel(
                        wide_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K, BT, GATE,
                        SPAN_CHECK, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS,
                        IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, REDO)
-    if STREAM:
-        tl.debug_barrier()  # every thread's stores, then the flag (release: they are seen first)
-        n_chunks = B * tl.cdiv(T, BT)
-        tl.atomic_xchg(ready_ptr + i_h.to(tl.int64) * n_chunks + i_c, 1, sem="release",
-                       scope="gpu")
 
 
 @triton.jit
@@ -286,7 +259,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
-                      clamp_rows=None, dtype=None, precision="tf32", ready=None, defer=False):
+                      clamp_rows=None, dtype=None, precision="tf32"):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q with the value heads, AINV and MQK [num_chunks, H, 16, 16] (fp16 when q and k are
     normalized: every operand is then <= 1 in size, AINV's entries bounded by the Neumann
@@ -298,13 +271,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     ``precision``: the pairwise products (MQK, L) and W = AINV·Kd, "tf32" (the forward) or
     "tf32x3" (the backward's recompute: on the H200 a tf32 product truncates its operands to
     10 bits, and on clustered keys with β near 1 the gradients amplify L's and W's errors
-    through (I + L)^-1; docs/training.md "Precision").
-
-    ``ready``: stage 1 streamed (the kernel's ``STREAM``: a time-ordered grid that sets each
-    chunk's flag in ``ready``, [H, chunks] int32, zero before the launch), fixed length and
-    no span check only. ``defer``: return ``(operands, launch)`` with the kernels not yet
-    launched (``launch()`` does), so that a stage 2 that waits for the flags is launched
-    first."""
+    through (I + L)^-1; docs/training.md "Precision")."""
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0
@@ -315,37 +282,23 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     ainv, mqk = torch.empty((2, seqs.num_chunks, H, CHUNK, CHUNK), device=q.device,
                             dtype=dtype).unbind(0)
     gamma = torch.empty((seqs.num_chunks, H, K), device=q.device, dtype=torch.float32)
-    ops = (w, qg, kend, klo, ainv, mqk, gamma)
     if seqs.num_chunks == 0:
-        return (ops, lambda: None) if defer else ops
+        return w, qg, kend, klo, ainv, mqk, gamma
     dummy = gamma  # stands in for absent optional pointers; never read
     two = p.gate.span_checked
-    if ready is not None and (two or p.varlen):
-        raise ValueError("chunk_kda_prepare: a streamed stage 1 (ready=) needs fixed-length "
-                         "sequences and a gate without the span check")
     flags = (torch.empty((seqs.num_chunks, H), device=q.device, dtype=torch.int32) if two
              else dummy)
     args = (q, k, g, beta, A_log if A_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, w, qg, kend, klo, ainv, mqk, gamma,
             seqs.chunk_table if seqs.chunk_table is not None else dummy, flags,
-            ready if ready is not None else dummy, T, p.scale, p.gate.kernel_bound, B)
+            T, p.scale, p.gate.kernel_bound)
     kw = dict(H=H, GQ=H // p.HQ, GG=H // p.HG, K=K, BT=CHUNK, GATE=p.gate.code,
               SPAN_CHECK=p.gate.span_checked,
               HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
               USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
               IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows,
               PRECISION=precision, num_warps=num_warps)
-
-    def launch():
-        if ready is not None:
-            chunk_kda_prepare_kernel[(seqs.num_chunks * H,)](*args, **kw, STREAM=True,
-                                                              LAG=STREAM_LAG)
-            return
-        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw)
-        if two:  # the flagged (wide) chunks' tiles per pair
-            chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, REDO=True)
-
-    if defer:
-        return ops, launch
-    launch()
-    return ops
+    chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw)
+    if two:  # the flagged (wide) chunks' tiles per pair
+        chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, REDO=True)
+    return w, qg, kend, klo, ainv, mqk, gamma

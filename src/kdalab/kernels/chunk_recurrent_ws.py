@@ -59,51 +59,10 @@ _tma_store = (tma.async_store if hasattr(tma, "async_store")
 
 
 @gluon.jit
-def _acquire(flags):
-    """``flags`` (read with ld.volatile: relaxed) made an acquire at GPU scope, and ordered
-    before this thread's later bulk (TMA) copies, which read through the async proxy."""
-    return gl.inline_asm_elementwise(
-        "fence.acq_rel.gpu;\n\tfence.proxy.async.global;\n\tmov.b32 $0, $1;", "=r,r",
-        [flags], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _pause(flags):
-    """About 256 ns off the memory system between two reads of flags not yet set."""
-    return gl.inline_asm_elementwise("nanosleep.u32 256;\n\tmov.b32 $0, $1;", "=r,r",
-                                     [flags], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _await_chunks(ready_ptr, i, n_chunks, avail, WINDOW: gl.constexpr):
-    """The count of the program's chunks known to be ready (stage 1 streamed beside this
-    kernel: ``chunk_prepare``'s ``STREAM``), at least ``i + 1``: the flags of chunks i to
-    i + WINDOW - 1 read in one load (relaxed, a pause between reads) until chunk i's is set,
-    the ready run from i taken, then one acquire fence. A bounded wait (2^22 reads, over a
-    second): past it the chunk is taken as it is (the GPU tests compare every output with the
-    unstreamed call's), not a hang."""
-    lay: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
-    o = gl.arange(0, WINDOW, layout=lay)
-    spins = 0
-    f = gl.full([WINDOW], 1, gl.int32, layout=lay)
-    while (avail <= i) & (spins < 4194304):
-        f = gl.load(ready_ptr + i + o, mask=(i + o) < n_chunks, other=1, volatile=True)
-        avail = i + gl.min(gl.where(f == 0, o, WINDOW), axis=0)
-        spins += 1
-        if avail <= i:
-            f = _pause(f)
-    f = _acquire(f)
-    if avail <= i:
-        avail = n_chunks + gl.min(f, axis=0) * 0
-    return avail
-
-
-@gluon.jit
-def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H, ready_ptr, NC,
-            prog_ptr, publish, WRITE_O: gl.constexpr, STREAM: gl.constexpr):
+def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H,
+            WRITE_O: gl.constexpr):
     """One warp: chunk i's operands into stage i % NUM_STAGES once the compute warpgroup has
-    released it (rows past the tensor's end come as zeros; without outputs no QG, MQK) and,
-    with ``STREAM``, once stage 1 has flagged it (``ready_ptr`` [H, NC])."""
+    released it (rows past the tensor's end come as zeros; without outputs no QG, MQK)."""
     w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d = descs
     w_s, qg_s, kend_s, klo_s, v_s, ainv_s, mqk_s = bufs
     ready, empty = bars
@@ -112,12 +71,8 @@ def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H, ready_pt
     n_o: gl.constexpr = 2 if WRITE_O else 1  # tiles of QG-like and of MQK-like shapes
     nbytes: gl.constexpr = ((2 + n_o) * w_d.block_type.nbytes + v_d.block_type.nbytes
                             + n_o * ainv_d.block_type.nbytes)
-    flags = ready_ptr + i_h.to(gl.int64) * NC + c0
-    avail = 0
     for i in range(n_chunks):
         s = i % NS
-        if STREAM:
-            avail = _await_chunks(flags, i, n_chunks, avail, 32)
         mbarrier.wait(empty.index(s), ((i // NS) & 1) ^ 1)
         bar = ready.index(s)
         mbarrier.expect(bar, nbytes)
@@ -132,9 +87,6 @@ def _loader(descs, bufs, bars, bos, col_k, col_v, c0, n_chunks, i_h, H, ready_pt
         _tma_load(ainv_d, [cc * BT, 0], bar, ainv_s.index(s))
         if WRITE_O:
             _tma_load(mqk_d, [cc * BT, 0], bar, mqk_s.index(s))
-        if STREAM:
-            if publish != 0:  # how far this (sequence, head) has come: stage 1's pace
-                gl.store(prog_ptr, (i + 1).to(gl.int32))
 
 
 @gluon.jit
@@ -204,7 +156,7 @@ def _store_checkpoint(St, j, j0, ck_d, ck_s, ck_row, bos, eos, i_h, i_v, H, K: g
 def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, ptrs, prog, K: gl.constexpr, V: gl.constexpr,
              BV: gl.constexpr, HAS_H0: gl.constexpr, STORE_HT: gl.constexpr,
              STATE_VK: gl.constexpr, CKC: gl.constexpr, FULL: gl.constexpr,
-             PASS: gl.constexpr, num_warps: gl.constexpr, STREAM: gl.constexpr):
+             PASS: gl.constexpr, num_warps: gl.constexpr):
     """The compute warpgroup: the chunks in order, S^T in registers (``FULL``: every chunk
     whole, fixed length with T % 16 == 0: the short last chunk's code left out). The previous
     chunk's outputs and the checkpoint of the state entering this chunk are stored while this
@@ -245,13 +197,10 @@ def _compute(bufs, bars, o_d, o_s, ck_d, ck_s, ptrs, prog, K: gl.constexpr, V: g
     ot = zc  # the previous chunk's O^T
     for i in range(n_chunks):
         s = i % NS
-        if STREAM:  # stage 1 may still be writing GAMMA: read it after the chunk landed
-            mbarrier.wait(ready.index(s), (i // NS) & 1)
         gam = gl.load(gamma_ptr + ((c0 + i) * H + i_h) * K + o_k)  # off the loader's ring
         n_ok = eos - (bos + i * BT)  # the chunk's tokens before the sequence's end
         t_ok = o_t < n_ok
-        if not STREAM:
-            mbarrier.wait(ready.index(s), (i // NS) & 1)
+        mbarrier.wait(ready.index(s), (i // NS) & 1)
         if not FULL:
             if n_ok < BT:  # KEND's and KLO's rows past the end: zeros, not another sequence's
                 _zero_rows(kend_s.index(s), n_ok, num_warps)
@@ -324,14 +273,13 @@ def _ring(desc, NUM_STAGES: gl.constexpr):
 def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, o_d, ck_d,
                                   o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, cu_seqlens_ptr,
                                   chunk_offsets_ptr, seq_order_ptr, idx_ptr, ck_offsets_ptr,
-                                  sum_ptr, seg_ptr, ready_ptr, T, H, NC,
-                                  K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
+                                  sum_ptr, seg_ptr, T, H, K: gl.constexpr, V: gl.constexpr,
+                                  BV: gl.constexpr,
                                   NUM_STAGES: gl.constexpr, HAS_H0: gl.constexpr,
                                   STORE_HT: gl.constexpr, STATE_VK: gl.constexpr,
                                   IS_VARLEN: gl.constexpr, HAS_IDX: gl.constexpr,
                                   CKC: gl.constexpr, FULL: gl.constexpr, PASS: gl.constexpr,
-                                  NV: gl.constexpr, num_warps: gl.constexpr,
-                                  STREAM: gl.constexpr = False):
+                                  NV: gl.constexpr, num_warps: gl.constexpr):
     # the value block on the grid's first axis, so that a pair's blocks start together (as
     # chunk_recurrent's one axis, whose index ``lin`` the flags use)
     i_v = gl.program_id(0)
@@ -368,11 +316,9 @@ def chunk_kda_recurrent_ws_kernel(w_d, qg_d, kend_d, klo_d, v_d, ainv_d, mqk_d, 
         (_compute, (bufs, bars, o_d, o_s, ck_d, ck_s,
                     (o_ptr, gamma_ptr, h0_ptr, ht_ptr, flag_ptr, ck_offsets_ptr, sum_ptr),
                     (bos, eos, c0, n_chunks, i_n, i_row, i_h, i_v, H, lin, j0, last, slot),
-                    K, V, BV, HAS_H0, STORE_HT, STATE_VK, CKC, FULL, PASS, num_warps,
-                    STREAM)),
+                    K, V, BV, HAS_H0, STORE_HT, STATE_VK, CKC, FULL, PASS, num_warps)),
         (_loader, (descs, bufs, bars, bos, i_h * K, i_h * V + i_v * BV, c0, n_chunks, i_h,
-                   H, ready_ptr, NC, ready_ptr + H * NC + i_n * H + i_h,
-                   (i_v == 0).to(gl.int32), PASS != 1, STREAM)),
+                   H, PASS != 1)),
     ], [1], [40])
 
 
@@ -408,38 +354,17 @@ def applies(v, ops, dot: str) -> bool:
             and v.is_contiguous())
 
 
-_SIDE: dict = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream a streamed stage 2 runs on (one per device): high priority, so that its
-    programs, which wait for stage 1's, are started before stage 1's fill the GPU."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE:
-        low, high = torch.cuda.Stream.priority_range()
-        _SIDE[index] = torch.cuda.Stream(device=index, priority=high)
-    return _SIDE[index]
-
-
 def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_state, final_state,
                            state_vk, cu_seqlens, chunk_offsets, num_seqs, block_v, num_warps, dot,
                            guard, seq_order=None, segments=None, summary=None, passes=(0,),
                            o=None, state_indices=None, checkpoints=None, checkpoint_offsets=None,
-                           checkpoint_chunks=0, num_stages=3, maxnreg=128, ready=None,
-                           producer=None):
+                           checkpoint_chunks=0, num_stages=3, maxnreg=128):
     """``chunk_kda_recurrent`` (its arguments, its passes) by ``chunk_kda_recurrent_ws_kernel``
     with fp16 products, then the guard's redo of the programs it flagged by
     ``chunk_recurrent``'s second launch (tf32 from the first chunk whose fp16 step is not
     finite; a summary wholly). The tile is the kernel's own, 64 value rows on one
     warpgroup and a loader warp (``block_v``, ``num_warps`` are the Triton plan's: ignored);
-    ``guard`` is always the second launch. Returns o.
-
-    Streamed (``producer``: stage 1's launch, not yet made; ``ready``: its chunks' flags,
-    [H, chunks] int32, zero): stage 1 on the caller's stream, and this kernel beside it on a
-    high-priority side stream (its programs are started before stage 1's next ones), its
-    loader waiting for each chunk's flag; the caller's stream waits for both before the
-    redo. The serial pass
-    only, every program resident at once (the caller's rule: ``api.streams``)."""
+    ``guard`` is always the second launch. Returns o."""
     from .chunk_recurrent import chunk_kda_recurrent
 
     B, T, H, V = v.shape
@@ -468,9 +393,6 @@ def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_sta
     else:  # a placeholder the kernel does not use (CKC 0)
         descs.append(_desc(gamma.view(-1, gamma.shape[-1])[:1], [1, K]))
     opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
-    if (producer is None) != (ready is None) or (producer is not None and passes != (0,)):
-        raise ValueError("chunk_kda_recurrent_ws: producer and ready go together, with the "
-                         "serial pass alone")
     ckc = checkpoint_chunks if checkpoints is not None else 0
     common = dict(K=K, V=V, BV=BV, NUM_STAGES=num_stages, HAS_H0=initial_state is not None,
                   STORE_HT=final_state is not None, STATE_VK=state_vk,
@@ -482,26 +404,11 @@ def chunk_kda_recurrent_ws(v, w, qg, kend, klo, ainv, mqk, gamma, *, initial_sta
         flags = None  # past the grid's second axis (65535 items): Triton's two launches
         if items <= _MAX_GRID_Y:
             flags = torch.empty(items * nv, device=v.device, dtype=torch.int32)
-            args = (*descs, o, gamma, opt(initial_state), opt(final_state), flags,
-                    opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(state_indices),
-                    opt(checkpoint_offsets), opt(summary), opt(segments), opt(ready), T, H,
-                    ready.shape[-1] if ready is not None else 0)
-            if producer is None:
-                chunk_kda_recurrent_ws_kernel[(nv, items)](*args, PASS=pass_, NV=nv, **common)
-            else:  # the side stream starts after the caller's work so far (the flags
-                # zeroed), not after stage 1, which is launched first: its compile and module
-                # load on the host (seconds, the first time; a module load waits for the
-                # device) come before anything waits for it on the device
-                caller = torch.cuda.current_stream(v.device)
-                side = _side_stream(v.device)
-                side.wait_stream(caller)
-                producer()
-                with torch.cuda.stream(side):
-                    chunk_kda_recurrent_ws_kernel[(nv, items)](*args, PASS=pass_, NV=nv,
-                                                               STREAM=True, **common)
-                caller.wait_stream(side)
-        elif producer is not None:  # no Gluon launch: stage 1 first, then Triton's
-            producer()
+            chunk_kda_recurrent_ws_kernel[(nv, items)](
+                *descs, o, gamma, opt(initial_state), opt(final_state), flags,
+                opt(cu_seqlens), opt(chunk_offsets), opt(seq_order), opt(state_indices),
+                opt(checkpoint_offsets), opt(summary), opt(segments), T, H, PASS=pass_, NV=nv,
+                **common)
         # the redo, always launched: its programs read their flag and only the flagged run
         # (no host sync, so a CUDA graph captures the call; a launch of exits otherwise)
         chunk_kda_recurrent(v, w, qg, kend, klo, ainv, mqk, gamma,

@@ -12,7 +12,6 @@ __all__ = ["KernelConfig", "DEFAULT_CONFIG"]
 _DOTS = ("auto", "fp16", "tf32")
 _GUARDS = ("auto", "inline", "launch")
 _STAGE2 = ("auto", "triton", "gluon")
-_STAGE1 = ("auto", "first")
 
 
 @dataclass(frozen=True)
@@ -34,9 +33,6 @@ class KernelConfig:
     K 64 or 128, V a multiple of 64, on a Hopper GPU; elsewhere Triton's), or ``"auto"``
     (the launch plan's choice: ``launch_plan.GLUON_COST``). On the same plan both give the
     same bits; the plan's segment length can differ with the kernel.
-    ``stage1``: ``"auto"`` runs stage 1 at the same time as the Gluon stage 2 where the call
-    allows it (``api.streams``: stage 2 waits for each chunk's operands by a flag), ``"first"``
-    runs it to the end before stage 2 starts. Both give the same bits.
     """
 
     dot: str = "auto"
@@ -46,7 +42,6 @@ class KernelConfig:
     segment_chunks: int | None = None
     fp16_guard: str = "auto"
     stage2: str = "auto"
-    stage1: str = "auto"
 
     def __post_init__(self):
         if self.dot not in _DOTS:
@@ -63,8 +58,6 @@ class KernelConfig:
                              f"got {self.fp16_guard!r}")
         if self.stage2 not in _STAGE2:
             raise ValueError(f"config.stage2 must be one of {_STAGE2}, got {self.stage2!r}")
-        if self.stage1 not in _STAGE1:
-            raise ValueError(f"config.stage1 must be one of {_STAGE1}, got {self.stage1!r}")
         s = self.segment_chunks
         if s is not None and (not isinstance(s, int) or isinstance(s, bool) or s < 0):
             raise ValueError(f"config.segment_chunks must be a chunk count >= 0 or None, "
