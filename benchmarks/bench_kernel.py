@@ -425,15 +425,7 @@ def overhead(names=("T1024_H16", "varlen1024x8_H64")):
                 row["host_us_per_call"] = 1e6 * (time.perf_counter() - t0) / n
                 torch.cuda.synchronize()
                 row["do_bench_ms"] = bench(fn)
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    fn()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fn()
-                row["graph_replay_ms"] = bench(graph.replay)
+                row["graph_replay_ms"] = graph_ms(fn)
             except Exception as exc:  # noqa: BLE001
                 row["error"] = f"{type(exc).__name__}: {exc}"[:300]
             rows.append(emit(row))
