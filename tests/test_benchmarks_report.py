@@ -458,3 +458,25 @@ def test_collect_names_a_missing_file_and_writes_nothing(tmp_path, option, missi
                "--results", results, option)
     assert res.returncode == 2 and f"{tmp_path / 'runs' / missing} does not exist" in res.stderr
     assert list(results.iterdir()) == []
+
+
+@pytest.mark.parametrize("args,where", [
+    (["-k", "kernels_backward"], ["tests", "-k", "kernels_backward"]),
+    (["tests/test_kernels_ws.py", "-k", "few"], ["tests/test_kernels_ws.py", "-k", "few"])])
+def test_gpu_tests_script_runs_named_files_alone(tmp_path, args, where):
+    # a test path given to gpu_tests.sh takes the place of the tests folder: beside it pytest
+    # ran every file's GPU tests first (an H200 call at c5d8316 spent its limit so)
+    import os
+    import stat
+
+    calls, stub = tmp_path / "calls", tmp_path / "bin"
+    stub.mkdir()
+    for tool in ("python3", "nvidia-smi"):
+        (stub / tool).write_text(f'#!/bin/sh\necho "$@" >> "{calls}"\n')
+        (stub / tool).chmod(stat.S_IRWXU)
+    env = dict(os.environ, PATH=f"{stub}:{os.environ['PATH']}", OUT=str(tmp_path))
+    res = subprocess.run(["bash", str(ROOT / "scripts" / "device" / "gpu_tests.sh"), *args],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert res.returncode == 0, res.stderr
+    (line,) = [c for c in calls.read_text().splitlines() if c.startswith("-m pytest")]
+    assert line.split("--junitxml=")[1].split()[1:] == where, line
