@@ -214,15 +214,16 @@ def load_baseline(folder, name="chunk_kda_fwd"):
     return getattr(mod, name), commit
 
 
-def baseline_rounds(x, old_fwd, rounds=3):
-    """kdalab and the baseline kernel on the same inputs, alternating ``rounds`` times: the
-    medians of each one's do_bench medians, and the largest output difference."""
+def baseline_rounds(x, old_fwd, rounds=3, config=KernelConfig()):
+    """kdalab (under ``config``) and the baseline kernel on the same inputs, alternating
+    ``rounds`` times: the medians of each one's do_bench medians, and the largest output
+    difference."""
     def old():
         return run_kdalab(x, None, old_fwd)
-    a, b = run_kdalab(x)[0], old()[0]  # compiled outside the timing
+    a, b = run_kdalab(x, config)[0], old()[0]  # compiled outside the timing
     new_ms, old_ms = [], []
     for _ in range(rounds):
-        new_ms.append(bench(lambda: run_kdalab(x)))
+        new_ms.append(bench(lambda: run_kdalab(x, config)))
         old_ms.append(bench(old))
     return dict(kdalab_rounds_ms=new_ms, baseline_rounds_ms=old_ms,
                 baseline_ms=statistics.median(old_ms),
@@ -248,7 +249,7 @@ def grid(names, alt=None, baseline=None, with_peers=True, base=KernelConfig()):
         row["kdalab_first_call_s"] = time.perf_counter() - t0
         row["kdalab_ms"] = bench(lambda: run_kdalab(x, base))
         if old_fwd is not None:
-            row.update(baseline_rounds(x, old_fwd))
+            row.update(baseline_rounds(x, old_fwd, config=base))
         if alt is not None:
             run_kdalab(x, alt)
             row["kdalab_alt_ms"] = bench(lambda: run_kdalab(x, alt))
@@ -541,6 +542,11 @@ def main():
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         ap.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    try:  # a field or value KernelConfig refuses: one line, exit 2, before any GPU work
+        base = parse_config(args.base) if args.base else KernelConfig()
+        alt = parse_config(",".join(filter(None, (args.base, args.alt)))) if args.alt else None
+    except (TypeError, ValueError) as exc:
+        ap.error(f"--base/--alt: {exc}")
     if args.compile_only:
         warm_peers(names, compile_only=True)
         return
@@ -554,8 +560,6 @@ def main():
     if args.accuracy:
         result["accuracy"] = accuracy()
     if args.grid:
-        base = parse_config(args.base) if args.base else KernelConfig()
-        alt = parse_config(",".join(filter(None, (args.base, args.alt)))) if args.alt else None
         result["grid"], result["geomean"] = grid(names, alt, args.baseline,
                                                  with_peers=not args.no_peers, base=base)
         if alt is not None:

@@ -262,9 +262,11 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
     command = ("python benchmarks/bench_kernel.py --warm-peers && python "
                "benchmarks/bench_kernel.py --grid (benchmarks/h200.sh grid; peers in the same "
                "process)")
-    if earlier is not None or doc.get("alt"):
+    if earlier is not None or doc.get("alt") or doc.get("base"):
         command += (f"; this run: --shapes {','.join(r['shape'] for r in doc['grid'])}"
-                    + (f" --alt {doc['alt']}" if doc.get("alt") else ""))
+                    + (f" --alt {doc['alt']}" if doc.get("alt") else "")
+                    + (f" --base {doc['base']} (the default's rows under it)"
+                       if doc.get("base") else ""))
     return {"benchmark": "kernel_grid", "date": info["date"].replace(" UTC", "Z").replace(
         " ", "T"), "command": command, "rows": rows}
 

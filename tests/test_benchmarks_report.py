@@ -480,3 +480,12 @@ def test_gpu_tests_script_runs_named_files_alone(tmp_path, args, where):
     assert res.returncode == 0, res.stderr
     (line,) = [c for c in calls.read_text().splitlines() if c.startswith("-m pytest")]
     assert line.split("--junitxml=")[1].split()[1:] == where, line
+
+
+@pytest.mark.parametrize("args", [["--base", "bogus=1"], ["--alt", "stage2=cuda"],
+                                  ["--base", "stage2=gluon", "--alt", "block_v=3"]])
+def test_bench_kernel_refuses_a_bad_config_before_any_gpu_work(args):
+    # --base (the grid's config in place of the default) and --alt (merged over --base): a
+    # field or value KernelConfig refuses is one line and exit 2, not a traceback on the GPU
+    res = _run("bench_kernel.py", "--grid", "--shapes", "T1024_H16", *args)
+    assert res.returncode == 2 and "--base/--alt:" in res.stderr.splitlines()[-1], res.stderr
