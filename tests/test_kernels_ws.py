@@ -410,3 +410,57 @@ def test_gpu_default_config_plans_gluon_and_keeps_tritons_bits(monkeypatch):
     assert len(calls) == 1
     to, ts = chunk_kda_fwd(q, k, v, g, beta, **args, config=TRITON)
     assert len(calls) == 1 and torch.equal(o, to) and torch.equal(s, ts)
+
+
+def _problem(B, T, H, K=128, V=128):
+    from kdalab.kernels.contract import prefill_problem
+
+    z = lambda *s: torch.zeros(*s, dtype=torch.bfloat16)  # noqa: E731
+    return prefill_problem(z(B, T, H, K), z(B, T, H, K), z(B, T, H, V), z(B, T, H, K),
+                           z(B, T, H), scale=None, initial_state=None, A_log=None,
+                           dt_bias=None, gate="raw", lower_bound=-5.0, cu_seqlens=None,
+                           use_qk_l2norm=True, beta_is_logits=True, state_layout="KV",
+                           config=KernelConfig())
+
+
+@pytest.mark.parametrize("T,H,gluon", [(1024, 16, True), (4096, 16, False)])
+def test_capture_plans_gluon_only_on_the_triton_plans_own_tile(T, H, gluon, monkeypatch):
+    # under CUDA-graph capture (mocked on the CPU) the plan's Triton BV-64 pass becomes the
+    # Gluon kernel (the same bits, no host time replayed); another tile (T 4096 H 16: BV 128,
+    # segments) stays, and an eager call keeps the Triton plan
+    from kdalab.kernels import api
+    from kdalab.kernels.tables import fixed_sequences
+
+    monkeypatch.setattr(api, "_gluon", lambda *a: "yes")
+    p = _problem(1, T, H)
+    seqs = fixed_sequences(torch.device("cpu"), 1, T)
+    eager = api.plan_for(seqs, p, KernelConfig())
+    monkeypatch.setattr(api, "_capturing", lambda seqs: True)
+    captured = api.plan_for(seqs, p, KernelConfig())
+    assert eager.stage2 == "triton"
+    assert captured.stage2 == ("gluon" if gluon else "triton")
+    assert (captured.block_v, captured.segment_chunks) == (eager.block_v, eager.segment_chunks)
+
+
+@gpu
+def test_gpu_captured_call_runs_gluon_with_the_eager_calls_bits(monkeypatch):
+    # T 1024 H 16: eagerly the Triton pass (host-bound there), captured the Gluon kernel; the
+    # replay's outputs are the eager call's bits (warm-up eagerly first, as a server does: the
+    # Gluon kernel then compiles and loads during the capture)
+    calls = _spy(monkeypatch)
+    q, k, v, g, beta, A_log, dt_bias = _inputs("model_like", 1, 1024, 16, 128, device="cuda")
+    args = dict(A_log=A_log, dt_bias=dt_bias, output_final_state=True)
+    eager = chunk_kda_fwd(q, k, v, g, beta, **args)
+    assert not calls
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chunk_kda_fwd(q, k, v, g, beta, **args)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o, st = chunk_kda_fwd(q, k, v, g, beta, **args)
+    assert calls, "the captured call did not take the Gluon kernel"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(o, eager[0]) and torch.equal(st, eager[1])

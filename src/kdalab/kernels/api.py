@@ -49,16 +49,29 @@ def _gluon(seqs: Sequences, dot: str, config: KernelConfig) -> str:
     return "only" if config.stage2 == "gluon" else "yes"
 
 
+def _capturing(seqs: Sequences) -> bool:
+    """Whether the call is being captured into a CUDA graph (its host time then never
+    recurs: a replay launches nothing from the host)."""
+    return seqs.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def plan_for(seqs: Sequences, p: Problem, config: KernelConfig, dot: str = "fp16") -> LaunchPlan:
-    """The launch plan of a call (cached with its sequence tables)."""
-    key = (p.H, p.K, p.V, config, dot)
+    """The launch plan of a call (cached with its sequence tables). Under CUDA-graph capture
+    the Gluon stage 2 takes the place of the Triton kernel wherever the plan is the Triton
+    kernel's BV-64 tile on 4 warps, the Gluon kernel's own, so the same bits: the host time
+    that keeps the plan off it eagerly (``GLUON_CALL_US``) is not replayed."""
+    capturing = _capturing(seqs)
+    key = (p.H, p.K, p.V, config, dot, capturing)
     plan = seqs.plans.get(key)
     if plan is None:
+        gluon = _gluon(seqs, dot, config)
         plan = plan_launch(seqs.n_chunks, p.H, p.K, p.V, _sm_count(seqs.device),
                            block_v=config.block_v, num_warps=config.num_warps,
                            prepare_warps=config.prepare_warps,
-                           segment_chunks=config.segment_chunks,
-                           gluon=_gluon(seqs, dot, config))
+                           segment_chunks=config.segment_chunks, gluon=gluon)
+        if (capturing and gluon == "yes" and plan.stage2 == "triton" and plan.block_v == 64
+                and plan.num_warps == 4):
+            plan = dataclasses.replace(plan, stage2="gluon")
         seqs.plans[key] = plan
     return plan
 
