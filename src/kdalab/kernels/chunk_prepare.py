@@ -69,20 +69,48 @@ def split_operand(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _hi(x):
+    """x rounded to 10 significand bits (half away from zero, on the bits): exact in tf32, the
+    big part of a 3xTF32 split; x - _hi(x) is exact in fp32 and at most 2^-11 |x|. Splitting
+    by hand lets a loop-invariant operand be split once, where tl.dot's "tf32x3" splits both
+    operands at every product (and, measured on the sm_90a compile, takes more instructions
+    even where nothing is hoisted)."""
+    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split(x):
+    """(hi, lo): x = hi + lo exactly, hi = ``_hi(x)``."""
+    hi = _hi(x)
+    return hi, x - hi
+
+
+@triton.jit
+def _mm3(a_hi, a_lo, b_hi, b_lo):
+    """a @ b as three tf32 products (3xTF32) of operands split by the caller (``_split``)."""
+    return (tl.dot(a_hi, b_hi, input_precision="tf32")
+            + tl.dot(a_hi, b_lo, input_precision="tf32")
+            + tl.dot(a_lo, b_hi, input_precision="tf32"))
+
+
+@triton.jit
 def neumann_inverse16(L, BT: tl.constexpr):
     """(I + L)^-1 of a strictly lower BT×BT block by the Neumann product
     (I - L)(I + L^2)(I + L^4)(I + L^8): L is nilpotent of order 16, so four factors are exact.
-    Products as accurate as fp32, each three tf32 tensor-core products (3xTF32; fp32 on FMA
-    units measured 1-3 % slower on the H200: more shared-memory traffic). FlashKDA's fp16
-    operands raised the weak-decay family's final-state error from 2.0e-3 to 1.2e-2
-    (docs/kernels.md)."""
+    Products as accurate as fp32, each three tf32 tensor-core products (3xTF32) of operands
+    split by hand, each factor once (L^2k serves two products; tl.dot's "tf32x3" splits both
+    operands at every product). fp32 on FMA units measured 1-3 % slower on the H200 (more
+    shared-memory traffic). FlashKDA's fp16 operands raised the weak-decay family's
+    final-state error from 2.0e-3 to 1.2e-2 (docs/kernels.md). Forward and backward."""
     o_r = tl.arange(0, BT)
-    eye = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0)
     p = L
-    inv = eye - L
+    inv = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0) - L
+    p_hi, p_lo = _split(p)
     for _ in tl.static_range(3):
-        p = tl.dot(p, p, input_precision="tf32x3")  # L^2, L^4, L^8
-        inv = inv + tl.dot(inv, p, input_precision="tf32x3")
+        p = _mm3(p_hi, p_lo, p_hi, p_lo)  # L^2, L^4, L^8
+        p_hi, p_lo = _split(p)
+        inv_hi, inv_lo = _split(inv)
+        inv = inv + _mm3(inv_hi, inv_lo, p_hi, p_lo)
     return inv
 
 

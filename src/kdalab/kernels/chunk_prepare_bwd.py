@@ -28,7 +28,10 @@ import triton
 import triton.language as tl
 
 from .chunk_prepare import (
+    _mm3,
+    _split,
     beta_of,
+    neumann_inverse16,
     pairwise_tiles,
 )
 from .contract import Problem
@@ -68,52 +71,10 @@ def pairwise_grads(dP, dM, kv, qs, g2, o_r, BT: tl.constexpr):
 
 
 @triton.jit
-def _hi(x):
-    """x rounded to 10 significand bits (half away from zero, on the bits): exact in tf32, the
-    big part of a 3xTF32 split; x - _hi(x) is exact in fp32 and at most 2^-11 |x|. Splitting
-    by hand lets a loop-invariant operand be split once, where tl.dot's "tf32x3" splits both
-    operands at every product (and, measured on the sm_90a compile, takes more instructions
-    even where nothing is hoisted)."""
-    return ((x.to(tl.uint32, bitcast=True) + 0x1000) & 0xFFFFE000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _split(x):
-    """(hi, lo): x = hi + lo exactly, hi = ``_hi(x)``."""
-    hi = _hi(x)
-    return hi, x - hi
-
-
-@triton.jit
-def _mm3(a_hi, a_lo, b_hi, b_lo):
-    """a @ b as three tf32 products (3xTF32) of operands split by the caller (``_split``)."""
-    return (tl.dot(a_hi, b_hi, input_precision="tf32")
-            + tl.dot(a_hi, b_lo, input_precision="tf32")
-            + tl.dot(a_lo, b_hi, input_precision="tf32"))
-
-
-@triton.jit
 def _dot3(a_hi, a_lo, b):
     """a @ b as ``_mm3`` with ``a`` split once by the caller, ``b`` here."""
     b_hi, b_lo = _split(b)
     return _mm3(a_hi, a_lo, b_hi, b_lo)
-
-
-@triton.jit
-def _inverse16(L, BT: tl.constexpr):
-    """(I + L)^-1 of a strictly lower BT×BT block by the Neumann product, as the forward's
-    ``neumann_inverse16``, its 3xTF32 products with each factor split once (L^2k serves two
-    products)."""
-    o_r = tl.arange(0, BT)
-    p = L
-    inv = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0) - L
-    p_hi, p_lo = _split(p)
-    for _ in tl.static_range(3):
-        p = _mm3(p_hi, p_lo, p_hi, p_lo)  # L^2, L^4, L^8
-        p_hi, p_lo = _split(p)
-        inv_hi, inv_lo = _split(inv)
-        inv = inv + _mm3(inv_hi, inv_lo, p_hi, p_lo)
-    return inv
 
 
 @triton.jit
@@ -214,7 +175,7 @@ def chunk_kda_prepare_bwd_kernel(
 
     # the [BT, BT] algebra: T = (I + L)^-1, A = T diag(β), and their gradients
     P = tl.where(strict, P, 0.0)
-    Tinv = _inverse16(P * b[:, None], BT)
+    Tinv = neumann_inverse16(P * b[:, None], BT)
     A = Tinv * b[None, :]
     dA = tl.where(o_r[:, None] >= o_r[None, :], tl.load(dainv_ptr + o_cc) + dwkd, 0.0)
     db = tl.sum(Tinv * dA, axis=0)
