@@ -129,6 +129,11 @@ def bench(fn):
 
 def graph_ms(fn):
     """do_bench of ``fn`` captured in a CUDA graph (warmed on a side stream first)."""
+    return bench(captured(fn))
+
+
+def captured(fn):
+    """``fn`` captured in a CUDA graph (warmed on a side stream first): the graph's replay."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -137,7 +142,7 @@ def graph_ms(fn):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return bench(graph.replay)
+    return graph.replay
 
 
 def kernel_time(fn, iters=5):
@@ -201,6 +206,12 @@ def parse_config(text):
     return KernelConfig(**fields)
 
 
+def load_baseline_commit(folder):
+    """The commit of the earlier kernels in ``folder`` (scripts/baseline_kernels.sh)."""
+    with open(os.path.join(folder, "kdalab_baseline", "COMMIT")) as fh:
+        return fh.read().strip()
+
+
 def load_baseline(folder, name="chunk_kda_fwd"):
     """``name`` (``chunk_kda_fwd``; ``chunk_kda``, its differentiable call, for
     bench_train.py) of an earlier commit's kernels: the package ``kdalab_baseline`` in
@@ -210,31 +221,41 @@ def load_baseline(folder, name="chunk_kda_fwd"):
 
     sys.path.insert(0, os.path.abspath(folder))
     mod = importlib.import_module("kdalab_baseline")
-    commit = open(os.path.join(folder, "kdalab_baseline", "COMMIT")).read().strip()
-    return getattr(mod, name), commit
+    return getattr(mod, name), load_baseline_commit(folder)
 
 
-def baseline_rounds(x, old_fwd, rounds=3, config=KernelConfig()):
+def baseline_rounds(x, old_fwd, rounds=3, config=KernelConfig(), graph=False):
     """kdalab (under ``config``) and the baseline kernel on the same inputs, alternating
     ``rounds`` times: the medians of each one's do_bench medians, and the largest output
-    difference."""
+    difference; with ``graph``, also each captured in a CUDA graph, the replays alternating
+    (what a caller who captures sees: no host time, e.g. a plan that differs under capture)."""
     def old():
         return run_kdalab(x, None, old_fwd)
-    a, b = run_kdalab(x, config)[0], old()[0]  # compiled outside the timing
-    new_ms, old_ms = [], []
-    for _ in range(rounds):
-        new_ms.append(bench(lambda: run_kdalab(x, config)))
-        old_ms.append(bench(old))
-    return dict(kdalab_rounds_ms=new_ms, baseline_rounds_ms=old_ms,
-                baseline_ms=statistics.median(old_ms),
-                kdalab_over_baseline=statistics.median(new_ms) / statistics.median(old_ms),
-                baseline_max_abs_diff=float((a.float() - b.float()).abs().max()))
+
+    def new():
+        return run_kdalab(x, config)
+    a, b = new()[0], old()[0]  # compiled outside the timing
+    out = dict(baseline_max_abs_diff=float((a.float() - b.float()).abs().max()))
+    fns = {"": (new, old)}
+    if graph:
+        fns["_graph"] = (captured(new), captured(old))
+    for form, (f_new, f_old) in fns.items():
+        new_ms, old_ms = [], []
+        for _ in range(rounds):
+            new_ms.append(bench(f_new))
+            old_ms.append(bench(f_old))
+        out.update({f"kdalab{form}_rounds_ms": new_ms, f"baseline{form}_rounds_ms": old_ms,
+                    f"baseline{form}_ms": statistics.median(old_ms),
+                    f"kdalab_over_baseline{form}":
+                        statistics.median(new_ms) / statistics.median(old_ms)})
+    return out
 
 
-def grid(names, alt=None, baseline=None, with_peers=True, base=KernelConfig()):
+def grid(names, alt=None, baseline=None, with_peers=True, base=KernelConfig(),
+         baseline_graph=False):
     """kdalab (the ``base`` config, the default's, and ``alt`` after it when given) and the
     peers per shape; ``baseline`` (a folder, ``load_baseline``): an earlier commit's kernel in
-    alternating rounds too."""
+    alternating rounds too (``baseline_graph``: and under CUDA-graph replay)."""
     peers = ({"fla": load_fla(), "flashkda": load_flashkda()} if with_peers else {})
     old_fwd = None
     if baseline is not None:
@@ -249,7 +270,7 @@ def grid(names, alt=None, baseline=None, with_peers=True, base=KernelConfig()):
         row["kdalab_first_call_s"] = time.perf_counter() - t0
         row["kdalab_ms"] = bench(lambda: run_kdalab(x, base))
         if old_fwd is not None:
-            row.update(baseline_rounds(x, old_fwd, config=base))
+            row.update(baseline_rounds(x, old_fwd, config=base, graph=baseline_graph))
         if alt is not None:
             run_kdalab(x, alt)
             row["kdalab_alt_ms"] = bench(lambda: run_kdalab(x, alt))
@@ -284,11 +305,18 @@ def grid(names, alt=None, baseline=None, with_peers=True, base=KernelConfig()):
               + (f"  alt {r['alt_over_default']:.3f}x the default (graph "
                  f"{r['alt_over_default_graph']:.3f}x)" if "alt_over_default" in r else "")
               + (f"  {r['kdalab_over_baseline']:.3f}x the baseline's time"
-                 if "kdalab_over_baseline" in r else ""))
+                 if "kdalab_over_baseline" in r else "")
+              + (f" (graph {r['kdalab_over_baseline_graph']:.3f}x)"
+                 if "kdalab_over_baseline_graph" in r else ""))
     if old_fwd is not None:
         over = [r["kdalab_over_baseline"] for r in rows]
         print(f"kdalab's time over the baseline's: geometric mean {geomean(over):.3f} over "
               f"{len(over)} shapes (range {min(over):.3f}-{max(over):.3f})")
+        over = [r["kdalab_over_baseline_graph"] for r in rows
+                if "kdalab_over_baseline_graph" in r]
+        if over:
+            print(f"  under CUDA-graph replay: geometric mean {geomean(over):.3f} "
+                  f"(range {min(over):.3f}-{max(over):.3f})")
     if ratios:
         geo = geomean(ratios)
         print(f"geometric mean of the ratios: {geo:.2f}x over {len(ratios)} shapes; "
@@ -533,6 +561,8 @@ def main():
     ap.add_argument("--baseline", default=None, metavar="DIR",
                     help="--grid: also time an earlier commit's kernel (the package "
                          "kdalab_baseline in DIR: scripts/baseline_kernels.sh), alternating")
+    ap.add_argument("--baseline-graph", action="store_true",
+                    help="--baseline: also both under CUDA-graph replay, alternating")
     ap.add_argument("--no-peers", action="store_true", help="--grid: kdalab (and the "
                     "baseline) only")
     ap.add_argument("--json", default=None)
@@ -561,11 +591,14 @@ def main():
         result["accuracy"] = accuracy()
     if args.grid:
         result["grid"], result["geomean"] = grid(names, alt, args.baseline,
-                                                 with_peers=not args.no_peers, base=base)
+                                                 with_peers=not args.no_peers, base=base,
+                                                 baseline_graph=args.baseline_graph)
         if alt is not None:
             result["alt"] = args.alt
         if args.base:
             result["base"] = args.base
+        if args.baseline:
+            result["baseline_commit"] = load_baseline_commit(args.baseline)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -32,8 +32,9 @@ def test_the_page_is_what_the_results_give():
     # memory count took training's six shapes, 348 when the kernel candidates' grids joined,
     # 365 when the H100's training figures did: the device lent no H200 for two sessions;
     # 400 when the H100's prefill grid and serving pages did, for a third; 410 for the H100's
-    # page of stage 1 streamed beside stage 2, whose code was deleted: its figures stay)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 410
+    # page of stage 1 streamed beside stage 2, whose code was deleted: its figures stay; 420
+    # for the H100's page of three candidate branches and decode's cache hints)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 420
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
@@ -489,3 +490,35 @@ def test_bench_kernel_refuses_a_bad_config_before_any_gpu_work(args):
     # field or value KernelConfig refuses is one line and exit 2, not a traceback on the GPU
     res = _run("bench_kernel.py", "--grid", "--shapes", "T1024_H16", *args)
     assert res.returncode == 2 and "--base/--alt:" in res.stderr.splitlines()[-1], res.stderr
+
+
+def test_collect_baseline_runs_orient_every_ratio_as_the_candidates_time(tmp_path):
+    # --baseline-runs: bench_kernel --baseline runs whose baseline is a candidate (its time over
+    # the tree's is 1 / kdalab_over_baseline), or, labelled tree:, whose tree is (the ratio as
+    # it is); a row each, eager and graph where timed; a missing file or --page: exit 2
+    def run(ratio, graph=None):
+        row = {"shape": "S", "kdalab_rounds_ms": [2.0, 2.0, 2.0], "baseline_ms": 2.0 / ratio,
+               "baseline_rounds_ms": [2.0 / ratio] * 3, "kdalab_over_baseline": ratio,
+               "baseline_max_abs_diff": 0.0}
+        if graph is not None:
+            row.update(kdalab_graph_rounds_ms=[1.0] * 3, baseline_graph_ms=1.0 / graph,
+                       baseline_graph_rounds_ms=[1.0 / graph] * 3,
+                       kdalab_over_baseline_graph=graph)
+        return {"info": {"date": "2026-12-05 17:00 UTC"}, "grid": [row]}
+    (tmp_path / "a.json").write_text(json.dumps(run(2.0, graph=4.0)))
+    (tmp_path / "b.json").write_text(json.dumps(run(2.0)))
+    results = tmp_path / "results"
+    results.mkdir()
+    base = ["collect_h200.py", tmp_path, "--device", "H100", "--commit", "c", "--results",
+            results, "--page", "cands"]
+    res = _run(*base, "--baseline-runs", f"x={tmp_path / 'a.json'}",
+               f"tree:y={tmp_path / 'b.json'}")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads((results / "cands.json").read_text())["rows"]
+    got = {(r["target"].split(":")[0], "graph" in r["target"]): r["value"] for r in rows}
+    assert got == {("candidate x", False): 0.5, ("candidate x", True): 0.25,
+                   ("candidate y", False): 2.0}
+    res = _run(*base, "--baseline-runs", f"x={tmp_path / 'none.json'}")
+    assert res.returncode == 2 and "none.json does not exist" in res.stderr
+    res = _run(*base[:-2], "--baseline-runs", f"x={tmp_path / 'a.json'}")
+    assert res.returncode == 2 and "--page" in res.stderr
