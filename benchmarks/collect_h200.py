@@ -229,15 +229,14 @@ def alt_doc(paths: list[Path]) -> dict:
             "rows": rows}
 
 
-def baseline_doc(runs: list[tuple[str, Path]], probe: Path | None = None) -> dict:
+def baseline_doc(runs: list[tuple[str, Path]]) -> dict:
     """A candidates page from ``bench_kernel.py --grid --baseline`` runs whose baseline is a
     candidate's kernels (``scripts/baseline_kernels.sh BRANCH``) and whose tree is the commit
     it would join: a row a candidate, the geometric mean over the shapes of its time over the
     tree's (below 1: the candidate faster), eager and, where timed (``--baseline-graph``),
     under CUDA-graph replay; every shape's medians and the outputs' largest difference in the
     note. A LABEL that starts ``tree:`` names a run the other way round: the candidate was
-    the tree, the baseline the commit it would join. ``probe``: benchmarks/decode_probe.py's
-    JSON, a row a shape (each variant's graph time over the floor, the default's first)."""
+    the tree, the baseline the commit it would join."""
     rows, dates = [], []
     for label, path in runs:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -262,19 +261,6 @@ def baseline_doc(runs: list[tuple[str, Path]], probe: Path | None = None) -> dic
                          "value": round(geo, 3), "unit": "x",
                          "note": f"{per}; outputs differ by at most {diff:.2g}"})
         dates.append(doc["info"]["date"].replace(" UTC", "Z").replace(" ", "T"))
-    if probe is not None:  # one row: the first shape's, every shape in the note
-        doc = json.loads(probe.read_text(encoding="utf-8"))
-        notes = []
-        for r in doc["rows"]:
-            names = [k[:-len("_graph_ms")] for k in r if k.endswith("_graph_ms")]
-            each = ", ".join(f"{n} {r[f'{n}_graph_ms'] * 1e3:.2f} us ({r[f'{n}_over_floor']:.3f}x"
-                             f"{'' if r[f'{n}_same_bits'] else ', other bits'})" for n in names)
-            notes.append(f"N {r['N']} H {r['H']} (floor {r['floor_ms'] * 1e3:.2f} us): {each}")
-        first = doc["rows"][0]
-        rows.append({"target": f"decode N {first['N']} H {first['H']}: the default's graph "
-                               f"replay over the state-traffic floor", "unit": "x",
-                     "value": round(first["default_over_floor"], 3),
-                     "note": f"copy {doc['info']['copy_tb_s']:.2f} TB/s; " + "; ".join(notes)})
     return {"date": max(dates), "rows": rows}
 
 
@@ -504,8 +490,6 @@ def main() -> None:
     ap.add_argument("--baseline-runs", nargs="+", default=None, metavar="LABEL=JSON",
                     help="bench_kernel.py --grid --baseline JSON files whose baselines are "
                          "candidates (LABEL: the candidate's commit): the page --page names")
-    ap.add_argument("--decode-probe", type=Path, default=None, metavar="JSON",
-                    help="with --baseline-runs: benchmarks/decode_probe.py's JSON on that page")
     ap.add_argument("--page", default=None, help="--baseline-runs: the page's name")
     ap.add_argument("--page-command", default="", help="--baseline-runs: the commands run")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
@@ -554,7 +538,7 @@ def main() -> None:
         _write(a.results, a.page, {
             "benchmark": a.page, "device": a.device, "commit": a.commit,
             "command": a.page_command,
-            **baseline_doc([(label, Path(p)) for label, p in runs], a.decode_probe)})
+            **baseline_doc([(label, Path(p)) for label, p in runs])})
     if a.grid:
         earlier = (Path(a.grid_earlier[0]), a.grid_earlier[1]) if a.grid_earlier else None
         _write(a.results, "kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),
