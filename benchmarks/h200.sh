@@ -19,7 +19,11 @@
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh; TESTS_S, default 540: 64
 #             tests ran past 420 s at aa848c3); TESTS_K: a -k selection, e.g. kernels_backward
 #             (the backward's 8, 175 s on an H100; '-k backward' also takes check --grad's fla
-#             case, whose autotuning ran past 200 s at 5784e74)
+#             case, whose autotuning ran past 200 s at 5784e74). The whole suite takes three
+#             calls on a fresh machine: TESTS_K='not kernels_backward and not check_grad' (85
+#             tests), then kernels_backward (8: 375 s of them on a fresh H100 at e0f434b, its
+#             first test 206 s of compiles), then check_grad (fla's autotuning); at e0f434b the
+#             first two in one plain `timeout 575` call (TERM: no JUnit file) were cut off
 #   serving   benchmarks/bench_decode.py: decode, pool, checkpoints, many short sequences
 #             (SERVING_PARTS: some of decode,pool,short; SERVING_ARGS: more options, e.g.
 #             "--candidates default,guard_inline --rounds 3")
