@@ -225,10 +225,11 @@ def load_baseline(folder, name="chunk_kda_fwd"):
 
 
 def baseline_rounds(x, old_fwd, rounds=3, config=KernelConfig(), graph=False):
-    """kdalab (under ``config``) and the baseline kernel on the same inputs, alternating
-    ``rounds`` times: the medians of each one's do_bench medians, and the largest output
-    difference; with ``graph``, also each captured in a CUDA graph, the replays alternating
-    (what a caller who captures sees: no host time, e.g. a plan that differs under capture)."""
+    """kdalab (under ``config``) and the baseline kernel on the same inputs, in ``rounds``
+    rounds (each round both, which one first alternating): the medians of each one's do_bench
+    medians, and the largest output difference; with ``graph``, also each captured in a CUDA
+    graph, the replays so (what a caller who captures sees: no host time, e.g. a plan that
+    differs under capture)."""
     def old():
         return run_kdalab(x, None, old_fwd)
 
@@ -241,9 +242,9 @@ def baseline_rounds(x, old_fwd, rounds=3, config=KernelConfig(), graph=False):
         fns["_graph"] = (captured(new), captured(old))
     for form, (f_new, f_old) in fns.items():
         new_ms, old_ms = [], []
-        for _ in range(rounds):
-            new_ms.append(bench(f_new))
-            old_ms.append(bench(f_old))
+        for i in range(rounds):  # the order alternates: neither is always timed first
+            for f, ms in ((f_new, new_ms), (f_old, old_ms))[:: 1 if i % 2 == 0 else -1]:
+                ms.append(bench(f))
         out.update({f"kdalab{form}_rounds_ms": new_ms, f"baseline{form}_rounds_ms": old_ms,
                     f"baseline{form}_ms": statistics.median(old_ms),
                     f"kdalab_over_baseline{form}":
