@@ -242,7 +242,7 @@ def baseline_doc(runs: list[tuple[str, Path]]) -> dict:
         doc = json.loads(path.read_text(encoding="utf-8"))
         grid = [r for r in doc["grid"] if "kdalab_over_baseline" in r]
         inverted = label.startswith("tree:")
-        cand, base = ("tree", "baseline") if inverted else ("baseline", "kdalab")
+        cand, base = ("kdalab", "baseline") if inverted else ("baseline", "kdalab")
         for form, what in (("", "eager"), ("_graph", "CUDA-graph replay")):
             have = [r for r in grid if f"kdalab_over_baseline{form}" in r]
             if not have:
@@ -252,7 +252,7 @@ def baseline_doc(runs: list[tuple[str, Path]]) -> dict:
             geo = _geomean(list(ratio.values()))
             med = lambda r, who: statistics.median(r[f"{who}{form}_rounds_ms"])  # noqa: E731
             per = "; ".join(
-                f"{r['shape']} {med(r, 'kdalab' if inverted else 'baseline'):.4f} against "
+                f"{r['shape']} {med(r, cand):.4f} against "
                 f"{med(r, base):.4f} ms ({ratio[r['shape']]:.3f}x)" for r in have)
             diff = max(r["baseline_max_abs_diff"] for r in have)
             who = label.removeprefix("tree:")
