@@ -121,10 +121,11 @@ def log2_decay(x, a, bias, lower_bound, keep, GATE: tl.constexpr):
     if GATE == GATE_LOG_DECAY:
         y = x
     elif GATE == GATE_LOWER_BOUND:
-        # lb · sigmoid(u) = lb / (1 + exp(-u)) on the special-function unit: the exp flushed
-        # (e below 2^-126 leaves 1 + e = 1), the division within 2 ulp of IEEE's
+        # lb · sigmoid(u) = lb / (1 + exp(-u)) on the special-function unit: exp(-u) as
+        # 2^((x + bias) · (-a log2 e)), one product an element (the scalar once), flushed
+        # (e below 2^-126 leaves 1 + e = 1); the division within 2 ulp of IEEE's
         y = div_approx(tl.full(x.shape, lower_bound, tl.float32),
-                       1 + exp2_ftz(-(a * (x + bias)) * LOG2E))
+                       1 + exp2_ftz((x + bias) * (-a * LOG2E)))
     else:
         y = -(a * softplus(x + bias))
     return tl.where(keep, y, 0.0) * LOG2E
