@@ -48,10 +48,11 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
     def exp2_ftz(x):
         """2^x on the special-function unit with subnormal results flushed to zero
         (libdevice's ``exp2f``, which Triton links with flushing on: ``ex2.approx.ftz.f32``,
-        one instruction). ``tl.exp2`` (``ex2.approx.f32``) adds three a value for subnormal
-        results (a compare, a halving before, a squaring after); the same bits wherever 2^x
-        is normal, x >= -126: every factor of a chunk within ``SPLIT_SPAN2``, and every exp
-        of ``tl.exp``'s form below (x · log2 e, as Triton lowers it)."""
+        one instruction). ``tl.exp2`` (``ex2.approx.f32``) spends three more a value on the
+        subnormal range (a compare, a halving before, a squaring after), yet its squaring is
+        flushed too: on the H200 both give 0 below 2^-126 and the same bits everywhere else
+        (tests/test_kernels.py's gate-helper test, at 7e941d1), so this is ``tl.exp2`` at a
+        quarter of the instructions."""
         return libdevice.exp2(x)
 
     @triton.jit
@@ -70,7 +71,8 @@ else:
     @triton.jit
     def exp2_ftz(x):
         """In the interpreter: ``tl.exp2``, which stands for ``ex2.approx`` (subnormal
-        results kept: the GPU's flush them; no stage-1 factor is subnormal)."""
+        results kept, where the GPU's ``tl.exp2`` and this both flush; no stage-1 factor is
+        subnormal)."""
         return tl.exp2(x)
 
     @triton.jit
