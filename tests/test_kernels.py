@@ -21,6 +21,7 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
+tl = triton.language
 
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.kda import reference_forward  # noqa: E402
@@ -30,6 +31,7 @@ from kdalab.kernels import (  # noqa: E402
     chunk_kda_fwd,
     chunk_kda_transition,
 )
+from kdalab.kernels.gate import div_approx, exp2_ftz  # noqa: E402
 from kdalab.kernels.launch_plan import fp16_guard, plan_launch, segment_table  # noqa: E402
 from kdalab.studies.end_to_end import E2E_FAMILIES, study_inputs  # noqa: E402
 from tests.serving_inputs import (  # noqa: E402
@@ -904,3 +906,49 @@ def test_gpu_planned_shapes(T, H):
 def test_gpu_weak_decay_correlated_long():
     eo, es = _run("weak_decay_correlated", 1, 32768, 2, 128, device="cuda", h0=True, seed=5)
     assert eo < TOL_BF16_GPU and es < 5e-3, (eo, es)
+
+
+@triton.jit
+def _gate_helpers_kernel(x_ptr, y_ptr, e_ptr, r_ptr, d_ptr, N: tl.constexpr):
+    o = tl.arange(0, N)
+    x = tl.load(x_ptr + o)
+    tl.store(e_ptr + o, exp2_ftz(x))
+    tl.store(r_ptr + o, tl.exp2(x))
+    tl.store(d_ptr + o, div_approx(x, tl.load(y_ptr + o)))
+
+
+@gpu
+def test_gpu_gate_helpers_flush_and_divide_as_documented():
+    # gate.py's special-function forms, which stage 1's exponentials and the bounded gate's
+    # sigmoid take on the GPU: exp2_ftz gives tl.exp2's bits everywhere (tl.exp2's subnormal
+    # path squares its halved result with flushing on, so it gives 0 below 2^-126 too: seen on
+    # the H200 at 7e941d1, where this test first asserted subnormals from it and failed), so
+    # stage 1's factors keep their bits; div_approx stays within 2 ulp of the exact quotient for
+    # divisors in [1, 2^126) (the sigmoid's 1 + e), and a numerator over infinity is 0
+    gen = torch.Generator().manual_seed(11)
+    n = 4096
+    x = torch.cat([torch.linspace(-149.5, 127.5, n // 2),
+                   torch.rand(n // 2, generator=gen) * 277 - 149.5]).float()
+    y = torch.cat([1 + torch.exp2(torch.rand(n - 2, generator=gen) * 155 - 30),
+                   torch.tensor([1.0, float("inf")])]).float()
+    num = -torch.rand(n, generator=gen).float() * 8  # the log-decay's numerator lb in [-8, 0]
+    e, r, d = (torch.empty(n, device="cuda") for _ in range(3))
+    _gate_helpers_kernel[(1,)](x.cuda(), y.cuda(), e, r, torch.empty(n, device="cuda"), N=n)
+    _gate_helpers_kernel[(1,)](num.cuda(), y.cuda(), torch.empty_like(e),
+                               torch.empty_like(e), d, N=n)
+    e, r, d = e.cpu(), r.cpu(), d.cpu()
+    assert torch.equal(e, r)
+    assert bool((e[x < -126] == 0).all()) and bool((e[x >= -126] > 0).all())
+    big = torch.isinf(y)
+    assert bool((d[big] == 0).all())
+    exact = num.double() / y.double()
+    q = exact.float()
+    ulp = (torch.nextafter(q.abs(), torch.tensor(float("inf"))) - q.abs()).double()
+    # a quotient below 2^-126 (a small numerator over a divisor near 2^125) is flushed, as
+    # the reciprocal is: within 2^-126 of the exact value; the others within 2 ulp
+    tiny = (exact.abs() < 2.0 ** -126) & ~big
+    assert bool(((d[tiny].double() - exact[tiny]).abs() <= 2.0 ** -126).all())
+    err = ((d.double() - exact).abs() / ulp)[~big & ~tiny]
+    worst = int(err.argmax())
+    assert float(err.max()) <= 2, (float(err.max()), float(num[~big & ~tiny][worst]),
+                                    float(y[~big & ~tiny][worst]))

@@ -40,10 +40,13 @@ import triton
 import triton.language as tl
 
 from .contract import Problem
-from .gate import SPLIT_SPAN2, gate_params, log2_decay
+from .gate import SPLIT_SPAN2, exp2_ftz, gate_params, log2_decay
 from .indexing import chunk_of_program
 
 CHUNK = 16
+#: the register cap of the forward's 2-warp stage-1 program on a ragged fixed length
+#: (``chunk_kda_prepare``)
+PREPARE_MAXNREG = 168
 
 
 @triton.jit
@@ -242,14 +245,14 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     g2_last = tl.sum(tl.where((o_r == BT - 1)[:, None], g2, 0.0), axis=0)
     FIRST: tl.constexpr = not REDO  # the redo stores only what the per-pair path forms
     if FIRST:
-        tl.store(gamma_ptr + cc * K + o_k, tl.exp2(g2_last))
+        tl.store(gamma_ptr + cc * K + o_k, exp2_ftz(g2_last))
     kv = l2_normalize(k_raw, USE_L2NORM)
-    kend, klo = split_operand(kv * tl.exp2(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
+    kend, klo = split_operand(kv * exp2_ftz(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
     if FIRST:
         tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
         tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
-    decay = tl.exp2(g2)
+    decay = exp2_ftz(g2)
     qs = l2_normalize(q_raw, USE_L2NORM) * scale
     if CLAMP_ROWS:  # MQK's rows past the end zero, as masked loads leave them
         qs = tl.where(m2, qs, 0.0)
@@ -271,7 +274,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
         mqk, L = pairwise_tiles(qs, kv, g2, o_r, BT)
     else:
         # the split exponent: exp(G_i - G_j) = exp(G_i) * exp(-G_j), each finite in fp32
-        kit = tl.trans(kv * tl.exp2(-g2))
+        kit = tl.trans(kv * exp2_ftz(-g2))
         mqk = tl.dot(qd, kit, input_precision=PRECISION)
         L = tl.dot(kd, kit, input_precision=PRECISION)
     base_cc = cc * BT * BT
@@ -326,7 +329,14 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
               USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
               IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows,
               PRECISION=precision, num_warps=num_warps)
-    chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw)
+    # the clamped fixed-length form (T % 16 != 0) of the forward's 2-warp program took 172
+    # registers on sm_90a, five programs an SM: capped at 168, six, no spills. Not the other
+    # forms: under the same cap the aligned one (136 without) spilled 20 bytes and the varlen
+    # one (168 without) took 48 instructions more; the recompute's tf32x3 (254) would spill
+    ragged = clamp_rows and seqs.chunk_table is None
+    cap = (dict(maxnreg=PREPARE_MAXNREG) if ragged and precision == "tf32" and num_warps == 2
+           else {})
+    chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, **cap)
     if two:  # the flagged (wide) chunks' tiles per pair
         chunk_kda_prepare_kernel[(seqs.num_chunks, H)](*args, **kw, REDO=True)
     return w, qg, kend, klo, ainv, mqk, gamma

@@ -43,12 +43,42 @@ if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         absolute error at most 2^-22.6 in (0.5, 2), PTX ISA), one instruction where
         ``tl.log2`` is a 9-term polynomial."""
         return libdevice.fast_log2f(x)
+
+    @triton.jit
+    def exp2_ftz(x):
+        """2^x on the special-function unit with subnormal results flushed to zero
+        (libdevice's ``exp2f``, which Triton links with flushing on: ``ex2.approx.ftz.f32``,
+        one instruction). ``tl.exp2`` (``ex2.approx.f32``) spends three more a value on the
+        subnormal range (a compare, a halving before, a squaring after), yet its squaring is
+        flushed too: on the H200 both give 0 below 2^-126 and the same bits everywhere else
+        (tests/test_kernels.py's gate-helper test, at 7e941d1), so this is ``tl.exp2`` at a
+        quarter of the instructions."""
+        return libdevice.exp2(x)
+
+    @triton.jit
+    def div_approx(x, y):
+        """x / y for y >= 1 by the special-function unit's reciprocal (``__fdividef``: at
+        most 2 ulp for y below 2^126, 0 above, so x / inf = 0): two instructions where the
+        IEEE division takes about ten."""
+        return libdevice.fast_dividef(x, y)
 else:
     @triton.jit
     def log2_approx(x):
         """In the interpreter (which has no special-function unit): ``tl.log2``, exact to
         fp32, as the interpreter's ``tl.exp2`` stands for the GPU's ``ex2.approx``."""
         return tl.log2(x)
+
+    @triton.jit
+    def exp2_ftz(x):
+        """In the interpreter: ``tl.exp2``, which stands for ``ex2.approx`` (subnormal
+        results kept, where the GPU's ``tl.exp2`` and this both flush; no stage-1 factor is
+        subnormal)."""
+        return tl.exp2(x)
+
+    @triton.jit
+    def div_approx(x, y):
+        """In the interpreter: the IEEE ``x / y``, for the GPU's 2-ulp division."""
+        return x / y
 
 
 @triton.jit
@@ -61,7 +91,7 @@ def softplus(x):
     log1p >= 0.03; measured in the interpreter 1.6e-6 over -40..40). The earlier form (fp32
     ``tl.log``, a polynomial, and a division correcting 1 + u) made the unbounded gate's
     stage 1 1.6x the bounded gate's on the H200 (docs/BENCHMARKS.md gates_h200)."""
-    u = tl.exp(-tl.abs(x))
+    u = exp2_ftz(-tl.abs(x) * LOG2E)  # tl.exp's form; u below 2^-126 adds nothing to x
     series = u * (1.0 - u * (0.5 - u * (0.3333333333333333 - u * (0.25 - u * 0.2))))
     l1p = tl.where(u < 0.03125, series, log2_approx(1.0 + u) * LN2)
     return tl.maximum(x, 0.0) + l1p
@@ -93,7 +123,11 @@ def log2_decay(x, a, bias, lower_bound, keep, GATE: tl.constexpr):
     if GATE == GATE_LOG_DECAY:
         y = x
     elif GATE == GATE_LOWER_BOUND:
-        y = lower_bound * tl.sigmoid(a * (x + bias))
+        # lb · sigmoid(u) = lb / (1 + exp(-u)) on the special-function unit: exp(-u) as
+        # 2^((x + bias) · (-a log2 e)), one product an element (the scalar once), flushed
+        # (e below 2^-126 leaves 1 + e = 1); the division within 2 ulp of IEEE's
+        y = div_approx(tl.full(x.shape, lower_bound, tl.float32),
+                       1 + exp2_ftz((x + bias) * (-a * LOG2E)))
     else:
         y = -(a * softplus(x + bias))
     return tl.where(keep, y, 0.0) * LOG2E
