@@ -287,6 +287,9 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
         elif "alt_over_default" in r:  # --alt's candidate, timed after the default
             times += (f"; [{doc['alt']}] {r['kdalab_alt_ms']:.3f} ms, "
                       f"{r['alt_over_default']:.3f}x the default's speed")
+        if "kdalab_over_baseline" in r and "commit" not in r:  # --baseline, same process
+            times += (f"; {r['kdalab_over_baseline']:.3f}x {doc['baseline_commit']}'s kernels' "
+                      f"time")
         rows.append({"target": f"{r['shape']}: best peer / kdalab", "value": round(r["ratio"], 3),
                      "unit": "x", "note": times})
     slowest = min(grid, key=lambda r: r["ratio"])
@@ -297,6 +300,11 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
     command = ("python benchmarks/bench_kernel.py --warm-peers && python "
                "benchmarks/bench_kernel.py --grid (benchmarks/h200.sh grid; peers in the same "
                "process)")
+    based = [r["kdalab_over_baseline"] for r in doc["grid"] if "kdalab_over_baseline" in r]
+    if based:
+        command += (f"; --baseline: kdalab's time over {doc['baseline_commit']}'s kernels (the "
+                    f"same process, alternating rounds): geometric mean {_geomean(based):.3f} "
+                    f"over {len(based)} shapes (range {min(based):.3f}-{max(based):.3f})")
     if earlier is not None or doc.get("alt") or doc.get("base"):
         command += (f"; this run: --shapes {','.join(r['shape'] for r in doc['grid'])}"
                     + (f" --alt {doc['alt']}" if doc.get("alt") else "")
@@ -506,7 +514,10 @@ def main() -> None:
             if not (a.runs / name).is_file():
                 ap.error(f"--{option.replace('_', '-')}: {a.runs / name} does not exist (unpack "
                          f"the step's $OUT/<step>.tar.gz into {a.runs})")
-    for runs, _ in a.gpu_tests or ():
+    for runs, commit in a.gpu_tests or ():
+        if ":" in commit:
+            ap.error(f"--gpu-tests: the label {commit!r} has a colon (the page reads the commit "
+                     f"up to the row's first colon)")
         if not (Path(runs) / "gpu-tests" / "gpu_tests.xml").is_file():
             ap.error(f"--gpu-tests: {Path(runs) / 'gpu-tests' / 'gpu_tests.xml'} does not exist")
     if a.hunt and not any((p / "worst.json").exists() for p in a.runs.glob("hunt-*")):

@@ -522,3 +522,26 @@ def test_collect_baseline_runs_orient_every_ratio_as_the_candidates_time(tmp_pat
     assert res.returncode == 2 and "none.json does not exist" in res.stderr
     res = _run(*base[:-2], "--baseline-runs", f"x={tmp_path / 'a.json'}")
     assert res.returncode == 2 and "--page" in res.stderr
+
+
+def test_collect_grid_names_the_baseline_it_was_timed_against(tmp_path):
+    # --grid of a run with --baseline: each shape's ratio to the earlier commit's kernels in its
+    # note, their geometric mean and range in the command (the same process, so comparable)
+    def row(shape, ratio, over):
+        return {"shape": shape, "kdalab_ms": 1.0, "fla_ms": 2.0, "flashkda_ms": ratio,
+                "ratio": ratio, "kdalab_over_baseline": over}
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "grid.json").write_text(json.dumps({
+        "info": {"date": "2026-12-05 19:39 UTC"}, "baseline_commit": "abc1234",
+        "grid": [row("A", 1.5, 0.9), row("B", 1.2, 1.0)]}))
+    results = tmp_path / "results"
+    results.mkdir()
+    res = _run("collect_h200.py", tmp_path, "--grid", "--device", "H200", "--commit", "c",
+               "--results", results)
+    assert res.returncode == 0, res.stderr
+    page = json.loads((results / "kernel_grid.json").read_text())
+    assert "0.900x abc1234's kernels' time" in page["rows"][0]["note"]
+    assert "geometric mean 0.949 over 2 shapes (range 0.900-1.000)" in page["command"]
+    res = _run("collect_h200.py", tmp_path, "--device", "H200", "--commit", "c", "--results",
+               results, "--gpu-tests", tmp_path, "abc: x")
+    assert res.returncode == 2 and "colon" in res.stderr
