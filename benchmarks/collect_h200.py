@@ -272,12 +272,14 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
     candidate, where timed, in the shape's note."""
     doc = _grid_json(path)
     info = doc["info"]
-    grid = [dict(r) for r in doc["grid"] if "ratio" in r]
+    grid = [dict(r, based_on=doc.get("baseline_commit")) for r in doc["grid"] if "ratio" in r]
+    runs = [(None, doc)]
     if earlier is not None:
         old = _grid_json(earlier[0])
+        runs.append((earlier[1], old))
         have = {r["shape"] for r in grid}
-        grid += [dict(r, commit=earlier[1]) for r in old["grid"]
-                 if "ratio" in r and r["shape"] not in have]
+        grid += [dict(r, commit=earlier[1], based_on=old.get("baseline_commit"))
+                 for r in old["grid"] if "ratio" in r and r["shape"] not in have]
     rows = []
     for r in grid:
         times = ", ".join(f"{p} {r[f'{p}_ms']:.3f} ms" for p in ("kdalab", "fla", "flashkda")
@@ -287,9 +289,8 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
         elif "alt_over_default" in r:  # --alt's candidate, timed after the default
             times += (f"; [{doc['alt']}] {r['kdalab_alt_ms']:.3f} ms, "
                       f"{r['alt_over_default']:.3f}x the default's speed")
-        if "kdalab_over_baseline" in r and "commit" not in r:  # --baseline, same process
-            times += (f"; {r['kdalab_over_baseline']:.3f}x {doc['baseline_commit']}'s kernels' "
-                      f"time")
+        if "kdalab_over_baseline" in r:  # --baseline: that run's earlier kernels, same process
+            times += f"; {r['kdalab_over_baseline']:.3f}x {r['based_on']}'s kernels' time"
         rows.append({"target": f"{r['shape']}: best peer / kdalab", "value": round(r["ratio"], 3),
                      "unit": "x", "note": times})
     slowest = min(grid, key=lambda r: r["ratio"])
@@ -300,11 +301,13 @@ def grid_doc(path: Path, earlier: tuple[Path, str] | None = None) -> dict:
     command = ("python benchmarks/bench_kernel.py --warm-peers && python "
                "benchmarks/bench_kernel.py --grid (benchmarks/h200.sh grid; peers in the same "
                "process)")
-    based = [r["kdalab_over_baseline"] for r in doc["grid"] if "kdalab_over_baseline" in r]
-    if based:
-        command += (f"; --baseline: kdalab's time over {doc['baseline_commit']}'s kernels (the "
-                    f"same process, alternating rounds): geometric mean {_geomean(based):.3f} "
-                    f"over {len(based)} shapes (range {min(based):.3f}-{max(based):.3f})")
+    for at, run in runs:
+        based = [r["kdalab_over_baseline"] for r in run["grid"] if "kdalab_over_baseline" in r]
+        if based:
+            command += (f"; --baseline{f' (the run at {at})' if at else ''}: kdalab's time over "
+                        f"{run['baseline_commit']}'s kernels (the same process, alternating "
+                        f"rounds): geometric mean {_geomean(based):.3f} over {len(based)} shapes "
+                        f"(range {min(based):.3f}-{max(based):.3f})")
     if earlier is not None or doc.get("alt") or doc.get("base"):
         command += (f"; this run: --shapes {','.join(r['shape'] for r in doc['grid'])}"
                     + (f" --alt {doc['alt']}" if doc.get("alt") else "")

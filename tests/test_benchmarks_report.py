@@ -542,6 +542,21 @@ def test_collect_grid_names_the_baseline_it_was_timed_against(tmp_path):
     page = json.loads((results / "kernel_grid.json").read_text())
     assert "0.900x abc1234's kernels' time" in page["rows"][0]["note"]
     assert "geometric mean 0.949 over 2 shapes (range 0.900-1.000)" in page["command"]
+    # a later run of one shape, without a baseline, completing the earlier one: the earlier
+    # rows keep their baseline's ratio, and the command says which run it was
+    (tmp_path / "later" / "grid").mkdir(parents=True)
+    plain = {k: v for k, v in row("A", 1.6, 0.0).items() if k != "kdalab_over_baseline"}
+    (tmp_path / "later" / "grid" / "grid.json").write_text(json.dumps({
+        "info": {"date": "2026-12-05 20:09 UTC"}, "grid": [plain]}))
+    res = _run("collect_h200.py", tmp_path / "later", "--grid", "--device", "H200", "--commit",
+               "d", "--results", results, "--grid-earlier", tmp_path / "grid" / "grid.json", "c")
+    assert res.returncode == 0, res.stderr
+    page = json.loads((results / "kernel_grid.json").read_text())
+    notes = {r["target"].split(":")[0]: r["note"] for r in page["rows"]}
+    assert "abc1234" not in notes["A"] and "(commit c, " in notes["B"]
+    assert "1.000x abc1234's kernels' time" in notes["B"]
+    assert "--baseline (the run at c): kdalab's time over abc1234's kernels" in page["command"]
+    assert page["command"].count("geometric mean 0.949 over 2 shapes") == 1  # the whole run's
     res = _run("collect_h200.py", tmp_path, "--device", "H200", "--commit", "c", "--results",
                results, "--gpu-tests", tmp_path, "abc: x")
     assert res.returncode == 2 and "colon" in res.stderr
