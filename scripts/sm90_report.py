@@ -7,6 +7,8 @@ Registers per thread, spill stores/loads, shared memory and the tensor-core inst
     python scripts/sm90_report.py            # the kdalab kernels' configurations
     SM90_PTX_DIR=dir python scripts/sm90_report.py   # also keep each kernel's PTX (no debug
                                                      # info), to compare two versions
+    SM90_LINES=20 SM90_ONLY='stage 1' python scripts/sm90_report.py   # and the 20 source lines
+                                                     # with the most SASS instructions
 
 Uses the ptxas shipped with triton. Numbers are triton's (this machine's version); the device
 may run another triton.
@@ -14,6 +16,7 @@ may run another triton.
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import subprocess
@@ -29,9 +32,13 @@ TARGET = GPUTarget("cuda", 90, 32)
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
 
-def _sass_count(cubin: bytes) -> int | None:
-    """The kernel's SASS instructions (static: a loop's body counts once), by the nvdisasm
-    shipped with triton; None where it is not there."""
+_INSTRUCTION = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/")
+_LINE_INFO = re.compile(r'//## File "([^"]+)", line (\d+)')
+
+
+def _disassembly(cubin: bytes) -> str | None:
+    """The cubin's SASS with source lines (``nvdisasm -g``, shipped with triton); None where
+    nvdisasm is not there."""
     nvdisasm = os.path.join(_BIN, "nvdisasm")
     if not os.path.exists(nvdisasm):
         return None
@@ -39,8 +46,24 @@ def _sass_count(cubin: bytes) -> int | None:
         path = os.path.join(d, "k.cubin")
         with open(path, "wb") as fh:
             fh.write(cubin)
-        text = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
-    return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", text, flags=re.M))
+        return subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True,
+                              text=True).stdout
+
+
+def sass_lines(text: str) -> collections.Counter:
+    """SASS instructions by the source line nvdisasm names above them ((file's name, line);
+    (None, 0) before any): where a kernel's instructions go. Static counts, as ``sass``; a
+    helper's lines (triton's ``standard.py`` for tl.sum and tl.cumsum) count where they are
+    written, not where they are called."""
+    counts: collections.Counter = collections.Counter()
+    where = (None, 0)
+    for line in text.splitlines():
+        m = _LINE_INFO.search(line)
+        if m:
+            where = (os.path.basename(m.group(1)), int(m.group(2)))
+        elif _INSTRUCTION.match(line):
+            counts[where] += 1
+    return counts
 
 
 def _ptxas() -> str:
@@ -114,8 +137,14 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
         "st_shared": len(re.findall(r"\bst\.shared", ptx)),
         # instructions issued where the kernel has no loop (stage 1's bounded form): an
         # issue-bound kernel's floor, over 4 a cycle an SM
-        "sass": _sass_count(compiled.asm["cubin"]),
+        "sass": None,
     }
+    sass = _disassembly(compiled.asm["cubin"])
+    if sass is not None:
+        by_line = sass_lines(sass)
+        res["sass"] = sum(by_line.values())
+        if os.environ.get("SM90_LINES"):  # where the instructions go: the N busiest lines
+            res["lines"] = by_line.most_common(int(os.environ["SM90_LINES"]))
     if regs is None:
         res["ptxas"] = text[-400:]
     return res
@@ -126,6 +155,8 @@ def print_row(r: dict) -> None:
           f"{r['spill_ld']!s:<6} smem {r['smem']:>7}  wgmma {r['wgmma']:>3}  mma {r['mma']:>3}"
           + (f"  sass {r['sass']:>5}" if r.get("sass") else "")
           + (f"  compile {r['compile_s']:.1f} s" if "compile_s" in r else ""), flush=True)
+    for (name, line), n in r.get("lines", ()):
+        print(f"    {n:6d}  {name}:{line}", flush=True)
 
 
 def ws_signature(K: int, BV: int = 64) -> dict:
