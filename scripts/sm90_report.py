@@ -123,6 +123,8 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
                              capture_output=True, text=True)
     text = out.stderr + out.stdout
     regs = re.search(r"Used (\d+) registers", text)
+    sass = _disassembly(compiled.asm["cubin"])
+    by_line = sass_lines(sass) if sass is not None else None
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
     res = {
         "label": label or jit.__name__,
@@ -137,14 +139,10 @@ def report(fn, signature: dict, constexprs: dict, num_warps: int = 4, num_stages
         "st_shared": len(re.findall(r"\bst\.shared", ptx)),
         # instructions issued where the kernel has no loop (stage 1's bounded form): an
         # issue-bound kernel's floor, over 4 a cycle an SM
-        "sass": None,
+        "sass": sum(by_line.values()) if by_line is not None else None,
     }
-    sass = _disassembly(compiled.asm["cubin"])
-    if sass is not None:
-        by_line = sass_lines(sass)
-        res["sass"] = sum(by_line.values())
-        if os.environ.get("SM90_LINES"):  # where the instructions go: the N busiest lines
-            res["lines"] = by_line.most_common(int(os.environ["SM90_LINES"]))
+    if by_line is not None and os.environ.get("SM90_LINES"):  # the N busiest source lines
+        res["lines"] = by_line.most_common(int(os.environ["SM90_LINES"]))
     if regs is None:
         res["ptxas"] = text[-400:]
     return res
