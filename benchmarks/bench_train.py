@@ -172,32 +172,29 @@ def interleaved(fns, rounds, rep=40):
             for n, t in times.items()}
 
 
-def graph_time(fn, rep=40, tries=2):
+def graph_time(fn, rep=40):
     """ms per replay of fn captured in a CUDA graph (the host's overhead removed), or the
     reason capture failed. Every capture at a process's first shape has failed ("operation
     failed due to a previous error during capture", kdalab's and fla's steps and backwards
-    alike, at 0d3e4cf, 9bbff03, 4426214, 5784e74 and a798f1d) and none at a later shape. Not
-    the profiler (pytorch issue 75504): at a798f1d the captures came before the process's first
-    profiler session and still failed; nor cured by a small autograd step captured first
-    (9bbff03). So a failed capture is tried again (``tries``), from a fresh warm-up: a later
-    capture in the same process has always succeeded."""
-    reason = "no capture tried"
-    for _ in range(tries):
-        try:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+    alike, at 0d3e4cf, 9bbff03, 4426214, 5784e74, a798f1d on an H100 and b02b3af on an H200)
+    and none at a later shape. Not the profiler (pytorch issue 75504): since a798f1d the
+    captures come before the process's first profiler session and still fail. Not cured by a
+    small autograd step captured first (9bbff03), nor by a second capture from a fresh warm-up
+    right after the first failed (b02b3af; removed). A later shape's captures succeed."""
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
                 fn()
-            return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
-        except Exception as exc:  # noqa: BLE001 - reported in the row
-            torch.cuda.synchronize()
-            reason = f"{type(exc).__name__}: {exc}"[:160]
-    return reason
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        return triton.testing.do_bench(graph.replay, rep=rep, return_mode="median")
+    except Exception as exc:  # noqa: BLE001 - reported in the row
+        torch.cuda.synchronize()
+        return f"{type(exc).__name__}: {exc}"[:160]
 
 
 def peak_mb(fn, x, do, dht):

@@ -501,7 +501,11 @@ def main() -> None:
     ap.add_argument("--baseline-runs", nargs="+", default=None, metavar="LABEL=JSON",
                     help="bench_kernel.py --grid --baseline JSON files whose baselines are "
                          "candidates (LABEL: the candidate's commit): the page --page names")
-    ap.add_argument("--page", default=None, help="--baseline-runs: the page's name")
+    ap.add_argument("--page", default=None,
+                    help="the name of the page written by the one of --baseline-runs (which "
+                         "needs it), --grid, --grid-alt and --serving given, instead of its "
+                         "own (kernel_grid, kernel_candidates_h200, serving_prefill_h200): "
+                         "e.g. kernel_grid_h100 for a run on the card lent for an H200")
     ap.add_argument("--page-command", default="", help="--baseline-runs: the commands run")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -517,6 +521,10 @@ def main() -> None:
             if not (a.runs / name).is_file():
                 ap.error(f"--{option.replace('_', '-')}: {a.runs / name} does not exist (unpack "
                          f"the step's $OUT/<step>.tar.gz into {a.runs})")
+    paged = [o for o in ("baseline_runs", "grid", "grid_alt", "serving") if getattr(a, o)]
+    if a.page is not None and len(paged) != 1:
+        ap.error(f"--page names the page of one of --baseline-runs, --grid, --grid-alt, "
+                 f"--serving; given {len(paged)} of them")
     for runs, commit in a.gpu_tests or ():
         if ":" in commit:
             ap.error(f"--gpu-tests: the label {commit!r} has a colon (the page reads the commit "
@@ -555,20 +563,24 @@ def main() -> None:
             **baseline_doc([(label, Path(p)) for label, p in runs])})
     if a.grid:
         earlier = (Path(a.grid_earlier[0]), a.grid_earlier[1]) if a.grid_earlier else None
-        _write(a.results, "kernel_grid", {**grid_doc(a.runs / "grid" / "grid.json", earlier),
-                               "device": a.device,
-                               "commit": a.commit})
+        name = a.page or "kernel_grid"
+        _write(a.results, name, {**grid_doc(a.runs / "grid" / "grid.json", earlier),
+                                 "benchmark": name, "device": a.device, "commit": a.commit})
     if a.grid_alt:
         for runs in a.grid_alt:
             if not (runs / "grid" / "grid.json").is_file():
                 ap.error(f"--grid-alt: {runs / 'grid' / 'grid.json'} does not exist")
-        _write(a.results, "kernel_candidates_h200", {
+        name = a.page or "kernel_candidates_h200"
+        _write(a.results, name, {
             **alt_doc([runs / "grid" / "grid.json" for runs in a.grid_alt]),
-            "device": a.device, "commit": a.commit})
+            "benchmark": name, "device": a.device, "commit": a.commit})
     if a.serving:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         rows = [r for r in doc["rows"] if any(k in r["target"] for k in SERVING_KEEP)]
-        before = json.loads((a.results / "serving_prefill_h200.json").read_text(encoding="utf-8"))
+        name = a.page or "serving_prefill_h200"
+        path = a.results / f"{name}.json"  # a new page has no earlier rows
+        before = (json.loads(path.read_text(encoding="utf-8")) if path.exists()
+                  else {"rows": [], "commit": a.commit, "date": doc["date"]})
         # a run without one of the parts (SERVING_PARTS=short, or =pool): the page's rows of
         # that part stay, marked with the commit and date they were measured at
         for part in ("_over_plain", "kdalab vs"):  # the pool part's rows, the short part's
@@ -579,8 +591,8 @@ def main() -> None:
             rows = note_ck_stagger(rows, Path(a.ck_stagger[0]), a.ck_stagger[1])
         if a.ck_intervals:
             rows = note_ck_intervals(rows, Path(a.ck_intervals[0]), a.ck_intervals[1])
-        _write(a.results, "serving_prefill_h200", {
-            "benchmark": "serving_prefill_h200", "device": a.device, "date": doc["date"],
+        _write(a.results, name, {
+            "benchmark": name, "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace("/root/out/", "$OUT/").replace(
                 "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving)",
             "rows": rows})
@@ -657,14 +669,26 @@ def main() -> None:
         folders = sorted(p for p in a.runs.glob("hunt-*") if (p / "worst.json").exists())
         metas = [json.loads((p / "hunt.json").read_text(encoding="utf-8")) for p in folders]
         dates = [m["date"] for m in metas if "date" in m]
+        rows, commit, command = hunt_rows(folders), a.commit, (
+            "kdalab hunt TARGET --device cuda --seed 0 (benchmarks/h200.sh hunt, hunts; kdalab "
+            "--dims 64,128, two calls with --resume; fla pinned to T = 1024, H = 4, K = 128; "
+            "FlashKDA K = 128)")
+        path = a.results / "hunt_h200.json"
+        if path.exists():  # a hunt of some targets: the page's other rows stay, with their runs
+            before = json.loads(path.read_text(encoding="utf-8"))
+            ran = {r["target"].split(":")[0] for r in rows}
+            kept = [r for r in before["rows"] if r["target"].split(":")[0] not in ran]
+            if kept:
+                rows += kept
+                commit = f"{a.commit} ({', '.join(sorted(ran))}); the other rows: {before['commit']}"
+                if not before["command"].startswith(command):  # the same steps: said once
+                    command = f"{command}; the other rows: {before['command']}"
+                else:
+                    command = before["command"]
         _write(a.results, "hunt_h200", {
             "benchmark": "hunt_h200", "device": a.device,
-            "date": max(dates) if dates else "", "commit": a.commit,
-            "command": "kdalab hunt TARGET --device cuda --seed 0 (benchmarks/h200.sh hunt, "
-                       "hunts; kdalab --dims 64,128, two calls with --resume; fla pinned to "
-                       "T = 1024, H = 4, K = 128; FlashKDA K = 128)",
-            "rows": hunt_rows(folders)})
-
+            "date": max(dates) if dates else "", "commit": commit, "command": command,
+            "rows": rows})
 
 if __name__ == "__main__":
     main()

@@ -33,8 +33,9 @@ def test_the_page_is_what_the_results_give():
     # 365 when the H100's training figures did: the device lent no H200 for two sessions;
     # 400 when the H100's prefill grid and serving pages did, for a third; 410 for the H100's
     # page of stage 1 streamed beside stage 2, whose code was deleted: its figures stay; 420
-    # for the H100's page of three candidate branches and decode's cache hints)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 420
+    # for the H100's page of three candidate branches and decode's cache hints; 440 for the
+    # H100's whole grid at the current kernels and its one-warp stage-1 candidate)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 440
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
@@ -560,3 +561,55 @@ def test_collect_grid_names_the_baseline_it_was_timed_against(tmp_path):
     res = _run("collect_h200.py", tmp_path, "--device", "H200", "--commit", "c", "--results",
                results, "--gpu-tests", tmp_path, "abc: x")
     assert res.returncode == 2 and "colon" in res.stderr
+
+
+def test_collect_page_names_a_grid_run_on_another_card(tmp_path):
+    # --page: the grid of an H100 lent for an H200 goes to a page of its own, the H200's
+    # kernel_grid untouched; --page with two page-writing options, or none, is refused
+    (tmp_path / "grid").mkdir()
+    (tmp_path / "grid" / "grid.json").write_text(json.dumps({
+        "info": {"date": "2026-12-05 21:31 UTC"}, "grid": [
+            {"shape": "A", "kdalab_ms": 1.0, "fla_ms": 2.0, "flashkda_ms": 1.5, "ratio": 1.5}]}))
+    results = tmp_path / "results"
+    results.mkdir()
+    res = _run("collect_h200.py", tmp_path, "--grid", "--page", "kernel_grid_h100",
+               "--device", "H100", "--commit", "c", "--results", results)
+    assert res.returncode == 0, res.stderr
+    page = json.loads((results / "kernel_grid_h100.json").read_text())
+    assert page["benchmark"] == "kernel_grid_h100" and page["device"] == "H100"
+    assert page["rows"][0]["value"] == 1.5
+    assert not (results / "kernel_grid.json").exists()
+    for extra in (["--grid", "--grid-alt", tmp_path], []):
+        res = _run("collect_h200.py", tmp_path, *extra, "--page", "p", "--device", "H100",
+                   "--commit", "c", "--results", results)
+        assert res.returncode == 2 and "--page names the page of one of" in res.stderr
+        assert not (results / "p.json").exists()
+
+
+def test_collect_hunt_keeps_the_rows_of_targets_it_did_not_hunt(tmp_path):
+    # a hunt of kdalab alone: its row replaces kdalab's; fla's row and the --grad row stay, and
+    # the page's commit says which rows are whose
+    folder = tmp_path / "runs" / "hunt-kdalab"
+    folder.mkdir(parents=True)
+    (folder / "hunt.json").write_text(json.dumps(
+        {"target": "kdalab", "elapsed_s": 580.3, "trials_run": 1770, "date": "2026-12-05 21:46"}))
+    (folder / "worst.json").write_text(json.dumps(
+        {"output_error": 5.356e-3, "state_error": 2.1e-3, "exceeds_threshold": False,
+         "threshold": 0.01, "spec": {"T": 580, "heads": 6, "K": 64}, "params": {"T": 580}}))
+    results = tmp_path / "results"
+    results.mkdir()
+    old = [dict(target="hunt fla: worst output error in 70 s (299 trials)", value=0.06,
+                unit="rel. RMSE", note="f"),
+           dict(target="hunt kdalab: worst output error in 580 s (1068 trials)", value=0.00437,
+                unit="rel. RMSE", note="k"),
+           dict(target="hunt kdalab --grad: worst gradient error in 400 s (296 trials)",
+                value=0.257, unit="rel. RMSE", note="g")]
+    (results / "hunt_h200.json").write_text(json.dumps(dict(
+        HEAD, benchmark="hunt_h200", commit="0ld0ld0", command="kdalab hunt TARGET", rows=old)))
+    res = _run("collect_h200.py", tmp_path / "runs", "--hunt", "--device", "H200", "--commit",
+               "fedcba9", "--results", results)
+    assert res.returncode == 0, res.stderr
+    page = json.loads((results / "hunt_h200.json").read_text())
+    assert [r["value"] for r in page["rows"]] == [0.00536, 0.06, 0.257]
+    assert page["commit"] == "fedcba9 (hunt kdalab); the other rows: 0ld0ld0"
+    assert "the other rows: kdalab hunt TARGET" in page["command"]
