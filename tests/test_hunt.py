@@ -267,4 +267,11 @@ def test_replay_script_measures_a_hunts_worst_trials_again(hunted, capsys):
     assert [r["recipe:flashkda"] for r in rows] == [r["output_error"] for r in recorded]
     assert all(r["recipe:fp32"] != r["recipe:flashkda"] for r in rows)
     assert "recipe:flashkda: worst" in capsys.readouterr().out
-    assert replay.main([str(root), "--targets", "recipe:fp32"]) == 2  # no trials there
+    # bad input: one line, exit 2
+    for args, says in (([str(root)], "no trials.jsonl"), ([str(root / "a"), "--top", "0"], "--top"),
+                       ([str(root / "a"), "--targets", "nosuch"], "unknown kernel 'nosuch'")):
+        if "--targets" not in args:
+            args += ["--targets", "recipe:fp32"]
+        assert replay.main([*args, "--device", "cpu"]) == 2
+        err = capsys.readouterr().err
+        assert says in err and err.count("\n") == 1

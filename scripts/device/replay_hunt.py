@@ -20,7 +20,7 @@ import sys
 
 from kdalab.hunt.evaluate import evaluate
 from kdalab.hunt.files import read_trials
-from kdalab.hunt.target import resolve
+from kdalab.hunt.target import TargetError, resolve
 from kdalab.inputs.sequences import SequenceSpec
 
 
@@ -41,11 +41,25 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from pathlib import Path
 
+    import torch
+
+    def fail(message: str) -> int:  # bad input: one line, exit 2, nothing measured
+        print(f"replay_hunt: {message}", file=sys.stderr)
+        return 2
+
+    if args.top < 1:
+        return fail(f"--top must be at least 1, got {args.top}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        return fail("--device cuda: this machine has no CUDA device")
+    if not (Path(args.folder) / "trials.jsonl").is_file():
+        return fail(f"{args.folder}: no trials.jsonl (a kdalab hunt folder)")
     trials = top_trials(read_trials(Path(args.folder)), args.top)
     if not trials:
-        print(f"replay_hunt: no measured trial in {args.folder}", file=sys.stderr)
-        return 2
-    targets = {name: resolve(name, args.device) for name in args.targets.split(",")}
+        return fail(f"no measured trial in {args.folder}")
+    try:
+        targets = {name: resolve(name, args.device) for name in args.targets.split(",")}
+    except TargetError as exc:
+        return fail(f"--targets: {exc}")
     rows = []
     for rec in trials:
         spec = SequenceSpec.from_dict(rec["spec"])
