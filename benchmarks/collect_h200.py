@@ -685,7 +685,8 @@ def main() -> None:
             kept = [r for r in before["rows"] if r["target"].split(":")[0] not in ran]
             if kept:
                 rows += kept
-                commit = f"{a.commit} ({', '.join(sorted(ran))}); the other rows: {before['commit']}"
+                commit = (f"{a.commit} ({', '.join(sorted(ran))}); "
+                          f"the other rows: {before['commit']}")
                 if not before["command"].startswith(command):  # the same steps: said once
                     command = f"{command}; the other rows: {before['command']}"
                 else:

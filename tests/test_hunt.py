@@ -252,8 +252,8 @@ def test_replay_script_measures_a_hunts_worst_trials_again(hunted, capsys):
     # deterministic recipe), another target its own
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(
-        "replay_hunt", Path(__file__).resolve().parents[1] / "scripts" / "device" / "replay_hunt.py")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "device" / "replay_hunt.py"
+    spec = importlib.util.spec_from_file_location("replay_hunt", script)
     replay = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(replay)
     root, _ = hunted
