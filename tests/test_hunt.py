@@ -244,34 +244,3 @@ def test_a_time_budget_alone_stops_the_search(tmp_path, capsys):
     assert meta["trials_run"] == len(_trials(tmp_path)) >= 1
     # checked between trials: the last one started within the second
     assert all(t["elapsed_s"] < 30 for t in map(json.loads, open(tmp_path / "trials.jsonl")))
-
-
-def test_replay_script_measures_a_hunts_worst_trials_again(hunted, capsys):
-    # scripts/device/replay_hunt.py: the top trials of a hunt folder, largest error first, each
-    # measured again by the hunt's own evaluation: the same target gives the same errors (a
-    # deterministic recipe), another target its own
-    import importlib.util
-
-    script = Path(__file__).resolve().parents[1] / "scripts" / "device" / "replay_hunt.py"
-    spec = importlib.util.spec_from_file_location("replay_hunt", script)
-    replay = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(replay)
-    root, _ = hunted
-    recorded = sorted((r for r in _trials(root / "a") if r["status"] == "measured"),
-                      key=lambda r: -r["output_error"])[:3]
-    out = root / "replay.json"
-    assert replay.main([str(root / "a"), "--targets", "recipe:flashkda,recipe:fp32", "--top",
-                        "3", "--device", "cpu", "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())
-    assert [r["trial"] for r in rows] == [r["trial"] for r in recorded]
-    assert [r["recipe:flashkda"] for r in rows] == [r["output_error"] for r in recorded]
-    assert all(r["recipe:fp32"] != r["recipe:flashkda"] for r in rows)
-    assert "recipe:flashkda: worst" in capsys.readouterr().out
-    # bad input: one line, exit 2
-    for args, says in (([str(root)], "no trials.jsonl"), ([str(root / "a"), "--top", "0"], "--top"),
-                       ([str(root / "a"), "--targets", "nosuch"], "unknown kernel 'nosuch'")):
-        if "--targets" not in args:
-            args += ["--targets", "recipe:fp32"]
-        assert replay.main([*args, "--device", "cpu"]) == 2
-        err = capsys.readouterr().err
-        assert says in err and err.count("\n") == 1
