@@ -534,7 +534,7 @@ def main() -> None:
     if a.page is not None and len(paged) != 1:
         ap.error(f"--page names the page of one of --baseline-runs, --grid, --grid-alt, "
                  f"--serving; given {len(paged)} of them")
-    for runs, commit in a.gpu_tests or ():
+    for runs, _ in a.gpu_tests or ():
         if not (Path(runs) / "gpu-tests" / "gpu_tests.xml").is_file():
             ap.error(f"--gpu-tests: {Path(runs) / 'gpu-tests' / 'gpu_tests.xml'} does not exist")
     if a.hunt and not any((p / "worst.json").exists() for p in a.runs.glob("hunt-*")):
@@ -687,10 +687,8 @@ def main() -> None:
                 rows += kept
                 commit = (f"{a.commit} ({', '.join(sorted(ran))}); "
                           f"the other rows: {before['commit']}")
-                if not before["command"].startswith(command):  # the same steps: said once
-                    command = f"{command}; the other rows: {before['command']}"
-                else:
-                    command = before["command"]
+                command = (before["command"] if before["command"].startswith(command)  # once
+                           else f"{command}; the other rows: {before['command']}")
         _write(a.results, "hunt_h200", {
             "benchmark": "hunt_h200", "device": a.device,
             "date": max(dates) if dates else "", "commit": commit, "command": command,
