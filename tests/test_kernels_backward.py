@@ -178,37 +178,6 @@ def test_interp_initial_state_gradient_under_decay_past_fp16(gate):
     assert errors["initial_state"] < TOL
 
 
-@pytest.fixture
-def tf32_tensor_cores(monkeypatch):
-    """The interpreter multiplies tl.dot's fp32 operands exactly; on the H200 a tf32 tl.dot
-    on fp32 operands can truncate them to tf32's 10-bit significand (triton issue 4574).
-    Truncate every such operand here: so emulated, the H200's three collinear failures and
-    its two hunt cases come back (dβ 6.6x, 6.8x, dA_log 5.3x the floor: the H200 6.4x, 6.3x,
-    5.1x; dβ 0.255 against 0.257) where rounding to nearest gives none. It is pessimistic
-    elsewhere (model_like's dβ 6.1x, the H200 1.1x): which products the H200 truncates is not
-    pinned down, so only the cases it reproduces use it. Returns the count of products."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    orig = interpreter.InterpreterBuilder.create_dot
-    count = [0]
-
-    def rounded(t):
-        if t.data.dtype != np.float32:
-            return t
-        out = t.data.view(np.uint32) & np.uint32(0xFFFFE000)
-        return interpreter.TensorHandle(out.view(np.float32), t.dtype)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        if str(input_precision).upper().endswith("TF32"):  # not TF32x3, not IEEE
-            count[0] += 1
-            a, b = rounded(a), rounded(b)
-        return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
-
-    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", create_dot)
-    return count
-
-
 @interp
 def test_interp_collinear_gradients_with_tf32_products(tf32_tensor_cores):
     """check --grad's collinear cases (quick suite, T 256, β -> 1) with the H200's tf32

@@ -1,0 +1,81 @@
+"""scripts/replay_emulated.py: a hunt's worst trials on the CPU with the H200's arithmetic
+emulated (tests/h200_arith.py), run as the command it is (a child process: it defines the
+kernels under TRITON_INTERPRET=1)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[1] / "scripts" / "replay_emulated.py"
+
+#: a small draw of the hunt's ridge (one key cluster, β -> 1, decay ≈ 1, v past fp16's range)
+SPEC = dict(T=40, batch=1, seqlens=None, heads=1, K=32, V=16, lower_bound=-1.06,
+            key_clusters=1, key_eps=0.011, beta_mean=11.6, beta_spread=0.74, g_mean=-12.8,
+            g_spread=0.2, log_decay=None, A_log=[0.85, 1.74], dt_bias=[1.61, 2.56],
+            v_scale=131072.0, initial_state="fp32", state_scale=0.125, block=None,
+            prenormalized=False, decay_range=None, decay_channels=1.0, g_as_log_decay=None)
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.fixture
+def hunt_folder(tmp_path):
+    common = dict(objective=0.0, params={}, elapsed_s=1.0, spec=SPEC)
+    records = [dict(trial=i, seed=7 + i, status="measured", output_error=e, state_error=e / 2,
+                    **common) for i, e in enumerate((4e-3, 6e-3, 5e-3))]
+    records.append(dict(trial=3, seed=1, status="raised", output_error=None, **common))
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return tmp_path
+
+
+def test_replays_the_worst_with_the_emulation_in_force(hunt_folder, tmp_path):
+    out = tmp_path / "replay.jsonl"
+    r = _run(hunt_folder, "--top", 2, "--json", out)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["trial"] for x in lines] == [1, 2]  # the two largest output errors, in order
+    assert [x["hunt_output"] for x in lines] == [6e-3, 5e-3]
+    assert all(x["status"] == "measured" and x["nonfinite"] == 0 for x in lines)
+    # a bf16 output's error is at least its rounding's (the floor, ~1.7e-3 relative): a finite,
+    # positive figure, not the hunt's record copied
+    assert all(1e-4 < x["output"] < 1e-1 and x["output"] != x["hunt_output"] for x in lines)
+    summary = r.stdout.strip().splitlines()[-1]
+    assert summary.startswith("2 trials, kdalab emulated: worst output")
+    # both emulations were in force: products and conversions counted
+    counts = summary.split("(")[-1]
+    assert "0 tf32" not in counts.split(",")[0] and " 0 bf16" not in counts
+
+
+def test_parts_share_the_trials(hunt_folder, tmp_path):
+    outs = []
+    for i in (0, 1):
+        r = _run(hunt_folder, "--top", 3, "--part", f"{i}/2", "--json", tmp_path / f"{i}.jsonl")
+        assert r.returncode == 0, r.stderr
+        outs.append([json.loads(x)["trial"]
+                     for x in (tmp_path / f"{i}.jsonl").read_text().splitlines()])
+    assert outs == [[1, 0], [2]]
+
+
+@pytest.mark.parametrize("args,word", [(["--top", "0"], "--top"), (["--part", "2/2"], "--part"),
+                                       (["--target", "nonesuch"], "--target")])
+def test_mistakes_exit_2_naming_the_argument(hunt_folder, args, word):
+    r = _run(hunt_folder, *args)
+    assert r.returncode == 2 and word in r.stderr.splitlines()[-1], r.stderr
+
+
+def test_a_folder_without_trials_exits_2(tmp_path):
+    r = _run(tmp_path)
+    assert r.returncode == 2 and "HUNT_FOLDER" in r.stderr.splitlines()[-1], r.stderr
+    torn = '{"not": "a trial"}\n{"trial": 0, "status": "meas'
+    (tmp_path / "trials.jsonl").write_text(torn)
+    r = _run(tmp_path)
+    assert r.returncode == 2 and "no measured trial" in r.stderr.splitlines()[-1], r.stderr
+    assert (tmp_path / "trials.jsonl").read_text() == torn  # the hunt's file, left as it was
