@@ -34,8 +34,9 @@ def test_the_page_is_what_the_results_give():
     # 400 when the H100's prefill grid and serving pages did, for a third; 410 for the H100's
     # page of stage 1 streamed beside stage 2, whose code was deleted: its figures stay; 420
     # for the H100's page of three candidate branches and decode's cache hints; 440 for the
-    # H100's whole grid at the current kernels and its one-warp stage-1 candidate)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 440
+    # H100's whole grid at the current kernels and its one-warp stage-1 candidate; 450 for the
+    # CPU replay of the H200 hunt under the emulated H200 arithmetic, when no device started)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 450
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
