@@ -74,12 +74,7 @@ def patch(set_attr, which: str) -> list[int]:
 @contextmanager
 def h200_arithmetic():
     """Both emulations while the block runs; yields ``{which: count}``."""
-    from triton.runtime import interpreter
+    import pytest
 
-    cls = interpreter.InterpreterBuilder
-    saved = {name: getattr(cls, name) for name, _ in PATCHES.values()}
-    try:
-        yield {which: patch(setattr, which) for which in PATCHES}
-    finally:
-        for name, fn in saved.items():
-            setattr(cls, name, fn)
+    with pytest.MonkeyPatch.context() as mp:
+        yield {which: patch(mp.setattr, which) for which in PATCHES}

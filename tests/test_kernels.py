@@ -969,7 +969,6 @@ HUNT_B02B3AF = (dict(T=580, batch=1, seqlens=None, heads=6, K=64, V=64,
                      g_as_log_decay=None), 2003046814)
 
 
-
 @interp
 def test_interp_h200_arithmetic_reproduces_the_hunts_worst(tf32_tensor_cores,
                                                            bf16_stores_round_to_nearest):
