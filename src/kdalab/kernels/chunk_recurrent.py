@@ -42,6 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .chunk_prepare import _hi
 from .indexing import program_rows
 
 CHUNK = 16
@@ -75,13 +76,26 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
 
 
 @triton.jit
+def as_operand(x, DT: tl.constexpr):
+    """U (fp32 accumulators) as the next products' operand: fp16, or for tf32 products
+    rounded to nearest at tf32's 10 significand bits (``chunk_prepare.tf32_nearest``: the
+    H200's tf32 products truncate, a bias of one sign that U carries into every later state)."""
+    if DT == tl.float16:
+        y = x.to(DT)
+    else:
+        y = _hi(x)
+    return y
+
+
+@triton.jit
 def chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT: tl.constexpr,
                WRITE_O: tl.constexpr):
     """One chunk with ``DT`` operands: (S^T after it, O^T; without ``WRITE_O`` a
     placeholder)."""
     Sd = St.to(DT)
     ud = (tl.dot(vt.to(DT), ainvt.to(DT), input_precision="tf32")
-          - tl.dot(Sd, wt.to(DT), input_precision="tf32")).to(DT)
+          - tl.dot(Sd, wt.to(DT), input_precision="tf32"))
+    ud = as_operand(ud, DT)
     ot = St  # a placeholder: without outputs nothing reads it
     if WRITE_O:
         ot = (tl.dot(Sd, qgt.to(DT), input_precision="tf32")
