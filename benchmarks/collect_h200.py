@@ -512,9 +512,10 @@ def main() -> None:
                          "candidates (LABEL: the candidate's commit): the page --page names")
     ap.add_argument("--page", default=None,
                     help="the name of the page written by the one of --baseline-runs (which "
-                         "needs it), --grid, --grid-alt and --serving given, instead of its "
-                         "own (kernel_grid, kernel_candidates_h200, serving_prefill_h200): "
-                         "e.g. kernel_grid_h100 for a run on the card lent for an H200")
+                         "needs it), --grid, --grid-alt, --serving and --hunt given, instead "
+                         "of its own (kernel_grid, kernel_candidates_h200, "
+                         "serving_prefill_h200, hunt_h200): e.g. kernel_grid_h100 for a run "
+                         "on the card lent for an H200")
     ap.add_argument("--page-command", default="", help="--baseline-runs: the commands run")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -530,10 +531,11 @@ def main() -> None:
             if not (a.runs / name).is_file():
                 ap.error(f"--{option.replace('_', '-')}: {a.runs / name} does not exist (unpack "
                          f"the step's $OUT/<step>.tar.gz into {a.runs})")
-    paged = [o for o in ("baseline_runs", "grid", "grid_alt", "serving") if getattr(a, o)]
+    paged = [o for o in ("baseline_runs", "grid", "grid_alt", "serving", "hunt")
+             if getattr(a, o)]
     if a.page is not None and len(paged) != 1:
         ap.error(f"--page names the page of one of --baseline-runs, --grid, --grid-alt, "
-                 f"--serving; given {len(paged)} of them")
+                 f"--serving, --hunt; given {len(paged)} of them")
     for runs, _ in a.gpu_tests or ():
         if not (Path(runs) / "gpu-tests" / "gpu_tests.xml").is_file():
             ap.error(f"--gpu-tests: {Path(runs) / 'gpu-tests' / 'gpu_tests.xml'} does not exist")
@@ -678,7 +680,8 @@ def main() -> None:
             "kdalab hunt TARGET --device cuda --seed 0 (benchmarks/h200.sh hunt, hunts; kdalab "
             "--dims 64,128, two calls with --resume; fla pinned to T = 1024, H = 4, K = 128; "
             "FlashKDA K = 128)")
-        path = a.results / "hunt_h200.json"
+        name = a.page or "hunt_h200"
+        path = a.results / f"{name}.json"
         if path.exists():  # a hunt of some targets: the page's other rows stay, with their runs
             before = json.loads(path.read_text(encoding="utf-8"))
             ran = {r["target"].split(":")[0] for r in rows}
@@ -689,8 +692,8 @@ def main() -> None:
                           f"the other rows: {before['commit']}")
                 command = (before["command"] if before["command"].startswith(command)  # once
                            else f"{command}; the other rows: {before['command']}")
-        _write(a.results, "hunt_h200", {
-            "benchmark": "hunt_h200", "device": a.device,
+        _write(a.results, name, {
+            "benchmark": name, "device": a.device,
             "date": max(dates) if dates else "", "commit": commit, "command": command,
             "rows": rows})
 
