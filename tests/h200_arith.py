@@ -1,7 +1,7 @@
 """The H200's arithmetic where the Triton interpreter's differs, as patches of the interpreter's
 builder (``triton.runtime.interpreter.InterpreterBuilder``), for tests (the fixtures
 ``tf32_tensor_cores`` and ``bf16_stores_round_to_nearest`` in conftest.py) and for
-``scripts/replay_emulated.py`` (a hunt's worst trials replayed on the CPU).
+``scripts/replay_hunt.py`` (a hunt's worst trials replayed on the CPU).
 
 - **tf32 products** (``create_dot``): the interpreter multiplies a tf32 ``tl.dot``'s fp32
   operands exactly; the H200 can truncate them to tf32's 10-bit significand (triton issue

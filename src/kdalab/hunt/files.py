@@ -107,10 +107,12 @@ def read_meta(out: str | Path) -> dict:
 _RECORD = {"trial", "seed", "status", "objective", "output_error", "params", "elapsed_s"}
 
 
-def read_trials(folder: Path) -> list[dict]:
-    """trials.jsonl's records. A torn last line (a kill while it was written) is dropped and cut
-    from the file, so that the next record starts on a line of its own; a bad line before the
-    last one is a ValueError."""
+def read_trials(folder: Path, *, repair: bool = True) -> list[dict]:
+    """trials.jsonl's records. A torn last line (a kill while it was written) is dropped and,
+    with ``repair`` (a hunt resuming into its own folder), cut from the file, so that the next
+    record starts on a line of its own; without it the file is only read (a replay of another's
+    hunt). A bad line before the last one is a ValueError."""
+    where = "--resume: " if repair else ""
     path = folder / TRIALS
     if not path.exists():
         return []
@@ -125,19 +127,20 @@ def read_trials(folder: Path) -> list[dict]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             if i < len(lines) - 1 and any(x.strip() for x in lines[i + 1:]):
-                raise ValueError(f"--resume: line {i + 1} of {str(path)!r} is not a trial's "
+                raise ValueError(f"{where}line {i + 1} of {str(path)!r} is not a trial's "
                                  f"record") from None
             break
         if not isinstance(rec, dict) or not _RECORD <= rec.keys() or rec["status"] not in (
                 "measured", "unsupported", "raised"):
-            raise ValueError(f"--resume: line {i + 1} of {str(path)!r} is not a trial's record")
+            raise ValueError(f"{where}line {i + 1} of {str(path)!r} is not a trial's record")
         records.append(rec)
         if i == len(lines) - 1:  # a whole record without its newline: kept, the newline added
-            with open(path, "ab") as f:
-                f.write(b"\n")
+            if repair:
+                with open(path, "ab") as f:
+                    f.write(b"\n")
             return records
         kept += len(line) + 1
-    if kept < len(data):
+    if kept < len(data) and repair:
         with open(path, "r+b") as f:
             f.truncate(kept)
     return records

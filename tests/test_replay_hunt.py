@@ -1,6 +1,6 @@
-"""scripts/replay_emulated.py: a hunt's worst trials on the CPU with the H200's arithmetic
-emulated (tests/h200_arith.py), run as the command it is (a child process: it defines the
-kernels under TRITON_INTERPRET=1)."""
+"""scripts/replay_hunt.py: a hunt's worst trials measured again, here on the CPU with the GPU's
+arithmetic emulated (tests/h200_arith.py), run as the command it is (a child process: it
+defines the kernels under TRITON_INTERPRET=1)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parents[1] / "scripts" / "replay_emulated.py"
+SCRIPT = Path(__file__).parents[1] / "scripts" / "replay_hunt.py"
 
 #: a small draw of the hunt's ridge (one key cluster, β -> 1, decay ≈ 1, v past fp16's range)
 SPEC = dict(T=40, batch=1, seqlens=None, heads=1, K=32, V=16, lower_bound=-1.06,
@@ -38,20 +38,26 @@ def hunt_folder(tmp_path):
 
 def test_replays_the_worst_with_the_emulation_in_force(hunt_folder, tmp_path):
     out = tmp_path / "replay.jsonl"
-    r = _run(hunt_folder, "--top", 2, "--json", out)
+    r = _run(hunt_folder, "--top", 2, "--targets", "kdalab,kdalab-tf32", "--json", out)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [x["trial"] for x in lines] == [1, 2]  # the two largest output errors, in order
     assert [x["hunt_output"] for x in lines] == [6e-3, 5e-3]
-    assert all(x["status"] == "measured" and x["nonfinite"] == 0 for x in lines)
-    # a bf16 output's error is at least its rounding's (the floor, ~1.7e-3 relative): a finite,
-    # positive figure, not the hunt's record copied
-    assert all(1e-4 < x["output"] < 1e-1 and x["output"] != x["hunt_output"] for x in lines)
-    summary = r.stdout.strip().splitlines()[-1]
-    assert summary.startswith("2 trials, kdalab emulated: worst output")
+    assert [x["seed"] for x in lines] == [8, 9]
+    for x in lines:
+        assert list(x["targets"]) == ["kdalab", "kdalab-tf32"]
+        for got in x["targets"].values():
+            assert got["status"] == "measured" and got["nonfinite"] == 0
+            # a bf16 output's error is at least its rounding's (the floor, ~1.7e-3 relative):
+            # a finite figure at or above it, not the hunt's record copied
+            assert x["bf16_floor"] * 0.99 < got["output"] < 1e-1
+            assert got["output"] != x["hunt_output"]
+    worst = [line for line in r.stdout.splitlines() if ": worst output" in line]
+    assert [w.split(":")[0] for w in worst] == ["kdalab", "kdalab-tf32"]
+    assert all("over 2 trials" in w for w in worst)
     # both emulations were in force: products and conversions counted
-    counts = summary.split("(")[-1]
-    assert "0 tf32" not in counts.split(",")[0] and " 0 bf16" not in counts
+    counts = worst[0].split("(emulated: ")[1].split(")")[0]
+    assert not counts.startswith("0 tf32") and " 0 bf16" not in counts, counts
 
 
 def test_parts_share_the_trials(hunt_folder, tmp_path):
@@ -65,17 +71,31 @@ def test_parts_share_the_trials(hunt_folder, tmp_path):
 
 
 @pytest.mark.parametrize("args,word", [(["--top", "0"], "--top"), (["--part", "2/2"], "--part"),
-                                       (["--target", "nonesuch"], "--target")])
+                                       (["--targets", "nonesuch"], "--targets"),
+                                       (["--device", "gpu"], "--device")])
 def test_mistakes_exit_2_naming_the_argument(hunt_folder, args, word):
     r = _run(hunt_folder, *args)
     assert r.returncode == 2 and word in r.stderr.splitlines()[-1], r.stderr
 
 
-def test_a_folder_without_trials_exits_2(tmp_path):
+def test_cuda_without_a_device_exits_2(hunt_folder):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without")
+    r = _run(hunt_folder, "--device", "cuda")
+    assert r.returncode == 2 and "--device cuda" in r.stderr.splitlines()[-1], r.stderr
+
+
+def test_a_folder_without_trials_exits_2_and_is_only_read(tmp_path):
     r = _run(tmp_path)
     assert r.returncode == 2 and "HUNT_FOLDER" in r.stderr.splitlines()[-1], r.stderr
-    torn = '{"not": "a trial"}\n{"trial": 0, "status": "meas'
-    (tmp_path / "trials.jsonl").write_text(torn)
-    r = _run(tmp_path)
-    assert r.returncode == 2 and "no measured trial" in r.stderr.splitlines()[-1], r.stderr
-    assert (tmp_path / "trials.jsonl").read_text() == torn  # the hunt's file, left as it was
+    common = dict(seed=1, objective=0.0, params={}, elapsed_s=1.0, output_error=None)
+    raised = json.dumps(dict(trial=0, status="raised", **common))
+    for text, says in ((raised + '\n{"trial": 1, "status": "meas', "no measured trial"),
+                       (raised, "no measured trial"),  # a whole last line without its newline
+                       ('{"not": "a trial"}\n' + raised + "\n", "line 1 of")):
+        (tmp_path / "trials.jsonl").write_text(text)
+        r = _run(tmp_path)
+        assert r.returncode == 2 and says in r.stderr.splitlines()[-1], r.stderr
+        assert (tmp_path / "trials.jsonl").read_text() == text  # the hunt's file, as it was
