@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                 line["targets"][name] = dict(
                     status=e["status"], output=e["output_error"], state=e["state_error"],
                     nonfinite=(e["output_nonfinite"] or 0) + (e["state_nonfinite"] or 0),
-                    seconds=round(e["seconds"] or 0.0, 2))
+                    seconds=None if e["seconds"] is None else round(e["seconds"], 4))
             print(json.dumps(line), flush=True)
             lines.append(line)
     if args.json:
