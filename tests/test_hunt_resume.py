@@ -141,6 +141,23 @@ def test_a_torn_last_record_is_dropped(tmp_path, capsys):
     assert all(t["spec"]["K"] in (16, 32) for t in trials)
 
 
+def test_reading_without_repair_leaves_the_file_as_it_was(tmp_path, capsys):
+    # a replay reads another's hunt (scripts/replay_hunt.py): the same records as a resume
+    # reads, the torn last line dropped, a missing last newline not added, no byte changed
+    from kdalab.hunt.files import read_trials
+
+    out = tmp_path / "out"
+    hunt(capsys, "recipe:fp32", *SMALL, "--trials", "2", "--out", str(out))
+    whole = (out / "trials.jsonl").read_text()
+    for text in (whole + whole.splitlines()[0][:37], whole.rstrip("\n")):
+        (out / "trials.jsonl").write_text(text)
+        assert [t["trial"] for t in read_trials(out, repair=False)] == [0, 1]
+        assert (out / "trials.jsonl").read_text() == text
+    (out / "trials.jsonl").write_text('{"not": "a trial"}\n' + whole)
+    with pytest.raises(ValueError, match="^line 1 of"):  # not a --resume's message
+        read_trials(out, repair=False)
+
+
 def test_a_damaged_record_before_the_last_is_an_error(tmp_path, capsys):
     out = tmp_path / "out"
     hunt(capsys, "recipe:fp32", *SMALL, "--trials", "3", "--out", str(out))
