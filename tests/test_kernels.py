@@ -68,7 +68,7 @@ TOL_BF16_GPU = 3.5e-3
 # The sequence-parallel pass against the serial one: the same function, composed differently
 # (S_end = M S_start + R), each path rounding its own intermediates as product operands (S, U,
 # and there M, R): to fp16 (2^-11 = 4.9e-4 relative each), or with tf32 products U to tf32's
-# 10 bits (the same 2^-11: chunk_recurrent.as_operand rounds it to nearest, as the H200's tf32
+# 10 bits (the same 2^-11: chunk_prepare.as_operand rounds it to nearest, as the H200's tf32
 # products would truncate it). So they differ by a few such roundings: measured at most 2.8e-4
 # with tf32 products and 2.9e-4 with fp16 ones; 1e-3 bounds it, while a segment that starts
 # from a wrong state (zero, the previous slot's R, a stale combine) is off by >= 1e-2 on these

@@ -94,6 +94,18 @@ def tf32_nearest(x, PRECISION: tl.constexpr):
 
 
 @triton.jit
+def as_operand(x, DT: tl.constexpr):
+    """Stage 2's U (fp32 accumulators) as the next products' operand: fp16, or for tf32
+    products rounded to nearest at tf32's 10 significand bits (``tf32_nearest``: the H200's
+    tf32 products truncate, a bias of one sign that U carries into every later state)."""
+    if DT == tl.float16:
+        y = x.to(DT)
+    else:
+        y = _hi(x)
+    return y
+
+
+@triton.jit
 def _split(x):
     """(hi, lo): x = hi + lo exactly, hi = ``_hi(x)``."""
     hi = _hi(x)

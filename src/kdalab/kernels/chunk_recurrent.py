@@ -42,7 +42,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .chunk_prepare import _hi
+from .chunk_prepare import as_operand
 from .indexing import program_rows
 
 CHUNK = 16
@@ -73,18 +73,6 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
     mqkt = tl.load(mqk_ptr + cc * BT * BT + o_cc_t, mask=m_cc, other=0.0)
     gamma = tl.load(gamma_ptr + cc * K + o_k, mask=m_g, other=0.0)
     return wt, qgt, kend, klo, vt, ainvt, mqkt, gamma
-
-
-@triton.jit
-def as_operand(x, DT: tl.constexpr):
-    """U (fp32 accumulators) as the next products' operand: fp16, or for tf32 products
-    rounded to nearest at tf32's 10 significand bits (``chunk_prepare.tf32_nearest``: the
-    H200's tf32 products truncate, a bias of one sign that U carries into every later state)."""
-    if DT == tl.float16:
-        y = x.to(DT)
-    else:
-        y = _hi(x)
-    return y
 
 
 @triton.jit
