@@ -444,8 +444,8 @@ def _add_notes(rows: list[dict], ending: str, found: dict[str, str]) -> list[dic
 
 def decode_rows(rows: list[dict]) -> list[dict]:
     """bench_decode's decode part, one row a shape: kdalab vs fla eager, with the graph
-    replay's ratio, kdalab's times, the floor and the host times in its note; the copy
-    bandwidth as it is."""
+    replay's ratio, kdalab's times, the floor, a copy of the state's bytes alone (where the
+    run timed one) and the host times in its note; the copy bandwidth as it is."""
     by = {}
     for r in rows:
         shape, _, what = r["target"].partition(": ")
@@ -457,11 +457,12 @@ def decode_rows(rows: list[dict]) -> list[dict]:
         if vs is None:  # fla skipped: kdalab's own figures only
             out.append(dict(mine, target=f"{shape}: kdalab (eager)"))
             continue
-        floor = parts["graph time over memory floor"]["value"]
+        over = parts["graph time over memory floor"]
+        copy = f" ({over['note']})" if over.get("note") else ""
         out.append({"target": f"{shape}: kdalab vs fla fused_recurrent_kda (eager)",
                     "value": vs["value"], "unit": "x",
                     "note": f"{vs['note']}; kdalab eager {mine['value']} us, {mine['note']}; "
-                            f"graph {floor}x the floor"})
+                            f"graph {over['value']}x the floor{copy}"})
     return out
 
 

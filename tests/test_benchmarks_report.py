@@ -82,7 +82,9 @@ def _serving_rows() -> list[dict]:
              note="graph 11.53 us, floor 12.02 us; host 49 us a call"),
         dict(target="decode N=8 H=48: vs fla fused_recurrent_kda", value=0.683, unit="x",
              note="graph replay 1.414x"),
-        dict(target="decode N=8 H=48: graph time over memory floor", value=0.959, unit="x"),
+        dict(target="decode N=8 H=48: graph time over memory floor", value=0.959, unit="x",
+             note="a copy of the state's bytes alone (graph) 12.50 us, 1.040x the floor; "
+                  "kdalab 0.922x that copy"),
         dict(target="decode N=1 H=12: kdalab", value=70.0, unit="us", note="graph 3 us"),
         dict(target="decode N=1 H=12: graph time over memory floor", value=7.6, unit="x"),
         dict(target="prefill S: pool_over_plain", value=1.005, unit="x", note="p"),
@@ -150,7 +152,8 @@ def test_collect_folds_a_serving_run_keeping_every_figure_once(tmp_path):
         ("decode N=1 H=12: kdalab (eager)", 70.0)]
     assert decode["rows"][1]["note"] == (
         "graph replay 1.414x; kdalab eager 57.68 us, graph 11.53 us, floor 12.02 us; host 49 "
-        "us a call; graph 0.959x the floor")
+        "us a call; graph 0.959x the floor (a copy of the state's bytes alone (graph) 12.50 "
+        "us, 1.040x the floor; kdalab 0.922x that copy)")
     # collected again over its own output: no note is added twice
     assert _run("collect_h200.py", *args).returncode == 0
     assert json.loads((results / "serving_prefill_h200.json").read_text()) == serving
