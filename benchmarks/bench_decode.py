@@ -409,8 +409,8 @@ def short_rows(quick, rounds, candidates=None):
     return rows
 
 
-def to_json_rows(bw, dec, pools, short):
-    out = [dict(target="H200 copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 3),
+def to_json_rows(bw, dec, pools, short, card="H200"):
+    out = [dict(target=f"{card} copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 3),
                 unit="TB/s")]
     for r in dec:
         tag = f"decode N={r['N']} H={r['H']}"
@@ -465,30 +465,40 @@ def to_json_rows(bw, dec, pools, short):
     return out
 
 
-def from_log(log, path, date):
+def from_log(log, path, date, card="H200"):
     """The --json file of a run that printed its rows and was stopped before writing it: the
-    copy bandwidth and the decode rows of the log (each a complete JSON line); the command
-    names the log, the commit is KDALAB_COMMIT's."""
-    bw, dec = None, []
+    copy bandwidth and the rows of the log each part finished (each a complete JSON line:
+    decode shapes, pool shapes, short-batch shapes); the command names the log, the commit is
+    KDALAB_COMMIT's."""
+    bw, dec, pools, short = None, [], [], []
     with open(log, encoding="utf-8") as fh:
         for line in fh:
             try:
                 row = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(row, dict) and "copy_bandwidth_TBps" in row:
+            if not isinstance(row, dict):
+                continue
+            if "copy_bandwidth_TBps" in row:
                 bw = row["copy_bandwidth_TBps"] * 1e12
-            elif isinstance(row, dict) and "over_floor_graph" in row:
+            elif "over_floor_graph" in row:
                 dec.append(row)
-    if bw is None or not dec:
-        raise SystemExit(f"error: --from-log: {log} holds no copy bandwidth or no decode row")
+            elif "ck64_GB" in row:
+                pools.append(row)
+            elif "shape" in row and "kdalab_ms" in row:
+                short.append(row)
+    if bw is None or not (dec or pools or short):
+        raise SystemExit(f"error: --from-log: {log} holds no copy bandwidth or no decode, "
+                         "pool or short-batch row")
+    parts = ", ".join(f"{len(rows)} {name}" for name, rows in (
+        ("decode", dec), ("pool", pools), ("short-batch", short)) if rows)
     doc = dict(benchmark="decode_and_serving", device="", date=date,
                commit=os.environ.get("KDALAB_COMMIT", ""),
                command=f"python benchmarks/bench_decode.py (from its log {os.path.basename(log)}"
-                       ", the call's time limit reached)", rows=to_json_rows(bw, dec, [], []))
+                       f", the call's time limit reached: {parts} rows)",
+               rows=to_json_rows(bw, dec, pools, short, card))
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=1)
-    print(f"wrote {path}: {len(dec)} decode rows")
 
 
 def main():
@@ -507,13 +517,15 @@ def main():
                     help="--json from a log of this script's JSON lines (a call cut by its time "
                          "limit writes no --json): the decode rows it holds; with --date")
     ap.add_argument("--date", default=None, help="--from-log: the run's date (ISO, UTC)")
+    ap.add_argument("--card", default="H200", choices=("H200", "H100"),
+                    help="--from-log: the card the log ran on (default: %(default)s)")
     args = ap.parse_args()
     if args.from_log:
         if not (args.json and args.date):
             ap.error("--from-log needs --json and --date")
         if not os.path.isfile(args.from_log):
             ap.error(f"--from-log: {args.from_log} does not exist")
-        return from_log(args.from_log, args.json, args.date)
+        return from_log(args.from_log, args.json, args.date, args.card)
     names = args.candidates.split(",") if args.candidates else None
     if names and any(n not in CANDIDATES for n in names):
         ap.error(f"unknown candidates {[n for n in names if n not in CANDIDATES]}")
@@ -541,8 +553,9 @@ def main():
                 commit = ""
         doc = dict(benchmark="decode_and_serving", device=torch.cuda.get_device_name(0),
                    date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), commit=commit,
-                   command="python " + " ".join(sys.argv), rows=to_json_rows(bw, dec, pools,
-                                                                              short))
+                   command="python " + " ".join(sys.argv), rows=to_json_rows(
+                       bw, dec, pools, short,
+                       "H100" if "H100" in torch.cuda.get_device_name(0) else "H200"))
         with open(args.json, "w") as fh:
             json.dump(doc, fh, indent=1)
         # every measured field (profiles, launch-shape sweeps) beside it, for docs/kernels.md

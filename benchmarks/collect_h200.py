@@ -451,7 +451,7 @@ def decode_rows(rows: list[dict]) -> list[dict]:
         shape, _, what = r["target"].partition(": ")
         if shape.startswith("decode "):
             by.setdefault(shape, {})[what] = r
-    out = [r for r in rows if r["target"].startswith("H200 copy bandwidth")]
+    out = [r for r in rows if "copy bandwidth (1 GiB d2d)" in r["target"]]
     for shape, parts in by.items():
         mine, vs = parts["kdalab"], parts.get("vs fla fused_recurrent_kda")
         if vs is None:  # fla skipped: kdalab's own figures only
@@ -513,10 +513,10 @@ def main() -> None:
                          "candidates (LABEL: the candidate's commit): the page --page names")
     ap.add_argument("--page", default=None,
                     help="the name of the page written by the one of --baseline-runs (which "
-                         "needs it), --grid, --grid-alt, --serving and --hunt given, instead "
-                         "of its own (kernel_grid, kernel_candidates_h200, "
-                         "serving_prefill_h200, hunt_h200): e.g. kernel_grid_h100 for a run "
-                         "on the card lent for an H200")
+                         "needs it), --grid, --grid-alt, --serving, --hunt and --decode "
+                         "given, instead of its own (kernel_grid, kernel_candidates_h200, "
+                         "serving_prefill_h200, hunt_h200, decode_h200): e.g. "
+                         "kernel_grid_h100 for a run on the card lent for an H200")
     ap.add_argument("--page-command", default="", help="--baseline-runs: the commands run")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
                     default=None, help="a gpu-tests step's folder and its commit (repeat: the "
@@ -532,11 +532,11 @@ def main() -> None:
             if not (a.runs / name).is_file():
                 ap.error(f"--{option.replace('_', '-')}: {a.runs / name} does not exist (unpack "
                          f"the step's $OUT/<step>.tar.gz into {a.runs})")
-    paged = [o for o in ("baseline_runs", "grid", "grid_alt", "serving", "hunt")
+    paged = [o for o in ("baseline_runs", "grid", "grid_alt", "serving", "hunt", "decode")
              if getattr(a, o)]
     if a.page is not None and len(paged) != 1:
         ap.error(f"--page names the page of one of --baseline-runs, --grid, --grid-alt, "
-                 f"--serving, --hunt; given {len(paged)} of them")
+                 f"--serving, --hunt, --decode; given {len(paged)} of them")
     for runs, _ in a.gpu_tests or ():
         if not (Path(runs) / "gpu-tests" / "gpu_tests.xml").is_file():
             ap.error(f"--gpu-tests: {Path(runs) / 'gpu-tests' / 'gpu_tests.xml'} does not exist")
@@ -607,17 +607,19 @@ def main() -> None:
     if a.decode:
         doc = json.loads((a.runs / "serving" / "decode.json").read_text(encoding="utf-8"))
         rows = decode_rows(doc["rows"])
-        path = a.results / "decode_h200.json"
+        name = a.page or "decode_h200"
+        path = a.results / f"{name}.json"
         if path.exists():  # the page's shapes this run did not time (--ns) stay, tagged
             before = json.loads(path.read_text(encoding="utf-8"))
             shape = lambda r: r["target"].split(":")[0]  # noqa: E731
             ran = {shape(r) for r in rows}
-            rows += kept_rows(before, lambda r: shape(r) not in ran)
+            rows += kept_rows(before, lambda r: shape(r) not in ran  # one copy bandwidth: the run's
+                              and "copy bandwidth" not in r["target"])
             key = lambda r: [int(x) if x.isdigit() else x for x in  # noqa: E731
                              re.findall(r"\d+|\D+", shape(r))]
             rows = rows[:1] + sorted(rows[1:], key=key)
-        _write(a.results, "decode_h200", {
-            "benchmark": "decode_h200", "device": a.device, "date": doc["date"],
+        _write(a.results, name, {
+            "benchmark": name, "device": a.device, "date": doc["date"],
             "commit": a.commit, "command": doc["command"].replace(
                 "/tmp/kd/serving/", "$OUT/") + " (benchmarks/h200.sh serving, "
             "SERVING_PARTS including decode; peers in the same process)",

@@ -36,8 +36,9 @@ def test_the_page_is_what_the_results_give():
     # for the H100's page of three candidate branches and decode's cache hints; 440 for the
     # H100's whole grid at the current kernels and its one-warp stage-1 candidate; 450 for the
     # CPU replay of the H200 hunt under the emulated H200 arithmetic, when no device started;
-    # 460 for the H100's hunt and timing of the tf32 rounding, an H100 having come for them)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 460
+    # 460 for the H100's hunt and timing of the tf32 rounding, an H100 having come for them;
+    # 480 for the H100's decode page, each shape beside a copy of its state's bytes alone)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 480
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
@@ -337,14 +338,21 @@ def test_decode_from_a_cut_log_joins_the_pages_other_shapes(tmp_path):
     log = tmp_path / "serving.log"
     row = dict(N=128, H=12, kdalab_ms=0.088, kdalab_graph_ms=0.0548, floor_ms=0.0481,
                over_floor_graph=1.138)
+    pool = dict(shape="S", plain_ms=1.0, pool_ms=1.01, pool_ck64_ms=1.2, pool_over_plain=1.01,
+                ck64_over_plain=1.2, ck64_GB=0.5)  # the pool part, finished before the cut
     log.write_text("warm-up\n" + json.dumps({"copy_bandwidth_TBps": 4.2}) + "\n"
-                   + json.dumps(row) + "\n" + '{"N": 512, "H": 48, "kdalab_ms"' + "\n")
+                   + json.dumps(row) + "\n" + json.dumps(pool) + "\n"
+                   + '{"shape": "T", "kdalab_ms"' + "\n")
     runs, results = tmp_path / "runs", tmp_path / "results"
     (runs / "serving").mkdir(parents=True)
     results.mkdir()
     res = _run("bench_decode.py", "--from-log", log, "--json", runs / "serving" / "decode.json",
-               "--date", "2026-01-02T03:04:05Z")
+               "--date", "2026-01-02T03:04:05Z", "--card", "H100")
     assert res.returncode == 0, res.stderr
+    cut = json.loads((runs / "serving" / "decode.json").read_text())
+    assert "1 decode, 1 pool rows" in cut["command"]
+    assert [(r["target"], r["value"]) for r in cut["rows"] if "prefill" in r["target"]] == [
+        ("prefill S: pool_over_plain", 1.01), ("prefill S: ck64_over_plain", 1.2)]
     (results / "decode_h200.json").write_text(json.dumps(dict(
         HEAD, benchmark="decode_h200", commit="0ld0ld0", date="2025-12-31", rows=[
             dict(target="H200 copy bandwidth (1 GiB d2d)", value=4.25, unit="TB/s"),
@@ -354,14 +362,20 @@ def test_decode_from_a_cut_log_joins_the_pages_other_shapes(tmp_path):
                 "--results", results, "--decode").returncode == 0
     rows = json.loads((results / "decode_h200.json").read_text())["rows"]
     assert [(r["target"], r["value"]) for r in rows] == [
-        ("H200 copy bandwidth (1 GiB d2d)", 4.2), ("decode N=64 H=12: kdalab (eager)", 30.0),
+        ("H100 copy bandwidth (1 GiB d2d)", 4.2), ("decode N=64 H=12: kdalab (eager)", 30.0),
         ("decode N=128 H=12: kdalab (eager)", 88.0)]
     assert rows[1]["note"] == "n (commit 0ld0ld0, 2025-12-31)"
+    # another card's run goes to a page of its own (a new page keeps no earlier shapes)
+    assert _run("collect_h200.py", runs, "--device", "H100", "--commit", "fedcba9",
+                "--results", results, "--decode", "--page", "decode_h100").returncode == 0
+    h100 = json.loads((results / "decode_h100.json").read_text())
+    assert h100["benchmark"] == "decode_h100" and [r["target"] for r in h100["rows"]] == [
+        "H100 copy bandwidth (1 GiB d2d)", "decode N=128 H=12: kdalab (eager)"]
     empty = tmp_path / "empty.log"
     empty.write_text("nothing\n")
     res = _run("bench_decode.py", "--from-log", empty, "--json", tmp_path / "x.json",
                "--date", "d")
-    assert res.returncode != 0 and "holds no copy bandwidth or no decode row" in res.stderr
+    assert res.returncode != 0 and "holds no copy bandwidth or no decode, pool" in res.stderr
     res = _run("bench_decode.py", "--from-log", tmp_path / "absent.log", "--json",
                tmp_path / "x.json", "--date", "d")
     assert res.returncode == 2 and "absent.log does not exist" in res.stderr
