@@ -648,3 +648,24 @@ def test_collect_hunt_keeps_the_rows_of_targets_it_did_not_hunt(tmp_path):
     assert other["benchmark"] == "hunt_h100" and other["device"] == "H100"
     assert [r["value"] for r in other["rows"]] == [0.00536] and other["commit"] == "abc1234"
     assert (results / "hunt_h200.json").read_text() == before
+
+
+def test_grad_emulated_cpu_writes_a_page_per_variant(tmp_path):
+    # one case, both variants (the interpreter with the GPU's tf32 truncation emulated): a
+    # results file report.py takes, a row a gradient and variant, the candidate's ratios over
+    # the default's; a key BWD_MODE lacks is one line and exit 2, nothing written
+    pytest.importorskip("triton")
+    out = tmp_path / "grad_emulated_cpu.json"
+    res = _run("grad_emulated_cpu.py", "--cases", "model_like", "--no-hunt", "--json", out)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(out.read_text())
+    targets = [r["target"] for r in doc["rows"]]
+    assert "[default] check --grad quick suite: cases passed" in targets
+    cand = {r["target"]: r for r in doc["rows"] if r["target"].startswith("[round_operands=1]")}
+    assert cand["[round_operands=1] dbeta: worst multiple of its floor"]["note"].startswith(
+        "over 1 cases; its error over [default]'s")
+    assert _run("report.py", "--results", tmp_path, "--page", tmp_path / "p.md").returncode == 0
+    bad = _run("grad_emulated_cpu.py", "--variants", "default;nope=1", "--cases", "model_like",
+               "--no-hunt", "--json", tmp_path / "bad.json")
+    assert bad.returncode == 2 and "BWD_MODE has" in bad.stderr.splitlines()[-1]
+    assert not (tmp_path / "bad.json").exists()

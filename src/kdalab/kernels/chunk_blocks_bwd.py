@@ -15,8 +15,11 @@ from .chunk_recurrent_bwd import (
     _cc,
     _chunk,
     _mm,
+    _nearest,
+    _operand,
     _opt,
     _state_ptrs,
+    _stored,
     _tile_t,
 )
 from .indexing import chunk_of_program, segment_of_program
@@ -26,9 +29,10 @@ from .launch_plan import blocks_kernel_stages, persistent_programs, resident_pro
 @triton.jit
 def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_table_ptr, T, H,
                             part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                            IS_VARLEN: tl.constexpr):
+                            IS_VARLEN: tl.constexpr, RN: tl.constexpr = False):
     """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
-    state-free products taken out of it; partial sums by ``BV`` as its own."""
+    state-free products taken out of it; partial sums by ``BV`` as its own. ``RN``: the fp32
+    operands of its tf32 products rounded to nearest first (``_nearest``)."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
@@ -36,17 +40,19 @@ def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_ta
     rows = row0 + o_r
     r_ok = rows < eos
     cc = i_c.to(tl.int64) * H + i_h
-    ainv = tl.load(ainv_ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]).to(tl.float32)
+    ainv = _stored(tl.load(ainv_ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]),
+                   ainv_ptr.dtype.element_ty, RN)
     tril = o_r[:, None] >= o_r[None, :]
     for i_v in tl.static_range(0, (V + BV - 1) // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         m = (o_v < V)[:, None] & r_ok[None, :]
         tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
         dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-        vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
-        dvt = tl.dot(dut, ainv, input_precision="tf32")
+        vt = _stored(tl.load(v_ptr + tok, mask=m, other=0.0), v_ptr.dtype.element_ty, RN)
+        du_r = _nearest(dut, RN)
+        dvt = tl.dot(du_r, ainv, input_precision="tf32")
         tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
-        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
+        dainv = tl.where(tril, tl.dot(tl.trans(du_r), vt, input_precision="tf32"), 0.0)
         tl.store(dainv_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :],
                  dainv)
 
@@ -79,7 +85,7 @@ def chunk_kda_bwd_blocks_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    DKEND_OVER_DU: tl.constexpr = False,
+    DKEND_OVER_DU: tl.constexpr = False, RN: tl.constexpr = False,
 ):
     """Every 64-token block (and head, and value block) from its checkpoint and pass 3's
     ``ends`` and ``du``; no block waits for another. Forward through the block (S live; each
@@ -89,7 +95,9 @@ def chunk_kda_bwd_blocks_kernel(
     operand spills: sm_90a 604 against 1276 bytes a thread with them here). ``DKEND_OVER_DU``:
     ``dkend_ptr`` is ``du_ptr`` (one value block, K = V), each chunk's dKEND stored after a
     barrier behind every thread's load of its dU. Programs are persistent (the scratch is per
-    running program), each looping over (block, head) items."""
+    running program), each looping over (block, head) items. ``RN``: the fp32 operands of
+    the tf32 products rounded to nearest first (``_nearest``), S through the scratch so that
+    its rounded copy is not live beside it (sm_90a spills 880 against 1292 bytes a thread)."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -112,24 +120,27 @@ def chunk_kda_bwd_blocks_kernel(
         for c in range(0, n_ch):
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
             m = v_ok[:, None] & r_ok[None, :]
-            vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
-            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
+            vt = _stored(tl.load(v_ptr + tok, mask=m, other=0.0), v_ptr.dtype.element_ty, RN)
+            dot_ = _stored(tl.load(do_ptr + tok, mask=m, other=0.0), do_ptr.dtype.element_ty,
+                           RN)
             dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
-            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
-            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K, RN)
+            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K, RN)
+            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K, RN)
+            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT, RN)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            Sd = St.to(DS)
+            Sd = _operand(St, DS, RN)
             tl.store(scr_s + c * BV * K, St)
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
             tl.store(scr_u + c * BV * BT, ut)
+            u_r = _nearest(ut, RN)
+            du_r = _nearest(dut, RN)
             tril = o_r[:, None] >= o_r[None, :]
-            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
+            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), u_r, input_precision="tf32"), 0.0)
             tl.store(dmqk_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT
                      + o_r[None, :], dmqk)
             dqgt = _mm(tl.trans(Sd), dot_, DS)
-            dwt = -_mm(tl.trans(Sd), dut, DS)
+            dwt = -_mm(tl.trans(Sd), du_r, DS)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
             tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
@@ -137,9 +148,11 @@ def chunk_kda_bwd_blocks_kernel(
             # "Precision": the H200 truncates U to 10 bits where the forward rounds it)
             kt = tl.trans(kend_hi)
             u_hi = ut.to(tl.bfloat16).to(tl.float32)
+            if RN:  # this thread's own store: St is not live beside Sd
+                St = tl.load(scr_s + c * BV * K)
             St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
                   + tl.dot(ut - u_hi, kt, input_precision="tf32"))
-            St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
+            St += tl.dot(u_r, tl.trans(klo), input_precision="tf32")
         tl.debug_barrier()  # the scratch rows are read by other threads
         dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
                       mask=v_ok[:, None], other=0.0)
@@ -149,13 +162,14 @@ def chunk_kda_bwd_blocks_kernel(
             c = n_ch - 1 - ic
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
             m = v_ok[:, None] & r_ok[None, :]
-            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
+            dot_ = _stored(tl.load(do_ptr + tok, mask=m, other=0.0), do_ptr.dtype.element_ty,
+                           RN)
             dut = tl.load(du_ptr + tok, mask=m, other=0.0)
             ut = tl.load(scr_u + c * BV * BT)
-            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
-            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K, RN)
+            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K, RN)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            dkendt = _mm(tl.trans(dSt), ut, DD)
+            dkendt = _mm(tl.trans(_operand(dSt, DD, RN)), _nearest(ut, RN), DD)
             if DKEND_OVER_DU:  # every thread's dU rows of this chunk read before any store
                 tl.debug_barrier()
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
@@ -164,7 +178,7 @@ def chunk_kda_bwd_blocks_kernel(
             tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
             # pass 3's recurrence, the same expression (its dU loaded): the same dS
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
+                   - tl.dot(_nearest(dut, RN), tl.trans(wt), input_precision="tf32"))
         if STORE_DH0:
             if jb == 0:
                 tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
@@ -175,7 +189,8 @@ def chunk_kda_bwd_blocks_kernel(
 def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
                          checkpoint_offsets, state_vk, num_chunks, block_v, num_warps, sms,
                          blocks, chunk_table, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                         ds_dtype=torch.float32, stages=None, dkend_over_du=True):
+                         ds_dtype=torch.float32, stages=None, dkend_over_du=True,
+                         round_operands=False):
     """Launch the dV kernel and the blocks kernel after the dS pass (``du``, ``ends``).
     ``checkpoints``: the forward's states after every 64 tokens (fp32, ``pool.py``'s),
     ``checkpoint_offsets`` each sequence's first; ``blocks``: the table of 64-token segments;
@@ -184,9 +199,9 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     the products with S and dS (fp32: tf32); ``stages``: ``num_stages`` (None:
     ``blocks_kernel_stages``'s); ``dkend_over_du``: with one value block and K = V, dKEND is
     written over ``du`` (dU is then overwritten), T·H·V·4 bytes less at the peak (8 MiB at T
-    1024 H 16). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
-    K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and
-    dh0 (or None)."""
+    1024 H 16); ``round_operands``: the kernels' ``RN``. Returns a dict of dv (like v), the
+    partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv [NV,
+    chunks, H, 16, 16] (NV value blocks) and dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
@@ -210,7 +225,7 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     chunk_kda_bwd_dv_kernel[(num_chunks, H)](  # before the blocks kernel: it reads dU
         v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
         num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
-        IS_VARLEN=chunk_table is not None, num_warps=4)
+        IS_VARLEN=chunk_table is not None, RN=round_operands, num_warps=4)
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
@@ -221,6 +236,6 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], DKEND_OVER_DU=over, num_warps=num_warps,
+        DD=_TL[ds_dtype], DKEND_OVER_DU=over, RN=round_operands, num_warps=num_warps,
         num_stages=stages or blocks_kernel_stages(initial_state is not None))
     return out

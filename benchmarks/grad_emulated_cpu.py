@@ -1,0 +1,171 @@
+"""The backward's gradient accuracy with the GPU's tf32 arithmetic emulated on the CPU.
+
+kdalab's kernels in the Triton interpreter with ``tests/h200_arith.py``'s patches (tf32
+products truncate their fp32 operands, as the H100's and H200's do; bf16 stores round to
+nearest): ``check --grad``'s quick suite, each gradient's worst error as a multiple of its
+floor over the cases, and the two H200 ``hunt --grad`` cases kept in
+``tests/test_kernels_backward.py`` (``HUNT_WORST``: dA_log; ``HUNT_WORST_DBETA``: dβ), under
+each variant of ``kdalab.kernels.autograd.BWD_MODE`` named (one child process each, side by
+side):
+
+    python benchmarks/grad_emulated_cpu.py --json benchmarks/results/grad_emulated_cpu.json
+    python benchmarks/grad_emulated_cpu.py --variants "default;round_operands=1" --cases model_like
+
+About 3 minutes a variant on one core (the interpreter). A variant is ``default`` or
+``KEY=INT,...`` of BWD_MODE's keys; the first is the baseline of the ratios."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
+
+
+def parse_variant(text: str) -> dict[str, int]:
+    if text == "default":
+        return {}
+    out = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"--variants: {item!r} is not KEY=INT")
+        out[key] = int(value)
+    return out
+
+
+def run_variant(text: str, cases: str | None, hunt: bool) -> dict:
+    """One variant in this (child) process: the suite's records' gradient multiples and the
+    hunt cases' errors."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    import h200_arith
+
+    from kdalab.check import Thresholds, get_suite, load_kernel, run_check, select_cases
+    from kdalab.kernels import autograd
+
+    for key, value in parse_variant(text).items():
+        if key not in autograd.BWD_MODE:
+            raise ValueError(f"--variants: BWD_MODE has {sorted(autograd.BWD_MODE)}, "
+                             f"not {key!r}")
+        autograd.BWD_MODE[key] = value
+    suite = get_suite("quick")
+    if cases:
+        suite = select_cases(suite, cases)
+    t0 = time.perf_counter()
+    with h200_arith.h200_arithmetic() as counts:
+        records = run_check([load_kernel("kdalab")], suite, thresholds=Thresholds(grad=True))
+        hunts = {}
+        if hunt:
+            from test_kernels_backward import HUNT_WORST, HUNT_WORST_DBETA
+
+            from kdalab.hunt.evaluate import evaluate
+            from kdalab.hunt.target import resolve
+            from kdalab.inputs.sequences import SequenceSpec
+
+            for name, grad, case in (("HUNT_WORST", "dA_log", HUNT_WORST),
+                                     ("HUNT_WORST_DBETA", "dbeta", HUNT_WORST_DBETA)):
+                rec = evaluate(resolve("kdalab", "cpu", grad=True),
+                               SequenceSpec(**case["spec"]), case["seed"], grad=True)
+                hunts[name] = dict(grad=grad, error=rec[f"{grad}_error"])
+    assert counts["tf32_products"][0] > 0  # the emulation was in force
+    keep = ["case", "status"] + [f"{g}_{k}" for g in GRADS for k in ("rel_err",
+                                                                       "budget_multiple")]
+    return dict(variant=text, seconds=time.perf_counter() - t0, hunts=hunts,
+                records=[{k: r.get(k) for k in keep} for r in records])
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def rows(results: list[dict]) -> list[dict]:
+    """Per gradient: each variant's worst multiple of its floor over the suite and the
+    geometric mean of its error over the first variant's; then the hunt cases; then each
+    variant's failures."""
+    base = {r["case"]: r for r in results[0]["records"]}
+    out = []
+    for res in results:
+        recs = {r["case"]: r for r in res["records"]}
+        fails = [c for c, r in recs.items() if r["status"] != "pass"]
+        out.append(dict(target=f"[{res['variant']}] check --grad quick suite: cases passed",
+                        value=len(recs) - len(fails), unit="cases",
+                        note=f"of {len(recs)}" + (f"; failed: {', '.join(fails)}" if fails
+                                                   else "")))
+        for g in GRADS:
+            mult = [r[f"{g}_budget_multiple"] for r in recs.values()
+                    if _finite(r.get(f"{g}_budget_multiple"))]
+            ratios = [recs[c][f"{g}_rel_err"] / base[c][f"{g}_rel_err"] for c in recs
+                      if c in base and _finite(recs[c].get(f"{g}_rel_err"))
+                      and _finite(base[c].get(f"{g}_rel_err")) and base[c][f"{g}_rel_err"] > 0
+                      and recs[c][f"{g}_rel_err"] > 0]
+            if not mult:
+                continue
+            worst = max(mult)
+            note = f"over {len(mult)} cases"
+            if ratios and res is not results[0]:
+                geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+                note += (f"; its error over [{results[0]['variant']}]'s: geometric mean "
+                         f"{geo:.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
+            out.append(dict(target=f"[{res['variant']}] {g}: worst multiple of its floor",
+                            value=round(worst, 3), unit="x", note=note))
+        for name, h in res["hunts"].items():
+            out.append(dict(target=f"[{res['variant']}] {name} ({h['grad']})",
+                            value=float(f"{h['error']:.4g}"), unit="rel. RMSE"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variants", default="default;round_operands=1",
+                    help="';'-separated BWD_MODE variants (default: %(default)s)")
+    ap.add_argument("--cases", default=None, help="some of the quick suite's cases (--cases "
+                                                  "patterns of kdalab check)")
+    ap.add_argument("--no-hunt", action="store_true", help="leave out the two hunt cases")
+    ap.add_argument("--json", default=None, help="the results file (report.py's schema)")
+    a = ap.parse_args(argv)
+    variants = a.variants.split(";")
+    try:
+        for v in variants:
+            parse_variant(v)
+    except ValueError as exc:
+        ap.error(str(exc))
+    with ProcessPoolExecutor(max_workers=min(len(variants), os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(run_variant, v, a.cases, not a.no_hunt) for v in variants]
+        try:
+            results = [f.result() for f in futures]
+        except ValueError as exc:
+            ap.error(str(exc))
+    out = rows(results)
+    for r in out:
+        print(f"{r['target']}: {r['value']} {r['unit']}" + (f" ({r['note']})" if "note" in r
+                                                             else ""))
+    if a.json:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=ROOT).stdout.strip()
+        import torch
+        import triton
+
+        doc = dict(benchmark=Path(a.json).stem,
+                   device=f"{platform.processor() or platform.machine()}, torch "
+                          f"{torch.__version__}, the Triton {triton.__version__} interpreter "
+                          "with tests/h200_arith.py",
+                   date=time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), commit=commit,
+                   command="python benchmarks/grad_emulated_cpu.py " + " ".join(
+                       sys.argv[1:] if argv is None else argv),
+                   rows=out)
+        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
