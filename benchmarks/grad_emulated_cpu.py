@@ -89,10 +89,18 @@ def _finite(x) -> bool:
 
 
 def rows(results: list[dict]) -> list[dict]:
-    """Per gradient: each variant's worst multiple of its floor over the suite and the
-    geometric mean of its error over the first variant's; then the hunt cases; then each
-    variant's failures."""
-    base = {r["case"]: r for r in results[0]["records"]}
+    """Each variant's cases passed and hunt cases; then, for each variant after the first, a
+    row a gradient: its worst multiple of its floor over the suite, with the first variant's
+    and the geometric mean of its error over the first's in the note (the first alone: its
+    own rows)."""
+    base_res = results[0]
+    base = {r["case"]: r for r in base_res["records"]}
+
+    def worst(recs, g):
+        mult = [r[f"{g}_budget_multiple"] for r in recs.values()
+                if _finite(r.get(f"{g}_budget_multiple"))]
+        return (max(mult), len(mult)) if mult else (None, 0)
+
     out = []
     for res in results:
         recs = {r["case"]: r for r in res["records"]}
@@ -101,26 +109,29 @@ def rows(results: list[dict]) -> list[dict]:
                         value=len(recs) - len(fails), unit="cases",
                         note=f"of {len(recs)}" + (f"; failed: {', '.join(fails)}" if fails
                                                    else "")))
-        for g in GRADS:
-            mult = [r[f"{g}_budget_multiple"] for r in recs.values()
-                    if _finite(r.get(f"{g}_budget_multiple"))]
-            ratios = [recs[c][f"{g}_rel_err"] / base[c][f"{g}_rel_err"] for c in recs
-                      if c in base and _finite(recs[c].get(f"{g}_rel_err"))
-                      and _finite(base[c].get(f"{g}_rel_err")) and base[c][f"{g}_rel_err"] > 0
-                      and recs[c][f"{g}_rel_err"] > 0]
-            if not mult:
-                continue
-            worst = max(mult)
-            note = f"over {len(mult)} cases"
-            if ratios and res is not results[0]:
-                geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
-                note += (f"; its error over [{results[0]['variant']}]'s: geometric mean "
-                         f"{geo:.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
-            out.append(dict(target=f"[{res['variant']}] {g}: worst multiple of its floor",
-                            value=round(worst, 3), unit="x", note=note))
         for name, h in res["hunts"].items():
             out.append(dict(target=f"[{res['variant']}] {name} ({h['grad']})",
                             value=float(f"{h['error']:.4g}"), unit="rel. RMSE"))
+    for res in results[1:] or results:
+        recs = {r["case"]: r for r in res["records"]}
+        for g in GRADS:
+            w, n = worst(recs, g)
+            if w is None:
+                continue
+            note = f"over {n} cases"
+            if res is not base_res:
+                bw, _ = worst(base, g)
+                ratios = [recs[c][f"{g}_rel_err"] / base[c][f"{g}_rel_err"] for c in recs
+                          if c in base and _finite(recs[c].get(f"{g}_rel_err"))
+                          and _finite(base[c].get(f"{g}_rel_err"))
+                          and base[c][f"{g}_rel_err"] > 0 and recs[c][f"{g}_rel_err"] > 0]
+                note += f"; [{base_res['variant']}] {bw:.3g}x"
+                if ratios:
+                    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+                    note += (f"; its error over [{base_res['variant']}]'s: geometric mean "
+                             f"{geo:.3f} (range {min(ratios):.3f}-{max(ratios):.3f})")
+            out.append(dict(target=f"[{res['variant']}] {g}: worst multiple of its floor",
+                            value=round(w, 3), unit="x", note=note))
     return out
 
 

@@ -686,6 +686,27 @@ def test_gpu_dkend_over_du_keeps_the_gradients(monkeypatch):
 
 
 @gpu
+@pytest.mark.parametrize("K", [64, 128])
+def test_gpu_round_operands_candidate(K, monkeypatch):
+    """The candidate ``BWD_MODE["round_operands"]`` runs on the GPU (an earlier form of it
+    faulted with an illegal address at K = 64 under triton 3.6, docs/training.md) and keeps
+    every gradient within fla's own tolerances against fp64 (bf16 inputs, packed sequences
+    with an empty one and an initial state, both value-block counts), as the default does."""
+    from kdalab.kernels import autograd
+
+    monkeypatch.setitem(autograd.BWD_MODE, "round_operands", 1)
+    x, kw = _case(1, 1024, 4, 4, 4, K, 128, cu=[0, 0, 300, 301, 1024], device="cuda",
+                  dtype=torch.bfloat16)
+    do, dht = (t.cuda() for t in _probes(x, kw))
+    got = _grads(x, kw, _kernel(), do, dht)
+    want = _grads(x, kw, _reference, do, dht)
+    tol = dict(q=8e-3, k=8e-3, v=8e-3, initial_state=8e-3, g=2e-2, beta=2e-2, A_log=3e-3,
+               dt_bias=2e-2)
+    errors = {n: _err(got[n], want[n]) for n in got}
+    assert all(errors[n] < tol[n] for n in errors), errors
+
+
+@gpu
 @pytest.mark.parametrize("T,H,segments", [(8192, 16, 0), (32768, 2, None)])
 def test_gpu_long_sequences_serial_and_split(T, H, segments):
     """T = 32768 at H = 2 takes the sequence-parallel reverse pass (the plan splits); both
