@@ -37,8 +37,10 @@ def test_the_page_is_what_the_results_give():
     # H100's whole grid at the current kernels and its one-warp stage-1 candidate; 450 for the
     # CPU replay of the H200 hunt under the emulated H200 arithmetic, when no device started;
     # 460 for the H100's hunt and timing of the tf32 rounding, an H100 having come for them;
-    # 480 for the H100's decode page, each shape beside a copy of its state's bytes alone)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 480
+    # 480 for the H100's decode page, each shape beside a copy of its state's bytes alone;
+    # 500 for the backward's gradients with the GPU's tf32 arithmetic emulated, default and
+    # candidate, when no device time was left to time the candidate)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 500
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
