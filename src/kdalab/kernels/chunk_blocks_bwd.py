@@ -148,7 +148,9 @@ def chunk_kda_bwd_blocks_kernel(
             # "Precision": the H200 truncates U to 10 bits where the forward rounds it)
             kt = tl.trans(kend_hi)
             u_hi = ut.to(tl.bfloat16).to(tl.float32)
-            if RN:  # this thread's own store: St is not live beside Sd
+            if RN:  # St back from the scratch, so that it is not live beside Sd; the
+                # barrier: the load's layout may give a thread another thread's elements
+                tl.debug_barrier()
                 St = tl.load(scr_s + c * BV * K)
             St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
                   + tl.dot(ut - u_hi, kt, input_precision="tf32"))
