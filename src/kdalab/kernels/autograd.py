@@ -47,7 +47,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: round_operands: the reverse pass's fp32 operands of tf32 products rounded to nearest first
 #: (the kernels' ``RN``), a candidate not yet timed on a GPU (docs/training.md "Precision";
 #: the H200 hunt --grad's dβ case 0.012 against 0.035 emulated, sm_90a spills of the blocks
-#: kernel 880 against 604 bytes a thread)
+#: kernel 1,060 against 604 bytes a thread)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
                 prep_stages=1, dkend_over_du=1, round_operands=0)
 

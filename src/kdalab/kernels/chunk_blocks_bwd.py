@@ -31,8 +31,8 @@ def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_ta
                             part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                             IS_VARLEN: tl.constexpr, RN: tl.constexpr = False):
     """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
-    state-free products taken out of it; partial sums by ``BV`` as its own. ``RN``: the fp32
-    operands of its tf32 products rounded to nearest first (``_nearest``)."""
+    state-free products taken out of it; partial sums by ``BV`` as its own. ``RN``: its fp32
+    loads rounded to nearest first (``_stored``; dU comes rounded from the dS pass)."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
@@ -49,10 +49,9 @@ def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_ta
         tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
         dut = tl.load(du_ptr + tok, mask=m, other=0.0)
         vt = _stored(tl.load(v_ptr + tok, mask=m, other=0.0), v_ptr.dtype.element_ty, RN)
-        du_r = _nearest(dut, RN)
-        dvt = tl.dot(du_r, ainv, input_precision="tf32")
+        dvt = tl.dot(dut, ainv, input_precision="tf32")  # dU: RN's rounding in the dS pass
         tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
-        dainv = tl.where(tril, tl.dot(tl.trans(du_r), vt, input_precision="tf32"), 0.0)
+        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
         tl.store(dainv_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :],
                  dainv)
 
@@ -97,7 +96,7 @@ def chunk_kda_bwd_blocks_kernel(
     barrier behind every thread's load of its dU. Programs are persistent (the scratch is per
     running program), each looping over (block, head) items. ``RN``: the fp32 operands of
     the tf32 products rounded to nearest first (``_nearest``), S through the scratch so that
-    its rounded copy is not live beside it (sm_90a spills 880 against 1292 bytes a thread)."""
+    its rounded copy is not live beside it (its sm_90a spills: docs/training.md)."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -132,15 +131,14 @@ def chunk_kda_bwd_blocks_kernel(
             Sd = _operand(St, DS, RN)
             tl.store(scr_s + c * BV * K, St)
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
-            tl.store(scr_u + c * BV * BT, ut)
-            u_r = _nearest(ut, RN)
-            du_r = _nearest(dut, RN)
+            u_r = _nearest(ut, RN)  # the walk back reads it rounded too
+            tl.store(scr_u + c * BV * BT, u_r)
             tril = o_r[:, None] >= o_r[None, :]
             dmqk = tl.where(tril, tl.dot(tl.trans(dot_), u_r, input_precision="tf32"), 0.0)
             tl.store(dmqk_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT
                      + o_r[None, :], dmqk)
             dqgt = _mm(tl.trans(Sd), dot_, DS)
-            dwt = -_mm(tl.trans(Sd), du_r, DS)
+            dwt = -_mm(tl.trans(Sd), dut, DS)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
             tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
@@ -171,7 +169,7 @@ def chunk_kda_bwd_blocks_kernel(
             wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K, RN)
             qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K, RN)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            dkendt = _mm(tl.trans(_operand(dSt, DD, RN)), _nearest(ut, RN), DD)
+            dkendt = _mm(tl.trans(_operand(dSt, DD, RN)), ut, DD)
             if DKEND_OVER_DU:  # every thread's dU rows of this chunk read before any store
                 tl.debug_barrier()
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
@@ -180,7 +178,7 @@ def chunk_kda_bwd_blocks_kernel(
             tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
             # pass 3's recurrence, the same expression (its dU loaded): the same dS
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                   - tl.dot(_nearest(dut, RN), tl.trans(wt), input_precision="tf32"))
+                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
         if STORE_DH0:
             if jb == 0:
                 tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .chunk_combine import chunk_kda_combine
-from .chunk_prepare import _hi
+from .chunk_prepare import _hi, as_operand
 from .indexing import program_rows
 from .launch_plan import ds_value_block
 
@@ -114,10 +114,10 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 
 @triton.jit
 def _operand(x, DT: tl.constexpr, RN: tl.constexpr):
-    """An fp32 state-sized value as a product's operand of type ``DT``: for tf32 products
-    (fp32) through ``_nearest``, else converted (fp16, bf16: to nearest)."""
-    if DT == tl.float32:
-        y = _nearest(x, RN)
+    """An fp32 state-sized value as a product's operand of type ``DT``: with ``RN``
+    ``as_operand``'s (tf32 products: rounded to nearest), else converted (tf32: as it is)."""
+    if RN:
+        y = as_operand(x, DT)
     else:
         y = x.to(DT)
     return y
@@ -218,11 +218,13 @@ def chunk_kda_bwd_recurrent_kernel(
             # KEND as its two parts, as the forward multiplies it: KEND whole in one
             # tf32 product would drop KLO, which the collinear cases' dβ needs
             du_hi, du_lo = _mm_pair(_operand(dSt, DD, RN), kend_hi, klo, DD)
-            dut = du_hi + du_lo + tl.dot(dot_, mqk, input_precision="tf32")
+            # dU rounded once, here (RN): every product that reads it, in this pass and from
+            # du_ptr in the dV and blocks kernels, takes it rounded
+            dut = _nearest(du_hi + du_lo + tl.dot(dot_, mqk, input_precision="tf32"), RN)
             if PASS == 3:
                 tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                   - tl.dot(_nearest(dut, RN), tl.trans(wt), input_precision="tf32"))
+                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
         if PASS == 1:  # the summary: the gradient at the segment's start
             slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
             tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
