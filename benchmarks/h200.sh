@@ -13,7 +13,8 @@
 #   check-grad kdalab check kdalab fla --grad (CHECK_GRAD_KERNELS, CHECK_GRAD_SUITE: default
 #             quick), the gradient
 #             table (docs/check-grad/); continues .runs/check-grad (--resume) when carried
-#   hunt-grad kdalab hunt kdalab --grad for HUNT_S seconds; continues .runs/hunt-grad (--resume)
+#   hunt-grad kdalab hunt kdalab --grad for HUNT_S seconds; continues .runs/hunt-grad (--resume);
+#             HUNT_BWD: BWD_MODE keys set for it (e.g. round_operands=1, a candidate)
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh; TESTS_S, default 540: 64
@@ -109,9 +110,17 @@ step_check-grad() {
 step_hunt-grad() {
     local resume=()
     if [ -d .runs/hunt-grad ]; then cp -r .runs/hunt-grad "$D/hunt-grad"; resume=(--resume); fi
-    k $(( ${HUNT_S:-290} + 60 )) hunt kdalab --grad --device cuda --seed 0 \
+    # HUNT_BWD: autograd.BWD_MODE keys set for the hunt (KEY=INT,...), e.g. round_operands=1
+    # (a candidate's hunt; the folder's name says so); the CLI has no such option
+    local pre="import runpy, sys; from kdalab.kernels import autograd as a
+a.BWD_MODE.update((t.split('=')[0], int(t.split('=')[1])) for t in sys.argv.pop(1).split(',') if t)
+print('BWD_MODE', a.BWD_MODE, flush=True); sys.argv[0] = 'kdalab'
+runpy.run_module('kdalab', run_name='__main__')"
+    echo "hunt-grad BWD_MODE changes: ${HUNT_BWD:-none}" > "$D/hunt-grad.log"
+    timeout -s INT -k 30 $(( ${HUNT_S:-290} + 60 )) python3 -c "$pre" "${HUNT_BWD:-}" \
+        hunt kdalab --grad --device cuda --seed 0 \
         --budget-s "${HUNT_S:-290}" --dims 64,128 --out "$D/hunt-grad" --quiet "${resume[@]}" \
-        > "$D/hunt-grad.log" 2>&1
+        >> "$D/hunt-grad.log" 2>&1
     echo "hunt --grad exit $?"; tail -n 3 "$D/hunt-grad.log"
 }
 
