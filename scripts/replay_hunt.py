@@ -9,9 +9,12 @@ Reads HUNT_FOLDER/trials.jsonl, only reading it (each record carries its spec an
 takes the ``--top`` measured trials with the largest output error (``--part I/N``: every N-th
 of them from the I-th, to share them among processes), and measures each target on each with
 the hunt's own evaluation (``kdalab.hunt.evaluate``: relative RMS error of the output and of
-the final state against the fp64 recurrence). A target is any kernel ``kdalab check`` loads;
-an earlier commit's kernels are ``kdalab_baseline:chunk_kda_fwd``, their folder on PYTHONPATH
-(``scripts/baseline_kernels.sh COMMIT DIR``).
+the final state against the fp64 recurrence). A ``hunt --grad`` folder (its hunt.json says
+``"grad": true``) is replayed as it was hunted: the trials with the largest worst-gradient
+error, each gradient measured again against autograd through the fp64 recurrence. A target
+is any kernel ``kdalab check`` loads; an earlier commit's kernels are
+``kdalab_baseline:chunk_kda_fwd``, their folder on PYTHONPATH (``scripts/baseline_kernels.sh
+COMMIT DIR``).
 
 ``--device cpu`` (the default) runs the Triton interpreter with the GPU's arithmetic emulated
 (tests/h200_arith.py: tf32 products truncating their fp32 operands, bf16 stores rounding to
@@ -40,11 +43,24 @@ def part(text: str) -> tuple[int, int]:
     return int(i), int(n)
 
 
-def worst_trials(records: list[dict], n: int) -> list[dict]:
-    """The ``n`` measured trials with the largest output error, largest first."""
+def worst_trials(records: list[dict], n: int, key: str = "output_error") -> list[dict]:
+    """The ``n`` measured trials with the largest ``key`` (output_error, or a gradient hunt's
+    grad_error), largest first."""
     measured = [r for r in records if r.get("status") == "measured"
-                and r.get("output_error") is not None and r.get("spec")]
-    return sorted(measured, key=lambda r: -r["output_error"])[:n]
+                and r.get(key) is not None and r.get("spec")]
+    return sorted(measured, key=lambda r: -r[key])[:n]
+
+
+def hunted_gradients(folder: Path) -> bool:
+    """Whether the hunt in ``folder`` searched gradients (its hunt.json's ``grad``; a folder
+    without one, an output hunt)."""
+    path = folder / "hunt.json"
+    if not path.is_file():
+        return False
+    try:
+        return bool(json.loads(path.read_text()).get("grad", False))
+    except (ValueError, AttributeError) as exc:
+        raise ValueError(f"{path} is not a hunt's summary ({exc})") from None
 
 
 def main(argv=None) -> int:
@@ -60,6 +76,11 @@ def main(argv=None) -> int:
         ap.error(f"--top: at least 1, got {args.top}")
     if not (args.folder / "trials.jsonl").is_file():
         ap.error(f"HUNT_FOLDER: no trials.jsonl in {args.folder}")
+    try:
+        grad = hunted_gradients(args.folder)
+    except ValueError as exc:
+        ap.error(f"HUNT_FOLDER: {exc}")
+    key = "grad_error" if grad else "output_error"
     cpu = args.device == "cpu"
     if cpu:
         os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is defined
@@ -74,14 +95,15 @@ def main(argv=None) -> int:
     if not cpu and not torch.cuda.is_available():
         ap.error("--device cuda: this machine has no CUDA device")
     try:
-        targets = {name: resolve(name, args.device) for name in args.targets.split(",")}
+        targets = {name: resolve(name, args.device, grad=grad)
+                   for name in args.targets.split(",")}
     except TargetError as exc:
         ap.error(f"--targets: {exc}")
     try:
         records = read_trials(args.folder, repair=False)
     except ValueError as exc:
         ap.error(f"HUNT_FOLDER: {exc}")
-    trials = worst_trials(records, args.top)[args.part[0]::args.part[1]]
+    trials = worst_trials(records, args.top, key)[args.part[0]::args.part[1]]
     if not trials:
         ap.error(f"HUNT_FOLDER: no measured trial with its spec in {args.folder}/trials.jsonl")
     emulation = contextlib.nullcontext()
@@ -95,29 +117,48 @@ def main(argv=None) -> int:
             spec = SequenceSpec.from_dict(r["spec"])
             line = dict(trial=r["trial"], seed=r["seed"], hunt_output=r["output_error"],
                         hunt_state=r.get("state_error"), bf16_floor=None, targets={})
+            if grad:
+                line |= dict(hunt_grad=r["grad_error"], hunt_worst_grad=r.get("worst_grad"))
             for name, target in targets.items():
-                e = evaluate(target, spec, r["seed"])
+                e = evaluate(target, spec, r["seed"], grad=grad)
                 line["bf16_floor"] = e["bf16_floor"]
-                line["targets"][name] = dict(
+                got = line["targets"][name] = dict(
                     status=e["status"], output=e["output_error"], state=e["state_error"],
                     nonfinite=(e["output_nonfinite"] or 0) + (e["state_nonfinite"] or 0),
                     seconds=None if e["seconds"] is None else round(e["seconds"], 4))
+                if grad:
+                    got |= dict(grad=e["grad_error"], worst_grad=e["worst_grad"],
+                                grads={n[:-6]: e[n] for n in e
+                                       if n.endswith("_error") and n[:-6] not in
+                                       ("output", "state", "grad")},
+                                nonfinite=got["nonfinite"] + (e["grad_nonfinite"] or 0))
             print(json.dumps(line), flush=True)
             lines.append(line)
     if args.json:
         args.json.write_text("".join(json.dumps(x) + "\n" for x in lines))
     fmt = lambda v: f"{v:>12.3e}" if v is not None else f"{'-':>12}"  # noqa: E731
+    field, hunted, what = ("grad", "hunt_grad", "worst gradient") if grad else (
+        "output", "hunt_output", "output")
     print(f"{'trial':>6}  {'hunt':>12}" + "".join(f"  {n[-24:]:>24}" for n in targets)
-          + f"  {'bf16 floor':>12}")
+          + f"  {'bf16 floor':>12}" + ("  (worst gradient: hunt, then each target)" if grad
+                                       else ""))
     for x in lines:
-        print(f"{x['trial']:>6}  {fmt(x['hunt_output'])}"
-              + "".join(f"  {fmt(x['targets'][n]['output']):>24}" for n in targets)
-              + f"  {fmt(x['bf16_floor'])}")
+        names = ([x["hunt_worst_grad"]] + [x["targets"][n].get("worst_grad") for n in targets]
+                 if grad else [])
+        print(f"{x['trial']:>6}  {fmt(x[hunted])}"
+              + "".join(f"  {fmt(x['targets'][n][field]):>24}" for n in targets)
+              + f"  {fmt(x['bf16_floor'])}" + (f"  {' '.join(map(str, names))}" if grad
+                                                else ""))
     how = (f"emulated: {counts['tf32_products'][0]} tf32 products, "
            f"{counts['bf16_stores'][0]} bf16 conversions" if cpu else "on the GPU")
     for name in targets:
         done = [x["targets"][name] for x in lines if x["targets"][name]["status"] == "measured"]
-        if done:
+        if done and grad:
+            w = max(done, key=lambda d: d["grad"])
+            print(f"{name}: worst gradient {w['grad']:.3e} ({w['worst_grad']}), output "
+                  f"{max(d['output'] for d in done):.3e} over {len(done)} trials ({how}); the "
+                  f"hunt's worst {max(x['hunt_grad'] for x in lines):.3e}")
+        elif done:
             print(f"{name}: worst output {max(d['output'] for d in done):.3e}, state "
                   f"{max(d['state'] for d in done):.3e} over {len(done)} trials ({how}); the "
                   f"hunt's worst {max(x['hunt_output'] for x in lines):.3e}")

@@ -99,3 +99,32 @@ def test_a_folder_without_trials_exits_2_and_is_only_read(tmp_path):
         r = _run(tmp_path)
         assert r.returncode == 2 and says in r.stderr.splitlines()[-1], r.stderr
         assert (tmp_path / "trials.jsonl").read_text() == text  # the hunt's file, as it was
+
+
+def test_a_gradient_hunt_is_replayed_by_its_worst_gradient(tmp_path):
+    """A ``hunt --grad`` folder (hunt.json's ``grad``) is ranked by the trials' worst-gradient
+    error, not their output error, and each gradient is measured again (autograd through the
+    fp64 recurrence as the reference), the emulation in force."""
+    common = dict(objective=0.0, params={}, elapsed_s=1.0, spec=dict(SPEC, v_scale=1.0))
+    records = [dict(trial=i, seed=7 + i, status="measured", output_error=o, state_error=o,
+                    grad_error=g, worst_grad="dbeta", **common)
+               for i, (o, g) in enumerate(((9e-3, 1e-3), (2e-3, 5e-2), (3e-3, 4e-2)))]
+    (tmp_path / "trials.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (tmp_path / "hunt.json").write_text(json.dumps(dict(target="kdalab", grad=True)))
+    out = tmp_path / "replay.jsonl"
+    r = _run(tmp_path, "--top", 1, "--json", out)
+    assert r.returncode == 0, r.stderr
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["trial"] == 1 and line["hunt_grad"] == 5e-2  # the largest gradient error
+    got = line["targets"]["kdalab"]
+    assert got["status"] == "measured" and got["nonfinite"] == 0
+    assert set(got["grads"]) == {"dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0"}
+    assert got["grad"] == max(got["grads"].values()) and got["grad"] != 5e-2
+    assert got["grads"][got["worst_grad"]] == got["grad"]
+    # measured, not copied or blown up: positive and finite at T = 40 (the bf16 inputs'
+    # gradients measured 1.7e-3 to 7.5e-3; dh0, of the fp32 initial state, 6e-5)
+    assert all(1e-7 < e < 0.5 for e in got["grads"].values()), got["grads"]
+    assert "kdalab: worst gradient" in r.stdout
+    (tmp_path / "hunt.json").write_text("[1, 2]")  # not a hunt's summary
+    r = _run(tmp_path)
+    assert r.returncode == 2 and "HUNT_FOLDER" in r.stderr.splitlines()[-1], r.stderr
