@@ -170,21 +170,41 @@ def check_grad_rows(folder: Path) -> tuple[dict, list[dict]]:
 
 
 def hunt_rows(folders: list[Path]) -> list[dict]:
+    """A row a hunt folder: its worst output error, or for a ``hunt --grad`` (hunt.json's
+    ``grad``) its worst gradient error, that gradient's multiple of its floor and the first
+    trial above the threshold. A folder named ``hunt-NAME@VARIANT`` is a candidate's hunt (e.g.
+    h200.sh's HUNT_BWD): VARIANT goes into the row's name."""
     rows = []
     for folder in folders:
         meta = json.loads((folder / "hunt.json").read_text(encoding="utf-8"))
         worst = json.loads((folder / "worst.json").read_text(encoding="utf-8"))
         s = worst["spec"]
+        grad = bool(meta.get("grad"))
+        variant = folder.name.partition("@")[2]
+        name = (f"hunt {meta['target']}" + (" --grad" if grad else "")
+                + (f" [{variant}]" if variant else ""))
+        what = "gradient" if grad else "output"
+        where = (f"T {s.get('T')}, H {s.get('heads')}, K {s.get('K')}; params " + ", ".join(
+            f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
+            for k, v in sorted(worst["params"].items())))
+        side = ("above" if worst["exceeds_threshold"] else "below") + f" {worst['threshold']:g}"
+        if grad:
+            first = None
+            trials = folder / "trials.jsonl"
+            if trials.exists():
+                first = next((r for r in _json_lines(trials) if r.get("status") == "measured"
+                              and (r.get("grad_error") or 0) > worst["threshold"]), None)
+            note = (f"{worst['worst_grad']} at {worst['grad_floor_multiple']:.3g}x its floor; "
+                    f"output {worst['output_error']:.2g}; {side}"
+                    + (f" (first at trial {first['trial']}, {first['grad_error']:.3g})"
+                       if first else "") + f"; {where}")
+        else:
+            note = f"state {worst['state_error']:.2g}; {side}; {where}"
         rows.append({
-            "target": f"hunt {meta['target']}: worst output error in {meta['elapsed_s']:.0f} s "
+            "target": f"{name}: worst {what} error in {meta['elapsed_s']:.0f} s "
                       f"({meta['trials_run']} trials)",
-            "value": float(f"{worst['output_error']:.3g}"), "unit": "rel. RMSE",
-            "note": f"state {worst['state_error']:.2g}; "
-                    + ("above" if worst["exceeds_threshold"] else "below")
-                    + f" {worst['threshold']:g}; T {s.get('T')}, H {s.get('heads')}, "
-                      f"K {s.get('K')}; params " + ", ".join(
-                          f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                          for k, v in sorted(worst["params"].items()))})
+            "value": float(f"{worst['grad_error' if grad else 'output_error']:.3g}"),
+            "unit": "rel. RMSE", "note": note})
     return rows
 
 

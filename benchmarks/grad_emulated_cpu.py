@@ -9,10 +9,11 @@ each variant of ``kdalab.kernels.autograd.BWD_MODE`` named (one child process ea
 side):
 
     python benchmarks/grad_emulated_cpu.py --json benchmarks/results/grad_emulated_cpu.json
-    python benchmarks/grad_emulated_cpu.py --variants "default;round_operands=1" --cases model_like
+    python benchmarks/grad_emulated_cpu.py --variants "default;prep_block_k=64" --cases model_like
 
 About 3 minutes a variant on one core (the interpreter). A variant is ``default`` or
-``KEY=INT,...`` of BWD_MODE's keys; the first is the baseline of the ratios."""
+``KEY=INT,...`` of BWD_MODE's keys; the first is the baseline of the ratios. The page's
+``round_operands=1`` rows are a deleted candidate's (docs/training.md "Precision")."""
 
 from __future__ import annotations
 
@@ -137,7 +138,7 @@ def rows(results: list[dict]) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--variants", default="default;round_operands=1",
+    ap.add_argument("--variants", default="default",
                     help="';'-separated BWD_MODE variants (default: %(default)s)")
     ap.add_argument("--cases", default=None, help="some of the quick suite's cases (--cases "
                                                   "patterns of kdalab check)")

@@ -14,7 +14,7 @@
 #             quick), the gradient
 #             table (docs/check-grad/); continues .runs/check-grad (--resume) when carried
 #   hunt-grad kdalab hunt kdalab --grad for HUNT_S seconds; continues .runs/hunt-grad (--resume);
-#             HUNT_BWD: BWD_MODE keys set for it (e.g. round_operands=1, a candidate)
+#             HUNT_BWD: BWD_MODE keys set for it (a candidate, e.g. dkend_over_du=0)
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh; TESTS_S, default 540: 64
@@ -110,7 +110,7 @@ step_check-grad() {
 step_hunt-grad() {
     local resume=()
     if [ -d .runs/hunt-grad ]; then cp -r .runs/hunt-grad "$D/hunt-grad"; resume=(--resume); fi
-    # HUNT_BWD: autograd.BWD_MODE keys set for the hunt (KEY=INT,...), e.g. round_operands=1
+    # HUNT_BWD: autograd.BWD_MODE keys set for the hunt (KEY=INT,...), e.g. dkend_over_du=0
     # (a candidate's hunt; the folder's name says so); the CLI has no such option
     local pre="import runpy, sys; from kdalab.kernels import autograd as a
 a.BWD_MODE.update((t.split('=')[0], int(t.split('=')[1])) for t in sys.argv.pop(1).split(',') if t)

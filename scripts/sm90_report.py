@@ -303,16 +303,12 @@ def kdalab_rows(only: str | None = None):
                                "gamma_ptr", "dht_ptr", "sum_ptr", "ends_ptr", "du_ptr",
                                "cu_seqlens_ptr", "chunk_offsets_ptr", "seq_order_ptr",
                                "seg_ptr", "seg_off_ptr", "T", "H")}
-    # RN: BWD_MODE["round_operands"], the candidate (the fp32 operands of tf32 products
-    # rounded to nearest first)
-    for pass_, seg, bv, nw, rn in ((3, False, 128, 8, False), (3, True, 128, 8, False),
-                                   (1, True, 128, 8, False), (3, False, 64, 4, False),
-                                   (3, False, 128, 8, True), (3, True, 128, 8, True)):
+    for pass_, seg, bv, nw in ((3, False, 128, 8), (3, True, 128, 8), (1, True, 128, 8),
+                               (3, False, 64, 4)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_DHT=True, STATE_VK=False,
-                  IS_VARLEN=False, PASS=pass_, SEG=seg, RN=rn)
+                  IS_VARLEN=False, PASS=pass_, SEG=seg)
         yield timed(chunk_kda_bwd_recurrent_kernel, rec, ce, num_warps=nw, num_stages=1,
-                    label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}"
-                          + (" RN" if rn else ""))
+                    label=f"bwd dS pass {pass_}{' seg' if seg else ''} BV{bv} w{nw}")
     # the blocks kernel, and the dV kernel (dV and dAINV, taken out of it)
     blk = {n: bwd[n] for n in ("v_ptr", "do_ptr", "du_ptr", "w_ptr", "qg_ptr", "kend_ptr",
                                "klo_ptr", "ainv_ptr", "gamma_ptr", "h0_ptr",
@@ -321,21 +317,20 @@ def kdalab_rows(only: str | None = None):
                                "dh0_ptr", "scratch_ptr", "seg_ptr", "n_items", "part_tok",
                                "part_gam", "part_cc", "H")}
     # DKEND_OVER_DU (autograd.BWD_MODE["dkend_over_du"]): a barrier before each dKEND store
-    for bv, nw, h0, over, rn in ((128, 8, True, True, False), (128, 8, False, True, False),
-                                 (128, 8, True, False, False), (64, 4, True, False, False),
-                                 (128, 8, True, True, True), (128, 8, False, True, True)):
+    for bv, nw, h0, over in ((128, 8, True, True), (128, 8, False, True),
+                             (128, 8, True, False), (64, 4, True, False)):
         ce = dict(K=128, V=128, BT=16, BV=bv, CKC=4, HAS_H0=h0, STORE_DH0=h0,
-                  STATE_VK=False, DKEND_OVER_DU=over, RN=rn)
+                  STATE_VK=False, DKEND_OVER_DU=over)
         ns = blocks_kernel_stages(h0)  # as the launcher picks them
         yield timed(chunk_kda_bwd_blocks_kernel, blk, ce, num_warps=nw, num_stages=ns,
                     label=f"bwd blocks BV{bv} w{nw}{' h0' if h0 else ''} s{ns}"
-                          + (" over-dU" if over else "") + (" RN" if rn else ""))
-    for varlen, rn in ((False, False), (True, False), (False, True)):
+                          + (" over-dU" if over else ""))
+    for varlen in (False, True):
         yield timed(chunk_kda_bwd_dv_kernel, dict(
             v_ptr="*bf16", du_ptr="*fp32", ainv_ptr="*fp16", dv_ptr="*bf16", dainv_ptr="*fp32",
             chunk_table_ptr="*i32", T="i32", H="i32", part_cc="i32"),
-            dict(V=128, BT=16, BV=128, IS_VARLEN=varlen, RN=rn), num_warps=4,
-            label="bwd dv BV128 w4" + (" varlen" if varlen else "") + (" RN" if rn else ""))
+            dict(V=128, BT=16, BV=128, IS_VARLEN=varlen), num_warps=4,
+            label="bwd dv BV128 w4" + (" varlen" if varlen else ""))
     pbwd = dict(q_ptr="*bf16", k_ptr="*bf16", g_ptr="*bf16", beta_ptr="*bf16",
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",

@@ -217,6 +217,17 @@ HUNT_WORST_DBETA = dict(
               dt_bias=(1.8876482734284787, 2.566978999377308), v_scale=4.0,
               initial_state="fp32", state_scale=4096.0),
     seed=452484817)
+#: the ten-minute H100 hunt --grad's worst case at 2365eca (dβ 9.4e-2 there, 67.7x its floor)
+#: on one head of its six and its first 1024 tokens of 3717: the bounded gate near zero decay,
+#: 4 key clusters, β logits near 9, v x 1/32, a bf16 initial state x 128
+HUNT_WORST_DBETA_H100 = dict(
+    spec=dict(T=1024, heads=1, K=64, V=64, lower_bound=-2.7104919530449925, key_clusters=4,
+              key_eps=0.0004116004048425731, beta_mean=9.171856510669992,
+              beta_spread=1.834640122096821, g_mean=-13.798075448481281,
+              g_spread=2.4661876734647965, A_log=(0.9697020484878724, 1.8274712184853228),
+              dt_bias=(0.45502414003242475, 0.9054189051019831), v_scale=0.03125,
+              initial_state="bf16", state_scale=128.0),
+    seed=637470271)
 
 
 @interp
@@ -250,53 +261,52 @@ def test_interp_hunt_worst_gradient_with_tf32_products(tf32_tensor_cores):
 
 
 @interp
-@pytest.mark.parametrize("round_operands,bound", [(0, 0.05), (1, 0.02)], ids=["default", "rn"])
-def test_interp_hunt_worst_dbeta_with_tf32_products(tf32_tensor_cores, monkeypatch,
-                                                    round_operands, bound):
+def test_interp_hunt_worst_dbeta_with_tf32_products(tf32_tensor_cores):
     """The 400-s H200 hunt's worst case (dβ 0.257 there) with the tf32 truncation emulated:
     dβ below 0.05. Emulated it was 0.21, all of it from the reverse pass (its products exact:
     0.021, the fp16 storage of stage 1's operands; 1.2e-3 the token recurrence's), most of it
     from the recompute's U·KEND_hi (that product exact: 0.038); with U as two parts there
-    (its bf16 rounding and the rest): 0.035. The candidate ``BWD_MODE["round_operands"]``
-    (every fp32 operand of the reverse pass's tf32 products rounded to nearest first): below
-    0.02, measured 0.0124 (the default's kernels give 0.035 and fail it; without S's
-    rounding in the blocks kernel's recompute of U 0.036)."""
+    (its bf16 rounding and the rest): 0.035 (grad_emulated_cpu). Rounding every fp32 operand of
+    the reverse pass's tf32 products to nearest first gave 0.012 here, but 0.27 on the case a
+    ten-minute H100 hunt found with it (0.046 by default) and cost the backward 16 %: deleted
+    (docs/training.md "Precision")."""
     from kdalab.hunt.evaluate import evaluate
     from kdalab.hunt.target import resolve
     from kdalab.inputs.sequences import SequenceSpec
-    from kdalab.kernels import autograd
 
-    monkeypatch.setitem(autograd.BWD_MODE, "round_operands", round_operands)
     spec = SequenceSpec(**HUNT_WORST_DBETA["spec"])
     rec = evaluate(resolve("kdalab", "cpu", grad=True), spec, HUNT_WORST_DBETA["seed"],
                    grad=True)
     assert tf32_tensor_cores[0] > 0
-    assert rec["dbeta_error"] < bound, rec["dbeta_error"]
+    assert rec["dbeta_error"] < 0.05, rec["dbeta_error"]
 
 
 @interp
-@pytest.mark.parametrize("case", [
-    dict(B=1, T=150, HQ=2, H=4, HG=2, K=16, V=16, cu=[0, 0, 70, 71, 150]),  # varlen, GVA
-    dict(B=2, T=70, HQ=1, H=1, HG=1, K=16, V=16, layout="VK", state_dtype=torch.bfloat16),
-    dict(B=1, T=64, HQ=1, H=1, HG=1, K=16, V=16, gate="unbounded", strong=True),  # fp32 ops
-], ids=["varlen_gva", "vk_bf16_state", "unbounded_strong"])
-def test_interp_round_operands_candidate(case, monkeypatch):
-    """The candidate ``BWD_MODE["round_operands"]`` (its fp32 operands rounded to nearest at tf32's
-    10 bits, S reloaded from the scratch in the blocks kernel): every gradient against fp64
-    within TOL (the interpreter's products are exact, so the rounding is the change:
-    measured at most 2.2e-3, the bf16 state's case, 2.1e-3 by default), on a packed batch
-    with an empty sequence and GVA, the VK layout with a bf16 state, and a gate whose
-    recompute stores stage 1's operands in fp32; and not the default's bits (the switch
-    reaches the kernels)."""
-    from kdalab.kernels import autograd
+@pytest.mark.parametrize("change,bound", [
+    ({}, 0.06),  # measured 0.043 (the H100: 0.094 on all six heads and 3717 tokens)
+    ({"initial_state": "none"}, 0.01),  # measured 3.8e-3
+    ({"key_clusters": 64}, 0.01),  # measured 1.7e-3
+    ({"g_mean": 0.0}, 0.01),  # strong decay: measured 9.7e-4
+], ids=["as_found", "no_initial_state", "distinct_keys", "strong_decay"])
+def test_interp_hunt_worst_dbeta_h100_needs_each_ingredient(tf32_tensor_cores, change, bound):
+    """The ten-minute H100 hunt's dβ finding, with the GPU's tf32 truncation emulated: the
+    default's kernels give 0.043 on one head (a known miss of issue 40's 1e-2, docs/training.md
+    "Precision"), and the finding needs its ingredients: without the large initial state, with
+    distinct keys, or under strong decay, dβ falls below 1e-2. For a repeated key with β near
+    1 and no decay, the delta rule's residual v - Sᵀk is small while S holds the large initial
+    state in the other directions, and the reverse pass forms its gradient from tf32 products
+    of that large state."""
+    from kdalab.hunt.evaluate import evaluate
+    from kdalab.hunt.target import resolve
+    from kdalab.inputs.sequences import SequenceSpec
 
-    x, kw = _case(**case)
-    do, dht = _probes(x, kw)
-    base = _grads(x, kw, _kernel(), do, dht)
-    monkeypatch.setitem(autograd.BWD_MODE, "round_operands", 1)
-    _compare(x, kw)
-    got = _grads(x, kw, _kernel(), do, dht)
-    assert any(not torch.equal(got[n], base[n]) for n in base)
+    spec = SequenceSpec(**{**HUNT_WORST_DBETA_H100["spec"], **change})
+    rec = evaluate(resolve("kdalab", "cpu", grad=True), spec, HUNT_WORST_DBETA_H100["seed"],
+                   grad=True)
+    assert tf32_tensor_cores[0] > 0
+    assert rec["dbeta_error"] < bound, rec["dbeta_error"]
+    if change:  # the other gradients stay near their floors: the finding is dβ's alone
+        assert rec["grad_error"] < 0.01, (rec["worst_grad"], rec["grad_error"])
 
 
 @interp
@@ -683,27 +693,6 @@ def test_gpu_dkend_over_du_keeps_the_gradients(monkeypatch):
         got = _grads(x, kw, _kernel(), do, dht)
         errors = {n: _err(got[n], want[n]) for n in want}
         assert all(e < 1e-5 for e in errors.values()), errors
-
-
-@gpu
-@pytest.mark.parametrize("K", [64, 128])
-def test_gpu_round_operands_candidate(K, monkeypatch):
-    """The candidate ``BWD_MODE["round_operands"]`` runs on the GPU (an earlier form of it
-    faulted with an illegal address at K = 64 under triton 3.6, docs/training.md) and keeps
-    every gradient within fla's own tolerances against fp64 (bf16 inputs, packed sequences
-    with an empty one and an initial state, both value-block counts), as the default does."""
-    from kdalab.kernels import autograd
-
-    monkeypatch.setitem(autograd.BWD_MODE, "round_operands", 1)
-    x, kw = _case(1, 1024, 4, 4, 4, K, 128, cu=[0, 0, 300, 301, 1024], device="cuda",
-                  dtype=torch.bfloat16)
-    do, dht = (t.cuda() for t in _probes(x, kw))
-    got = _grads(x, kw, _kernel(), do, dht)
-    want = _grads(x, kw, _reference, do, dht)
-    tol = dict(q=8e-3, k=8e-3, v=8e-3, initial_state=8e-3, g=2e-2, beta=2e-2, A_log=3e-3,
-               dt_bias=2e-2)
-    errors = {n: _err(got[n], want[n]) for n in got}
-    assert all(errors[n] < tol[n] for n in errors), errors
 
 
 @gpu

@@ -44,12 +44,8 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: dkend_over_du: dKEND written over dU where one value block and K = V allow (8 MiB less at
 #: the peak at T 1024 H 16; 0 for its own buffer). Stage 1's backward runs on 4 warps (2,
 #: uncapped, on an H100: 1.05x at T 4096 H 16, 1.10x at T 8192 H 64; docs/training.md)
-#: round_operands: the reverse pass's fp32 operands of tf32 products rounded to nearest first
-#: (the kernels' ``RN``), a candidate not yet timed on a GPU (docs/training.md "Precision";
-#: the H200 hunt --grad's dβ case 0.012 against 0.035 emulated, sm_90a spills of the blocks
-#: kernel 1,060 against 604 bytes a thread)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1, round_operands=0)
+                prep_stages=1, dkend_over_du=1)
 
 
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
@@ -167,15 +163,13 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
         num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
         block_offsets=block_offsets, segments=segments,
-        ds_block_v=BWD_MODE["ds_block_v"] or None,
-        round_operands=bool(BWD_MODE["round_operands"]), **tile)
+        ds_block_v=BWD_MODE["ds_block_v"] or None, **tile)
     out = chunk_kda_bwd_blocks(
         v, do, c.ops, du, ends, initial_state=h0, checkpoints=checkpoints,
         checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,
         chunk_table=seqs.chunk_table, s_dtype=BWD_PRODUCTS["s_dtype"],
         stages=BWD_MODE["blocks_stages"] or None,
-        dkend_over_du=bool(BWD_MODE["dkend_over_du"]),
-        round_operands=bool(BWD_MODE["round_operands"]), **tile)
+        dkend_over_du=bool(BWD_MODE["dkend_over_du"]), **tile)
     del du, ends
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums

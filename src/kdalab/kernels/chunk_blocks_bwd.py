@@ -15,11 +15,8 @@ from .chunk_recurrent_bwd import (
     _cc,
     _chunk,
     _mm,
-    _nearest,
-    _operand,
     _opt,
     _state_ptrs,
-    _stored,
     _tile_t,
 )
 from .indexing import chunk_of_program, segment_of_program
@@ -29,10 +26,9 @@ from .launch_plan import blocks_kernel_stages, persistent_programs, resident_pro
 @triton.jit
 def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_table_ptr, T, H,
                             part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                            IS_VARLEN: tl.constexpr, RN: tl.constexpr = False):
+                            IS_VARLEN: tl.constexpr):
     """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
-    state-free products taken out of it; partial sums by ``BV`` as its own. ``RN``: its fp32
-    loads rounded to nearest first (``_stored``; dU comes rounded from the dS pass)."""
+    state-free products taken out of it; partial sums by ``BV`` as its own."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
@@ -40,16 +36,15 @@ def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_ta
     rows = row0 + o_r
     r_ok = rows < eos
     cc = i_c.to(tl.int64) * H + i_h
-    ainv = _stored(tl.load(ainv_ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]),
-                   ainv_ptr.dtype.element_ty, RN)
+    ainv = tl.load(ainv_ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :]).to(tl.float32)
     tril = o_r[:, None] >= o_r[None, :]
     for i_v in tl.static_range(0, (V + BV - 1) // BV):
         o_v = i_v * BV + tl.arange(0, BV)
         m = (o_v < V)[:, None] & r_ok[None, :]
         tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
         dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-        vt = _stored(tl.load(v_ptr + tok, mask=m, other=0.0), v_ptr.dtype.element_ty, RN)
-        dvt = tl.dot(dut, ainv, input_precision="tf32")  # dU: RN's rounding in the dS pass
+        vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
+        dvt = tl.dot(dut, ainv, input_precision="tf32")
         tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
         dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
         tl.store(dainv_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :],
@@ -84,7 +79,7 @@ def chunk_kda_bwd_blocks_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    DKEND_OVER_DU: tl.constexpr = False, RN: tl.constexpr = False,
+    DKEND_OVER_DU: tl.constexpr = False,
 ):
     """Every 64-token block (and head, and value block) from its checkpoint and pass 3's
     ``ends`` and ``du``; no block waits for another. Forward through the block (S live; each
@@ -94,9 +89,7 @@ def chunk_kda_bwd_blocks_kernel(
     operand spills: sm_90a 604 against 1276 bytes a thread with them here). ``DKEND_OVER_DU``:
     ``dkend_ptr`` is ``du_ptr`` (one value block, K = V), each chunk's dKEND stored after a
     barrier behind every thread's load of its dU. Programs are persistent (the scratch is per
-    running program), each looping over (block, head) items. ``RN``: the fp32 operands of
-    the tf32 products rounded to nearest first (``_nearest``), S through the scratch so that
-    its rounded copy is not live beside it (its sm_90a spills: docs/training.md)."""
+    running program), each looping over (block, head) items."""
     pid = tl.program_id(0)
     i_v = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -119,22 +112,20 @@ def chunk_kda_bwd_blocks_kernel(
         for c in range(0, n_ch):
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
             m = v_ok[:, None] & r_ok[None, :]
-            vt = _stored(tl.load(v_ptr + tok, mask=m, other=0.0), v_ptr.dtype.element_ty, RN)
-            dot_ = _stored(tl.load(do_ptr + tok, mask=m, other=0.0), do_ptr.dtype.element_ty,
-                           RN)
+            vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
+            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
             dut = tl.load(du_ptr + tok, mask=m, other=0.0)
-            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT, RN)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+            ainv = _cc(ainv_ptr, cc, o_r, c_ok, BT)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            Sd = _operand(St, DS, RN)
+            Sd = St.to(DS)
             tl.store(scr_s + c * BV * K, St)
             ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
-            u_r = _nearest(ut, RN)  # the walk back reads it rounded too
-            tl.store(scr_u + c * BV * BT, u_r)
+            tl.store(scr_u + c * BV * BT, ut)
             tril = o_r[:, None] >= o_r[None, :]
-            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), u_r, input_precision="tf32"), 0.0)
+            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
             tl.store(dmqk_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT
                      + o_r[None, :], dmqk)
             dqgt = _mm(tl.trans(Sd), dot_, DS)
@@ -146,13 +137,9 @@ def chunk_kda_bwd_blocks_kernel(
             # "Precision": the H200 truncates U to 10 bits where the forward rounds it)
             kt = tl.trans(kend_hi)
             u_hi = ut.to(tl.bfloat16).to(tl.float32)
-            if RN:  # St back from the scratch, so that it is not live beside Sd; the
-                # barrier: the load's layout may give a thread another thread's elements
-                tl.debug_barrier()
-                St = tl.load(scr_s + c * BV * K)
             St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
                   + tl.dot(ut - u_hi, kt, input_precision="tf32"))
-            St += tl.dot(u_r, tl.trans(klo), input_precision="tf32")
+            St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
         tl.debug_barrier()  # the scratch rows are read by other threads
         dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
                       mask=v_ok[:, None], other=0.0)
@@ -162,14 +149,13 @@ def chunk_kda_bwd_blocks_kernel(
             c = n_ch - 1 - ic
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
             m = v_ok[:, None] & r_ok[None, :]
-            dot_ = _stored(tl.load(do_ptr + tok, mask=m, other=0.0), do_ptr.dtype.element_ty,
-                           RN)
+            dot_ = tl.load(do_ptr + tok, mask=m, other=0.0).to(tl.float32)
             dut = tl.load(du_ptr + tok, mask=m, other=0.0)
             ut = tl.load(scr_u + c * BV * BT)
-            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K, RN)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            dkendt = _mm(tl.trans(_operand(dSt, DD, RN)), ut, DD)
+            dkendt = _mm(tl.trans(dSt), ut, DD)
             if DKEND_OVER_DU:  # every thread's dU rows of this chunk read before any store
                 tl.debug_barrier()
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
@@ -189,8 +175,7 @@ def chunk_kda_bwd_blocks_kernel(
 def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
                          checkpoint_offsets, state_vk, num_chunks, block_v, num_warps, sms,
                          blocks, chunk_table, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                         ds_dtype=torch.float32, stages=None, dkend_over_du=True,
-                         round_operands=False):
+                         ds_dtype=torch.float32, stages=None, dkend_over_du=True):
     """Launch the dV kernel and the blocks kernel after the dS pass (``du``, ``ends``).
     ``checkpoints``: the forward's states after every 64 tokens (fp32, ``pool.py``'s),
     ``checkpoint_offsets`` each sequence's first; ``blocks``: the table of 64-token segments;
@@ -199,9 +184,9 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     the products with S and dS (fp32: tf32); ``stages``: ``num_stages`` (None:
     ``blocks_kernel_stages``'s); ``dkend_over_du``: with one value block and K = V, dKEND is
     written over ``du`` (dU is then overwritten), T·H·V·4 bytes less at the peak (8 MiB at T
-    1024 H 16); ``round_operands``: the kernels' ``RN``. Returns a dict of dv (like v), the
-    partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv [NV,
-    chunks, H, 16, 16] (NV value blocks) and dh0 (or None)."""
+    1024 H 16). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
+    K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and
+    dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
@@ -225,7 +210,7 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     chunk_kda_bwd_dv_kernel[(num_chunks, H)](  # before the blocks kernel: it reads dU
         v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
         num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
-        IS_VARLEN=chunk_table is not None, RN=round_operands, num_warps=4)
+        IS_VARLEN=chunk_table is not None, num_warps=4)
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
@@ -236,6 +221,6 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], DKEND_OVER_DU=over, RN=round_operands, num_warps=num_warps,
+        DD=_TL[ds_dtype], DKEND_OVER_DU=over, num_warps=num_warps,
         num_stages=stages or blocks_kernel_stages(initial_state is not None))
     return out

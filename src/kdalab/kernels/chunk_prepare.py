@@ -95,14 +95,13 @@ def tf32_nearest(x, PRECISION: tl.constexpr):
 
 @triton.jit
 def as_operand(x, DT: tl.constexpr):
-    """An fp32 value (stage 2's U, the reverse pass's states) as a product's operand of type
-    ``DT``: for tf32 products (fp32) rounded to nearest at tf32's 10 significand bits
-    (``tf32_nearest``: the H200's tf32 products truncate, a bias of one sign that U carries
-    into every later state), else converted (fp16, bf16: to nearest)."""
-    if DT == tl.float32:
-        y = _hi(x)
-    else:
+    """Stage 2's U (fp32 accumulators) as the next products' operand: fp16, or for tf32
+    products rounded to nearest at tf32's 10 significand bits (``tf32_nearest``: the H200's
+    tf32 products truncate, a bias of one sign that U carries into every later state)."""
+    if DT == tl.float16:
         y = x.to(DT)
+    else:
+        y = _hi(x)
     return y
 
 

@@ -42,7 +42,6 @@ import triton
 import triton.language as tl
 
 from .chunk_combine import chunk_kda_combine
-from .chunk_prepare import _hi, as_operand
 from .indexing import program_rows
 from .launch_plan import ds_value_block
 
@@ -53,33 +52,11 @@ _TL = {torch.float32: tl.float32, torch.bfloat16: tl.bfloat16, torch.float16: tl
 
 
 @triton.jit
-def _nearest(x, RN: tl.constexpr):
-    """``x`` (fp32), a tf32 product's operand: with ``RN`` rounded to nearest at tf32's 10
-    significand bits (``_hi``) first, else as it is, which the H100's and H200's tf32 products
-    truncate, an error of one sign that the reverse pass carries along the sequence
-    (``BWD_MODE["round_operands"]``, a candidate; docs/training.md "Precision")."""
-    if RN:
-        x = _hi(x)
-    return x
-
-
-@triton.jit
-def _stored(x, DT: tl.constexpr, RN: tl.constexpr):
-    """An operand loaded from storage of type ``DT`` as fp32, for tf32 products: fp16 and bf16
-    are exact in tf32; fp32 (the recompute's storage for the wide gates, fp32 inputs) goes
-    through ``_nearest``."""
-    x = x.to(tl.float32)
-    if DT == tl.float32:
-        x = _nearest(x, RN)
-    return x
-
-
-@triton.jit
-def _tile_t(ptr, rows, r_ok, i_h, H, o_k, K: tl.constexpr, RN: tl.constexpr):
-    """A [K, 16] tile (transposed) of a token-major [T, H, K] tensor, fp32 (``_stored``):
-    loaded as its [16, K] rows (contiguous along K: vector loads), transposed in registers."""
-    return tl.trans(_stored(tl.load(ptr + (rows[:, None] * H + i_h) * K + o_k[None, :],
-                                    mask=r_ok[:, None], other=0.0), ptr.dtype.element_ty, RN))
+def _tile_t(ptr, rows, r_ok, i_h, H, o_k, K: tl.constexpr):
+    """A [K, 16] tile (transposed) of a token-major [T, H, K] tensor, fp32: loaded as its
+    [16, K] rows (contiguous along K: vector loads), transposed in registers."""
+    return tl.trans(tl.load(ptr + (rows[:, None] * H + i_h) * K + o_k[None, :],
+                            mask=r_ok[:, None], other=0.0).to(tl.float32))
 
 
 @triton.jit
@@ -93,11 +70,11 @@ def _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V: tl.constexpr, BT: tl.constexpr)
 
 
 @triton.jit
-def _cc(ptr, cc, o_r, c_ok, BT: tl.constexpr, RN: tl.constexpr):
-    """The [16, 16] tile of chunk-and-head ``cc``, fp32 (``_stored``)."""
+def _cc(ptr, cc, o_r, c_ok, BT: tl.constexpr):
+    """The [16, 16] tile of chunk-and-head ``cc``, fp32."""
     m = c_ok[:, None] & c_ok[None, :]
-    return _stored(tl.load(ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :], mask=m,
-                           other=0.0), ptr.dtype.element_ty, RN)
+    return tl.load(ptr + cc * BT * BT + o_r[:, None] * BT + o_r[None, :], mask=m,
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -110,17 +87,6 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
     if STATE_VK:
         return base + o_v[:, None] * K + o_k[None, :]
     return base + o_k[None, :] * V + o_v[:, None]
-
-
-@triton.jit
-def _operand(x, DT: tl.constexpr, RN: tl.constexpr):
-    """An fp32 state-sized value as a product's operand of type ``DT``: with ``RN``
-    ``as_operand``'s (tf32 products: rounded to nearest), else converted (tf32: as it is)."""
-    if RN:
-        y = as_operand(x, DT)
-    else:
-        y = x.to(DT)
-    return y
 
 
 @triton.jit
@@ -147,7 +113,7 @@ def chunk_kda_bwd_recurrent_kernel(
     seg_off_ptr, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_DHT: tl.constexpr, STATE_VK: tl.constexpr,
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SEG: tl.constexpr,
-    DD: tl.constexpr = tl.float32, RN: tl.constexpr = False,
+    DD: tl.constexpr = tl.float32,
 ):
     """The dS recurrence over one (sequence or segment, head, value block). ``PASS`` 1: a
     segment's summary (R^T, B) into ``sum_ptr`` ([segments, H, V + K, K]; nothing for a
@@ -155,8 +121,7 @@ def chunk_kda_bwd_recurrent_kernel(
     or, with ``SEG``, from the combined summary, storing each chunk's dU^T (``du_ptr``, like
     v, fp32) and the gradient after every 64-token block (``ends_ptr``, [blocks, H, V, K];
     ``seg_off_ptr``: each sequence's first block). ``DD``: the operand type of the products
-    with dS (fp32: tf32 products); ``RN``: their fp32 operands rounded to nearest first
-    (``_nearest``)."""
+    with dS (fp32: tf32 products)."""
     item = tl.program_id(0)
     i_v = tl.program_id(1)
     o_r = tl.arange(0, BT)
@@ -207,20 +172,18 @@ def chunk_kda_bwd_recurrent_kernel(
                     tl.store(slot_b + o_v[:, None] * K + o_k[None, :], dSt,
                              mask=v_ok[:, None])
             rows, r_ok, c_ok, cc, tok = _chunk(bos, eos, c, c0, i_h, o_r, o_v, H, V, BT)
-            dot_ = _stored(tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
-                                   other=0.0), do_ptr.dtype.element_ty, RN)
-            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K, RN)
-            mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT, RN)
+            dot_ = tl.load(do_ptr + tok, mask=(is_v & v_ok)[:, None] & r_ok[None, :],
+                           other=0.0).to(tl.float32)
+            wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
+            qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
+            kend_hi = _tile_t(kend_ptr, rows, r_ok, i_h, H, o_k, K)
+            klo = _tile_t(klo_ptr, rows, r_ok, i_h, H, o_k, K)
+            mqk = _cc(mqk_ptr, cc, o_r, c_ok, BT)
             gam = tl.load(gamma_ptr + cc * K + o_k)
             # KEND as its two parts, as the forward multiplies it: KEND whole in one
             # tf32 product would drop KLO, which the collinear cases' dβ needs
-            du_hi, du_lo = _mm_pair(_operand(dSt, DD, RN), kend_hi, klo, DD)
-            # dU rounded once, here (RN): every product that reads it, in this pass and from
-            # du_ptr in the dV and blocks kernels, takes it rounded
-            dut = _nearest(du_hi + du_lo + tl.dot(dot_, mqk, input_precision="tf32"), RN)
+            du_hi, du_lo = _mm_pair(dSt, kend_hi, klo, DD)
+            dut = du_hi + du_lo + tl.dot(dot_, mqk, input_precision="tf32")
             if PASS == 3:
                 tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
             dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
@@ -237,7 +200,7 @@ def _opt(x, dummy):
 
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
-             num_warps, ds_dtype, round_operands):
+             num_warps, ds_dtype):
     w, qg, kend, klo, ainv, mqk, gamma = ops
     chunk_kda_bwd_recurrent_kernel[(items, grid_v)](
         do, w, qg, kend, klo, mqk, gamma, _opt(dht, gamma), _opt(summary, gamma), ends, du,
@@ -245,22 +208,19 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         _opt(segments, gamma), _opt(seg_offsets, gamma),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, DD=_TL[ds_dtype], RN=round_operands, num_warps=num_warps,
-        num_stages=1)
+        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
 
 
 def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets, num_seqs,
                             block_v, num_warps, sms, seq_order, n_blocks, block_offsets,
-                            segments=None, ds_dtype=torch.float32, ds_block_v=None,
-                            round_operands=False):
+                            segments=None, ds_dtype=torch.float32, ds_block_v=None):
     """Launch the dS recurrence (module docstring, kernel 1). ``ops``: stage 1's; ``dht``:
     the final state's gradient or None; ``n_blocks``, ``block_offsets``: the 64-token blocks
     (``Sequences.segments(CKC)``) and each sequence's first; ``segments``:
     ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else None (serial).
     ``ds_dtype``: the operand type of the products with dS (fp32: tf32). ``ds_block_v``: the
     serial pass's value columns a program (a segmented plan takes ``block_v``; None:
-    ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it);
-    ``round_operands``: the kernel's ``RN``. Returns (dU like
+    ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it). Returns (dU like
     do, fp32; the gradient after every block, [n_blocks, H, V, K] fp32)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = do.shape
@@ -272,8 +232,7 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
         num_seqs * H, V, block_v, num_warps, sms, ds_block_v)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
               seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
-              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype,
-              round_operands=round_operands)
+              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype)
     nv_ds = -(-V // dbv)
     if segments is None:
         if num_seqs * H:
