@@ -5,7 +5,8 @@ builder (``triton.runtime.interpreter.InterpreterBuilder``), for tests (the fixt
 
 - **tf32 products** (``create_dot``): the interpreter multiplies a tf32 ``tl.dot``'s fp32
   operands exactly; the H200 can truncate them to tf32's 10-bit significand (triton issue
-  4574). Truncated here, every such operand.
+  4574). Truncated here, every such operand, or all but those of some call sites
+  (``scripts/tf32_sites.py``: which product carries a case's error).
 - **bf16 stores** (``cast_impl``): the interpreter converts fp32 to bf16 by truncation; the GPU
   rounds to nearest even, as torch does. Rounded here.
 
@@ -16,12 +17,29 @@ exact products: states ten times smaller)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from contextlib import contextmanager
 
 import numpy as np
 
 
-def _tf32_dot(orig, count):
+def call_site(depth: int = 2) -> str:
+    """Where a tf32 product was called from in ``kdalab/kernels``: the innermost two kernel
+    source lines on the interpreter's stack, ``file:line < file:line`` (a helper's line, then
+    its caller's: ``_mm`` is called from many places)."""
+    frame, lines = sys._getframe(1), []
+    while frame is not None and len(lines) < depth:
+        name = frame.f_code.co_filename
+        if f"kdalab{os.sep}kernels{os.sep}" in name:
+            lines.append(f"{os.path.basename(name)}:{frame.f_lineno}")
+        frame = frame.f_back
+    return " < ".join(lines)
+
+
+def _tf32_dot(orig, count, exact=None, seen=None):
+    """``exact``: a set of call sites (:func:`call_site`) whose products stay exact, the others
+    truncated; ``seen``: a Counter of every tf32 product's call site."""
     from triton.runtime import interpreter
 
     def truncated(t):
@@ -32,8 +50,12 @@ def _tf32_dot(orig, count):
 
     def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
         if str(input_precision).upper().endswith("TF32"):  # not TF32x3, not IEEE
-            count[0] += 1
-            a, b = truncated(a), truncated(b)
+            where = call_site() if exact or seen is not None else None
+            if seen is not None:
+                seen[where] += 1
+            if not exact or where not in exact:
+                count[0] += 1
+                a, b = truncated(a), truncated(b)
         return orig(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     return create_dot
@@ -59,15 +81,16 @@ def _bf16_cast(orig, count):
 PATCHES = {"tf32_products": ("create_dot", _tf32_dot), "bf16_stores": ("cast_impl", _bf16_cast)}
 
 
-def patch(set_attr, which: str) -> list[int]:
+def patch(set_attr, which: str, **options) -> list[int]:
     """Replace the builder's method for ``which`` (a key of :data:`PATCHES`) through
     ``set_attr(cls, name, value)`` (pytest's ``monkeypatch.setattr``, or ``setattr``); returns
-    a one-item list counting the operations it changed, so a caller can assert it was in force."""
+    a one-item list counting the operations it changed, so a caller can assert it was in force.
+    ``options``: the tf32 products' ``exact`` and ``seen`` (:func:`_tf32_dot`)."""
     from triton.runtime import interpreter
 
     name, make = PATCHES[which]
     cls, count = interpreter.InterpreterBuilder, [0]
-    set_attr(cls, name, make(getattr(cls, name), count))
+    set_attr(cls, name, make(getattr(cls, name), count, **options))
     return count
 
 
