@@ -110,10 +110,14 @@ step_check-grad() {
 step_hunt-grad() {
     local resume=()
     if [ -d .runs/hunt-grad ]; then cp -r .runs/hunt-grad "$D/hunt-grad"; resume=(--resume); fi
-    # HUNT_BWD: autograd.BWD_MODE keys set for the hunt (KEY=INT,...), e.g. dkend_over_du=0
-    # (a candidate's hunt; the folder's name says so); the CLI has no such option
+    # HUNT_BWD: autograd.BWD_MODE keys set for the hunt (KEY=INT,...), e.g. dkend_over_du=0;
+    # the CLI has no such option. A key BWD_MODE lacks stops the step. The folder is still
+    # hunt-grad: rename it hunt-grad@VARIANT here for collect_h200's row to name the candidate
     local pre="import runpy, sys; from kdalab.kernels import autograd as a
-a.BWD_MODE.update((t.split('=')[0], int(t.split('=')[1])) for t in sys.argv.pop(1).split(',') if t)
+for t in filter(None, sys.argv.pop(1).split(',')):
+    k, _, v = t.partition('=')
+    if k not in a.BWD_MODE: sys.exit(f'HUNT_BWD: BWD_MODE has {sorted(a.BWD_MODE)}, not {k!r}')
+    a.BWD_MODE[k] = int(v)
 print('BWD_MODE', a.BWD_MODE, flush=True); sys.argv[0] = 'kdalab'
 runpy.run_module('kdalab', run_name='__main__')"
     echo "hunt-grad BWD_MODE changes: ${HUNT_BWD:-none}" > "$D/hunt-grad.log"

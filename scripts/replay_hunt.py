@@ -87,6 +87,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     import torch
 
+    from kdalab.check.tensors import GRADIENTS
     from kdalab.hunt.evaluate import evaluate
     from kdalab.hunt.files import read_trials
     from kdalab.hunt.target import TargetError, resolve
@@ -128,9 +129,7 @@ def main(argv=None) -> int:
                     seconds=None if e["seconds"] is None else round(e["seconds"], 4))
                 if grad:
                     got |= dict(grad=e["grad_error"], worst_grad=e["worst_grad"],
-                                grads={n[:-6]: e[n] for n in e
-                                       if n.endswith("_error") and n[:-6] not in
-                                       ("output", "state", "grad")},
+                                grads={n: e[f"{n}_error"] for n in GRADIENTS},
                                 nonfinite=got["nonfinite"] + (e["grad_nonfinite"] or 0))
             print(json.dumps(line), flush=True)
             lines.append(line)
