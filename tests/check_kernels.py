@@ -318,6 +318,64 @@ def grad_nondeterministic(q, k, v, g, beta, **kw):
 
 
 no_backward = KernelAdapter(honest_fp32, no_backward="a forward only (planted)")
+
+
+# -- planted for the gradient contracts (tests/test_check_grad.py): each backward within the
+# accuracy budget (one token of T wrong by 1.6 % or less), yet breaking one contract
+
+class _Leak(torch.autograd.Function):
+    """The identity, whose backward changes the gradient of the first token (``"first"``: by
+    2^-6 of it, signed by the last token's value, so the first token's gradient depends on a
+    later input) or of the last (``"last"``: plus 2^-6 of the first token's, so a later
+    gradient depends on an earlier upstream)."""
+
+    @staticmethod
+    def forward(ctx, x, which):
+        ctx.which = which
+        ctx.save_for_backward(x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        grad = grad.clone()
+        if ctx.which == "first":
+            grad[:, :1] += 2.0 ** -6 * grad[:, :1] * torch.sign(x[:, -1:]).to(grad.dtype)
+        else:
+            grad[:, -1:] += 2.0 ** -6 * grad[:, :1]
+        return grad, None
+
+
+def grad_upstream_leak(q, k, v, g, beta, **kw):
+    """Bug: the last token's output gradient takes 2^-6 of the first token's (an upstream
+    gradient flows forward in time)."""
+    o, s = honest_fp32(q, k, v, g, beta, **kw)
+    return _Leak.apply(o, "last"), s
+
+
+def grad_sees_the_future(q, k, v, g, beta, **kw):
+    """Bug: the first token's dq depends on the last token's query (the sign of its value)."""
+    return honest_fp32(_Leak.apply(q, "first"), k, v, g, beta, **kw)
+
+
+def _grad_layout_sloppy(q, k, v, g, beta, *, initial_state=None, state_layout="KV", **kw):
+    """Bug: the [N, H, V, K] path's dh0 is 2^-7 too large (its forward right)."""
+    if state_layout == "VK" and initial_state is not None:
+        initial_state = _ScaleGrad.apply(initial_state, 1 + 2.0 ** -7)
+    return honest_fp32(q, k, v, g, beta, initial_state=initial_state, state_layout=state_layout,
+                       **kw)
+
+
+grad_layout_sloppy = KernelAdapter(_grad_layout_sloppy, other_layout={"state_layout": "VK"})
+
+
+def grad_varlen_scaled(q, k, v, g, beta, *, cu_seqlens=None, **kw):
+    """Bug: packed sequences' dv is 5 % too large (batches right)."""
+    if cu_seqlens is not None:
+        v = _ScaleGrad.apply(v, 1.05)
+    return honest_fp32(q, k, v, g, beta, cu_seqlens=cu_seqlens, **kw)
+
+
 # -- planted for the gate groups and the fp16 guard's causal case (tests/test_check_gates.py) --
 
 def guard_redoes_the_sequence(q, k, v, g, beta, **kw):

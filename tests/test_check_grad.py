@@ -154,8 +154,9 @@ def test_check_grad_judges_every_gradient_of_a_recipe():
     assert all(r["status"] == "pass" for r in fp32.values()), [r["message"] for r in recs]
     for case, rec in fp32.items():
         names = [n for n in GRADIENTS if rec[f"{n}_rel_err"] is not None]
-        if rec["kind"] != "accuracy":  # contracts judge the forward
-            assert names == [] and rec["grad_deterministic"] is None
+        if rec["kind"] != "accuracy":  # the causal contract: the gradients' bits, no errors
+            assert names == [] and rec["grad_deterministic"] is True
+            assert rec["grad_contract_max_diff"] == 0.0
             continue
         want = [n for n in GRADIENTS if n != "dh0" or case != "no_h0"]
         assert names == want, case
@@ -187,6 +188,54 @@ def test_a_wrong_backward_fails_while_its_forward_passes(name, rule):
         assert rec["status"] == "fail" and rule in rec["message"], rec["message"]
     if name == "grad_dk_scaled":  # 2 % on dk: about 12x the floor; the others untouched
         assert 8 < rec["dk_budget_multiple"] < 16 and rec["dq_budget_multiple"] < 1.5
+
+
+# -- the gradient contracts (kdalab.check.contracts, "Gradients") ---------------------------------
+
+GRAD_CONTRACTS = "contract/causal/*,contract/batch_varlen,contract/layout"
+
+
+@pytest.mark.exact
+def test_honest_backwards_keep_the_gradient_contracts():
+    recs = run_check([load_kernel("recipe:fp32"), load_kernel("tests/check_kernels.py:"
+                                                              "fp32_recurrence")],
+                     _cases(GRAD_CONTRACTS), thresholds=GRAD)
+    assert len(recs) == 12
+    for rec in recs:
+        if rec["kind"] == "layout" and rec["kernel"] != "recipe:fp32":  # one layout
+            assert rec["status"] == "unsupported"
+            continue
+        assert rec["status"] == "pass", (rec["case"], rec["message"])
+        assert "gradients" in rec["contract_compared"] and rec["grad_nonfinite"] == 0
+        if rec["kind"] == "batch_varlen":  # judged against fp64, as an accuracy case
+            assert all(rec[f"{n}_budget_multiple"] < 2 for n in GRADIENTS), rec
+            assert rec["grad_contract_max_diff"] < 1e-5
+        else:  # causal and layout: bit for bit, both directions of causality
+            assert rec["grad_contract_max_diff"] == 0.0
+
+
+@pytest.mark.parametrize("name, case, rule", [
+    ("grad_upstream_leak", "contract/causal/inside",
+     "changed when the upstream gradient before"),
+    ("grad_sees_the_future", "contract/causal/boundary",
+     "changed when later inputs did, with no gradient from"),
+    ("grad_layout_sloppy", "contract/layout",
+     "layout: the other state layout changed the gradients (dh0;"),
+    ("grad_varlen_scaled", "contract/batch_varlen",
+     "batch = varlen = separate (varlen gradients): dv error above 5x the floor"),
+])
+def test_a_gradient_contract_catches_what_accuracy_cannot(name, case, rule):
+    kernel = load_kernel(f"tests/check_kernels.py:{name}")
+    recs = {r["case"]: r for r in run_check([kernel], _cases(f"model_like,{case}"),
+                                            thresholds=GRAD)}
+    assert recs["model_like"]["status"] == "pass"  # every gradient within the budget
+    assert recs[case]["status"] == "fail" and rule in recs[case]["message"], recs[case]
+    assert recs[case]["grad_contract_max_diff"] > 0
+    row = next(x for x in markdown_report(list(recs.values()), {}).splitlines()
+               if x.startswith(f"| {case} |"))
+    assert "; ∇ " in row and "✗ fail" in row  # the gradients' largest difference beside
+    # the forward keeps the contract: without --grad the case passes
+    assert [r["status"] for r in run_check([kernel], _cases(case))] == ["pass"]
 
 
 def test_a_kernel_without_a_backward_is_unsupported_and_fails_the_run(tmp_path, capsys):

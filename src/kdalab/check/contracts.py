@@ -26,6 +26,25 @@ compared (``contract_compared``) and the largest difference found (``contract_ma
                   on [0, T) within the budget of the floor, as an accuracy case, and the rows no
                   index names bit for bit. The largest difference from one prefill call on
                   [0, T) is recorded. A kernel without a decode function: unsupported.
+
+**Gradients** (``kdalab check --grad``; the field ``grad_contract_max_diff``): three contracts
+also judge the kernel's backward, with the upstream gradients of
+:func:`~kdalab.check.gradients.upstream` (the case's seed).
+
+``causal``        both directions of a backward's causality, to the bit. The upstream dO before
+                  P replaced by fresh values (``v_beyond_fp16``: times 1e5): the per-token
+                  gradients (dq, dk, dv, dg, dβ) at t >= P keep every bit. The case's own
+                  change of the inputs at t >= P, with dO zero from P on and no gradient into
+                  the final state: every gradient of the tokens before P, dh0 and the summed
+                  dA_log and ddt_bias keep every bit (a loss of outputs before P cannot see
+                  later tokens; an overflow after P must not reach earlier gradients).
+``batch_varlen``  the gradients of the three forms (dA_log and ddt_bias summed over the
+                  separate calls) each within the budget of their floors against the fp64
+                  reference's, as an accuracy case's.
+``layout``        every gradient the same bits in the other state layout (dh0 in ``[N, H, K,
+                  V]`` for both).
+
+``prefill`` and ``decode`` judge the forward only.
 """
 
 from __future__ import annotations
@@ -38,10 +57,13 @@ import torch
 from kdalab.check.budget import judge_errors
 from kdalab.check.calls import Raised, call, max_diff, nonfinite, rel, same
 from kdalab.check.cases import CaseInputs
+from kdalab.check.gradients import PER_TOKEN, SUMMED, upstream
 
 __all__ = ["CONTRACT_FIELDS", "BEYOND_FP16", "judge_contract", "time_slice"]
 
 CONTRACT_FIELDS = ("contract_compared", "contract_max_diff")
+#: the contracts that also judge the backward under ``grad`` (the module's **Gradients**)
+GRAD_CONTRACTS = ("causal", "batch_varlen", "layout")
 
 
 def time_slice(x: CaseInputs, start: int, stop: int, initial_state) -> CaseInputs:
@@ -137,8 +159,9 @@ def _batch_varlen(kernel, x, case, ref, floors, th):
     cu = torch.arange(0, (b + 1) * t, t, dtype=torch.int64, device=x.q.device)
     packed = replace(x, q=flat(x.q), k=flat(x.k), v=flat(x.v), g=flat(x.g), beta=flat(x.beta),
                      cu_seqlens=cu, rows=x.rows.reshape(1, b * t))
-    answers, notes = {"batch": call(kernel, x, case.name)[0]}, []
+    answers, notes, forms = {"batch": call(kernel, x, case.name)[0]}, [], {"separate": []}
     if kernel.unsupported(packed) is None:
+        forms["varlen"] = packed
         o, s = call(kernel, packed, case.name)[0]
         answers["varlen"] = (o.reshape(b, t, *o.shape[2:]), s)
     else:
@@ -149,6 +172,7 @@ def _batch_varlen(kernel, x, case, ref, floors, th):
                       beta=x.beta[i:i + 1], rows=x.rows[i:i + 1],
                       initial_state=None if x.initial_state is None else x.initial_state[i:i + 1])
         o, s = call(kernel, one, case.name)[0]
+        forms["separate"].append(one)
         outs.append(o)
         states.append(s)
     answers["separate"] = (torch.cat(outs), torch.cat(states))
@@ -164,7 +188,7 @@ def _batch_varlen(kernel, x, case, ref, floors, th):
                                 + (f" ({'; '.join(notes)})" if notes else ""),
            "contract_max_diff": max(max(max_diff(o, ob), max_diff(s, sb))
                                     for o, s in answers.values())}
-    return _budget(rec, floors, ob.dtype, th, "batch = varlen = separate")
+    return _budget(rec, floors, ob.dtype, th, "batch = varlen = separate"), forms
 
 
 def _worst(err: float) -> float:
@@ -261,16 +285,134 @@ def _decode(kernel, x, case, ref, floors, th):
     return rec, failures
 
 
-def judge_contract(kernel, x: CaseInputs, case, ref, floors, th) -> tuple[dict, list[str]]:
+# -- the backward's contracts (the module's **Gradients**) ----------------------------------------
+
+def _grads(kernel, x, case, do, dht) -> dict[str, torch.Tensor]:
+    return call(kernel, x, case.name, (do, dht))[0][2]
+
+
+def _differing(a: dict, b: dict, cut: dict) -> tuple[float, list[str]]:
+    """The largest difference between gradients ``a`` and ``b`` over ``cut`` (name: the
+    index of the values compared) and the names that differ in any bit."""
+    pairs = {n: (a[n][i], b[n][i]) for n, i in cut.items() if n in a}
+    return (max((max_diff(u, w) for u, w in pairs.values()), default=0.0),
+            [n for n, (u, w) in pairs.items() if not same(u, w)])
+
+
+def _upstream_before(do: torch.Tensor, split: int, seed: int, perturb: str) -> torch.Tensor:
+    """``do`` changed before ``split``: fresh N(0, 1) values rounded to bf16, or (the
+    ``v_beyond_fp16`` case) times :data:`BEYOND_FP16`."""
+    d = do.clone()
+    if perturb == "v_beyond_fp16":
+        d[:, :split] *= BEYOND_FP16
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        d[:, :split] = torch.randn(d[:, :split].shape, generator=gen).bfloat16().to(d)
+    return d
+
+
+def _causal_grad(kernel, x, case):
+    p, (do, dht) = case.split, upstream(x, case.seed)
+    first = _grads(kernel, x, case, do, dht)
+    again = _grads(kernel, x, case, do, dht)
+    later = _grads(kernel, x, case, _upstream_before(do, p, case.seed + 3, case.perturb), dht)
+    do_past = do.clone()
+    do_past[:, p:] = 0
+    no_future = (do_past, torch.zeros_like(dht))
+    past = _grads(kernel, x, case, *no_future)
+    past_changed = _grads(kernel, _perturbed(x, p, case.seed + 1, case.perturb), case,
+                          *no_future)
+    after, before = slice(p, None), slice(None, p)
+    d1, n1 = _differing(first, later, {n: (slice(None), after) for n in PER_TOKEN})
+    d2, n2 = _differing(past, past_changed, {**{n: (slice(None), before) for n in PER_TOKEN},
+                                             **{n: ... for n in ("dh0", *SUMMED)}})
+    runs = (first, again, later, past, past_changed)
+    rec = {"grad_contract_max_diff": max(d1, d2),
+           "grad_deterministic": all(same(g, again[n]) for n, g in first.items()),
+           "grad_nonfinite": sum(nonfinite(g) for r in runs for g in r.values())}
+    compared = (f"; gradients at t >= {p} with dO changed before {p}, and before {p} (dh0, "
+                f"the sums) with dO zero from {p} on and the inputs changed there "
+                f"(bit-identical)")
+    failures = ["causal: non-finite gradient"] if rec["grad_nonfinite"] else []
+    if not rec["grad_deterministic"]:
+        failures.append("two calls gave different gradient bits (the gradients' causality not "
+                        "judged)")
+        return rec, compared, failures
+    if n1:
+        failures.append(f"causal: gradients at t >= {p} changed when the upstream gradient "
+                        f"before {p} did ({', '.join(n1)}; largest difference {d1:.3g})")
+    if n2:
+        failures.append(f"causal: gradients before t = {p} changed when later inputs did, "
+                        f"with no gradient from t >= {p} ({', '.join(n2)}; largest difference "
+                        f"{d2:.3g})")
+    return rec, compared, failures
+
+
+def _layout_grad(kernel, x, case):
+    do, dht = upstream(x, case.seed)
+    a = _grads(kernel, x, case, do, dht)
+    b = _grads(kernel.in_other_layout(), x, case, do, dht)
+    diff, names = _differing(a, b, dict.fromkeys(a, ...))
+    rec = {"grad_contract_max_diff": diff,
+           "grad_nonfinite": sum(nonfinite(g) for g in (*a.values(), *b.values()))}
+    failures = ["layout: non-finite gradient"] if rec["grad_nonfinite"] else []
+    if names:
+        failures.append(f"layout: the other state layout changed the gradients "
+                        f"({', '.join(names)}; largest difference {diff:.3g})")
+    return rec, "; the gradients, every one bit-identical", failures
+
+
+def _batch_varlen_grad(kernel, x, case, forms, grads, th):
+    """``forms``: the batch, and where run the packed (varlen) and separate calls' inputs."""
+    do, dht = upstream(x, case.seed)
+    b, t = x.q.shape[:2]
+    got = {"batch": _grads(kernel, x, case, do, dht)}
+    if "varlen" in forms:
+        g = _grads(kernel, forms["varlen"], case, do.reshape(1, b * t, *do.shape[2:]), dht)
+        got["varlen"] = {n: u.reshape(b, t, *u.shape[2:]) if n in PER_TOKEN else u
+                         for n, u in g.items()}
+    parts = [_grads(kernel, one, case, do[i:i + 1], dht[i:i + 1])
+             for i, one in enumerate(forms["separate"])]
+    got["separate"] = {n: (sum(r[n] for r in parts) if n in SUMMED
+                           else torch.cat([r[n] for r in parts])) for n in parts[0]}
+    judged = {form: grads.judge(g, th) for form, g in got.items()}
+    worst = max(judged, key=lambda f: max((v for k, v in judged[f][0].items()
+                                           if k.endswith("_budget_multiple")
+                                           and v is not None and not math.isnan(v)),
+                                          default=0.0))
+    rec = {**judged[worst][0], "grad_nonfinite": sum(j[0]["grad_nonfinite"]
+                                                     for j in judged.values()),
+           "grad_contract_max_diff": max(_differing(g, got["batch"], dict.fromkeys(g, ...))[0]
+                                         for g in got.values())}
+    failures = [f"batch = varlen = separate ({form} gradients): {m}"
+                for form, (_, over) in judged.items() for m in over]
+    return rec, (f"; gradients of each form against fp64 (budget, the worst: {worst}); max "
+                 f"diff between them"), failures
+
+
+def judge_contract(kernel, x: CaseInputs, case, ref, floors, th,
+                   grads=None) -> tuple[dict, list[str]]:
     """One contract case: ``(record fields, failures)``; raises
     :class:`~kdalab.check.calls.Raised` if the kernel raises (NotImplementedError for a
-    contract the kernel cannot take)."""
+    contract the kernel cannot take). Under ``th.grad`` the contracts of
+    :data:`GRAD_CONTRACTS` judge the backward too (``grads``: batch_varlen's
+    :class:`~kdalab.check.gradients.GradientCheck`)."""
     if case.kind == "layout":
-        return _layout(kernel, x, case)
-    if case.kind == "causal":
-        return _causal(kernel, x, case)
-    if case.kind == "prefill":
+        rec, failures = _layout(kernel, x, case)
+        extra = _layout_grad(kernel, x, case) if th.grad else None
+    elif case.kind == "causal":
+        rec, failures = _causal(kernel, x, case)
+        extra = _causal_grad(kernel, x, case) if th.grad else None
+    elif case.kind == "prefill":
         return _prefill(kernel, x, case, ref, floors, th)
-    if case.kind == "decode":
+    elif case.kind == "decode":
         return _decode(kernel, x, case, ref, floors, th)
-    return _batch_varlen(kernel, x, case, ref, floors, th)
+    else:
+        (rec, failures), forms = _batch_varlen(kernel, x, case, ref, floors, th)
+        extra = _batch_varlen_grad(kernel, x, case, forms, grads, th) if th.grad else None
+    if extra is not None:
+        fields, compared, more = extra
+        rec.update(fields)
+        rec["contract_compared"] += compared
+        failures = failures + more
+    return rec, failures

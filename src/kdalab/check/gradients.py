@@ -50,7 +50,7 @@ SUMMED = ("dA_log", "ddt_bias")
 #: every gradient's record fields, then the case's counts
 GRAD_FIELDS = (*(f"{n}_{m}" for n in GRADIENTS for m in ("rel_err", "floor_err",
                                                          "budget_multiple")),
-               "grad_nonfinite", "grad_deterministic")
+               "grad_nonfinite", "grad_deterministic", "grad_contract_max_diff")
 _UPSTREAM_KEY = 0x64_4f_64_48  # "dOdH": keeps the upstream draw apart from the inputs' (seed)
 
 

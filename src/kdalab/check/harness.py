@@ -10,7 +10,8 @@ all of it holds: errors within ``budget`` × the floor (and within the absolute 
 given), everything finite, two calls identical, inputs untouched. Contract cases
 (:mod:`kdalab.check.contracts`) are judged by their contract. With ``Thresholds(grad=True)``
 every accuracy case also judges each gradient against the fp64 reference's, as a multiple of
-its floor (:mod:`kdalab.check.gradients`); contracts judge the forward, as without it.
+its floor (:mod:`kdalab.check.gradients`), and the causal, batch_varlen and layout contracts
+judge the backward too (:mod:`kdalab.check.contracts`, **Gradients**).
 
 **Fidelity mode** (``against``): against another kernel instead of fp64. Per case: the fraction
 of output (and state) elements whose bits are identical, the worst relative difference
@@ -222,10 +223,11 @@ def run_check(
 def case_references(case: Case, x: CaseInputs, grad: bool = False) -> tuple:
     """A case's references, computed once for every kernel: ``(o, state)`` of the fp64
     recurrence and of the same-precision reference (:func:`~kdalab.check.budget.floor_reference`),
-    float64 tensors; with ``grad`` (an accuracy case) then its gradient references
+    float64 tensors; with ``grad`` (an accuracy or batch_varlen case) then its gradient references
     (:func:`~kdalab.check.gradients.grad_references`, upstream drawn from the case's seed)."""
     refs = (*reference(x), *floor_reference(x))
-    return refs + (grad_references(x, case.seed),) if grad and case.kind == "accuracy" else refs
+    judged = grad and case.kind in ("accuracy", "batch_varlen")
+    return refs + (grad_references(x, case.seed),) if judged else refs
 
 
 def blank_record(kernel: str, case: Case, *, device: str | torch.device,
@@ -268,7 +270,8 @@ def _measure(rec: dict, kernel, x, case, ref, floors, thresholds, against, why,
         elif case.kind == "accuracy":
             measured, failures = _judge_fp64(kernel, x, case, ref, floors, thresholds, grads)
         else:
-            measured, failures = judge_contract(kernel, x, case, ref, floors, thresholds)
+            measured, failures = judge_contract(kernel, x, case, ref, floors, thresholds,
+                                                grads)
     except Raised as exc:
         rec.update(status="unsupported" if exc.declared else "fail", message=str(exc))
         return

@@ -52,6 +52,7 @@ _FIELDS = {
                      "budget", "max_output_error", "max_state_error", "o_rel_err",
                      "state_rel_err", "o_max_abs", "state_max_abs", "floor_multiple",
                      "o_budget_multiple", "state_budget_multiple", "contract_max_diff",
+                     "grad_contract_max_diff",
                      "min_identical", "o_identical", "state_identical", "o_worst_rel_diff",
                      "state_worst_rel_diff", "o_rel_diff"), _FLOAT),
 }

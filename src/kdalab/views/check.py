@@ -58,8 +58,10 @@ def cell_text(rec: dict) -> str:
     if rec["mode"] == "fidelity":
         return (f"{100 * _num(rec['o_identical']):.2f}% / "
                 f"{fmt_sci(_num(rec['o_worst_rel_diff']))}")
-    if rec.get("kind") in ("causal", "layout"):
-        diff = _num(rec.get("contract_max_diff"))
+    if rec.get("kind") in ("causal", "layout"):  # the outputs' bits, and the gradients'
+        diff = max((d for d in (_num(rec.get("contract_max_diff")),
+                                _num(rec.get("grad_contract_max_diff"))) if not math.isnan(d)),
+                   default=math.nan)
         return ("bit-identical" if rec["status"] == "pass"
                 else f"changed by {fmt_sci(diff)}" if diff > 0 else rec["status"])
     text = f"{fmt_sci(_num(rec['o_rel_err']))} / {fmt_sci(_num(rec['state_rel_err']))}"
@@ -149,7 +151,8 @@ def verdict(records, complete: bool = True) -> tuple[bool, str]:
 
 def contract_rows(records) -> list[dict]:
     """One row per (contract case, kernel) that ran: case, kernel, status, what was compared,
-    the largest difference and the worst multiple of the floor."""
+    the largest difference (of the outputs and states; ``grad max diff``: of the gradients,
+    under ``--grad``) and the worst multiple of the floor."""
     df = _frame(records)
     if "kind" not in df:
         return []
@@ -157,6 +160,7 @@ def contract_rows(records) -> list[dict]:
     return [{"case": r["case"], "kernel": r["kernel"], "status": r["status"],
              "compared": r.get("contract_compared") or "",
              "max diff": _num(r.get("contract_max_diff")),
+             "grad max diff": _num(r.get("grad_contract_max_diff")),
              "x floor": _worst_multiple(r), "message": r["message"]}
             for r in sel.to_dict("records")]
 

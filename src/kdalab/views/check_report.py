@@ -67,8 +67,11 @@ def _verdict(df: pd.DataFrame, meta: dict) -> str:
 
 
 def _contract_cells(r: dict) -> list[str]:
+    diff = fmt_sci(r["max diff"])
+    if r["grad max diff"] == r["grad max diff"]:  # judged under --grad
+        diff = f"{diff}; ∇ {fmt_sci(r['grad max diff'])}"
     return [r["case"], r["kernel"], f"{_STATUS_MARK[r['status']]} {r['status']}", r["compared"],
-            fmt_sci(r["max diff"]), "" if r["x floor"] != r["x floor"] else
+            diff, "" if r["x floor"] != r["x floor"] else
             f"{r['x floor']:.2f}", r["message"]]
 
 
