@@ -17,7 +17,8 @@ Kinds: ``accuracy`` (one call against the fp64 recurrence) or a contract
 (:mod:`kdalab.check.contracts`): ``causal``, ``prefill``, ``batch_varlen``, ``layout``,
 ``decode``;
 ``split`` is the position P a contract splits at; ``perturb`` what a causal contract writes from
-P on (``fresh`` inputs, or ``v_beyond_fp16``: v times 1e5). ``source`` names a safetensors file of
+P on (``fresh`` inputs; ``v_beyond_fp16``: v times 1e5; ``decay_past_split``: a log-decay of
+-20 a step, for the unbounded and log-decay gates). ``source`` names a safetensors file of
 captured inputs (:mod:`kdalab.check.replay`): the case's tensors are read from it instead of
 drawn.
 
@@ -56,7 +57,7 @@ FAMILIES = ("model_like", "saturated", "weak_decay_correlated", "collinear", "st
 KINDS = ("accuracy", "causal", "prefill", "batch_varlen", "layout", "decode")
 POISONS = ("", "nan_v", "inf_k")
 #: what a causal contract writes from its split on: fresh N(0, 1) inputs, or v times 1e5
-PERTURBS = ("fresh", "v_beyond_fp16")
+PERTURBS = ("fresh", "v_beyond_fp16", "decay_past_split")
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ class Case:
         if self.perturb not in PERTURBS or (self.kind != "causal" and self.perturb != "fresh"):
             bad("perturb", f"must be one of {', '.join(PERTURBS)} (a causal contract's; "
                 "fresh for the other kinds)")
+        if self.perturb == "decay_past_split" and (self.gate == "lower_bound" or self.source):
+            bad("perturb", "decay_past_split takes the unbounded or log-decay gate of a drawn "
+                "case (a bounded gate cannot decay past the split's range)")
         for name in ("state_scale", "v_scale"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
                 bad(name, "must be a finite number > 0")
@@ -261,6 +265,16 @@ def _gate_groups(case, *, varlen, collinear_T, contract_T, inside, decode_T):
         case("unbounded/causal", f"log-decay -20..-5, inputs changed at t >= {inside}: "
              f"outputs before it bit-identical", family="strong_decay", kind="causal",
              T=contract_T, split=inside, **free),
+        # issue 43's stage 1 (kdalab at 794f0ca): a chunk wider than the split exponent's
+        # range took the per-pair path for all of its rows, so the later rows' decay changed
+        # the earlier rows' rounding (outputs before P by up to 2.4e-4)
+        case("unbounded/causal_wide", f"model-like before t = {inside}, a log-decay of -20 a "
+             f"step from it on (its chunk then spans past a split exponent's range): outputs "
+             f"before it bit-identical", kind="causal", T=contract_T, split=inside,
+             perturb="decay_past_split", **free),
+        case("log_decay/causal_wide", f"the same as a given fp32 log-decay (fla's default "
+             f"call): outputs before t = {inside} bit-identical", kind="causal", T=contract_T,
+             split=inside, perturb="decay_past_split", **given),
         case("unbounded/decode", "log-decay -20..-5, decoded one token a step through a "
              "state pool, against fp64", family="strong_decay", kind="decode", batch=2,
              T=decode_T, **free),

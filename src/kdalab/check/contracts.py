@@ -5,7 +5,9 @@ compared (``contract_compared``) and the largest difference found (``contract_ma
 
 ``causal``        q, k, v, g and β replaced by fresh values at every position t >= P (or,
                   ``perturb="v_beyond_fp16"``, v times 1e5 from P on: past fp16's range, what
-                  trips a kernel's fp16 guard): the outputs before P must keep every bit (P at a
+                  trips a kernel's fp16 guard; ``"decay_past_split"``, a log-decay of -20 a
+                  step from P on: P's chunk then spans past a split exponent's range, what
+                  sends a chunk down a per-pair path): the outputs before P must keep every bit (P at a
                   chunk boundary, and inside a chunk), and every output be finite. A failure
                   names the first position that changed.
 ``prefill``       [0, P) then [P, T) with the first call's final state carried into the second,
@@ -80,9 +82,25 @@ def time_slice(x: CaseInputs, start: int, stop: int, initial_state) -> CaseInput
 BEYOND_FP16 = 1e5
 
 
+#: the log-decay a step from the split on in a ``decay_past_split`` causal case: 16 steps of
+#: it span 320, past a split exponent's float32 range (80), from any row of a 16-token chunk
+#: but its last four
+STRONG_DECAY = 20.0
+
+
 def _perturbed(x: CaseInputs, split: int, seed: int, perturb: str) -> CaseInputs:
     """``x`` changed from ``split`` on: fresh N(0, 1) values of q, k, v, g and β (a log-decay
-    g as −|N(0, 1)|, a log-decay being <= 0), or v times :data:`BEYOND_FP16`."""
+    g as −|N(0, 1)|, a log-decay being <= 0), v times :data:`BEYOND_FP16`, or the gate set to
+    a log-decay of −:data:`STRONG_DECAY` a step (the unbounded gate's raw input through its
+    softplus, which is its argument there: exp(A_log)·(g + dt_bias) = 20)."""
+    if perturb == "decay_past_split":
+        g = x.g.clone()
+        if x.gate == "log_decay":
+            g[:, split:] = -STRONG_DECAY
+        else:
+            raw = STRONG_DECAY / x.A_log.double().exp()[:, None] - x.dt_bias.double()
+            g[:, split:] = raw.to(g.dtype)
+        return replace(x, g=g)
     if perturb == "v_beyond_fp16":
         v = x.v.clone()
         v[:, split:] = (v[:, split:].double() * BEYOND_FP16).to(v.dtype)
@@ -115,8 +133,9 @@ def _causal(kernel, x, case):
     (o, _), _ = call(kernel, x, case.name)
     (again, _), _ = call(kernel, x, case.name)
     (o_p, _), _ = call(kernel, _perturbed(x, p, case.seed + 1, case.perturb), case.name)
-    changed = (f"v times {BEYOND_FP16:g}" if case.perturb == "v_beyond_fp16"
-               else "q, k, v, g, beta changed")
+    changed = {"v_beyond_fp16": f"v times {BEYOND_FP16:g}",
+               "decay_past_split": f"a log-decay of -{STRONG_DECAY:g} a step"}.get(
+                   case.perturb, "q, k, v, g, beta changed")
     rec = {"contract_compared": f"o[:, :{p}] with {changed} at t >= {p} against o[:, :{p}] "
                                 f"unchanged (bit-identical)",
            "contract_max_diff": max_diff(o_p[:, :p], o[:, :p]), "o_dtype": str(o.dtype)[6:],

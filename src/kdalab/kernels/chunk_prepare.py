@@ -219,9 +219,10 @@ def chunk_kda_prepare_kernel(
     ``SPAN_CHECK``: the chunk's cumulative log-decay is checked against the split's range
     (``gate.py``); a wider chunk forms its tiles per pair (``pairwise_tiles``). Without it (a
     bounded gate whose 16 steps fit) every chunk takes the split. With it a wide chunk writes
-    its flag in ``wide_ptr`` instead of MQK, AINV and W (every program writes its flag), and
-    a second launch (``REDO``) runs only the flagged programs, the per-pair path alone, and
-    stores MQK, AINV and W (the rest the first launch stored).
+    its flag in ``wide_ptr`` and MQK, AINV and W only for its rows before the first that
+    leaves the range (every program writes its flag), and a second launch (``REDO``) runs
+    only the flagged programs, the per-pair path alone, and stores those rows from that one
+    on (the rest the first launch stored).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
     as soon as it is formed, so that few [BT, K] tiles are live at once."""
@@ -284,16 +285,22 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     if FIRST:
         tl.store(qg_ptr + offs, qd.to(qg_ptr.dtype.element_ty), mask=m2)
     kd = kv * decay
-    # MQK, AINV and W are stored whole, but with the span check not for a wide chunk (masks
-    # from a row count, not a scalar, which the interpreter cannot combine with a tile's)
+    # MQK, AINV and W are stored whole, but with the span check only the rows before the
+    # first whose decay leaves the split's range (n_fit), and the redo only the rest: a row's
+    # tiles take the split in both launches while its own decay fits, so that a later row's
+    # decay never changes an earlier row's bits (check's */causal_wide; masks from a row
+    # count, not a scalar, which the interpreter cannot combine with a tile's)
     keep_cc = None
     keep_w = m2
-    if SPAN_CHECK and not REDO:
-        wide = tl.max(tl.max(tl.abs(g2), axis=1), axis=0) > SPLIT_SPAN2
-        tl.store(wide_ptr + cc, wide.to(tl.int32))
-        n_keep = BT * (1 - wide.to(tl.int32))
-        keep_cc = (o_r[:, None] < n_keep) & (o_r[None, :] >= 0)
-        keep_w = m2 & (o_r < n_keep)[:, None]
+    if SPAN_CHECK:
+        n_fit = tl.min(tl.where(tl.max(tl.abs(g2), axis=1) > SPLIT_SPAN2, o_r, BT), axis=0)
+        if REDO:
+            keep_cc = (o_r[:, None] >= n_fit) & (o_r[None, :] >= 0)
+            keep_w = m2 & (o_r >= n_fit)[:, None]
+        else:
+            tl.store(wide_ptr + cc, (n_fit < BT).to(tl.int32))
+            keep_cc = (o_r[:, None] < n_fit) & (o_r[None, :] >= 0)
+            keep_w = m2 & (o_r < n_fit)[:, None]
     if REDO:
         mqk, L = pairwise_tiles(qs, kv, g2, o_r, BT)
     else:
@@ -306,6 +313,8 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     mqk = tl.where(o_r[:, None] >= o_r[None, :], mqk, 0.0)
     tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty), mask=keep_cc)
     L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
+    if SPAN_CHECK and not REDO:  # rows past the range (inf, NaN) kept out of the inverse
+        L = tl.where((o_r < n_fit)[:, None], L, 0.0)
 
     ainv = neumann_inverse16(L, BT) * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=keep_cc)

@@ -13,8 +13,9 @@ k̂, q̂ the normalized rows, qs = scale · q̂, and T = (I + L)^-1:
     QG = Γ ⊙ qs,  KEND = 2^(G_last - G) ⊙ k̂,  GAMMA = 2^G_last
 
 P and MQK's gradients reach k̂ (as a row and as a column), qs and G through the same pairwise
-decay the forward used: split (2^G_i · 2^-G_j, dense products) where the chunk's span allows,
-per pair otherwise (``gate.py``). Their G-gradient is ln 2 · (k̂ ⊙ dk̂_row + qs ⊙ dqs_pair
+decay the forward used: split (2^G_i · 2^-G_j, dense products, scaled by a fixed power of two:
+``ANCHOR``) for the rows before the first whose decay leaves the split's range, per pair for
+the rest (``gate.py``), so that no row's gradient depends on a later row's decay. Their G-gradient is ln 2 · (k̂ ⊙ dk̂_row + qs ⊙ dqs_pair
 - k̂ ⊙ dk̂_col). G's gradient then goes back through the cumulative sum (a reverse sum over
 the chunk's rows), the gate (``gate.log2_decay_grads``: dg, and per chunk the sums for
 dA_log and ddt_bias), β's sigmoid and the L2 norms (dx = r (dy - y (y · dy)), y = x r).
@@ -39,6 +40,10 @@ from .gate import LN2, SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
 from .indexing import chunk_of_program
 
 CHUNK = 16
+#: the split exponent's fixed anchor, 2^57 (G = -57, about half the split's range): the two
+#: factors 2^G_i · 2^57 and 2^-G_j · 2^-57 are the forward's (anchored at 0) scaled exactly,
+#: within 2^±59 like a midpoint anchor's, yet the same bits whatever the later rows' decay
+ANCHOR = tl.constexpr(2.0 ** 57)
 
 
 @triton.jit
@@ -98,7 +103,7 @@ def chunk_kda_prepare_bwd_kernel(
     """One chunk and head, over blocks of BK key columns, so that a program holds [BT, BK]
     tiles, not [BT, K] ones: every operand but the L2 norms and the pairwise tiles is
     column-local (the gate, its cumulative sum, the decays, each column's G-gradient). Four
-    sweeps: (A) the rows' norms and the chunk's span; (B) P and dW·Kd^T, summed over the
+    sweeps: (A) the rows' norms and spans; (B) P and dW·Kd^T, summed over the
     blocks; then the [BT, BT] algebra once; (C) each block's gradients, dg stored, dk̂ and dqs
     parked in place of the block's dW and dQG (every stored value depends on the loaded one,
     so no thread overwrites an operand before it is read: dW reaches dk̂ through A^T·dW, dQG
@@ -125,10 +130,10 @@ def chunk_kda_prepare_bwd_kernel(
     else:
         a = 1.0
 
-    # (A) the rows' squared norms and the chunk's span (the split's choice, as stage 1's)
+    # (A) the rows' squared norms and spans (the split's choice, row by row, as stage 1's)
     ssk = tl.zeros([BT], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
-    span = tl.max(tl.zeros([BT], dtype=tl.float32), axis=0)  # an fp32 scalar, loop-carried
+    rspan = tl.zeros([BT], dtype=tl.float32)
     for kb in range(0, K, BK):
         o_k = kb + tl.arange(0, BK)
         k_raw = _load_block(k_ptr, rows, i_h, o_k, H, K, GQ, m2)
@@ -139,14 +144,18 @@ def chunk_kda_prepare_bwd_kernel(
             _, bias = gate_params(a_log_ptr, dt_bias_ptr, i_g, o_k, K, HAS_A_LOG, HAS_DT_BIAS)
             g_raw = _load_block(g_ptr, rows, i_h, o_k, H, K, GG, m2)
             g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
-            span = tl.maximum(span, tl.max(tl.max(tl.abs(g2), axis=1), axis=0))
+            rspan = tl.maximum(rspan, tl.max(tl.abs(g2), axis=1))
     if USE_L2NORM:
         rk = tl.rsqrt(ssk + 1e-6)
         rq = tl.rsqrt(ssq + 1e-6)
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
-    wide = span > SPLIT_SPAN2
+    # the rows before the first whose decay leaves the split's range take the split, the rest
+    # per pair: a row's path never depends on later rows (check's causal gradient contract)
+    n_fit = tl.min(tl.where(rspan > SPLIT_SPAN2, o_r, BT), axis=0)
+    wide = n_fit < BT
+    fit = (o_r[:, None] < n_fit) & (o_r[None, :] >= 0)
 
     # (B) P = K̂ K̂^T with the pairwise decay, and dW·Kd^T, over the blocks
     P = tl.zeros([BT, BT], dtype=tl.float32)
@@ -158,18 +167,17 @@ def chunk_kda_prepare_bwd_kernel(
         k_raw = _load_block(k_ptr, rows, i_h, o_k, H, K, GQ, m2)
         dw = _load_block(dw_ptr, rows, i_h, o_k, H, K, 1, m2)
         g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
-        g2_last = tl.sum(tl.where(last, g2, 0.0), axis=0)
         kv = tl.where(m2, k_raw * rk[:, None], 0.0)
+        up = tl.exp2(tl.maximum(g2, -126.0)) * ANCHOR  # (ANCHOR)
+        dn = tl.exp2(tl.minimum(-g2, 126.0)) * (1.0 / ANCHOR)
+        ku = kv * up
+        ku_hi, ku_lo = _split(ku)
+        Ps = _dot3(ku_hi, ku_lo, tl.trans(kv * dn))
         if wide:
             _m, Pb = pairwise_tiles(kv, kv, g2, o_r, BT, False)
-            P += Pb
-        else:  # anchored at the middle of the span, as the whole-row kernel (its comment)
-            mid = g2_last[None, :] * 0.5
-            up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
-            dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))
-            ku = kv * up
-            ku_hi, ku_lo = _split(ku)
-            P += _dot3(ku_hi, ku_lo, tl.trans(kv * dn))
+            P += tl.where(fit, Ps, Pb)
+        else:
+            P += Ps
         dw_hi, dw_lo = _split(dw)
         dwkd += _dot3(dw_hi, dw_lo, tl.trans(kv * tl.exp2(g2)))
 
@@ -192,10 +200,15 @@ def chunk_kda_prepare_bwd_kernel(
     before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
     # the key blocks' [16, 16] operands, split for 3xTF32 once
     at_hi, at_lo = _split(tl.trans(A))
-    dp_hi, dp_lo = _split(dP)
-    dm_hi, dm_lo = _split(dM)
-    dpt_hi, dpt_lo = _split(tl.trans(dP))
-    dmt_hi, dmt_lo = _split(tl.trans(dM))
+    # the split's pairs (rows that fit) and, in a wide chunk, the per-pair path's (the rest)
+    dPw = tl.where(fit, 0.0, dP)
+    dMw = tl.where(fit, 0.0, dM)
+    dPs = tl.where(fit, dP, 0.0)
+    dMs = tl.where(fit, dM, 0.0)
+    dp_hi, dp_lo = _split(dPs)
+    dm_hi, dm_lo = _split(dMs)
+    dpt_hi, dpt_lo = _split(tl.trans(dPs))
+    dmt_hi, dmt_lo = _split(tl.trans(dMs))
 
     # (C) each block's gradients
     # Σ_c k̂ dk̂, Σ_c q̂ d(q̂) of the rows and dA_log's terms, summed elementwise over the
@@ -223,19 +236,20 @@ def chunk_kda_prepare_bwd_kernel(
         kd = kv * decay
         ekend = tl.exp2(g2_last[None, :] - g2)
         dkd = _dot3(at_hi, at_lo, dw)
+        up = tl.exp2(tl.maximum(g2, -126.0)) * ANCHOR
+        dn = tl.exp2(tl.minimum(-g2, 126.0)) * (1.0 / ANCHOR)
+        ki = kv * dn
+        drow = up * _dot3(dp_hi, dp_lo, ki)
+        dqs = up * _dot3(dm_hi, dm_lo, ki)
+        dcol = dn * (_dot3(dpt_hi, dpt_lo, kv * up) + _dot3(dmt_hi, dmt_lo, qs * up))
+        # the split pairs' step gradient joins the steps' own in one reverse sum (below)
+        pair = kv * (drow - dcol) + qs * dqs
         if wide:
-            drow, dqs, dcol, dpair = pairwise_grads(dP, dM, kv, qs, g2, o_r, BT)
-            pair = tl.zeros(kv.shape, dtype=tl.float32)
+            drow_w, dqs_w, dcol_w, dpair = pairwise_grads(dPw, dMw, kv, qs, g2, o_r, BT)
+            drow += drow_w
+            dqs += dqs_w
+            dcol += dcol_w
         else:
-            mid = g2_last[None, :] * 0.5
-            up = tl.exp2(tl.maximum(tl.minimum(g2 - mid, 126.0), -126.0))
-            dn = tl.exp2(tl.maximum(tl.minimum(mid - g2, 126.0), -126.0))
-            ki = kv * dn
-            drow = up * _dot3(dp_hi, dp_lo, ki)
-            dqs = up * _dot3(dm_hi, dm_lo, ki)
-            dcol = dn * (_dot3(dpt_hi, dpt_lo, kv * up) + _dot3(dmt_hi, dmt_lo, qs * up))
-            # the pairs' step gradient joins the steps' own in one reverse sum (below)
-            pair = kv * (drow - dcol) + qs * dqs
             dpair = tl.zeros(kv.shape, dtype=tl.float32)
         dqs += diag[:, None] * kv
         dcol += diag[:, None] * qs
