@@ -140,6 +140,16 @@ def check_grad_rows(folder: Path) -> tuple[dict, list[dict]]:
                                        f"{'...' if len(failed) > 6 else ''})"
                                        if k == "fail" else "")
                          for k, v in sorted(counts.items()))})
+        bits = [r for r in mine if r.get("kind") in ("causal", "layout")
+                and r.get("grad_contract_max_diff") is not None]
+        if bits:  # the gradient contracts judged to the bit (kdalab.check.contracts)
+            changed = [r["case"] for r in bits if r["grad_contract_max_diff"] != 0]
+            rows.append({"target": f"check --grad {kernel}: the gradients' largest change in "
+                                   "the bit-level contracts (causal, layout)",
+                         "value": max(r["grad_contract_max_diff"] for r in bits), "unit": "abs",
+                         "note": f"{len(bits)} cases: {', '.join(r['case'] for r in bits)}; "
+                                 + (f"changed in {', '.join(changed)}" if changed
+                                    else "every bit kept")})
         graded = [r for r in mine if r.get("dq_budget_multiple") is not None]
         if not graded:
             continue
@@ -533,9 +543,10 @@ def main() -> None:
                          "candidates (LABEL: the candidate's commit): the page --page names")
     ap.add_argument("--page", default=None,
                     help="the name of the page written by the one of --baseline-runs (which "
-                         "needs it), --grid, --grid-alt, --serving, --hunt and --decode "
+                         "needs it), --grid, --grid-alt, --serving, --hunt, --decode and "
+                         "--check-grad "
                          "given, instead of its own (kernel_grid, kernel_candidates_h200, "
-                         "serving_prefill_h200, hunt_h200, decode_h200): e.g. "
+                         "serving_prefill_h200, hunt_h200, decode_h200, check_grad_h200): e.g. "
                          "kernel_grid_h100 for a run on the card lent for an H200")
     ap.add_argument("--page-command", default="", help="--baseline-runs: the commands run")
     ap.add_argument("--gpu-tests", nargs=2, action="append", metavar=("RUNS", "COMMIT"),
@@ -552,11 +563,11 @@ def main() -> None:
             if not (a.runs / name).is_file():
                 ap.error(f"--{option.replace('_', '-')}: {a.runs / name} does not exist (unpack "
                          f"the step's $OUT/<step>.tar.gz into {a.runs})")
-    paged = [o for o in ("baseline_runs", "grid", "grid_alt", "serving", "hunt", "decode")
-             if getattr(a, o)]
+    paged = [o for o in ("baseline_runs", "grid", "grid_alt", "serving", "hunt", "decode",
+                         "check_grad") if getattr(a, o)]
     if a.page is not None and len(paged) != 1:
         ap.error(f"--page names the page of one of --baseline-runs, --grid, --grid-alt, "
-                 f"--serving, --hunt, --decode; given {len(paged)} of them")
+                 f"--serving, --hunt, --decode, --check-grad; given {len(paged)} of them")
     for runs, _ in a.gpu_tests or ():
         if not (Path(runs) / "gpu-tests" / "gpu_tests.xml").is_file():
             ap.error(f"--gpu-tests: {Path(runs) / 'gpu-tests' / 'gpu_tests.xml'} does not exist")
@@ -681,7 +692,8 @@ def main() -> None:
         run, rows = check_grad_rows(a.runs / "check-grad")
         command = (run["command"].replace("/tmp/kd/check-grad/", "$OUT/")
                    + " (benchmarks/h200.sh check-grad; report in docs/check-grad/)")
-        path = a.results / "check_grad_h200.json"
+        name = a.page or "check_grad_h200"
+        path = a.results / f"{name}.json"
         if path.exists():
             before = json.loads(path.read_text(encoding="utf-8"))
             kept = kept_rows(before, lambda r: r["target"].split(":")[0].split()[-1]
@@ -691,8 +703,8 @@ def main() -> None:
                 command += "; the other kernels' rows: " + before["command"].replace(
                     "report in docs/check-grad/", f"its report: docs/check-grad/ at "
                     f"{before['commit'].split()[0]}")
-        _write(a.results, "check_grad_h200", {
-            "benchmark": "check_grad_h200", "device": a.device,
+        _write(a.results, name, {
+            "benchmark": name, "device": a.device,
             "date": run["date"].replace(" ", "T") + "Z", "commit": a.commit,
             "command": command, "rows": rows})
     if a.hunt:

@@ -41,8 +41,9 @@ def test_the_page_is_what_the_results_give():
     # 500 for the backward's gradients with the GPU's tf32 arithmetic emulated, default and
     # candidate, when no device time was left to time the candidate; 510 for that candidate's
     # timing at T 131072 H 8 and the two ten-minute gradient hunts, its and the default's, on
-    # the H100 that came for them)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 510
+    # the H100 that came for them; 525 for the gradient contracts' page, kdalab's and fla's,
+    # on an H100, with the backward's causal anchor timed and hunted)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 525
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):
@@ -425,6 +426,32 @@ def test_collect_check_grad_keeps_the_other_kernels_rows(tmp_path):
     assert rows["check --grad fla: cases passed (3 in the suite)"]["note"] == (
         "n (commit 0ld0ld0, 2025-12-31)")
     assert len(page["rows"]) == 4
+
+
+def test_collect_check_grad_page_names_the_bit_level_contracts(tmp_path):
+    # --page writes the run to a page of its own; the causal and layout contracts' gradients
+    # give a row: the largest change, and the cases that changed
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    (runs / "check-grad").mkdir(parents=True)
+    results.mkdir()
+    records = [dict(kernel="kdalab", case="contract/causal/inside", kind="causal",
+                    status="pass", grad_contract_max_diff=0.0),
+               dict(kernel="kdalab", case="contract/layout", kind="layout", status="fail",
+                    grad_contract_max_diff=2.5e-8),
+               dict(kernel="kdalab", case="contract/prefill/aligned", kind="prefill",
+                    status="pass", grad_contract_max_diff=None)]
+    (runs / "check-grad" / "records.json").write_text(json.dumps(records))
+    (runs / "check-grad" / "check.json").write_text(json.dumps(dict(
+        kernels=["kdalab"], cases=[r["case"] for r in records], date="2026-01-02 03:04",
+        command="kdalab check kdalab --grad --out /tmp/kd/check-grad/x")))
+    assert _run("collect_h200.py", runs, "--device", "H100", "--commit", "fedcba9",
+                "--results", results, "--check-grad", "--page", "contracts_h100").returncode == 0
+    assert not (results / "check_grad_h200.json").exists()
+    page = json.loads((results / "contracts_h100.json").read_text())
+    row = next(r for r in page["rows"] if "bit-level" in r["target"])
+    assert page["benchmark"] == "contracts_h100" and row["value"] == 2.5e-8
+    assert row["note"] == ("2 cases: contract/causal/inside, contract/layout; changed in "
+                           "contract/layout")
 
 
 def test_collect_gpu_tests_puts_a_new_call_before_the_pages_earlier_ones(tmp_path):

@@ -94,6 +94,8 @@ def test_a_split_exponent_overflows_on_the_strong_cases(gate_records):
                  "log_decay/model_like", "log_decay/unbounded"):
         assert recs[name]["status"] == "pass", (name, recs[name]["message"])
     assert "non-finite output from finite inputs" in recs["unbounded/causal"]["message"]
+    for name in ("unbounded/causal_wide", "log_decay/causal_wide"):  # past the range after P
+        assert "non-finite output from finite inputs" in recs[name]["message"], name
 
 
 def test_a_kernel_that_ignores_the_gate_mode_fails_the_groups(gate_records):
@@ -186,6 +188,35 @@ def test_the_fp16_case_writes_v_past_fp16_from_the_split_on():
         assert torch.equal(getattr(y, name), getattr(x, name))
 
 
+@pytest.mark.parametrize("name", ["unbounded/causal_wide", "log_decay/causal_wide"])
+def test_the_wide_case_writes_a_log_decay_of_20_a_step_from_the_split_on(name):
+    from kdalab.check.contracts import STRONG_DECAY, _perturbed
+    from kdalab.kda.gate import prepare_inputs
+
+    case = select_cases(QUICK, name)[0]
+    x = case_inputs(case)
+    y = _perturbed(x, case.split, case.seed + 1, case.perturb)
+    assert torch.equal(y.g[:, :case.split], x.g[:, :case.split])
+    for name_ in ("q", "k", "v", "beta"):
+        assert torch.equal(getattr(y, name_), getattr(x, name_))
+
+    def log_decay(z):
+        return prepare_inputs(z.q.double(), z.k.double(), z.v.double(), z.g.double(),
+                              z.beta.double(), A_log=z.A_log, dt_bias=z.dt_bias,
+                              lower_bound=z.lower_bound, gate=z.gate).log_decay
+
+    p, c0 = case.split, case.split // 16 * 16  # P and its 16-token chunk's first row
+    before, changed = log_decay(x), log_decay(y)  # [B, H, T, K]
+    after = changed[:, :, p:]
+    # -20 a step within bf16's rounding of the raw input (the unbounded gate's softplus)
+    assert torch.allclose(after, torch.full_like(after, -STRONG_DECAY), rtol=1e-2)
+    # P's chunk: within a split exponent's range (80) before P, past it with the change
+    assert float(before[:, :, c0:p].sum(2).min()) > -80
+    assert float(changed[:, :, c0:c0 + 16].sum(2).max()) < -80
+    with pytest.raises(ValueError, match="perturb"):
+        Case("bounded", kind="causal", split=3, perturb="decay_past_split")
+
+
 # -- replay keeps the gate ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", ["unbounded/model_like", "log_decay/unbounded",
@@ -275,7 +306,7 @@ def test_fla_recurrent_takes_each_gate_as_mapped(tmp_path):
 
 # -- kdalab's Triton kernel, interpreted: what issue 41 asks of it ------------------------------
 
-def _kdalab_interpreted(tmp_path, cases: str) -> list[dict]:
+def _kdalab_interpreted(tmp_path, cases: str, *extra: str) -> list[dict]:
     import json
     import os
     import subprocess
@@ -285,17 +316,31 @@ def _kdalab_interpreted(tmp_path, cases: str) -> list[dict]:
     proc = subprocess.run(
         [sys.executable, "-c", "from kdalab.cli import main; main()", "check", "kdalab",
          "--device", "cpu", "--suite", "quick", "--cases", cases, "--out", str(tmp_path),
-         "--json"], capture_output=True, text=True, timeout=600,
+         "--json", *extra], capture_output=True, text=True, timeout=900,
         env=dict(os.environ, TRITON_INTERPRET="1"))
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     return json.loads(proc.stdout)["records"]
 
 
-def test_kdalab_fp16_guard_is_bit_causal_in_the_interpreter(tmp_path):
-    # before the guard's redo resumed at its first non-finite step, this failed: outputs
-    # changed from t = 0 (4.9e-4)
-    recs = _kdalab_interpreted(tmp_path, "contract/causal/*")
+def test_kdalab_is_bit_causal_in_the_interpreter(tmp_path):
+    # before the guard's redo resumed at its first non-finite step, contract/causal/fp16_guard
+    # failed: outputs changed from t = 0 (4.9e-4); before a wide chunk kept the split for its
+    # rows within the range (20cf247), */causal_wide failed: from t = 32 (2.4e-4)
+    recs = _kdalab_interpreted(tmp_path, "contract/causal/*,*/causal_wide")
+    assert len(recs) == 6
     assert {r["status"] for r in recs} == {"pass"}, [(r["case"], r["message"]) for r in recs]
+
+
+def test_kdalab_gradients_keep_the_contracts_in_the_interpreter(tmp_path):
+    # before 20cf247 stage 1's backward anchored its split exponent at the chunk's midpoint
+    # (the last row's decay): dA_log, ddt_bias and dg before P moved by 3e-8 when later gates
+    # changed, with no gradient from P on (contract/causal/inside and tail)
+    recs = _kdalab_interpreted(tmp_path, "contract/causal/inside,contract/causal/tail,"
+                                         "contract/layout,*/causal_wide", "--grad")
+    assert len(recs) == 5
+    assert {r["status"] for r in recs} == {"pass"}, [(r["case"], r["message"]) for r in recs]
+    assert all(r["grad_contract_max_diff"] == 0.0 and r["grad_deterministic"] is not False
+               for r in recs)
 
 
 def test_kdalab_takes_every_gate_in_the_interpreter(tmp_path):

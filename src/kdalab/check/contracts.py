@@ -7,9 +7,9 @@ compared (``contract_compared``) and the largest difference found (``contract_ma
                   ``perturb="v_beyond_fp16"``, v times 1e5 from P on: past fp16's range, what
                   trips a kernel's fp16 guard; ``"decay_past_split"``, a log-decay of -20 a
                   step from P on: P's chunk then spans past a split exponent's range, what
-                  sends a chunk down a per-pair path): the outputs before P must keep every bit (P at a
-                  chunk boundary, and inside a chunk), and every output be finite. A failure
-                  names the first position that changed.
+                  sends a chunk down a per-pair path): the outputs before P must keep every
+                  bit (P at a chunk boundary, and inside a chunk), and every output be
+                  finite. A failure names the first position that changed.
 ``prefill``       [0, P) then [P, T) with the first call's final state carried into the second,
                   against the fp64 recurrence on [0, T): within the budget of the floor, as an
                   accuracy case (P chunk-aligned, and not). The largest difference from one call

@@ -14,12 +14,12 @@ k̂, q̂ the normalized rows, qs = scale · q̂, and T = (I + L)^-1:
 
 P and MQK's gradients reach k̂ (as a row and as a column), qs and G through the same pairwise
 decay the forward used: split (2^G_i · 2^-G_j, dense products, scaled by a fixed power of two:
-``ANCHOR``) for the rows before the first whose decay leaves the split's range, per pair for
-the rest (``gate.py``), so that no row's gradient depends on a later row's decay. Their G-gradient is ln 2 · (k̂ ⊙ dk̂_row + qs ⊙ dqs_pair
-- k̂ ⊙ dk̂_col). G's gradient then goes back through the cumulative sum (a reverse sum over
-the chunk's rows), the gate (``gate.log2_decay_grads``: dg, and per chunk the sums for
-dA_log and ddt_bias), β's sigmoid and the L2 norms (dx = r (dy - y (y · dy)), y = x r).
-Outputs are per value head (GVA's q/k and gate heads are summed on the host).
+``ANCHOR``) for the rows before the first whose decay leaves the split's range, per pair for the
+rest (``gate.py``), so that no row's gradient depends on a later row's decay. Their G-gradient
+is ln 2 · (k̂ ⊙ dk̂_row + qs ⊙ dqs_pair - k̂ ⊙ dk̂_col). G's gradient then goes back through the
+cumulative sum (a reverse sum over the chunk's rows), the gate (``gate.log2_decay_grads``: dg,
+and per chunk the sums for dA_log and ddt_bias), β's sigmoid and the L2 norms
+(dx = r (dy - y (y · dy)), y = x r). Outputs are per value head (GVA's heads: summed on the host).
 """
 
 from __future__ import annotations
