@@ -380,12 +380,8 @@ def config_rows(names, configs, rows=None, baseline=None):
             items = [t for t in text.split(",") if t]
             saved = dict(kernel_autograd.BWD_MODE)
             try:
-                for t in items:  # bwd.KEY=INT: autograd.BWD_MODE[KEY]
-                    if t.startswith("bwd."):
-                        key, _, val = t[4:].partition("=")
-                        if key not in saved:
-                            raise ValueError(f"{t}: BWD_MODE has {sorted(saved)}")
-                        kernel_autograd.BWD_MODE[key] = int(val)
+                kernel_autograd.BWD_MODE.update(kernel_autograd.bwd_mode_settings(
+                    ",".join(t[4:] for t in items if t.startswith("bwd."))))  # bwd.KEY=INT
                 if text == "baseline":
                     if baseline is None:
                         raise ValueError("the config 'baseline' needs --baseline DIR")

@@ -114,10 +114,8 @@ step_hunt-grad() {
     # the CLI has no such option. A key BWD_MODE lacks stops the step. The folder is still
     # hunt-grad: rename it hunt-grad@VARIANT here for collect_h200's row to name the candidate
     local pre="import runpy, sys; from kdalab.kernels import autograd as a
-for t in filter(None, sys.argv.pop(1).split(',')):
-    k, _, v = t.partition('=')
-    if k not in a.BWD_MODE: sys.exit(f'HUNT_BWD: BWD_MODE has {sorted(a.BWD_MODE)}, not {k!r}')
-    a.BWD_MODE[k] = int(v)
+try: a.BWD_MODE.update(a.bwd_mode_settings(sys.argv.pop(1)))
+except ValueError as e: sys.exit(f'HUNT_BWD: {e}')
 print('BWD_MODE', a.BWD_MODE, flush=True); sys.argv[0] = 'kdalab'
 runpy.run_module('kdalab', run_name='__main__')"
     echo "hunt-grad BWD_MODE changes: ${HUNT_BWD:-none}" > "$D/hunt-grad.log"

@@ -132,12 +132,10 @@ def main():
         if args.bwd:
             from kdalab.kernels import autograd
 
-            for item in args.bwd.split(","):
-                key, val = item.split("=")
-                if key not in autograd.BWD_MODE:
-                    raise SystemExit(f"error: --bwd {key}: BWD_MODE has "
-                                     f"{sorted(autograd.BWD_MODE)}")
-                autograd.BWD_MODE[key] = int(val)
+            try:
+                autograd.BWD_MODE.update(autograd.bwd_mode_settings(args.bwd))
+            except ValueError as exc:
+                raise SystemExit(f"error: --bwd: {exc}") from None
         print(json.dumps(dict(peak_mib=peak_mib(kernel, shape))))
         return
     try:

@@ -575,6 +575,23 @@ def test_bad_arguments_name_the_argument():
         chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], output_final_state=1)
 
 
+def test_bwd_mode_settings_are_parsed_once_and_name_the_bad_item():
+    # the benchmarks' and h200.sh's one parse of BWD_MODE's KEY=INT (three copies before)
+    from kdalab.kernels.autograd import BWD_MODE, bwd_mode_settings
+
+    before = dict(BWD_MODE)
+    assert bwd_mode_settings("") == {}
+    assert bwd_mode_settings("dkend_over_du=0,prep_block_k=64") == dict(dkend_over_du=0,
+                                                                       prep_block_k=64)
+    with pytest.raises(ValueError, match="'x' is not KEY=INT"):
+        bwd_mode_settings("x")
+    with pytest.raises(ValueError, match="'prep_block_k=b' is not KEY=INT"):
+        bwd_mode_settings("prep_block_k=b")
+    with pytest.raises(ValueError, match="BWD_MODE has blocks_stages, .*not 'nope'"):
+        bwd_mode_settings("dkend_over_du=0,nope=1")
+    assert BWD_MODE == before  # parsing sets nothing
+
+
 # ------------------------------------------------------------------ GPU (real shapes)
 
 def _fla_grads(x, kw, do, dht):

@@ -48,6 +48,24 @@ BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168
                 prep_stages=1, dkend_over_du=1)
 
 
+def bwd_mode_settings(text: str) -> dict[str, int]:
+    """``KEY=INT,...`` of :data:`BWD_MODE`'s keys (the benchmarks' and the device script's one
+    parse; empty text: none). A ValueError names an item that is not ``KEY=INT`` or a key
+    BWD_MODE lacks, listing its keys."""
+    out = {}
+    for item in filter(None, text.split(",")):
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[key] = int(value)
+        except ValueError:
+            raise ValueError(f"{item!r} is not KEY=INT") from None
+        if key not in BWD_MODE:
+            raise ValueError(f"BWD_MODE has {', '.join(sorted(BWD_MODE))}, not {key!r}")
+    return out
+
+
 def _config(dot, block_v, num_warps, prepare_warps, segment_chunks, fp16_guard):
     none = lambda x: None if x < 0 else x  # noqa: E731 - the op's ints: -1 for None
     return KernelConfig(dot=dot, block_v=none(block_v), num_warps=none(num_warps),
