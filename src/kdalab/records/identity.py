@@ -46,7 +46,8 @@ STORE_FORMAT = 1
 #: refuses a store of another numbers version, so records of two computations never mix.
 #: tests/test_numerics_version.py fails when the code that decides records (arith, kda, inputs,
 #: studies, check) changes, until its recorded digest is renewed, and says to bump this then.
-NUMERICS_VERSION = 2
+#: 3: check --grad's contract records judge the backward (their gradient fields, once empty).
+NUMERICS_VERSION = 3
 MANIFEST = "manifest.json"
 PARTS = "parts"
 LOCK = ".lock"
