@@ -64,8 +64,6 @@ from kdalab.check.gradients import PER_TOKEN, SUMMED, upstream
 __all__ = ["CONTRACT_FIELDS", "BEYOND_FP16", "judge_contract", "time_slice"]
 
 CONTRACT_FIELDS = ("contract_compared", "contract_max_diff")
-#: the contracts that also judge the backward under ``grad`` (the module's **Gradients**)
-GRAD_CONTRACTS = ("causal", "batch_varlen", "layout")
 
 
 def time_slice(x: CaseInputs, start: int, stop: int, initial_state) -> CaseInputs:
@@ -413,8 +411,8 @@ def judge_contract(kernel, x: CaseInputs, case, ref, floors, th,
                    grads=None) -> tuple[dict, list[str]]:
     """One contract case: ``(record fields, failures)``; raises
     :class:`~kdalab.check.calls.Raised` if the kernel raises (NotImplementedError for a
-    contract the kernel cannot take). Under ``th.grad`` the contracts of
-    :data:`GRAD_CONTRACTS` judge the backward too (``grads``: batch_varlen's
+    contract the kernel cannot take). Under ``th.grad`` the causal, batch_varlen and layout
+    contracts judge the backward too (``grads``: batch_varlen's
     :class:`~kdalab.check.gradients.GradientCheck`)."""
     if case.kind == "layout":
         rec, failures = _layout(kernel, x, case)
