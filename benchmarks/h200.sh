@@ -14,7 +14,11 @@
 #             quick), the gradient
 #             table (docs/check-grad/); continues .runs/check-grad (--resume) when carried
 #   hunt-grad kdalab hunt kdalab --grad for HUNT_S seconds; continues .runs/hunt-grad (--resume);
-#             HUNT_BWD: BWD_MODE keys set for it (a candidate, e.g. dkend_over_du=0)
+#             HUNT_BWD: BWD_MODE keys set for it (a candidate, e.g. dkend_over_du=0); HUNT_TARGET:
+#             another kernel to hunt (e.g. kdalab-fp32)
+#   replay    scripts/replay_hunt.py on the GPU: a hunt's worst trials (REPLAY_HUNT, a folder; its
+#             trials.jsonl may be gzipped) measured again on REPLAY_TARGETS (default
+#             kdalab,kdalab-fp32), REPLAY_TOP of them (default 12)
 #   fla-causal the causal contracts of the quick suite on fla (T = 128 and 134)
 #   cublas    cuBLAS's fp16 GEMM against kdalab's summation-order candidates (tensor-cores.md)
 #   gpu-tests every GPU test of the suite (scripts/device/gpu_tests.sh; TESTS_S, default 540: 64
@@ -120,10 +124,21 @@ print('BWD_MODE', a.BWD_MODE, flush=True); sys.argv[0] = 'kdalab'
 runpy.run_module('kdalab', run_name='__main__')"
     echo "hunt-grad BWD_MODE changes: ${HUNT_BWD:-none}" > "$D/hunt-grad.log"
     timeout -s INT -k 30 $(( ${HUNT_S:-290} + 60 )) python3 -c "$pre" "${HUNT_BWD:-}" \
-        hunt kdalab --grad --device cuda --seed 0 \
+        hunt "${HUNT_TARGET:-kdalab}" --grad --device cuda --seed 0 \
         --budget-s "${HUNT_S:-290}" --dims 64,128 --out "$D/hunt-grad" --quiet "${resume[@]}" \
         >> "$D/hunt-grad.log" 2>&1
     echo "hunt --grad exit $?"; tail -n 3 "$D/hunt-grad.log"
+}
+
+step_replay() {
+    local src=${REPLAY_HUNT:?REPLAY_HUNT: a hunt folder}
+    mkdir -p "$D/hunt"; cp "$src"/hunt.json "$D/hunt/"
+    if [ -f "$src/trials.jsonl.gz" ]; then gunzip -c "$src/trials.jsonl.gz" > "$D/hunt/trials.jsonl"
+    else cp "$src/trials.jsonl" "$D/hunt/"; fi
+    timeout "${REPLAY_S:-300}" python3 scripts/replay_hunt.py "$D/hunt" --device cuda \
+        --targets "${REPLAY_TARGETS:-kdalab,kdalab-fp32}" --top "${REPLAY_TOP:-12}" \
+        --json "$D/replay.jsonl" > "$D/replay.log" 2>&1
+    echo "replay exit $?"; tail -n 20 "$D/replay.log"; rm -f "$D/hunt/trials.jsonl"
 }
 
 step_hunts() {  # fla pinned to one shape: it autotunes every new one

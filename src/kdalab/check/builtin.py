@@ -93,6 +93,7 @@ def _flashkda() -> KernelAdapter:
 BUILTIN: dict[str, Callable[[], KernelAdapter]] = {
     "kdalab": lambda: _kdalab("auto"),
     "kdalab-tf32": lambda: _kdalab("tf32"),
+    "kdalab-fp32": lambda: _kdalab("fp32"),
     "kdalab-gluon": lambda: _kdalab("auto", "gluon"),
     "fla": _fla,
     "fla-recurrent": _fla_recurrent,
@@ -173,10 +174,10 @@ def _load_object(spec: str):
 
 
 def load_kernel(spec: str) -> KernelAdapter:
-    """A kernel by name: a built-in (``kdalab``, ``kdalab-tf32``, ``kdalab-gluon``, ``fla``,
-    ``fla-recurrent``, ``flashkda``), ``recipe:NAME``, or ``module:attr`` / ``path/file.py:attr``
-    naming a function (the convention) or a :class:`KernelAdapter`. Raises ValueError for a bad
-    name."""
+    """A kernel by name: a built-in (``kdalab``, ``kdalab-tf32``, ``kdalab-fp32``,
+    ``kdalab-gluon``, ``fla``, ``fla-recurrent``, ``flashkda``), ``recipe:NAME``, or
+    ``module:attr`` / ``path/file.py:attr`` naming a function (the convention) or a
+    :class:`KernelAdapter`. Raises ValueError for a bad name."""
     spec = spec.strip()
     if spec in BUILTIN:
         return replace(BUILTIN[spec](), name=spec)
@@ -193,7 +194,7 @@ def load_kernel(spec: str) -> KernelAdapter:
     return KernelAdapter(obj, name=spec)
 
 
-KERNEL_HELP = ("kernels are kdalab, kdalab-tf32, kdalab-gluon, fla, fla-recurrent, flashkda, "
-               "recipe:NAME "
+KERNEL_HELP = ("kernels are kdalab, kdalab-tf32, kdalab-fp32, kdalab-gluon, fla, fla-recurrent, "
+               "flashkda, recipe:NAME "
                "(a kdalab.kda recipe), or module:function / file.py:function (chunk_kda_fwd's "
                "convention, or a kdalab.check.KernelAdapter)")

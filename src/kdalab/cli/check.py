@@ -17,7 +17,8 @@ import typer
 from kdalab.cli.app import STATE, app, console, err_console
 
 _EPILOG = (
-    "Kernels: kdalab, kdalab-tf32 (Triton; CUDA), kdalab-gluon (its Gluon stage 2; Hopper), "
+    "Kernels: kdalab, kdalab-tf32, kdalab-fp32 (Triton; CUDA; -fp32: every product 3xTF32, "
+    "for training), kdalab-gluon (its Gluon stage 2; Hopper), "
     "fla, fla-recurrent (fla's chunk and fused "
     "recurrent KDA; CUDA), flashkda (flash_kda.fwd; CUDA, K = V = 128), recipe:NAME (a "
     "kdalab.kda recipe, e.g. recipe:flashkda, recipe:fla, recipe:fp32; CPU or CUDA), or "

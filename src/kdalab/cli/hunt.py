@@ -14,7 +14,7 @@ import typer
 from kdalab.cli.app import STATE, Interrupted, app, console, prose
 
 _EPILOG = (
-    "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, kdalab-gluon, fla, "
+    "TARGET: any kernel kdalab check takes: kdalab, kdalab-tf32, kdalab-fp32, kdalab-gluon, fla, "
     "fla-recurrent, flashkda "
     "(CUDA), recipe:NAME (a kdalab.kda recipe, e.g. recipe:flashkda, recipe:fp32; CPU or "
     "CUDA), module:function. Reproducibility: with --trials N (and no --budget-s) the same "

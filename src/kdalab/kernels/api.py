@@ -99,9 +99,12 @@ def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
             config: KernelConfig, products=None, precision="tf32") -> Prepared:
     """Tables, plan and stage 1 of a checked call (inputs contiguous, dt_bias flat);
     ``products``, ``precision``: stage 1's storage dtype instead of its default and its
-    products' precision (chunk_kda_prepare)."""
+    products' precision (chunk_kda_prepare); ``config.dot`` "fp32" stores fp32 with 3xTF32
+    products whatever they say."""
     seqs = sequences_for(p, cu_seqlens, q.device)
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
+    if dot == "fp32":
+        products, precision = torch.float32, "tf32x3"
     plan = plan_for(seqs, p, config, dot)
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
                             num_warps=plan.prepare_warps, dtype=products,

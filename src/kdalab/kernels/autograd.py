@@ -171,8 +171,10 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     # the reverse pass's tile: the config's (a recurrent program's value columns and warps)
     block_v = min(config.block_v or 128, V)
     sms = _sm_count(v.device)
+    # config.dot "fp32": every product of the reverse pass in 3xTF32, as the forward's
     tile = dict(state_vk=p.state_vk, block_v=block_v, num_warps=config.num_warps or 8, sms=sms,
-                ds_dtype=BWD_PRODUCTS["ds_dtype"])
+                ds_dtype=BWD_PRODUCTS["ds_dtype"],
+                precision="tf32x3" if c.dot == "fp32" else "tf32")
     blocks, block_offsets, _ = seqs.segments(CKC)
     segments = None
     if plan.segment_chunks > 0:  # segments of whole blocks

@@ -26,7 +26,7 @@ from .launch_plan import blocks_kernel_stages, persistent_programs, resident_pro
 @triton.jit
 def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_table_ptr, T, H,
                             part_cc, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
-                            IS_VARLEN: tl.constexpr):
+                            IS_VARLEN: tl.constexpr, PREC: tl.constexpr = "tf32"):
     """dV and dAINV of every chunk and head in parallel from pass 3's dU, the blocks kernel's
     state-free products taken out of it; partial sums by ``BV`` as its own."""
     i_c = tl.program_id(0)
@@ -44,9 +44,9 @@ def chunk_kda_bwd_dv_kernel(v_ptr, du_ptr, ainv_ptr, dv_ptr, dainv_ptr, chunk_ta
         tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
         dut = tl.load(du_ptr + tok, mask=m, other=0.0)
         vt = tl.load(v_ptr + tok, mask=m, other=0.0).to(tl.float32)
-        dvt = tl.dot(dut, ainv, input_precision="tf32")
+        dvt = tl.dot(dut, ainv, input_precision=PREC)
         tl.store(dv_ptr + tok, dvt.to(dv_ptr.dtype.element_ty), mask=m)
-        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision="tf32"), 0.0)
+        dainv = tl.where(tril, tl.dot(tl.trans(dut), vt, input_precision=PREC), 0.0)
         tl.store(dainv_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT + o_r[None, :],
                  dainv)
 
@@ -79,7 +79,7 @@ def chunk_kda_bwd_blocks_kernel(
     H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_H0: tl.constexpr, STORE_DH0: tl.constexpr,
     STATE_VK: tl.constexpr, DS: tl.constexpr = tl.float32, DD: tl.constexpr = tl.float32,
-    DKEND_OVER_DU: tl.constexpr = False,
+    DKEND_OVER_DU: tl.constexpr = False, PREC: tl.constexpr = "tf32",
 ):
     """Every 64-token block (and head, and value block) from its checkpoint and pass 3's
     ``ends`` and ``du``; no block waits for another. Forward through the block (S live; each
@@ -122,24 +122,28 @@ def chunk_kda_bwd_blocks_kernel(
             gam = tl.load(gamma_ptr + cc * K + o_k)
             Sd = St.to(DS)
             tl.store(scr_s + c * BV * K, St)
-            ut = tl.dot(vt, tl.trans(ainv), input_precision="tf32") - _mm(Sd, wt, DS)
+            ut = tl.dot(vt, tl.trans(ainv), input_precision=PREC) - _mm(Sd, wt, DS, PREC)
             tl.store(scr_u + c * BV * BT, ut)
             tril = o_r[:, None] >= o_r[None, :]
-            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision="tf32"), 0.0)
+            dmqk = tl.where(tril, tl.dot(tl.trans(dot_), ut, input_precision=PREC), 0.0)
             tl.store(dmqk_ptr + i_v * part_cc + cc * BT * BT + o_r[:, None] * BT
                      + o_r[None, :], dmqk)
-            dqgt = _mm(tl.trans(Sd), dot_, DS)
-            dwt = -_mm(tl.trans(Sd), dut, DS)
+            dqgt = _mm(tl.trans(Sd), dot_, DS, PREC)
+            dwt = -_mm(tl.trans(Sd), dut, DS, PREC)
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
             tl.store(dqg_ptr + offs_t, dqgt, mask=r_ok[None, :])
             tl.store(dw_ptr + offs_t, dwt, mask=r_ok[None, :])
             # U as two parts in U·KEND_hi, and KEND's two parts (docs/training.md
-            # "Precision": the H200 truncates U to 10 bits where the forward rounds it)
+            # "Precision": the H200 truncates U to 10 bits where the forward rounds it);
+            # 3xTF32 products take U whole, as the fp32 forward does
             kt = tl.trans(kend_hi)
-            u_hi = ut.to(tl.bfloat16).to(tl.float32)
-            St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
-                  + tl.dot(ut - u_hi, kt, input_precision="tf32"))
-            St += tl.dot(ut, tl.trans(klo), input_precision="tf32")
+            if PREC == "tf32":
+                u_hi = ut.to(tl.bfloat16).to(tl.float32)
+                St = (St * gam[None, :] + tl.dot(u_hi, kt, input_precision="tf32")
+                      + tl.dot(ut - u_hi, kt, input_precision="tf32"))
+            else:
+                St = St * gam[None, :] + tl.dot(ut, kt, input_precision=PREC)
+            St += tl.dot(ut, tl.trans(klo), input_precision=PREC)
         tl.debug_barrier()  # the scratch rows are read by other threads
         dSt = tl.load(ends_ptr + (i_s * H + i_h) * V * K + o_v[:, None] * K + o_k[None, :],
                       mask=v_ok[:, None], other=0.0)
@@ -155,7 +159,7 @@ def chunk_kda_bwd_blocks_kernel(
             wt = _tile_t(w_ptr, rows, r_ok, i_h, H, o_k, K)
             qgt = _tile_t(qg_ptr, rows, r_ok, i_h, H, o_k, K)
             gam = tl.load(gamma_ptr + cc * K + o_k)
-            dkendt = _mm(tl.trans(dSt), ut, DD)
+            dkendt = _mm(tl.trans(dSt), ut, DD, PREC)
             if DKEND_OVER_DU:  # every thread's dU rows of this chunk read before any store
                 tl.debug_barrier()
             offs_t = i_v * part_tok + (rows[None, :] * H + i_h) * K + o_k[:, None]
@@ -163,8 +167,8 @@ def chunk_kda_bwd_blocks_kernel(
             dgam = tl.sum(tl.load(scr_s + c * BV * K) * dSt, axis=0)
             tl.store(dgam_ptr + i_v * part_gam + cc * K + o_k, dgam)
             # pass 3's recurrence, the same expression (its dU loaded): the same dS
-            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
+            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision=PREC)
+                   - tl.dot(dut, tl.trans(wt), input_precision=PREC))
         if STORE_DH0:
             if jb == 0:
                 tl.store(_state_ptrs(dh0_ptr, i_n, i_h, o_v, H, K, V, STATE_VK),
@@ -175,7 +179,8 @@ def chunk_kda_bwd_blocks_kernel(
 def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
                          checkpoint_offsets, state_vk, num_chunks, block_v, num_warps, sms,
                          blocks, chunk_table, dh0_dtype=torch.float32, s_dtype=torch.float32,
-                         ds_dtype=torch.float32, stages=None, dkend_over_du=True):
+                         ds_dtype=torch.float32, stages=None, dkend_over_du=True,
+                         precision="tf32"):
     """Launch the dV kernel and the blocks kernel after the dS pass (``du``, ``ends``).
     ``checkpoints``: the forward's states after every 64 tokens (fp32, ``pool.py``'s),
     ``checkpoint_offsets`` each sequence's first; ``blocks``: the table of 64-token segments;
@@ -184,7 +189,8 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     the products with S and dS (fp32: tf32); ``stages``: ``num_stages`` (None:
     ``blocks_kernel_stages``'s); ``dkend_over_du``: with one value block and K = V, dKEND is
     written over ``du`` (dU is then overwritten), T·H·V·4 bytes less at the peak (8 MiB at T
-    1024 H 16). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
+    1024 H 16); ``precision``: the fp32 products' ("tf32", or "tf32x3" for config.dot
+    "fp32"). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
     K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and
     dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
@@ -210,7 +216,7 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     chunk_kda_bwd_dv_kernel[(num_chunks, H)](  # before the blocks kernel: it reads dU
         v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
         num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
-        IS_VARLEN=chunk_table is not None, num_warps=4)
+        IS_VARLEN=chunk_table is not None, PREC=precision, num_warps=4)
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
@@ -221,6 +227,6 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
         B * T * H * K, num_chunks * H * K, num_chunks * H * CHUNK * CHUNK,
         H=H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_H0=initial_state is not None,
         STORE_DH0=out["dh0"] is not None, STATE_VK=state_vk, DS=_TL[s_dtype],
-        DD=_TL[ds_dtype], DKEND_OVER_DU=over, num_warps=num_warps,
+        DD=_TL[ds_dtype], DKEND_OVER_DU=over, PREC=precision, num_warps=num_warps,
         num_stages=stages or blocks_kernel_stages(initial_state is not None))
     return out

@@ -94,14 +94,17 @@ def tf32_nearest(x, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def as_operand(x, DT: tl.constexpr):
+def as_operand(x, DT: tl.constexpr, PREC: tl.constexpr = "tf32"):
     """Stage 2's U (fp32 accumulators) as the next products' operand: fp16, or for tf32
     products rounded to nearest at tf32's 10 significand bits (``tf32_nearest``: the H200's
-    tf32 products truncate, a bias of one sign that U carries into every later state)."""
+    tf32 products truncate, a bias of one sign that U carries into every later state), or
+    for 3xTF32 products (``PREC``) as it is."""
     if DT == tl.float16:
         y = x.to(DT)
-    else:
+    elif PREC == "tf32":
         y = _hi(x)
+    else:
+        y = x
     return y
 
 

@@ -9,7 +9,8 @@ per warpgroup; the untransposed products would have M = 16, the chunk):
     S^T = S^T diag(GAMMA) + U^T KEND       [BV, K]   (KEND in two parts: U^T KEND + U^T KLO)
 
 The columns of S (rows of S^T) are independent, so a program owns BV of them. ``DT``: the
-products' operands, fp16 (S, U rounded; fp32 accumulation) or fp32 (tf32 products).
+products' operands, fp16 (S, U rounded; fp32 accumulation) or fp32 (tf32 products, or
+3xTF32 ones with ``PREC`` "tf32x3": config.dot "fp32").
 
 The fp16 guard (``GUARD``). An fp16 product overflows only where S, U or v leaves fp16's
 range; inf then reaches every later product (inf·0 = NaN), so a program whose end state is not
@@ -77,19 +78,19 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
 
 @triton.jit
 def chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT: tl.constexpr,
-               WRITE_O: tl.constexpr):
-    """One chunk with ``DT`` operands: (S^T after it, O^T; without ``WRITE_O`` a
-    placeholder)."""
+               WRITE_O: tl.constexpr, PREC: tl.constexpr = "tf32"):
+    """One chunk with ``DT`` operands and fp32 operands' products in ``PREC`` ("tf32", or
+    "tf32x3" for config.dot "fp32"): (S^T after it, O^T; without ``WRITE_O`` a placeholder)."""
     Sd = St.to(DT)
-    ud = (tl.dot(vt.to(DT), ainvt.to(DT), input_precision="tf32")
-          - tl.dot(Sd, wt.to(DT), input_precision="tf32"))
-    ud = as_operand(ud, DT)
+    ud = (tl.dot(vt.to(DT), ainvt.to(DT), input_precision=PREC)
+          - tl.dot(Sd, wt.to(DT), input_precision=PREC))
+    ud = as_operand(ud, DT, PREC)
     ot = St  # a placeholder: without outputs nothing reads it
     if WRITE_O:
-        ot = (tl.dot(Sd, qgt.to(DT), input_precision="tf32")
-              + tl.dot(ud, mqkt.to(DT), input_precision="tf32"))
-    St = St * gamma[None, :] + tl.dot(ud, kend.to(DT), input_precision="tf32")
-    St += tl.dot(ud, klo.to(DT), input_precision="tf32")
+        ot = (tl.dot(Sd, qgt.to(DT), input_precision=PREC)
+              + tl.dot(ud, mqkt.to(DT), input_precision=PREC))
+    St = St * gamma[None, :] + tl.dot(ud, kend.to(DT), input_precision=PREC)
+    St += tl.dot(ud, klo.to(DT), input_precision=PREC)
     return St, ot
 
 
@@ -149,7 +150,8 @@ def store_checkpoint(ck, row, i_h, v0, St, H, K: tl.constexpr, STATE_VK: tl.cons
 def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, o_ptr,
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O: tl.constexpr,
-               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr):
+               ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
+               PREC: tl.constexpr = "tf32"):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O``; returns the end state. With ``CKC`` > 0 (and
     ``WRITE_O``) the state after every full chunk whose index in the sequence (``j0`` + i) + 1
@@ -183,7 +185,8 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
         nwt, nqgt, nkend, nklo, nvt, nainvt, nmqkt, ngamma = load_chunk(
             v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
             c0, i_t + 1, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
-        St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT, WRITE_O)
+        St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT, WRITE_O,
+                            PREC)
         if WRITE_O:
             store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
         if CKC > 0:
@@ -263,7 +266,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
                   DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
-                  REDO: tl.constexpr = False):
+                  REDO: tl.constexpr = False, PREC: tl.constexpr = "tf32"):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -286,7 +289,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
                            ck_base, j0, v0, CKC, STATE_VK)
     return run_chunks(St0, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
                       o_ptr, bos, eos, c0, i_h, o_v, v_ok, H, K, V, BT, DT, PASS != 1,
-                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK)
+                      ck_ptr, ck_base, j0, v0, CKC, STATE_VK, PREC)
 
 
 @triton.jit
@@ -300,7 +303,7 @@ def chunk_kda_recurrent_kernel(
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SKIP_LAST: tl.constexpr,
     DT: tl.constexpr, GUARD: tl.constexpr, HAS_IDX: tl.constexpr = False,
     CKC: tl.constexpr = 0, idx_ptr=None, ck_ptr=None, ck_offsets_ptr=None,
-    FLAG: tl.constexpr = 0, flag_ptr=None,
+    FLAG: tl.constexpr = 0, flag_ptr=None, PREC: tl.constexpr = "tf32",
 ):
     # the guard in two launches (FLAG 1: every program writes its flag, 1 when its state is
     # not finite, and then writes no final state; FLAG 2: the redo, only the flagged
@@ -350,7 +353,7 @@ def chunk_kda_recurrent_kernel(
         St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
                            ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v,
                            v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base,
-                           j0, i_v * BV, CKC)
+                           j0, i_v * BV, CKC, PREC=PREC)
         if GUARD:
             # the fp16 products overflowed (or the input was not finite): redo (the start
             # state loaded again: kept, it would cost 64 registers in the loop)
@@ -378,7 +381,7 @@ def chunk_kda_recurrent_kernel(
             tl.store(ht_ptrs, St.to(ht_ptr.dtype.element_ty), mask=ht_ok)
 
 
-DOT_TYPES = {"tf32": tl.float32, "fp16": tl.float16}
+DOT_TYPES = {"tf32": tl.float32, "fp16": tl.float16, "fp32": tl.float32}
 
 
 def chunk_kda_recurrent(
@@ -414,6 +417,7 @@ def chunk_kda_recurrent(
     common = dict(H=H, K=K, V=V, BT=CHUNK, BV=block_v, HAS_H0=initial_state is not None,
                   STORE_HT=final_state is not None, STATE_VK=state_vk,
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard is True,
+                  PREC="tf32x3" if dot == "fp32" else "tf32",
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
                   CKC=checkpoint_chunks if checkpoints is not None else 0,
                   num_warps=num_warps, num_stages=num_stages)

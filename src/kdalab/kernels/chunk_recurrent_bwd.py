@@ -90,19 +90,19 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def _mm(a, b, DT: tl.constexpr):
+def _mm(a, b, DT: tl.constexpr, PREC: tl.constexpr = "tf32"):
     """a @ b with ``DT`` operands (fp32: tf32 products, which the H200 truncates to 10 bits:
-    docs/training.md "Precision"), fp32 accumulation."""
-    return tl.dot(a.to(DT), b.to(DT), input_precision="tf32")
+    docs/training.md "Precision"; 3xTF32 with ``PREC`` "tf32x3"), fp32 accumulation."""
+    return tl.dot(a.to(DT), b.to(DT), input_precision=PREC)
 
 
 @triton.jit
-def _mm_pair(a, b1, b2, DT: tl.constexpr):
+def _mm_pair(a, b1, b2, DT: tl.constexpr, PREC: tl.constexpr = "tf32"):
     """(a @ b1, a @ b2) as one product with b1 and b2 side by side, ``a`` staged once (the dS
     pass's dU 3-9 % faster; the blocks kernel's dQG and dW slower so: docs/training.md)."""
     N: tl.constexpr = b1.shape[1]
     b = tl.reshape(tl.permute(tl.join(b1, b2), (0, 2, 1)), [b1.shape[0], 2 * N])
-    r = tl.permute(tl.reshape(_mm(a, b, DT), [a.shape[0], 2, N]), (0, 2, 1))
+    r = tl.permute(tl.reshape(_mm(a, b, DT, PREC), [a.shape[0], 2, N]), (0, 2, 1))
     return tl.split(r)
 
 
@@ -113,7 +113,7 @@ def chunk_kda_bwd_recurrent_kernel(
     seg_off_ptr, T, H, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
     CKC: tl.constexpr, HAS_DHT: tl.constexpr, STATE_VK: tl.constexpr,
     IS_VARLEN: tl.constexpr, PASS: tl.constexpr, SEG: tl.constexpr,
-    DD: tl.constexpr = tl.float32,
+    DD: tl.constexpr = tl.float32, PREC: tl.constexpr = "tf32",
 ):
     """The dS recurrence over one (sequence or segment, head, value block). ``PASS`` 1: a
     segment's summary (R^T, B) into ``sum_ptr`` ([segments, H, V + K, K]; nothing for a
@@ -121,7 +121,8 @@ def chunk_kda_bwd_recurrent_kernel(
     or, with ``SEG``, from the combined summary, storing each chunk's dU^T (``du_ptr``, like
     v, fp32) and the gradient after every 64-token block (``ends_ptr``, [blocks, H, V, K];
     ``seg_off_ptr``: each sequence's first block). ``DD``: the operand type of the products
-    with dS (fp32: tf32 products)."""
+    with dS (fp32: tf32 products); ``PREC``: every fp32 product's precision ("tf32", or
+    "tf32x3" for config.dot "fp32")."""
     item = tl.program_id(0)
     i_v = tl.program_id(1)
     o_r = tl.arange(0, BT)
@@ -182,12 +183,12 @@ def chunk_kda_bwd_recurrent_kernel(
             gam = tl.load(gamma_ptr + cc * K + o_k)
             # KEND as its two parts, as the forward multiplies it: KEND whole in one
             # tf32 product would drop KLO, which the collinear cases' dβ needs
-            du_hi, du_lo = _mm_pair(dSt, kend_hi, klo, DD)
-            dut = du_hi + du_lo + tl.dot(dot_, mqk, input_precision="tf32")
+            du_hi, du_lo = _mm_pair(dSt, kend_hi, klo, DD, PREC)
+            dut = du_hi + du_lo + tl.dot(dot_, mqk, input_precision=PREC)
             if PASS == 3:
                 tl.store(du_ptr + tok, dut, mask=v_ok[:, None] & r_ok[None, :])
-            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision="tf32")
-                   - tl.dot(dut, tl.trans(wt), input_precision="tf32"))
+            dSt = (dSt * gam[None, :] + tl.dot(dot_, tl.trans(qgt), input_precision=PREC)
+                   - tl.dot(dut, tl.trans(wt), input_precision=PREC))
         if PASS == 1:  # the summary: the gradient at the segment's start
             slot_s = sum_ptr + (i_s * H + i_h) * (V + K) * K
             tl.store(slot_s + o_v[:, None] * K + o_k[None, :], dSt, mask=v_ok[:, None])
@@ -200,7 +201,7 @@ def _opt(x, dummy):
 
 def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_offsets,
              seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, block_v,
-             num_warps, ds_dtype):
+             num_warps, ds_dtype, precision):
     w, qg, kend, klo, ainv, mqk, gamma = ops
     chunk_kda_bwd_recurrent_kernel[(items, grid_v)](
         do, w, qg, kend, klo, mqk, gamma, _opt(dht, gamma), _opt(summary, gamma), ends, du,
@@ -208,19 +209,22 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
         _opt(segments, gamma), _opt(seg_offsets, gamma),
         T, H, K=K, V=V, BT=CHUNK, BV=block_v, CKC=CKC, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, DD=_TL[ds_dtype], num_warps=num_warps, num_stages=1)
+        SEG=segments is not None, DD=_TL[ds_dtype], PREC=precision, num_warps=num_warps,
+        num_stages=1)
 
 
 def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets, num_seqs,
                             block_v, num_warps, sms, seq_order, n_blocks, block_offsets,
-                            segments=None, ds_dtype=torch.float32, ds_block_v=None):
+                            segments=None, ds_dtype=torch.float32, ds_block_v=None,
+                            precision="tf32"):
     """Launch the dS recurrence (module docstring, kernel 1). ``ops``: stage 1's; ``dht``:
     the final state's gradient or None; ``n_blocks``, ``block_offsets``: the 64-token blocks
     (``Sequences.segments(CKC)``) and each sequence's first; ``segments``:
     ``Sequences.segments(L)``'s triple for a sequence-parallel plan, else None (serial).
     ``ds_dtype``: the operand type of the products with dS (fp32: tf32). ``ds_block_v``: the
     serial pass's value columns a program (a segmented plan takes ``block_v``; None:
-    ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it). Returns (dU like
+    ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it); ``precision``:
+    the fp32 products' ("tf32", or "tf32x3" for config.dot "fp32"). Returns (dU like
     do, fp32; the gradient after every block, [n_blocks, H, V, K] fp32)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = do.shape
@@ -232,7 +236,8 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
         num_seqs * H, V, block_v, num_warps, sms, ds_block_v)
     ds = dict(dht=dht, state_vk=state_vk, cu_seqlens=cu_seqlens, chunk_offsets=chunk_offsets,
               seq_order=seq_order, ends=ends, du=du, H=H, K=K, V=V, T=T, block_v=dbv,
-              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype)
+              num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype,
+              precision=precision)
     nv_ds = -(-V // dbv)
     if segments is None:
         if num_seqs * H:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 __all__ = ["KernelConfig", "DEFAULT_CONFIG"]
 
-_DOTS = ("auto", "fp16", "tf32")
+_DOTS = ("auto", "fp16", "tf32", "fp32")
 _GUARDS = ("auto", "inline", "launch")
 _STAGE2 = ("auto", "triton", "gluon")
 
@@ -20,8 +20,11 @@ class KernelConfig:
 
     ``dot``: the recurrent products' operands — ``"fp16"`` (S and U rounded to fp16, fp32
     accumulation; only with L2-normalized q and k, and guarded: a program whose state leaves
-    fp16's range recomputes from the chunk where it left, with tf32 products), ``"tf32"``, or
-    ``"auto"`` (fp16 where allowed, else tf32).
+    fp16's range recomputes from the chunk where it left, with tf32 products), ``"tf32"``,
+    ``"fp32"`` (every product of every stage, forward and backward, in 3xTF32 on fp32
+    operands stored in fp32, nothing rounded to 10 bits: about fp32's precision, for training
+    where the gradients' accuracy matters more than speed; docs/training.md "The fp32 path"),
+    or ``"auto"`` (fp16 where allowed, else tf32).
     ``block_v``, ``num_warps``: a recurrent (or decode) program's value columns and warps;
     ``prepare_warps``: stage 1's warps; ``segment_chunks``: the sequence-parallel state pass's
     segment length in 16-token chunks (0: a serial pass per sequence).
