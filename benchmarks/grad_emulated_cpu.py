@@ -3,17 +3,20 @@
 kdalab's kernels in the Triton interpreter with ``tests/h200_arith.py``'s patches (tf32
 products truncate their fp32 operands, as the H100's and H200's do; bf16 stores round to
 nearest): ``check --grad``'s quick suite, each gradient's worst error as a multiple of its
-floor over the cases, and the two H200 ``hunt --grad`` cases kept in
-``tests/test_kernels_backward.py`` (``HUNT_WORST``: dA_log; ``HUNT_WORST_DBETA``: dβ), under
-each variant of ``kdalab.kernels.autograd.BWD_MODE`` named (one child process each, side by
-side):
+floor over the cases, and the ``hunt --grad`` cases kept in ``tests/test_kernels_backward.py``
+(the H200's ``HUNT_WORST``: dA_log; ``HUNT_WORST_DBETA``: dβ; one head of the ten-minute H100
+hunt's ``HUNT_WORST_DBETA_H100``: dβ), under each variant named (one child process each, side
+by side):
 
     python benchmarks/grad_emulated_cpu.py --json benchmarks/results/grad_emulated_cpu.json
     python benchmarks/grad_emulated_cpu.py --variants "default;prep_block_k=64" --cases model_like
+    python benchmarks/grad_emulated_cpu.py --variants "default;kdalab-fp32"
 
-About 3 minutes a variant on one core (the interpreter). A variant is ``default`` or
-``KEY=INT,...`` of BWD_MODE's keys; the first is the baseline of the ratios. The page's
-``round_operands=1`` rows are a deleted candidate's (docs/training.md "Precision")."""
+About 3 minutes a variant on one core (the interpreter). A variant is ``[KERNEL:]SETTINGS``:
+a kernel ``kdalab check`` loads (default ``kdalab``; e.g. ``kdalab-fp32``, the fp32 path) and
+``default`` or ``KEY=INT,...`` of ``kdalab.kernels.autograd.BWD_MODE``'s keys (a kernel alone
+means its defaults); the first is the baseline of the ratios. The page's ``round_operands=1``
+rows are a deleted candidate's (docs/training.md "Precision")."""
 
 from __future__ import annotations
 
@@ -32,12 +35,20 @@ ROOT = Path(__file__).resolve().parents[1]
 GRADS = ("dq", "dk", "dv", "dg", "dbeta", "dA_log", "ddt_bias", "dh0")
 
 
-def parse_variant(text: str) -> dict[str, int]:
-    """A variant's BWD_MODE settings (``default``: none)."""
+def parse_variant(text: str) -> tuple[str, dict[str, int]]:
+    """A variant's kernel and BWD_MODE settings (``default``: none)."""
+    from kdalab.check.builtin import BUILTIN
     from kdalab.kernels.autograd import bwd_mode_settings
 
+    kernel, sep, settings = text.rpartition(":")
+    if not sep and text in BUILTIN:
+        kernel, settings = text, "default"
+    kernel = kernel or "kdalab"
+    if kernel not in BUILTIN or not kernel.startswith("kdalab"):
+        raise ValueError(f"--variants: {kernel!r} is not a kdalab kernel "
+                         f"({', '.join(k for k in BUILTIN if k.startswith('kdalab'))})")
     try:
-        return {} if text == "default" else bwd_mode_settings(text)
+        return kernel, {} if settings == "default" else bwd_mode_settings(settings)
     except ValueError as exc:
         raise ValueError(f"--variants: {exc}") from None
 
@@ -52,24 +63,27 @@ def run_variant(text: str, cases: str | None, hunt: bool) -> dict:
     from kdalab.check import Thresholds, get_suite, load_kernel, run_check, select_cases
     from kdalab.kernels import autograd
 
-    autograd.BWD_MODE.update(parse_variant(text))
+    kernel, settings = parse_variant(text)
+    autograd.BWD_MODE.update(settings)
     suite = get_suite("quick")
     if cases:
         suite = select_cases(suite, cases)
     t0 = time.perf_counter()
     with h200_arith.h200_arithmetic() as counts:
-        records = run_check([load_kernel("kdalab")], suite, thresholds=Thresholds(grad=True))
+        records = run_check([load_kernel(kernel)], suite, thresholds=Thresholds(grad=True))
         hunts = {}
         if hunt:
-            from test_kernels_backward import HUNT_WORST, HUNT_WORST_DBETA
+            from test_kernels_backward import HUNT_WORST, HUNT_WORST_DBETA, HUNT_WORST_DBETA_H100
 
             from kdalab.hunt.evaluate import evaluate
             from kdalab.hunt.target import resolve
             from kdalab.inputs.sequences import SequenceSpec
 
             for name, grad, case in (("HUNT_WORST", "dA_log", HUNT_WORST),
-                                     ("HUNT_WORST_DBETA", "dbeta", HUNT_WORST_DBETA)):
-                rec = evaluate(resolve("kdalab", "cpu", grad=True),
+                                     ("HUNT_WORST_DBETA", "dbeta", HUNT_WORST_DBETA),
+                                     ("HUNT_WORST_DBETA_H100", "dbeta",
+                                      HUNT_WORST_DBETA_H100)):
+                rec = evaluate(resolve(kernel, "cpu", grad=True),
                                SequenceSpec(**case["spec"]), case["seed"], grad=True)
                 hunts[name] = dict(grad=grad, error=rec[f"{grad}_error"])
     assert counts["tf32_products"][0] > 0  # the emulation was in force

@@ -347,6 +347,32 @@ def kdalab_rows(only: str | None = None):
                     label=f"bwd stage 1 BK{bk} w{nw}{tag if kw else ''}", **kw)
     yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=32, GATE=1, SPAN_CHECK=True),
                 num_warps=4, label=f"bwd stage 1 BK32 softplus w4{tag}", **cap)
+    # the fp32 path (KernelConfig(dot="fp32")): stage 1 stored in fp32 with 3xTF32 products,
+    # stage 2 and the reverse pass with every product 3xTF32, at K = V = 64 and 128
+    f32 = {n: "*fp32" for n in ("w_ptr", "qg_ptr", "kend_ptr", "klo_ptr", "ainv_ptr",
+                                "mqk_ptr")}
+    for k in (64, 128):
+        yield timed(chunk_kda_prepare_kernel, dict(prep, **f32),
+                    dict(ce, K=k, PRECISION="tf32x3"), num_warps=2,
+                    label=f"fp32 path stage 1 K{k} w2")
+        for bv, nw in ((64, 4), (128, 8)):
+            yield timed(chunk_kda_recurrent_kernel, dict(sig, **f32), dict(
+                K=k, V=k, BT=16, BV=min(bv, k), HAS_H0=True, STORE_HT=True, STATE_VK=False,
+                IS_VARLEN=False, PASS=0, SKIP_LAST=True, DT=tl.float32, GUARD=False,
+                PREC="tf32x3"), num_warps=nw,
+                label=f"fp32 path stage 2 K{k} BV{min(bv, k)} w{nw}")
+        bv = min(128, k)
+        yield timed(chunk_kda_bwd_recurrent_kernel, dict(rec, **{n: "*fp32" for n in (
+            "w_ptr", "qg_ptr", "kend_ptr", "klo_ptr", "mqk_ptr")}), dict(
+            K=k, V=k, BT=16, BV=bv, CKC=4, HAS_DHT=True, STATE_VK=False, IS_VARLEN=False,
+            PASS=3, SEG=False, PREC="tf32x3"), num_warps=8, num_stages=1,
+            label=f"fp32 path bwd dS pass K{k} BV{bv} w8")
+        yield timed(chunk_kda_bwd_blocks_kernel, dict(blk, **{n: "*fp32" for n in (
+            "w_ptr", "qg_ptr", "kend_ptr", "klo_ptr", "ainv_ptr")}), dict(
+            K=k, V=k, BT=16, BV=bv, CKC=4, HAS_H0=True, STORE_DH0=True, STATE_VK=False,
+            DKEND_OVER_DU=True, PREC="tf32x3"), num_warps=8,
+            num_stages=blocks_kernel_stages(True),
+            label=f"fp32 path bwd blocks K{k} BV{bv} w8 h0")
 
 
 if __name__ == "__main__":

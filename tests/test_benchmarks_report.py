@@ -739,3 +739,7 @@ def test_grad_emulated_cpu_writes_a_page_per_variant(tmp_path):
                "--no-hunt", "--json", tmp_path / "bad.json")
     assert bad.returncode == 2 and "BWD_MODE has" in bad.stderr.splitlines()[-1]
     assert not (tmp_path / "bad.json").exists()
+    bad = _run("grad_emulated_cpu.py", "--variants", "default;fla:default", "--cases",
+               "model_like", "--no-hunt", "--json", tmp_path / "bad.json")
+    assert bad.returncode == 2 and "'fla' is not a kdalab kernel" in bad.stderr.splitlines()[-1]
+    assert not (tmp_path / "bad.json").exists()

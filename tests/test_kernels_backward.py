@@ -445,7 +445,7 @@ def _pair_kernel(a_ptr, b1_ptr, b2_ptr, o1_ptr, o2_ptr, M: tl.constexpr, K: tl.c
     a = tl.load(a_ptr + om[:, None] * K + ok[None, :])
     b1 = tl.load(b1_ptr + ok[:, None] * N + on[None, :])
     b2 = tl.load(b2_ptr + ok[:, None] * N + on[None, :])
-    x1, x2 = _mm_pair(a, b1, b2, tl.float32)
+    x1, x2 = _mm_pair(a, b1, b2, tl.float32, "tf32")
     tl.store(o1_ptr + om[:, None] * N + on[None, :], x1)
     tl.store(o2_ptr + om[:, None] * N + on[None, :], x2)
 

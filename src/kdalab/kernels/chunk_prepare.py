@@ -94,7 +94,7 @@ def tf32_nearest(x, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def as_operand(x, DT: tl.constexpr, PREC: tl.constexpr = "tf32"):
+def as_operand(x, DT: tl.constexpr, PREC: tl.constexpr):
     """Stage 2's U (fp32 accumulators) as the next products' operand: fp16, or for tf32
     products rounded to nearest at tf32's 10 significand bits (``tf32_nearest``: the H200's
     tf32 products truncate, a bias of one sign that U carries into every later state), or

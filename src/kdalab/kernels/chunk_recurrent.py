@@ -78,7 +78,7 @@ def load_chunk(v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma
 
 @triton.jit
 def chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, DT: tl.constexpr,
-               WRITE_O: tl.constexpr, PREC: tl.constexpr = "tf32"):
+               WRITE_O: tl.constexpr, PREC: tl.constexpr):
     """One chunk with ``DT`` operands and fp32 operands' products in ``PREC`` ("tf32", or
     "tf32x3" for config.dot "fp32"): (S^T after it, O^T; without ``WRITE_O`` a placeholder)."""
     Sd = St.to(DT)
@@ -121,7 +121,8 @@ def switch_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma):
     o16 = (tl.dot(Sd, qgt.to(tl.float16), input_precision="tf32")
            + tl.dot(tl.where(fin, ud, 0.0).to(tl.float16), mqkt.to(tl.float16),
                     input_precision="tf32"))
-    St32, o32 = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, tl.float32, True)
+    St32, o32 = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, tl.float32, True,
+                           "tf32")
     return St32, tl.where(keep[None, :], o16, o32)
 
 
@@ -151,7 +152,7 @@ def run_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, g
                bos, eos, c0, i_h, o_v, v_ok, H, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, WRITE_O: tl.constexpr,
                ck_ptr, ck_base, j0, v0, CKC: tl.constexpr, STATE_VK: tl.constexpr,
-               PREC: tl.constexpr = "tf32"):
+               PREC: tl.constexpr):
     """Run S^T (rows ``o_v``) through the chunks of rows [bos, eos) (first global chunk
     ``c0``), writing O^T when ``WRITE_O``; returns the end state. With ``CKC`` > 0 (and
     ``WRITE_O``) the state after every full chunk whose index in the sequence (``j0`` + i) + 1
@@ -227,7 +228,7 @@ def redo_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, 
                 v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, bos, eos,
                 c0, i_t, i_h, o_r, o_k, o_v, v_ok, o_cc_t, H, K, V, BT)
             S16, _ = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, tl.float16,
-                                False)
+                                False, "tf32")
             if not_finite(S16) == 0:
                 St = S16
             else:
@@ -240,7 +241,7 @@ def redo_chunks(St, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, 
             St, ot = switch_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma)
         else:
             St, ot = chunk_step(St, wt, qgt, kend, klo, vt, ainvt, mqkt, gamma, tl.float32,
-                                True)
+                                True, "tf32")
         store_outputs(o_ptr, ot, bos + i_t * BT + o_r, eos, i_h, o_v, v_ok, H, V)
         if CKC > 0:
             j = j0 + i_t + 1  # chunks of the sequence done
@@ -266,7 +267,7 @@ def start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, ai
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BV: tl.constexpr,
                   HAS_H0: tl.constexpr, STATE_VK: tl.constexpr, PASS: tl.constexpr,
                   DT: tl.constexpr, ck_ptr, ck_base, j0, v0, CKC: tl.constexpr,
-                  REDO: tl.constexpr = False, PREC: tl.constexpr = "tf32"):
+                  REDO: tl.constexpr, PREC: tl.constexpr):
     """Load the program's start state and run its chunks: from the initial state (pass 0;
     zeros without one), from zero rows of S and identity rows of M^T (pass 1), or from the
     true start the combine left in the slot's rows of S (pass 2). ``i_n``: the state's row
@@ -348,12 +349,12 @@ def chunk_kda_recurrent_kernel(
         St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
                            ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v,
                            v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, redo_dt, ck_ptr,
-                           ck_base, j0, i_v * BV, CKC, redo)
+                           ck_base, j0, i_v * BV, CKC, redo, PREC)
     else:
         St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
                            ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row, i_h, o_v,
                            v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS, DT, ck_ptr, ck_base,
-                           j0, i_v * BV, CKC, PREC=PREC)
+                           j0, i_v * BV, CKC, False, PREC)
         if GUARD:
             # the fp16 products overflowed (or the input was not finite): redo (the start
             # state loaded again: kept, it would cost 64 registers in the loop)
@@ -361,7 +362,7 @@ def chunk_kda_recurrent_kernel(
                 St = start_and_run(h0_ptr, slot_ptrs, v_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr,
                                    ainv_ptr, mqk_ptr, gamma_ptr, o_ptr, bos, eos, c0, i_row,
                                    i_h, o_v, v_ok, H, K, V, BT, BV, HAS_H0, STATE_VK, PASS,
-                                   redo_dt, ck_ptr, ck_base, j0, i_v * BV, CKC, redo)
+                                   redo_dt, ck_ptr, ck_base, j0, i_v * BV, CKC, redo, PREC)
 
     ok = 1
     if FLAG == 1:

@@ -90,14 +90,14 @@ def _state_ptrs(ptr, row, i_h, o_v, H, K: tl.constexpr, V: tl.constexpr,
 
 
 @triton.jit
-def _mm(a, b, DT: tl.constexpr, PREC: tl.constexpr = "tf32"):
+def _mm(a, b, DT: tl.constexpr, PREC: tl.constexpr):
     """a @ b with ``DT`` operands (fp32: tf32 products, which the H200 truncates to 10 bits:
     docs/training.md "Precision"; 3xTF32 with ``PREC`` "tf32x3"), fp32 accumulation."""
     return tl.dot(a.to(DT), b.to(DT), input_precision=PREC)
 
 
 @triton.jit
-def _mm_pair(a, b1, b2, DT: tl.constexpr, PREC: tl.constexpr = "tf32"):
+def _mm_pair(a, b1, b2, DT: tl.constexpr, PREC: tl.constexpr):
     """(a @ b1, a @ b2) as one product with b1 and b2 side by side, ``a`` staged once (the dS
     pass's dU 3-9 % faster; the blocks kernel's dQG and dW slower so: docs/training.md)."""
     N: tl.constexpr = b1.shape[1]
