@@ -171,8 +171,13 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     # the reverse pass's tile: the config's (a recurrent program's value columns and warps)
     block_v = min(config.block_v or 128, V)
     sms = _sm_count(v.device)
-    # config.dot "fp32": every product of the reverse pass in 3xTF32, as the forward's
-    tile = dict(state_vk=p.state_vk, block_v=block_v, num_warps=config.num_warps or 8, sms=sms,
+    # config.dot "fp32": every product of the reverse pass in 3xTF32, as the forward's, on at
+    # most 4 warps where a program has 64 value columns or fewer: at K = V = 64 the dS pass on
+    # 8 warps faulted (an illegal address; triton 3.6, an H100), on 4 it runs
+    warps = config.num_warps or 8
+    if c.dot == "fp32" and block_v <= 64:
+        warps = min(warps, 4)
+    tile = dict(state_vk=p.state_vk, block_v=block_v, num_warps=warps, sms=sms,
                 ds_dtype=BWD_PRODUCTS["ds_dtype"],
                 precision="tf32x3" if c.dot == "fp32" else "tf32")
     blocks, block_offsets, _ = seqs.segments(CKC)
