@@ -353,8 +353,10 @@ def kdalab_rows(only: str | None = None):
                                 "mqk_ptr")}
     for k in (64, 128):
         yield timed(chunk_kda_prepare_kernel, dict(prep, **f32),
-                    dict(ce, K=k, PRECISION="tf32x3"), num_warps=2,
+                    dict(ce, K=k, PRECISION="tf32x3", SUBST=True), num_warps=2,
                     label=f"fp32 path stage 1 K{k} w2")
+        yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, K=k, BK=32, SUBST=True),
+                    num_warps=4, label=f"fp32 path bwd stage 1 K{k} BK32 w4{tag}", **cap)
         for bv, nw in ((64, 4), (128, 8)):
             yield timed(chunk_kda_recurrent_kernel, dict(sig, **f32), dict(
                 K=k, V=k, BT=16, BV=min(bv, k), HAS_H0=True, STORE_HT=True, STATE_VK=False,

@@ -93,6 +93,7 @@ class Prepared(NamedTuple):
     plan: LaunchPlan
     dot: str
     ops: tuple  # stage 1's (w, qg, kend, klo, ainv, mqk, gamma)
+    inverse: str = "neumann"  # how stage 1 formed (I + L)^-1 (chunk_kda_prepare)
 
 
 def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
@@ -103,13 +104,14 @@ def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
     products whatever they say."""
     seqs = sequences_for(p, cu_seqlens, q.device)
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
+    inverse = "neumann"
     if dot == "fp32":
-        products, precision = torch.float32, "tf32x3"
+        products, precision, inverse = torch.float32, "tf32x3", "substitution"
     plan = plan_for(seqs, p, config, dot)
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
                             num_warps=plan.prepare_warps, dtype=products,
-                            precision=precision)
-    return Prepared(p, seqs, plan, dot, ops)
+                            precision=precision, inverse=inverse)
+    return Prepared(p, seqs, plan, dot, ops, inverse)
 
 
 def contiguous(q, k, v, g, beta, A_log, dt_bias, initial_state):

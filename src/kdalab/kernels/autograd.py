@@ -202,7 +202,8 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
                                                        grads, block_k=BWD_MODE["prep_block_k"],
                                                        maxnreg=BWD_MODE["prep_maxnreg"] or None,
-                                                       num_stages=BWD_MODE["prep_stages"] or None)
+                                                       num_stages=BWD_MODE["prep_stages"] or None,
+                                                       inverse=c.inverse)
     dv, dh0 = out["dv"], out["dh0"]
     del c, out, grads  # stage 1 again and the partial sums: freed before the GVA sums
     GQ, GG = H // p.HQ, H // p.HG

@@ -145,6 +145,33 @@ def neumann_inverse16(L, BT: tl.constexpr):
 
 
 @triton.jit
+def substitution_inverse16(L, BT: tl.constexpr):
+    """(I + L)^-1 of a strictly lower BT×BT block by forward substitution (fla's inverse), in
+    fp32: row i = e_i - Σ_{j<i} L_ij · row j, rows in order. The Neumann product's factors
+    reach C(14, 7) = 3,432 times the inverse's entries where L is near all-β (one cluster of
+    keys, no decay) and cancel; substitution forms no such terms (docs/training.md "The fp32
+    path": recipe:fp32 7.4e-3 against 1.49e-3, the floor, on such a hunt case)."""
+    o_r = tl.arange(0, BT)
+    inv = tl.where(o_r[:, None] == o_r[None, :], 1.0, 0.0)
+    for i in tl.static_range(1, BT):
+        li = tl.sum(tl.where(o_r[:, None] == i, L, 0.0), axis=0)  # row i of L, by column
+        row = tl.sum(li[:, None] * inv, axis=0)  # Σ_j L_ij · (row j of the inverse)
+        inv = tl.where(o_r[:, None] == i, inv - row[None, :], inv)
+    return inv
+
+
+@triton.jit
+def inverse16(L, BT: tl.constexpr, SUBST: tl.constexpr):
+    """(I + L)^-1: by forward substitution with ``SUBST`` (config.dot "fp32"), else by the
+    Neumann product."""
+    if SUBST:
+        inv = substitution_inverse16(L, BT)
+    else:
+        inv = neumann_inverse16(L, BT)
+    return inv
+
+
+@triton.jit
 def load_rows(ptrs, mask, CLAMP_ROWS: tl.constexpr):
     """``tl.load`` of a chunk's rows: zero where ``mask`` is false, or unmasked where the
     rows are clamped (every row read is one of the sequence's)."""
@@ -210,7 +237,7 @@ def chunk_kda_prepare_kernel(
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
-    PRECISION: tl.constexpr = "tf32", REDO: tl.constexpr = False,
+    PRECISION: tl.constexpr = "tf32", REDO: tl.constexpr = False, SUBST: tl.constexpr = False,
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
@@ -240,7 +267,7 @@ def chunk_kda_prepare_kernel(
                        kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
                        wide_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K, BT, GATE,
                        SPAN_CHECK, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS,
-                       IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, REDO)
+                       IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, REDO, SUBST)
 
 
 @triton.jit
@@ -251,7 +278,8 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
                    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
                    IS_VARLEN: tl.constexpr, GQ: tl.constexpr, GG: tl.constexpr,
-                   CLAMP_ROWS: tl.constexpr, PRECISION: tl.constexpr, REDO: tl.constexpr):
+                   CLAMP_ROWS: tl.constexpr, PRECISION: tl.constexpr, REDO: tl.constexpr,
+                   SUBST: tl.constexpr):
     """The body of ``chunk_kda_prepare_kernel`` for chunk ``i_c``, head ``i_h``."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
@@ -319,7 +347,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     if SPAN_CHECK and not REDO:  # rows past the range (inf, NaN) kept out of the inverse
         L = tl.where((o_r < n_fit)[:, None], L, 0.0)
 
-    ainv = neumann_inverse16(L, BT) * b[None, :]
+    ainv = inverse16(L, BT, SUBST) * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=keep_cc)
     w = tl.dot(tf32_nearest(ainv, PRECISION), tf32_nearest(kd, PRECISION),
                input_precision=PRECISION)
@@ -327,7 +355,7 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
-                      clamp_rows=None, dtype=None, precision="tf32"):
+                      clamp_rows=None, dtype=None, precision="tf32", inverse="neumann"):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q with the value heads, AINV and MQK [num_chunks, H, 16, 16] (fp16 when q and k are
     normalized: every operand is then <= 1 in size, AINV's entries bounded by the Neumann
@@ -339,7 +367,8 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     ``precision``: the pairwise products (MQK, L) and W = AINV·Kd, "tf32" (the forward) or
     "tf32x3" (the backward's recompute: on the H200 a tf32 product truncates its operands to
     10 bits, and on clustered keys with β near 1 the gradients amplify L's and W's errors
-    through (I + L)^-1; docs/training.md "Precision")."""
+    through (I + L)^-1; docs/training.md "Precision"). ``inverse``: "neumann" or
+    "substitution" (config.dot "fp32": ``substitution_inverse16``)."""
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0
@@ -365,7 +394,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
               HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
               USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
               IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows,
-              PRECISION=precision, num_warps=num_warps)
+              PRECISION=precision, SUBST=inverse == "substitution", num_warps=num_warps)
     # the clamped fixed-length form (T % 16 != 0) of the forward's 2-warp program took 172
     # registers on sm_90a, five programs an SM: capped at 168, six, no spills. Not the other
     # forms: under the same cap the aligned one (136 without) spilled 20 bytes and the varlen

@@ -32,7 +32,7 @@ from .chunk_prepare import (
     _mm3,
     _split,
     beta_of,
-    neumann_inverse16,
+    inverse16,
     pairwise_tiles,
 )
 from .contract import Problem
@@ -98,7 +98,7 @@ def chunk_kda_prepare_bwd_kernel(
     H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
     SPAN_CHECK: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, SUBST: tl.constexpr = False,
 ):
     """One chunk and head, over blocks of BK key columns, so that a program holds [BT, BK]
     tiles, not [BT, K] ones: every operand but the L2 norms and the pairwise tiles is
@@ -183,7 +183,7 @@ def chunk_kda_prepare_bwd_kernel(
 
     # the [BT, BT] algebra: T = (I + L)^-1, A = T diag(β), and their gradients
     P = tl.where(strict, P, 0.0)
-    Tinv = neumann_inverse16(P * b[:, None], BT)
+    Tinv = inverse16(P * b[:, None], BT, SUBST)  # as the forward formed it
     A = Tinv * b[None, :]
     dA = tl.where(o_r[:, None] >= o_r[None, :], tl.load(dainv_ptr + o_cc) + dwkd, 0.0)
     db = tl.sum(Tinv * dA, axis=0)
@@ -297,7 +297,8 @@ def chunk_kda_prepare_bwd_kernel(
 
 
 def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
-                          num_warps=4, block_k=32, maxnreg=None, num_stages=None):
+                          num_warps=4, block_k=32, maxnreg=None, num_stages=None,
+                          inverse="neumann"):
     """Launch stage 1's backward (4 warps: 5.06 against 5.21 ms on 8 at T 8192 H 64, 10.14
     against 10.39 at B 8 T 4096 H 32, 0.660 against 0.655 at T 4096 H 16; train_h200's
     config rows, pw=4). ``grads``: the reverse pass's dict (its partial sums over value
@@ -305,7 +306,8 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
     dq, dk, dg [B, T, H, K] and dbeta [B, T, H] in their inputs' dtypes where no GVA sum
     follows (rounded once, in the kernel; fp32 where the host sums value heads), dA_log
     [chunks, H] and ddt_bias [chunks, H, K] per chunk, fp32 (None without A_log / dt_bias).
-    ``maxnreg``, ``num_stages``: a register cap and pipeline stages (None: Triton's)."""
+    ``maxnreg``, ``num_stages``: a register cap and pipeline stages (None: Triton's);
+    ``inverse``: the forward's ("neumann", or "substitution" for config.dot "fp32")."""
     B, T, H, K = p.B, p.T, p.H, p.K
     dev = q.device
     f32 = dict(device=dev, dtype=torch.float32)
@@ -336,6 +338,7 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
         IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
-        num_warps=num_warps, **({"maxnreg": maxnreg} if maxnreg else {}),
+        SUBST=inverse == "substitution", num_warps=num_warps,
+        **({"maxnreg": maxnreg} if maxnreg else {}),
         **({"num_stages": num_stages} if num_stages else {}))
     return dq, dk, dg, db, dalog, ddt
