@@ -24,7 +24,7 @@ from .api import _sm_count, chunk_kda_fwd, contiguous, forward_stage2, prepare
 from .chunk_blocks_bwd import chunk_kda_bwd_blocks
 from .chunk_prepare_bwd import chunk_kda_prepare_bwd
 from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
-from .config import DEFAULT_CONFIG, KernelConfig
+from .config import DEFAULT_CONFIG, DOT_PRECISION, KernelConfig
 from .contract import prefill_problem
 
 __all__ = ["chunk_kda"]
@@ -179,7 +179,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         warps = min(warps, 4)
     tile = dict(state_vk=p.state_vk, block_v=block_v, num_warps=warps, sms=sms,
                 ds_dtype=BWD_PRODUCTS["ds_dtype"],
-                precision="tf32x3" if c.dot == "fp32" else "tf32")
+                precision=DOT_PRECISION[c.dot])
     blocks, block_offsets, _ = seqs.segments(CKC)
     segments = None
     if plan.segment_chunks > 0:  # segments of whole blocks

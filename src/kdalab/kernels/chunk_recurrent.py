@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from .chunk_prepare import as_operand
+from .config import DOT_PRECISION
 from .indexing import program_rows
 
 CHUNK = 16
@@ -418,7 +419,7 @@ def chunk_kda_recurrent(
     common = dict(H=H, K=K, V=V, BT=CHUNK, BV=block_v, HAS_H0=initial_state is not None,
                   STORE_HT=final_state is not None, STATE_VK=state_vk,
                   IS_VARLEN=cu_seqlens is not None, DT=DOT_TYPES[dot], GUARD=guard is True,
-                  PREC="tf32x3" if dot == "fp32" else "tf32",
+                  PREC=DOT_PRECISION[dot],
                   SKIP_LAST=skip_last, HAS_IDX=state_indices is not None,
                   CKC=checkpoint_chunks if checkpoints is not None else 0,
                   num_warps=num_warps, num_stages=num_stages)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["KernelConfig", "DEFAULT_CONFIG"]
+__all__ = ["KernelConfig", "DEFAULT_CONFIG", "DOT_PRECISION"]
 
 _DOTS = ("auto", "fp16", "tf32", "fp32")
 _GUARDS = ("auto", "inline", "launch")
 _STAGE2 = ("auto", "triton", "gluon")
+#: the precision of a resolved ``dot``'s products of fp32 operands (``tl.dot``'s
+#: ``input_precision``; fp16 operands ignore it): the one place "fp32" means 3xTF32
+DOT_PRECISION = {"fp16": "tf32", "tf32": "tf32", "fp32": "tf32x3"}
 
 
 @dataclass(frozen=True)
