@@ -15,6 +15,9 @@ the narrative around them live in git history, not on the page.
     python benchmarks/report.py --check    # exit 1 if docs/BENCHMARKS.md is not what it writes
     python benchmarks/report.py --results DIR --page PATH   # other files (tests use this)
 
+The page opens with the open issues' targets against these figures (``benchmarks/targets.py``,
+``benchmarks/targets.toml``): for the default results folder, or any with ``--targets PATH``.
+
 A result file that breaks the schema is named on stderr (``error: ...``, exit 1).
 """
 
@@ -25,6 +28,8 @@ import json
 import math
 import sys
 from pathlib import Path
+
+import targets
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -91,8 +96,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render(results: list[dict]) -> str:
-    lines = [HEADER]
+def render(results: list[dict], targets: list[str] | None = None) -> str:
+    """The page: the header, ``targets`` (the section's lines, targets.render) and a table a
+    benchmark."""
+    lines = [HEADER, *(targets or ())]
     for b in results:
         lines += [f"## {b['benchmark']}",
                   f"{b['device']}; {b['date']}; commit {b['commit']}; `{b['command']}`", "",
@@ -111,14 +118,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="the folder of result files (default: benchmarks/results)")
     parser.add_argument("--page", type=Path, default=PAGE,
                         help="the page written or checked (default: docs/BENCHMARKS.md)")
+    parser.add_argument("--targets", type=Path, default=None,
+                        help="the issue targets read against the results (default: "
+                             "benchmarks/targets.toml for the default results folder, none for "
+                             "another)")
     args = parser.parse_args(argv)
+    if args.targets is None and args.results.resolve() == RESULTS:
+        args.targets = targets.TARGETS
     try:
         results = load(args.results)
-    except ValueError as exc:
+        section = (targets.render(targets.evaluate(targets.load_targets(args.targets), results))
+                   if args.targets else None)
+    except (ValueError, OSError) as exc:
         for problem in str(exc).splitlines():
             print(f"error: {problem}", file=sys.stderr)
         return 1
-    text = render(results)
+    text = render(results, section)
     if args.check:
         same = args.page.exists() and args.page.read_text(encoding="utf-8") == text
         if not same:

@@ -1,0 +1,129 @@
+"""The open issues' targets against the measured figures, for docs/BENCHMARKS.md.
+
+``benchmarks/targets.toml`` lists each target: its issue, what it asks (``goal``, an operator and
+a number), and where it is measured (a result page and the rows that measure it). The figure is
+read from those rows, never typed in: a row's value, or a number its note carries (``pattern``, a
+regular expression with one group; with two, the first over the second, e.g. kdalab's error over
+fla's), the worst of several (``reduce``: min or max). A missed target must say why (``why``);
+``report.py`` renders the table at the top of the page and refuses a target whose page, rows or
+pattern are gone, so the table cannot outlive the figures it reads.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import operator
+import re
+import tomllib
+from pathlib import Path
+
+TARGETS = Path(__file__).resolve().parent / "targets.toml"
+OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
+KEYS = {"issue": int, "what": str, "goal": str, "page": str, "rows": list, "pattern": str,
+        "reduce": str, "unit": str, "why": str}
+REQUIRED = ("issue", "what", "goal", "page", "rows")
+
+
+def load_targets(path: Path = TARGETS) -> list[dict]:
+    """The targets of ``path``, their keys and goals checked (ValueError naming the target)."""
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    targets = data.get("target", [])
+    problems = []
+    for i, t in enumerate(targets):
+        where = f"{path.name}: target {i + 1} ({t.get('what', '?')})"
+        problems += [f"{where}: {k} is missing" for k in REQUIRED if k not in t]
+        problems += [f"{where}: unknown key {k!r}" for k in t if k not in KEYS]
+        problems += [f"{where}: {k} must be {KEYS[k].__name__}" for k in t
+                     if k in KEYS and not isinstance(t[k], KEYS[k])]
+        if isinstance(t.get("goal"), str) and _goal(t["goal"]) is None:
+            problems.append(f"{where}: goal {t['goal']!r} is not '<op> <number>' "
+                            f"(op one of {', '.join(OPS)})")
+        if t.get("reduce", "min") not in ("min", "max"):
+            problems.append(f"{where}: reduce must be min or max")
+    if problems:
+        raise ValueError("\n".join(problems))
+    return targets
+
+
+def _goal(goal: str) -> tuple[str, float] | None:
+    m = re.fullmatch(r"\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*", goal)
+    if m is None:
+        return None
+    try:
+        return m.group(1), float(m.group(2))
+    except ValueError:
+        return None
+
+
+def measure(t: dict, pages: dict[str, dict]) -> tuple[float, str, str]:
+    """(figure, unit, the row it came from, with the text the pattern matched) for target ``t``
+    from the result pages (by name); ValueError where the page, a row or the pattern's number is
+    not there."""
+    page = pages.get(t["page"])
+    if page is None:
+        raise ValueError(f"target {t['what']!r}: no result page {t['page']!r}")
+    rows = [r for r in page["rows"] if any(fnmatch.fnmatchcase(r["target"], g) for g in t["rows"])]
+    if not rows:
+        raise ValueError(f"target {t['what']!r}: no row of {t['page']} matches {t['rows']}")
+    found = []  # (figure, row)
+    for r in rows:
+        if "pattern" not in t:
+            found.append((float(r["value"]), r))
+            continue
+        for m in re.finditer(t["pattern"], r.get("note", "")):
+            nums = [float(x) for x in m.groups()]
+            found.append((nums[0] / nums[1] if len(nums) == 2 else nums[0],
+                          dict(r, target=f"{r['target']} (\"{m.group(0).strip()}\")")))
+    if not found:
+        raise ValueError(f"target {t['what']!r}: pattern {t['pattern']!r} finds no number in "
+                         f"the notes of {t['page']}'s rows {t['rows']}")
+    if len(found) > 1 and "reduce" not in t:
+        raise ValueError(f"target {t['what']!r}: {len(found)} figures and no reduce")
+    figure, row = (min if t.get("reduce", "min") == "min" else max)(found, key=lambda f: f[0])
+    return figure, t.get("unit", row["unit"]), row["target"]
+
+
+def evaluate(targets: list[dict], results: list[dict]) -> list[dict]:
+    """Each target with its figure, the row it came from and whether it is met; ValueError for
+    a missed target without a reason."""
+    pages = {b["benchmark"]: b for b in results}
+    out, problems = [], []
+    for t in targets:
+        try:
+            figure, unit, row = measure(t, pages)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        op, bound = _goal(t["goal"])
+        met = OPS[op](figure, bound)
+        if not met and not t.get("why"):
+            problems.append(f"target {t['what']!r}: missed ({figure:.4g} {unit}, goal "
+                            f"{t['goal']}) and no why")
+        out.append(dict(t, figure=figure, unit=unit, row=row, met=met))
+    if problems:
+        raise ValueError("\n".join(problems))
+    return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def render(evaluated: list[dict]) -> list[str]:
+    """The page's section: one row a target, issue by issue."""
+    lines = ["## Issue targets",
+             "From `benchmarks/targets.toml` (`benchmarks/targets.py`): each figure is read from "
+             "the page named beside it (a row's value, or the number its note gives, quoted: a "
+             "ratio of two is of the note's rounded figures), the worst where several rows "
+             "measure one target; a missed target says why.", "",
+             "| issue | target | goal | measured | from | status |",
+             "| ---: | --- | --- | ---: | --- | --- |"]
+    for t in sorted(evaluated, key=lambda t: t["issue"]):
+        status = "met" if t["met"] else f"**missed**: {t['why']}"
+        if t["met"] and t.get("why"):
+            status += f": {t['why']}"
+        lines.append(f"| {t['issue']} | {_cell(t['what'])} | {t['goal']} | "
+                     f"{t['figure']:.4g} {_cell(t['unit'])} | {t['page']}: {_cell(t['row'])} | "
+                     f"{_cell(status)} |")
+    lines.append("")
+    return lines
