@@ -40,6 +40,18 @@ def load_targets(path: Path = TARGETS) -> list[dict]:
                             f"(op one of {', '.join(OPS)})")
         if t.get("reduce", "min") not in ("min", "max"):
             problems.append(f"{where}: reduce must be min or max")
+        if isinstance(t.get("rows"), list) and not (
+                t["rows"] and all(isinstance(g, str) for g in t["rows"])):
+            problems.append(f"{where}: rows must be a non-empty list of globs")
+        if isinstance(t.get("pattern"), str):
+            try:
+                groups = re.compile(t["pattern"]).groups
+            except re.error as exc:
+                problems.append(f"{where}: pattern {t['pattern']!r}: {exc}")
+            else:
+                if groups not in (1, 2):
+                    problems.append(f"{where}: pattern {t['pattern']!r} has {groups} groups "
+                                    "(one: the figure; two: a ratio)")
     if problems:
         raise ValueError("\n".join(problems))
     return targets

@@ -142,6 +142,9 @@ why = "the floor"
     ('rows = ["T*: speed"]\ngoal = ">= 1"', "2 figures and no reduce"),
     ('rows = ["T1: speed"]\ngoal = ">= 1"\npattern = "ms ([0-9]+)"', "finds no number"),
     ('rows = ["T1: speed"]\ngoal = ">= 1"\nwhen = "now"', "unknown key 'when'"),
+    ('rows = ["T1: speed"]\ngoal = ">= 1"\npattern = "ms ([0-9]+"', "pattern 'ms ([0-9]+':"),
+    ('rows = ["T1: speed"]\ngoal = ">= 1"\npattern = "ms [0-9]+"', "has 0 groups"),
+    ('rows = []\ngoal = ">= 1"', "rows must be a non-empty list of globs"),
 ])
 def test_a_target_that_cannot_be_read_or_is_missed_without_a_reason_is_refused(
         tmp_path, target, says):
