@@ -96,10 +96,30 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render(results: list[dict], targets: list[str] | None = None) -> str:
-    """The page: the header, ``targets`` (the section's lines, targets.render) and a table a
-    benchmark."""
-    lines = [HEADER, *(targets or ())]
+def render_targets(evaluated: list[dict]) -> list[str]:
+    """The issue targets' section (``targets.evaluate``'s): one row a target, issue by issue."""
+    lines = ["## Issue targets",
+             "From `benchmarks/targets.toml` (`benchmarks/targets.py`): each figure is read from "
+             "the page named beside it (a row's value, or the number its note gives, quoted: a "
+             "ratio of two is of the note's rounded figures), the worst where several rows "
+             "measure one target; a missed target says why.", "",
+             "| issue | target | goal | measured | from | status |",
+             "| ---: | --- | --- | ---: | --- | --- |"]
+    for t in sorted(evaluated, key=lambda t: t["issue"]):
+        status = "met" if t["met"] else f"**missed**: {t['why']}"
+        if t["met"] and t.get("why"):
+            status += f": {t['why']}"
+        lines.append(f"| {t['issue']} | {_cell(t['what'])} | {t['goal']} | "
+                     f"{t['figure']:.4g} {_cell(t['unit'])} | {t['page']}: {_cell(t['row'])} | "
+                     f"{_cell(status)} |")
+    lines.append("")
+    return lines
+
+
+def render(results: list[dict], evaluated: list[dict] | None = None) -> str:
+    """The page: the header, the issue targets' section where ``evaluated`` is given
+    (``targets.evaluate``), and a table a benchmark."""
+    lines = [HEADER, *(render_targets(evaluated) if evaluated is not None else ())]
     for b in results:
         lines += [f"## {b['benchmark']}",
                   f"{b['device']}; {b['date']}; commit {b['commit']}; `{b['command']}`", "",
@@ -127,13 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         args.targets = targets.TARGETS
     try:
         results = load(args.results)
-        section = (targets.render(targets.evaluate(targets.load_targets(args.targets), results))
-                   if args.targets else None)
+        evaluated = (targets.evaluate(targets.load_targets(args.targets), results)
+                     if args.targets else None)
     except (ValueError, OSError) as exc:
         for problem in str(exc).splitlines():
             print(f"error: {problem}", file=sys.stderr)
         return 1
-    text = render(results, section)
+    text = render(results, evaluated)
     if args.check:
         same = args.page.exists() and args.page.read_text(encoding="utf-8") == text
         if not same:

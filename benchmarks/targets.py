@@ -4,8 +4,8 @@
 a number), and where it is measured (a result page and the rows that measure it). The figure is
 read from those rows, never typed in: a row's value, or a number its note carries (``pattern``, a
 regular expression with one group; with two, the first over the second, e.g. kdalab's error over
-fla's), the worst of several (``reduce``: min or max). A missed target must say why (``why``);
-``report.py`` renders the table at the top of the page and refuses a target whose page, rows or
+fla's), the worst of several (``reduce``: min or max). A missed target must say why (``why``).
+``report.py`` renders the table at the top of the page, and refuses a target whose page, rows or
 pattern are gone, so the table cannot outlive the figures it reads.
 """
 
@@ -25,7 +25,8 @@ REQUIRED = ("issue", "what", "goal", "page", "rows")
 
 
 def load_targets(path: Path = TARGETS) -> list[dict]:
-    """The targets of ``path``, their keys and goals checked (ValueError naming the target)."""
+    """The targets of ``path``, their keys and goals checked (ValueError naming the target),
+    each with its goal parsed (``op``, ``bound``)."""
     data = tomllib.loads(path.read_text(encoding="utf-8"))
     targets = data.get("target", [])
     problems = []
@@ -54,7 +55,7 @@ def load_targets(path: Path = TARGETS) -> list[dict]:
                                     "(one: the figure; two: a ratio)")
     if problems:
         raise ValueError("\n".join(problems))
-    return targets
+    return [dict(t, **dict(zip(("op", "bound"), _goal(t["goal"])))) for t in targets]
 
 
 def _goal(goal: str) -> tuple[str, float] | None:
@@ -106,8 +107,7 @@ def evaluate(targets: list[dict], results: list[dict]) -> list[dict]:
         except ValueError as exc:
             problems.append(str(exc))
             continue
-        op, bound = _goal(t["goal"])
-        met = OPS[op](figure, bound)
+        met = OPS[t["op"]](figure, t["bound"])
         if not met and not t.get("why"):
             problems.append(f"target {t['what']!r}: missed ({figure:.4g} {unit}, goal "
                             f"{t['goal']}) and no why")
@@ -115,27 +115,3 @@ def evaluate(targets: list[dict], results: list[dict]) -> list[dict]:
     if problems:
         raise ValueError("\n".join(problems))
     return out
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def render(evaluated: list[dict]) -> list[str]:
-    """The page's section: one row a target, issue by issue."""
-    lines = ["## Issue targets",
-             "From `benchmarks/targets.toml` (`benchmarks/targets.py`): each figure is read from "
-             "the page named beside it (a row's value, or the number its note gives, quoted: a "
-             "ratio of two is of the note's rounded figures), the worst where several rows "
-             "measure one target; a missed target says why.", "",
-             "| issue | target | goal | measured | from | status |",
-             "| ---: | --- | --- | ---: | --- | --- |"]
-    for t in sorted(evaluated, key=lambda t: t["issue"]):
-        status = "met" if t["met"] else f"**missed**: {t['why']}"
-        if t["met"] and t.get("why"):
-            status += f": {t['why']}"
-        lines.append(f"| {t['issue']} | {_cell(t['what'])} | {t['goal']} | "
-                     f"{t['figure']:.4g} {_cell(t['unit'])} | {t['page']}: {_cell(t['row'])} | "
-                     f"{_cell(status)} |")
-    lines.append("")
-    return lines
