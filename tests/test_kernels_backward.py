@@ -491,6 +491,21 @@ def test_interp_substitution_inverse_where_the_neumann_product_cancels():
     assert errs[True] < 1e-6 and errs[False] > 100 * errs[True], errs
 
 
+def test_stage1_launchers_refuse_an_unknown_inverse():
+    # `inverse` reaches both of stage 1's launchers as a string: a value other than the two
+    # is a ValueError naming it, before anything is allocated or launched (it once meant the
+    # Neumann product silently)
+    from kdalab.kernels.chunk_prepare import INVERSES, chunk_kda_prepare, substitution
+    from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd
+
+    assert [substitution(x) for x in INVERSES] == [False, True]
+    for launch in (chunk_kda_prepare, chunk_kda_prepare_bwd):
+        args = (None,) * (9 if launch is chunk_kda_prepare_bwd else 8)
+        kw = dict(num_warps=2) if launch is chunk_kda_prepare else {}
+        with pytest.raises(ValueError, match="inverse must be one of neumann, substitution"):
+            launch(*args, inverse="Neumann", **kw)
+
+
 def test_reverse_pass_launch_choices():
     # the dS pass halves its value block only where the halves' programs all fit at once
     # (two an SM on 4 warps), from the measured 128-on-8-warps tile only; the blocks kernel is

@@ -160,6 +160,18 @@ def substitution_inverse16(L, BT: tl.constexpr):
     return inv
 
 
+#: how stage 1 forms (I + L)^-1 (``inverse16``): the Neumann product, or forward substitution
+INVERSES = ("neumann", "substitution")
+
+
+def substitution(inverse: str) -> bool:
+    """The kernels' ``SUBST`` for a launcher's ``inverse`` (one of :data:`INVERSES`); any
+    other value is refused, not read as the Neumann product."""
+    if inverse not in INVERSES:
+        raise ValueError(f"inverse must be one of {', '.join(INVERSES)}, got {inverse!r}")
+    return inverse == "substitution"
+
+
 @triton.jit
 def inverse16(L, BT: tl.constexpr, SUBST: tl.constexpr):
     """(I + L)^-1: by forward substitution with ``SUBST`` (config.dot "fp32"), else by the
@@ -369,6 +381,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     10 bits, and on clustered keys with β near 1 the gradients amplify L's and W's errors
     through (I + L)^-1; docs/training.md "Precision"). ``inverse``: "neumann" or
     "substitution" (config.dot "fp32": ``substitution_inverse16``)."""
+    subst = substitution(inverse)
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0
@@ -394,7 +407,7 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
               HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
               USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
               IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows,
-              PRECISION=precision, SUBST=inverse == "substitution", num_warps=num_warps)
+              PRECISION=precision, SUBST=subst, num_warps=num_warps)
     # the clamped fixed-length form (T % 16 != 0) of the forward's 2-warp program took 172
     # registers on sm_90a, five programs an SM: capped at 168, six, no spills. Not the other
     # forms: under the same cap the aligned one (136 without) spilled 20 bytes and the varlen

@@ -34,6 +34,7 @@ from .chunk_prepare import (
     beta_of,
     inverse16,
     pairwise_tiles,
+    substitution,
 )
 from .contract import Problem
 from .gate import LN2, SPLIT_SPAN2, gate_params, log2_decay, log2_decay_grads
@@ -308,6 +309,7 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
     [chunks, H] and ddt_bias [chunks, H, K] per chunk, fp32 (None without A_log / dt_bias).
     ``maxnreg``, ``num_stages``: a register cap and pipeline stages (None: Triton's);
     ``inverse``: the forward's ("neumann", or "substitution" for config.dot "fp32")."""
+    subst = substitution(inverse)
     B, T, H, K = p.B, p.T, p.H, p.K
     dev = q.device
     f32 = dict(device=dev, dtype=torch.float32)
@@ -338,7 +340,7 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
         IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
-        SUBST=inverse == "substitution", num_warps=num_warps,
+        SUBST=subst, num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
         **({"num_stages": num_stages} if num_stages else {}))
     return dq, dk, dg, db, dalog, ddt
