@@ -173,7 +173,8 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     sms = _sm_count(v.device)
     # config.dot "fp32": every product of the reverse pass in 3xTF32, as the forward's, on at
     # most 4 warps where a program has 64 value columns or fewer: at K = V = 64 the dS pass on
-    # 8 warps faulted (an illegal address; triton 3.6, an H100), on 4 it runs
+    # 8 warps faulted (an illegal address; triton 3.6, an H100), and so did the blocks kernel
+    # alone on 8 (an H200, docs/training.md "The fp32 path"): the cap is both launches'
     warps = config.num_warps or 8
     if c.dot == "fp32" and block_v <= 64:
         warps = min(warps, 4)
