@@ -817,3 +817,48 @@ def test_grad_emulated_cpu_writes_a_page_per_variant(tmp_path):
                "model_like", "--no-hunt", "--json", tmp_path / "bad.json")
     assert bad.returncode == 2 and "'fla' is not a kdalab kernel" in bad.stderr.splitlines()[-1]
     assert not (tmp_path / "bad.json").exists()
+
+
+def test_collect_candidates_rows_from_raw_runs(tmp_path):
+    # the fused pass's row: the fastest shape's best tile over the two stages, every shape's in
+    # the note, and whether every tile kept the two stages' bits; the product types' row: the
+    # fastest variant's step over fp32's, each variant's worst gradient a family. The page's
+    # other rows stay; run again, nothing doubles; a missing raw file is one line and exit 2
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "candidates_h200.json").write_text(json.dumps(dict(
+        benchmark="candidates_h200", device="H200", commit="1111111", date="d0",
+        command="earlier run", rows=[dict(target="candidate 1111111: x", value=0.9, unit="x")])))
+    tile = lambda ms, ratio, eq=1.0: {  # noqa: E731
+        "fused_a": ms, "fused_a_over_two_stage": ratio, "fused_a_equal": eq, "fused_a_flags": 0}
+    fused = tmp_path / "fused.json"
+    fused.write_text(json.dumps(dict(device="NVIDIA H200", rows=[
+        dict(shape="S1", two_stage=1.0, **tile(2.0, 2.0),
+             fused_b=3.0, fused_b_over_two_stage=3.0, fused_b_equal=1.0, fused_b_flags=0),
+        dict(shape="S2", two_stage=0.5, **tile(0.75, 1.5, eq=0.5))])))
+    var = tmp_path / "var.json"
+    acc = lambda v, fam, dq, dk: dict(variant=v, family=fam, kdalab_dq=dq, kdalab_dk=dk)  # noqa: E731
+    var.write_text(json.dumps(dict(variants=[
+        dict(variant="s_fp32_ds_fp32", shape="T4096_H16", kdalab_ms=2.0),
+        acc("s_fp32_ds_fp32", "model_like", 1e-3, 2e-3),
+        dict(variant="s_bf16_ds_bf16", shape="T4096_H16", kdalab_ms=1.9),
+        acc("s_bf16_ds_bf16", "model_like", 3e-2, 2e-3)])))
+    args = ("--commit", "2222222", "--device", "H200", "--date", "d1", "--results", results,
+            "--fused", fused, "--train-variants", var)
+    res = _run("collect_candidates.py", *args)
+    assert res.returncode == 0, res.stderr
+    page = json.loads((results / "candidates_h200.json").read_text())
+    assert page["commit"] == "2222222, 1111111" and page["date"] == "d1"
+    assert [r["target"][:19] for r in page["rows"]] == ["candidate 2222222: "] * 2 + [
+        "candidate 1111111: "]
+    fused_row, var_row = page["rows"][0], page["rows"][1]
+    assert fused_row["value"] == 1.5 and fused_row["note"] == (
+        "S1 2.000 against 1.000 ms (2.00x, a; slowest tile 3.00x); S2 0.750 against 0.500 ms "
+        "(1.50x, a; slowest tile 1.50x); outputs differ from the two stages'")
+    assert var_row["value"] == 0.95 and var_row["note"].endswith(
+        "s_bf16_ds_bf16 1.900 ms (0.950x; model_like dq 0.03)")
+    assert _run("collect_candidates.py", *args).returncode == 0  # again: the same page
+    assert json.loads((results / "candidates_h200.json").read_text()) == page
+    res = _run("collect_candidates.py", "--commit", "2", "--device", "H", "--date", "d",
+               "--fused", tmp_path / "missing.json")
+    assert res.returncode == 2 and "missing.json does not exist" in res.stderr
