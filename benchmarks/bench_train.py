@@ -17,7 +17,8 @@ chunk_kda (its own Triton forward and backward), in one process (H200).
    fp64 token recurrence (kdalab.kda.reference_forward), T = 1024, H = 16, on model-like,
    collinear and weak-decay inputs and the three gates, kdalab's and fla's on the same inputs.
 4. ``--variants``: the reverse pass's product operand types (``autograd.BWD_PRODUCTS``), speed
-   at two shapes and accuracy at T = 1024.
+   at two shapes and accuracy at T = 1024: one page row a shape and variant, its step time over
+   the default variant's, its worst gradient a case in the note.
 
 Rows go to stdout as JSON lines and with ``--json`` into the BENCHMARKS.md JSON (every figure
 into ``raw/`` beside it). fla autotunes each new shape (30-90 s, forward and backward):
@@ -286,7 +287,9 @@ FAMILIES = ("model_like", "collinear", "weak_decay_correlated")
 
 
 def accuracy_rows(fla, gates=("lower_bound", "unbounded", "log_decay"), T=1024, H=16,
-                  rows=None):
+                  rows=None, variant=None):
+    """One row a case; ``variant``: the product variant they ran under, named in each row (a
+    log's rows then say which)."""
     rows = [] if rows is None else rows
     for family in FAMILIES:
         for gate in gates:
@@ -330,19 +333,28 @@ def accuracy_rows(fla, gates=("lower_bound", "unbounded", "log_decay"), T=1024, 
                     continue
                 for n, a, b in zip(names, got, want, strict=True):
                     row[f"{who}_d{n}"] = float(rel_rmse(a.double(), b, a.dim()))
+            if variant is not None:
+                row["variant"] = variant
             emit(row, rows)
     return rows
 
 
-def variant_rows(fla, names, rounds):
-    rows = []
-    variants = {"s_fp32_ds_fp32": (torch.float32, torch.float32),
-                "s_bf16_ds_fp32": (torch.bfloat16, torch.float32),
-                "s_bf16_ds_bf16": (torch.bfloat16, torch.bfloat16),
-                "s_fp16_ds_bf16": (torch.float16, torch.bfloat16)}
+#: the reverse pass's product operand types (``autograd.BWD_PRODUCTS``: S's, dS's), the
+#: default first: the other variants' step times are taken over its
+PRODUCT_VARIANTS = {"s_fp32_ds_fp32": (torch.float32, torch.float32),
+                    "s_bf16_ds_fp32": (torch.bfloat16, torch.float32),
+                    "s_bf16_ds_bf16": (torch.bfloat16, torch.bfloat16),
+                    "s_fp16_ds_bf16": (torch.float16, torch.bfloat16)}
+DEFAULT_VARIANT = next(iter(PRODUCT_VARIANTS))
+
+
+def variant_rows(fla, names, rounds, rows=None):
+    """Each product variant's eager step time at ``names`` and its accuracy rows (lower-bounded
+    gate), every row naming its variant."""
+    rows = [] if rows is None else rows
     saved = dict(kernel_autograd.BWD_PRODUCTS)
     try:
-        for vname, (sd, dd) in variants.items():
+        for vname, (sd, dd) in PRODUCT_VARIANTS.items():
             kernel_autograd.BWD_PRODUCTS.update(s_dtype=sd, ds_dtype=dd)
             for name in names:
                 x = _leaves(make_inputs(SHAPES[name]))
@@ -355,9 +367,7 @@ def variant_rows(fla, names, rounds):
                 ms = interleaved({"k": lambda: _step(mine, x, do, dht)}, rounds)["k"]
                 row = dict(variant=vname, shape=name, kdalab_ms=ms)
                 emit(row, rows)
-            acc = accuracy_rows(None, gates=("lower_bound",))
-            for r in acc:
-                rows.append(dict(r, variant=vname))
+            accuracy_rows(None, gates=("lower_bound",), rows=rows, variant=vname)
     finally:
         kernel_autograd.BWD_PRODUCTS.clear()
         kernel_autograd.BWD_PRODUCTS.update(saved)
@@ -430,6 +440,44 @@ def reverse_ms(kernels: dict) -> float:
             + kernels.get("chunk_kda_bwd_dv_kernel", 0.0))
 
 
+def worst_grad(row: dict) -> str | None:
+    """The name of an accuracy row's worst kdalab gradient (``dq``, ...), None if it has none."""
+    names = [n for n in LEAVES if f"kdalab_d{n}" in row]
+    return f"d{max(names, key=lambda n: row[f'kdalab_d{n}'])}" if names else None
+
+
+def variant_json_rows(var) -> list[dict]:
+    """The product variants' page rows (``--variants``): one a shape and variant, its eager
+    step time over the default variant's (the shape's first variant's where the default was
+    not timed), its worst kdalab gradient a case in the note."""
+    steps, cases = {}, {}
+    for r in var:
+        if "variant" not in r or "config" in r:
+            continue
+        if "family" in r:
+            cases.setdefault(r["variant"], []).append(r)
+        elif isinstance(r.get("kdalab_ms"), (int, float)):
+            steps.setdefault(r["shape"], {})[r["variant"]] = r["kdalab_ms"]
+    out = []
+    for shape, times in steps.items():
+        base = DEFAULT_VARIANT if DEFAULT_VARIANT in times else next(iter(times))
+        for name, ms in times.items():
+            worst = []
+            for a in cases.get(name, []):
+                grad = worst_grad(a)
+                case = f"{a['family']} {a['gate']} T {a['T']} H {a['H']}"
+                worst.append(f"{case} {grad} {a[f'kdalab_{grad}']:.2g}" if grad
+                             else f"{case} {a.get('kdalab_error', 'no gradients')}")
+            out.append(dict(
+                target=f"train {shape}: kdalab step, the reverse pass's products {name} over "
+                       f"{base} (autograd.BWD_PRODUCTS)",
+                unit="x", value=round(ms / times[base], 3),
+                note=f"eager step time {ms:.3f} vs {times[base]:.3f} ms (interleaved rounds); "
+                     "worst kdalab gradient a case, rel RMS vs fp64: "
+                     + ("; ".join(worst) or "not measured")))
+    return out
+
+
 def to_json_rows(bw, rate, speed, acc, var=(), card="H200"):
     out = [dict(target=f"{card} copy bandwidth (1 GiB d2d)", value=round(bw / 1e12, 2),
                 unit="TB/s"),
@@ -500,6 +548,7 @@ def to_json_rows(bw, rate, speed, acc, var=(), card="H200"):
             unit="ms", value=round(rs[0]["bwd_gpu_ms"], 3),
             note="backward ms under each config (reverse pass, stage 1's backward, peak): "
                  + "; ".join(parts)))
+    out += variant_json_rows(var)
     for r in acc:  # one row a case: kdalab's worst gradient, each gradient's pair in the note
         names = [n for n in LEAVES if f"kdalab_d{n}" in r]
         if not names:
@@ -537,7 +586,8 @@ def main():
                     help="the card the logs ran on, for --from-log's page (default: H200)")
     ap.add_argument("--from-log", nargs="+", default=None, metavar="LOG",
                     help="write --json from the JSON lines of earlier runs' logs (a later log's "
-                         "row replaces an earlier one of the same shape, case or config)")
+                         "row replaces an earlier one of the same shape, case, config or "
+                         "variant)")
     args = ap.parse_args()
     names = args.shapes.split(",") if args.shapes else [s[0] for s in GRID]
     res = dict(bw=None, rate=None, speed=[], acc=[], var=[])
@@ -580,7 +630,7 @@ def main():
     if not args.no_speed:
         speed_rows(names, args.rounds, res["bw"], res["rate"], fla, rows=res["speed"])
     if args.variants:
-        res["var"].extend(variant_rows(fla, args.variants.split(","), args.rounds))
+        variant_rows(fla, args.variants.split(","), args.rounds, rows=res["var"])
     if args.configs:
         config_rows(names, args.configs.split(";"), rows=res["var"],
                     baseline=load_baseline(args.baseline, "chunk_kda") if args.baseline
@@ -591,7 +641,8 @@ def main():
 def read_logs(paths):
     """(kind, row) from logs' JSON lines (or an earlier raw ``.json``): "rates", or the row's
     list (speed, acc, var), the later of two rows with the same key kept in the first one's
-    place."""
+    place. An accuracy row is keyed by its case and its product variant: a variant's rows go
+    to var beside its step times, the rows without one (``--accuracy``'s) keep their own."""
     keyed = {}
 
     def rows_of(path):
@@ -607,11 +658,21 @@ def read_logs(paths):
         # a log named for its commit (train_<sha>[_x].log): its config rows say which
         at = re.fullmatch(r"train_([0-9a-f]{7})(?:_[a-z][a-z0-9]*)?\.(?:log|json)",
                           os.path.basename(path))
+        variant = None  # the run's latest variant timed (a run's rows start at its rates)
         for row in rows_of(path):
             if at and "config" in row:
                 row = dict(row, at=at.group(1))
             if "copy_bw_tbs" in row:
+                variant = None
+            elif "variant" in row and "family" not in row:
+                variant = row["variant"]
+            elif "family" in row and "variant" not in row and variant is not None:
+                # a variant's accuracy rows after its step times (logs before they named it)
+                row = dict(row, variant=variant)
+            if "copy_bw_tbs" in row:
                 keyed[("rates",)] = ("rates", row)
+            elif "family" in row and "variant" in row:
+                keyed[("var", "acc", row["family"], row["gate"], row["variant"])] = ("var", row)
             elif "family" in row:
                 keyed[("acc", row["family"], row["gate"])] = ("acc", row)
             elif "config" in row or "variant" in row:

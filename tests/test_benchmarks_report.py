@@ -350,6 +350,55 @@ def test_train_from_logs_of_another_card_names_it(tmp_path):
     assert "block_v=128 at abcdef0 1.50" in page["rows"][-1]["note"]
 
 
+def test_train_from_logs_of_a_variants_run_keeps_each_variants_rows(tmp_path):
+    # a --variants run after --accuracy: a page row a variant (its step over the default's, its
+    # worst gradient a case), the --accuracy row not replaced by a variant's of the same case
+    # (the second variant's row does not name it: a log before the rows did), and the raw file
+    # is what collect_candidates reads
+    case = dict(family="model_like", gate="lower_bound", T=1024, H=16)
+    log = tmp_path / "run.log"
+    log.write_text("\n".join(json.dumps(r) for r in (
+        dict(copy_bw_tbs=4.0, bf16_tflops=700.0),
+        dict(case, kdalab_dq=1e-3, kdalab_dk=2e-3, fla_dq=4e-3, fla_dk=5e-3),
+        dict(variant="s_fp32_ds_fp32", shape="T4096_H16", kdalab_ms=2.0),
+        dict(case, kdalab_dq=1e-3, kdalab_dk=2e-3, variant="s_fp32_ds_fp32"),
+        dict(variant="s_bf16_ds_bf16", shape="T4096_H16", kdalab_ms=1.9),
+        dict(case, kdalab_dq=3e-2, kdalab_dk=2e-3))) + "\n")
+    out = tmp_path / "res" / "train_h200.json"
+    out.parent.mkdir()
+    done = _run("bench_train.py", "--from-log", log, "--json", out)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())["rows"]
+    grad = [r for r in rows if r["target"].startswith("grad model_like lower_bound")]
+    assert len(grad) == 1 and grad[0]["value"] == 2e-3 and "dq 0.001/0.004" in grad[0]["note"]
+    var = [r for r in rows if "the reverse pass's products" in r["target"]]
+    assert [(r["target"], r["value"]) for r in var] == [
+        ("train T4096_H16: kdalab step, the reverse pass's products s_fp32_ds_fp32 over "
+         "s_fp32_ds_fp32 (autograd.BWD_PRODUCTS)", 1.0),
+        ("train T4096_H16: kdalab step, the reverse pass's products s_bf16_ds_bf16 over "
+         "s_fp32_ds_fp32 (autograd.BWD_PRODUCTS)", 0.95)]
+    assert var[0]["note"].endswith("model_like lower_bound T 1024 H 16 dk 0.002")
+    assert var[1]["note"] == (
+        "eager step time 1.900 vs 2.000 ms (interleaved rounds); worst kdalab gradient a case, "
+        "rel RMS vs fp64: model_like lower_bound T 1024 H 16 dq 0.03")
+    raw_path = out.parent / "raw" / "train_h200.json"
+    raw = json.loads(raw_path.read_text())
+    assert [r["fla_dq"] for r in raw["accuracy"]] == [4e-3]
+    assert [r["variant"] for r in raw["variants"]] == ["s_fp32_ds_fp32"] * 2 + [
+        "s_bf16_ds_bf16"] * 2
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / "candidates_h200.json").write_text(json.dumps(dict(
+        benchmark="candidates_h200", device="H200", commit="1111111", date="d0",
+        command="earlier run", rows=[])))
+    done = _run("collect_candidates.py", "--commit", "2222222", "--device", "H200", "--date",
+                "d1", "--results", results, "--train-variants", raw_path)
+    assert done.returncode == 0, done.stderr
+    cand = json.loads((results / "candidates_h200.json").read_text())["rows"]
+    assert cand[0]["value"] == 0.95 and cand[0]["note"].endswith(
+        "s_bf16_ds_bf16 1.900 ms (0.950x; model_like dq 0.03)")
+
+
 def test_baseline_kernels_rename_every_op_they_call(tmp_path):
     # scripts/baseline_kernels.sh: an earlier commit's kernels as kdalab_baseline, its ops
     # registered and called under that name only (by string and by attribute: left as
