@@ -540,14 +540,29 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
     x, kw = _case(1, 300, 2, 2, 2, 16, 32, cu=[0, 0, 1, 140, 140, 300])
     do, dht = _probes(x, kw)
     base = _grads(x, kw, _kernel(), do, dht)
-    for config, ds_block_v in ((KernelConfig(segment_chunks=4), 0),
-                               (KernelConfig(block_v=16), 0),
-                               (KernelConfig(segment_chunks=8, block_v=16), 0),
-                               (KernelConfig(), 16), (KernelConfig(segment_chunks=4), 16)):
+    recurrent = autograd.chunk_kda_bwd_recurrent
+    # ds_segment: the dS pass split on its own (the forward serial, or split coarser)
+    for config, ds_block_v, ds_segment in ((KernelConfig(segment_chunks=4), 0, 0),
+                                           (KernelConfig(block_v=16), 0, 0),
+                                           (KernelConfig(segment_chunks=8, block_v=16), 0, 0),
+                                           (KernelConfig(), 16, 0),
+                                           (KernelConfig(segment_chunks=4), 16, 0),
+                                           (KernelConfig(), 0, 4),
+                                           (KernelConfig(segment_chunks=8), 16, 4)):
         monkeypatch.setitem(autograd.BWD_MODE, "ds_block_v", ds_block_v)
+        monkeypatch.setitem(autograd.BWD_MODE, "ds_segment", ds_segment)
+        seen = []  # the dS pass's segment table's lengths: the split it ran
+        monkeypatch.setattr(autograd, "chunk_kda_bwd_recurrent", lambda *a, **k: (
+            seen.append(k["segments"]), recurrent(*a, **k))[1])
         got = _grads(x, kw, _kernel(config), do, dht)
         errors = {n: _err(got[n], base[n]) for n in got}
-        assert all(e < 1e-5 for e in errors.values()), (config, ds_block_v, errors)
+        assert all(e < 1e-5 for e in errors.values()), (config, ds_block_v, ds_segment,
+                                                         errors)
+        split = ds_segment or config.segment_chunks
+        assert len(seen) == 1 and (seen[0] is None) == (not split)
+        if split:  # 300 rows of 5 sequences, 16 tokens a chunk: a segment a split's chunks
+            table = seen[0][0].cpu()
+            assert int((table[:, 3] - table[:, 2]).max()) == 16 * split, table
 
 
 @interp

@@ -44,8 +44,10 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: dkend_over_du: dKEND written over dU where one value block and K = V allow (8 MiB less at
 #: the peak at T 1024 H 16; 0 for its own buffer). Stage 1's backward runs on 4 warps (2,
 #: uncapped, on an H100: 1.05x at T 4096 H 16, 1.10x at T 8192 H 64; docs/training.md)
+#: ds_segment: the dS pass's segments (chunks, whole 64-token blocks; K <= 128), its own split
+#: instead of the forward plan's (0: the plan's), a measured option
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1)
+                prep_stages=1, dkend_over_du=1, ds_segment=0)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:
@@ -183,8 +185,11 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                 precision=DOT_PRECISION[c.dot])
     blocks, block_offsets, _ = seqs.segments(CKC)
     segments = None
-    if plan.segment_chunks > 0:  # segments of whole blocks
-        segments = seqs.segments(-(-plan.segment_chunks // CKC) * CKC)
+    seg_chunks = plan.segment_chunks
+    if BWD_MODE["ds_segment"] and K <= 128:  # the combine holds a K x K transition
+        seg_chunks = BWD_MODE["ds_segment"]
+    if seg_chunks > 0:  # segments of whole blocks
+        segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
     du, ends = chunk_kda_bwd_recurrent(
         do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
         num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
