@@ -541,28 +541,54 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
     do, dht = _probes(x, kw)
     base = _grads(x, kw, _kernel(), do, dht)
     recurrent = autograd.chunk_kda_bwd_recurrent
-    # ds_segment: the dS pass split on its own (the forward serial, or split coarser)
-    for config, ds_block_v, ds_segment in ((KernelConfig(segment_chunks=4), 0, 0),
-                                           (KernelConfig(block_v=16), 0, 0),
-                                           (KernelConfig(segment_chunks=8, block_v=16), 0, 0),
-                                           (KernelConfig(), 16, 0),
-                                           (KernelConfig(segment_chunks=4), 16, 0),
-                                           (KernelConfig(), 0, 4),
-                                           (KernelConfig(segment_chunks=8), 16, 4)):
+    # ds_plan 0: the dS pass split as the forward's plan; ds_segment: split on its own (the
+    # forward serial, or split coarser); ds_plan 1: as launch_plan.plan_reverse says (here
+    # told to say 4 chunks: its choices at real shapes are test_plan_reverse's) unless the
+    # config gives a split
+    monkeypatch.setattr(autograd, "plan_reverse", lambda *a: 4)
+    for config, ds_block_v, ds_segment, ds_plan in (
+            (KernelConfig(segment_chunks=4), 0, 0, 0), (KernelConfig(block_v=16), 0, 0, 0),
+            (KernelConfig(segment_chunks=8, block_v=16), 0, 0, 0), (KernelConfig(), 16, 0, 0),
+            (KernelConfig(segment_chunks=4), 16, 0, 0), (KernelConfig(), 0, 4, 0),
+            (KernelConfig(segment_chunks=8), 16, 4, 0), (KernelConfig(), 0, 0, 1),
+            (KernelConfig(segment_chunks=8), 0, 0, 1)):
         monkeypatch.setitem(autograd.BWD_MODE, "ds_block_v", ds_block_v)
         monkeypatch.setitem(autograd.BWD_MODE, "ds_segment", ds_segment)
+        monkeypatch.setitem(autograd.BWD_MODE, "ds_plan", ds_plan)
         seen = []  # the dS pass's segment table's lengths: the split it ran
         monkeypatch.setattr(autograd, "chunk_kda_bwd_recurrent", lambda *a, **k: (
             seen.append(k["segments"]), recurrent(*a, **k))[1])
         got = _grads(x, kw, _kernel(config), do, dht)
         errors = {n: _err(got[n], base[n]) for n in got}
         assert all(e < 1e-5 for e in errors.values()), (config, ds_block_v, ds_segment,
-                                                         errors)
-        split = ds_segment or config.segment_chunks
+                                                         ds_plan, errors)
+        split = ds_segment or config.segment_chunks or (4 if ds_plan else 0)
         assert len(seen) == 1 and (seen[0] is None) == (not split)
         if split:  # 300 rows of 5 sequences, 16 tokens a chunk: a segment a split's chunks
             table = seen[0][0].cpu()
             assert int((table[:, 3] - table[:, 2]).max()) == 16 * split, table
+
+
+def test_plan_reverse():
+    # the dS pass's own split (K = V = 128, the H200's 132 SMs, the reverse pass's tile BV 128
+    # on 8 warps): where its programs leave SMs idle and its chain is long, finer than the
+    # forward's plan; serial where its programs fill the GPU
+    from kdalab.kernels.launch_plan import ds_value_block, plan_launch, plan_reverse
+
+    def both(T, H, B=1):
+        n = [T // 16] * B
+        return (plan_launch(n, H, 128, 128, 132).segment_chunks,
+                plan_reverse(n, H, 128, 128, 132, 128, ds_value_block(B * H, 128, 128, 8, 132)))
+
+    assert both(1024, 16) == (0, 8)      # estimated 134 against 219 us serial
+    assert both(4096, 16) == (32, 32)
+    assert both(4096, 8) == (32, 16)
+    assert both(8192, 64) == (0, 0)      # 128 programs serial; a split only adds work
+    assert both(4096, 32, 8) == (0, 0)
+    assert both(131072, 8) == (512, 512)
+    assert plan_reverse([64], 16, 256, 128, 132, 128, 64) == 0   # K > 128: the combine
+    assert plan_reverse([], 16, 128, 128, 132, 128, 64) == 0
+    assert plan_reverse([0, 0], 16, 128, 128, 132, 128, 64) == 0
 
 
 @interp

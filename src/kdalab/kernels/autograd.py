@@ -26,6 +26,7 @@ from .chunk_prepare_bwd import chunk_kda_prepare_bwd
 from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
 from .config import DEFAULT_CONFIG, DOT_PRECISION, KernelConfig
 from .contract import prefill_problem
+from .launch_plan import ds_value_block, plan_reverse
 
 __all__ = ["chunk_kda"]
 
@@ -44,10 +45,11 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: dkend_over_du: dKEND written over dU where one value block and K = V allow (8 MiB less at
 #: the peak at T 1024 H 16; 0 for its own buffer). Stage 1's backward runs on 4 warps (2,
 #: uncapped, on an H100: 1.05x at T 4096 H 16, 1.10x at T 8192 H 64; docs/training.md)
-#: ds_segment: the dS pass's segments (chunks, whole 64-token blocks; K <= 128), its own split
-#: instead of the forward plan's (0: the plan's), a measured option
+#: ds_segment: the dS pass's segments (chunks, whole 64-token blocks; K <= 128), given (0: as
+#: ds_plan says); ds_plan: 1, the dS pass's own split (``launch_plan.plan_reverse``) unless the
+#: config gives segment_chunks, 0: the forward plan's
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1, ds_segment=0)
+                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=0)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:
@@ -188,6 +190,9 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     seg_chunks = plan.segment_chunks
     if BWD_MODE["ds_segment"] and K <= 128:  # the combine holds a K x K transition
         seg_chunks = BWD_MODE["ds_segment"]
+    elif BWD_MODE["ds_plan"] and config.segment_chunks is None:  # a given split is kept
+        seg_chunks = plan_reverse(seqs.n_chunks, H, K, V, sms, block_v, ds_value_block(
+            p.num_seqs * H, V, block_v, warps, sms, BWD_MODE["ds_block_v"] or None))
     if seg_chunks > 0:  # segments of whole blocks
         segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
     du, ends = chunk_kda_bwd_recurrent(

@@ -294,3 +294,50 @@ def blocks_kernel_stages(has_initial_state: bool) -> int:
     pinned down: sm_90a spills 888 against 1284 bytes a thread without it, 1104 against 1276
     with it, so the pipelined form spills less in both (``scripts/sm90_report.py``)."""
     return 1 if has_initial_state else 2
+
+
+#: The dS pass's step (µs; K = V = 128, tf32 products; H200, docs/training.md "The backward's
+#: launch, measured"): serial on value blocks of 64 on 4 warps 3.8 alone (T 1024 H 16: 0.242
+#: ms for 64 chunks; 3.9 at T 8192 H 64, 128 programs), of 128 on 8 warps 5.0 alone (T 1024
+#: H 16: 0.318) and 5.2 with two waves (B 8 T 4096 H 32: 2.67 ms); in 32-chunk segments on
+#: 128 on 8 warps about 4.1 (T 4096 H 16: 0.428 ms for 64 steps of pass 1 and 32 of pass 3 and
+#: 7 combine segments). Pass 1's steps (K more rows) are taken as pass 3's.
+DS_STEP_COSTS = (
+    StepCost(64, 4, 2, full_alone=3.8, full_shared=5.2, summary_alone=3.8, summary_shared=5.2),
+    StepCost(128, 8, 1, full_alone=4.5, full_shared=4.5, summary_alone=4.5,
+             summary_shared=4.5),
+)
+#: the dS pass's segments (chunks): whole 64-token blocks, finer than the forward's
+DS_SEGMENT_CHUNKS = (4, 8, 16) + SEGMENT_CHUNKS
+
+
+def _ds_cost(block_v: int) -> StepCost:
+    ref = next((c for c in DS_STEP_COSTS if c.block_v == block_v), None)
+    if ref is not None:
+        return ref
+    ref = DS_STEP_COSTS[0]
+    scale = block_v / ref.block_v
+    return StepCost(block_v, ref.num_warps, ref.per_sm, ref.full_alone * scale,
+                    ref.full_shared * scale, ref.summary_alone * scale,
+                    ref.summary_shared * scale)
+
+
+def plan_reverse(n_chunks, H: int, K: int, V: int, sms: int, block_v: int,
+                 serial_block_v: int) -> int:
+    """The dS pass's segment length in chunks (0: serial), by ``estimate_us`` with the dS
+    pass's step costs: its own split, not the forward's (a dS step takes about four times a
+    forward step, so short sequences gain from a split the forward does without). The serial
+    pass runs ``serial_block_v`` value columns a program (``ds_value_block``), a split one
+    ``block_v``; a split must be estimated ``MIN_GAIN`` of the serial time or less. K > 128:
+    serial (the combine holds a K x K transition)."""
+    if K > 128:
+        return 0
+    serial = estimate_us(n_chunks, H, K, V, _ds_cost(serial_block_v), 0, sms)
+    best, longest = (serial, 0), max(n_chunks, default=0)
+    for L in DS_SEGMENT_CHUNKS:
+        if 2 * L > longest:
+            break
+        t = estimate_us(n_chunks, H, K, V, _ds_cost(block_v), L, sms)
+        if t <= MIN_GAIN * serial and t < best[0]:
+            best = (t, L)
+    return best[1]
