@@ -47,9 +47,10 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: uncapped, on an H100: 1.05x at T 4096 H 16, 1.10x at T 8192 H 64; docs/training.md)
 #: ds_segment: the dS pass's segments (chunks, whole 64-token blocks; K <= 128), given (0: as
 #: ds_plan says); ds_plan: 1, the dS pass's own split (``launch_plan.plan_reverse``) unless the
-#: config gives segment_chunks, 0: the forward plan's
+#: config gives segment_chunks, 0: the forward plan's (an H100, the step: 0.585 against 0.686
+#: ms at T 1024 H 16, 1.074 against 1.122 at T 4096 H 8; docs/training.md)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=0)
+                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:
