@@ -188,19 +188,20 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                 precision=DOT_PRECISION[c.dot])
     blocks, block_offsets, _ = seqs.segments(CKC)
     segments = None
+    # the serial dS pass's value columns a program, once: the plan's estimate and the launch
+    serial_bv = ds_value_block(p.num_seqs * H, V, block_v, warps, sms,
+                               BWD_MODE["ds_block_v"] or None)
     seg_chunks = plan.segment_chunks
     if BWD_MODE["ds_segment"] and K <= 128:  # the combine holds a K x K transition
         seg_chunks = BWD_MODE["ds_segment"]
     elif BWD_MODE["ds_plan"] and config.segment_chunks is None:  # a given split is kept
-        seg_chunks = plan_reverse(seqs.n_chunks, H, K, V, sms, block_v, ds_value_block(
-            p.num_seqs * H, V, block_v, warps, sms, BWD_MODE["ds_block_v"] or None))
+        seg_chunks = plan_reverse(seqs.n_chunks, H, K, V, sms, block_v, serial_bv)
     if seg_chunks > 0:  # segments of whole blocks
         segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
     du, ends = chunk_kda_bwd_recurrent(
         do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
         num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
-        block_offsets=block_offsets, segments=segments,
-        ds_block_v=BWD_MODE["ds_block_v"] or None, **tile)
+        block_offsets=block_offsets, segments=segments, ds_block_v=serial_bv, **tile)
     out = chunk_kda_bwd_blocks(
         v, do, c.ops, du, ends, initial_state=h0, checkpoints=checkpoints,
         checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,

@@ -161,11 +161,15 @@ def _candidates(K: int, V: int, block_v: int | None, num_warps: int | None, gluo
     if costs:
         return costs
     ref = STEP_COSTS[0]
-    bv = block_v or min(ref.block_v, V)
-    nw = num_warps or ref.num_warps
-    scale = bv / ref.block_v
-    return [StepCost(bv, nw, ref.per_sm, ref.full_alone * scale, ref.full_shared * scale,
-                     ref.summary_alone * scale, ref.summary_shared * scale)]
+    return [_scaled(ref, block_v or min(ref.block_v, V), num_warps or ref.num_warps)]
+
+
+def _scaled(ref: StepCost, block_v: int, num_warps: int) -> StepCost:
+    """A program shape without figures: ``ref``'s step times scaled by its value rows."""
+    scale = block_v / ref.block_v
+    return StepCost(block_v, num_warps, ref.per_sm, ref.full_alone * scale,
+                    ref.full_shared * scale, ref.summary_alone * scale,
+                    ref.summary_shared * scale)
 
 
 def plan_launch(n_chunks, H: int, K: int, V: int, sms: int, *,
@@ -314,14 +318,9 @@ DS_SEGMENT_CHUNKS = (4, 8, 16) + SEGMENT_CHUNKS
 
 
 def _ds_cost(block_v: int) -> StepCost:
+    """The dS pass's step costs at ``block_v`` value columns a program."""
     ref = next((c for c in DS_STEP_COSTS if c.block_v == block_v), None)
-    if ref is not None:
-        return ref
-    ref = DS_STEP_COSTS[0]
-    scale = block_v / ref.block_v
-    return StepCost(block_v, ref.num_warps, ref.per_sm, ref.full_alone * scale,
-                    ref.full_shared * scale, ref.summary_alone * scale,
-                    ref.summary_shared * scale)
+    return ref or _scaled(DS_STEP_COSTS[0], block_v, DS_STEP_COSTS[0].num_warps)
 
 
 def plan_reverse(n_chunks, H: int, K: int, V: int, sms: int, block_v: int,
