@@ -48,6 +48,7 @@ from bench_kernel import (  # noqa: E402
     parse_config,
     write_raw,
 )
+from train_rows import LEAVES, grad_names, worst_grad, worst_leaf  # noqa: E402
 
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.inputs.sequences import draw, preset  # noqa: E402
@@ -59,7 +60,6 @@ LOWER_BOUND = -5.0
 D = 128
 #: the backward target's shape (issue 40: the backward alone at B 1, T 4096, H 16)
 SHAPES = dict(SHAPES, T4096_H16=("T4096_H16", 1, 4096, 16, None, False))
-LEAVES = ("q", "k", "v", "g", "beta", "A_log", "dt_bias", "h0")
 
 
 #: called after every row (main: the JSON rewritten, so a call cut short keeps its rows)
@@ -440,12 +440,6 @@ def reverse_ms(kernels: dict) -> float:
             + kernels.get("chunk_kda_bwd_dv_kernel", 0.0))
 
 
-def worst_grad(row: dict) -> str | None:
-    """The name of an accuracy row's worst kdalab gradient (``dq``, ...), None if it has none."""
-    names = [n for n in LEAVES if f"kdalab_d{n}" in row]
-    return f"d{max(names, key=lambda n: row[f'kdalab_d{n}'])}" if names else None
-
-
 def variant_json_rows(var) -> list[dict]:
     """The product variants' page rows (``--variants``): one a shape and variant, its eager
     step time over the default variant's (the shape's first variant's where the default was
@@ -550,10 +544,10 @@ def to_json_rows(bw, rate, speed, acc, var=(), card="H200"):
                  + "; ".join(parts)))
     out += variant_json_rows(var)
     for r in acc:  # one row a case: kdalab's worst gradient, each gradient's pair in the note
-        names = [n for n in LEAVES if f"kdalab_d{n}" in r]
+        names = grad_names(r)
         if not names:
             continue
-        worst = max(names, key=lambda n: r[f"kdalab_d{n}"])
+        worst = worst_leaf(r)
         pairs = ", ".join(f"d{n} {r[f'kdalab_d{n}']:.2g}/{r.get(f'fla_d{n}', float('nan')):.2g}"
                           + (f"/{r[f'round_d{n}']:.2g}" if f"round_d{n}" in r else "")
                           for n in names)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from collect_h200 import _write  # benchmarks/, beside this script
+from train_rows import worst_grad
 
 FUSED = ("candidate {commit}: stage 1 inside stage 2's serial pass (one launch), its best tile's "
          "time over the two stages', CUDA-graph replay (fastest shape)")
@@ -57,9 +58,8 @@ def variants_row(raw: dict, commit: str) -> dict:
     for name, r in speed.items():
         worst = []
         for a in (a for a in acc if a["variant"] == name):
-            keys = [k for k in a if k.startswith("kdalab_d")]
-            k = max(keys, key=lambda k: a[k])
-            worst.append(f"{a['family']} {k[len('kdalab_'):]} {a[k]:.2g}")
+            grad = worst_grad(a)
+            worst.append(f"{a['family']} {grad} {a[f'kdalab_{grad}']:.2g}")
         parts.append(f"{name} {r['kdalab_ms']:.3f} ms ({r['kdalab_ms'] / base:.3f}x; "
                      + ", ".join(worst) + ")")
     ratios = [r["kdalab_ms"] / base for n, r in speed.items() if n != "s_fp32_ds_fp32"]
