@@ -59,7 +59,8 @@ def variants_row(raw: dict, commit: str) -> dict:
         worst = []
         for a in (a for a in acc if a["variant"] == name):
             grad = worst_grad(a)
-            worst.append(f"{a['family']} {grad} {a[f'kdalab_{grad}']:.2g}")
+            worst.append(f"{a['family']} {grad} {a[f'kdalab_{grad}']:.2g}" if grad
+                         else f"{a['family']} {a.get('kdalab_error', 'no gradients')}")
         parts.append(f"{name} {r['kdalab_ms']:.3f} ms ({r['kdalab_ms'] / base:.3f}x; "
                      + ", ".join(worst) + ")")
     ratios = [r["kdalab_ms"] / base for n, r in speed.items() if n != "s_fp32_ds_fp32"]

@@ -891,7 +891,9 @@ def test_collect_candidates_rows_from_raw_runs(tmp_path):
         dict(variant="s_fp32_ds_fp32", shape="T4096_H16", kdalab_ms=2.0),
         acc("s_fp32_ds_fp32", "model_like", 1e-3, 2e-3),
         dict(variant="s_bf16_ds_bf16", shape="T4096_H16", kdalab_ms=1.9),
-        acc("s_bf16_ds_bf16", "model_like", 3e-2, 2e-3)])))
+        acc("s_bf16_ds_bf16", "model_like", 3e-2, 2e-3),
+        # a case whose backward raised: named with its error, not a crash of the collector
+        dict(variant="s_bf16_ds_bf16", family="collinear", kdalab_error="raised: boom")])))
     args = ("--commit", "2222222", "--device", "H200", "--date", "d1", "--results", results,
             "--fused", fused, "--train-variants", var)
     res = _run("collect_candidates.py", *args)
@@ -905,7 +907,7 @@ def test_collect_candidates_rows_from_raw_runs(tmp_path):
         "S1 2.000 against 1.000 ms (2.00x, a; slowest tile 3.00x); S2 0.750 against 0.500 ms "
         "(1.50x, a; slowest tile 1.50x); outputs differ from the two stages'")
     assert var_row["value"] == 0.95 and var_row["note"].endswith(
-        "s_bf16_ds_bf16 1.900 ms (0.950x; model_like dq 0.03)")
+        "s_bf16_ds_bf16 1.900 ms (0.950x; model_like dq 0.03, collinear raised: boom)")
     assert _run("collect_candidates.py", *args).returncode == 0  # again: the same page
     assert json.loads((results / "candidates_h200.json").read_text()) == page
     res = _run("collect_candidates.py", "--commit", "2", "--device", "H", "--date", "d",
