@@ -535,7 +535,7 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
     # gradients to fp32 rounding (measured 6e-10 and 4e-7 relative; a segment's blocks stored
     # from its sequence's first block, or the value blocks' dγ into one partial sum, gave
     # errors above 1e15)
-    from kdalab.kernels import autograd
+    from kdalab.kernels import autograd, tables
 
     x, kw = _case(1, 300, 2, 2, 2, 16, 32, cu=[0, 0, 1, 140, 140, 300])
     do, dht = _probes(x, kw)
@@ -546,6 +546,9 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
     # told to say 4 chunks: its choices at real shapes are test_plan_reverse's) unless the
     # config gives a split
     monkeypatch.setattr(autograd, "plan_reverse", lambda *a: 4)
+    # the dS pass's split is cached with the sequence tables (base's call planned it): fresh
+    # tables, so that the stand-in plans
+    monkeypatch.setattr(tables, "_VARLEN_CACHE", {})
     for config, ds_block_v, ds_segment, ds_plan in (
             (KernelConfig(segment_chunks=4), 0, 0, 0), (KernelConfig(block_v=16), 0, 0, 0),
             (KernelConfig(segment_chunks=8, block_v=16), 0, 0, 0), (KernelConfig(), 16, 0, 0),
@@ -567,6 +570,25 @@ def test_interp_reverse_pass_forms_agree(monkeypatch):
         if split:  # 300 rows of 5 sequences, 16 tokens a chunk: a segment a split's chunks
             table = seen[0][0].cpu()
             assert int((table[:, 3] - table[:, 2]).max()) == 16 * split, table
+
+
+@interp
+def test_interp_reverse_split_is_planned_once_per_sequence_tables(monkeypatch):
+    # plan_reverse walks every sequence for each candidate length (0.74 ms a call at 1024
+    # sequences): kept with the sequence tables, as the forward's plan, and planned again for
+    # a new cu_seqlens tensor
+    from kdalab.kernels import autograd
+
+    calls = []
+    plan = autograd.plan_reverse
+    monkeypatch.setattr(autograd, "plan_reverse", lambda *a: (calls.append(a), plan(*a))[1])
+    x, kw = _case(1, 40, 1, 1, 1, 16, 16, cu=[0, 9, 40])
+    do, dht = _probes(x, kw)
+    first = _grads(x, kw, _kernel(), do, dht)
+    again = _grads(x, kw, _kernel(), do, dht)
+    assert len(calls) == 1 and all(torch.equal(first[n], again[n]) for n in first)
+    _grads(x, dict(kw, cu_seqlens=kw["cu_seqlens"].clone()), _kernel(), do, dht)
+    assert len(calls) == 2
 
 
 def test_plan_reverse():

@@ -39,7 +39,9 @@ class Sequences:
         else:
             self.chunk_table = self.chunk_offsets = self.seq_order = None
         self._segments: dict[int, tuple[torch.Tensor, torch.Tensor, int]] = {}
-        self.plans: dict[tuple, LaunchPlan] = {}
+        #: the forward's launch plans (``api.plan_for``) and the dS pass's segment lengths
+        #: (``autograd.backward``: ``launch_plan.plan_reverse``, keyed from "reverse")
+        self.plans: dict[tuple, LaunchPlan | int] = {}
         #: checkpoint interval -> (each sequence's first checkpoint row, int32 on the device;
         #: the number of checkpoints): ``pool.checkpoint_table``
         self.checkpoint_tables: dict[int, tuple[torch.Tensor, int]] = {}
