@@ -319,10 +319,20 @@ def main():
     ap.add_argument("--shapes", default="T1024_H16,T4096_H16,T8192_H64")
     ap.add_argument("--json", default=None)
     ap.add_argument("--check", action="store_true", help="CPU interpreter correctness only")
+    ap.add_argument("--tiles", default=None, metavar="BVxWARPSxSTAGES,...",
+                    help="some of the serial kernel's launches (default: TILES)")
     a = ap.parse_args()
     if a.check:
         check_cpu()
         return
+    global TILES
+    if a.tiles:
+        try:
+            TILES = tuple(tuple(int(n) for n in t.split("x")) for t in a.tiles.split(","))
+        except ValueError:
+            ap.error(f"--tiles: expected BVxWARPSxSTAGES,..., got {a.tiles!r}")
+        if any(len(t) != 3 for t in TILES):
+            ap.error(f"--tiles: expected BVxWARPSxSTAGES,..., got {a.tiles!r}")
     unknown = [s for s in a.shapes.split(",") if s not in SHAPES]
     if unknown:
         ap.error(f"--shapes: unknown {unknown}; known: {', '.join(SHAPES)}")
@@ -338,11 +348,12 @@ def main():
             for key, fig in family_rows(B, T, H, K, V, family, sms, timed=i == 0).items():
                 row.setdefault(key, {}).update(fig)
             torch.cuda.empty_cache()
+        print(json.dumps(row), flush=True)  # before fla's, which may autotune for minutes
         try:
             row["fla_dhu"] = dict(ms=ms(fla_pass(B, T, H, K, V)))
         except Exception as e:  # noqa: BLE001 - fla absent or changed: the row says so
             row["fla_dhu"] = dict(error=f"{type(e).__name__}: {e}"[:200])
-        print(json.dumps(row), flush=True)
+        print(json.dumps(dict(shape=name, fla_dhu=row["fla_dhu"])), flush=True)
         rows.append(row)
     if a.json:
         with open(a.json, "w") as fh:
