@@ -1,30 +1,34 @@
-"""The 64-token dS pass, measured before it is built (issue 40; docs/training.md "A 64-token
-reverse pass"): its serial kernel alone, against this backward's 16-token dS pass and fla's
-64-token one (``chunk_gated_delta_rule_bwd_dhu``) at the same shapes, in one process.
+"""The 64-token dS pass, measured before it is built into the backward (issue 40;
+docs/training.md "A 64-token reverse pass"): prototype kernels, in this script, against the
+backward's 16-token dS pass and fla's 64-token one (``chunk_gated_delta_rule_bwd_dhu``) at the
+same shapes, in one process.
 
-    python benchmarks/bench_ds64.py [--shapes T1024_H16,T4096_H16] [--json out.json]
+    python benchmarks/bench_ds64.py [--shapes T1024_H16,T4096_H16] [--tiles 64x4x1] [--json F]
     TRITON_INTERPRET=1 python benchmarks/bench_ds64.py --check   (CPU: correctness only)
 
-The question it answers: the 64-token form takes the serial dependency from four 16-token steps
-a block to one step of [BV, K] x [K, 64] products, but its operands (W₆₄ from a 64 x 64 solve,
-KEND₆₄ and QG₆₄ scaled by in-block decays) are fp32 values, not the fp16 ones whose tf32
-products are exact, so it needs 3xTF32 products to keep this backward's accuracy, where fla's
-runs bf16. Does such a serial pass, in plain Triton, run near fla's, and how far below the
-chain's time? The operands are formed here in torch (fp64, from stage 1's real 16-token
-operands, as ``tests/test_kernels_backward.py`` ``test_64_token_reverse_step_algebra`` checks
-the algebra); the kernels that would form them (a chunk-parallel pass over 64-token blocks)
-and turn dU₆₄ into the chain's dU (a block-triangular solve) are not built: their byte floors
-are printed beside the figures.
+The question: the 64-token form takes the serial dependency from four 16-token steps a block
+to one step of [BV, K] x [K, 64] products, but its operands (W₆₄ from a 64 x 64 solve, KEND₆₄
+and QG₆₄ scaled by in-block decays) are fp32 values, not the fp16 ones whose tf32 products are
+exact, so it needs 3xTF32 products to keep this backward's accuracy, where fla's runs bf16.
+Does it, in plain Triton, run near fla's pass, and how far below the chain's time? Three
+kernels, each pass the chain's equal in what it hands on (the chain's dU and the gradient
+after every block, which the blocks and dV kernels take):
 
-Per 64-token block, in the transposed form of ``kernels/chunk_recurrent_bwd.py`` (dS^T: [BV, K]),
-from the gradient dS'^T after the block:
+1. ``prep64_kernel``, chunk-parallel over (block, head): the 64-token operands from stage 1's
+   16-token ones (X's blocks, W₆₄ by block forward substitution, QG₆₄, KEND₆₄, MQK₆₄, γ₆₄);
+2. ``ds64_kernel``, serial over the blocks of a (sequence, head, value block); from the
+   gradient dS'^T after a block, in the transposed form of ``kernels/chunk_recurrent_bwd.py``:
 
-    dU₆₄^T = dS'^T KEND₆₄^T + dO^T MQK₆₄                 [BV, 64]
-    dS^T   = dS'^T diag(γ₆₄) + dO^T QG₆₄ - dU₆₄^T W₆₄     [BV, K]
+       dU₆₄^T = dS'^T KEND₆₄^T + dO^T MQK₆₄                 [BV, 64]
+       dS^T   = dS'^T diag(γ₆₄) + dO^T QG₆₄ - dU₆₄^T W₆₄     [BV, K]
 
-Rows: the kernel's GPU time (``triton.testing.do_bench``, median) for each tile and precision,
-the 16-token pass (serial and ``plan_reverse``'s split), fla's pass, and the error of each
-pass's block-end gradients (``ends``) against the fp64 chain on the same operands.
+3. ``solve64_kernel``, parallel: the chain's dU from dU₆₄, (I + X)^T dU = dU₆₄.
+
+Fixed-length input with T % 64 == 0 only (a prototype: no varlen, no partial block). Rows:
+each pass's GPU time (``triton.testing.do_bench``, median), the 64-token pass whole at each
+launch and precision and its kernels alone, the 16-token pass (serial and ``plan_reverse``'s
+split), fla's; each pass's block-end gradients and dU against the fp64 chain on the same
+operands, two input families; the byte floors beside them.
 """
 
 from __future__ import annotations
@@ -113,6 +117,174 @@ def ds64(do, w64, qg64, ke64, mqk64, g64, dht, *, block_v, num_warps, precision,
     return ends, du
 
 
+@triton.jit
+def _rows16(ptr, rows, i_h, H, o_k, K: tl.constexpr):
+    """A chunk's [16, K] rows of a token-major [T, H, K] tensor, fp32."""
+    return tl.load(ptr + (rows[:, None] * H + i_h) * K + o_k[None, :]).to(tl.float32)
+
+
+@triton.jit
+def _put16(ptr, base, r, c, t):
+    """Block (r, c) of a [64, 64] matrix at ``base``."""
+    o = tl.arange(0, 16)
+    tl.store(ptr + base + (16 * r + o[:, None]) * 64 + 16 * c + o[None, :], t)
+
+
+@triton.jit
+def _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r, i_h, H, o_k, K: tl.constexpr, y, q, e):
+    """A chunk's rows of W₆₄, QG₆₄ and KEND₆₄."""
+    ofs = (r[:, None] * H + i_h) * K + o_k[None, :]
+    tl.store(w64_ptr + ofs, y)
+    tl.store(qg64_ptr + ofs, q)
+    tl.store(ke64_ptr + ofs, e)
+
+
+@triton.jit
+def _xt(a, b, PREC: tl.constexpr):
+    """a @ b^T."""
+    return tl.dot(a, tl.trans(b), input_precision=PREC)
+
+
+@triton.jit
+def prep64_kernel(w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, w64_ptr, qg64_ptr,
+                  ke64_ptr, mqk64_ptr, g64_ptr, x64_ptr, T, H, K: tl.constexpr,
+                  PREC: tl.constexpr):
+    """One (64-token block, head) of fixed-length input: the 64-token operands from stage 1's
+    four 16-token chunks (module docstring; training.md "A 64-token reverse pass"). Decays
+    between chunks as products of the chunks' γ, never a quotient (no overflow): E(c', c) =
+    Π_{c' < j < c} γ_j, D_c = E(-1, c). X's and MQK₆₄'s strictly lower blocks, W₆₄ by block
+    forward substitution, (I + X) W₆₄ = [W_c D_c]; the [64, 64] outputs' upper blocks are the
+    host's zeros."""
+    i_b = tl.program_id(0).to(tl.int64)     # global block: sequence · blocks + block
+    i_h = tl.program_id(1)
+    o_r = tl.arange(0, 16)
+    o_k = tl.arange(0, K)
+    r0 = i_b * 64 + o_r                     # fixed length: block i_b's rows start at 64 i_b
+    r1, r2, r3 = r0 + 16, r0 + 32, r0 + 48
+    W0 = _rows16(w_ptr, r0, i_h, H, o_k, K)
+    W1 = _rows16(w_ptr, r1, i_h, H, o_k, K)
+    W2 = _rows16(w_ptr, r2, i_h, H, o_k, K)
+    W3 = _rows16(w_ptr, r3, i_h, H, o_k, K)
+    Q0 = _rows16(qg_ptr, r0, i_h, H, o_k, K)
+    Q1 = _rows16(qg_ptr, r1, i_h, H, o_k, K)
+    Q2 = _rows16(qg_ptr, r2, i_h, H, o_k, K)
+    Q3 = _rows16(qg_ptr, r3, i_h, H, o_k, K)
+    E0 = _rows16(kend_ptr, r0, i_h, H, o_k, K) + _rows16(klo_ptr, r0, i_h, H, o_k, K)
+    E1 = _rows16(kend_ptr, r1, i_h, H, o_k, K) + _rows16(klo_ptr, r1, i_h, H, o_k, K)
+    E2 = _rows16(kend_ptr, r2, i_h, H, o_k, K) + _rows16(klo_ptr, r2, i_h, H, o_k, K)
+    E3 = _rows16(kend_ptr, r3, i_h, H, o_k, K) + _rows16(klo_ptr, r3, i_h, H, o_k, K)
+    cc = i_b * 4 * H + i_h                  # chunk-and-head of the block's first chunk
+    G0 = tl.load(gamma_ptr + cc * K + o_k)
+    G1 = tl.load(gamma_ptr + (cc + H) * K + o_k)
+    G2 = tl.load(gamma_ptr + (cc + 2 * H) * K + o_k)
+    G3 = tl.load(gamma_ptr + (cc + 3 * H) * K + o_k)
+    D2 = G0 * G1
+    D3 = D2 * G2
+    G12 = G1 * G2
+    # X's blocks W_c diag(E(c', c)) KEND_c'^T, and MQK₆₄'s with QG_c
+    X10, X21, X32 = _xt(W1, E0, PREC), _xt(W2, E1, PREC), _xt(W3, E2, PREC)
+    X20, X31 = _xt(W2 * G1[None, :], E0, PREC), _xt(W3 * G2[None, :], E1, PREC)
+    X30 = _xt(W3 * G12[None, :], E0, PREC)
+    base = (i_b * H + i_h) * 4096
+    _put16(x64_ptr, base, 1, 0, X10)
+    _put16(x64_ptr, base, 2, 1, X21)
+    _put16(x64_ptr, base, 3, 2, X32)
+    _put16(x64_ptr, base, 2, 0, X20)
+    _put16(x64_ptr, base, 3, 1, X31)
+    _put16(x64_ptr, base, 3, 0, X30)
+    _put16(mqk64_ptr, base, 1, 0, _xt(Q1, E0, PREC))
+    _put16(mqk64_ptr, base, 2, 1, _xt(Q2, E1, PREC))
+    _put16(mqk64_ptr, base, 3, 2, _xt(Q3, E2, PREC))
+    _put16(mqk64_ptr, base, 2, 0, _xt(Q2 * G1[None, :], E0, PREC))
+    _put16(mqk64_ptr, base, 3, 1, _xt(Q3 * G2[None, :], E1, PREC))
+    _put16(mqk64_ptr, base, 3, 0, _xt(Q3 * G12[None, :], E0, PREC))
+    mq = mqk_ptr + cc * 256 + o_r[:, None] * 16 + o_r[None, :]
+    for j in tl.static_range(4):
+        _put16(mqk64_ptr, base, j, j, tl.load(mq + j * H * 256).to(tl.float32))
+    # W₆₄ by block forward substitution
+    Y0 = W0
+    Y1 = W1 * G0[None, :] - tl.dot(X10, Y0, input_precision=PREC)
+    Y2 = (W2 * D2[None, :] - tl.dot(X20, Y0, input_precision=PREC)
+          - tl.dot(X21, Y1, input_precision=PREC))
+    Y3 = (W3 * D3[None, :] - tl.dot(X30, Y0, input_precision=PREC)
+          - tl.dot(X31, Y1, input_precision=PREC) - tl.dot(X32, Y2, input_precision=PREC))
+    G23 = G2 * G3
+    _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r0, i_h, H, o_k, K, Y0, Q0, E0 * (G1 * G23)[None, :])
+    _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r1, i_h, H, o_k, K, Y1, Q1 * G0[None, :],
+              E1 * G23[None, :])
+    _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r2, i_h, H, o_k, K, Y2, Q2 * D2[None, :],
+              E2 * G3[None, :])
+    _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r3, i_h, H, o_k, K, Y3, Q3 * D3[None, :], E3)
+    tl.store(g64_ptr + (i_b * H + i_h) * K + o_k, D3 * G3)
+
+
+@triton.jit
+def solve64_kernel(du64_ptr, x64_ptr, du_ptr, H, V: tl.constexpr, BV: tl.constexpr,
+                   PREC: tl.constexpr):
+    """One (64-token block, head, value block): the chain's dU from dU₆₄, (I + X)^T dU =
+    dU₆₄ by block back substitution, in the transposed form (dU_c^T = dU₆₄_c^T -
+    Σ_{c'' > c} dU_c''^T X_{c'', c})."""
+    i_b = tl.program_id(0).to(tl.int64)
+    i_h = tl.program_id(1)
+    i_v = tl.program_id(2)
+    o_r = tl.arange(0, 16)
+    o_v = i_v * BV + tl.arange(0, BV)
+    base = (i_b * H + i_h) * 4096
+    xo = x64_ptr + base + o_r[:, None] * 64 + o_r[None, :]
+    X10 = tl.load(xo + 1024)
+    X20 = tl.load(xo + 2048)
+    X30 = tl.load(xo + 3072)
+    X21 = tl.load(xo + 2048 + 16)
+    X31 = tl.load(xo + 3072 + 16)
+    X32 = tl.load(xo + 3072 + 32)
+    tok = ((i_b * 64 + o_r)[None, :] * H + i_h) * V + o_v[:, None]   # [BV, 16], chunk 0
+    step = 16 * H * V
+    d0 = tl.load(du64_ptr + tok)
+    d1 = tl.load(du64_ptr + tok + step)
+    d2 = tl.load(du64_ptr + tok + 2 * step)
+    d3 = tl.load(du64_ptr + tok + 3 * step)
+    u3 = d3
+    u2 = d2 - tl.dot(u3, X32, input_precision=PREC)
+    u1 = d1 - tl.dot(u2, X21, input_precision=PREC) - tl.dot(u3, X31, input_precision=PREC)
+    u0 = (d0 - tl.dot(u1, X10, input_precision=PREC) - tl.dot(u2, X20, input_precision=PREC)
+          - tl.dot(u3, X30, input_precision=PREC))
+    tl.store(du_ptr + tok, u0)
+    tl.store(du_ptr + tok + step, u1)
+    tl.store(du_ptr + tok + 2 * step, u2)
+    tl.store(du_ptr + tok + 3 * step, u3)
+
+
+def prep64(ops, B, T, H, precision="tf32x3", num_warps=4):
+    """The 64-token operands by ``prep64_kernel``: (W₆₄, QG₆₄, KEND₆₄, MQK₆₄, γ₆₄) as
+    ``operands64`` returns them, and X [blocks, H, 64, 64]."""
+    w, qg, kend, klo, _, mqk, gamma = ops
+    K, nb = w.shape[-1], B * T // BB
+    f32 = dict(device=w.device, dtype=torch.float32)
+    w64, qg64, ke64 = torch.empty((3, B, T, H, K), **f32).unbind(0)
+    mqk64, x64 = torch.zeros((2, nb, H, BB, BB), **f32).unbind(0)
+    g64 = torch.empty((nb, H, K), **f32)
+    prep64_kernel[(nb, H)](w, qg, kend, klo, mqk, gamma, w64, qg64, ke64, mqk64, g64, x64, T,
+                           H, K=K, PREC=precision, num_warps=num_warps)
+    return (w64, qg64, ke64, mqk64, g64), x64
+
+
+def solve64(du64, x64, *, block_v=64, precision="tf32x3", num_warps=4):
+    B, T, H, V = du64.shape
+    du = torch.empty_like(du64)
+    solve64_kernel[(B * T // BB, H, V // block_v)](du64, x64, du, H, V=V, BV=block_v,
+                                                   PREC=precision, num_warps=num_warps)
+    return du
+
+
+def path64(c, do, dht, B, T, H, *, block_v, num_warps, num_stages=1, precision="tf32x3"):
+    """The whole 64-token dS pass: the operands, the serial pass, the solve. Returns (the
+    chain's dU, the block-end gradients), as the 16-token pass."""
+    ops64, x64 = prep64(c.ops, B, T, H, precision)
+    ends, du64 = ds64(do, *ops64, dht, block_v=block_v, num_warps=num_warps,
+                      precision=precision, num_stages=num_stages)
+    return solve64(du64, x64, block_v=min(64, do.shape[-1]), precision=precision), ends
+
+
 def stage1(B, T, H, K, V, device, family="weak", seed=0):
     """Inputs of ``FAMILIES[family]`` (bf16 on the GPU, fp32 in the interpreter; the
     lower-bounded gate) and stage 1's recompute as the backward makes it
@@ -138,7 +310,7 @@ def stage1(B, T, H, K, V, device, family="weak", seed=0):
     return c, do, dht
 
 
-def operands64(ops, B, T, H):
+def operands64(ops, B, T, H, dtype=torch.float32):
     """The 64-token operands from stage 1's 16-token ones (training.md), fp64 then fp32:
     W₆₄, QG₆₄, KEND₆₄ token-major like q; MQK₆₄ [blocks, H, 64, 64]; γ₆₄ [blocks, H, K]."""
     w, qg, kend, klo, _, mqk, gamma = ops
@@ -175,17 +347,17 @@ def operands64(ops, B, T, H):
     QG64 = torch.cat([QG[..., c, :, :] * decay(0, c)[..., None, :] for c in range(C)], -2)
     KE64 = torch.cat([KE[..., c, :, :] * decay(c + 1, C)[..., None, :] for c in range(C)], -2)
 
-    def rows(x):  # [B, nb, H, 64, K] -> [B, T, H, K] fp32
-        return x.permute(0, 1, 3, 2, 4).reshape(B, T, H, K).float().contiguous()
+    def rows(x):  # [B, nb, H, 64, K] -> [B, T, H, K]
+        return x.permute(0, 1, 3, 2, 4).reshape(B, T, H, K).to(dtype).contiguous()
 
     return (rows(W64), rows(QG64), rows(KE64),
-            M.reshape(B * nb, H, BB, BB).float().contiguous(),
-            decay(0, C).reshape(B * nb, H, K).float().contiguous())
+            M.reshape(B * nb, H, BB, BB).to(dtype).contiguous(),
+            decay(0, C).reshape(B * nb, H, K).to(dtype).contiguous())
 
 
 def chain_ends64(ops, do, dht, B, T, H):
-    """The 16-token chain in fp64 on the same operands: the gradient after every block,
-    [blocks, H, V, K] (transposed as ``ends``)."""
+    """The 16-token chain in fp64 on the same operands: (the gradient after every block,
+    [blocks, H, V, K] (transposed as ``ends``); each chunk's dU, like dO)."""
     w, qg, kend, klo, _, mqk, gamma = ops
     K, V, nc = w.shape[-1], do.shape[-1], T // BT
     f = dict(dtype=torch.float64)
@@ -196,13 +368,16 @@ def chain_ends64(ops, do, dht, B, T, H):
     dO = do.to(**f).view(B, nc, BT, H, V).permute(0, 1, 3, 2, 4)
     dS = dht.to(**f)                                                      # [B, H, K, V]
     ends = torch.empty(B, T // BB, H, V, K, device=do.device, **f)
+    dUs = torch.empty(B, nc, H, BT, V, device=do.device, **f)
     for c in reversed(range(nc)):
         if (c + 1) % (BB // BT) == 0:
             ends[:, c // (BB // BT)] = dS.transpose(-1, -2)
         dU = KE[:, c] @ dS + M16[:, c].transpose(-1, -2) @ dO[:, c]    # [B, H, 16, V]
+        dUs[:, c] = dU
         dS = G[:, c][..., None] * dS + QG[:, c].transpose(-1, -2) @ dO[:, c] \
             - W[:, c].transpose(-1, -2) @ dU
-    return ends.reshape(B * (T // BB), H, V, K)
+    return (ends.reshape(B * (T // BB), H, V, K),
+            dUs.permute(0, 1, 3, 2, 4).reshape(B, T, H, V))
 
 
 def rel(x, ref):
@@ -250,39 +425,48 @@ def ms(fn):
 
 
 def floors(B, T, H, K, V, bw):
-    """Byte floors (ms at ``bw`` B/s): the serial kernel's (W₆₄, QG₆₄, KEND₆₄ fp32 read,
-    dO bf16, MQK₆₄, dU₆₄ written fp32, the block-end gradients), the operand pass's (stage
-    1's W, QG, KEND, KLO fp16 and γ read; W₆₄, QG₆₄, KEND₆₄, MQK₆₄, γ₆₄ written), the
-    solve's (dU₆₄ read, dU written; X's blocks)."""
+    """Byte floors (ms at ``bw`` B/s) of each kernel: the serial one's (W₆₄, QG₆₄, KEND₆₄ fp32
+    and MQK₆₄ read, dO bf16, dU₆₄ written fp32, the block-end gradients), the operands'
+    (stage 1's W, QG, KEND, KLO fp16, MQK and γ read; W₆₄, QG₆₄, KEND₆₄, MQK₆₄, X, γ₆₄
+    written), the solve's (dU₆₄ and X read, dU written); and the 16-token pass's, once over
+    the tokens (its split reads them twice: summaries, then the pass)."""
     th = B * T * H
-    serial = th * (3 * K * 4 + V * 2 + BB * 4 + V * 4) + th // BB * V * K * 4
-    prep = th * (4 * K * 2 + K * 4 / BT) + th * (3 * K * 4 + BB * 4) + th // BB * K * 4
-    solve = th * (V * 4 * 2 + BB * 4)
-    return {n: b / bw * 1e3 for n, b in (("serial", serial), ("prep", prep),
-                                         ("solve", solve))}
+    ends = th // BB * V * K * 4
+    serial = th * (3 * K * 4 + BB * 4 + V * 2 + V * 4) + ends
+    prep = th * (4 * K * 2 + BT * 2 + K * 4 / BT) + th * (3 * K * 4 + 2 * BB * 4 + K * 4 / BB)
+    solve = th * (2 * V * 4 + BB * 4)
+    chain = th * (4 * K * 2 + BT * 2 + V * 2 + V * 4) + ends
+    return {n: b / bw * 1e3 for n, b in (("serial64", serial), ("prep64", prep),
+                                         ("solve64", solve), ("chain", chain))}
 
 
 def check_cpu():
-    """The interpreter: the kernel's block-end gradients (exact fp32 products, and the 3xTF32
-    path, which the interpreter also multiplies exactly) and the 16-token pass's against the
-    fp64 chain on stage 1's real operands (T 192, H 2, K = V = 16), each family."""
+    """The interpreter (which multiplies fp32 exactly, 3xTF32 too): on stage 1's real operands
+    (T 192, H 2, K = V = 16), each family, ``prep64_kernel``'s operands against ``operands64``'s
+    (fp64), and the whole 64-token pass's (operands, serial pass, solve) block-end gradients
+    and dU, and the 16-token pass's, against the fp64 chain's."""
     B, T, H, K, V = 1, 192, 2, 16, 16
     errs = {}
     for family in FAMILIES:
         c, do, dht = stage1(B, T, H, K, V, "cpu", family)
-        want = chain_ends64(c.ops, do, dht, B, T, H)
-        ops64 = operands64(c.ops, B, T, H)
+        want_ends, want_du = chain_ends64(c.ops, do, dht, B, T, H)
+        ref = operands64(c.ops, B, T, H, torch.float64)
+        for name, got, r in zip(("W64", "QG64", "KEND64", "MQK64", "gamma64"),
+                                prep64(c.ops, B, T, H)[0], ref):
+            errs[f"{family} {name}"] = rel(got, r)
         for prec in ("tf32x3", "ieee"):
-            ends, _ = ds64(do, *ops64, dht, block_v=16, num_warps=4, precision=prec)
-            errs[f"{family} ds64 {prec}"] = rel(ends, want)
-        _, ends = chain_pass(c, do, dht, _sm_count(do.device), False)()
-        errs[f"{family} chain"] = rel(ends, want)
+            du, ends = path64(c, do, dht, B, T, H, block_v=16, num_warps=4, precision=prec)
+            errs[f"{family} ds64 {prec} ends"] = rel(ends, want_ends)
+            errs[f"{family} ds64 {prec} dU"] = rel(du, want_du)
+        du, ends = chain_pass(c, do, dht, _sm_count(do.device), False)()
+        errs[f"{family} chain ends"] = rel(ends, want_ends)
+        errs[f"{family} chain dU"] = rel(du, want_du)
     print(json.dumps(errs))
-    # fp32 rounding of the formed operands and of the sums is what is left (measured 1e-7 to
-    # 3e-7 a pass); a wrong term (a decay off by a chunk, a transposed block) gives 1e-2 and up
+    # fp32 rounding of the formed operands and of the sums is what is left (measured 2e-8 to
+    # 4e-7); a wrong term (a decay off by a chunk, a transposed block) gives 1e-2 and up
     bad = {n: e for n, e in errs.items() if not e < 1e-5}
     if bad:
-        sys.exit(f"bench_ds64 --check: block-end gradients off the fp64 chain: {bad}")
+        sys.exit(f"bench_ds64 --check: off the fp64 chain: {bad}")
 
 
 def copy_bandwidth():
@@ -292,25 +476,36 @@ def copy_bandwidth():
 
 
 def family_rows(B, T, H, K, V, family, sms, timed):
-    """{pass: {err_<family>: the block-end gradients' error against the fp64 chain, ms: its
-    time where ``timed``}} on one family's inputs."""
+    """{pass: {err_<family>: its block-end gradients' error against the fp64 chain's,
+    du_err_<family>: its dU's, ms: its time where ``timed``}} on one family's inputs. The
+    passes: the 16-token one (serial, split); the whole 64-token one (``path64``) at each of
+    ``TILES`` in 3xTF32 and the first two in tf32; its three kernels alone (the serial one at
+    each tile)."""
     c, do, dht = stage1(B, T, H, K, V, "cuda", family)
-    want = chain_ends64(c.ops, do, dht, B, T, H)
-    ops64 = operands64(c.ops, B, T, H)
+    want_ends, want_du = chain_ends64(c.ops, do, dht, B, T, H)
     passes = {("chain_split" if split else "chain_serial"): chain_pass(c, do, dht, sms, split)
               for split in (False, True)}
     for prec, tiles in (("tf32x3", TILES), ("tf32", TILES[:2])):
         for bv, nw, st in tiles:
-            passes[f"ds64_{prec}_bv{bv}_w{nw}_s{st}"] = (
-                lambda bv=bv, nw=nw, st=st, prec=prec: ds64(
-                    do, *ops64, dht, block_v=bv, num_warps=nw, precision=prec,
-                    num_stages=st)[::-1])
+            passes[f"path64_{prec}_bv{bv}_w{nw}_s{st}"] = (
+                lambda bv=bv, nw=nw, st=st, prec=prec: path64(
+                    c, do, dht, B, T, H, block_v=bv, num_warps=nw, num_stages=st,
+                    precision=prec))
     out = {}
     for key, fn in passes.items():
-        _, ends = fn()  # (dU, ends), as the 16-token pass returns them
-        out[key] = {f"err_{family}": rel(ends, want)}
+        du, ends = fn()
+        out[key] = {f"err_{family}": rel(ends, want_ends), f"du_err_{family}": rel(du, want_du)}
         if timed:
             out[key]["ms"] = ms(fn)
+    if timed:  # the parts of the 3xTF32 path
+        ops64, x64 = prep64(c.ops, B, T, H)
+        out["prep64"] = dict(ms=ms(lambda: prep64(c.ops, B, T, H)))
+        for bv, nw, st in TILES:
+            out[f"serial64_bv{bv}_w{nw}_s{st}"] = dict(ms=ms(
+                lambda bv=bv, nw=nw, st=st: ds64(do, *ops64, dht, block_v=bv, num_warps=nw,
+                                                 precision="tf32x3", num_stages=st)))
+        du64 = ds64(do, *ops64, dht, block_v=64, num_warps=4, precision="tf32x3")[1]
+        out["solve64"] = dict(ms=ms(lambda: solve64(du64, x64)))
     return out
 
 
