@@ -63,8 +63,9 @@ FAMILIES = {"weak": ("model_like", dict(g_mean=-6.0)), "collinear": ("collinear"
 #: serial kernel at the launch), "fused": ``fused64``; chosen by their sm_90a compiles (``--sm90``:
 #: the fewest spills of each precision; stages 2, Triton's software pipeline fetching the next
 #: block's operands, which do not depend on dS, during this one); tf32 is the precision's price
-LAUNCHES = (("path", "split", 128, 8, 1), ("path", "split", 64, 8, 1),
-            ("path", "split", 32, 4, 1), ("path", "split", 64, 4, 1),
+LAUNCHES = (("path", "mixed", 64, 8, 1), ("path", "mixed", 128, 8, 1),
+            ("path", "mixed", 32, 4, 1), ("path", "split", 64, 8, 1),
+            ("path", "split", 128, 8, 1), ("path", "split", 32, 4, 1),
             ("path", "tf32x3", 128, 8, 1), ("path", "tf32x3", 64, 4, 2),
             ("path", "tf32", 128, 8, 1), ("path", "tf32", 64, 8, 1),
             ("fused", "tf32x3", 64, 8, 1), ("fused", "tf32", 64, 8, 1))
@@ -74,15 +75,27 @@ PREP_BK = 16
 
 @triton.jit
 def _mm(a, b, PREC: tl.constexpr):
-    """a @ b: ``PREC`` a tl.dot precision, or "split": b as its tf32 truncation and the rest,
-    two tf32 products, ``a`` truncated (as the 16-token pass multiplies dS by KEND's fp16 part
-    and KLO: training.md "Precision")."""
-    if PREC == "split":
+    """a @ b: ``PREC`` a tl.dot precision, or "split" (and "mixed", ``_mm_do``): b as its tf32
+    truncation and the rest, two tf32 products, ``a`` truncated (as the 16-token pass
+    multiplies dS by KEND's fp16 part and KLO: training.md "Precision")."""
+    if (PREC == "split") or (PREC == "mixed"):
         hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
         return (tl.dot(a, hi, input_precision="tf32")
                 + tl.dot(a, b - hi, input_precision="tf32"))
     else:
         return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _mm_do(a, b, PREC: tl.constexpr):
+    """a @ b for the products with dO (bf16 values, exact in tf32): "mixed" takes them in one
+    tf32 product, the other operand truncated (QG₆₄'s and MQK₆₄'s terms reach dS at tf32's
+    precision, as the 16-token pass's cross-chunk terms do through its truncated dS), and the
+    products with dS and dU split as "split"."""
+    if PREC == "mixed":
+        return tl.dot(a, b, input_precision="tf32")
+    else:
+        return _mm(a, b, PREC)
 
 
 @triton.jit
@@ -124,13 +137,13 @@ def ds64_kernel(do_ptr, w_ptr, qg_ptr, ke_ptr, mqk_ptr, g_ptr, dht_ptr, ends_ptr
         mqk = tl.load(mqk_ptr + gb * 4096 + o_r[:, None] * 64 + o_r[None, :])
         dut = (_mm(dSa, tl.trans(tl.load(ke_ptr + k0 + o_a[None, :])), PREC)
                + _mm(dSb, tl.trans(tl.load(ke_ptr + k0 + o_b[None, :])), PREC)
-               + _mm(dot_, mqk, PREC))
+               + _mm_do(dot_, mqk, PREC))
         tl.store(du_ptr + tok, dut)
         ga = tl.load(g_ptr + gb * K + o_a)
         gbk = tl.load(g_ptr + gb * K + o_b)
-        dSa = (dSa * ga[None, :] + _mm(dot_, tl.load(qg_ptr + k0 + o_a[None, :]), PREC)
+        dSa = (dSa * ga[None, :] + _mm_do(dot_, tl.load(qg_ptr + k0 + o_a[None, :]), PREC)
                - _mm(dut, tl.load(w_ptr + k0 + o_a[None, :]), PREC))
-        dSb = (dSb * gbk[None, :] + _mm(dot_, tl.load(qg_ptr + k0 + o_b[None, :]), PREC)
+        dSb = (dSb * gbk[None, :] + _mm_do(dot_, tl.load(qg_ptr + k0 + o_b[None, :]), PREC)
                - _mm(dut, tl.load(w_ptr + k0 + o_b[None, :]), PREC))
 
 
@@ -465,7 +478,8 @@ def solve64(du64, x64, *, block_v=64, precision="tf32x3", num_warps=4):
 def path64(c, do, dht, B, T, H, *, block_v, num_warps, num_stages=1, precision="tf32x3"):
     """The whole 64-token dS pass: the operands, the serial pass, the solve. Returns (the
     chain's dU, the block-end gradients), as the 16-token pass."""
-    aux = "tf32x3" if precision == "split" else precision  # the parallel kernels' products
+    # the parallel kernels' products
+    aux = "tf32x3" if precision in ("split", "mixed") else precision
     ops64, x64 = prep64(c.ops, B, T, H, aux)
     ends, du64 = ds64(do, *ops64, dht, block_v=block_v, num_warps=num_warps,
                       precision=precision, num_stages=num_stages)
@@ -642,7 +656,7 @@ def check_cpu():
         for name, got, r in zip(("W64", "QG64", "KEND64", "MQK64", "gamma64"),
                                 prep64(c.ops, B, T, H)[0], ref):
             errs[f"{family} {name}"] = rel(got, r)
-        for prec in ("tf32x3", "ieee", "split"):
+        for prec in ("tf32x3", "ieee", "split", "mixed"):
             du, ends = path64(c, do, dht, B, T, H, block_v=16, num_warps=4, precision=prec)
             errs[f"{family} ds64 {prec} ends"] = rel(ends, want_ends)
             errs[f"{family} ds64 {prec} dU"] = rel(du, want_du)
@@ -699,7 +713,7 @@ def family_rows(B, T, H, K, V, family, sms, timed):
                     lambda bv=bv, nw=nw, st=st, prec=prec: ds64(
                         do, *ops64, dht, block_v=bv, num_warps=nw, precision=prec,
                         num_stages=st)))
-        du64 = ds64(do, *ops64, dht, block_v=64, num_warps=8, precision="split")[1]
+        du64 = ds64(do, *ops64, dht, block_v=64, num_warps=8, precision="mixed")[1]
         out["solve64"] = dict(ms=ms(lambda: solve64(du64, x64)))
     return out
 
