@@ -1,34 +1,24 @@
-"""The 64-token dS pass, measured before it is built into the backward (issue 40;
-docs/training.md "A 64-token reverse pass"): prototype kernels, in this script, against the
-backward's 16-token dS pass and fla's 64-token one (``chunk_gated_delta_rule_bwd_dhu``) at the
-same shapes, in one process.
+"""The 64-token dS pass (``kernels/chunk_recurrent64_bwd.py``, ``BWD_MODE["ds64"]``), measured
+against the backward's 16-token dS pass and fla's 64-token one
+(``chunk_gated_delta_rule_bwd_dhu``) at the same shapes, in one process (issue 40;
+docs/training.md "A 64-token reverse pass").
 
-    python benchmarks/bench_ds64.py [--shapes T1024_H16,T4096_H16] [--tiles 64x4x1] [--json F]
+    python benchmarks/bench_ds64.py [--shapes T1024_H16,T4096_H16] [--launches 0,3] [--json F]
     TRITON_INTERPRET=1 python benchmarks/bench_ds64.py --check   (CPU: correctness only)
+    python benchmarks/bench_ds64.py --sm90 F   (no GPU: each launch compiled for sm_90a)
 
 The question: the 64-token form takes the serial dependency from four 16-token steps a block
 to one step of [BV, K] x [K, 64] products, but its operands (W₆₄ from a 64 x 64 solve, KEND₆₄
 and QG₆₄ scaled by in-block decays) are fp32 values, not the fp16 ones whose tf32 products are
-exact, so it needs 3xTF32 products to keep this backward's accuracy, where fla's runs bf16.
-Does it, in plain Triton, run near fla's pass, and how far below the chain's time? Three
-kernels, each pass the chain's equal in what it hands on (the chain's dU and the gradient
-after every block, which the blocks and dV kernels take):
+exact, so its products need more than one tf32 product each to keep this backward's accuracy,
+where fla's runs bf16; and it writes its operands in fp32 and reads them back. Does it, in
+plain Triton, run near fla's pass, and below the chain's time, within the chain's error?
 
-1. ``prep64_kernel``, chunk-parallel over (block, head): the 64-token operands from stage 1's
-   16-token ones (X's blocks, W₆₄ by block forward substitution, QG₆₄, KEND₆₄, MQK₆₄, γ₆₄);
-2. ``ds64_kernel``, serial over the blocks of a (sequence, head, value block); from the
-   gradient dS'^T after a block, in the transposed form of ``kernels/chunk_recurrent_bwd.py``:
-
-       dU₆₄^T = dS'^T KEND₆₄^T + dO^T MQK₆₄                 [BV, 64]
-       dS^T   = dS'^T diag(γ₆₄) + dO^T QG₆₄ - dU₆₄^T W₆₄     [BV, K]
-
-3. ``solve64_kernel``, parallel: the chain's dU from dU₆₄, (I + X)^T dU = dU₆₄.
-
-Fixed-length input with T % 64 == 0 only (a prototype: no varlen, no partial block). Rows:
-each pass's GPU time (``triton.testing.do_bench``, median), the 64-token pass whole at each
-launch and precision and its kernels alone, the 16-token pass (serial and ``plan_reverse``'s
-split), fla's; each pass's block-end gradients and dU against the fp64 chain on the same
-operands, two input families; the byte floors beside them.
+Rows: each pass's GPU time (``triton.testing.do_bench``, median): the 64-token pass whole at
+each of ``LAUNCHES`` and its three kernels alone, the 16-token pass (serial and
+``plan_reverse``'s split), fla's; each pass's block-end gradients and dU against the fp64 16-token
+chain on the same stage-1 operands, two input families; the byte floors beside them. Fixed-length
+shapes (the 64-token pass takes T % 64 == 0 only).
 """
 
 from __future__ import annotations
@@ -41,16 +31,25 @@ import time
 
 import torch
 import triton
-import triton.language as tl
 
 from kdalab.inputs.sequences import draw, preset
 from kdalab.kernels.api import _sm_count, prepare
+from kdalab.kernels.chunk_recurrent64_bwd import (
+    BB,
+    chunk_kda_bwd_recurrent64,
+    ds64,
+    ds64_kernel,
+    prep64,
+    prep64_kernel,
+    solve64,
+    solve64_kernel,
+)
 from kdalab.kernels.chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
 from kdalab.kernels.config import KernelConfig
 from kdalab.kernels.contract import prefill_problem
 from kdalab.kernels.launch_plan import ds_value_block, plan_reverse
 
-BT, BB = 16, 64  # the chain's chunk, the block
+BT = 16  # the chain's chunk
 #: name -> (B, T, H); K = V = 128
 SHAPES = {"T1024_H16": (1, 1024, 16), "T4096_H16": (1, 4096, 16),
           "T8192_H64": (1, 8192, 64), "B8_T4096_H32": (8, 4096, 32)}
@@ -59,431 +58,24 @@ SHAPES = {"T1024_H16": (1, 1024, 16), "T4096_H16": (1, 4096, 16),
 #: their cross-block terms); its raw gate at N(-6, 1) decays -0.004 to -0.03 a step, so the
 #: cross-block terms carry the result; collinear keys with β near 1 are the accuracy corner
 FAMILIES = {"weak": ("model_like", dict(g_mean=-6.0)), "collinear": ("collinear", {})}
-#: the launches timed: (form, precision, BV, warps, stages); form "path": ``path64`` (its
-#: serial kernel at the launch), "fused": ``fused64``; chosen by their sm_90a compiles (``--sm90``:
-#: the fewest spills of each precision; stages 2, Triton's software pipeline fetching the next
-#: block's operands, which do not depend on dS, during this one); tf32 is the precision's price
-LAUNCHES = (("path", "mixed", 64, 8, 1), ("path", "mixed", 128, 8, 1),
-            ("path", "mixed", 32, 4, 1), ("path", "split", 64, 8, 1),
-            ("path", "split", 128, 8, 1), ("path", "split", 32, 4, 1),
-            ("path", "tf32x3", 128, 8, 1), ("path", "tf32x3", 64, 4, 2),
-            ("path", "tf32", 128, 8, 1), ("path", "tf32", 64, 8, 1),
-            ("fused", "tf32x3", 64, 8, 1), ("fused", "tf32", 64, 8, 1))
-#: ``prep64_kernel``'s key columns a pass (sm_90a: 16, 256 bytes of spills a thread; 32, 888)
-PREP_BK = 16
+#: the launches timed: (precision, BV, warps, stages) of the serial kernel, chosen by their
+#: sm_90a compiles (``--sm90``: the fewest spills of each precision; stages 2, Triton's
+#: software pipeline fetching the next block's operands, which do not depend on dS, during this
+#: one); tf32 is the precision's price. The serial kernel with the operands formed in it
+#: (fused64_kernel, in this script at 2858fc5, deleted) spilled 5,876 bytes a thread in tf32
+#: and 15,784 in 3xTF32 on sm_90a: not timed
+LAUNCHES = (("mixed", 64, 8, 1), ("mixed", 128, 8, 1), ("mixed", 32, 4, 1),
+            ("split", 64, 8, 1), ("split", 128, 8, 1), ("split", 32, 4, 1),
+            ("tf32x3", 128, 8, 1), ("tf32x3", 64, 4, 2),
+            ("tf32", 128, 8, 1), ("tf32", 64, 8, 1))
 
 
-@triton.jit
-def _mm(a, b, PREC: tl.constexpr):
-    """a @ b: ``PREC`` a tl.dot precision, or "split" (and "mixed", ``_mm_do``): b as its tf32
-    truncation and the rest, two tf32 products, ``a`` truncated (as the 16-token pass
-    multiplies dS by KEND's fp16 part and KLO: training.md "Precision")."""
-    if (PREC == "split") or (PREC == "mixed"):
-        hi = (b.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
-        return (tl.dot(a, hi, input_precision="tf32")
-                + tl.dot(a, b - hi, input_precision="tf32"))
-    else:
-        return tl.dot(a, b, input_precision=PREC)
-
-
-@triton.jit
-def _mm_do(a, b, PREC: tl.constexpr):
-    """a @ b for the products with dO (bf16 values, exact in tf32): "mixed" takes them in one
-    tf32 product, the other operand truncated (QG₆₄'s and MQK₆₄'s terms reach dS at tf32's
-    precision, as the 16-token pass's cross-chunk terms do through its truncated dS), and the
-    products with dS and dU split as "split"."""
-    if PREC == "mixed":
-        return tl.dot(a, b, input_precision="tf32")
-    else:
-        return _mm(a, b, PREC)
-
-
-@triton.jit
-def ds64_kernel(do_ptr, w_ptr, qg_ptr, ke_ptr, mqk_ptr, g_ptr, dht_ptr, ends_ptr, du_ptr,
-                T, H, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                HAS_DHT: tl.constexpr, PREC: tl.constexpr):
-    """The serial 64-token dS pass over one (sequence, head, value block) of fixed-length
-    input (T % 64 == 0): the gradient after every block to ``ends`` ([blocks, H, V, K]),
-    each block's dU₆₄^T to ``du`` (like dO, fp32). dS^T is held as its two halves of key
-    columns, as fla's pass holds its state (each product's operands a [64, K/2] tile: the
-    whole [64, K] ones spilled 1.3-1.9 KB a thread on sm_90a in 3xTF32)."""
-    KH: tl.constexpr = K // 2
-    i_nh = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_n = (i_nh // H).to(tl.int64)
-    i_h = i_nh % H
-    o_r = tl.arange(0, 64)
-    o_a = tl.arange(0, KH)
-    o_b = KH + o_a
-    o_v = i_v * BV + tl.arange(0, BV)
-    nb = T // 64
-    if HAS_DHT:  # [N, H, K, V]
-        d0 = dht_ptr + (i_n * H + i_h) * K * V + o_v[:, None]
-        dSa = tl.load(d0 + o_a[None, :] * V)
-        dSb = tl.load(d0 + o_b[None, :] * V)
-    else:
-        dSa = tl.zeros([BV, KH], dtype=tl.float32)
-        dSb = tl.zeros([BV, KH], dtype=tl.float32)
-    for ib in range(0, nb):
-        b = nb - 1 - ib
-        gb = (i_n * nb + b) * H + i_h
-        e0 = ends_ptr + gb * V * K + o_v[:, None] * K
-        tl.store(e0 + o_a[None, :], dSa)
-        tl.store(e0 + o_b[None, :], dSb)
-        rows = i_n * T + b * 64 + o_r
-        tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
-        dot_ = tl.load(do_ptr + tok).to(tl.float32)
-        k0 = (rows[:, None] * H + i_h) * K
-        mqk = tl.load(mqk_ptr + gb * 4096 + o_r[:, None] * 64 + o_r[None, :])
-        dut = (_mm(dSa, tl.trans(tl.load(ke_ptr + k0 + o_a[None, :])), PREC)
-               + _mm(dSb, tl.trans(tl.load(ke_ptr + k0 + o_b[None, :])), PREC)
-               + _mm_do(dot_, mqk, PREC))
-        tl.store(du_ptr + tok, dut)
-        ga = tl.load(g_ptr + gb * K + o_a)
-        gbk = tl.load(g_ptr + gb * K + o_b)
-        dSa = (dSa * ga[None, :] + _mm_do(dot_, tl.load(qg_ptr + k0 + o_a[None, :]), PREC)
-               - _mm(dut, tl.load(w_ptr + k0 + o_a[None, :]), PREC))
-        dSb = (dSb * gbk[None, :] + _mm_do(dot_, tl.load(qg_ptr + k0 + o_b[None, :]), PREC)
-               - _mm(dut, tl.load(w_ptr + k0 + o_b[None, :]), PREC))
-
-
-def ds64(do, w64, qg64, ke64, mqk64, g64, dht, *, block_v, num_warps, precision,
-         num_stages=1):
-    B, T, H, V = do.shape
-    K = w64.shape[-1]
-    ends = torch.empty((B * (T // BB), H, V, K), device=do.device, dtype=torch.float32)
-    du = torch.empty(do.shape, device=do.device, dtype=torch.float32)
-    ds64_kernel[(B * H, V // block_v)](
-        do, w64, qg64, ke64, mqk64, g64, dht if dht is not None else g64, ends, du, T, H,
-        K=K, V=V, BV=block_v, HAS_DHT=dht is not None, PREC=precision, num_warps=num_warps,
-        num_stages=num_stages)
-    return ends, du
-
-
-@triton.jit
-def _rows16(ptr, rows, i_h, H, o_k, K: tl.constexpr):
-    """A chunk's [16, K] rows of a token-major [T, H, K] tensor, fp32."""
-    return tl.load(ptr + (rows[:, None] * H + i_h) * K + o_k[None, :]).to(tl.float32)
-
-
-@triton.jit
-def _put16(ptr, base, r, c, t):
-    """Block (r, c) of a [64, 64] matrix at ``base``."""
-    o = tl.arange(0, 16)
-    tl.store(ptr + base + (16 * r + o[:, None]) * 64 + 16 * c + o[None, :], t)
-
-
-@triton.jit
-def _kend16(kend_ptr, klo_ptr, rows, i_h, H, o_k, K: tl.constexpr):
-    """KEND's [16, len(o_k)] rows whole: its fp16 part and KLO, fp32."""
-    return _rows16(kend_ptr, rows, i_h, H, o_k, K) + _rows16(klo_ptr, rows, i_h, H, o_k, K)
-
-
-@triton.jit
-def _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r, i_h, H, o_k, K: tl.constexpr, y, q, e):
-    """A chunk's rows of W₆₄, QG₆₄ and KEND₆₄."""
-    ofs = (r[:, None] * H + i_h) * K + o_k[None, :]
-    tl.store(w64_ptr + ofs, y)
-    tl.store(qg64_ptr + ofs, q)
-    tl.store(ke64_ptr + ofs, e)
-
-
-@triton.jit
-def _xt(a, b, PREC: tl.constexpr):
-    """a @ b^T."""
-    return tl.dot(a, tl.trans(b), input_precision=PREC)
-
-
-@triton.jit
-def prep64_kernel(w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, w64_ptr, qg64_ptr,
-                  ke64_ptr, mqk64_ptr, g64_ptr, x64_ptr, T, H, K: tl.constexpr,
-                  BK: tl.constexpr, PREC: tl.constexpr):
-    """One (64-token block, head) of fixed-length input: the 64-token operands from stage 1's
-    four 16-token chunks (module docstring; training.md "A 64-token reverse pass"). Decays
-    between chunks as products of the chunks' γ, never a quotient (no overflow): E(c', c) =
-    Π_{c' < j < c} γ_j, D_c = E(-1, c). Two passes over ``BK`` key columns at a time (the
-    whole rows at once spilled 23 KB a thread on sm_90a): X's and MQK₆₄'s strictly lower
-    blocks, sums over the key columns; then W₆₄ by block forward substitution, (I + X) W₆₄ =
-    [W_c D_c], column by column, with QG₆₄, KEND₆₄ and γ₆₄. The [64, 64] outputs' upper blocks
-    are the host's zeros."""
-    i_b = tl.program_id(0).to(tl.int64)     # global block: sequence · blocks + block
-    i_h = tl.program_id(1)
-    o_r = tl.arange(0, 16)
-    r0 = i_b * 64 + o_r                     # fixed length: block i_b's rows start at 64 i_b
-    r1, r2, r3 = r0 + 16, r0 + 32, r0 + 48
-    cc = i_b * 4 * H + i_h                  # chunk-and-head of the block's first chunk
-    z = tl.zeros([16, 16], dtype=tl.float32)
-    X10, X21, X32, X20, X31, X30 = z, z, z, z, z, z
-    N10, N21, N32, N20, N31, N30 = z, z, z, z, z, z
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        W1 = _rows16(w_ptr, r1, i_h, H, o_k, K)
-        W2 = _rows16(w_ptr, r2, i_h, H, o_k, K)
-        W3 = _rows16(w_ptr, r3, i_h, H, o_k, K)
-        Q1 = _rows16(qg_ptr, r1, i_h, H, o_k, K)
-        Q2 = _rows16(qg_ptr, r2, i_h, H, o_k, K)
-        Q3 = _rows16(qg_ptr, r3, i_h, H, o_k, K)
-        E0 = _rows16(kend_ptr, r0, i_h, H, o_k, K) + _rows16(klo_ptr, r0, i_h, H, o_k, K)
-        E1 = _rows16(kend_ptr, r1, i_h, H, o_k, K) + _rows16(klo_ptr, r1, i_h, H, o_k, K)
-        E2 = _rows16(kend_ptr, r2, i_h, H, o_k, K) + _rows16(klo_ptr, r2, i_h, H, o_k, K)
-        G1 = tl.load(gamma_ptr + (cc + H) * K + o_k)[None, :]
-        G2 = tl.load(gamma_ptr + (cc + 2 * H) * K + o_k)[None, :]
-        X10 += _xt(W1, E0, PREC)
-        X21 += _xt(W2, E1, PREC)
-        X32 += _xt(W3, E2, PREC)
-        X20 += _xt(W2 * G1, E0, PREC)
-        X31 += _xt(W3 * G2, E1, PREC)
-        X30 += _xt(W3 * (G1 * G2), E0, PREC)
-        N10 += _xt(Q1, E0, PREC)
-        N21 += _xt(Q2, E1, PREC)
-        N32 += _xt(Q3, E2, PREC)
-        N20 += _xt(Q2 * G1, E0, PREC)
-        N31 += _xt(Q3 * G2, E1, PREC)
-        N30 += _xt(Q3 * (G1 * G2), E0, PREC)
-    base = (i_b * H + i_h) * 4096
-    _put16(x64_ptr, base, 1, 0, X10)
-    _put16(x64_ptr, base, 2, 1, X21)
-    _put16(x64_ptr, base, 3, 2, X32)
-    _put16(x64_ptr, base, 2, 0, X20)
-    _put16(x64_ptr, base, 3, 1, X31)
-    _put16(x64_ptr, base, 3, 0, X30)
-    _put16(mqk64_ptr, base, 1, 0, N10)
-    _put16(mqk64_ptr, base, 2, 1, N21)
-    _put16(mqk64_ptr, base, 3, 2, N32)
-    _put16(mqk64_ptr, base, 2, 0, N20)
-    _put16(mqk64_ptr, base, 3, 1, N31)
-    _put16(mqk64_ptr, base, 3, 0, N30)
-    mq = mqk_ptr + cc * 256 + o_r[:, None] * 16 + o_r[None, :]
-    for j in tl.static_range(4):
-        _put16(mqk64_ptr, base, j, j, tl.load(mq + j * H * 256).to(tl.float32))
-    for k0 in range(0, K, BK):
-        o_k = k0 + tl.arange(0, BK)
-        G0 = tl.load(gamma_ptr + cc * K + o_k)
-        G1 = tl.load(gamma_ptr + (cc + H) * K + o_k)
-        G2 = tl.load(gamma_ptr + (cc + 2 * H) * K + o_k)
-        G3 = tl.load(gamma_ptr + (cc + 3 * H) * K + o_k)
-        D2 = G0 * G1
-        D3 = D2 * G2
-        G23 = G2 * G3
-        Y0 = _rows16(w_ptr, r0, i_h, H, o_k, K)
-        Y1 = (_rows16(w_ptr, r1, i_h, H, o_k, K) * G0[None, :]
-              - tl.dot(X10, Y0, input_precision=PREC))
-        Y2 = (_rows16(w_ptr, r2, i_h, H, o_k, K) * D2[None, :]
-              - tl.dot(X20, Y0, input_precision=PREC) - tl.dot(X21, Y1, input_precision=PREC))
-        Y3 = (_rows16(w_ptr, r3, i_h, H, o_k, K) * D3[None, :]
-              - tl.dot(X30, Y0, input_precision=PREC) - tl.dot(X31, Y1, input_precision=PREC)
-              - tl.dot(X32, Y2, input_precision=PREC))
-        _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r0, i_h, H, o_k, K, Y0,
-                  _rows16(qg_ptr, r0, i_h, H, o_k, K),
-                  _kend16(kend_ptr, klo_ptr, r0, i_h, H, o_k, K) * (G1 * G23)[None, :])
-        _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r1, i_h, H, o_k, K, Y1,
-                  _rows16(qg_ptr, r1, i_h, H, o_k, K) * G0[None, :],
-                  _kend16(kend_ptr, klo_ptr, r1, i_h, H, o_k, K) * G23[None, :])
-        _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r2, i_h, H, o_k, K, Y2,
-                  _rows16(qg_ptr, r2, i_h, H, o_k, K) * D2[None, :],
-                  _kend16(kend_ptr, klo_ptr, r2, i_h, H, o_k, K) * G3[None, :])
-        _put_rows(w64_ptr, qg64_ptr, ke64_ptr, r3, i_h, H, o_k, K, Y3,
-                  _rows16(qg_ptr, r3, i_h, H, o_k, K) * D3[None, :],
-                  _kend16(kend_ptr, klo_ptr, r3, i_h, H, o_k, K))
-        tl.store(g64_ptr + (i_b * H + i_h) * K + o_k, D3 * G3)
-
-
-@triton.jit
-def solve64_kernel(du64_ptr, x64_ptr, du_ptr, H, V: tl.constexpr, BV: tl.constexpr,
-                   PREC: tl.constexpr):
-    """One (64-token block, head, value block): the chain's dU from dU₆₄, (I + X)^T dU =
-    dU₆₄ by block back substitution, in the transposed form (dU_c^T = dU₆₄_c^T -
-    Σ_{c'' > c} dU_c''^T X_{c'', c})."""
-    i_b = tl.program_id(0).to(tl.int64)
-    i_h = tl.program_id(1)
-    i_v = tl.program_id(2)
-    o_r = tl.arange(0, 16)
-    o_v = i_v * BV + tl.arange(0, BV)
-    base = (i_b * H + i_h) * 4096
-    xo = x64_ptr + base + o_r[:, None] * 64 + o_r[None, :]
-    X10 = tl.load(xo + 1024)
-    X20 = tl.load(xo + 2048)
-    X30 = tl.load(xo + 3072)
-    X21 = tl.load(xo + 2048 + 16)
-    X31 = tl.load(xo + 3072 + 16)
-    X32 = tl.load(xo + 3072 + 32)
-    tok = ((i_b * 64 + o_r)[None, :] * H + i_h) * V + o_v[:, None]   # [BV, 16], chunk 0
-    step = 16 * H * V
-    d0 = tl.load(du64_ptr + tok)
-    d1 = tl.load(du64_ptr + tok + step)
-    d2 = tl.load(du64_ptr + tok + 2 * step)
-    d3 = tl.load(du64_ptr + tok + 3 * step)
-    u3 = d3
-    u2 = d2 - tl.dot(u3, X32, input_precision=PREC)
-    u1 = d1 - tl.dot(u2, X21, input_precision=PREC) - tl.dot(u3, X31, input_precision=PREC)
-    u0 = (d0 - tl.dot(u1, X10, input_precision=PREC) - tl.dot(u2, X20, input_precision=PREC)
-          - tl.dot(u3, X30, input_precision=PREC))
-    tl.store(du_ptr + tok, u0)
-    tl.store(du_ptr + tok + step, u1)
-    tl.store(du_ptr + tok + 2 * step, u2)
-    tl.store(du_ptr + tok + 3 * step, u3)
-
-
-@triton.jit
-def _t16(ptr, rows, i_h, H, o_v, V: tl.constexpr):
-    """A chunk's [BV, 16] tile (transposed) of a token-major [T, H, V] tensor, and its
-    offsets."""
-    tok = (rows[None, :] * H + i_h) * V + o_v[:, None]
-    return tl.load(ptr + tok).to(tl.float32), tok
-
-
-@triton.jit
-def fused64_kernel(do_ptr, w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, dht_ptr,
-                   ends_ptr, du_ptr, T, H, K: tl.constexpr, V: tl.constexpr, BV: tl.constexpr,
-                   HAS_DHT: tl.constexpr, PREC: tl.constexpr):
-    """The 64-token dS pass in one serial kernel over (sequence, head, value block), its
-    operands formed in the program from stage 1's 16-token ones (``prep64_kernel``'s algebra,
-    kept in [16, K] and [16, 16] pieces), the chain's dU solved in it (``solve64_kernel``'s):
-    the 16-token pass's reads and writes. Per block, in 16-token pieces c of the transposed
-    form (A_c^T = dU₆₄_c^T; F_c = KEND₆₄_c, P_c = QG₆₄_c, Y_c = W₆₄_c; N_{c'c} = MQK₆₄'s
-    blocks):
-
-        A_c^T = dS'^T F_c^T + Σ_{c' >= c} dO_c'^T N_{c'c},
-        dS^T  = dS'^T diag(γ₆₄) + Σ_c (dO_c^T P_c - A_c^T Y_c)
-
-    on the serial path two levels of products a block (dS' to the A's, the A's to dS); the
-    operands' forming and the solve do not depend on dS."""
-    i_nh = tl.program_id(0)
-    i_v = tl.program_id(1)
-    i_n = (i_nh // H).to(tl.int64)
-    i_h = i_nh % H
-    o_r = tl.arange(0, 16)
-    o_k = tl.arange(0, K)
-    o_v = i_v * BV + tl.arange(0, BV)
-    nb = T // 64
-    if HAS_DHT:  # [N, H, K, V]
-        dSt = tl.load(dht_ptr + ((i_n * H + i_h) * K + o_k[None, :]) * V + o_v[:, None])
-    else:
-        dSt = tl.zeros([BV, K], dtype=tl.float32)
-    for ib in range(0, nb):
-        b = nb - 1 - ib
-        gb = (i_n * nb + b) * H + i_h
-        tl.store(ends_ptr + gb * V * K + o_v[:, None] * K + o_k[None, :], dSt)
-        r0 = i_n * T + b * 64 + o_r
-        r1 = r0 + 16
-        r2 = r0 + 32
-        r3 = r0 + 48
-        W0 = _rows16(w_ptr, r0, i_h, H, o_k, K)
-        W1 = _rows16(w_ptr, r1, i_h, H, o_k, K)
-        W2 = _rows16(w_ptr, r2, i_h, H, o_k, K)
-        W3 = _rows16(w_ptr, r3, i_h, H, o_k, K)
-        E0 = _rows16(kend_ptr, r0, i_h, H, o_k, K) + _rows16(klo_ptr, r0, i_h, H, o_k, K)
-        E1 = _rows16(kend_ptr, r1, i_h, H, o_k, K) + _rows16(klo_ptr, r1, i_h, H, o_k, K)
-        E2 = _rows16(kend_ptr, r2, i_h, H, o_k, K) + _rows16(klo_ptr, r2, i_h, H, o_k, K)
-        E3 = _rows16(kend_ptr, r3, i_h, H, o_k, K) + _rows16(klo_ptr, r3, i_h, H, o_k, K)
-        cc = (i_n * nb + b) * 4 * H + i_h
-        G0 = tl.load(gamma_ptr + cc * K + o_k)
-        G1 = tl.load(gamma_ptr + (cc + H) * K + o_k)
-        G2 = tl.load(gamma_ptr + (cc + 2 * H) * K + o_k)
-        G3 = tl.load(gamma_ptr + (cc + 3 * H) * K + o_k)
-        D2 = G0 * G1
-        D3 = D2 * G2
-        G12 = G1 * G2
-        G23 = G2 * G3
-        X10 = _xt(W1, E0, PREC)
-        X21 = _xt(W2, E1, PREC)
-        X32 = _xt(W3, E2, PREC)
-        X20 = _xt(W2 * G1[None, :], E0, PREC)
-        X31 = _xt(W3 * G2[None, :], E1, PREC)
-        X30 = _xt(W3 * G12[None, :], E0, PREC)
-        Y0 = W0
-        Y1 = W1 * G0[None, :] - tl.dot(X10, Y0, input_precision=PREC)
-        Y2 = (W2 * D2[None, :] - tl.dot(X20, Y0, input_precision=PREC)
-              - tl.dot(X21, Y1, input_precision=PREC))
-        Y3 = (W3 * D3[None, :] - tl.dot(X30, Y0, input_precision=PREC)
-              - tl.dot(X31, Y1, input_precision=PREC) - tl.dot(X32, Y2, input_precision=PREC))
-        # the A's: dS' through KEND₆₄, dO through MQK₆₄ (its diagonal blocks stage 1's MQK)
-        do0, t0 = _t16(do_ptr, r0, i_h, H, o_v, V)
-        do1, t1 = _t16(do_ptr, r1, i_h, H, o_v, V)
-        do2, t2 = _t16(do_ptr, r2, i_h, H, o_v, V)
-        do3, t3 = _t16(do_ptr, r3, i_h, H, o_v, V)
-        mq = mqk_ptr + cc * 256 + o_r[:, None] * 16 + o_r[None, :]
-        A0 = (_xt(dSt, E0 * (G1 * G23)[None, :], PREC)
-              + tl.dot(do0, tl.load(mq).to(tl.float32), input_precision=PREC))
-        A1 = (_xt(dSt, E1 * G23[None, :], PREC)
-              + tl.dot(do1, tl.load(mq + H * 256).to(tl.float32), input_precision=PREC))
-        A2 = (_xt(dSt, E2 * G3[None, :], PREC)
-              + tl.dot(do2, tl.load(mq + 2 * H * 256).to(tl.float32), input_precision=PREC))
-        A3 = (_xt(dSt, E3, PREC)
-              + tl.dot(do3, tl.load(mq + 3 * H * 256).to(tl.float32), input_precision=PREC))
-        Q0 = _rows16(qg_ptr, r0, i_h, H, o_k, K)
-        Q1 = _rows16(qg_ptr, r1, i_h, H, o_k, K)
-        Q2 = _rows16(qg_ptr, r2, i_h, H, o_k, K)
-        Q3 = _rows16(qg_ptr, r3, i_h, H, o_k, K)
-        A0 += (tl.dot(do1, _xt(Q1, E0, PREC), input_precision=PREC)
-               + tl.dot(do2, _xt(Q2 * G1[None, :], E0, PREC), input_precision=PREC)
-               + tl.dot(do3, _xt(Q3 * G12[None, :], E0, PREC), input_precision=PREC))
-        A1 += (tl.dot(do2, _xt(Q2, E1, PREC), input_precision=PREC)
-               + tl.dot(do3, _xt(Q3 * G2[None, :], E1, PREC), input_precision=PREC))
-        A2 += tl.dot(do3, _xt(Q3, E2, PREC), input_precision=PREC)
-        # the chain's dU, (I + X)^T dU = A (``solve64_kernel``)
-        u3 = A3
-        u2 = A2 - tl.dot(u3, X32, input_precision=PREC)
-        u1 = A1 - tl.dot(u2, X21, input_precision=PREC) - tl.dot(u3, X31, input_precision=PREC)
-        u0 = (A0 - tl.dot(u1, X10, input_precision=PREC)
-              - tl.dot(u2, X20, input_precision=PREC) - tl.dot(u3, X30, input_precision=PREC))
-        tl.store(du_ptr + t0, u0)
-        tl.store(du_ptr + t1, u1)
-        tl.store(du_ptr + t2, u2)
-        tl.store(du_ptr + t3, u3)
-        dSt = (dSt * (D3 * G3)[None, :]
-               + tl.dot(do0, Q0, input_precision=PREC)
-               + tl.dot(do1, Q1 * G0[None, :], input_precision=PREC)
-               + tl.dot(do2, Q2 * D2[None, :], input_precision=PREC)
-               + tl.dot(do3, Q3 * D3[None, :], input_precision=PREC)
-               - tl.dot(A0, Y0, input_precision=PREC) - tl.dot(A1, Y1, input_precision=PREC)
-               - tl.dot(A2, Y2, input_precision=PREC) - tl.dot(A3, Y3, input_precision=PREC))
-
-
-def fused64(c, do, dht, B, T, H, *, block_v, num_warps, num_stages=1, precision="tf32x3"):
-    """``fused64_kernel``: (the chain's dU, the block-end gradients), as the 16-token pass."""
-    w, qg, kend, klo, _, mqk, gamma = c.ops
-    V, K = do.shape[-1], w.shape[-1]
-    ends = torch.empty((B * (T // BB), H, V, K), device=do.device, dtype=torch.float32)
-    du = torch.empty(do.shape, device=do.device, dtype=torch.float32)
-    fused64_kernel[(B * H, V // block_v)](
-        do, w, qg, kend, klo, mqk, gamma, dht if dht is not None else gamma, ends, du, T, H,
-        K=K, V=V, BV=block_v, HAS_DHT=dht is not None, PREC=precision, num_warps=num_warps,
-        num_stages=num_stages)
-    return du, ends
-
-
-def prep64(ops, B, T, H, precision="tf32x3", num_warps=4, block_k=PREP_BK):
-    """The 64-token operands by ``prep64_kernel``: (W₆₄, QG₆₄, KEND₆₄, MQK₆₄, γ₆₄) as
-    ``operands64`` returns them, and X [blocks, H, 64, 64]."""
-    w, qg, kend, klo, _, mqk, gamma = ops
-    K, nb = w.shape[-1], B * T // BB
-    f32 = dict(device=w.device, dtype=torch.float32)
-    w64, qg64, ke64 = torch.empty((3, B, T, H, K), **f32).unbind(0)
-    mqk64, x64 = torch.zeros((2, nb, H, BB, BB), **f32).unbind(0)
-    g64 = torch.empty((nb, H, K), **f32)
-    prep64_kernel[(nb, H)](w, qg, kend, klo, mqk, gamma, w64, qg64, ke64, mqk64, g64, x64, T,
-                           H, K=K, BK=min(block_k, K), PREC=precision, num_warps=num_warps)
-    return (w64, qg64, ke64, mqk64, g64), x64
-
-
-def solve64(du64, x64, *, block_v=64, precision="tf32x3", num_warps=4):
-    B, T, H, V = du64.shape
-    du = torch.empty_like(du64)
-    solve64_kernel[(B * T // BB, H, V // block_v)](du64, x64, du, H, V=V, BV=block_v,
-                                                   PREC=precision, num_warps=num_warps)
-    return du
-
-
-def path64(c, do, dht, B, T, H, *, block_v, num_warps, num_stages=1, precision="tf32x3"):
-    """The whole 64-token dS pass: the operands, the serial pass, the solve. Returns (the
-    chain's dU, the block-end gradients), as the 16-token pass."""
-    # the parallel kernels' products
-    aux = "tf32x3" if precision in ("split", "mixed") else precision
-    ops64, x64 = prep64(c.ops, B, T, H, aux)
-    ends, du64 = ds64(do, *ops64, dht, block_v=block_v, num_warps=num_warps,
-                      precision=precision, num_stages=num_stages)
-    return solve64(du64, x64, block_v=min(64, do.shape[-1]), precision=aux), ends
+def path64(c, do, dht, B, T, H, *, block_v, num_warps, num_stages=1, precision="mixed"):
+    """The whole 64-token pass: (the chain's dU, the block-end gradients), as the 16-token
+    pass."""
+    return chunk_kda_bwd_recurrent64(do, c.ops, dht=dht, state_vk=False, block_v=block_v,
+                                     num_warps=num_warps, precision=precision,
+                                     num_stages=num_stages)
 
 
 def stage1(B, T, H, K, V, device, family="weak", seed=0):
@@ -645,8 +237,8 @@ def check_cpu():
     """The interpreter (which multiplies fp32 exactly, 3xTF32 too): on stage 1's real operands
     (T 192, H 2, K 64: two passes of ``prep64_kernel``'s key columns; V 16), each family,
     ``prep64_kernel``'s operands against ``operands64``'s (fp64), and the block-end gradients
-    and dU of the whole 64-token pass (operands, serial pass, solve; each precision), of the
-    fused kernel and of the 16-token pass against the fp64 chain's."""
+    and dU of the whole 64-token pass (operands, serial pass, solve; each precision) and of
+    the 16-token pass against the fp64 chain's."""
     B, T, H, K, V = 1, 192, 2, 64, 16
     errs = {}
     for family in FAMILIES:
@@ -660,9 +252,6 @@ def check_cpu():
             du, ends = path64(c, do, dht, B, T, H, block_v=16, num_warps=4, precision=prec)
             errs[f"{family} ds64 {prec} ends"] = rel(ends, want_ends)
             errs[f"{family} ds64 {prec} dU"] = rel(du, want_du)
-        du, ends = fused64(c, do, dht, B, T, H, block_v=16, num_warps=4)
-        errs[f"{family} fused64 ends"] = rel(ends, want_ends)
-        errs[f"{family} fused64 dU"] = rel(du, want_du)
         du, ends = chain_pass(c, do, dht, _sm_count(do.device), False)()
         errs[f"{family} chain ends"] = rel(ends, want_ends)
         errs[f"{family} chain dU"] = rel(du, want_du)
@@ -681,7 +270,7 @@ def copy_bandwidth():
 
 
 def _launch(form, prec, bv, nw, st):
-    return f"{form}64_{prec}_bv{bv}_w{nw}_s{st}"
+    return f"{form}_{prec}_bv{bv}_w{nw}_s{st}"
 
 
 def family_rows(B, T, H, K, V, family, sms, timed):
@@ -693,10 +282,9 @@ def family_rows(B, T, H, K, V, family, sms, timed):
     want_ends, want_du = chain_ends64(c.ops, do, dht, B, T, H)
     passes = {("chain_split" if split else "chain_serial"): chain_pass(c, do, dht, sms, split)
               for split in (False, True)}
-    for form, prec, bv, nw, st in LAUNCHES:
-        passes[_launch(form, prec, bv, nw, st)] = (
-            lambda form=form, bv=bv, nw=nw, st=st, prec=prec: (path64 if form == "path"
-                                                               else fused64)(
+    for prec, bv, nw, st in LAUNCHES:
+        passes[_launch("path64", prec, bv, nw, st)] = (
+            lambda bv=bv, nw=nw, st=st, prec=prec: path64(
                 c, do, dht, B, T, H, block_v=bv, num_warps=nw, num_stages=st, precision=prec))
     out = {}
     for key, fn in passes.items():
@@ -707,12 +295,11 @@ def family_rows(B, T, H, K, V, family, sms, timed):
     if timed:  # the path's kernels alone
         ops64, x64 = prep64(c.ops, B, T, H)
         out["prep64"] = dict(ms=ms(lambda: prep64(c.ops, B, T, H)))
-        for form, prec, bv, nw, st in LAUNCHES:
-            if form == "path":
-                out[_launch("serial", prec, bv, nw, st)] = dict(ms=ms(
-                    lambda bv=bv, nw=nw, st=st, prec=prec: ds64(
-                        do, *ops64, dht, block_v=bv, num_warps=nw, precision=prec,
-                        num_stages=st)))
+        for prec, bv, nw, st in LAUNCHES:
+            out[_launch("serial64", prec, bv, nw, st)] = dict(ms=ms(
+                lambda bv=bv, nw=nw, st=st, prec=prec: ds64(
+                    do, *ops64, dht, block_v=bv, num_warps=nw, precision=prec,
+                    num_stages=st)))
         du64 = ds64(do, *ops64, dht, block_v=64, num_warps=8, precision="mixed")[1]
         out["solve64"] = dict(ms=ms(lambda: solve64(du64, x64)))
     return out
@@ -739,11 +326,10 @@ def sm90_rows(commit):
     jobs = [("the 16-token pass (pass 3, serial) BV128 w8", chunk_kda_bwd_recurrent_kernel,
              chain, dict(K=128, V=128, BT=16, BV=128, CKC=4, HAS_DHT=True, STATE_VK=False,
                          IS_VARLEN=False, PASS=3, SEG=False), 8, 1)]
-    for form, prec, bv, nw, st in LAUNCHES:
-        jobs.append((f"{'serial' if form == 'path' else 'fused'} 64-token pass {prec} BV{bv} "
-                     f"w{nw} s{st}", ds64_kernel if form == "path" else fused64_kernel,
-                     serial if form == "path" else dict(stage, **out),
-                     dict(K=128, V=128, BV=bv, HAS_DHT=True, PREC=prec), nw, st))
+    for prec, bv, nw, st in LAUNCHES:
+        jobs.append((f"serial 64-token pass {prec} BV{bv} w{nw} s{st}", ds64_kernel, serial,
+                     dict(K=128, V=128, BV=bv, HAS_DHT=True, STATE_VK=False, PREC=prec), nw,
+                     st))
     for bk in (16, 32):
         jobs.append((f"operands (prep64) tf32x3 BK{bk} w4", prep64_kernel,
                      dict(stage, w64_ptr=f32, qg64_ptr=f32, ke64_ptr=f32, mqk64_ptr=f32,

@@ -1047,3 +1047,91 @@ def test_gpu_long_sequences_serial_and_split(T, H, segments):
     config = KernelConfig(segment_chunks=segments)
     errors = _compare(x, kw, config, tol=2e-2)
     assert errors["v"] < 8e-3 and errors["q"] < 8e-3, errors  # keyed by input name
+
+
+@interp
+@pytest.mark.parametrize("case", [
+    dict(B=2, T=128, HQ=2, H=2, HG=2, K=32, V=32),                  # two sequences
+    dict(B=1, T=192, HQ=1, H=2, HG=1, K=64, V=32, layout="VK"),      # GVA, VK state
+    dict(B=1, T=64, HQ=1, H=1, HG=1, K=32, V=16, h0=False, gate="log_decay"),
+], ids=["two_seqs", "gva_vk", "one_block_log_decay"])
+@pytest.mark.parametrize("mode", [1, 2, 3, 4])
+def test_interp_ds64_candidate_gradients_match_fp64(monkeypatch, case, mode):
+    # BWD_MODE["ds64"] (kernels/chunk_recurrent64_bwd.py: the dS pass in 64-token steps) in
+    # the real backward: every gradient against fp64 autograd within the suite's tolerance, in
+    # each precision (the interpreter multiplies fp32 exactly, so they differ here only by
+    # fp32 rounding: within 1e-5 of the 16-token pass's gradients, measured 1.5e-7 to 1.3e-6)
+    from kdalab.kernels import autograd
+
+    x, kw = _case(**case)
+    do, dht = _probes(x, kw)
+    want = _grads(x, kw, _kernel(), do, dht)
+    monkeypatch.setitem(autograd.BWD_MODE, "ds64", mode)
+    _compare(x, kw)
+    got = _grads(x, kw, _kernel(), do, dht)
+    far = {n: _err(got[n], want[n]) for n in want}
+    assert max(far.values()) < 1e-5, far
+
+
+@interp
+def test_interp_ds64_candidate_takes_only_what_fits(monkeypatch):
+    # where the 64-token pass does not fit (varlen, T not a multiple of 64, K = 16) the
+    # 16-token pass runs: the same bits as without the candidate; an unknown precision is a
+    # ValueError naming the setting
+    from kdalab.kernels import autograd
+
+    calls = []
+    real = autograd.chunk_kda_bwd_recurrent64
+    monkeypatch.setattr(autograd, "chunk_kda_bwd_recurrent64",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    for case in (dict(B=1, T=150, HQ=1, H=2, HG=1, K=32, V=16, cu=[0, 70, 150]),
+                 dict(B=2, T=96, HQ=1, H=1, HG=1, K=32, V=16),
+                 dict(B=1, T=128, HQ=1, H=1, HG=1, K=16, V=16)):
+        x, kw = _case(**case)
+        do, dht = _probes(x, kw)
+        monkeypatch.setitem(autograd.BWD_MODE, "ds64", 0)
+        want = _grads(x, kw, _kernel(), do, dht)
+        monkeypatch.setitem(autograd.BWD_MODE, "ds64", 1)
+        got = _grads(x, kw, _kernel(), do, dht)
+        assert all(torch.equal(got[n], want[n]) for n in want), case
+    assert not calls
+    x, kw = _case(B=1, T=128, HQ=1, H=1, HG=1, K=32, V=16)
+    do, dht = _probes(x, kw)
+    monkeypatch.setitem(autograd.BWD_MODE, "ds64", 1)
+    _grads(x, kw, _kernel(), do, dht)
+    assert calls  # and where it fits, it runs
+    monkeypatch.setitem(autograd.BWD_MODE, "ds64", 7)
+    with pytest.raises(ValueError, match="ds64"):
+        _grads(x, kw, _kernel(), do, dht)
+
+
+@interp
+def test_interp_ds64_candidate_on_the_fp32_path(monkeypatch):
+    # config.dot "fp32" with the candidate: its products in 3xTF32 whatever BWD_MODE["ds64"]
+    # names, every gradient against fp64 within the suite's tolerance
+    from kdalab.kernels import autograd
+
+    monkeypatch.setitem(autograd.BWD_MODE, "ds64", 4)
+    calls = []
+    real = autograd.chunk_kda_bwd_recurrent64
+    monkeypatch.setattr(autograd, "chunk_kda_bwd_recurrent64",
+                        lambda *a, **k: calls.append(k["precision"]) or real(*a, **k))
+    _compare(*_case(B=1, T=128, HQ=1, H=2, HG=1, K=32, V=32), KernelConfig(dot="fp32"))
+    assert calls == ["tf32x3"]
+
+
+@gpu
+@pytest.mark.parametrize("mode", [1, 2, 3])
+def test_gpu_ds64_candidate_holds_the_tolerances(monkeypatch, mode):
+    """The 64-token dS pass (BWD_MODE["ds64"]) on the GPU at K = V = 128, in the precisions
+    that keep fp32 operands beyond one tf32 product: every gradient within fla's tolerances
+    (those of test_gpu_long_sequences_serial_and_split), its error no more than 1.5x the
+    16-token pass's on each gradient plus the bf16 floor's share (2e-3)."""
+    from kdalab.kernels import autograd
+
+    x, kw = _case(1, 2048, 4, 4, 4, 128, 128, device="cuda", dtype=torch.bfloat16)
+    base = _compare(x, kw, tol=2e-2)
+    monkeypatch.setitem(autograd.BWD_MODE, "ds64", mode)
+    got = _compare(x, kw, tol=2e-2)
+    worse = {n: (got[n], base[n]) for n in got if not got[n] <= 1.5 * base[n] + 2e-3}
+    assert not worse, worse
