@@ -238,7 +238,9 @@ def check_cpu():
     (T 192, H 2, K 64: two passes of ``prep64_kernel``'s key columns; V 16), each family,
     ``prep64_kernel``'s operands against ``operands64``'s (fp64), and the block-end gradients
     and dU of the whole 64-token pass (operands, serial pass, solve; each precision) and of
-    the 16-token pass against the fp64 chain's."""
+    the 16-token pass against the fp64 chain's; then the device run's rows (``family_rows``,
+    untimed: every launch) at T 128, K = V = 128, so that a device call does not find a
+    broken launch."""
     B, T, H, K, V = 1, 192, 2, 64, 16
     errs = {}
     for family in FAMILIES:
@@ -255,6 +257,10 @@ def check_cpu():
         du, ends = chain_pass(c, do, dht, _sm_count(do.device), False)()
         errs[f"{family} chain ends"] = rel(ends, want_ends)
         errs[f"{family} chain dU"] = rel(du, want_du)
+    # the device run's own rows, untimed, at a small shape with every launch (K = V = 128)
+    for key, fig in family_rows(1, 128, 1, 128, 128, "weak", _sm_count(torch.device("cpu")),
+                                timed=False, device="cpu").items():
+        errs[f"run {key} ends"], errs[f"run {key} dU"] = fig["err_weak"], fig["du_err_weak"]
     print(json.dumps(errs))
     # fp32 rounding of the formed operands and of the sums is what is left (measured 2.6e-8 to
     # 5.3e-7); a wrong operand (KEND₆₄ 10 % off, the tests' probe) gives 8e-3 to 0.13
@@ -273,12 +279,12 @@ def _launch(form, prec, bv, nw, st):
     return f"{form}_{prec}_bv{bv}_w{nw}_s{st}"
 
 
-def family_rows(B, T, H, K, V, family, sms, timed):
+def family_rows(B, T, H, K, V, family, sms, timed, device="cuda"):
     """{pass: {err_<family>: its block-end gradients' error against the fp64 chain's,
     du_err_<family>: its dU's, ms: its time where ``timed``}} on one family's inputs. The
     passes: the 16-token one (serial, split); the 64-token one at each of ``LAUNCHES``; where
     timed, its three kernels alone too (the serial one at each path launch)."""
-    c, do, dht = stage1(B, T, H, K, V, "cuda", family)
+    c, do, dht = stage1(B, T, H, K, V, device, family)
     want_ends, want_du = chain_ends64(c.ops, do, dht, B, T, H)
     passes = {("chain_split" if split else "chain_serial"): chain_pass(c, do, dht, sms, split)
               for split in (False, True)}
