@@ -185,9 +185,9 @@ def prep64_kernel(w_ptr, qg_ptr, kend_ptr, klo_ptr, mqk_ptr, gamma_ptr, w64_ptr,
         Q1 = _rows16(qg_ptr, r1, i_h, H, o_k, K)
         Q2 = _rows16(qg_ptr, r2, i_h, H, o_k, K)
         Q3 = _rows16(qg_ptr, r3, i_h, H, o_k, K)
-        E0 = _rows16(kend_ptr, r0, i_h, H, o_k, K) + _rows16(klo_ptr, r0, i_h, H, o_k, K)
-        E1 = _rows16(kend_ptr, r1, i_h, H, o_k, K) + _rows16(klo_ptr, r1, i_h, H, o_k, K)
-        E2 = _rows16(kend_ptr, r2, i_h, H, o_k, K) + _rows16(klo_ptr, r2, i_h, H, o_k, K)
+        E0 = _kend16(kend_ptr, klo_ptr, r0, i_h, H, o_k, K)
+        E1 = _kend16(kend_ptr, klo_ptr, r1, i_h, H, o_k, K)
+        E2 = _kend16(kend_ptr, klo_ptr, r2, i_h, H, o_k, K)
         G1 = tl.load(gamma_ptr + (cc + H) * K + o_k)[None, :]
         G2 = tl.load(gamma_ptr + (cc + 2 * H) * K + o_k)[None, :]
         X10 += _xt(W1, E0, PREC)
