@@ -24,6 +24,7 @@ shapes (the 64-token pass takes T % 64 == 0 only).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -33,6 +34,7 @@ import torch
 import triton
 
 from kdalab.inputs.sequences import draw, preset
+from kdalab.kernels import autograd as kernel_autograd
 from kdalab.kernels.api import _sm_count, prepare
 from kdalab.kernels.chunk_recurrent64_bwd import (
     BB,
@@ -44,10 +46,9 @@ from kdalab.kernels.chunk_recurrent64_bwd import (
     solve64,
     solve64_kernel,
 )
-from kdalab.kernels.chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
-from kdalab.kernels.config import KernelConfig
+from kdalab.kernels.chunk_recurrent_bwd import CKC
+from kdalab.kernels.config import DOT_PRECISION, KernelConfig
 from kdalab.kernels.contract import prefill_problem
-from kdalab.kernels.launch_plan import ds_value_block, plan_reverse
 
 BT = 16  # the chain's chunk
 #: name -> (B, T, H); K = V = 128
@@ -178,23 +179,18 @@ def rel(x, ref):
 
 
 def chain_pass(c, do, dht, sms, split):
-    """This backward's 16-token dS pass as ``autograd.backward`` launches it (serial, or
-    ``plan_reverse``'s split)."""
-    p, seqs = c.p, c.seqs
-    H, K, V = p.H, p.K, p.V
-    block_v, warps = min(128, V), 8
-    serial_bv = ds_value_block(p.num_seqs * H, V, block_v, warps, sms, None)
-    blocks, block_offsets, _ = seqs.segments(CKC)
-    segments = None
-    if split:
-        L = plan_reverse(seqs.n_chunks, H, K, V, sms, block_v, serial_bv)
-        if L > 0:
-            segments = seqs.segments(-(-L // CKC) * CKC)
-    return lambda: chunk_kda_bwd_recurrent(
-        do, c.ops, dht=dht, state_vk=False, cu_seqlens=None, chunk_offsets=None,
-        num_seqs=p.num_seqs, seq_order=None, n_blocks=blocks.shape[0],
-        block_offsets=block_offsets, segments=segments, ds_block_v=serial_bv,
-        block_v=block_v, num_warps=warps, sms=sms, ds_dtype=torch.float32, precision="tf32")
+    """This backward's 16-token dS pass, launched by ``autograd._ds_pass`` with the tile
+    ``autograd.backward`` gives it: ``plan_reverse``'s split, or (``split`` False) serial."""
+    tile = dict(state_vk=False, block_v=min(128, c.p.V), num_warps=8, sms=sms,
+                ds_dtype=kernel_autograd.BWD_PRODUCTS["ds_dtype"],
+                precision=DOT_PRECISION[c.dot])
+    config = KernelConfig()
+    if not split:  # a given serial split: the plan's, which _ds_pass then keeps
+        config = KernelConfig(segment_chunks=0)
+        c = c._replace(plan=dataclasses.replace(c.plan, segment_chunks=0))
+    blocks, block_offsets, _ = c.seqs.segments(CKC)
+    return lambda: kernel_autograd._ds_pass(do, dht, c, config, tile, blocks.shape[0],
+                                            block_offsets)
 
 
 def fla_pass(B, T, H, K, V):
