@@ -6,6 +6,7 @@ docs/training.md "A 64-token reverse pass").
     python benchmarks/bench_ds64.py [--shapes T1024_H16,T4096_H16] [--launches 0,3] [--json F]
     TRITON_INTERPRET=1 python benchmarks/bench_ds64.py --check   (CPU: correctness only)
     python benchmarks/bench_ds64.py --sm90 F   (no GPU: each launch compiled for sm_90a)
+    python benchmarks/bench_ds64.py --page RAW PAGE   (a device run's JSON as a results page)
 
 The question: the 64-token form takes the serial dependency from four 16-token steps a block
 to one step of [BV, K] x [K, 64] products, but its operands (W₆₄ from a 64 x 64 solve, KEND₆₄
@@ -354,6 +355,51 @@ def sm90_rows(commit):
                 "benchmarks/results/ds64_sm90.json", rows=rows)
 
 
+def page_of(raw, command):
+    """A device run's JSON (``--json``) as a results page: per shape the backward's 16-token
+    pass, the 64-token pass's fastest launch of the precisions that keep the collinear
+    gradients (mixed, split: training.md), and the fastest of any precision (tf32 too)."""
+    rows = []
+    for r in raw["rows"]:
+        name, fl = r["shape"], r["floors_ms"]
+        paths = {k: v for k, v in r.items() if k.startswith("path64_") and "ms" in v}
+        chain = r["chain_split"]
+        fla = r.get("fla_dhu", {}).get("ms")
+        rows.append(dict(
+            target=f"ds64 {name}: the backward's 16-token dS pass (plan_reverse's split)",
+            unit="ms", value=round(chain["ms"], 4),
+            note=f"floor {fl['chain']:.3f} ms; its serial form {r['chain_serial']['ms']:.3f} ms; "
+                 f"block-end gradients vs the fp64 chain {chain['err_weak']:.2g} (weak decay), "
+                 f"{chain['err_collinear']:.2g} (collinear); fla's dS pass "
+                 + (f"{fla:.3f} ms" if fla else "not run")))
+        best = min((k for k in paths if k.split("_")[1] in ("mixed", "split")),
+                   key=lambda k: paths[k]["ms"])
+        v, launch = paths[best], best.removeprefix("path64_")
+        rows.append(dict(
+            target=f"ds64 {name}: the 64-token pass, fastest launch ({launch})", unit="ms",
+            value=round(v["ms"], 4),
+            note=f"{v['ms'] / chain['ms']:.2f}x the 16-token pass; its kernels alone: operands "
+                 f"{r['prep64']['ms']:.3f} ms (floor {fl['prep64']:.3f}), serial "
+                 f"{r['serial64_' + launch]['ms']:.3f} (floor {fl['serial64']:.3f}), solve "
+                 f"{r['solve64']['ms']:.3f} (floor {fl['solve64']:.3f}); block-end gradients "
+                 f"{v['err_weak']:.2g} (weak), {v['err_collinear']:.2g} (collinear)"))
+        per = {}
+        for k, fig in paths.items():
+            prec = k.split("_")[1]
+            if prec not in per or fig["ms"] < paths[per[prec]]["ms"]:
+                per[prec] = k
+        fastest = min(per.values(), key=lambda k: paths[k]["ms"])
+        rows.append(dict(
+            target=f"ds64 {name}: the 64-token pass over the 16-token one, fastest launch of "
+                   "any precision", unit="x", value=round(paths[fastest]["ms"] / chain["ms"], 3),
+            note=", ".join(f"{p} {paths[k]['ms']:.3f} ms ({k.removeprefix('path64_' + p + '_')}"
+                           f", collinear {paths[k]['err_collinear']:.2g})"
+                           for p, k in per.items())))
+    return dict(benchmark="ds64_" + ("h100" if "H100" in raw["device"] else "h200"),
+                device=f"{raw['device']}, copy {raw['copy_bw_tbs']:.2f} TB/s",
+                date=raw["date"], commit=raw["commit"], command=command, rows=rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="T1024_H16,T4096_H16,T8192_H64")
@@ -363,7 +409,16 @@ def main():
                     help="some of LAUNCHES, by index (default: all)")
     ap.add_argument("--sm90", default=None, metavar="JSON",
                     help="no GPU: compile the prototypes for sm_90a and write their page here")
+    ap.add_argument("--page", nargs=2, default=None, metavar=("RAW", "PAGE"),
+                    help="no GPU: a device run's --json as a results page")
     a = ap.parse_args()
+    if a.page:
+        with open(a.page[0]) as fh:
+            out = page_of(json.load(fh), "python benchmarks/bench_ds64.py --page "
+                          + " ".join(a.page))
+        with open(a.page[1], "w") as fh:
+            json.dump(out, fh, indent=1)
+        return
     if a.check:
         check_cpu()
         return
