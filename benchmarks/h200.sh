@@ -44,10 +44,6 @@
 #   baseline  benchmarks/bench_kernel.py --grid --no-peers --baseline .baseline: kdalab against
 #             an earlier commit's kernels in alternating rounds (build them here with
 #             scripts/baseline_kernels.sh COMMIT and carry .baseline; GRID_SHAPES: some shapes)
-#   ds64      benchmarks/bench_ds64.py: the 64-token dS pass (kernels/chunk_recurrent64_bwd.py,
-#             BWD_MODE ds64) at each launch, and its kernels alone, against the backward's
-#             16-token pass and fla's (DS64_ARGS: its options, e.g. "--shapes T4096_H16
-#             --launches 0,3")
 #   sweep     the whole sweep command against the seed loop (bench_sweep_whole.py)
 #   gates     benchmarks/bench_gates.py: the gate modes' prices on the grid and fla on unbounded
 #             inputs (GATES_ARGS: its options, e.g. "--fla-shapes T1024_H16 --rounds 2")
@@ -230,13 +226,6 @@ step_train() {
     timeout "${TRAIN_S:-400}" python3 benchmarks/bench_train.py --json "$D/train.json" \
         ${TRAIN_ARGS:-} > "$D/train.log" 2>&1
     echo "train exit $?"; tail -n 40 "$D/train.log"
-    peers_save_autotune
-}
-
-step_ds64() {  # the 64-token dS pass against the 16-token pass and fla's
-    timeout "${DS64_S:-300}" python3 benchmarks/bench_ds64.py --json "$D/ds64.json" \
-        ${DS64_ARGS:-} > "$D/ds64.log" 2>&1
-    echo "ds64 exit $?"; tail -n 12 "$D/ds64.log"
     peers_save_autotune
 }
 

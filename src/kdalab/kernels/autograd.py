@@ -23,7 +23,6 @@ from torch import Tensor
 from .api import _sm_count, chunk_kda_fwd, contiguous, forward_stage2, prepare
 from .chunk_blocks_bwd import chunk_kda_bwd_blocks
 from .chunk_prepare_bwd import chunk_kda_prepare_bwd
-from .chunk_recurrent64_bwd import PRECISIONS, chunk_kda_bwd_recurrent64, fits
 from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
 from .config import DEFAULT_CONFIG, DOT_PRECISION, KernelConfig
 from .contract import prefill_problem
@@ -50,13 +49,10 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: ds_plan says); ds_plan: 1, the dS pass's own split (``launch_plan.plan_reverse``) unless the
 #: config gives segment_chunks, 0: the forward plan's (an H100, the step: 0.585 against 0.686
 #: ms at T 1024 H 16, 1.074 against 1.122 at T 4096 H 8; docs/training.md)
-#: ds64: the dS pass in 64-token steps (``chunk_recurrent64_bwd.py``, a candidate not yet timed
-#: on a GPU) where it fits (fixed length, T % 64 == 0), its serial products as
-#: ``chunk_recurrent64_bwd.PRECISIONS`` names them (1 "mixed" ... 4 "tf32"; config.dot "fp32":
-#: 3xTF32 whichever), 0: the 16-token pass; ds64_block_v: its value columns a program
+#: (The dS pass in 64-token steps, a candidate, ran 1.47-1.84x slower than this 16-token one
+#: on an H100 and was deleted: docs/training.md, ds64_h100)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds64=0,
-                ds64_block_v=64)
+                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:
@@ -193,16 +189,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                 ds_dtype=BWD_PRODUCTS["ds_dtype"],
                 precision=DOT_PRECISION[c.dot])
     blocks, block_offsets, _ = seqs.segments(CKC)
-    ds64, bv64 = BWD_MODE["ds64"], min(BWD_MODE["ds64_block_v"], V)
-    if ds64 and ds64 not in PRECISIONS:
-        raise ValueError(f"BWD_MODE['ds64'] must be 0 or one of {PRECISIONS}, got {ds64}")
-    if ds64 and fits(cu_seqlens is not None, T, K, V, bv64):  # the 64-token candidate
-        du, ends = chunk_kda_bwd_recurrent64(
-            do, c.ops, dht=dht, state_vk=p.state_vk, block_v=bv64,
-            num_warps=8 if bv64 >= 64 else 4,
-            precision="tf32x3" if c.dot == "fp32" else PRECISIONS[ds64])
-    else:
-        du, ends = _ds_pass(do, dht, c, config, tile, blocks.shape[0], block_offsets)
+    du, ends = _ds_pass(do, dht, c, config, tile, blocks.shape[0], block_offsets)
     out = chunk_kda_bwd_blocks(
         v, do, c.ops, du, ends, initial_state=h0, checkpoints=checkpoints,
         checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,
