@@ -171,7 +171,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens,
                 dataclasses.replace(config, stage2="triton"), products=products,
                 precision="tf32x3")
-    seqs = c.seqs
+    seqs, plan = c.seqs, c.plan
     if dht is not None:
         dht = dht.contiguous()
     B, T, H, K, V = p.B, p.T, p.H, p.K, p.V
@@ -189,7 +189,26 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                 ds_dtype=BWD_PRODUCTS["ds_dtype"],
                 precision=DOT_PRECISION[c.dot])
     blocks, block_offsets, _ = seqs.segments(CKC)
-    du, ends = _ds_pass(do, dht, c, config, tile, blocks.shape[0], block_offsets)
+    segments = None
+    # the serial dS pass's value columns a program, once: the plan's estimate and the launch
+    serial_bv = ds_value_block(p.num_seqs * H, V, block_v, warps, sms,
+                               BWD_MODE["ds_block_v"] or None)
+    seg_chunks = plan.segment_chunks
+    if BWD_MODE["ds_segment"] and K <= 128:  # the combine holds a K x K transition
+        seg_chunks = BWD_MODE["ds_segment"]
+    elif BWD_MODE["ds_plan"] and config.segment_chunks is None:  # a given split is kept
+        # cached with the sequence tables, as the forward's plan: the estimate walks every
+        # sequence for each candidate length (0.74 ms a call at 1024 sequences)
+        key = ("reverse", H, K, V, block_v, serial_bv)
+        if key not in seqs.plans:
+            seqs.plans[key] = plan_reverse(seqs.n_chunks, H, K, V, sms, block_v, serial_bv)
+        seg_chunks = seqs.plans[key]
+    if seg_chunks > 0:  # segments of whole blocks
+        segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
+    du, ends = chunk_kda_bwd_recurrent(
+        do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
+        num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
+        block_offsets=block_offsets, segments=segments, ds_block_v=serial_bv, **tile)
     out = chunk_kda_bwd_blocks(
         v, do, c.ops, du, ends, initial_state=h0, checkpoints=checkpoints,
         checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,
@@ -223,34 +242,6 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     return (dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype),
             db.to(beta.dtype), dalog, ddt,
             None if dh0 is None else dh0.to(initial_state.dtype))
-
-
-def _ds_pass(do, dht, c, config, tile, n_blocks, block_offsets):
-    """The 16-token dS pass (``chunk_recurrent_bwd.py``), serial or split into segments as
-    ``BWD_MODE`` says: (dU, the gradient after every block)."""
-    seqs, plan, p = c.seqs, c.plan, c.p
-    H, K, V = p.H, p.K, p.V
-    block_v, warps, sms = tile["block_v"], tile["num_warps"], tile["sms"]
-    segments = None
-    # the serial dS pass's value columns a program, once: the plan's estimate and the launch
-    serial_bv = ds_value_block(p.num_seqs * H, V, block_v, warps, sms,
-                               BWD_MODE["ds_block_v"] or None)
-    seg_chunks = plan.segment_chunks
-    if BWD_MODE["ds_segment"] and K <= 128:  # the combine holds a K x K transition
-        seg_chunks = BWD_MODE["ds_segment"]
-    elif BWD_MODE["ds_plan"] and config.segment_chunks is None:  # a given split is kept
-        # cached with the sequence tables, as the forward's plan: the estimate walks every
-        # sequence for each candidate length (0.74 ms a call at 1024 sequences)
-        key = ("reverse", H, K, V, block_v, serial_bv)
-        if key not in seqs.plans:
-            seqs.plans[key] = plan_reverse(seqs.n_chunks, H, K, V, sms, block_v, serial_bv)
-        seg_chunks = seqs.plans[key]
-    if seg_chunks > 0:  # segments of whole blocks
-        segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
-    return chunk_kda_bwd_recurrent(
-        do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
-        num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=n_blocks,
-        block_offsets=block_offsets, segments=segments, ds_block_v=serial_bv, **tile)
 
 
 def _offsets(seqs):
