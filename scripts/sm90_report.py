@@ -176,6 +176,26 @@ def ws_signature(K: int, BV: int = 64) -> dict:
                 H="i32", **{n: "*i32" for n in ptrs + ("seg_ptr",)})
 
 
+def bwd_ws_signature(K: int, dtype: str = "fp16", BV: int = 64) -> dict:
+    """The Gluon dS pass's arguments as a launch specializes them (stage 1's operands in
+    ``dtype``, fp16 or fp32; dO bf16)."""
+    from triton.experimental.gluon import language as gl
+
+    gdt = {"fp16": gl.float16, "fp32": gl.float32}[dtype]
+
+    def desc(name, g, block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, g)
+        return f"tensordesc<{name}[{','.join(map(str, block))}],{layout!r}>"
+
+    sig = {f"{n}_d": desc(dtype, gdt, [16, K]) for n in ("w", "qg", "kend", "klo")}
+    sig.update(mqk_d=desc(dtype, gdt, [16, 16]), do_d=desc("bf16", gl.bfloat16, [16, BV]),
+               T="i32", H="i32")
+    sig.update({n: "*fp32" for n in ("gamma_ptr", "dht_ptr", "sum_ptr", "ends_ptr", "du_ptr")})
+    sig.update({n: "*i32" for n in ("cu_seqlens_ptr", "chunk_offsets_ptr", "seq_order_ptr",
+                                    "seg_ptr", "seg_off_ptr")})
+    return sig
+
+
 def kdalab_rows(only: str | None = None):
     """The Triton KDA kernels (forward and backward) at K = V = 128 (the benchmarks' head
     dims); ``only``: the labels containing it."""

@@ -216,7 +216,7 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
 def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets, num_seqs,
                             block_v, num_warps, sms, seq_order, n_blocks, block_offsets,
                             segments=None, ds_dtype=torch.float32, ds_block_v=None,
-                            precision="tf32"):
+                            precision="tf32", gluon=False):
     """Launch the dS recurrence (module docstring, kernel 1). ``ops``: stage 1's; ``dht``:
     the final state's gradient or None; ``n_blocks``, ``block_offsets``: the 64-token blocks
     (``Sequences.segments(CKC)``) and each sequence's first; ``segments``:
@@ -224,8 +224,9 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
     ``ds_dtype``: the operand type of the products with dS (fp32: tf32). ``ds_block_v``: the
     serial pass's value columns a program (a segmented plan takes ``block_v``; None:
     ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it); ``precision``:
-    the fp32 products' ("tf32", or "tf32x3" for config.dot "fp32"). Returns (dU like
-    do, fp32; the gradient after every block, [n_blocks, H, V, K] fp32)."""
+    the fp32 products' ("tf32", or "tf32x3" for config.dot "fp32"). ``gluon``: a Hopper GPU,
+    where the Gluon kernel (``chunk_recurrent_bwd_ws``) runs the passes it ``applies`` to.
+    Returns (dU like do, fp32; the gradient after every block, [n_blocks, H, V, K] fp32)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = do.shape
     K = w.shape[-1]
@@ -239,20 +240,35 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
               num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype,
               precision=precision)
     nv_ds = -(-V // dbv)
+    if gluon:
+        from . import chunk_recurrent_bwd_ws as ws
+
+        gluon = ws.applies(do, ops, precision=precision, ds_dtype=ds_dtype)
+    if gluon:
+        launch = ws.ds_pass_ws
+        ds_ws = {n: ds[n] for n in ("dht", "state_vk", "cu_seqlens", "chunk_offsets",
+                                    "seq_order", "ends", "du", "H", "K", "V", "T")}
+
+        def run(pass_, items, grid_v, **kw):  # the Triton kernel past the grid's limit
+            if not launch(do, ops, pass_, items=items, **kw, **ds_ws):
+                _ds_pass(do, ops, pass_, items=items, grid_v=grid_v, **kw, **ds)
+    else:
+        def run(pass_, items, grid_v, **kw):
+            _ds_pass(do, ops, pass_, items=items, grid_v=grid_v, **kw, **ds)
     if segments is None:
         if num_seqs * H:
-            _ds_pass(do, ops, 3, items=num_seqs * H, grid_v=nv_ds, segments=None,
-                     seg_offsets=block_offsets, summary=None, **ds)
+            run(3, num_seqs * H, nv_ds, segments=None, seg_offsets=block_offsets,
+                summary=None)
     else:
         table, seg_off, n_segs = segments
         summary = torch.empty((n_segs, H, V + K, K), **f32)
         if n_segs * H:
-            _ds_pass(do, ops, 1, items=n_segs * H, grid_v=-(-(V + K) // dbv),
-                     segments=table, seg_offsets=None, summary=summary, **ds)
+            run(1, n_segs * H, -(-(V + K) // dbv), segments=table, seg_offsets=None,
+                summary=summary)
         chunk_kda_combine(summary, seg_off, dht, num_seqs=num_seqs, state_vk=state_vk,
                           H=H, K=K, V=V, reverse=True)
         if n_segs * H:
-            _ds_pass(do, ops, 3, items=n_segs * H, grid_v=nv_ds, segments=table,
-                     seg_offsets=block_offsets, summary=summary, **ds)
+            run(3, n_segs * H, nv_ds, segments=table, seg_offsets=block_offsets,
+                summary=summary)
         del summary
     return du, ends

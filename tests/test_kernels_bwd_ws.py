@@ -1,0 +1,176 @@
+"""The Gluon dS pass (``kernels/chunk_recurrent_bwd_ws.py``, issue 40's candidate).
+
+Gluon has no interpreter, so on the CPU the kernel is compiled for sm_90a (it builds, its
+products are tf32 ``wgmma``s, nothing spills, its shared memory fits an SM); on the GPU each
+pass is held to the Triton kernel's (the same products of the same tf32-truncated operands,
+accumulated in another order) on the inputs a real backward hands it, and the whole
+backward's gradients with it to those with the Triton pass."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton.experimental.gluon")
+
+from kdalab.arith import rel_rmse  # noqa: E402
+from kdalab.kernels import KernelConfig  # noqa: E402
+from kdalab.kernels import chunk_recurrent_bwd_ws as ws  # noqa: E402
+
+gpu = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _sm90_report():
+    path = ROOT / "scripts" / "sm90_report.py"
+    spec = importlib.util.spec_from_file_location("sm90_report", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("K,pass_,seg,varlen,dtype", [
+    (128, 3, False, False, "fp16"), (128, 1, True, False, "fp16"), (128, 3, True, True, "fp16"),
+    (64, 3, False, True, "fp16"), (128, 3, False, False, "fp32")])
+def test_bwd_ws_compiles_for_sm90a(K, pass_, seg, varlen, dtype):
+    # ptxas (shipped with triton) for sm_90a. Per chunk, tf32 wgmma (k = 8): dS^T KEND^T and
+    # dS^T KLO^T over K (K / 8 each), dO^T MQK, dO^T QG and dU^T W over the chunk's 16 tokens
+    # (2 each): 38 at K = 128, 22 at K = 64. Measured (triton 3.9): 168 registers, no spills,
+    # 114,136 bytes of shared memory at K = 128 with fp16 operands (two stages of each ring)
+    rep = _sm90_report()
+    row = rep.report(ws.chunk_kda_bwd_recurrent_ws_kernel, rep.bwd_ws_signature(K, dtype),
+                     dict(K=K, V=128, BV=64, CKC=4, NUM_STAGES=2, CONV_STAGES=2,
+                          HAS_DHT=True, STATE_VK=False, IS_VARLEN=varlen, PASS=pass_,
+                          SEG=seg, num_warps=4), num_warps=4)
+    assert row["regs"] is not None and row["spill_st"] == 0 and row["spill_ld"] == 0, row
+    assert row["wgmma"] == 2 * K // 8 + 6, row
+    assert row["mma"] == 0, row
+    assert row["smem"] <= 227 * 1024, row
+
+
+def test_bwd_ws_applies_only_where_it_can():
+    B, T, H, K, V = 1, 32, 2, 128, 128
+    ops = [torch.zeros(B, T, H, K, dtype=torch.float16) for _ in range(4)]
+    ops += [torch.zeros(4, H, 16, 16, dtype=torch.float16)] * 2 + [torch.zeros(4, H, K)]
+    do = torch.zeros(B, T, H, V, dtype=torch.bfloat16)
+    # the CPU (Gluon has no interpreter), tf32x3 products, bf16 dS operands, K 32, V 96
+    assert not ws.applies(do, ops, precision="tf32", ds_dtype=torch.float32)
+    if torch.cuda.is_available():
+        cuda = [x.cuda() for x in ops]
+        assert ws.applies(do.cuda(), cuda, precision="tf32", ds_dtype=torch.float32)
+        assert not ws.applies(do.cuda(), cuda, precision="tf32x3", ds_dtype=torch.float32)
+        assert not ws.applies(do.cuda(), cuda, precision="tf32", ds_dtype=torch.bfloat16)
+        assert not ws.applies(do.cuda()[..., :96], cuda, precision="tf32",
+                              ds_dtype=torch.float32)
+        short = [x[..., :32] if x.shape[-1] == K else x for x in cuda]
+        assert not ws.applies(do.cuda(), short, precision="tf32", ds_dtype=torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the passes against the Triton kernel's, on a real backward's inputs
+
+def _hopper():
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+needs_hopper = pytest.mark.skipif(not _hopper(), reason="needs a Hopper GPU (wgmma)")
+
+# The two kernels multiply the same tf32-truncated operands and differ in the order of the
+# fp32 sums (the Triton kernel adds dS^T KEND_hi^T, dS^T KLO^T and dO^T MQK as separate
+# products, this one accumulates them in one chain), so each step's dS differs in its last
+# bits, and the next truncation to tf32 (10 bits) can flip on those: relative differences of
+# about 2^-11 on the flipped elements, 1e-6 .. 1e-5 over a tensor. 1e-4 leaves that margin;
+# a wrong operand, sign or stage (a chunk off by one, KLO left out, a row not zeroed past a
+# sequence's end) gives 1e-3 and more.
+PASS_TOL = 1e-4
+
+
+def _grad_case(B, T, H, K, V, *, cu=None, gate="lower_bound", layout="KV", seed=3,
+               dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    x = dict(q=r(B, T, H, K), k=r(B, T, H, K), v=r(B, T, H, V), beta=r(B, T, H))
+    kw = dict(lower_bound=-5.0 if gate == "lower_bound" else None)
+    x["g"] = r(B, T, H, K)
+    x["A_log"] = r(H) * 0.3
+    x["dt_bias"] = r(H * K) * 0.3
+    n = B if cu is None else len(cu) - 1
+    shape = (n, H, K, V) if layout == "KV" else (n, H, V, K)
+    x["initial_state"] = r(*shape) * 0.5
+    x = {k_: t.cuda().to(dtype if k_ in ("q", "k", "v", "g", "beta") else t.dtype)
+         for k_, t in x.items()}
+    for t in x.values():
+        t.requires_grad_(True)
+    if cu is not None:
+        kw["cu_seqlens"] = torch.tensor(cu, device="cuda")
+    kw["state_layout"] = layout
+    return x, kw
+
+
+def _backward(x, kw, config=KernelConfig()):
+    from kdalab.kernels import chunk_kda
+
+    o, s = chunk_kda(x["q"], x["k"], x["v"], x["g"], x["beta"], A_log=x["A_log"],
+                     dt_bias=x["dt_bias"], initial_state=x["initial_state"],
+                     output_final_state=True, config=config, **kw)
+    gen = torch.Generator().manual_seed(7)
+    do = torch.randn(o.shape, generator=gen).to(o)
+    dht = torch.randn(s.shape, generator=gen).to(s)
+    for t in x.values():
+        t.grad = None
+    ((o.float() * do.float()).sum() + (s.float() * dht.float()).sum()).backward()
+    return {k_: t.grad.clone() for k_, t in x.items()}
+
+
+CASES = {
+    "serial": (dict(B=2, T=512, H=2, K=128, V=128), dict(segment_chunks=0)),
+    "segments": (dict(B=1, T=1024, H=2, K=128, V=128), dict(segment_chunks=16)),
+    "varlen": (dict(B=1, T=600, H=2, K=128, V=128, cu=[0, 0, 37, 300, 301, 600]),
+               dict(segment_chunks=8)),
+    "k64_vk": (dict(B=1, T=300, H=3, K=64, V=128, layout="VK"), dict(segment_chunks=0)),
+    "unbounded": (dict(B=1, T=256, H=2, K=128, V=64, gate="unbounded"),
+                  dict(segment_chunks=8)),
+}
+
+
+@gpu
+@needs_hopper
+@pytest.mark.parametrize("name", list(CASES))
+def test_gpu_bwd_ws_passes_match_the_triton_kernel(name, monkeypatch):
+    """Each dS pass the backward launches, run by both kernels on the same inputs: dU and the
+    block-end gradients within PASS_TOL (above) of the Triton kernel's; then the whole
+    backward's gradients with the Gluon pass within 1e-3 of those with the Triton pass (bf16
+    inputs, whose gradients are rounded to bf16: 2^-9 = 2e-3 is one rounding step, and a
+    handful of flips over a tensor stay below 1e-3 in rel. RMS)."""
+    from kdalab.kernels import autograd
+    from kdalab.kernels import chunk_recurrent_bwd as crb
+
+    shape, config = CASES[name]
+    x, kw = _grad_case(**shape)
+    seen = []
+    real = crb.chunk_kda_bwd_recurrent
+
+    def both(do, ops, **kwargs):
+        kwargs.pop("gluon", None)
+        ref_du, ref_ends = real(do, ops, gluon=False, **kwargs)
+        got_du, got_ends = real(do, ops, gluon=True, **kwargs)
+        seen.append((float(rel_rmse(got_du, ref_du, 4)), float(rel_rmse(got_ends, ref_ends, 4)),
+                     ws.applies(do, ops, precision=kwargs["precision"],
+                                ds_dtype=kwargs["ds_dtype"])))
+        return got_du, got_ends
+
+    monkeypatch.setattr(autograd, "chunk_kda_bwd_recurrent", both)
+    _backward(x, kw, KernelConfig(**config))
+    assert seen and all(a for *_, a in seen), seen  # the Gluon kernel ran
+    assert all(e_du < PASS_TOL and e_ends < PASS_TOL for e_du, e_ends, _ in seen), seen
+    monkeypatch.undo()
+
+    monkeypatch.setitem(autograd.BWD_MODE, "ds_gluon", 0)
+    want = _backward(x, kw, KernelConfig(**config))
+    monkeypatch.setitem(autograd.BWD_MODE, "ds_gluon", 1)
+    got = _backward(x, kw, KernelConfig(**config))
+    errors = {n: float(rel_rmse(got[n].float(), want[n].float(), got[n].dim())) for n in got}
+    assert all(e < 1e-3 for e in errors.values()), errors
