@@ -9,14 +9,16 @@ chunk, last first, with dS^T [BV, K] fp32 in the compute warpgroup's registers,
     dS^T = dS'^T diag(γ) + dO^T QG - dU^T W                  [BV, K]
 
 every product on the tensor cores in tf32 (``warpgroup_mma``, fp32 accumulation), dS^T, dO^T
-and dU^T as register operands. A tf32 ``wgmma`` reads its shared-memory operand K-major only
+and dU^T as register operands. dU^T's three terms are one [BV, 32] accumulator: KEND_hi's and
+KLO's rows interleaved as one operand (MQK^T's beside zeros), so that the chain has K / 8 + 2
+``wgmma`` instead of 2 K / 8 + 2, and a thread adds its pairs of columns. A tf32 ``wgmma`` reads its shared-memory operand K-major only
 (the transposed form is for 16-bit types: PTX ISA, ``wgmma.mma_async``, imm-trans-b), and
 stage 1 stores its operands 16-bit and token-major, so three partitions run a ring each:
 
 - the loader (one warp) brings a chunk's W, QG, KEND, KLO [16, K], MQK [16, 16] and dO
   [16, BV] into shared memory by TMA, ``NUM_STAGES`` chunks ahead;
 - the converter (a warpgroup) makes them fp32 operands in the layouts a tf32 ``wgmma``
-  reads: QG^T, W^T [K, 16] and MQK^T (tokens contiguous), KEND and KLO as they are, dO^T; the
+  reads: QG^T, W^T [K, 16] and MQK^T (tokens contiguous), KEND and KLO paired, dO^T; the
   rows past a sequence's end are zeroed there (a TMA box reads on into the next sequence),
   which is what the Triton kernel's masked loads give;
 - the compute warpgroup runs the chain and stores each chunk's dU^T and the gradient after
@@ -79,13 +81,24 @@ def _loader(descs, bufs, bars, bos, c0, n_chunks, i_h, H, col_k, col_v, HAS_DO):
 
 
 @gluon.jit
+def _pairs(a, b):
+    """[N, C] and [N, C] as one [2N, C]: rows a_0, b_0, a_1, b_1, ..."""
+    N: gl.constexpr = a.shape[0]
+    C: gl.constexpr = a.shape[1]
+    return gl.reshape(gl.permute(gl.join(a, b), (0, 2, 1)), [2 * N, C])
+
+
+@gluon.jit
 def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO,
                num_warps: gl.constexpr):
-    """A warpgroup: the landed 16-bit (or fp32) tiles as fp32 tf32 operands, transposed where
-    the product reduces over the chunk's tokens, the rows past ``eos`` zeroed (MQK's columns
-    too), then both rings' stages handed on."""
+    """A warpgroup: the landed 16-bit (or fp32) tiles as fp32 tf32 operands, the rows past
+    ``eos`` zeroed (MQK's columns too), then both rings' stages handed on. dU's operand is
+    KEND_hi and KLO as the rows of one [32, K] tile, interleaved (rows 2j, 2j + 1: token j's),
+    with MQK^T's rows interleaved with zeros beside it, so that dU^T is one [BV, 32] product
+    whose adjacent columns (a thread's pair in the accumulator) add up to it; QG and W
+    transposed (the products that reduce over the chunk's tokens)."""
     w_s, qg_s, kend_s, klo_s, mqk_s, do_s = bufs
-    wt_c, qgt_c, kend_c, klo_c, mqkt_c, do_c = cbufs
+    wt_c, qgt_c, kb_c, mb_c, do_c = cbufs
     ready, empty = bars
     cready, cempty = cbars
     NS: gl.constexpr = w_s.type.shape[0]
@@ -109,13 +122,13 @@ def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO,
         wt_c.index(sc).permute((1, 0)).store(x)
         x = gl.where(keep, qg_s.index(s).load(lay).to(gl.float32), 0.0)
         qgt_c.index(sc).permute((1, 0)).store(x)
-        x = gl.where(keep, kend_s.index(s).load(lay).to(gl.float32), 0.0)
-        kend_c.index(sc).store(x)
-        x = gl.where(keep, klo_s.index(s).load(lay).to(gl.float32), 0.0)
-        klo_c.index(sc).store(x)
+        hi = gl.where(keep, kend_s.index(s).load(lay).to(gl.float32), 0.0)
+        lo = gl.where(keep, klo_s.index(s).load(lay).to(gl.float32), 0.0)
+        kb_c.index(sc).store(_pairs(hi, lo))
         m = gl.where((o_i < n_ok)[:, None] & (o_j < n_ok)[None, :],
                      mqk_s.index(s).load(sq).to(gl.float32), 0.0)
-        mqkt_c.index(sc).permute((1, 0)).store(m)
+        mt = gl.permute(m, (1, 0))
+        mb_c.index(sc).store(_pairs(mt, gl.zeros_like(mt)))
         if HAS_DO:
             d = gl.where(keep, do_s.index(s).load(lay).to(gl.float32), 0.0)
         else:
@@ -133,16 +146,19 @@ def _compute(cbufs, cbars, ptrs, prog, K: gl.constexpr, V: gl.constexpr, BV: gl.
     """The compute warpgroup: the chain, last chunk first, dS^T in fp32 registers."""
     gamma_ptr, dht_ptr, sum_ptr, ends_ptr, du_ptr, seg_off_ptr = ptrs
     bos, eos, c0, n_chunks, i_n, i_s, i_h, i_v, H, j0 = prog
-    wt_c, qgt_c, kend_c, klo_c, mqkt_c, do_c = cbufs
+    wt_c, qgt_c, kb_c, mb_c, do_c = cbufs
     cready, cempty = cbars
     NC: gl.constexpr = wt_c.type.shape[0]
     BT: gl.constexpr = 16
+    # dS^T's layout (instruction N = K), the paired dU^T's (N = 32) and dU^T's (N = 16)
     s_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, K, 8])
+    p_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, 2 * BT, 8])
     c_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                   instr_shape=[16, BT, 8])
     a_s: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=s_l, k_width=1)
-    a_c: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=c_l, k_width=1)
+    a_p: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=p_l, k_width=1)
     o_k = gl.arange(0, K, layout=gl.SliceLayout(0, s_l))
     o_v = i_v * BV + gl.arange(0, BV, layout=gl.SliceLayout(1, s_l))
     o_t = gl.arange(0, BT, layout=gl.SliceLayout(0, c_l))
@@ -166,7 +182,7 @@ def _compute(cbufs, cbars, ptrs, prog, K: gl.constexpr, V: gl.constexpr, BV: gl.
         slot_0 = ends_ptr + ((seg0 + j0 // CKC) * H + i_h) * V * K
         if n_chunks == 0:  # an empty sequence has one (empty) block: its dS, dht, is stored
             gl.store(slot_0 + sq_offs, dSt)
-    zc = gl.zeros([BV, BT], gl.float32, layout=c_l)
+    zp = gl.zeros([BV, 2 * BT], gl.float32, layout=p_l)
     for i in range(n_chunks):
         sc = i % NC
         c = n_chunks - 1 - i
@@ -176,19 +192,20 @@ def _compute(cbufs, cbars, ptrs, prog, K: gl.constexpr, V: gl.constexpr, BV: gl.
         cc = (c0 + c) * H + i_h
         gam = gl.load(gamma_ptr + cc * K + o_k)
         mbarrier.wait(cready.index(sc), (i // NC) & 1)
-        dsa = gl.convert_layout(dSt, a_c)
-        du = warpgroup_mma(dsa, kend_c.index(sc).permute((1, 0)), zc, use_acc=False,
-                           is_async=True)
-        du = warpgroup_mma(dsa, klo_c.index(sc).permute((1, 0)), du, is_async=True)
-        doc = do_c.index(sc).permute((1, 0)).load(a_c)
-        du = warpgroup_mma(doc, mqkt_c.index(sc).permute((1, 0)), du, is_async=True)
+        dsa = gl.convert_layout(dSt, a_p)
+        du2 = warpgroup_mma(dsa, kb_c.index(sc).permute((1, 0)), zp, use_acc=False,
+                            is_async=True)
+        doc = do_c.index(sc).permute((1, 0)).load(a_p)
+        du2 = warpgroup_mma(doc, mb_c.index(sc).permute((1, 0)), du2, is_async=True)
         dos = do_c.index(sc).permute((1, 0)).load(a_s)
-        du = warpgroup_mma_wait(num_outstanding=0, deps=(du,))
+        du2 = warpgroup_mma_wait(num_outstanding=0, deps=(du2,))
+        hi, lo = gl.split(gl.reshape(du2, [BV, BT, 2]))
+        dun = hi + lo  # in a thread's registers: the layout of dU^T as an operand (a_s)
         if PASS == 3:  # dU^T, like v: rows past the sequence's end left alone
             row = bos + c * BT
             pd = du_ptr + ((row + o_t[None, :]) * H + i_h) * V + o_vc[:, None]
-            gl.store(pd, du, mask=(o_t < eos - row)[None, :])
-        dua = gl.convert_layout(-du, a_s)
+            gl.store(pd, gl.convert_layout(dun, c_l), mask=(o_t < eos - row)[None, :])
+        dua = gl.convert_layout(-dun, a_s)
         dSt = dSt * gam[None, :]
         dSt = warpgroup_mma(dos, qgt_c.index(sc).permute((1, 0)), dSt, is_async=True)
         dSt = warpgroup_mma(dua, wt_c.index(sc).permute((1, 0)), dSt, is_async=True)
@@ -245,8 +262,8 @@ def chunk_kda_bwd_recurrent_ws_kernel(
             _tma_ring(mqk_d, NUM_STAGES), _tma_ring(do_d, NUM_STAGES))
     f32: gl.constexpr = gl.float32
     cbufs = (_ring(CONV_STAGES, [K, BT], f32), _ring(CONV_STAGES, [K, BT], f32),
-             _ring(CONV_STAGES, [BT, K], f32), _ring(CONV_STAGES, [BT, K], f32),
-             _ring(CONV_STAGES, [BT, BT], f32), _ring(CONV_STAGES, [BT, BV], f32))
+             _ring(CONV_STAGES, [2 * BT, K], f32), _ring(CONV_STAGES, [2 * BT, BT], f32),
+             _ring(CONV_STAGES, [BT, BV], f32))
     bars = (_barriers(NUM_STAGES), _barriers(NUM_STAGES))
     cbars = (_barriers(CONV_STAGES), _barriers(CONV_STAGES))
     gl.warp_specialize([
