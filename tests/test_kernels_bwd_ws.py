@@ -32,23 +32,30 @@ def _sm90_report():
     return mod
 
 
-@pytest.mark.parametrize("K,pass_,seg,varlen,dtype", [
-    (128, 3, False, False, "fp16"), (128, 1, True, False, "fp16"), (128, 3, True, True, "fp16"),
-    (64, 3, False, True, "fp16"), (128, 3, False, False, "fp32")])
-def test_bwd_ws_compiles_for_sm90a(K, pass_, seg, varlen, dtype):
+@pytest.mark.parametrize("K,pass_,seg,varlen,dtype,nwg", [
+    (128, 3, False, False, "fp16", 1), (128, 1, True, False, "fp16", 1),
+    (128, 3, True, True, "fp16", 1), (64, 3, False, True, "fp16", 1),
+    (128, 3, False, False, "fp32", 1), (128, 3, True, False, "fp16", 2),
+    (128, 1, True, True, "fp16", 2)])
+def test_bwd_ws_compiles_for_sm90a(K, pass_, seg, varlen, dtype, nwg):
     # ptxas (shipped with triton) for sm_90a. Per chunk, tf32 wgmma (k = 8): dS^T [KEND_hi |
     # KLO]^T over K as one N = 32 product (K / 8), dO^T MQK into the same accumulator, dO^T QG
     # and dU^T W over the chunk's 16 tokens (2 each): 22 at K = 128, 14 at K = 64 (the two
     # N = 16 products of the first form: 38 and 22). Measured (triton 3.9 and 3.6): 168
     # registers, no spills, 116,168 bytes of shared memory at K = 128 with fp16 operands (two
-    # stages of each ring)
+    # stages of each ring). Two value blocks a program (two compute warpgroups): twice the
+    # products, 128 registers at launch (13 warps), spills (68 bytes at the partitions'
+    # register split chosen, 184 / 24 / 104 for the second compute warpgroup, the loader and
+    # the converter), 128,508 bytes of shared memory
     rep = _sm90_report()
     row = rep.report(ws.chunk_kda_bwd_recurrent_ws_kernel, rep.bwd_ws_signature(K, dtype),
                      dict(K=K, V=128, BV=64, CKC=4, NUM_STAGES=2, CONV_STAGES=2,
                           HAS_DHT=True, STATE_VK=False, IS_VARLEN=varlen, PASS=pass_,
-                          SEG=seg, num_warps=4), num_warps=4)
-    assert row["regs"] is not None and row["spill_st"] == 0 and row["spill_ld"] == 0, row
-    assert row["wgmma"] == K // 8 + 6, row
+                          SEG=seg, NWG=nwg, num_warps=4), num_warps=4)
+    assert row["regs"] is not None, row
+    assert nwg == 2 or (row["spill_st"] == 0 and row["spill_ld"] == 0), row
+    assert row["spill_st"] <= 128, row
+    assert row["wgmma"] == nwg * (K // 8 + 6), row
     assert row["mma"] == 0, row
     assert row["smem"] <= 227 * 1024, row
 
@@ -140,8 +147,9 @@ CASES = {
 
 @gpu
 @needs_hopper
+@pytest.mark.parametrize("warpgroups", [1, 2])
 @pytest.mark.parametrize("name", list(CASES))
-def test_gpu_bwd_ws_passes_match_the_triton_kernel(name, monkeypatch):
+def test_gpu_bwd_ws_passes_match_the_triton_kernel(name, warpgroups, monkeypatch):
     """Each dS pass the backward launches, run by both kernels on the same inputs: dU and the
     block-end gradients within PASS_TOL (above) of the Triton kernel's; then the whole
     backward's gradients with the Gluon pass within 1e-3 of those with the Triton pass (bf16
@@ -158,7 +166,7 @@ def test_gpu_bwd_ws_passes_match_the_triton_kernel(name, monkeypatch):
     def both(do, ops, **kwargs):
         kwargs.pop("gluon", None)
         ref_du, ref_ends = real(do, ops, gluon=False, **kwargs)
-        got_du, got_ends = real(do, ops, gluon=True, **kwargs)
+        got_du, got_ends = real(do, ops, gluon=warpgroups, **kwargs)
         seen.append((float(rel_rmse(got_du, ref_du, 4)), float(rel_rmse(got_ends, ref_ends, 4)),
                      ws.applies(do, ops, precision=kwargs["precision"],
                                 ds_dtype=kwargs["ds_dtype"])))
@@ -172,7 +180,7 @@ def test_gpu_bwd_ws_passes_match_the_triton_kernel(name, monkeypatch):
 
     monkeypatch.setitem(autograd.BWD_MODE, "ds_gluon", 0)
     want = _backward(x, kw, KernelConfig(**config))
-    monkeypatch.setitem(autograd.BWD_MODE, "ds_gluon", 1)
+    monkeypatch.setitem(autograd.BWD_MODE, "ds_gluon", warpgroups)
     got = _backward(x, kw, KernelConfig(**config))
     errors = {n: float(rel_rmse(got[n].float(), want[n].float(), got[n].dim())) for n in got}
     assert all(e < 1e-3 for e in errors.values()), errors

@@ -51,8 +51,8 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: ms at T 1024 H 16, 1.074 against 1.122 at T 4096 H 8; docs/training.md)
 #: (The dS pass in 64-token steps, a candidate, ran 1.47-1.84x slower than this 16-token one
 #: on an H100 and was deleted: docs/training.md, ds64_h100)
-#: ds_gluon: 1, the dS pass by the Gluon kernel (``chunk_recurrent_bwd_ws``) on a Hopper GPU
-#: where it applies; 0: the Triton kernel everywhere
+#: ds_gluon: 1 or 2, the dS pass by the Gluon kernel (``chunk_recurrent_bwd_ws``) on a Hopper
+#: GPU where it applies, with that many value blocks a program; 0: the Triton kernel everywhere
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
                 prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=0)
 
@@ -211,8 +211,8 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
         num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
         block_offsets=block_offsets, segments=segments, ds_block_v=serial_bv,
-        gluon=bool(BWD_MODE["ds_gluon"]) and v.is_cuda
-        and torch.cuda.get_device_capability(v.device)[0] == 9, **tile)
+        gluon=BWD_MODE["ds_gluon"] if v.is_cuda
+        and torch.cuda.get_device_capability(v.device)[0] == 9 else 0, **tile)
     out = chunk_kda_bwd_blocks(
         v, do, c.ops, du, ends, initial_state=h0, checkpoints=checkpoints,
         checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,

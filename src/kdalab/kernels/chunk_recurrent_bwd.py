@@ -224,8 +224,9 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
     ``ds_dtype``: the operand type of the products with dS (fp32: tf32). ``ds_block_v``: the
     serial pass's value columns a program (a segmented plan takes ``block_v``; None:
     ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it); ``precision``:
-    the fp32 products' ("tf32", or "tf32x3" for config.dot "fp32"). ``gluon``: a Hopper GPU,
-    where the Gluon kernel (``chunk_recurrent_bwd_ws``) runs the passes it ``applies`` to.
+    the fp32 products' ("tf32", or "tf32x3" for config.dot "fp32"). ``gluon``: on a Hopper
+    GPU, the Gluon kernel (``chunk_recurrent_bwd_ws``) runs the passes it ``applies`` to, with
+    ``gluon`` value blocks a program (1 or 2; 0: the Triton kernel).
     Returns (dU like do, fp32; the gradient after every block, [n_blocks, H, V, K] fp32)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = do.shape
@@ -243,11 +244,14 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
     if gluon:
         from . import chunk_recurrent_bwd_ws as ws
 
-        gluon = ws.applies(do, ops, precision=precision, ds_dtype=ds_dtype)
+        if ws.applies(do, ops, precision=precision, ds_dtype=ds_dtype):
+            launch = ws.ds_pass_ws
+            ds_ws = {n: ds[n] for n in ("dht", "state_vk", "cu_seqlens", "chunk_offsets",
+                                        "seq_order", "ends", "du", "H", "K", "V", "T")}
+            ds_ws["warpgroups"] = int(gluon)
+        else:
+            gluon = 0
     if gluon:
-        launch = ws.ds_pass_ws
-        ds_ws = {n: ds[n] for n in ("dht", "state_vk", "cu_seqlens", "chunk_offsets",
-                                    "seq_order", "ends", "du", "H", "K", "V", "T")}
 
         def run(pass_, items, grid_v, **kw):  # the Triton kernel past the grid's limit
             if not launch(do, ops, pass_, items=items, **kw, **ds_ws):

@@ -51,16 +51,19 @@ BV = 64  # value rows a program: one warpgroup's wgmma M
 
 
 @gluon.jit
-def _loader(descs, bufs, bars, bos, c0, n_chunks, i_h, H, col_k, col_v, HAS_DO):
+def _loader(descs, bufs, bars, bos, c0, n_chunks, i_h, H, col_k, col_v, HAS_DO,
+            NWG: gl.constexpr):
     """One warp: chunk ``n_chunks - 1 - i``'s operands into stage i % NS once the converter
-    has released it (a value block of the transition's rows, ``HAS_DO`` 0, takes no dO)."""
+    has released it, dO for each of the ``NWG`` value blocks (value blocks of the
+    transition's rows, ``HAS_DO`` 0, take none)."""
     w_d, qg_d, kend_d, klo_d, mqk_d, do_d = descs
     w_s, qg_s, kend_s, klo_s, mqk_s, do_s = bufs
     ready, empty = bars
     NS: gl.constexpr = w_s.type.shape[0]
     BT: gl.constexpr = w_s.type.shape[1]
     n_ops: gl.constexpr = 4 * w_d.block_type.nbytes + mqk_d.block_type.nbytes
-    n_do: gl.constexpr = do_d.block_type.nbytes
+    n_do: gl.constexpr = NWG * do_d.block_type.nbytes
+    BV: gl.constexpr = do_d.block_type.shape[1]
     for i in range(n_chunks):
         s = i % NS
         c = n_chunks - 1 - i
@@ -70,7 +73,8 @@ def _loader(descs, bufs, bars, bos, c0, n_chunks, i_h, H, col_k, col_v, HAS_DO):
         cc = ((c0 + c) * H + i_h).to(gl.int32)
         if HAS_DO:
             mbarrier.expect(bar, n_ops + n_do)
-            _tma_load(do_d, [row, col_v], bar, do_s.index(s))
+            for wg in gl.static_range(NWG):
+                _tma_load(do_d, [row, col_v + wg * BV], bar, do_s.index(s * NWG + wg))
         else:
             mbarrier.expect(bar, n_ops)
         _tma_load(w_d, [row, col_k], bar, w_s.index(s))
@@ -89,7 +93,7 @@ def _pairs(a, b):
 
 
 @gluon.jit
-def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO,
+def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO, NWG: gl.constexpr,
                num_warps: gl.constexpr):
     """A warpgroup: the landed 16-bit (or fp32) tiles as fp32 tf32 operands, the rows past
     ``eos`` zeroed (MQK's columns too), then both rings' stages handed on. dU's operand is
@@ -129,11 +133,12 @@ def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO,
                      mqk_s.index(s).load(sq).to(gl.float32), 0.0)
         mt = gl.permute(m, (1, 0))
         mb_c.index(sc).store(_pairs(mt, gl.zeros_like(mt)))
-        if HAS_DO:
-            d = gl.where(keep, do_s.index(s).load(lay).to(gl.float32), 0.0)
-        else:
-            d = gl.zeros([BT, BV], gl.float32, layout=lay)
-        do_c.index(sc).store(d)
+        for wg in gl.static_range(NWG):
+            if HAS_DO:
+                d = gl.where(keep, do_s.index(s * NWG + wg).load(lay).to(gl.float32), 0.0)
+            else:
+                d = gl.zeros([BT, BV], gl.float32, layout=lay)
+            do_c.index(sc * NWG + wg).store(d)
         fence_async_shared()  # generic stores, then the tensor cores' reads
         mbarrier.arrive(empty.index(s))
         mbarrier.arrive(cready.index(sc))
@@ -142,10 +147,13 @@ def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO,
 @gluon.jit
 def _compute(cbufs, cbars, ptrs, prog, K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr,
              CKC: gl.constexpr, HAS_DHT: gl.constexpr, STATE_VK: gl.constexpr,
-             PASS: gl.constexpr, SEG: gl.constexpr, num_warps: gl.constexpr):
-    """The compute warpgroup: the chain, last chunk first, dS^T in fp32 registers."""
+             PASS: gl.constexpr, SEG: gl.constexpr, WG: gl.constexpr, NWG: gl.constexpr,
+             num_warps: gl.constexpr):
+    """A compute warpgroup (``WG`` of ``NWG``, each its own value block ``i_v`` + ``WG`` of
+    the same chunks' operands): the chain, last chunk first, dS^T in fp32 registers."""
     gamma_ptr, dht_ptr, sum_ptr, ends_ptr, du_ptr, seg_off_ptr = ptrs
-    bos, eos, c0, n_chunks, i_n, i_s, i_h, i_v, H, j0 = prog
+    bos, eos, c0, n_chunks, i_n, i_s, i_h, i_v0, H, j0 = prog
+    i_v = i_v0 + WG
     wt_c, qgt_c, kb_c, mb_c, do_c = cbufs
     cready, cempty = cbars
     NC: gl.constexpr = wt_c.type.shape[0]
@@ -195,9 +203,9 @@ def _compute(cbufs, cbars, ptrs, prog, K: gl.constexpr, V: gl.constexpr, BV: gl.
         dsa = gl.convert_layout(dSt, a_p)
         du2 = warpgroup_mma(dsa, kb_c.index(sc).permute((1, 0)), zp, use_acc=False,
                             is_async=True)
-        doc = do_c.index(sc).permute((1, 0)).load(a_p)
+        doc = do_c.index(sc * NWG + WG).permute((1, 0)).load(a_p)
         du2 = warpgroup_mma(doc, mb_c.index(sc).permute((1, 0)), du2, is_async=True)
-        dos = do_c.index(sc).permute((1, 0)).load(a_s)
+        dos = do_c.index(sc * NWG + WG).permute((1, 0)).load(a_s)
         du2 = warpgroup_mma_wait(num_outstanding=0, deps=(du2,))
         hi, lo = gl.split(gl.reshape(du2, [BV, BT, 2]))
         dun = hi + lo  # in a thread's registers: the layout of dU^T as an operand (a_s)
@@ -230,10 +238,10 @@ def _tma_ring(desc, n: gl.constexpr):
 
 
 @gluon.jit
-def _barriers(n: gl.constexpr):
+def _barriers(n: gl.constexpr, count: gl.constexpr = 1):
     bars = gl.allocate_shared_memory(gl.int64, [n, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(n):
-        mbarrier.init(bars.index(s), count=1)
+        mbarrier.init(bars.index(s), count=count)
     return bars
 
 
@@ -244,10 +252,12 @@ def chunk_kda_bwd_recurrent_ws_kernel(
         K: gl.constexpr, V: gl.constexpr, BV: gl.constexpr, CKC: gl.constexpr,
         NUM_STAGES: gl.constexpr, CONV_STAGES: gl.constexpr, HAS_DHT: gl.constexpr,
         STATE_VK: gl.constexpr, IS_VARLEN: gl.constexpr, PASS: gl.constexpr,
-        SEG: gl.constexpr, num_warps: gl.constexpr):
+        SEG: gl.constexpr, NWG: gl.constexpr, num_warps: gl.constexpr):
     """``chunk_kda_bwd_recurrent_kernel``'s program (its ``PASS``, ``SEG``, slots and
-    stores), the value block on the grid's first axis."""
-    i_v = gl.program_id(0)
+    stores) for ``NWG`` value blocks, one a compute warpgroup, which share the loaded and
+    converted operands (the blocks on the grid's first axis, in groups of ``NWG``; every
+    group's blocks all values' or all the transition's)."""
+    i_v = gl.program_id(0) * NWG
     item = gl.program_id(1)
     BT: gl.constexpr = 16
     i_n, i_h, i_s, bos, eos, c0, j0, p, _ = program_rows(
@@ -259,21 +269,35 @@ def chunk_kda_bwd_recurrent_ws_kernel(
     has_do = i_v * BV < V  # a block of the transition's rows (pass 1) has no dO
     bufs = (_tma_ring(w_d, NUM_STAGES), _tma_ring(qg_d, NUM_STAGES),
             _tma_ring(kend_d, NUM_STAGES), _tma_ring(klo_d, NUM_STAGES),
-            _tma_ring(mqk_d, NUM_STAGES), _tma_ring(do_d, NUM_STAGES))
+            _tma_ring(mqk_d, NUM_STAGES), _tma_ring(do_d, NUM_STAGES * NWG))
     f32: gl.constexpr = gl.float32
     cbufs = (_ring(CONV_STAGES, [K, BT], f32), _ring(CONV_STAGES, [K, BT], f32),
              _ring(CONV_STAGES, [2 * BT, K], f32), _ring(CONV_STAGES, [2 * BT, BT], f32),
-             _ring(CONV_STAGES, [BT, BV], f32))
+             _ring(CONV_STAGES * NWG, [BT, BV], f32))
     bars = (_barriers(NUM_STAGES), _barriers(NUM_STAGES))
-    cbars = (_barriers(CONV_STAGES), _barriers(CONV_STAGES))
-    gl.warp_specialize([
-        (_compute, (cbufs, cbars, (gamma_ptr, dht_ptr, sum_ptr, ends_ptr, du_ptr, seg_off_ptr),
-                    (bos, eos, c0, n_chunks, i_n, i_s, i_h, i_v, H, j0),
-                    K, V, BV, CKC, HAS_DHT, STATE_VK, PASS, SEG, num_warps)),
-        (_loader, ((w_d, qg_d, kend_d, klo_d, mqk_d, do_d), bufs, bars, bos, c0, n_chunks,
-                   i_h, H, i_h * K, i_h * V + i_v * BV, has_do)),
-        (_converter, (bufs, cbufs, bars, cbars, bos, eos, n_chunks, has_do, 4)),
-    ], [1, 4], [40, 128])
+    cbars = (_barriers(CONV_STAGES), _barriers(CONV_STAGES, NWG))
+    ptrs = (gamma_ptr, dht_ptr, sum_ptr, ends_ptr, du_ptr, seg_off_ptr)
+    prog = (bos, eos, c0, n_chunks, i_n, i_s, i_h, i_v, H, j0)
+    descs = (w_d, qg_d, kend_d, klo_d, mqk_d, do_d)
+    col_v = i_h * V + i_v * BV
+    if NWG == 1:
+        gl.warp_specialize([
+            (_compute, (cbufs, cbars, ptrs, prog, K, V, BV, CKC, HAS_DHT, STATE_VK, PASS, SEG,
+                        0, NWG, num_warps)),
+            (_loader, (descs, bufs, bars, bos, c0, n_chunks, i_h, H, i_h * K, col_v, has_do,
+                       NWG)),
+            (_converter, (bufs, cbufs, bars, cbars, bos, eos, n_chunks, has_do, NWG, 4))],
+            [1, 4], [40, 128])
+    else:  # the second warpgroup's registers: as many as the first's (ptxas: 168)
+        gl.warp_specialize([
+            (_compute, (cbufs, cbars, ptrs, prog, K, V, BV, CKC, HAS_DHT, STATE_VK, PASS, SEG,
+                        0, NWG, num_warps)),
+            (_compute, (cbufs, cbars, ptrs, prog, K, V, BV, CKC, HAS_DHT, STATE_VK, PASS, SEG,
+                        1, NWG, 4)),
+            (_loader, (descs, bufs, bars, bos, c0, n_chunks, i_h, H, i_h * K, col_v, has_do,
+                       NWG)),
+            (_converter, (bufs, cbufs, bars, cbars, bos, eos, n_chunks, has_do, NWG, 4))],
+            [4, 1, 4], [184, 24, 104])
 
 
 def applies(do, ops, *, precision: str, ds_dtype, block_v_ok: bool = True) -> bool:
@@ -290,10 +314,12 @@ def applies(do, ops, *, precision: str, ds_dtype, block_v_ok: bool = True) -> bo
 
 def ds_pass_ws(do, ops, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offsets,
                seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T,
-               num_stages=2, conv_stages=2, maxnreg=None):
+               num_stages=2, conv_stages=2, warpgroups=1, maxnreg=None):
     """One pass (1 or 3) of the dS recurrence by ``chunk_kda_bwd_recurrent_ws_kernel``, as
     ``chunk_recurrent_bwd._ds_pass`` launches the Triton kernel (the same buffers); past the
-    grid's second axis (65535 items) returns False and launches nothing."""
+    grid's second axis (65535 items) returns False and launches nothing. ``warpgroups``: 2,
+    two value blocks a program where the pass's blocks pair up (each pair all values' or
+    all the transition's), else 1."""
     if items > _MAX_GRID_Y:
         return False
     w, qg, kend, klo, ainv, mqk, gamma = ops
@@ -303,10 +329,11 @@ def ds_pass_ws(do, ops, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offset
     descs.append(_desc(do.view(rows, H * V), [CHUNK, BV]))
     opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
     nv = (V + K if pass_ == 1 else V) // BV
-    chunk_kda_bwd_recurrent_ws_kernel[(nv, items)](
+    nwg = 2 if warpgroups == 2 and nv % 2 == 0 and (V // BV) % 2 == 0 else 1
+    chunk_kda_bwd_recurrent_ws_kernel[(nv // nwg, items)](
         *descs, gamma, opt(dht), opt(summary), ends, du, opt(cu_seqlens), opt(chunk_offsets),
         opt(seq_order), opt(segments), opt(seg_offsets), T, H, K=K, V=V, BV=BV, CKC=4,
         NUM_STAGES=num_stages, CONV_STAGES=conv_stages, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+        SEG=segments is not None, NWG=nwg, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
     return True
