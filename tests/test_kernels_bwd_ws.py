@@ -44,7 +44,7 @@ def test_bwd_ws_compiles_for_sm90a(K, pass_, seg, varlen, dtype, nwg):
     # N = 16 products of the first form: 38 and 22). Measured (triton 3.9 and 3.6): 168
     # registers, no spills, 116,168 bytes of shared memory at K = 128 with fp16 operands (two
     # stages of each ring). Two value blocks a program (two compute warpgroups): twice the
-    # products, 128 registers at launch (13 warps), spills (68 bytes at the partitions'
+    # products, 128 registers at launch (13 warps), spills (68-72 bytes at the partitions'
     # register split chosen, 184 / 24 / 104 for the second compute warpgroup, the loader and
     # the converter), 128,508 bytes of shared memory
     rep = _sm90_report()

@@ -93,6 +93,17 @@ def _pairs(a, b):
 
 
 @gluon.jit
+def _kperm(x):
+    """x's columns in each group of 8 reordered, k' = 4 p + t <- k = 2 t + p: the order in
+    which a thread holds an fp32 wgmma accumulator's columns (2t, 2t + 1) is the order of a
+    tf32 A operand's (t, t + 4), so that dS^T's accumulator is its next product's operand
+    without a shuffle, with the other operand's rows in the same order."""
+    M: gl.constexpr = x.shape[0]
+    N: gl.constexpr = x.shape[1]
+    return gl.reshape(gl.permute(gl.reshape(x, [M, N // 8, 4, 2]), (0, 1, 3, 2)), [M, N])
+
+
+@gluon.jit
 def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO, NWG: gl.constexpr,
                num_warps: gl.constexpr):
     """A warpgroup: the landed 16-bit (or fp32) tiles as fp32 tf32 operands, the rows past
@@ -128,7 +139,7 @@ def _converter(bufs, cbufs, bars, cbars, bos, eos, n_chunks, HAS_DO, NWG: gl.con
         qgt_c.index(sc).permute((1, 0)).store(x)
         hi = gl.where(keep, kend_s.index(s).load(lay).to(gl.float32), 0.0)
         lo = gl.where(keep, klo_s.index(s).load(lay).to(gl.float32), 0.0)
-        kb_c.index(sc).store(_pairs(hi, lo))
+        kb_c.index(sc).store(_pairs(_kperm(hi), _kperm(lo)))
         m = gl.where((o_i < n_ok)[:, None] & (o_j < n_ok)[None, :],
                      mqk_s.index(s).load(sq).to(gl.float32), 0.0)
         mt = gl.permute(m, (1, 0))
@@ -200,7 +211,7 @@ def _compute(cbufs, cbars, ptrs, prog, K: gl.constexpr, V: gl.constexpr, BV: gl.
         cc = (c0 + c) * H + i_h
         gam = gl.load(gamma_ptr + cc * K + o_k)
         mbarrier.wait(cready.index(sc), (i // NC) & 1)
-        dsa = gl.convert_layout(dSt, a_p)
+        dsa = gl.convert_layout(_kperm(dSt), a_p)
         du2 = warpgroup_mma(dsa, kb_c.index(sc).permute((1, 0)), zp, use_acc=False,
                             is_async=True)
         doc = do_c.index(sc * NWG + WG).permute((1, 0)).load(a_p)
