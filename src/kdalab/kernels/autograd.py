@@ -51,10 +51,12 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: ms at T 1024 H 16, 1.074 against 1.122 at T 4096 H 8; docs/training.md)
 #: (The dS pass in 64-token steps, a candidate, ran 1.47-1.84x slower than this 16-token one
 #: on an H100 and was deleted: docs/training.md, ds64_h100)
-#: ds_gluon: 1 or 2, the dS pass by the Gluon kernel (``chunk_recurrent_bwd_ws``) on a Hopper
-#: GPU where it applies, with that many value blocks a program; 0: the Triton kernel everywhere
+#: ds_gluon: the dS pass by the Gluon kernel (``chunk_recurrent_bwd_ws``) on a Hopper GPU where
+#: it applies, 3 with its choice of value blocks a program, 1 or 2 with that many; 0: the
+#: Triton kernel everywhere (H100, the backward: 1.557 against 1.732 ms at T 4096 H 16, 0.451
+#: against 0.489 at T 1024 H 16, 10.56 against 11.64 at T 8192 H 64; docs/training.md)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=0)
+                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=3)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:

@@ -216,7 +216,7 @@ def _ds_pass(do, ops, pass_, *, items, grid_v, dht, state_vk, cu_seqlens, chunk_
 def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets, num_seqs,
                             block_v, num_warps, sms, seq_order, n_blocks, block_offsets,
                             segments=None, ds_dtype=torch.float32, ds_block_v=None,
-                            precision="tf32", gluon=False):
+                            precision="tf32", gluon=0):
     """Launch the dS recurrence (module docstring, kernel 1). ``ops``: stage 1's; ``dht``:
     the final state's gradient or None; ``n_blocks``, ``block_offsets``: the 64-token blocks
     (``Sequences.segments(CKC)``) and each sequence's first; ``segments``:
@@ -226,7 +226,8 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
     ``ds_value_block``'s choice, for ``sms`` SMs; its warps scaled with it); ``precision``:
     the fp32 products' ("tf32", or "tf32x3" for config.dot "fp32"). ``gluon``: on a Hopper
     GPU, the Gluon kernel (``chunk_recurrent_bwd_ws``) runs the passes it ``applies`` to, with
-    ``gluon`` value blocks a program (1 or 2; 0: the Triton kernel).
+    1 or 2 value blocks a program, or 3: its own choice for ``sms`` SMs; 0: the Triton
+    kernel.
     Returns (dU like do, fp32; the gradient after every block, [n_blocks, H, V, K] fp32)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = do.shape
@@ -248,7 +249,7 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
             launch = ws.ds_pass_ws
             ds_ws = {n: ds[n] for n in ("dht", "state_vk", "cu_seqlens", "chunk_offsets",
                                         "seq_order", "ends", "du", "H", "K", "V", "T")}
-            ds_ws["warpgroups"] = int(gluon)
+            ds_ws.update(warpgroups=int(gluon) % 3, sms=sms)
         else:
             gluon = 0
     if gluon:

@@ -47,7 +47,14 @@ from .chunk_recurrent_ws import _MAX_GRID_Y, _desc, _tma_load
 from .indexing import program_rows
 
 CHUNK = 16
-BV = 64  # value rows a program: one warpgroup's wgmma M
+BV = 64  # value rows a warpgroup: its wgmma M
+#: Two value blocks a program (two compute warpgroups on the same operands) or one, measured
+#: (H100, c7f803f; docs/training.md "The dS pass in Gluon"): a chain's step took 1.6 µs
+#: alone (T 8192 H 64 serial, 128 one-block programs on 132 SMs: 0.818 ms; as 64 two-block
+#: programs 1.348 ms, 2.6 µs a step, the two chains share an SM's issue), and two chains'
+#: steps 2.6 where programs queue for SMs (T 4096 H 16, 32-chunk segments: 0.236 against
+#: 0.325 ms; T 1024 H 16 0.070 against 0.097). So two where one a program exceeds a wave.
+WARPGROUP_POLICY = "two blocks a program where one a program exceeds the SMs"
 
 
 @gluon.jit
@@ -325,12 +332,13 @@ def applies(do, ops, *, precision: str, ds_dtype, block_v_ok: bool = True) -> bo
 
 def ds_pass_ws(do, ops, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offsets,
                seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T,
-               num_stages=2, conv_stages=2, warpgroups=1, maxnreg=None):
+               sms, num_stages=2, conv_stages=2, warpgroups=0, maxnreg=None):
     """One pass (1 or 3) of the dS recurrence by ``chunk_kda_bwd_recurrent_ws_kernel``, as
     ``chunk_recurrent_bwd._ds_pass`` launches the Triton kernel (the same buffers); past the
     grid's second axis (65535 items) returns False and launches nothing. ``warpgroups``: 2,
     two value blocks a program where the pass's blocks pair up (each pair all values' or
-    all the transition's), else 1."""
+    all the transition's), else 1; 0: 2 where one block a program would leave programs
+    waiting for ``sms`` SMs (more than a wave), else 1 (``WARPGROUP_POLICY``)."""
     if items > _MAX_GRID_Y:
         return False
     w, qg, kend, klo, ainv, mqk, gamma = ops
@@ -340,6 +348,8 @@ def ds_pass_ws(do, ops, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offset
     descs.append(_desc(do.view(rows, H * V), [CHUNK, BV]))
     opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
     nv = (V + K if pass_ == 1 else V) // BV
+    if warpgroups == 0:
+        warpgroups = 2 if nv * items > sms else 1
     nwg = 2 if warpgroups == 2 and nv % 2 == 0 and (V // BV) % 2 == 0 else 1
     chunk_kda_bwd_recurrent_ws_kernel[(nv // nwg, items)](
         *descs, gamma, opt(dht), opt(summary), ends, du, opt(cu_seqlens), opt(chunk_offsets),
