@@ -8,9 +8,6 @@ backward's gradients with it to those with the Triton pass."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -19,17 +16,9 @@ pytest.importorskip("triton.experimental.gluon")
 from kdalab.arith import rel_rmse  # noqa: E402
 from kdalab.kernels import KernelConfig  # noqa: E402
 from kdalab.kernels import chunk_recurrent_bwd_ws as ws  # noqa: E402
+from tests.test_kernels_ws import _sm90_report  # noqa: E402
 
 gpu = pytest.mark.gpu
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def _sm90_report():
-    path = ROOT / "scripts" / "sm90_report.py"
-    spec = importlib.util.spec_from_file_location("sm90_report", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("K,pass_,seg,varlen,dtype,nwg", [

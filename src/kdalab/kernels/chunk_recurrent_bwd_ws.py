@@ -1,33 +1,40 @@
 """The backward's dS pass as a warp-specialized Gluon kernel (issue 40), beside
-``chunk_recurrent_bwd``'s Triton kernel; ``chunk_kda_bwd_recurrent`` chooses it where it
-``applies`` (``autograd.BWD_MODE["ds_gluon"]``).
+``chunk_recurrent_bwd``'s Triton kernel; ``chunk_kda_bwd_recurrent`` takes it on a Hopper GPU
+where it ``applies`` (``autograd.BWD_MODE["ds_gluon"]``; docs/training.md "The dS pass in
+Gluon").
 
 The recurrence of ``chunk_recurrent_bwd.py`` (its kernel 1, module docstring there): per
-chunk, last first, with dS^T [BV, K] fp32 in the compute warpgroup's registers,
+chunk, last first, with dS^T [BV, K] fp32 in a compute warpgroup's registers,
 
     dU^T = dS'^T KEND_hi^T + dS'^T KLO^T + dO^T MQK          [BV, 16]
     dS^T = dS'^T diag(γ) + dO^T QG - dU^T W                  [BV, K]
 
 every product on the tensor cores in tf32 (``warpgroup_mma``, fp32 accumulation), dS^T, dO^T
-and dU^T as register operands. dU^T's three terms are one [BV, 32] accumulator: KEND_hi's and
-KLO's rows interleaved as one operand (MQK^T's beside zeros), so that the chain has K / 8 + 2
-``wgmma`` instead of 2 K / 8 + 2, and a thread adds its pairs of columns. A tf32 ``wgmma`` reads its shared-memory operand K-major only
+and dU^T as register operands. A tf32 ``wgmma`` reads its shared-memory operand K-major only
 (the transposed form is for 16-bit types: PTX ISA, ``wgmma.mma_async``, imm-trans-b), and
-stage 1 stores its operands 16-bit and token-major, so three partitions run a ring each:
+stage 1 stores its operands 16-bit (or fp32) and token-major, so three kinds of partition
+share two rings:
 
 - the loader (one warp) brings a chunk's W, QG, KEND, KLO [16, K], MQK [16, 16] and dO
   [16, BV] into shared memory by TMA, ``NUM_STAGES`` chunks ahead;
 - the converter (a warpgroup) makes them fp32 operands in the layouts a tf32 ``wgmma``
-  reads: QG^T, W^T [K, 16] and MQK^T (tokens contiguous), KEND and KLO paired, dO^T; the
-  rows past a sequence's end are zeroed there (a TMA box reads on into the next sequence),
-  which is what the Triton kernel's masked loads give;
-- the compute warpgroup runs the chain and stores each chunk's dU^T and the gradient after
-  every 64-token block, as the Triton kernel does (``PASS`` 1 and 3, segments, varlen).
+  reads: QG^T, W^T [K, 16] (tokens contiguous), KEND_hi and KLO as the rows of one [32, K]
+  tile, interleaved, MQK^T's rows interleaved with zeros in a [32, 16] tile, dO^T; the rows
+  past a sequence's end are zeroed there (a TMA box reads on into the next sequence), which
+  is what the Triton kernel's masked loads give;
+- one or two compute warpgroups (``NWG``: value blocks of 64 rows on the same operands) run
+  the chain and store each chunk's dU^T and the gradient after every 64-token block, as the
+  Triton kernel does (``PASS`` 1 and 3, segments, varlen).
+
+dU^T's three terms are one [BV, 32] accumulator whose adjacent columns (a thread's pair) add
+up to it: K / 8 + 2 ``wgmma`` a chunk instead of 2 K / 8 + 2. dS^T's accumulator becomes the
+next product's operand without shuffles: its columns are taken in the order a thread holds
+them (``_kperm``), KEND's and KLO's in the same order.
 
 The products are those of the Triton kernel, operand for operand (tf32 truncation of the
-same fp32 values), accumulated in another order: the two kernels agree to fp32's rounding,
-not bit for bit (the GPU tests hold them to it). Gluon has no interpreter: CI compiles it
-for sm_90a (``tests/test_kernels_bwd_ws.py``); the Triton kernel is the arithmetic CI runs.
+same fp32 values), summed in another order: the two kernels agree to fp32's rounding, not bit
+for bit (the GPU tests hold them to it). Gluon has no interpreter: CI compiles it for sm_90a
+(``tests/test_kernels_bwd_ws.py``); the Triton kernel is the arithmetic CI runs.
 """
 
 from __future__ import annotations
@@ -38,7 +45,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
