@@ -67,6 +67,17 @@ def test_bwd_ws_applies_only_where_it_can():
         assert not ws.applies(do.cuda(), short, precision="tf32", ds_dtype=torch.float32)
 
 
+@pytest.mark.parametrize("nv,items,V,asked,want", [
+    (2, 64, 128, 0, 1),    # T 8192 H 64 serial: 128 one-block programs fit 132 SMs
+    (2, 128, 128, 0, 2),   # T 4096 H 16, 32-chunk segments, pass 3: 256 would queue
+    (4, 112, 128, 0, 2),   # its pass 1 (V + K rows: blocks 0-1 values', 2-3 the transition's)
+    (3, 200, 64, 0, 1),    # V 64, K 128, pass 1: a pair would mix dO rows with the transition's
+    (5, 200, 192, 0, 1),   # V 192: odd
+    (2, 8, 128, 2, 2), (2, 512, 128, 1, 1)])  # asked
+def test_bwd_ws_value_blocks_a_program(nv, items, V, asked, want):
+    assert ws.value_blocks_a_program(nv, items, V, 132, asked) == want
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: the passes against the Triton kernel's, on a real backward's inputs
 

@@ -336,6 +336,16 @@ def applies(do, ops, *, precision: str, ds_dtype, block_v_ok: bool = True) -> bo
             and do.is_contiguous() and all(x.is_contiguous() for x in ops) and block_v_ok)
 
 
+def value_blocks_a_program(nv: int, items: int, V: int, sms: int, warpgroups: int = 0) -> int:
+    """Compute warpgroups a program for a pass of ``nv`` value blocks and ``items`` sequences
+    or segments (times heads): 2 where asked (``warpgroups`` 2, or 0 and one block a program
+    would leave programs waiting for ``sms`` SMs: ``WARPGROUP_POLICY``) and the blocks pair
+    up, each pair all values' or all the transition's (nv and V / 64 even), else 1."""
+    if warpgroups == 0:
+        warpgroups = 2 if nv * items > sms else 1
+    return 2 if warpgroups == 2 and nv % 2 == 0 and (V // BV) % 2 == 0 else 1
+
+
 def ds_pass_ws(do, ops, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offsets,
                seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T,
                sms, num_stages=2, conv_stages=2, warpgroups=0, maxnreg=None):
@@ -354,9 +364,7 @@ def ds_pass_ws(do, ops, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offset
     descs.append(_desc(do.view(rows, H * V), [CHUNK, BV]))
     opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
     nv = (V + K if pass_ == 1 else V) // BV
-    if warpgroups == 0:
-        warpgroups = 2 if nv * items > sms else 1
-    nwg = 2 if warpgroups == 2 and nv % 2 == 0 and (V // BV) % 2 == 0 else 1
+    nwg = value_blocks_a_program(nv, items, V, sms, warpgroups)
     chunk_kda_bwd_recurrent_ws_kernel[(nv // nwg, items)](
         *descs, gamma, opt(dht), opt(summary), ends, du, opt(cu_seqlens), opt(chunk_offsets),
         opt(seq_order), opt(segments), opt(seg_offsets), T, H, K=K, V=V, BV=BV, CKC=4,
