@@ -242,24 +242,20 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
               num_warps=max(1, num_warps * dbv // block_v), ds_dtype=ds_dtype,
               precision=precision)
     nv_ds = -(-V // dbv)
+    ws_kw = None  # the Gluon kernel's arguments where it runs the passes
     if gluon:
         from . import chunk_recurrent_bwd_ws as ws
 
         if ws.applies(do, ops, precision=precision, ds_dtype=ds_dtype):
-            launch = ws.ds_pass_ws
-            ds_ws = {n: ds[n] for n in ("dht", "state_vk", "cu_seqlens", "chunk_offsets",
+            ws_kw = {n: ds[n] for n in ("dht", "state_vk", "cu_seqlens", "chunk_offsets",
                                         "seq_order", "ends", "du", "H", "K", "V", "T")}
-            ds_ws.update(warpgroups=int(gluon) % 3, sms=sms)
-        else:
-            gluon = 0
-    if gluon:
+            ws_kw.update(warpgroups=int(gluon) % 3, sms=sms)
+            descs = ws.descriptors(do, ops, H, K, V)
 
-        def run(pass_, items, grid_v, **kw):  # the Triton kernel past the grid's limit
-            if not launch(do, ops, pass_, items=items, **kw, **ds_ws):
-                _ds_pass(do, ops, pass_, items=items, grid_v=grid_v, **kw, **ds)
-    else:
-        def run(pass_, items, grid_v, **kw):
+    def run(pass_, items, grid_v, **kw):  # the Triton kernel past the Gluon grid's limit
+        if ws_kw is None or not ws.ds_pass_ws(descs, gamma, pass_, items=items, **kw, **ws_kw):
             _ds_pass(do, ops, pass_, items=items, grid_v=grid_v, **kw, **ds)
+
     if segments is None:
         if num_seqs * H:
             run(3, num_seqs * H, nv_ds, segments=None, seg_offsets=block_offsets,

@@ -49,18 +49,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
+from .chunk_recurrent_bwd import CKC
 from .chunk_recurrent_ws import _MAX_GRID_Y, _desc, _tma_load
 from .indexing import program_rows
 
 CHUNK = 16
 BV = 64  # value rows a warpgroup: its wgmma M
-#: Two value blocks a program (two compute warpgroups on the same operands) or one, measured
-#: (H100, c7f803f; docs/training.md "The dS pass in Gluon"): a chain's step took 1.6 µs
-#: alone (T 8192 H 64 serial, 128 one-block programs on 132 SMs: 0.818 ms; as 64 two-block
-#: programs 1.348 ms, 2.6 µs a step, the two chains share an SM's issue), and two chains'
-#: steps 2.6 where programs queue for SMs (T 4096 H 16, 32-chunk segments: 0.236 against
-#: 0.325 ms; T 1024 H 16 0.070 against 0.097). So two where one a program exceeds a wave.
-WARPGROUP_POLICY = "two blocks a program where one a program exceeds the SMs"
 
 
 @gluon.jit
@@ -324,7 +318,7 @@ def chunk_kda_bwd_recurrent_ws_kernel(
             [4, 1, 4], [184, 24, 104])
 
 
-def applies(do, ops, *, precision: str, ds_dtype, block_v_ok: bool = True) -> bool:
+def applies(do, ops, *, precision: str, ds_dtype) -> bool:
     """Whether the Gluon dS pass runs this call (the caller checks the device is a Hopper):
     tf32 products with fp32 dS operands, K 64 or 128, V a multiple of 64, contiguous 16-bit
     or fp32 operands on the GPU."""
@@ -333,42 +327,52 @@ def applies(do, ops, *, precision: str, ds_dtype, block_v_ok: bool = True) -> bo
             and w.shape[-1] in (64, 128) and do.shape[-1] % BV == 0 and do.numel() > 0
             and w.dtype in (torch.float16, torch.float32) and ops[5].dtype == w.dtype
             and do.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and do.is_contiguous() and all(x.is_contiguous() for x in ops) and block_v_ok)
+            and do.is_contiguous() and all(x.is_contiguous() for x in ops))
 
 
 def value_blocks_a_program(nv: int, items: int, V: int, sms: int, warpgroups: int = 0) -> int:
     """Compute warpgroups a program for a pass of ``nv`` value blocks and ``items`` sequences
     or segments (times heads): 2 where asked (``warpgroups`` 2, or 0 and one block a program
-    would leave programs waiting for ``sms`` SMs: ``WARPGROUP_POLICY``) and the blocks pair
-    up, each pair all values' or all the transition's (nv and V / 64 even), else 1."""
+    would leave programs waiting for ``sms`` SMs) and the blocks pair up, each pair all
+    values' or all the transition's (nv and V / 64 even), else 1.
+
+    Measured (H100, c7f803f; docs/training.md "The dS pass in Gluon"): a chain's step took
+    1.6 µs alone (T 8192 H 64 serial, 128 one-block programs on 132 SMs: 0.818 ms; as 64
+    two-block programs 1.348 ms, 2.6 µs a step, the two chains share an SM's issue), and two
+    chains' steps 2.6 where programs queue for SMs (T 4096 H 16, 32-chunk segments: 0.236
+    against 0.325 ms; T 1024 H 16 0.070 against 0.097)."""
     if warpgroups == 0:
         warpgroups = 2 if nv * items > sms else 1
     return 2 if warpgroups == 2 and nv % 2 == 0 and (V // BV) % 2 == 0 else 1
 
 
-def ds_pass_ws(do, ops, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offsets,
-               seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T,
-               sms, num_stages=2, conv_stages=2, warpgroups=0, maxnreg=None):
-    """One pass (1 or 3) of the dS recurrence by ``chunk_kda_bwd_recurrent_ws_kernel``, as
-    ``chunk_recurrent_bwd._ds_pass`` launches the Triton kernel (the same buffers); past the
-    grid's second axis (65535 items) returns False and launches nothing. ``warpgroups``: 2,
-    two value blocks a program where the pass's blocks pair up (each pair all values' or
-    all the transition's), else 1; 0: 2 where one block a program would leave programs
-    waiting for ``sms`` SMs (more than a wave), else 1 (``WARPGROUP_POLICY``)."""
-    if items > _MAX_GRID_Y:
-        return False
+def descriptors(do, ops, H: int, K: int, V: int) -> list:
+    """The kernel's TMA descriptors of W, QG, KEND, KLO, MQK and dO: built once a call, for
+    both passes of a split."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     rows = do.shape[0] * do.shape[1]
     descs = [_desc(x.view(rows, H * K), [CHUNK, K]) for x in (w, qg, kend, klo)]
     descs.append(_desc(mqk.view(-1, CHUNK), [CHUNK, CHUNK]))
     descs.append(_desc(do.view(rows, H * V), [CHUNK, BV]))
+    return descs
+
+
+def ds_pass_ws(descs, gamma, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offsets,
+               seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, sms,
+               num_stages=2, conv_stages=2, warpgroups=0):
+    """One pass (1 or 3) of the dS recurrence by ``chunk_kda_bwd_recurrent_ws_kernel`` on
+    ``descriptors``' tiles, as ``chunk_recurrent_bwd._ds_pass`` launches the Triton kernel
+    (the same buffers); past the grid's second axis (65535 items) returns False and launches
+    nothing. ``warpgroups``: 1, 2, or 0 for ``value_blocks_a_program``'s choice."""
+    if items > _MAX_GRID_Y:
+        return False
     opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
     nv = (V + K if pass_ == 1 else V) // BV
     nwg = value_blocks_a_program(nv, items, V, sms, warpgroups)
     chunk_kda_bwd_recurrent_ws_kernel[(nv // nwg, items)](
         *descs, gamma, opt(dht), opt(summary), ends, du, opt(cu_seqlens), opt(chunk_offsets),
-        opt(seq_order), opt(segments), opt(seg_offsets), T, H, K=K, V=V, BV=BV, CKC=4,
+        opt(seq_order), opt(segments), opt(seg_offsets), T, H, K=K, V=V, BV=BV, CKC=CKC,
         NUM_STAGES=num_stages, CONV_STAGES=conv_stages, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
-        SEG=segments is not None, NWG=nwg, num_warps=4, **({"maxnreg": maxnreg} if maxnreg else {}))
+        SEG=segments is not None, NWG=nwg, num_warps=4)
     return True
