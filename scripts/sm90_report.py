@@ -157,15 +157,21 @@ def print_row(r: dict) -> None:
         print(f"    {n:6d}  {name}:{line}", flush=True)
 
 
+def _tensordesc(dtype: str, gdt, block: list) -> str:
+    """A TMA descriptor argument's type as a launch specializes it: ``dtype`` tiles of
+    ``block`` in their default shared-memory layout (``gdt``: the Gluon type)."""
+    from triton.experimental.gluon import language as gl
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
+    return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
+
+
 def ws_signature(K: int, BV: int = 64) -> dict:
     """The Gluon stage 2's arguments as a launch specializes them (its TMA descriptors with
     their shared-memory layouts)."""
     from triton.experimental.gluon import language as gl
 
-    def desc(dtype, gdt, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, gdt)
-        return f"tensordesc<{dtype}[{','.join(map(str, block))}],{layout!r}>"
-
+    desc = _tensordesc
     ops = {f"{n}_d": desc("fp16", gl.float16, [16, K]) for n in ("w", "qg", "kend", "klo")}
     ptrs = ("cu_seqlens_ptr", "chunk_offsets_ptr", "seq_order_ptr", "idx_ptr", "ck_offsets_ptr")
     return dict(ops, v_d=desc("bf16", gl.bfloat16, [16, BV]),
@@ -182,11 +188,7 @@ def bwd_ws_signature(K: int, dtype: str = "fp16", BV: int = 64) -> dict:
     from triton.experimental.gluon import language as gl
 
     gdt = {"fp16": gl.float16, "fp32": gl.float32}[dtype]
-
-    def desc(name, g, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, g)
-        return f"tensordesc<{name}[{','.join(map(str, block))}],{layout!r}>"
-
+    desc = _tensordesc
     sig = {f"{n}_d": desc(dtype, gdt, [16, K]) for n in ("w", "qg", "kend", "klo")}
     sig.update(mqk_d=desc(dtype, gdt, [16, 16]), do_d=desc("bf16", gl.bfloat16, [16, BV]),
                T="i32", H="i32")
