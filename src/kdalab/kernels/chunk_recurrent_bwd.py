@@ -249,7 +249,7 @@ def chunk_kda_bwd_recurrent(do, ops, *, dht, state_vk, cu_seqlens, chunk_offsets
         if ws.applies(do, ops, precision=precision, ds_dtype=ds_dtype):
             ws_kw = {n: ds[n] for n in ("dht", "state_vk", "cu_seqlens", "chunk_offsets",
                                         "seq_order", "ends", "du", "H", "K", "V", "T")}
-            ws_kw.update(warpgroups=int(gluon) % 3, sms=sms)
+            ws_kw.update(warpgroups=int(gluon) % 3, sms=sms, ckc=CKC)
             descs = ws.descriptors(do, ops, H, K, V)
 
     def run(pass_, items, grid_v, **kw):  # the Triton kernel past the Gluon grid's limit

@@ -49,7 +49,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from .chunk_recurrent_bwd import CKC
 from .chunk_recurrent_ws import _MAX_GRID_Y, _desc, _tma_load
 from .indexing import program_rows
 
@@ -358,12 +357,13 @@ def descriptors(do, ops, H: int, K: int, V: int) -> list:
 
 
 def ds_pass_ws(descs, gamma, pass_, *, items, dht, state_vk, cu_seqlens, chunk_offsets,
-               seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, sms,
+               seq_order, segments, seg_offsets, summary, ends, du, H, K, V, T, sms, ckc,
                num_stages=2, conv_stages=2, warpgroups=0):
     """One pass (1 or 3) of the dS recurrence by ``chunk_kda_bwd_recurrent_ws_kernel`` on
     ``descriptors``' tiles, as ``chunk_recurrent_bwd._ds_pass`` launches the Triton kernel
     (the same buffers); past the grid's second axis (65535 items) returns False and launches
-    nothing. ``warpgroups``: 1, 2, or 0 for ``value_blocks_a_program``'s choice."""
+    nothing. ``ckc``: chunks a block (``chunk_recurrent_bwd.CKC``, passed: that module
+    imports this one); ``warpgroups``: 1, 2, or 0 for ``value_blocks_a_program``'s choice."""
     if items > _MAX_GRID_Y:
         return False
     opt = lambda x: x if x is not None else gamma  # noqa: E731 - absent optional pointers
@@ -371,7 +371,7 @@ def ds_pass_ws(descs, gamma, pass_, *, items, dht, state_vk, cu_seqlens, chunk_o
     nwg = value_blocks_a_program(nv, items, V, sms, warpgroups)
     chunk_kda_bwd_recurrent_ws_kernel[(nv // nwg, items)](
         *descs, gamma, opt(dht), opt(summary), ends, du, opt(cu_seqlens), opt(chunk_offsets),
-        opt(seq_order), opt(segments), opt(seg_offsets), T, H, K=K, V=V, BV=BV, CKC=CKC,
+        opt(seq_order), opt(segments), opt(seg_offsets), T, H, K=K, V=V, BV=BV, CKC=ckc,
         NUM_STAGES=num_stages, CONV_STAGES=conv_stages, HAS_DHT=dht is not None,
         STATE_VK=state_vk, IS_VARLEN=cu_seqlens is not None, PASS=pass_,
         SEG=segments is not None, NWG=nwg, num_warps=4)
