@@ -183,4 +183,120 @@ def test_gpu_bwd_ws_passes_match_the_triton_kernel(name, warpgroups, monkeypatch
     monkeypatch.setitem(autograd.BWD_MODE, "ds_gluon", warpgroups)
     got = _backward(x, kw, KernelConfig(**config))
     errors = {n: float(rel_rmse(got[n].float(), want[n].float(), got[n].dim())) for n in got}
-    assert all(e < 1e-3 for e in errors.values()), errors
+    assert all(e < 1e-3 for e in errors.values()), str(errors)
+
+
+# ---------------------------------------------------------------------------------------------
+# The blocks kernel in Gluon (kernels/chunk_blocks_bwd_ws.py)
+
+def _blocks_signature(dtype="fp16"):
+    sig = dict(v_ptr="*bf16", do_ptr="*bf16", du_ptr="*fp32", ainv_ptr=f"*{dtype}",
+               ck_offsets_ptr="*i32", seg_ptr="*i32", n_items="i32", H="i32")
+    sig.update({f"{n}_ptr": f"*{dtype}" for n in ("w", "qg", "kend", "klo")})
+    sig.update({f"{n}_ptr": "*fp32" for n in (
+        "gamma", "h0", "ck", "ends", "dqg", "dw", "dkend", "dgam", "dmqk", "dh0", "scratch")})
+    return sig
+
+
+@pytest.mark.parametrize("V,dtype,vk", [(128, "fp16", False), (128, "fp32", True),
+                                        (64, "fp16", False)])
+def test_blocks_ws_compiles_for_sm90a(V, dtype, vk):
+    # ptxas (shipped with triton) for sm_90a, K = 128. Per chunk, tf32 wgmma (k = 8):
+    # forward V^T AINV^T (2), S^T W^T (16), S dO^T and S dU^T (V / 8 each), the state's update
+    # (3 x 2); back dS U^T (V / 8), dO^T QG and dU^T W (2 each): 56 + 20 at V = 128, 40 + 12
+    # at V = 64, counted per warpgroup's instruction. Measured (triton 3.9): V = 128 on 8
+    # warps 255 registers, 168 bytes of spills, 201,728 bytes of shared memory; V = 64 on 4
+    # warps 276 bytes of spills, 113,664 bytes
+    from kdalab.kernels import chunk_blocks_bwd_ws as bw
+
+    rep = _sm90_report()
+    row = rep.report(bw.chunk_kda_bwd_blocks_ws_kernel, _blocks_signature(dtype),
+                     dict(K=128, V=V, CKC=4, HAS_H0=True, STORE_DH0=True, STATE_VK=vk,
+                          num_warps=V // 16), num_warps=V // 16)
+    assert row["regs"] is not None, row
+    assert row["spill_st"] <= 512, row
+    assert row["wgmma"] == 2 + 4 * 128 // 8 + 6 + 4, row  # an M = K product: K / 8 a warpgroup
+    assert row["mma"] == 0, row
+    assert row["smem"] <= 227 * 1024, row
+
+
+def test_blocks_ws_applies_only_where_it_can():
+    from kdalab.kernels import chunk_blocks_bwd_ws as bw
+
+    B, T, H, K, V = 1, 32, 2, 128, 128
+    ops = [torch.zeros(B, T, H, K, dtype=torch.float16) for _ in range(4)]
+    ops += [torch.zeros(4, H, 16, 16, dtype=torch.float16)] * 2 + [torch.zeros(4, H, K)]
+    v = torch.zeros(B, T, H, V, dtype=torch.bfloat16)
+    du = torch.zeros(B, T, H, V)
+    kw = dict(precision="tf32", s_dtype=torch.float32, ds_dtype=torch.float32)
+    assert not bw.applies(v, v, du, ops, **kw)  # the CPU
+    if torch.cuda.is_available():
+        c = [x.cuda() for x in ops]
+        vc, duc = v.cuda(), du.cuda()
+        assert bw.applies(vc, vc, duc, c, **kw)
+        assert bw.applies(vc[..., :64].contiguous(), vc[..., :64].contiguous(),
+                          duc[..., :64].contiguous(), c, **kw)
+        assert not bw.applies(vc, vc, duc, c, **dict(kw, precision="tf32x3"))
+        assert not bw.applies(vc, vc, duc, c, **dict(kw, s_dtype=torch.bfloat16))
+        assert not bw.applies(vc[..., :96], vc[..., :96], duc[..., :96], c, **kw)
+        short = [x[..., :64].contiguous() if x.shape[-1] == K else x for x in c]
+        assert not bw.applies(vc, vc, duc, short, **kw)
+
+
+# The two kernels multiply the same tf32-truncated operands (dMQK: exact fp32 products here)
+# and sum in other orders; S's and dS's fp32 rounding differences pass through the next
+# truncation to tf32 as for the dS pass (PASS_TOL above).
+BLOCKS_CASES = {
+    "serial": (dict(B=2, T=512, H=2, K=128, V=128), dict(segment_chunks=0)),
+    "varlen": (dict(B=1, T=600, H=2, K=128, V=128, cu=[0, 0, 37, 300, 301, 600]),
+               dict(segment_chunks=8)),
+    "vk_v64": (dict(B=1, T=300, H=3, K=128, V=64, layout="VK"), dict(segment_chunks=0)),
+    "unbounded": (dict(B=1, T=256, H=2, K=128, V=128, gate="unbounded"),
+                  dict(segment_chunks=8)),
+}
+
+
+@gpu
+@needs_hopper
+@pytest.mark.parametrize("name", list(BLOCKS_CASES))
+def test_gpu_blocks_ws_matches_the_triton_kernel(name, monkeypatch):
+    """The blocks kernel's outputs by both kernels on the inputs a real backward hands it
+    (dQG, dW, dKEND, dγ, dMQK, dh0 within PASS_TOL of the Triton kernel's), then the whole
+    backward's gradients within 1e-3 (as the dS pass's test above)."""
+    from kdalab.kernels import autograd
+    from kdalab.kernels import chunk_blocks_bwd as cbb
+    from kdalab.kernels import chunk_blocks_bwd_ws as bw
+
+    shape, config = BLOCKS_CASES[name]
+    x, kw = _grad_case(**shape)
+    seen = []
+    real = cbb.chunk_kda_bwd_blocks
+
+    def both(v, do, ops, du, ends, **kwargs):
+        kwargs.pop("gluon", None)
+        ref = real(v, do, ops, du.clone(), ends, gluon=False, **kwargs)
+        ran = bw.applies(v, do, du, ops, precision=kwargs["precision"],
+                         s_dtype=kwargs["s_dtype"], ds_dtype=kwargs["ds_dtype"])
+        got = real(v, do, ops, du, ends, gluon=True, **kwargs)
+        errs = {}
+        for n, r in ref.items():
+            if r is None:
+                continue
+            r = r.sum(0) if n not in ("dv", "dh0") else r
+            g = got[n].sum(0) if n not in ("dv", "dh0") else got[n]
+            errs[n] = float(rel_rmse(g.float(), r.float(), g.dim()))
+        seen.append((errs, ran))
+        return got
+
+    monkeypatch.setattr(autograd, "chunk_kda_bwd_blocks", both)
+    _backward(x, kw, KernelConfig(**config))
+    assert seen and all(ran for _, ran in seen), seen  # the Gluon kernel ran
+    assert all(e < PASS_TOL for errs, _ in seen for e in errs.values()), str(seen)
+    monkeypatch.undo()
+
+    monkeypatch.setitem(autograd.BWD_MODE, "blocks_gluon", 0)
+    want = _backward(x, kw, KernelConfig(**config))
+    monkeypatch.setitem(autograd.BWD_MODE, "blocks_gluon", 1)
+    got = _backward(x, kw, KernelConfig(**config))
+    errors = {n: float(rel_rmse(got[n].float(), want[n].float(), got[n].dim())) for n in got}
+    assert all(e < 1e-3 for e in errors.values()), str(errors)

@@ -55,8 +55,11 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: it applies, 3 with its choice of value blocks a program, 1 or 2 with that many; 0: the
 #: Triton kernel everywhere (H100, the backward: 1.557 against 1.732 ms at T 4096 H 16, 0.451
 #: against 0.489 at T 1024 H 16, 10.56 against 11.64 at T 8192 H 64; docs/training.md)
+#: blocks_gluon: the blocks kernel by the Gluon kernel (``chunk_blocks_bwd_ws``) on a Hopper
+#: GPU where it applies; 0: the Triton kernel everywhere
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
-                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=3)
+                prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=3,
+                blocks_gluon=1)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:
@@ -209,18 +212,19 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         seg_chunks = seqs.plans[key]
     if seg_chunks > 0:  # segments of whole blocks
         segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
+    hopper = v.is_cuda and torch.cuda.get_device_capability(v.device)[0] == 9
     du, ends = chunk_kda_bwd_recurrent(
         do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
         num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
         block_offsets=block_offsets, segments=segments, ds_block_v=serial_bv,
-        gluon=BWD_MODE["ds_gluon"] if v.is_cuda
-        and torch.cuda.get_device_capability(v.device)[0] == 9 else 0, **tile)
+        gluon=BWD_MODE["ds_gluon"] if hopper else 0, **tile)
     out = chunk_kda_bwd_blocks(
         v, do, c.ops, du, ends, initial_state=h0, checkpoints=checkpoints,
         checkpoint_offsets=_offsets(seqs), num_chunks=seqs.num_chunks, blocks=blocks,
         chunk_table=seqs.chunk_table, s_dtype=BWD_PRODUCTS["s_dtype"],
         stages=BWD_MODE["blocks_stages"] or None,
-        dkend_over_du=bool(BWD_MODE["dkend_over_du"]), **tile)
+        dkend_over_du=bool(BWD_MODE["dkend_over_du"]),
+        gluon=bool(BWD_MODE["blocks_gluon"]) and hopper, **tile)
     del du, ends
     grads = dict(out)
     for name in ("dqg", "dw", "dkend", "dgam", "dmqk", "dainv"):  # the value blocks' sums

@@ -180,7 +180,7 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
                          checkpoint_offsets, state_vk, num_chunks, block_v, num_warps, sms,
                          blocks, chunk_table, dh0_dtype=torch.float32, s_dtype=torch.float32,
                          ds_dtype=torch.float32, stages=None, dkend_over_du=True,
-                         precision="tf32"):
+                         precision="tf32", gluon=False):
     """Launch the dV kernel and the blocks kernel after the dS pass (``du``, ``ends``).
     ``checkpoints``: the forward's states after every 64 tokens (fp32, ``pool.py``'s),
     ``checkpoint_offsets`` each sequence's first; ``blocks``: the table of 64-token segments;
@@ -190,23 +190,30 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
     ``blocks_kernel_stages``'s); ``dkend_over_du``: with one value block and K = V, dKEND is
     written over ``du`` (dU is then overwritten), T·H·V·4 bytes less at the peak (8 MiB at T
     1024 H 16); ``precision``: the fp32 products' ("tf32", or "tf32x3" for config.dot
-    "fp32"). Returns a dict of dv (like v), the partial sums dqg, dw, dkend [NV, B, T, H,
-    K], dgam [NV, chunks, H, K], dmqk, dainv [NV, chunks, H, 16, 16] (NV value blocks) and
-    dh0 (or None)."""
+    "fp32"); ``gluon``: on a Hopper GPU, the Gluon kernel (``chunk_blocks_bwd_ws``) where it
+    applies (all value rows a program: NV 1 but for dainv). Returns a dict of dv (like v),
+    the partial sums dqg, dw, dkend [NV, B, T, H, K], dgam [NV, chunks, H, K], dmqk, dainv
+    [NV, chunks, H, 16, 16] (NV value blocks) and dh0 (or None)."""
     w, qg, kend, klo, ainv, mqk, gamma = ops
     B, T, H, V = v.shape
     K = w.shape[-1]
-    nv = -(-V // block_v)
+    nv = -(-V // block_v)  # the dV kernel's value blocks
     dev = v.device
+    if gluon:
+        from . import chunk_blocks_bwd_ws as ws
+
+        gluon = ws.applies(v, do, du, ops, precision=precision, s_dtype=s_dtype,
+                           ds_dtype=ds_dtype)
+    nb = 1 if gluon else nv  # the blocks kernel's
     f32 = dict(device=dev, dtype=torch.float32)
-    over = (dkend_over_du and nv == 1 and K == V and du.dtype == torch.float32
+    over = (dkend_over_du and nb == 1 and K == V and du.dtype == torch.float32
             and du.is_contiguous())
     out = dict(dv=torch.empty_like(v),  # rounded once, in the kernel
-               dqg=torch.empty((nv, B, T, H, K), **f32),
-               dw=torch.empty((nv, B, T, H, K), **f32),
-               dkend=du.view(1, B, T, H, K) if over else torch.empty((nv, B, T, H, K), **f32),
-               dgam=torch.empty((nv, num_chunks, H, K), **f32),
-               dmqk=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
+               dqg=torch.empty((nb, B, T, H, K), **f32),
+               dw=torch.empty((nb, B, T, H, K), **f32),
+               dkend=du.view(1, B, T, H, K) if over else torch.empty((nb, B, T, H, K), **f32),
+               dgam=torch.empty((nb, num_chunks, H, K), **f32),
+               dmqk=torch.empty((nb, num_chunks, H, CHUNK, CHUNK), **f32),
                dainv=torch.empty((nv, num_chunks, H, CHUNK, CHUNK), **f32),
                dh0=None if initial_state is None else torch.empty(
                    initial_state.shape, device=dev, dtype=dh0_dtype))
@@ -217,6 +224,11 @@ def chunk_kda_bwd_blocks(v, do, ops, du, ends, *, initial_state, checkpoints,
         v, du, ainv, out["dv"], out["dainv"], _opt(chunk_table, gamma), T, H,
         num_chunks * H * CHUNK * CHUNK, V=V, BT=CHUNK, BV=block_v,
         IS_VARLEN=chunk_table is not None, PREC=precision, num_warps=4)
+    if gluon:
+        ws.blocks_ws(v, do, du, ops, ends, out, initial_state=initial_state,
+                     checkpoints=checkpoints, checkpoint_offsets=checkpoint_offsets,
+                     state_vk=state_vk, blocks=blocks, items=items, sms=sms, ckc=CKC)
+        return out
     n_prog = persistent_programs(items, resident_programs(sms, num_warps, nv))
     scratch = torch.empty((n_prog * nv * CKC * block_v * (K + CHUNK),), **f32)
     chunk_kda_bwd_blocks_kernel[(n_prog, nv)](
