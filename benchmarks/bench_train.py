@@ -433,12 +433,13 @@ def config_rows(names, configs, rows=None, baseline=None):
 
 def reverse_ms(kernels: dict) -> float:
     """The reverse pass's GPU time from a row's per-kernel times: the dS pass (the Triton
-    kernel or, from 32214f4 on, the Gluon one), the blocks kernel and the dV kernel (one
-    kernel before the split at 667450a, two from 4b44358 on (the dV kernel); the combine's
-    share left out, as before)."""
+    kernel or, from 32214f4 on, the Gluon one), the blocks kernel (Triton, or Gluon from
+    35d5b54 on) and the dV kernel (one kernel before the split at 667450a, two from 4b44358 on
+    (the dV kernel); the combine's share left out, as before)."""
     return (kernels.get("chunk_kda_bwd_recurrent_kernel", 0.0)
             + kernels.get("chunk_kda_bwd_recurrent_ws_kernel", 0.0)
             + kernels.get("chunk_kda_bwd_blocks_kernel", 0.0)
+            + kernels.get("chunk_kda_bwd_blocks_ws_kernel", 0.0)
             + kernels.get("chunk_kda_bwd_dv_kernel", 0.0))
 
 

@@ -871,7 +871,7 @@ def test_bwd_mode_settings_are_parsed_once_and_name_the_bad_item():
         bwd_mode_settings("x")
     with pytest.raises(ValueError, match="'prep_block_k=b' is not KEY=INT"):
         bwd_mode_settings("prep_block_k=b")
-    with pytest.raises(ValueError, match="BWD_MODE has blocks_stages, .*not 'nope'"):
+    with pytest.raises(ValueError, match="BWD_MODE has blocks_gluon, blocks_stages, .*not 'nope'"):
         bwd_mode_settings("dkend_over_du=0,nope=1")
     assert BWD_MODE == before  # parsing sets nothing
 
