@@ -41,18 +41,29 @@ def test_bwd_ws_compiles_for_sm90a(K, pass_, seg, varlen, dtype, nwg):
                      dict(K=K, V=128, BV=64, CKC=4, NUM_STAGES=2, CONV_STAGES=2,
                           HAS_DHT=True, STATE_VK=False, IS_VARLEN=varlen, PASS=pass_,
                           SEG=seg, NWG=nwg, num_warps=4), num_warps=4)
-    assert row["regs"] is not None, row
     assert nwg == 2 or (row["spill_st"] == 0 and row["spill_ld"] == 0), row
-    assert row["spill_st"] <= 128, row
-    assert row["wgmma"] == nwg * (K // 8 + 6), row
+    _compiled(row, spills=128, wgmma=nwg * (K // 8 + 6))
+
+
+def _compiled(row, *, spills, wgmma):
+    """An sm_90a report's row: it built, spilled at most ``spills`` bytes a thread, has
+    ``wgmma`` tensor-core products (no mma.sync), and fits an SM's shared memory."""
+    assert row["regs"] is not None, row
+    assert row["spill_st"] <= spills, row
+    assert row["wgmma"] == wgmma, row
     assert row["mma"] == 0, row
     assert row["smem"] <= 227 * 1024, row
 
 
+def _cpu_ops(B, T, H, K):
+    """Stage 1's seven operands (fp16 W, QG, KEND, KLO, AINV, MQK; fp32 GAMMA) on the CPU."""
+    ops = [torch.zeros(B, T, H, K, dtype=torch.float16) for _ in range(4)]
+    return ops + [torch.zeros(4, H, 16, 16, dtype=torch.float16)] * 2 + [torch.zeros(4, H, K)]
+
+
 def test_bwd_ws_applies_only_where_it_can():
     B, T, H, K, V = 1, 32, 2, 128, 128
-    ops = [torch.zeros(B, T, H, K, dtype=torch.float16) for _ in range(4)]
-    ops += [torch.zeros(4, H, 16, 16, dtype=torch.float16)] * 2 + [torch.zeros(4, H, K)]
+    ops = _cpu_ops(B, T, H, K)
     do = torch.zeros(B, T, H, V, dtype=torch.bfloat16)
     # the CPU (Gluon has no interpreter), tf32x3 products, bf16 dS operands, K 32, V 96
     assert not ws.applies(do, ops, precision="tf32", ds_dtype=torch.float32)
@@ -201,31 +212,26 @@ def _blocks_signature(dtype="fp16"):
 @pytest.mark.parametrize("V,dtype,vk", [(128, "fp16", False), (128, "fp32", True),
                                         (64, "fp16", False)])
 def test_blocks_ws_compiles_for_sm90a(V, dtype, vk):
-    # ptxas (shipped with triton) for sm_90a, K = 128. Per chunk, tf32 wgmma (k = 8):
-    # forward V^T AINV^T (2), S^T W^T (16), S dO^T and S dU^T (V / 8 each), the state's update
-    # (3 x 2); back dS U^T (V / 8), dO^T QG and dU^T W (2 each): 56 + 20 at V = 128, 40 + 12
-    # at V = 64, counted per warpgroup's instruction. Measured (triton 3.9): V = 128 on 8
-    # warps 255 registers, 168 bytes of spills, 201,728 bytes of shared memory; V = 64 on 4
-    # warps 276 bytes of spills, 113,664 bytes
+    # ptxas (shipped with triton) for sm_90a, K = 128. Per chunk, tf32 wgmma (k = 8), counted
+    # as a warpgroup's instructions: forward V^T AINV^T (2), S^T W^T (16), S dO^T and S dU^T
+    # (M = K over V: K / 8 each, at V = 128 a warpgroup's 64 rows, at V = 64 both M halves),
+    # the state's update (3 x 2); back dS U^T (K / 8), dO^T QG and dU^T W (2 each): 76.
+    # Measured (triton 3.9): V = 128 on 8 warps 255 registers, 168 bytes of spills, 201,728
+    # bytes of shared memory; V = 64 on 4 warps 276 bytes of spills, 113,664 bytes
     from kdalab.kernels import chunk_blocks_bwd_ws as bw
 
     rep = _sm90_report()
     row = rep.report(bw.chunk_kda_bwd_blocks_ws_kernel, _blocks_signature(dtype),
                      dict(K=128, V=V, CKC=4, HAS_H0=True, STORE_DH0=True, STATE_VK=vk,
                           num_warps=V // 16), num_warps=V // 16)
-    assert row["regs"] is not None, row
-    assert row["spill_st"] <= 512, row
-    assert row["wgmma"] == 2 + 4 * 128 // 8 + 6 + 4, row  # an M = K product: K / 8 a warpgroup
-    assert row["mma"] == 0, row
-    assert row["smem"] <= 227 * 1024, row
+    _compiled(row, spills=512, wgmma=2 + 4 * 128 // 8 + 6 + 4)  # M = K: K / 8 a warpgroup
 
 
 def test_blocks_ws_applies_only_where_it_can():
     from kdalab.kernels import chunk_blocks_bwd_ws as bw
 
     B, T, H, K, V = 1, 32, 2, 128, 128
-    ops = [torch.zeros(B, T, H, K, dtype=torch.float16) for _ in range(4)]
-    ops += [torch.zeros(4, H, 16, 16, dtype=torch.float16)] * 2 + [torch.zeros(4, H, K)]
+    ops = _cpu_ops(B, T, H, K)
     v = torch.zeros(B, T, H, V, dtype=torch.bfloat16)
     du = torch.zeros(B, T, H, V)
     kw = dict(precision="tf32", s_dtype=torch.float32, ds_dtype=torch.float32)
