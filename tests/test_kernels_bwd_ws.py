@@ -267,8 +267,9 @@ BLOCKS_CASES = {
 @pytest.mark.parametrize("name", list(BLOCKS_CASES))
 def test_gpu_blocks_ws_matches_the_triton_kernel(name, monkeypatch):
     """The blocks kernel's outputs by both kernels on the inputs a real backward hands it
-    (dQG, dW, dKEND, dγ, dMQK, dh0 within PASS_TOL of the Triton kernel's), then the whole
-    backward's gradients within 1e-3 (as the dS pass's test above)."""
+    (dQG, dW, dKEND, dγ, dMQK, dh0 within PASS_TOL of the Triton kernel's; the Gluon kernel's
+    programs each running several items), then the whole backward's gradients within 1e-3
+    (as the dS pass's test above)."""
     from kdalab.kernels import autograd
     from kdalab.kernels import chunk_blocks_bwd as cbb
     from kdalab.kernels import chunk_blocks_bwd_ws as bw
@@ -283,7 +284,9 @@ def test_gpu_blocks_ws_matches_the_triton_kernel(name, monkeypatch):
         ref = real(v, do, ops, du.clone(), ends, gluon=False, **kwargs)
         ran = bw.applies(v, do, du, ops, precision=kwargs["precision"],
                          s_dtype=kwargs["s_dtype"], ds_dtype=kwargs["ds_dtype"])
-        got = real(v, do, ops, du, ends, gluon=True, **kwargs)
+        # on 3 "SMs": the persistent programs run several items each (a form that passed
+        # with at most one item a program faulted at T 4096 H 16: docs/training.md)
+        got = real(v, do, ops, du, ends, gluon=True, **dict(kwargs, sms=3))
         errs = {}
         for n, r in ref.items():
             if r is None:
