@@ -46,6 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from .chunk_recurrent_bwd_ws import _kperm
+from .chunk_recurrent_ws import _state_offsets
+from .indexing import segment_of_program
 
 CHUNK = 16
 #: a CTA-wide barrier: ``gl.barrier`` (triton 3.9), ``gl.thread_barrier`` (3.6)
@@ -75,37 +77,26 @@ def _store_kt(ptr, x, row0, eos, i_h, H, K: gl.constexpr, layout: gl.constexpr):
 
 
 @gluon.jit
-def _state_offs(row, i_h, o_v, o_k, H, K: gl.constexpr, V: gl.constexpr,
-                STATE_VK: gl.constexpr):
-    """Offsets of S^T's [V, K] elements of state ``row`` of a [N, H, K, V] (VK: [N, H, V, K])
-    tensor."""
-    base = (row * H + i_h) * K * V
-    if STATE_VK:
-        return base + o_v[:, None] * K + o_k[None, :]
-    return base + o_k[None, :] * V + o_v[:, None]
-
-
-@gluon.jit
 def _tf32(x):
     """fp32 ``x`` truncated to tf32 (10 mantissa bits): the value a tensor core multiplies."""
     return (x.to(gl.int32, bitcast=True) & -8192).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
-def _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, o_k, H,
+def _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, H,
                  K: gl.constexpr, V: gl.constexpr, HAS_H0: gl.constexpr,
                  STATE_VK: gl.constexpr, layout: gl.constexpr):
     """S^T [V, K] fp32 before block ``jb`` of sequence ``i_n``: the initial state (or zero)
     before its first block, else the forward's checkpoint after block jb - 1."""
     if jb == 0:
         if HAS_H0:
-            St = gl.load(h0_ptr + _state_offs(i_n, i_h, o_v, o_k, H, K, V,
-                                              STATE_VK)).to(gl.float32)
+            St = gl.load(h0_ptr + _state_offsets(i_n, i_h, 0, H, K, V, V, STATE_VK,
+                                                 layout)).to(gl.float32)
         else:
             St = gl.zeros([V, K], gl.float32, layout=layout)
     else:
         ck = gl.load(ck_offsets_ptr + i_n).to(gl.int64) + jb - 1
-        St = gl.load(ck_ptr + _state_offs(ck, i_h, o_v, o_k, H, K, V, STATE_VK))
+        St = gl.load(ck_ptr + _state_offsets(ck, i_h, 0, H, K, V, V, STATE_VK, layout))
     return St
 
 
@@ -176,18 +167,13 @@ def chunk_kda_bwd_blocks_ws_kernel(
     for item in range(pid, n_items, nprog):
         i_s = (item // H).to(gl.int64)
         i_h = item % H
-        base = seg_ptr + 6 * i_s
-        i_n = gl.load(base).to(gl.int64)
-        jb = gl.load(base + 1)
-        bos = gl.load(base + 2).to(gl.int64)
-        eos = gl.load(base + 3).to(gl.int64)
-        c0 = gl.load(base + 4).to(gl.int64)
+        i_n, jb, bos, eos, c0, _ = segment_of_program(i_s, seg_ptr)
         n_ch = gl.cdiv(eos - bos, BT).to(gl.int32)
         _cta_barrier()  # the last item's products have read the block's tiles
         for c in gl.static_range(CKC):  # the block's dO and dU rows, fp32, zero past eos
             do_s.index(c).store(_rows(do_ptr, bos + c * BT, eos, i_h, H, V, lay))
             du_s.index(c).store(_rows(du_ptr, bos + c * BT, eos, i_h, H, V, lay))
-        St = _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, o_k, H, K, V,
+        St = _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, H, K, V,
                           HAS_H0, STATE_VK, s_l)
         # forward through the block, S^T live
         for c in range(0, n_ch):
@@ -255,7 +241,7 @@ def chunk_kda_bwd_blocks_ws_kernel(
             if c > 0:  # by this thread (the same layout): no barrier between
                 Sc = gl.load(scr + c * V * K + sq_offs, eviction_policy="evict_last")
             else:
-                Sc = _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, o_v, o_k, H,
+                Sc = _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, H,
                                   K, V, HAS_H0, STATE_VK, s_l)
             _cta_barrier()
             st_s.permute((1, 0)).store(dSt)
@@ -275,7 +261,7 @@ def chunk_kda_bwd_blocks_ws_kernel(
             _store_kt(dkend_ptr, dk, row, eos, i_h, H, K, u_l)
         if STORE_DH0:
             if jb == 0:
-                gl.store(dh0_ptr + _state_offs(i_n, i_h, o_v, o_k, H, K, V, STATE_VK),
+                gl.store(dh0_ptr + _state_offsets(i_n, i_h, 0, H, K, V, V, STATE_VK, s_l),
                          dSt.to(dh0_ptr.dtype.element_ty))
 
 
