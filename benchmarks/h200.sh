@@ -37,7 +37,9 @@
 #             GRID_BASELINE=.baseline: also an earlier commit's kernels, as the baseline step)
 #   ws-sanitize the Gluon stage 2's few-chunk GPU tests (tests/test_kernels_ws.py) under
 #             compute-sanitizer (memcheck, then racecheck: the TMA ring's and the stores' shared
-#             memory between the warps; Firecracker only)
+#             memory between the warps; Firecracker only), without torch's caching allocator;
+#             WS_SAN_FILE, WS_SAN_K, WS_SAN_TOOLS: other tests (e.g. tests/test_kernels_bwd_ws.py,
+#             'gpu_blocks_ws and serial', memcheck)
 #   explore   benchmarks/bench_kernel.py --explore: the whole call under each launch choice
 #             (bench_kernel.explore_configs, with the Gluon stage 2), stage 1 alone, the passes
 #             (GRID_SHAPES: some shapes; EXPLORE_S, default 300)
@@ -193,10 +195,14 @@ step_grid() {
 
 step_ws-sanitize() {
     local t
-    for t in memcheck racecheck; do
-        timeout "${WS_SAN_S:-150}" /usr/local/cuda/bin/compute-sanitizer --tool "$t" \
+    # each tensor its own allocation (no caching allocator): memcheck then sees a read outside
+    # a tensor, which inside the allocator's segment would land in a neighbour unseen
+    for t in ${WS_SAN_TOOLS:-memcheck racecheck}; do
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 timeout "${WS_SAN_S:-150}" \
+            /usr/local/cuda/bin/compute-sanitizer --tool "$t" \
             --print-limit 20 python3 -m pytest -q -p no:cacheprovider -m gpu \
-            tests/test_kernels_ws.py -k few_chunks > "$D/ws_sanitize_$t.log" 2>&1
+            "${WS_SAN_FILE:-tests/test_kernels_ws.py}" -k "${WS_SAN_K:-few_chunks}" \
+            > "$D/ws_sanitize_$t.log" 2>&1
         echo "ws-sanitize $t exit $?"; tail -n 12 "$D/ws_sanitize_$t.log"
     done
 }

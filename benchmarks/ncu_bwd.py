@@ -16,8 +16,8 @@ import sys
 import torch
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from bench_train import SHAPES, _leaves, _runners, _step  # noqa: E402
 from bench_kernel import make_inputs  # noqa: E402
+from bench_train import SHAPES, _leaves, _runners, _step  # noqa: E402
 
 from kdalab.kernels import autograd  # noqa: E402
 

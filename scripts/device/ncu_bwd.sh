@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp}
 kernels='regex:chunk_kda_prepare_bwd_kernel|chunk_kda_bwd_blocks_ws_kernel|chunk_kda_bwd_recurrent_ws_kernel'
 # one launch of each (the first step's: the same kernels as later ones), the clocks left alone
-timeout 400 ncu --clock-control none -k "$kernels" -c 3 \
+timeout "${NCU_S:-300}" ncu --clock-control none -k "$kernels" -c 3 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section InstructionStats --section SourceCounters \
