@@ -56,13 +56,13 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
 @gluon.jit
 def _rows(ptr, row0, eos, i_h, H, N: gl.constexpr, layout: gl.constexpr):
-    """Rows ``row0`` .. + 16 of a token-major [T, H, N] tensor, [16, N] in ``layout`` in its
-    own type, the rows from ``eos`` on zero (what the Triton kernel's masked loads give)."""
+    """Rows ``row0`` .. + 16 of a token-major [T, H, N] tensor, fp32 [16, N] in ``layout``,
+    the rows from ``eos`` on zero (what the Triton kernel's masked loads give)."""
     o_t = gl.arange(0, 16, layout=gl.SliceLayout(1, layout))
     o_n = gl.arange(0, N, layout=gl.SliceLayout(0, layout))
     rows = row0 + o_t
     p = ptr + (rows[:, None] * H + i_h) * N + o_n[None, :]
-    return gl.load(p, mask=(rows < eos)[:, None], other=0.0)
+    return gl.load(p, mask=(rows < eos)[:, None], other=0.0).to(gl.float32)
 
 
 @gluon.jit
@@ -171,29 +171,28 @@ def chunk_kda_bwd_blocks_ws_kernel(
         n_ch = gl.cdiv(eos - bos, BT).to(gl.int32)
         _cta_barrier()  # the last item's products have read the block's tiles
         for c in gl.static_range(CKC):  # the block's dO and dU rows, fp32, zero past eos
-            do_s.index(c).store(_rows(do_ptr, bos + c * BT, eos, i_h, H, V, lay).to(f32))
-            du_s.index(c).store(_rows(du_ptr, bos + c * BT, eos, i_h, H, V, lay).to(f32))
+            do_s.index(c).store(_rows(do_ptr, bos + c * BT, eos, i_h, H, V, lay))
+            du_s.index(c).store(_rows(du_ptr, bos + c * BT, eos, i_h, H, V, lay))
         St = _block_start(h0_ptr, ck_ptr, ck_offsets_ptr, i_n, jb, i_h, H, K, V,
                           HAS_H0, STATE_VK, s_l)
-        # forward through the block, S^T live; a chunk's tiles are loaded during the last
-        # one's products (past the block's end: masked, none)
-        wc = _rows(w_ptr, bos, eos, i_h, H, K, lay)
-        kh = _rows(kend_ptr, bos, eos, i_h, H, K, lay)
-        kl = _rows(klo_ptr, bos, eos, i_h, H, K, lay)
-        vc = _rows(v_ptr, bos, eos, i_h, H, V, lay)
+        # forward through the block, S^T live
         for c in range(0, n_ch):
             row = bos + c * BT
             cc = (c0 + c) * H + i_h
+            wc = _rows(w_ptr, row, eos, i_h, H, K, lay)
+            kh = gl.permute(_rows(kend_ptr, row, eos, i_h, H, K, lay), (1, 0))
+            kl = gl.permute(_rows(klo_ptr, row, eos, i_h, H, K, lay), (1, 0))
+            vc = _rows(v_ptr, row, eos, i_h, H, V, lay)
             ai = gl.load(ainv_ptr + cc * BT * BT + o_i[:, None] * BT + o_j[None, :]).to(f32)
             gam = gl.load(gamma_ptr + cc * K + o_k)
             _cta_barrier()  # the last chunk's products are done in every warpgroup
             st_s.permute((1, 0)).store(St)  # first: the loads above are in flight
             if c > 0:  # the state before the block is read again from where it came
                 gl.store(scr + c * V * K + sq_offs, St, eviction_policy="evict_last")
-            w_s.store(_kperm(wc.to(f32)))
-            kx_s.index(0).store(_kperm(gl.permute(kh.to(f32), (1, 0))))
-            kx_s.index(1).store(_kperm(gl.permute(kl.to(f32), (1, 0))))
-            v_s.store(vc.to(f32))
+            w_s.store(_kperm(wc))
+            kx_s.index(0).store(_kperm(kh))
+            kx_s.index(1).store(_kperm(kl))
+            v_s.store(vc)
             ai_s.store(ai)
             fence_async_shared()
             _cta_barrier()
@@ -218,15 +217,9 @@ def chunk_kda_bwd_blocks_ws_kernel(
                                kx_s.index(0).permute((1, 0)), St, is_async=True)
             St = warpgroup_mma(gl.convert_layout(_kperm(u), a_s), kx_s.index(1).permute((1, 0)),
                                St, is_async=True)
-            wc = _rows(w_ptr, row + BT, eos, i_h, H, K, lay)
-            kh = _rows(kend_ptr, row + BT, eos, i_h, H, K, lay)
-            kl = _rows(klo_ptr, row + BT, eos, i_h, H, K, lay)
-            vc = _rows(v_ptr, row + BT, eos, i_h, H, V, lay)
             St, dq, dw = warpgroup_mma_wait(num_outstanding=0, deps=(St, dq, dw))
             _store_kt(dqg_ptr, dq, row, eos, i_h, H, K, u_l)
             _store_kt(dw_ptr, -dw, row, eos, i_h, H, K, u_l)
-        # pass 3's gradient after the block, loaded during dMQK
-        dSt = gl.load(ends_ptr + (i_s * H + i_h) * V * K + sq_offs)
         # dMQK = tril(dO U^T) of each chunk, [16, 16]: too short for a wgmma (M >= 64)
         _cta_barrier()  # U's rows stored by every warp
         for c in range(0, n_ch):
@@ -236,15 +229,14 @@ def chunk_kda_bwd_blocks_ws_kernel(
             mj = gl.arange(0, BT, layout=gl.SliceLayout(0, mq.type.layout))
             gl.store(dmqk_ptr + cc * BT * BT + mi[:, None] * BT + mj[None, :],
                      gl.where(mi[:, None] >= mj[None, :], mq, 0.0))
-        # back through the block, dS^T live; the previous chunk's tiles are loaded during a
-        # chunk's products (before the block's first: masked, none)
-        last = bos + gl.maximum(n_ch - 1, 0) * BT  # an empty block: masked, none
-        qg = _rows(qg_ptr, last, eos, i_h, H, K, lay)
-        wc = _rows(w_ptr, last, eos, i_h, H, K, lay)
+        # back through the block, dS^T live, from pass 3's gradient after it
+        dSt = gl.load(ends_ptr + (i_s * H + i_h) * V * K + sq_offs)
         for ic in range(0, n_ch):
             c = n_ch - 1 - ic
             row = bos + c * BT
             cc = (c0 + c) * H + i_h
+            qgt = gl.permute(_rows(qg_ptr, row, eos, i_h, H, K, lay), (1, 0))
+            wt = gl.permute(_rows(w_ptr, row, eos, i_h, H, K, lay), (1, 0))
             gam = gl.load(gamma_ptr + cc * K + o_k)
             if c > 0:  # by this thread (the same layout): no barrier between
                 Sc = gl.load(scr + c * V * K + sq_offs, eviction_policy="evict_last")
@@ -253,8 +245,8 @@ def chunk_kda_bwd_blocks_ws_kernel(
                                   K, V, HAS_H0, STATE_VK, s_l)
             _cta_barrier()
             st_s.permute((1, 0)).store(dSt)
-            kx_s.index(0).store(gl.permute(qg.to(f32), (1, 0)))
-            kx_s.index(1).store(gl.permute(wc.to(f32), (1, 0)))
+            kx_s.index(0).store(qgt)
+            kx_s.index(1).store(wt)
             fence_async_shared()
             _cta_barrier()
             dk = warpgroup_mma(st_s, u_s.index(c).permute((1, 0)), zk, use_acc=False,
@@ -265,12 +257,6 @@ def chunk_kda_bwd_blocks_ws_kernel(
             dSt = dSt * gam[None, :]
             dSt = warpgroup_mma(doa, kx_s.index(0).permute((1, 0)), dSt, is_async=True)
             dSt = warpgroup_mma(-dua, kx_s.index(1).permute((1, 0)), dSt, is_async=True)
-            # chunk c - 1's rows; at c = 0 none (rows from bos, all masked: bos - 16 would
-            # read before the tensor where the block is the first, an illegal address)
-            prev = gl.where(c > 0, row - BT, bos)
-            lim = gl.where(c > 0, eos, bos)
-            qg = _rows(qg_ptr, prev, lim, i_h, H, K, lay)
-            wc = _rows(w_ptr, prev, lim, i_h, H, K, lay)
             dSt, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dSt, dk))
             _store_kt(dkend_ptr, dk, row, eos, i_h, H, K, u_l)
         if STORE_DH0:
