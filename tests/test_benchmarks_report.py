@@ -51,8 +51,9 @@ def test_the_page_is_what_the_results_give():
     # for the 64-token dS pass's prototypes compiled for sm_90a, when no device was left; 630
     # for that pass's gradients with the GPU's tf32 truncation emulated, two precisions; 645
     # for its timing on an H100, three shapes, which deleted it; 646 for the Gluon blocks
-    # kernel's GPU-test row on an H100)
-    assert PAGE.read_text(encoding="utf-8").count("\n") <= 646
+    # kernel's GPU-test row on an H100; 647 for its prefetch form's, tested and timed there,
+    # not kept; 657 for the backward kernels' Nsight Compute page on an H100)
+    assert PAGE.read_text(encoding="utf-8").count("\n") <= 657
 
 
 def test_report_writes_a_table_per_result_file(tmp_path):

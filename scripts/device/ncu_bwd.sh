@@ -8,8 +8,10 @@ set -uo pipefail
 export PYTHONPATH=$PWD/src:$PWD/benchmarks${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-/tmp}
 kernels='regex:chunk_kda_prepare_bwd_kernel|chunk_kda_bwd_blocks_ws_kernel|chunk_kda_bwd_recurrent_ws_kernel'
-# one launch of each (the first step's: the same kernels as later ones), the clocks left alone
-timeout "${NCU_S:-300}" ncu --clock-control none -k "$kernels" -c 3 \
+# the first step's launches (the same kernels as later ones): the dS pass's two passes where it
+# splits, the blocks kernel, stage 1's backward (-c 3 at T4096_H16 stopped before it); the
+# clocks left alone
+timeout "${NCU_S:-300}" ncu --clock-control none -k "$kernels" -c 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section InstructionStats --section SourceCounters \
