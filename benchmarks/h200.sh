@@ -40,6 +40,9 @@
 #             memory between the warps; Firecracker only), without torch's caching allocator;
 #             WS_SAN_FILE, WS_SAN_K, WS_SAN_TOOLS: other tests (e.g. tests/test_kernels_bwd_ws.py,
 #             'gpu_blocks_ws and serial', memcheck)
+#   ncu       one training step's backward kernels under Nsight Compute (benchmarks/ncu_bwd.py;
+#             NCU_SHAPE, NCU_BWD: a BWD_MODE candidate; Firecracker only): the details text and
+#             the source CSV, for benchmarks/ncu_summary.py's page
 #   explore   benchmarks/bench_kernel.py --explore: the whole call under each launch choice
 #             (bench_kernel.explore_configs, with the Gluon stage 2), stage 1 alone, the passes
 #             (GRID_SHAPES: some shapes; EXPLORE_S, default 300)
@@ -205,6 +208,24 @@ step_ws-sanitize() {
             > "$D/ws_sanitize_$t.log" 2>&1
         echo "ws-sanitize $t exit $?"; tail -n 12 "$D/ws_sanitize_$t.log"
     done
+}
+
+step_ncu() {  # one training step's backward kernels under Nsight Compute (Firecracker only)
+    # the first step's launches: the dS pass's two passes where it splits, the blocks kernel,
+    # stage 1's backward (-c 3 at T4096_H16 stopped before it); the clocks left alone
+    local kernels='regex:chunk_kda_prepare_bwd_kernel|chunk_kda_bwd_blocks_ws_kernel|chunk_kda_bwd_recurrent_ws_kernel'
+    timeout "${NCU_S:-300}" ncu --clock-control none -k "$kernels" -c 4 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section ComputeWorkloadAnalysis --section InstructionStats --section SourceCounters \
+        -f -o "$D/ncu_bwd" python3 benchmarks/ncu_bwd.py --shape "${NCU_SHAPE:-T4096_H16}" \
+        --steps 1 ${NCU_BWD:+--bwd "$NCU_BWD"} > "$D/ncu_bwd.log" 2>&1
+    echo "ncu exit $?"; tail -n 5 "$D/ncu_bwd.log"
+    ncu -i "$D/ncu_bwd.ncu-rep" --page details > "$D/ncu_bwd.txt" 2>&1
+    ncu -i "$D/ncu_bwd.ncu-rep" --page source --csv --print-source sass 2>/dev/null \
+        | gzip -9 > "$D/ncu_bwd_sass.csv.gz"
+    rm -f "$D/ncu_bwd.ncu-rep"  # 5 MB; the two texts are what ncu_summary.py reads
+    grep -E "^  [a-z_]+_kernel|Duration|Issue Slots Busy|Achieved Occupancy" "$D/ncu_bwd.txt"
 }
 
 step_explore() {

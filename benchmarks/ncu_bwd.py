@@ -1,5 +1,5 @@
 """One training step of kdalab's operator (forward + backward) at a bench_train shape, for a
-profiler: ``scripts/device/ncu_bwd.sh`` runs it under Nsight Compute to read where the
+profiler: ``benchmarks/h200.sh ncu`` runs it under Nsight Compute to read where the
 backward's kernels stall (warp states, issue rate, occupancy, memory throughput), which
 CUDA-event timings cannot say.
 

@@ -1,5 +1,5 @@
 """The backward kernels' Nsight Compute figures as a results page: from
-``scripts/device/ncu_bwd.sh``'s details text (``ncu -i REP --page details``) and source CSV
+``benchmarks/h200.sh ncu``'s details text (``ncu -i REP --page details``) and source CSV
 (``--page source --csv --print-source sass``, gzipped or not), one row a kernel launch: its
 duration, issue-slot use, occupancy, DRAM throughput, executed warp instructions and local
 (spill) requests, and where its warps stall (the sampled stall reasons' shares).
