@@ -229,8 +229,8 @@ def kdalab_rows(only: str | None = None):
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", w_ptr="*fp16", qg_ptr="*fp16",
                 kend_ptr="*fp16", klo_ptr="*fp16", ainv_ptr="*fp16", mqk_ptr="*fp16",
                 gamma_ptr="*fp32",
-                chunk_table_ptr="*i32", wide_ptr="*i32", T="i32", scale="fp32",
-                lower_bound="fp32", H="i32")
+                chunk_table_ptr="*i32", wide_ptr="*i32", aux_ptr="*fp32", T="i32",
+                scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
               USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=False)
     # rows in whole chunks (fixed length, T % 16 == 0) masked; other rows (varlen, or a
@@ -250,6 +250,11 @@ def kdalab_rows(only: str | None = None):
             yield timed(chunk_kda_prepare_kernel, prep,
                         dict(ce, GATE=gate, SPAN_CHECK=True, REDO=redo), num_warps=2,
                         label=f"stage 1 {name} w2" + (" redo" if redo else ""))
+    # the backward's recompute (3xTF32 products), without and with the record stage 1's
+    # backward reads (AUX: BWD_MODE prep_aux)
+    for aux in (False, True):
+        yield timed(chunk_kda_prepare_kernel, prep, dict(ce, PRECISION="tf32x3", AUX=aux),
+                    num_warps=2, label="stage 1 recompute w2" + (" aux" if aux else ""))
     sig = dict(v_ptr="*bf16", w_ptr="*fp16", qg_ptr="*fp16", kend_ptr="*fp16", klo_ptr="*fp16",
                ainv_ptr="*fp16", mqk_ptr="*fp16", gamma_ptr="*fp32", h0_ptr="*fp32",
                ht_ptr="*fp32", o_ptr="*bf16", sum_ptr="*fp32", cu_seqlens_ptr="*i32",
@@ -357,8 +362,8 @@ def kdalab_rows(only: str | None = None):
                 a_log_ptr="*fp32", dt_bias_ptr="*fp32", dqg_ptr="*fp32", dw_ptr="*fp32",
                 dkend_ptr="*fp32", dgam_ptr="*fp32", dmqk_ptr="*fp32", dainv_ptr="*fp32",
                 dq_ptr="*bf16", dk_ptr="*bf16", dg_ptr="*bf16", db_ptr="*bf16",
-                dalog_ptr="*fp32", ddt_ptr="*fp32", chunk_table_ptr="*i32", T="i32",
-                scale="fp32", lower_bound="fp32", H="i32")
+                dalog_ptr="*fp32", ddt_ptr="*fp32", chunk_table_ptr="*i32",
+                aux_ptr="*fp32", T="i32", scale="fp32", lower_bound="fp32", H="i32")
     ce = dict(K=128, BT=16, GATE=0, SPAN_CHECK=False, HAS_A_LOG=True, HAS_DT_BIAS=True,
               USE_L2NORM=True, BETA_LOGITS=True, IS_VARLEN=False)
     from kdalab.kernels.autograd import BWD_MODE
@@ -367,6 +372,8 @@ def kdalab_rows(only: str | None = None):
     for bk, nw, kw in ((32, 4, cap), (32, 4, {}), (32, 2, {}), (64, 4, {})):
         yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=bk), num_warps=nw,
                     label=f"bwd stage 1 BK{bk} w{nw}{tag if kw else ''}", **kw)
+    yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=32, AUX=True), num_warps=4,
+                label=f"bwd stage 1 BK32 w4{tag} aux", **cap)
     yield timed(chunk_kda_prepare_bwd_kernel, pbwd, dict(ce, BK=32, GATE=1, SPAN_CHECK=True),
                 num_warps=4, label=f"bwd stage 1 BK32 softplus w4{tag}", **cap)
     # the fp32 path (KernelConfig(dot="fp32")): stage 1 stored in fp32 with 3xTF32 products,

@@ -423,6 +423,82 @@ def test_interp_stage1_backward_in_blocks_of_key_columns(case, monkeypatch):
     assert all(e < 1e-5 for e in errors.values()), errors
 
 
+@interp
+@pytest.mark.parametrize("case", [
+    dict(B=1, T=32, HQ=1, H=1, HG=1, K=16, V=16),
+    dict(B=2, T=83, HQ=1, H=2, HG=2, K=16, V=32),                  # T % 16: clamped rows
+    dict(B=1, T=150, HQ=2, H=4, HG=2, K=16, V=16, cu=[0, 0, 70, 71, 150]),  # varlen, GVA
+    dict(B=1, T=40, HQ=1, H=1, HG=1, K=64, V=16, h0=False),        # two key blocks
+], ids=["plain", "ragged_gva", "varlen_empty", "k64_no_state"])
+@pytest.mark.parametrize("dot", ["auto", "fp32"])
+def test_interp_stage1_backward_reads_the_recomputes_products(case, dot, monkeypatch):
+    """BWD_MODE prep_aux: the recompute keeps P, (I + L)^-1 and the norm factors in fp32 and
+    stage 1's backward reads them instead of forming them. Its gradients against fp64 as
+    always, and against the backward that forms them within fp32 rounding; the recompute's
+    operands are the same bits either way."""
+    from kdalab.kernels import autograd
+    from kdalab.kernels.chunk_prepare import AUX_SIZE, chunk_kda_prepare
+    from kdalab.kernels.contract import prefill_problem
+    from kdalab.kernels.tables import fixed_sequences, varlen_sequences
+
+    config = KernelConfig(dot=dot)
+    x, kw = _case(**case)
+    monkeypatch.setitem(autograd.BWD_MODE, "prep_aux", 0)
+    want = _grads(x, kw, _kernel(config), *_probes(x, kw))
+    monkeypatch.setitem(autograd.BWD_MODE, "prep_aux", 1)
+    _compare(x, kw, config)
+    got = _grads(x, kw, _kernel(config), *_probes(x, kw))
+    # P by the recompute's 3xTF32 (tl.dot's) instead of the hand split, the norms over whole
+    # rows instead of key blocks: measured at most 6e-8 relative. Planted: (I + L)^-1 read
+    # transposed, or P stored with β, fail _compare above (dβ 4.5e-2 and 9.6e-3 against
+    # fp64)
+    errors = {n: _err(got[n], want[n]) for n in got}
+    assert all(e < 1e-6 for e in errors.values()), errors
+    # the operands stage 2 and the reverse pass read: unchanged by the record
+    with torch.no_grad():
+        cu = kw.get("cu_seqlens")
+        p = prefill_problem(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,
+                            initial_state=None, A_log=x.get("A_log"),
+                            dt_bias=x.get("dt_bias"), gate="raw", lower_bound=-5.0,
+                            cu_seqlens=cu, use_qk_l2norm=True, beta_is_logits=True,
+                            state_layout="KV", config=config)
+        seqs = (varlen_sequences(cu, p.T) if cu is not None
+                else fixed_sequences(torch.device("cpu"), p.B, p.T))
+        dtb = x["dt_bias"].reshape(-1)
+        args = (x["q"], x["k"], x["g"], x["beta"], x["A_log"], dtb, p, seqs)
+        plain = chunk_kda_prepare(*args, num_warps=2, precision="tf32x3")
+        aux = torch.full((seqs.num_chunks, p.H, AUX_SIZE.value), float("nan"))
+        kept = chunk_kda_prepare(*args, num_warps=2, precision="tf32x3", aux=aux)
+    assert all(torch.equal(a, b) for a, b in zip(plain, kept))
+    assert not aux.isnan().any()  # every chunk and head wrote its whole record
+
+
+def test_stage1_launchers_refuse_a_record_they_cannot_use():
+    # a span-checked gate forms its wide chunks per pair in the backward: no record; a record
+    # of another shape or dtype is refused by name before anything is launched
+    from kdalab.kernels.chunk_prepare import AUX_SIZE, chunk_kda_prepare
+    from kdalab.kernels.chunk_prepare_bwd import chunk_kda_prepare_bwd
+    from kdalab.kernels.contract import prefill_problem
+    from kdalab.kernels.tables import fixed_sequences
+
+    x, kw = _case(1, 32, 1, 1, 1, 16, 16)
+    for gate, bound in (("raw", -5.0), ("raw", None)):
+        p = prefill_problem(x["q"], x["k"], x["v"], x["g"], x["beta"], scale=None,
+                            initial_state=None, A_log=x["A_log"], dt_bias=x["dt_bias"],
+                            gate=gate, lower_bound=bound, cu_seqlens=None, use_qk_l2norm=True,
+                            beta_is_logits=True, state_layout="KV", config=KernelConfig())
+        seqs = fixed_sequences(torch.device("cpu"), 1, 32)
+        args = (x["q"], x["k"], x["g"], x["beta"], x["A_log"], x["dt_bias"], p, seqs)
+        good = torch.empty((seqs.num_chunks, 1, AUX_SIZE.value))
+        bad = [good[:, :, :-1], good.double()] + ([good] if p.gate.span_checked else [])
+        for aux in bad:
+            with pytest.raises(ValueError, match="^aux: "):
+                chunk_kda_prepare(*args, num_warps=2, aux=aux)
+        if p.gate.span_checked:
+            with pytest.raises(ValueError, match="^aux: "):
+                chunk_kda_prepare_bwd(*args, None, aux=good)
+
+
 def _probes(x, kw):
     o, s = _kernel()(x, kw)
     gen = torch.Generator().manual_seed(11)
@@ -1034,6 +1110,30 @@ def test_gpu_dkend_over_du_keeps_the_gradients(monkeypatch):
         want = _grads(x, kw, _kernel(), do, dht)
         monkeypatch.setitem(autograd.BWD_MODE, "dkend_over_du", 1)
         got = _grads(x, kw, _kernel(), do, dht)
+        errors = {n: _err(got[n], want[n]) for n in want}
+        assert all(e < 1e-5 for e in errors.values()), errors
+
+
+@gpu
+def test_gpu_stage1_backward_reads_the_recomputes_products(monkeypatch):
+    """BWD_MODE prep_aux on the GPU: stage 1's backward reading the recompute's P,
+    (I + L)^-1 and norm factors gives the gradients of the one that forms them (both 3xTF32
+    products of the same fp32 operands, split by hand or by tl.dot: 1e-5 relative leaves
+    room for the splits' roundings through (I + L)^-1; a record read at the wrong chunk or
+    head moves dβ by 1e-2 and more): packed sequences with an empty one and GVA, a ragged
+    batch, the fp32 path. fp32 inputs, so that the gradients come back in fp32."""
+    from kdalab.kernels import autograd
+
+    for shape, cu, config in (((1, 700, 2, 4, 2, 128, 128), [0, 0, 300, 301, 700],
+                               KernelConfig()),
+                              ((2, 300, 4, 4, 4, 128, 128), None, KernelConfig()),
+                              ((2, 300, 4, 4, 4, 64, 64), None, KernelConfig(dot="fp32"))):
+        x, kw = _case(*shape, cu=cu, device="cuda")
+        do, dht = (t.cuda() for t in _probes(x, kw))
+        monkeypatch.setitem(autograd.BWD_MODE, "prep_aux", 0)
+        want = _grads(x, kw, _kernel(config), do, dht)
+        monkeypatch.setitem(autograd.BWD_MODE, "prep_aux", 1)
+        got = _grads(x, kw, _kernel(config), do, dht)
         errors = {n: _err(got[n], want[n]) for n in want}
         assert all(e < 1e-5 for e in errors.values()), errors
 

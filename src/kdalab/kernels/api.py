@@ -11,12 +11,12 @@ that needs no host time a call captures the call in a CUDA graph (docs/kernels.m
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import torch
 
 from .chunk_combine import chunk_kda_combine
-from .chunk_prepare import chunk_kda_prepare
+from .chunk_prepare import AUX_SIZE, chunk_kda_prepare
 from .chunk_recurrent import chunk_kda_recurrent
 from .config import DEFAULT_CONFIG, KernelConfig
 from .contract import Problem, device_ok, prefill_problem
@@ -94,24 +94,30 @@ class Prepared(NamedTuple):
     dot: str
     ops: tuple  # stage 1's (w, qg, kend, klo, ainv, mqk, gamma)
     inverse: str = "neumann"  # how stage 1 formed (I + L)^-1 (chunk_kda_prepare)
+    aux: Optional[torch.Tensor] = None  # for stage 1's backward (chunk_kda_prepare's aux)
 
 
 def prepare(q, k, g, beta, A_log, dt_bias, p: Problem, cu_seqlens,
-            config: KernelConfig, products=None, precision="tf32") -> Prepared:
+            config: KernelConfig, products=None, precision="tf32", aux=False) -> Prepared:
     """Tables, plan and stage 1 of a checked call (inputs contiguous, dt_bias flat);
     ``products``, ``precision``: stage 1's storage dtype instead of its default and its
     products' precision (chunk_kda_prepare); ``config.dot`` "fp32" stores fp32 with 3xTF32
-    products whatever they say."""
+    products whatever they say. ``aux``: the backward's recompute also keeps what stage 1's
+    backward reads (``Prepared.aux``; gates without a span check, else None)."""
     seqs = sequences_for(p, cu_seqlens, q.device)
     dot = config.dot if config.dot != "auto" else ("fp16" if p.use_qk_l2norm else "tf32")
     inverse = "neumann"
     if dot == "fp32":
         products, precision, inverse = torch.float32, "tf32x3", "substitution"
     plan = plan_for(seqs, p, config, dot)
+    kept = None
+    if aux and not p.gate.span_checked:
+        kept = torch.empty((seqs.num_chunks, p.H, AUX_SIZE.value), device=q.device,
+                           dtype=torch.float32)
     ops = chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p, seqs,
                             num_warps=plan.prepare_warps, dtype=products,
-                            precision=precision, inverse=inverse)
-    return Prepared(p, seqs, plan, dot, ops, inverse)
+                            precision=precision, inverse=inverse, aux=kept)
+    return Prepared(p, seqs, plan, dot, ops, inverse, kept)
 
 
 def contiguous(q, k, v, g, beta, A_log, dt_bias, initial_state):

@@ -58,9 +58,13 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: blocks_gluon: the blocks kernel by the Gluon kernel (``chunk_blocks_bwd_ws``) on a Hopper
 #: GPU where it applies; 0: the Triton kernel everywhere (H100, the kernel at 35d5b54: 0.544
 #: against 0.756 ms at T 4096 H 16, 4.21 against 5.70 at T 8192 H 64; docs/training.md)
+#: prep_aux: 1: the recompute of stage 1 keeps P, (I + L)^-1 and the norm factors in fp32
+#: for stage 1's backward, which then skips its sweep (A), P's products and the inverse
+#: (gates without a span check; ``chunk_prepare``'s AUX); 0: stage 1's backward forms them
+#: (off until timed on a GPU: sm_90a, docs/training.md)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
                 prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=3,
-                blocks_gluon=1)
+                blocks_gluon=1, prep_aux=0)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:
@@ -178,7 +182,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     # forward's Gluon figures say nothing of the reverse pass)
     c = prepare(q, k, g, beta, A_log, dt_bias, p, cu_seqlens,
                 dataclasses.replace(config, stage2="triton"), products=products,
-                precision="tf32x3")
+                precision="tf32x3", aux=bool(BWD_MODE["prep_aux"]))
     seqs, plan = c.seqs, c.plan
     if dht is not None:
         dht = dht.contiguous()
@@ -234,7 +238,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
                                                        grads, block_k=BWD_MODE["prep_block_k"],
                                                        maxnreg=BWD_MODE["prep_maxnreg"] or None,
                                                        num_stages=BWD_MODE["prep_stages"] or None,
-                                                       inverse=c.inverse)
+                                                       inverse=c.inverse, aux=c.aux)
     dv, dh0 = out["dv"], out["dh0"]
     del c, out, grads  # stage 1 again and the partial sums: freed before the GVA sums
     GQ, GG = H // p.HQ, H // p.HG

@@ -44,6 +44,10 @@ from .gate import SPLIT_SPAN2, exp2_ftz, gate_params, log2_decay
 from .indexing import chunk_of_program
 
 CHUNK = 16
+#: ``AUX``'s record of a chunk and head (fp32): P [16, 16] at 0, then (I + L)^-1 [16, 16] and
+#: the rows' norm factors of k and q [16] each at these offsets; its size
+AUX_TINV, AUX_RK, AUX_RQ, AUX_SIZE = (
+    tl.constexpr(n * CHUNK) for n in (CHUNK, 2 * CHUNK, 2 * CHUNK + 1, 2 * CHUNK + 2))
 #: the register cap of the forward's 2-warp stage-1 program on a ragged fixed length
 #: (``chunk_kda_prepare``)
 PREPARE_MAXNREG = 168
@@ -51,11 +55,14 @@ PREPARE_MAXNREG = 168
 
 @triton.jit
 def l2_normalize(x, USE_L2NORM: tl.constexpr):
-    """Rows of ``x`` in fp32, times ``rsqrt(sum x^2 + 1e-6)`` with ``USE_L2NORM``."""
+    """(rows of ``x`` in fp32 times their factors, the factors: ``rsqrt(sum x^2 + 1e-6)``
+    with ``USE_L2NORM``, else ones)."""
     x = x.to(tl.float32)
     if USE_L2NORM:
-        x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
-    return x
+        r = tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)
+    else:
+        r = tl.full([x.shape[0]], 1.0, tl.float32)
+    return x * r[:, None], r
 
 
 @triton.jit
@@ -243,13 +250,14 @@ def pairwise_tiles(qd, kv, g2, o_r, BT: tl.constexpr, WITH_M: tl.constexpr = Tru
 def chunk_kda_prepare_kernel(
     q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
     w_ptr, qg_ptr, kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr,
-    chunk_table_ptr, wide_ptr,
+    chunk_table_ptr, wide_ptr, aux_ptr,
     T, scale, lower_bound,
     H, K: tl.constexpr, BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
     HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
     USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
     GQ: tl.constexpr = 1, GG: tl.constexpr = 1, CLAMP_ROWS: tl.constexpr = False,
     PRECISION: tl.constexpr = "tf32", REDO: tl.constexpr = False, SUBST: tl.constexpr = False,
+    AUX: tl.constexpr = False,
 ):
     """Stage 1 of global chunk ``program_id(0)``, head ``program_id(1)``: token rows past
     the sequence's end are zero in every product, and not stored. Where rows are not known
@@ -267,7 +275,10 @@ def chunk_kda_prepare_kernel(
     on (the rest the first launch stored).
 
     Every load is issued first, so that their latencies overlap, and each operand is stored
-    as soon as it is formed, so that few [BT, K] tiles are live at once."""
+    as soon as it is formed, so that few [BT, K] tiles are live at once.
+
+    ``AUX`` (the backward's recompute, no ``SPAN_CHECK``): also what stage 1's backward would
+    form again, fp32 in ``aux_ptr`` [chunks, H, AUX_SIZE]: P (L before β), (I + L)^-1, norms."""
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
     cc = i_c.to(tl.int64) * H + i_h
@@ -277,21 +288,21 @@ def chunk_kda_prepare_kernel(
     if run != 0:
         _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr, qg_ptr,
                        kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
-                       wide_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K, BT, GATE,
+                       wide_ptr, aux_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K, BT, GATE,
                        SPAN_CHECK, HAS_A_LOG, HAS_DT_BIAS, USE_L2NORM, BETA_LOGITS,
-                       IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, REDO, SUBST)
+                       IS_VARLEN, GQ, GG, CLAMP_ROWS, PRECISION, REDO, SUBST, AUX)
 
 
 @triton.jit
 def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr, qg_ptr,
                    kend_ptr, klo_ptr, ainv_ptr, mqk_ptr, gamma_ptr, chunk_table_ptr,
-                   wide_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K: tl.constexpr,
+                   wide_ptr, aux_ptr, T, scale, lower_bound, i_c, i_h, cc, H, K: tl.constexpr,
                    BT: tl.constexpr, GATE: tl.constexpr, SPAN_CHECK: tl.constexpr,
                    HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
                    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr,
                    IS_VARLEN: tl.constexpr, GQ: tl.constexpr, GG: tl.constexpr,
                    CLAMP_ROWS: tl.constexpr, PRECISION: tl.constexpr, REDO: tl.constexpr,
-                   SUBST: tl.constexpr):
+                   SUBST: tl.constexpr, AUX: tl.constexpr):
     """The body of ``chunk_kda_prepare_kernel`` for chunk ``i_c``, head ``i_h``."""
     o_r = tl.arange(0, BT)
     o_k = tl.arange(0, K)
@@ -314,14 +325,20 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     FIRST: tl.constexpr = not REDO  # the redo stores only what the per-pair path forms
     if FIRST:
         tl.store(gamma_ptr + cc * K + o_k, exp2_ftz(g2_last))
-    kv = l2_normalize(k_raw, USE_L2NORM)
+    kv, rk = l2_normalize(k_raw, USE_L2NORM)
+    if AUX:  # and the rows' norm factors (rows past the end: not read)
+        aux = aux_ptr + cc * AUX_SIZE
+        tl.store(aux + AUX_RK + o_r, rk)
     kend, klo = split_operand(kv * exp2_ftz(g2_last[None, :] - g2), kend_ptr.dtype.element_ty)
     if FIRST:
         tl.store(kend_ptr + offs, kend.to(kend_ptr.dtype.element_ty), mask=m2)
         tl.store(klo_ptr + offs, klo.to(klo_ptr.dtype.element_ty), mask=m2)
 
     decay = exp2_ftz(g2)
-    qs = l2_normalize(q_raw, USE_L2NORM) * scale
+    qs, rq = l2_normalize(q_raw, USE_L2NORM)
+    qs = qs * scale
+    if AUX:
+        tl.store(aux + AUX_RQ + o_r, rq)
     if CLAMP_ROWS:  # MQK's rows past the end zero, as masked loads leave them
         qs = tl.where(m2, qs, 0.0)
     qd = qs * decay
@@ -355,11 +372,16 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     o_cc = o_r[:, None] * BT + o_r[None, :]
     mqk = tl.where(o_r[:, None] >= o_r[None, :], mqk, 0.0)
     tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty), mask=keep_cc)
+    if AUX:  # P: the sequence's strictly lower pairs (clamped rows past the end: zero)
+        tl.store(aux + o_cc, tl.where((o_r[:, None] > o_r[None, :]) & m2, L, 0.0))
     L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
     if SPAN_CHECK and not REDO:  # rows past the range (inf, NaN) kept out of the inverse
         L = tl.where((o_r < n_fit)[:, None], L, 0.0)
 
-    ainv = inverse16(L, BT, SUBST) * b[None, :]
+    tinv = inverse16(L, BT, SUBST)
+    if AUX:
+        tl.store(aux + AUX_TINV + o_cc, tinv)
+    ainv = tinv * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=keep_cc)
     w = tl.dot(tf32_nearest(ainv, PRECISION), tf32_nearest(kd, PRECISION),
                input_precision=PRECISION)
@@ -367,7 +389,8 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
 
 
 def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_warps,
-                      clamp_rows=None, dtype=None, precision="tf32", inverse="neumann"):
+                      clamp_rows=None, dtype=None, precision="tf32", inverse="neumann",
+                      aux=None):
     """Launch stage 1. Returns (w, qg, kend, klo, ainv, mqk, gamma): W, QG, KEND, KLO like
     q with the value heads, AINV and MQK [num_chunks, H, 16, 16] (fp16 when q and k are
     normalized: every operand is then <= 1 in size, AINV's entries bounded by the Neumann
@@ -380,8 +403,14 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     "tf32x3" (the backward's recompute: on the H200 a tf32 product truncates its operands to
     10 bits, and on clustered keys with β near 1 the gradients amplify L's and W's errors
     through (I + L)^-1; docs/training.md "Precision"). ``inverse``: "neumann" or
-    "substitution" (config.dot "fp32": ``substitution_inverse16``)."""
+    "substitution" (config.dot "fp32": ``substitution_inverse16``). ``aux``: an fp32
+    [num_chunks, H, AUX_SIZE] tensor to fill for stage 1's backward (the kernel's ``AUX``;
+    not with a span-checked gate, whose wide chunks the backward forms per pair)."""
     subst = substitution(inverse)
+    want = (seqs.num_chunks, p.H, AUX_SIZE.value)
+    if aux is not None and (p.gate.span_checked or aux.shape != want or aux.dtype != torch.float32):
+        raise ValueError(f"aux: fp32 {list(want)} for a gate without a span check, not "
+                         f"{list(aux.shape)} {aux.dtype} (span checked: {p.gate.span_checked})")
     B, T, H, K = p.B, p.T, p.H, p.K
     if clamp_rows is None:
         clamp_rows = p.varlen or T % CHUNK != 0
@@ -401,13 +430,13 @@ def chunk_kda_prepare(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, *, num_wa
     args = (q, k, g, beta, A_log if A_log is not None else dummy,
             dt_bias if dt_bias is not None else dummy, w, qg, kend, klo, ainv, mqk, gamma,
             seqs.chunk_table if seqs.chunk_table is not None else dummy, flags,
-            T, p.scale, p.gate.kernel_bound)
+            aux if aux is not None else dummy, T, p.scale, p.gate.kernel_bound)
     kw = dict(H=H, GQ=H // p.HQ, GG=H // p.HG, K=K, BT=CHUNK, GATE=p.gate.code,
               SPAN_CHECK=p.gate.span_checked,
               HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
               USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
               IS_VARLEN=seqs.chunk_table is not None, CLAMP_ROWS=clamp_rows,
-              PRECISION=precision, SUBST=subst, num_warps=num_warps)
+              PRECISION=precision, SUBST=subst, AUX=aux is not None, num_warps=num_warps)
     # the clamped fixed-length form (T % 16 != 0) of the forward's 2-warp program took 172
     # registers on sm_90a, five programs an SM: capped at 168, six, no spills. Not the other
     # forms: under the same cap the aligned one (136 without) spilled 20 bytes and the varlen

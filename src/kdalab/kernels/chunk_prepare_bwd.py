@@ -29,6 +29,10 @@ import triton
 import triton.language as tl
 
 from .chunk_prepare import (
+    AUX_RK,
+    AUX_RQ,
+    AUX_SIZE,
+    AUX_TINV,
     _mm3,
     _split,
     beta_of,
@@ -91,47 +95,14 @@ def _load_block(ptr, rows, i_h, o_k, H, K: tl.constexpr, G: tl.constexpr, m2):
 
 
 @triton.jit
-def chunk_kda_prepare_bwd_kernel(
-    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
-    dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr,
-    dq_ptr, dk_ptr, dg_ptr, db_ptr, dalog_ptr, ddt_ptr,
-    chunk_table_ptr, T, scale, lower_bound,
-    H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
-    SPAN_CHECK: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
-    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
-    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, SUBST: tl.constexpr = False,
-):
-    """One chunk and head, over blocks of BK key columns, so that a program holds [BT, BK]
-    tiles, not [BT, K] ones: every operand but the L2 norms and the pairwise tiles is
-    column-local (the gate, its cumulative sum, the decays, each column's G-gradient). Four
-    sweeps: (A) the rows' norms and spans; (B) P and dW·Kd^T, summed over the
-    blocks; then the [BT, BT] algebra once; (C) each block's gradients, dg stored, dk̂ and dqs
-    parked in place of the block's dW and dQG (every stored value depends on the loaded one,
-    so no thread overwrites an operand before it is read: dW reaches dk̂ through A^T·dW, dQG
-    reaches dqs elementwise), the rows' y·dy summed for the norms; (D) the norms' gradient,
-    dq and dk stored. Against the kernel over whole rows (H200, train_h200's config rows):
-    0.568 against 0.664 ms at T 4096 H 16, 4.41 against 5.13 at T 8192 H 64, 8.73 against
-    9.88 at B 8 T 4096 H 32 (sm_90a: 28 bytes of spills a thread against 2120)."""
-    i_c = tl.program_id(0)
-    i_h = tl.program_id(1)
-    o_r = tl.arange(0, BT)
-    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
-    rows = row0 + o_r
-    r_ok = rows < eos
-    m2 = r_ok[:, None]
-    i_g = i_h // GG
-    b_in = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
-    b = beta_of(b_in, r_ok, BETA_LOGITS)
-    cc = i_c.to(tl.int64) * H + i_h
-    o_cc = cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
-    last = (o_r == BT - 1)[:, None]
-    strict = o_r[:, None] > o_r[None, :]
-    if HAS_A_LOG:
-        a = tl.exp(tl.load(a_log_ptr + i_g).to(tl.float32))
-    else:
-        a = 1.0
-
-    # (A) the rows' squared norms and spans (the split's choice, row by row, as stage 1's)
+def _norms_and_spans(q_ptr, k_ptr, g_ptr, a_log_ptr, dt_bias_ptr, a, lower_bound, rows, i_h,
+                     i_g, m2, H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+                     GATE: tl.constexpr, SPAN_CHECK: tl.constexpr, HAS_A_LOG: tl.constexpr,
+                     HAS_DT_BIAS: tl.constexpr, USE_L2NORM: tl.constexpr, GQ: tl.constexpr,
+                     GG: tl.constexpr):
+    """Sweep (A) of ``chunk_kda_prepare_bwd_kernel`` without the recompute's ``AUX``: the
+    rows' norm factors of k and q and, with ``SPAN_CHECK``, their decay's span (the split's
+    choice, row by row, as stage 1's)."""
     ssk = tl.zeros([BT], dtype=tl.float32)
     ssq = tl.zeros([BT], dtype=tl.float32)
     rspan = tl.zeros([BT], dtype=tl.float32)
@@ -152,13 +123,74 @@ def chunk_kda_prepare_bwd_kernel(
     else:
         rk = tl.full([BT], 1.0, tl.float32)
         rq = tl.full([BT], 1.0, tl.float32)
-    # the rows before the first whose decay leaves the split's range take the split, the rest
-    # per pair: a row's path never depends on later rows (check's causal gradient contract)
-    n_fit = tl.min(tl.where(rspan > SPLIT_SPAN2, o_r, BT), axis=0)
+    return rk, rq, rspan
+
+
+@triton.jit
+def chunk_kda_prepare_bwd_kernel(
+    q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr,
+    dqg_ptr, dw_ptr, dkend_ptr, dgam_ptr, dmqk_ptr, dainv_ptr,
+    dq_ptr, dk_ptr, dg_ptr, db_ptr, dalog_ptr, ddt_ptr,
+    chunk_table_ptr, aux_ptr, T, scale, lower_bound,
+    H, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, GATE: tl.constexpr,
+    SPAN_CHECK: tl.constexpr, HAS_A_LOG: tl.constexpr, HAS_DT_BIAS: tl.constexpr,
+    USE_L2NORM: tl.constexpr, BETA_LOGITS: tl.constexpr, IS_VARLEN: tl.constexpr,
+    GQ: tl.constexpr = 1, GG: tl.constexpr = 1, SUBST: tl.constexpr = False,
+    AUX: tl.constexpr = False,
+):
+    """One chunk and head, over blocks of BK key columns, so that a program holds [BT, BK]
+    tiles, not [BT, K] ones: every operand but the L2 norms and the pairwise tiles is
+    column-local (the gate, its cumulative sum, the decays, each column's G-gradient). Four
+    sweeps: (A) the rows' norms and spans; (B) P and dW·Kd^T, summed over the
+    blocks; then the [BT, BT] algebra once; (C) each block's gradients, dg stored, dk̂ and dqs
+    parked in place of the block's dW and dQG (every stored value depends on the loaded one,
+    so no thread overwrites an operand before it is read: dW reaches dk̂ through A^T·dW, dQG
+    reaches dqs elementwise), the rows' y·dy summed for the norms; (D) the norms' gradient,
+    dq and dk stored. Against the kernel over whole rows (H200, train_h200's config rows):
+    0.568 against 0.664 ms at T 4096 H 16, 4.41 against 5.13 at T 8192 H 64, 8.73 against
+    9.88 at B 8 T 4096 H 32 (sm_90a: 28 bytes of spills a thread against 2120).
+
+    ``AUX`` (a gate without a span check): the norm factors, P and (I + L)^-1 are the
+    recompute's (``chunk_prepare``'s ``AUX``: fp32, its 3xTF32 products), read instead of
+    formed: no sweep (A), no P in (B), no inverse."""
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    o_r = tl.arange(0, BT)
+    row0, eos = chunk_of_program(i_c, chunk_table_ptr, T, BT, IS_VARLEN)
+    rows = row0 + o_r
+    r_ok = rows < eos
+    m2 = r_ok[:, None]
+    i_g = i_h // GG
+    b_in = tl.load(beta_ptr + rows * H + i_h, mask=r_ok, other=0.0).to(tl.float32)
+    b = beta_of(b_in, r_ok, BETA_LOGITS)
+    cc = i_c.to(tl.int64) * H + i_h
+    o_cc = cc * BT * BT + o_r[:, None] * BT + o_r[None, :]
+    last = (o_r == BT - 1)[:, None]
+    strict = o_r[:, None] > o_r[None, :]
+    if HAS_A_LOG:
+        a = tl.exp(tl.load(a_log_ptr + i_g).to(tl.float32))
+    else:
+        a = 1.0
+
+    if AUX:  # the recompute's P, (I + L)^-1 and norm factors (chunk_prepare's AUX)
+        aux = aux_ptr + cc * AUX_SIZE
+        rk = tl.load(aux + AUX_RK + o_r)
+        rq = tl.load(aux + AUX_RQ + o_r)
+        n_fit = BT  # no span check: every pair takes the split
+    else:
+        rk, rq, rspan = _norms_and_spans(q_ptr, k_ptr, g_ptr, a_log_ptr, dt_bias_ptr, a,
+                                         lower_bound, rows, i_h, i_g, m2, H, K, BT, BK,
+                                         GATE, SPAN_CHECK, HAS_A_LOG, HAS_DT_BIAS,
+                                         USE_L2NORM, GQ, GG)
+        # the rows before the first whose decay leaves the split's range take the split,
+        # the rest per pair: a row's path never depends on later rows (check's causal
+        # gradient contract)
+        n_fit = tl.min(tl.where(rspan > SPLIT_SPAN2, o_r, BT), axis=0)
     wide = n_fit < BT
     fit = (o_r[:, None] < n_fit) & (o_r[None, :] >= 0)
 
-    # (B) P = K̂ K̂^T with the pairwise decay, and dW·Kd^T, over the blocks
+    # (B) P = K̂ K̂^T with the pairwise decay (AUX: the recompute's), and dW·Kd^T, over the
+    # blocks
     P = tl.zeros([BT, BT], dtype=tl.float32)
     dwkd = tl.zeros([BT, BT], dtype=tl.float32)
     for kb in range(0, K, BK):
@@ -169,22 +201,27 @@ def chunk_kda_prepare_bwd_kernel(
         dw = _load_block(dw_ptr, rows, i_h, o_k, H, K, 1, m2)
         g2 = tl.cumsum(log2_decay(g_raw, a, bias[None, :], lower_bound, m2, GATE), axis=0)
         kv = tl.where(m2, k_raw * rk[:, None], 0.0)
-        up = tl.exp2(tl.maximum(g2, -126.0)) * ANCHOR  # (ANCHOR)
-        dn = tl.exp2(tl.minimum(-g2, 126.0)) * (1.0 / ANCHOR)
-        ku = kv * up
-        ku_hi, ku_lo = _split(ku)
-        Ps = _dot3(ku_hi, ku_lo, tl.trans(kv * dn))
-        if wide:
-            _m, Pb = pairwise_tiles(kv, kv, g2, o_r, BT, False)
-            P += tl.where(fit, Ps, Pb)
-        else:
-            P += Ps
+        if not AUX:
+            up = tl.exp2(tl.maximum(g2, -126.0)) * ANCHOR  # (ANCHOR)
+            dn = tl.exp2(tl.minimum(-g2, 126.0)) * (1.0 / ANCHOR)
+            ku = kv * up
+            ku_hi, ku_lo = _split(ku)
+            Ps = _dot3(ku_hi, ku_lo, tl.trans(kv * dn))
+            if wide:
+                _m, Pb = pairwise_tiles(kv, kv, g2, o_r, BT, False)
+                P += tl.where(fit, Ps, Pb)
+            else:
+                P += Ps
         dw_hi, dw_lo = _split(dw)
         dwkd += _dot3(dw_hi, dw_lo, tl.trans(kv * tl.exp2(g2)))
 
     # the [BT, BT] algebra: T = (I + L)^-1, A = T diag(β), and their gradients
-    P = tl.where(strict, P, 0.0)
-    Tinv = inverse16(P * b[:, None], BT, SUBST)  # as the forward formed it
+    if AUX:
+        P = tl.load(aux + o_r[:, None] * BT + o_r[None, :])
+        Tinv = tl.load(aux + AUX_TINV + o_r[:, None] * BT + o_r[None, :])
+    else:
+        P = tl.where(strict, P, 0.0)
+        Tinv = inverse16(P * b[:, None], BT, SUBST)  # as the forward formed it
     A = Tinv * b[None, :]
     dA = tl.where(o_r[:, None] >= o_r[None, :], tl.load(dainv_ptr + o_cc) + dwkd, 0.0)
     db = tl.sum(Tinv * dA, axis=0)
@@ -299,7 +336,7 @@ def chunk_kda_prepare_bwd_kernel(
 
 def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads, *,
                           num_warps=4, block_k=32, maxnreg=None, num_stages=None,
-                          inverse="neumann"):
+                          inverse="neumann", aux=None):
     """Launch stage 1's backward (4 warps: 5.06 against 5.21 ms on 8 at T 8192 H 64, 10.14
     against 10.39 at B 8 T 4096 H 32, 0.660 against 0.655 at T 4096 H 16; train_h200's
     config rows, pw=4). ``grads``: the reverse pass's dict (its partial sums over value
@@ -308,8 +345,13 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
     follows (rounded once, in the kernel; fp32 where the host sums value heads), dA_log
     [chunks, H] and ddt_bias [chunks, H, K] per chunk, fp32 (None without A_log / dt_bias).
     ``maxnreg``, ``num_stages``: a register cap and pipeline stages (None: Triton's);
-    ``inverse``: the forward's ("neumann", or "substitution" for config.dot "fp32")."""
+    ``inverse``: the forward's ("neumann", or "substitution" for config.dot "fp32");
+    ``aux``: the recompute's record for this backward (``chunk_kda_prepare``'s ``aux``), or
+    None to form those products here."""
     subst = substitution(inverse)
+    if aux is not None and p.gate.span_checked:
+        raise ValueError("aux: not for a gate with a span check (its wide chunks' products "
+                         "are formed per pair here)")
     B, T, H, K = p.B, p.T, p.H, p.K
     dev = q.device
     f32 = dict(device=dev, dtype=torch.float32)
@@ -334,13 +376,13 @@ def chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p: Problem, seqs, grads
         grads["dainv"], dq, dk, dg, db, dalog if dalog is not None else dummy,
         ddt if ddt is not None else dummy,
         seqs.chunk_table if seqs.chunk_table is not None else dummy,
-        T, p.scale, p.gate.kernel_bound,
+        aux if aux is not None else dummy, T, p.scale, p.gate.kernel_bound,
         H=H, K=K, BT=CHUNK, BK=min(block_k, K),
         GATE=p.gate.code, SPAN_CHECK=p.gate.span_checked,
         HAS_A_LOG=A_log is not None, HAS_DT_BIAS=dt_bias is not None,
         USE_L2NORM=p.use_qk_l2norm, BETA_LOGITS=p.beta_is_logits,
         IS_VARLEN=seqs.chunk_table is not None, GQ=H // p.HQ, GG=H // p.HG,
-        SUBST=subst, num_warps=num_warps,
+        SUBST=subst, AUX=aux is not None, num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
         **({"num_stages": num_stages} if num_stages else {}))
     return dq, dk, dg, db, dalog, ddt
