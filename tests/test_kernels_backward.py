@@ -1119,8 +1119,8 @@ def test_gpu_stage1_backward_reads_the_recomputes_products(monkeypatch):
     """BWD_MODE prep_aux on the GPU: stage 1's backward reading the recompute's P,
     (I + L)^-1 and norm factors gives the gradients of the one that forms them (both 3xTF32
     products of the same fp32 operands, split by hand or by tl.dot: 1e-5 relative leaves
-    room for the splits' roundings through (I + L)^-1; a record read at the wrong chunk or
-    head moves dβ by 1e-2 and more): packed sequences with an empty one and GVA, a ragged
+    room for the splits' roundings through (I + L)^-1; the interpreter's planted errors in the
+    record moved dβ by 1e-2 and more): packed sequences with an empty one and GVA, a ragged
     batch, the fp32 path. fp32 inputs, so that the gradients come back in fp32."""
     from kdalab.kernels import autograd
 

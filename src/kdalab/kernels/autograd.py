@@ -61,7 +61,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: prep_aux: 1: the recompute of stage 1 keeps P, (I + L)^-1 and the norm factors in fp32
 #: for stage 1's backward, which then skips its sweep (A), P's products and the inverse
 #: (gates without a span check; ``chunk_prepare``'s AUX); 0: stage 1's backward forms them
-#: (off until timed on a GPU: sm_90a, docs/training.md)
+#: (off until timed on a GPU; its sm_90a counts and its memory: docs/training.md)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
                 prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=3,
                 blocks_gluon=1, prep_aux=0)

@@ -44,10 +44,10 @@ from .gate import SPLIT_SPAN2, exp2_ftz, gate_params, log2_decay
 from .indexing import chunk_of_program
 
 CHUNK = 16
-#: ``AUX``'s record of a chunk and head (fp32): P [16, 16] at 0, then (I + L)^-1 [16, 16] and
-#: the rows' norm factors of k and q [16] each at these offsets; its size
-AUX_TINV, AUX_RK, AUX_RQ, AUX_SIZE = (
-    tl.constexpr(n * CHUNK) for n in (CHUNK, 2 * CHUNK, 2 * CHUNK + 1, 2 * CHUNK + 2))
+#: ``AUX``'s record of a chunk and head (fp32): [16, 16] at 0, P below the diagonal and
+#: (I + L)^-1 transposed on and above it, then the rows' norm factors of k and q [16] each at
+#: these offsets; its size
+AUX_RK, AUX_RQ, AUX_SIZE = (tl.constexpr(n * CHUNK) for n in (CHUNK, CHUNK + 1, CHUNK + 2))
 #: the register cap of the forward's 2-warp stage-1 program on a ragged fixed length
 #: (``chunk_kda_prepare``)
 PREPARE_MAXNREG = 168
@@ -373,14 +373,14 @@ def _prepare_chunk(q_ptr, k_ptr, g_ptr, beta_ptr, a_log_ptr, dt_bias_ptr, w_ptr,
     mqk = tl.where(o_r[:, None] >= o_r[None, :], mqk, 0.0)
     tl.store(mqk_ptr + base_cc + o_cc, mqk.to(mqk_ptr.dtype.element_ty), mask=keep_cc)
     if AUX:  # P: the sequence's strictly lower pairs (clamped rows past the end: zero)
-        tl.store(aux + o_cc, tl.where((o_r[:, None] > o_r[None, :]) & m2, L, 0.0))
+        p_rec = tl.where((o_r[:, None] > o_r[None, :]) & m2, L, 0.0)
     L = tl.where(o_r[:, None] > o_r[None, :], L * b[:, None], 0.0)
     if SPAN_CHECK and not REDO:  # rows past the range (inf, NaN) kept out of the inverse
         L = tl.where((o_r < n_fit)[:, None], L, 0.0)
 
     tinv = inverse16(L, BT, SUBST)
-    if AUX:
-        tl.store(aux + AUX_TINV + o_cc, tinv)
+    if AUX:  # (I + L)^-1 is lower triangular: with P, one [16, 16]
+        tl.store(aux + o_cc, tl.where(o_r[:, None] > o_r[None, :], p_rec, tl.trans(tinv)))
     ainv = tinv * b[None, :]
     tl.store(ainv_ptr + base_cc + o_cc, ainv.to(ainv_ptr.dtype.element_ty), mask=keep_cc)
     w = tl.dot(tf32_nearest(ainv, PRECISION), tf32_nearest(kd, PRECISION),

@@ -32,7 +32,6 @@ from .chunk_prepare import (
     AUX_RK,
     AUX_RQ,
     AUX_SIZE,
-    AUX_TINV,
     _mm3,
     _split,
     beta_of,
@@ -217,8 +216,9 @@ def chunk_kda_prepare_bwd_kernel(
 
     # the [BT, BT] algebra: T = (I + L)^-1, A = T diag(β), and their gradients
     if AUX:
-        P = tl.load(aux + o_r[:, None] * BT + o_r[None, :])
-        Tinv = tl.load(aux + AUX_TINV + o_r[:, None] * BT + o_r[None, :])
+        rec = tl.load(aux + o_r[:, None] * BT + o_r[None, :])
+        P = tl.where(strict, rec, 0.0)
+        Tinv = tl.where(o_r[:, None] >= o_r[None, :], tl.trans(rec), 0.0)
     else:
         P = tl.where(strict, P, 0.0)
         Tinv = inverse16(P * b[:, None], BT, SUBST)  # as the forward formed it
