@@ -103,8 +103,14 @@ def _stub():
     import kdalab.kernels.autograd as autograd
     import kdalab.kernels.contract as contract
 
+    import kdalab.kernels.chunk_blocks_bwd_ws as blocks_ws
+
     contract.device_ok = api.device_ok = lambda *a, **k: None
     api._sm_count = autograd._sm_count = lambda device: 132  # the H200's SMs
+    # the H200's path: the backward's Gluon blocks kernel where it fits (its scratch is not
+    # the Triton kernel's); the Gluon dS pass allocates what the Triton one does
+    autograd._hopper = lambda t: True
+    blocks_ws.applies = blocks_ws.fits
 
 
 def _child(kernel, shape, bwd=""):

@@ -217,7 +217,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         seg_chunks = seqs.plans[key]
     if seg_chunks > 0:  # segments of whole blocks
         segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
-    hopper = v.is_cuda and torch.cuda.get_device_capability(v.device)[0] == 9
+    hopper = _hopper(v)
     du, ends = chunk_kda_bwd_recurrent(
         do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
         num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
@@ -257,6 +257,12 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     return (dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype),
             db.to(beta.dtype), dalog, ddt,
             None if dh0 is None else dh0.to(initial_state.dtype))
+
+
+def _hopper(t) -> bool:
+    """Whether ``t`` is on a Hopper GPU, where the Gluon kernels run (``train_memory_cpu.py``
+    counts that path's buffers on the CPU)."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
 
 
 def _offsets(seqs):

@@ -267,10 +267,17 @@ def chunk_kda_bwd_blocks_ws_kernel(
 
 def applies(v, do, du, ops, *, precision: str, s_dtype, ds_dtype) -> bool:
     """Whether the Gluon blocks kernel runs this call (the caller checks the device is a
-    Hopper): tf32 products of fp32 S and dS operands, K 128, V 64 or 128 (one program's
-    warpgroups), contiguous 16-bit or fp32 operands on the GPU."""
+    Hopper): operands on the GPU that it ``fits``."""
+    return v.is_cuda and fits(v, do, du, ops, precision=precision, s_dtype=s_dtype,
+                              ds_dtype=ds_dtype)
+
+
+def fits(v, do, du, ops, *, precision: str, s_dtype, ds_dtype) -> bool:
+    """tf32 products of fp32 S and dS operands, K 128, V 64 or 128 (one program's
+    warpgroups), contiguous 16-bit or fp32 operands (``train_memory_cpu.py`` counts the
+    Hopper path's buffers on the CPU with it)."""
     w = ops[0]
-    return (v.is_cuda and precision == "tf32" and s_dtype == torch.float32
+    return (precision == "tf32" and s_dtype == torch.float32
             and ds_dtype == torch.float32 and w.shape[-1] == 128 and v.shape[-1] in (64, 128)
             and w.dtype in (torch.float16, torch.float32) and du.dtype == torch.float32
             and all(x.is_contiguous() for x in (v, do, du, *ops)))
