@@ -19,7 +19,9 @@ H 16, T 8192 H 64, the two varlen, B 8 T 4096 H 32 with states), 122, 483, 3862,
 7748 there; kdalab 145.0, 469.0, 3496.8 at 7f6f5ff (its blocks kernel with 4, 4, 1 fewer
 persistent programs of 295 KB of scratch), 147, 471, 3498 there. The earlier count, the
 peak resident set with every buffer zero-filled, gave kdalab 224, 564, 3575 (it also counted
-freed blocks the C library had not returned).
+freed blocks the C library had not returned). The step takes the H200's path: the backward's
+Gluon blocks kernel where it fits (``_stub``; its scratch is not the Triton kernel's), the
+Gluon dS pass's buffers being the Triton pass's.
 """
 
 from __future__ import annotations
@@ -101,9 +103,8 @@ def _stub():
     KernelInterface.__getitem__ = lambda self, grid: (lambda *a, **k: None)
     import kdalab.kernels.api as api
     import kdalab.kernels.autograd as autograd
-    import kdalab.kernels.contract as contract
-
     import kdalab.kernels.chunk_blocks_bwd_ws as blocks_ws
+    import kdalab.kernels.contract as contract
 
     contract.device_ok = api.device_ok = lambda *a, **k: None
     api._sm_count = autograd._sm_count = lambda device: 132  # the H200's SMs
