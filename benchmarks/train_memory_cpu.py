@@ -110,7 +110,7 @@ def _stub():
     api._sm_count = autograd._sm_count = lambda device: 132  # the H200's SMs
     # the H200's path: the backward's Gluon blocks kernel where it fits (its scratch is not
     # the Triton kernel's); the Gluon dS pass allocates what the Triton one does
-    autograd._hopper = lambda t: True
+    autograd._hopper = lambda device: True
     blocks_ws.applies = blocks_ws.fits
 
 

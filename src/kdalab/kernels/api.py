@@ -39,12 +39,17 @@ def _sm_count(device: torch.device) -> int:
     return _SMS[index]
 
 
+def _hopper(device: torch.device) -> bool:
+    """Whether ``device`` is a Hopper GPU, where the Gluon kernels run (wgmma; Gluon has no
+    interpreter). ``train_memory_cpu.py`` stubs the backward's use to count that path."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+
+
 def _gluon(seqs: Sequences, dot: str, config: KernelConfig) -> str:
     """``plan_launch``'s ``gluon``: "no" unless the call's products are fp16 on a Hopper GPU
     (wgmma; Gluon has no interpreter) and ``config.stage2`` allows it; "only" when asked for.
     (``chunk_recurrent_ws.applies`` checks the tensors themselves at the launch.)"""
-    if (config.stage2 == "triton" or dot != "fp16" or seqs.device.type != "cuda"
-            or torch.cuda.get_device_capability(seqs.device)[0] != 9):
+    if config.stage2 == "triton" or dot != "fp16" or not _hopper(seqs.device):
         return "no"
     return "only" if config.stage2 == "gluon" else "yes"
 

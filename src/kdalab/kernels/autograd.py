@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .api import _sm_count, chunk_kda_fwd, contiguous, forward_stage2, prepare
+from .api import _hopper, _sm_count, chunk_kda_fwd, contiguous, forward_stage2, prepare
 from .chunk_blocks_bwd import chunk_kda_bwd_blocks
 from .chunk_prepare_bwd import chunk_kda_prepare_bwd
 from .chunk_recurrent_bwd import CKC, chunk_kda_bwd_recurrent
@@ -217,7 +217,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         seg_chunks = seqs.plans[key]
     if seg_chunks > 0:  # segments of whole blocks
         segments = seqs.segments(-(-seg_chunks // CKC) * CKC)
-    hopper = _hopper(v)
+    hopper = _hopper(v.device)
     du, ends = chunk_kda_bwd_recurrent(
         do, c.ops, dht=dht, cu_seqlens=seqs.cu32, chunk_offsets=seqs.chunk_offsets,
         num_seqs=p.num_seqs, seq_order=seqs.seq_order, n_blocks=blocks.shape[0],
@@ -257,12 +257,6 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
     return (dq.to(q.dtype), dk.to(k.dtype), dv, dg.to(g.dtype),
             db.to(beta.dtype), dalog, ddt,
             None if dh0 is None else dh0.to(initial_state.dtype))
-
-
-def _hopper(t) -> bool:
-    """Whether ``t`` is on a Hopper GPU, where the Gluon kernels run (``train_memory_cpu.py``
-    counts that path's buffers on the CPU)."""
-    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
 
 
 def _offsets(seqs):
