@@ -236,17 +236,15 @@ def chunk_kda_prepare_bwd_kernel(
     diag = tl.sum(tl.where(o_r[:, None] == o_r[None, :], dM, 0.0), axis=1)
     dM = tl.where(strict, dM, 0.0)
     before = tl.where(o_r[:, None] > o_r[None, :], 1.0, 0.0)
-    # the key blocks' [16, 16] operands, split for 3xTF32 once
-    at_hi, at_lo = _split(tl.trans(A))
+    # the key blocks' [16, 16] operands
+    At = tl.trans(A)
     # the split's pairs (rows that fit) and, in a wide chunk, the per-pair path's (the rest)
     dPw = tl.where(fit, 0.0, dP)
     dMw = tl.where(fit, 0.0, dM)
     dPs = tl.where(fit, dP, 0.0)
     dMs = tl.where(fit, dM, 0.0)
-    dp_hi, dp_lo = _split(dPs)
-    dm_hi, dm_lo = _split(dMs)
-    dpt_hi, dpt_lo = _split(tl.trans(dPs))
-    dmt_hi, dmt_lo = _split(tl.trans(dMs))
+    dPst = tl.trans(dPs)
+    dMst = tl.trans(dMs)
 
     # (C) each block's gradients
     # Σ_c k̂ dk̂, Σ_c q̂ d(q̂) of the rows and dA_log's terms, summed elementwise over the
@@ -273,13 +271,16 @@ def chunk_kda_prepare_bwd_kernel(
         decay = tl.exp2(g2)
         kd = kv * decay
         ekend = tl.exp2(g2_last[None, :] - g2)
-        dkd = _dot3(at_hi, at_lo, dw)
         up = tl.exp2(tl.maximum(g2, -126.0)) * ANCHOR
         dn = tl.exp2(tl.minimum(-g2, 126.0)) * (1.0 / ANCHOR)
         ki = kv * dn
-        drow = up * _dot3(dp_hi, dp_lo, ki)
-        dqs = up * _dot3(dm_hi, dm_lo, ki)
-        dcol = dn * (_dot3(dpt_hi, dpt_lo, kv * up) + _dot3(dmt_hi, dmt_lo, qs * up))
+        # the [16, 16] operands' products on fp32 FMAs (tl.dot "ieee"), each sum over the
+        # chunk's 16 rows: 0.77x the time of 3xTF32 tensor-core products (an H100, with AUX)
+        dkd = tl.dot(At, dw, input_precision="ieee")
+        drow = up * tl.dot(dPs, ki, input_precision="ieee")
+        dqs = up * tl.dot(dMs, ki, input_precision="ieee")
+        dcol = dn * (tl.dot(dPst, kv * up, input_precision="ieee")
+                     + tl.dot(dMst, qs * up, input_precision="ieee"))
         # the split pairs' step gradient joins the steps' own in one reverse sum (below)
         pair = kv * (drow - dcol) + qs * dqs
         if wide:
