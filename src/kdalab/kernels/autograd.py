@@ -43,7 +43,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: against Triton's 255 and 3 stages: 0.87x at T 8192 H 64 and T 4096 H 16, 0.86x at B 8
 #: T 4096 H 32, 0.94x at T 1024 H 16; a cap of 128 alone 1.17-1.25x, 168 alone 0.99x.
 #: dkend_over_du: dKEND written over dU where one value block and K = V allow (8 MiB less at
-#: the peak at T 1024 H 16; 0 for its own buffer). Stage 1's backward runs on 4 warps (2,
+#: the peak at T 1024 H 16; 0 for its own buffer). prep_warps: stage 1's backward's warps (2,
 #: uncapped, on an H100: 1.05x at T 4096 H 16, 1.10x at T 8192 H 64; docs/training.md)
 #: ds_segment: the dS pass's segments (chunks, whole 64-token blocks; K <= 128), given (0: as
 #: ds_plan says); ds_plan: 1, the dS pass's own split (``launch_plan.plan_reverse``) unless the
@@ -67,7 +67,7 @@ BWD_PRODUCTS = dict(s_dtype=torch.float32, ds_dtype=torch.float32)
 #: 121.6; docs/training.md)
 BWD_MODE = dict(prep_block_k=32, ds_block_v=0, blocks_stages=0, prep_maxnreg=168,
                 prep_stages=1, dkend_over_du=1, ds_segment=0, ds_plan=1, ds_gluon=3,
-                blocks_gluon=1, prep_aux=1)
+                blocks_gluon=1, prep_aux=1, prep_warps=4)
 
 
 def bwd_mode_settings(text: str) -> dict[str, int]:
@@ -239,6 +239,7 @@ def backward(do, dht, q, k, v, g, beta, A_log, dt_bias, initial_state, checkpoin
         grads[name] = out[name][0] if out[name].shape[0] == 1 else out[name].sum(0)
     dq, dk, dg, db, dalog, ddt = chunk_kda_prepare_bwd(q, k, g, beta, A_log, dt_bias, p, seqs,
                                                        grads, block_k=BWD_MODE["prep_block_k"],
+                                                       num_warps=BWD_MODE["prep_warps"],
                                                        maxnreg=BWD_MODE["prep_maxnreg"] or None,
                                                        num_stages=BWD_MODE["prep_stages"] or None,
                                                        inverse=c.inverse, aux=c.aux)
