@@ -243,8 +243,6 @@ def chunk_kda_prepare_bwd_kernel(
     dMw = tl.where(fit, 0.0, dM)
     dPs = tl.where(fit, dP, 0.0)
     dMs = tl.where(fit, dM, 0.0)
-    dPst = tl.trans(dPs)
-    dMst = tl.trans(dMs)
 
     # (C) each block's gradients
     # Σ_c k̂ dk̂, Σ_c q̂ d(q̂) of the rows and dA_log's terms, summed elementwise over the
@@ -279,8 +277,8 @@ def chunk_kda_prepare_bwd_kernel(
         dkd = tl.dot(At, dw, input_precision="ieee")
         drow = up * tl.dot(dPs, ki, input_precision="ieee")
         dqs = up * tl.dot(dMs, ki, input_precision="ieee")
-        dcol = dn * (tl.dot(dPst, kv * up, input_precision="ieee")
-                     + tl.dot(dMst, qs * up, input_precision="ieee"))
+        dcol = dn * (tl.dot(tl.trans(dPs), kv * up, input_precision="ieee")
+                     + tl.dot(tl.trans(dMs), qs * up, input_precision="ieee"))
         # the split pairs' step gradient joins the steps' own in one reverse sum (below)
         pair = kv * (drow - dcol) + qs * dqs
         if wide:
