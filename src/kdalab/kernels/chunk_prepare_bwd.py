@@ -272,8 +272,9 @@ def chunk_kda_prepare_bwd_kernel(
         up = tl.exp2(tl.maximum(g2, -126.0)) * ANCHOR
         dn = tl.exp2(tl.minimum(-g2, 126.0)) * (1.0 / ANCHOR)
         ki = kv * dn
-        # the [16, 16] operands' products on fp32 FMAs (tl.dot "ieee"), each sum over the
-        # chunk's 16 rows: 0.77x the time of 3xTF32 tensor-core products (an H100, with AUX)
+        # the [16, 16] operands' products on fp32 FMAs (tl.dot "ieee"), each a sum over the
+        # chunk's 16 rows: the kernel in 0.80-0.83x its time with them as 3xTF32 tensor-core
+        # products (an H100, with AUX; docs/training.md)
         dkd = tl.dot(At, dw, input_precision="ieee")
         drow = up * tl.dot(dPs, ki, input_precision="ieee")
         dqs = up * tl.dot(dMs, ki, input_precision="ieee")
